@@ -1,0 +1,139 @@
+"""Budget parsing: the one place that turns what a user writes into a step-peak budget in bytes.
+
+Accepted forms (anything else is a ``ValueError`` naming the value and these forms):
+
+* an ``int`` number of bytes (``>= 0``);
+* a size string: ``"6GB"``, ``"6 GB"``, ``"512MiB"``, ``"1.5GiB"``, ``"800kB"``, ``"1000B"``
+  (``kB/MB/GB/TB`` are powers of 1000, ``KiB/MiB/GiB/TiB`` powers of 1024);
+* a fraction of the graph's unoptimised step peak: ``"40%"`` or a float in ``(0, 1]``;
+* ``"auto"``: the device's free memory (NVML, else ``torch.cuda.mem_get_info``; on a CPU-only
+  machine the host's available memory), minus what is already resident, minus a safety margin.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import re
+from typing import Any
+
+__all__ = ["parse_budget", "device_free_bytes", "ACCEPTED_FORMS", "DEFAULT_MARGIN"]
+
+logger = logging.getLogger(__name__)
+
+ACCEPTED_FORMS = ('an int number of bytes, a size string such as "6GB" or "512MiB", a fraction of '
+                  'the unoptimised step peak such as "40%" or 0.4, or "auto"')
+DEFAULT_MARGIN = 0.10
+"""Fraction of the free device memory kept back by ``"auto"`` (allocator fragmentation, CUDA
+context, workspace the profile did not see). Override with ``AUTOREMAT_MARGIN``."""
+
+_UNITS = {
+    "b": 1, "kb": 10**3, "mb": 10**6, "gb": 10**9, "tb": 10**12,
+    "kib": 2**10, "mib": 2**20, "gib": 2**30, "tib": 2**40,
+    "k": 2**10, "m": 2**20, "g": 2**30, "t": 2**40,
+}
+_SIZE_RE = re.compile(r"^\s*([0-9]*\.?[0-9]+(?:[eE][+-]?[0-9]+)?)\s*([a-zA-Z]*)\s*$")
+
+
+def _bad(value: Any, why: str = "") -> ValueError:
+    extra = f" ({why})" if why else ""
+    return ValueError(f"budget={value!r} is not understood{extra}; expected {ACCEPTED_FORMS}")
+
+
+def device_free_bytes(device: Any = None) -> int:
+    """Free memory on ``device``: NVML or ``torch.cuda`` on a GPU, available host memory otherwise."""
+    dev = str(device) if device is not None else "cpu"
+    if dev.startswith("cuda"):
+        import torch
+
+        index = torch.device(dev).index
+        index = torch.cuda.current_device() if index is None else index
+        try:
+            import pynvml
+
+            pynvml.nvmlInit()
+            try:
+                handle = pynvml.nvmlDeviceGetHandleByIndex(index)
+                return int(pynvml.nvmlDeviceGetMemoryInfo(handle).free)
+            finally:
+                pynvml.nvmlShutdown()
+        except Exception as exc:  # NVML is optional on some drivers: fall back, and say so
+            logger.info("NVML unavailable (%s); using torch.cuda.mem_get_info", exc)
+            free, _total = torch.cuda.mem_get_info(index)
+            return int(free)
+    try:
+        with open("/proc/meminfo", encoding="ascii") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return int(os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE"))
+
+
+def parse_budget(
+    budget: Any,
+    *,
+    unoptimised_peak_bytes: int | None = None,
+    device: Any = None,
+    resident_bytes: int = 0,
+    margin: float | None = None,
+) -> int:
+    """Turn ``budget`` into a step-peak budget in bytes.
+
+    ``unoptimised_peak_bytes`` is needed for fractions; ``device``, ``resident_bytes`` and
+    ``margin`` for ``"auto"``.
+    """
+    if isinstance(budget, bool):
+        raise _bad(budget, "a bool is not a budget")
+    if isinstance(budget, int):
+        if budget < 0:
+            raise _bad(budget, "bytes must be >= 0")
+        return budget
+    if isinstance(budget, float):
+        if not 0.0 < budget <= 1.0:
+            raise _bad(budget, "a float budget is a fraction in (0, 1]")
+        return _fraction(budget, budget, unoptimised_peak_bytes)
+    if not isinstance(budget, str):
+        raise _bad(budget, f"type {type(budget).__name__}")
+    text = budget.strip()
+    if text.lower() == "auto":
+        if margin is None:
+            margin = float(os.environ.get("AUTOREMAT_MARGIN", DEFAULT_MARGIN))
+        if not 0.0 <= margin < 1.0:
+            raise ValueError(f"margin={margin!r} must be a fraction in [0, 1)")
+        free = device_free_bytes(device)
+        step = int(free * (1.0 - margin)) - int(resident_bytes)
+        if step <= 0:
+            raise ValueError(f"budget='auto': the device has {free} bytes free, which after a "
+                             f"{margin:.0%} margin leaves nothing beyond the {resident_bytes} resident "
+                             "bytes; give an explicit budget")
+        logger.info("budget='auto': %d bytes free on %s, %d resident, margin %.0f%% -> %d bytes",
+                    free, device or "cpu", resident_bytes, margin * 100, step)
+        return step
+    if text.endswith("%"):
+        try:
+            pct = float(text[:-1])
+        except ValueError:
+            raise _bad(budget) from None
+        if not 0.0 < pct <= 100.0:
+            raise _bad(budget, "a percentage must be in (0, 100]")
+        return _fraction(budget, pct / 100.0, unoptimised_peak_bytes)
+    m = _SIZE_RE.match(text)
+    if not m:
+        raise _bad(budget)
+    number, unit = float(m.group(1)), m.group(2).lower()
+    if unit == "":
+        if number != int(number):
+            raise _bad(budget, "a unit-less size must be a whole number of bytes")
+        return int(number)
+    if unit not in _UNITS:
+        raise _bad(budget, f"unknown unit {m.group(2)!r}")
+    return int(number * _UNITS[unit])
+
+
+def _fraction(original: Any, frac: float, unoptimised: int | None) -> int:
+    if unoptimised is None:
+        raise ValueError(f"budget={original!r} is relative to the unoptimised step peak, which is "
+                         "unknown here; pass a graph (autoremat.solve does) or give bytes")
+    return int(frac * unoptimised)

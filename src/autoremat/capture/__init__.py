@@ -1,0 +1,173 @@
+"""Capture: turn a model and an example batch into a profiled :class:`~autoremat.graph.Graph`.
+
+``mode="fx"`` traces with ``torch.fx`` (op level); ``mode="module"`` records submodule calls
+(see :mod:`autoremat.capture.module`); ``mode="auto"`` tries fx and falls back to module level,
+logging why. The model is left exactly as it was: RNG state, buffers (batch-norm running
+statistics) and ``.grad`` are restored after profiling.
+
+Times: CUDA events on a GPU, ``perf_counter`` on the CPU (median of ``repeats`` steps after
+``warmup``). On the meta device nothing is allocated or run for real; times come from
+``torch.utils.flop_counter`` FLOPs and bytes moved (see :func:`estimate_time`), and the
+backward time of a node is taken as twice its forward time.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+import networkx as nx
+import torch
+from torch import nn
+
+from ..graph import Graph
+from ..measure import default_loss
+from ._recorder import NodeRecord, Recorder, preserved_state, tensors_in
+from .fx import fx_fingerprint, profile_fx, records_from_fx, trace
+from .module import module_fingerprint, profile_modules
+
+__all__ = ["capture", "CAPTURE_MODES", "estimate_time", "DEFAULT_FLOPS_PER_S", "DEFAULT_BYTES_PER_S"]
+
+logger = logging.getLogger(__name__)
+
+CAPTURE_MODES = ("auto", "fx", "module")
+DEFAULT_FLOPS_PER_S = 100e12
+"""Sustained FLOP rate assumed for meta-device times (an H100-class GPU at bf16, derated)."""
+DEFAULT_BYTES_PER_S = 2e12
+"""Memory bandwidth assumed for meta-device times of memory-bound ops."""
+
+
+def estimate_time(flops: float, bytes_moved: float) -> float:
+    """Roofline time of one op: the larger of compute time and memory time."""
+    return max(flops / DEFAULT_FLOPS_PER_S, bytes_moved / DEFAULT_BYTES_PER_S)
+
+
+def _validate(model: Any, args: Any, kwargs: Any, mode: str, loss_fn: Any) -> tuple[tuple, dict]:
+    if not isinstance(model, nn.Module):
+        raise TypeError(f"model must be a torch.nn.Module, got {type(model).__name__}")
+    if mode not in CAPTURE_MODES:
+        raise ValueError(f"mode={mode!r} is not a capture mode; expected one of {CAPTURE_MODES}")
+    if isinstance(args, torch.Tensor):
+        args = (args,)
+    if not isinstance(args, (tuple, list)):
+        raise TypeError(f"args must be a tuple of positional inputs (e.g. (x,)), got {type(args).__name__}")
+    if kwargs is None:
+        kwargs = {}
+    if not isinstance(kwargs, Mapping):
+        raise TypeError(f"kwargs must be a dict of keyword inputs, got {type(kwargs).__name__}")
+    if loss_fn is not None and not callable(loss_fn):
+        raise TypeError(f"loss_fn must be callable (outputs -> scalar tensor), got {type(loss_fn).__name__}")
+    if not tensors_in((tuple(args), dict(kwargs))):
+        raise TypeError("args/kwargs hold no tensor: pass an example batch, e.g. capture(model, (x,))")
+    return tuple(args), dict(kwargs)
+
+
+def capture(
+    model: nn.Module,
+    args: Sequence[Any] | torch.Tensor,
+    kwargs: Mapping[str, Any] | None = None,
+    *,
+    loss_fn: Callable[[Any], torch.Tensor] | None = None,
+    mode: str = "auto",
+    repeats: int = 3,
+    warmup: int = 1,
+) -> Graph:
+    """Profile one training step of ``model`` on the example batch and return its graph.
+
+    ``loss_fn`` maps the model's output to the scalar to backpropagate; the default
+    (:func:`autoremat.measure.default_loss`) sums the means of every floating-point output.
+    """
+    args, kwargs = _validate(model, args, kwargs, mode, loss_fn)
+    if repeats < 1 or warmup < 0:
+        raise ValueError(f"repeats must be >= 1 and warmup >= 0, got {repeats}, {warmup}")
+    loss = loss_fn or default_loss
+    device = _device(model, args, kwargs)
+    is_meta = device.type == "meta"
+    param_names: dict[int, str] = {}
+    param_bytes: dict[str, int] = {}
+    for name, p in model.named_parameters():
+        if p.requires_grad:
+            param_names[id(p)] = name
+            param_bytes[name] = p.numel() * p.element_size()
+    resident = [p for p in model.parameters()] + [b for b in model.buffers()]
+    resident += tensors_in((args, kwargs))
+    input_bytes = sum(t.untyped_storage().nbytes() for t in tensors_in((args, kwargs)))
+    time_fn = _flop_times(model, args, kwargs) if is_meta else None
+
+    gm = None
+    if mode in ("auto", "fx"):
+        try:
+            gm = trace(model)
+        except Exception as exc:  # fx raises many types (TraceError, TypeError, NotImplementedError…)
+            if mode == "fx":
+                raise ValueError(f"torch.fx cannot trace {type(model).__name__}: {exc}. "
+                                 "Use mode='module' to capture at module level.") from exc
+            logger.info("torch.fx cannot trace %s (%s: %s); capturing at module level",
+                        type(model).__name__, type(exc).__name__, str(exc).splitlines()[0][:200])
+    with preserved_state(model, [device]):
+        if gm is not None:
+            recs = records_from_fx(gm, param_names)
+            rec = profile_fx(gm, recs, args, kwargs, loss, resident, param_bytes, repeats=repeats,
+                             warmup=warmup, device=device, time_fn=time_fn, count_flops=is_meta)
+            fingerprint = fx_fingerprint(gm)
+            cmode = "fx"
+        else:
+            rec = profile_modules(model, args, kwargs, loss, resident, param_names, param_bytes,
+                                  repeats=repeats, warmup=warmup, device=device, time_fn=time_fn,
+                                  count_flops=is_meta)
+            fingerprint = module_fingerprint(model)
+            cmode = "module"
+    time_source = ("flops" if is_meta else "cuda-events" if device.type == "cuda" else "perf_counter")
+    meta = {
+        "mode": cmode,
+        "fingerprint": fingerprint,
+        "model": type(model).__name__,
+        "device": str(device),
+        "time_source": time_source,
+        "param_bytes": param_bytes,
+        "resident_bytes": int(sum(param_bytes.values()) + input_bytes
+                              + sum(b.numel() * b.element_size() for b in model.buffers())),
+        "input_bytes": int(input_bytes),
+        "loss_saves": sorted(rec.loss_saves),
+        "loss_extra_bytes": int(rec.loss_extra_bytes),
+        "loss_fwd_temp_bytes": int(rec.loss_fwd_temp_bytes),
+        "loss_bwd_temp_bytes": int(rec.loss_bwd_temp_bytes),
+    }
+    return _to_graph(rec, meta)
+
+
+def _to_graph(rec: Recorder, meta: dict[str, Any]) -> Graph:
+    g = nx.DiGraph()
+    for v, r in enumerate(rec.nodes):
+        g.add_node(v, name=r.name, kind=r.kind, target=r.target, module_path=r.module_path,
+                   time_s=float(r.time_s), bwd_time_s=float(r.bwd_time_s), out_bytes=int(r.out_bytes),
+                   alloc_bytes=int(r.alloc_bytes), alias_of=r.alias_of, saves=tuple(sorted(r.saves)),
+                   extra_saved_bytes=int(r.extra_saved_bytes), fwd_temp_bytes=int(r.fwd_temp_bytes),
+                   bwd_temp_bytes=int(r.bwd_temp_bytes), params=tuple(r.params),
+                   param_grad_bytes=int(sum(meta["param_bytes"].get(p, 0) for p in r.params)),
+                   requires_grad=bool(r.requires_grad), grad_passthrough=bool(r.grad_passthrough),
+                   is_output=bool(r.is_output), recomputable=bool(r.recomputable))
+        for u in r.preds:
+            g.add_edge(u, v)
+    return Graph(g, meta)
+
+
+def _device(model: nn.Module, args: tuple, kwargs: dict) -> torch.device:
+    for p in model.parameters():
+        return p.device
+    for t in tensors_in((args, kwargs)):
+        return t.device
+    return torch.device("cpu")
+
+
+def _flop_times(model: nn.Module, args: tuple, kwargs: dict) -> Callable[[list[NodeRecord]], None]:
+    """Meta-device times from the FLOPs the recorder counted per node, plus bytes moved."""
+
+    def apply(recs: list[NodeRecord]) -> None:
+        for r in recs:
+            moved = r.out_bytes + sum(recs[u].out_bytes for u in r.preds)
+            r.time_s = estimate_time(r.flops, moved)
+            r.bwd_time_s = 2.0 * r.time_s
+
+    return apply

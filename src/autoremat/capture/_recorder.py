@@ -1,0 +1,356 @@
+"""Shared profiling machinery of fx and module-level capture.
+
+A :class:`Recorder` runs once around a forward + loss + backward of the real model and
+records, per node: the storages its outputs occupy (views detected by storage identity), what
+autograd saved while it ran (``saved_tensors_hooks``, de-duplicated by storage, parameters and
+inputs excluded), transient workspace (from :class:`~autoremat.measure.LiveStorageCounter`),
+and its backward region (a tensor hook on its output marks where its backward starts).
+A separate :class:`Timer` produces per-node forward and backward times.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import statistics
+import time
+import weakref
+from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from ..measure import LiveStorageCounter, _flatten
+
+__all__ = ["NodeRecord", "Recorder", "Timer", "preserved_state", "classify_module", "classify_function"]
+
+
+@dataclass
+class NodeRecord:
+    """What capture learned about one node before it becomes a :class:`Graph` node."""
+
+    name: str
+    kind: str
+    target: str
+    module_path: str = ""
+    preds: list[int] = field(default_factory=list)
+    params: list[str] = field(default_factory=list)
+    recomputable: bool = True
+    is_output: bool = False
+    out_bytes: int = 0
+    alloc_bytes: int = 0
+    alias_of: int | None = None
+    saves: set[int] = field(default_factory=set)
+    extra_saved_bytes: int = 0
+    fwd_temp_bytes: int = 0
+    bwd_temp_bytes: int = 0
+    requires_grad: bool = False
+    grad_passthrough: bool = False
+    time_s: float = 0.0
+    bwd_time_s: float = 0.0
+    flops: float = 0.0
+
+
+def _storage_key(t: torch.Tensor) -> int:
+    return t.untyped_storage()._cdata
+
+
+def tensors_in(obj: Any) -> list[torch.Tensor]:
+    return [t for t in _flatten(obj) if isinstance(t, torch.Tensor)]
+
+
+class Recorder:
+    """Attributes storages, saved tensors, workspace and backward regions to nodes."""
+
+    def __init__(self, resident: Iterable[torch.Tensor], *, count_flops: bool = False) -> None:
+        self.count_flops = count_flops
+        self._flop_mode: Any = None
+        self.nodes: list[NodeRecord] = []
+        self.owner: dict[int, int] = {}
+        self.resident: set[int] = {_storage_key(t) for t in resident}
+        self.counter = LiveStorageCounter()
+        self.current: int | str | None = None
+        self._level0 = 0
+        self._packed: list[tuple[int | str | None, int, int]] = []
+        self.loss_saves: set[int] = set()
+        self.loss_extra_bytes = 0
+        self.loss_fwd_temp_bytes = 0
+        self.loss_bwd_temp_bytes = 0
+        self._regions: list[tuple[int | str, int, int]] = []
+        self._open: tuple[int | str, int] | None = None
+        self._grad_ref: dict[int, tuple[int, weakref.ref]] = {}
+        self.on_pack: Callable[[int | str | None, int, int], None] | None = None
+        self.succs: dict[int, list[int]] = {}
+
+    def own(self, t: torch.Tensor, v: int) -> None:
+        """Record ``v`` as the producer of ``t``'s storage until the storage dies."""
+        st = t.untyped_storage()
+        key = st._cdata
+        self.owner[key] = v
+        weakref.finalize(st, self._disown, key, v)
+
+    def _disown(self, key: int, v: int) -> None:
+        if self.owner.get(key) == v:
+            del self.owner[key]
+
+    # ------------------------------------------------------------------ hooks
+    def _pack(self, t: torch.Tensor) -> torch.Tensor:
+        st = t.untyped_storage()
+        entry = (self.current, st._cdata, st.nbytes())
+        if self.on_pack is not None:
+            self.on_pack(*entry)
+        else:
+            self._packed.append(entry)
+        return t
+
+    @contextlib.contextmanager
+    def recording(self) -> Iterator[None]:
+        with self.counter, torch.autograd.graph.saved_tensors_hooks(self._pack, lambda t: t):
+            yield
+
+    # ------------------------------------------------------------------ forward
+    def begin(self, v: int) -> None:
+        self.current = v
+        self.counter.reset_peak()
+        self._level0 = self.counter.live
+        if self.count_flops:
+            from torch.utils.flop_counter import FlopCounterMode
+
+            self._flop_mode = FlopCounterMode(display=False)
+            self._flop_mode.__enter__()
+
+    def end(self, v: int, out: Any) -> None:
+        rec = self.nodes[v]
+        if self._flop_mode is not None:
+            self._flop_mode.__exit__(None, None, None)
+            rec.flops = float(self._flop_mode.get_total_flops())
+            self._flop_mode = None
+        peak_delta = self.counter.peak - self._level0
+        outs = tensors_in(out)
+        new_bytes = 0
+        roots: set[int] = set()
+        fresh: set[int] = set()
+        nominal = 0
+        for t in outs:
+            nominal += t.numel() * t.element_size()
+            key = _storage_key(t)
+            if key in self.owner:
+                roots.add(self.owner[key])
+            elif key in self.resident:
+                continue
+            elif key not in fresh:
+                fresh.add(key)
+                new_bytes += t.untyped_storage().nbytes()
+        for t in outs:
+            key = _storage_key(t)
+            if key in fresh and key not in self.owner:
+                self.own(t, v)
+        rec.out_bytes = nominal
+        rec.alloc_bytes = new_bytes
+        if not fresh and len(roots) == 1:
+            rec.alias_of = next(iter(roots))
+        rec.requires_grad = any(t.requires_grad for t in outs)
+        self.settle_saves()
+        rec.fwd_temp_bytes = max(0, peak_delta - rec.alloc_bytes - rec.extra_saved_bytes)
+        for t in outs:
+            if t.requires_grad:
+                t.register_hook(self._marker(v))
+                break
+        self.current = None
+
+    def settle_saves(self) -> None:
+        """Attribute the tensors packed so far to the nodes that were running."""
+        extras: dict[int | str, dict[int, int]] = {}
+        for who, key, nbytes in self._packed:
+            if who is None or key in self.resident:
+                continue
+            if key in self.owner:
+                target = self.loss_saves if who == "loss" else self.nodes[who].saves
+                target.add(self.owner[key])
+            else:
+                extras.setdefault(who, {})[key] = nbytes
+        self._packed.clear()
+        for who, d in extras.items():
+            if who == "loss":
+                self.loss_extra_bytes += sum(d.values())
+            else:
+                self.nodes[who].extra_saved_bytes += sum(d.values())
+
+    # ------------------------------------------------------------------ loss and backward
+    def run_loss(self, loss_fn: Callable[[Any], torch.Tensor], output: Any) -> torch.Tensor:
+        self.current = "loss"
+        self.counter.reset_peak()
+        level0 = self.counter.live
+        loss = loss_fn(output)
+        if not isinstance(loss, torch.Tensor) or loss.numel() != 1:
+            raise ValueError("loss_fn must return a scalar tensor")
+        if not loss.requires_grad:
+            raise ValueError("the loss does not require grad: no parameter or input takes part in it")
+        self.settle_saves()
+        self.loss_fwd_temp_bytes = max(0, self.counter.peak - level0 - self.loss_extra_bytes)
+        self.current = None
+        return loss
+
+    def _marker(self, v: int) -> Callable[[torch.Tensor], None]:
+        def hook(grad: torch.Tensor) -> None:
+            self._close_region()
+            self._open = (v, self.counter.live)
+            self.counter.reset_peak()
+            st = grad.untyped_storage()
+            self._grad_ref[v] = (st._cdata, weakref.ref(st))
+            # A consumer whose gradient storage is still alive and is now ours passed it through.
+            for w in self.succs.get(v, ()):
+                theirs = self._grad_ref.get(w)
+                if theirs is not None and theirs[0] == st._cdata and theirs[1]() is st:
+                    self.nodes[w].grad_passthrough = True
+        return hook
+
+    def _close_region(self) -> None:
+        if self._open is not None:
+            who, start = self._open
+            self._regions.append((who, start, self.counter.peak))
+
+    def run_backward(self, loss: torch.Tensor) -> None:
+        self._open = ("loss", self.counter.live)
+        self.counter.reset_peak()
+        loss.backward()
+        self._close_region()
+        self._open = None
+
+    def add_node(self, rec: NodeRecord) -> int:
+        v = len(self.nodes)
+        self.nodes.append(rec)
+        for u in rec.preds:
+            self.succs.setdefault(u, []).append(v)
+        return v
+
+    def finish(self, param_bytes: dict[str, int]) -> None:
+        """Derive backward workspace from the recorded regions."""
+        seen_params: set[str] = set()
+        for who, start, peak in self._regions:
+            delta = peak - start
+            if who == "loss":
+                modelled = sum(r.out_bytes for r in self.nodes if r.is_output and r.requires_grad)
+                self.loss_bwd_temp_bytes = max(0, delta - modelled)
+                continue
+            rec = self.nodes[who]
+            modelled = 0
+            if not rec.grad_passthrough:
+                modelled += sum(self.nodes[u].out_bytes for u in rec.preds if self.nodes[u].requires_grad)
+            for p in rec.params:
+                if p in param_bytes and p not in seen_params:
+                    seen_params.add(p)
+                    modelled += param_bytes[p]
+            rec.bwd_temp_bytes = max(0, delta - modelled)
+
+
+class Timer:
+    """Per-node forward and backward times: CUDA events on a GPU, ``perf_counter`` otherwise."""
+
+    def __init__(self, n: int, device: torch.device) -> None:
+        self.n = n
+        self.cuda = device.type == "cuda"
+        self.fwd: list[list[float]] = [[] for _ in range(n)]
+        self.bwd: list[list[float]] = [[] for _ in range(n)]
+        self._t0: float | Any = 0.0
+        self._marks: list[tuple[int | str, Any]] = []
+
+    def _now(self) -> Any:
+        if self.cuda:
+            ev = torch.cuda.Event(enable_timing=True)
+            ev.record()
+            return ev
+        return time.perf_counter()
+
+    @staticmethod
+    def _elapsed(a: Any, b: Any) -> float:
+        if isinstance(a, float):
+            return b - a
+        return a.elapsed_time(b) / 1000.0
+
+    def begin(self, v: int) -> None:
+        self._t0 = self._now()
+
+    def end(self, v: int, out: Any) -> None:
+        t1 = self._now()
+        self._pending_fwd.append((v, self._t0, t1))
+        for t in tensors_in(out):
+            if t.requires_grad:
+                t.register_hook(self._marker(v))
+                break
+
+    def _marker(self, v: int) -> Callable[[torch.Tensor], None]:
+        def hook(grad: torch.Tensor) -> None:
+            self._marks.append((v, self._now()))
+        return hook
+
+    def start_step(self) -> None:
+        self._pending_fwd: list[tuple[int, Any, Any]] = []
+        self._marks = []
+
+    def backward(self, loss: torch.Tensor) -> None:
+        loss.backward()
+        self._marks.append(("end", self._now()))
+        if self.cuda:
+            torch.cuda.synchronize()
+        for v, a, b in self._pending_fwd:
+            self.fwd[v].append(self._elapsed(a, b))
+        for (v, a), (_w, b) in zip(self._marks, self._marks[1:]):
+            if isinstance(v, int):
+                self.bwd[v].append(self._elapsed(a, b))
+
+    def medians(self) -> tuple[list[float], list[float]]:
+        f = [statistics.median(x) if x else 0.0 for x in self.fwd]
+        b = [statistics.median(x) if x else 0.0 for x in self.bwd]
+        return f, b
+
+
+@contextlib.contextmanager
+def preserved_state(model: torch.nn.Module, devices: list[torch.device]) -> Iterator[None]:
+    """Leave the model exactly as it was: RNG, buffers (running statistics), gradients."""
+    buffers = {n: b.detach().clone() for n, b in model.named_buffers()}
+    grads = {n: p.grad for n, p in model.named_parameters()}
+    cuda_devices = [d for d in devices if d.type == "cuda"]
+    with torch.random.fork_rng(devices=cuda_devices):
+        try:
+            yield
+        finally:
+            with torch.no_grad():
+                for n, b in model.named_buffers():
+                    if n in buffers:
+                        b.copy_(buffers[n])
+            for n, p in model.named_parameters():
+                p.grad = grads.get(n)
+
+
+_MODULE_KINDS = {
+    "conv": "conv", "linear": "linear", "batchnorm": "bn", "layernorm": "norm", "groupnorm": "norm",
+    "relu": "act", "gelu": "act", "silu": "act", "sigmoid": "act", "tanh": "act", "softmax": "act",
+    "pool": "pool", "dropout": "dropout", "embedding": "embedding", "upsample": "resize",
+}
+
+
+def classify_module(mod: torch.nn.Module) -> str:
+    name = type(mod).__name__.lower()
+    for key, kind in _MODULE_KINDS.items():
+        if key in name:
+            return kind
+    return name
+
+
+_FUNC_KINDS = {
+    "add": "add", "iadd": "add", "sub": "add", "mul": "mul", "truediv": "mul", "div": "mul",
+    "cat": "cat", "stack": "cat", "matmul": "matmul", "bmm": "matmul", "mm": "matmul",
+    "conv": "conv", "linear": "linear", "relu": "act", "gelu": "act", "softmax": "act",
+    "view": "view", "reshape": "view", "flatten": "view", "transpose": "view", "permute": "view",
+    "getitem": "view", "contiguous": "copy", "interpolate": "resize", "pool": "pool",
+    "dropout": "dropout", "mean": "reduce", "sum": "reduce", "size": "meta",
+}
+
+
+def classify_function(target: Any) -> str:
+    name = getattr(target, "__name__", str(target)).lower().strip("_")
+    for key, kind in _FUNC_KINDS.items():
+        if key in name:
+            return kind
+    return name

@@ -1,0 +1,174 @@
+"""Op-level capture through ``torch.fx``: one graph node per ``call_module`` /
+``call_function`` / ``call_method`` node of the traced module (standard ``nn`` layers are
+leaves). Placeholders, ``get_attr`` and the output node are not graph nodes: inputs and
+parameters are resident for the whole step.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+import torch
+import torch.fx
+
+from ._recorder import NodeRecord, Recorder, Timer, classify_function, classify_module
+
+__all__ = ["trace", "fx_ops", "fx_fingerprint", "records_from_fx", "profile_fx"]
+
+_OPS = ("call_module", "call_function", "call_method")
+
+
+def trace(model: torch.nn.Module) -> torch.fx.GraphModule:
+    """``torch.fx.symbolic_trace`` (raises whatever fx raises when the model is not traceable)."""
+    return torch.fx.symbolic_trace(model)
+
+
+def fx_ops(gm: torch.fx.GraphModule) -> list[torch.fx.Node]:
+    return [n for n in gm.graph.nodes if n.op in _OPS]
+
+
+def _kind(gm: torch.fx.GraphModule, n: torch.fx.Node) -> str:
+    if n.op == "call_module":
+        return classify_module(gm.get_submodule(str(n.target)))
+    return classify_function(n.target)
+
+
+def _target_name(n: torch.fx.Node) -> str:
+    t = n.target
+    return t if isinstance(t, str) else getattr(t, "__name__", str(t))
+
+
+def fx_fingerprint(gm: torch.fx.GraphModule) -> str:
+    """Structure hash of a traced module; equals ``Graph.fingerprint`` of its capture."""
+    ops = fx_ops(gm)
+    ids = {n: i for i, n in enumerate(ops)}
+    h = hashlib.sha256()
+    h.update(b"fx")
+    edges: list[tuple[int, int]] = []
+    for i, n in enumerate(ops):
+        mod = str(n.target) if n.op == "call_module" else ""
+        h.update(f"{i}:{n.name}:{_kind(gm, n)}:{mod};".encode())
+        for u in n.all_input_nodes:
+            if u in ids:
+                edges.append((ids[u], i))
+    for u, v in sorted(set(edges)):
+        h.update(f"{u}>{v};".encode())
+    return h.hexdigest()[:16]
+
+
+def records_from_fx(gm: torch.fx.GraphModule, param_names: Mapping[int, str]) -> list[NodeRecord]:
+    """Structure of the graph: names, kinds, edges, parameters, outputs."""
+    ops = fx_ops(gm)
+    ids = {n: i for i, n in enumerate(ops)}
+    out_node = next(n for n in gm.graph.nodes if n.op == "output")
+    outputs = {ids[u] for u in out_node.all_input_nodes if u in ids}
+    recs: list[NodeRecord] = []
+    for i, n in enumerate(ops):
+        params: list[str] = []
+        if n.op == "call_module":
+            for p in gm.get_submodule(str(n.target)).parameters():
+                if id(p) in param_names:
+                    params.append(param_names[id(p)])
+        for u in n.all_input_nodes:
+            if u.op == "get_attr":
+                obj = _get_attr(gm, str(u.target))
+                if isinstance(obj, torch.nn.Parameter) and id(obj) in param_names:
+                    params.append(param_names[id(obj)])
+        preds = sorted({ids[u] for u in n.all_input_nodes if u in ids})
+        recs.append(NodeRecord(
+            name=n.name, kind=_kind(gm, n), target=_target_name(n),
+            module_path=str(n.target) if n.op == "call_module" else "",
+            preds=preds, params=sorted(set(params)), is_output=i in outputs,
+        ))
+    return recs
+
+
+def _get_attr(gm: torch.nn.Module, target: str) -> Any:
+    obj: Any = gm
+    for part in target.split("."):
+        obj = getattr(obj, part)
+    return obj
+
+
+class _Interp(torch.fx.Interpreter):
+    def __init__(self, gm: torch.fx.GraphModule, probe: Recorder | Timer) -> None:
+        super().__init__(gm, garbage_collect_values=True)
+        self.probe = probe
+        self.ids = {n: i for i, n in enumerate(fx_ops(gm))}
+
+    def run_node(self, n: torch.fx.Node) -> Any:
+        v = self.ids.get(n)
+        if v is None:
+            return super().run_node(n)
+        self.probe.begin(v)
+        out = super().run_node(n)
+        self.probe.end(v, out)
+        return out
+
+
+def profile_fx(
+    gm: torch.fx.GraphModule,
+    recs: list[NodeRecord],
+    args: Sequence[Any],
+    kwargs: Mapping[str, Any],
+    loss_fn: Callable[[Any], torch.Tensor],
+    resident: list[torch.Tensor],
+    param_bytes: dict[str, int],
+    *,
+    repeats: int,
+    warmup: int,
+    device: torch.device,
+    time_fn: Callable[[list[NodeRecord]], None] | None,
+    count_flops: bool = False,
+) -> Recorder:
+    """One recorded step (memory) and ``warmup + repeats`` timed steps."""
+    rec = Recorder(resident, count_flops=count_flops)
+    for r in recs:
+        rec.add_node(r)
+    interp = _Interp(gm, rec)
+    with rec.recording():
+        out = _run_kwargs(interp, gm, args, kwargs)
+        loss = rec.run_loss(loss_fn, out)
+        del out
+        rec.run_backward(loss)
+        del loss
+    rec.finish(param_bytes)
+    if time_fn is not None:
+        time_fn(recs)
+        return rec
+    timer = Timer(len(recs), device)
+    tinterp = _Interp(gm, timer)
+    for i in range(warmup + repeats):
+        timer.start_step()
+        out = _run_kwargs(tinterp, gm, args, kwargs)
+        loss = loss_fn(out)
+        del out
+        timer.backward(loss)
+        del loss
+        if i < warmup:
+            timer.fwd = [[] for _ in recs]
+            timer.bwd = [[] for _ in recs]
+    fwd, bwd = timer.medians()
+    for r, f, b in zip(recs, fwd, bwd):
+        r.time_s, r.bwd_time_s = f, b
+    return rec
+
+
+def _run_kwargs(interp: torch.fx.Interpreter, gm: torch.fx.GraphModule, args: Sequence[Any],
+                kwargs: Mapping[str, Any]) -> Any:
+    """Bind positional and keyword inputs to the placeholders, as ``gm.forward`` would."""
+    if not kwargs:
+        return interp.run(*args)
+    placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
+    bound: list[Any] = list(args)
+    for ph in placeholders[len(args):]:
+        name = str(ph.target).lstrip("*")
+        if name in kwargs:
+            bound.append(kwargs[name])
+        elif ph.args:
+            bound.append(ph.args[0])
+        else:
+            raise TypeError(f"missing input {name!r} for the traced model")
+    return interp.run(*bound)

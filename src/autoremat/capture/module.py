@@ -1,0 +1,238 @@
+"""Module-level capture for models fx cannot trace (Hugging Face transformers, say).
+
+Nodes are calls of *node modules*: every leaf module, and every member of a container
+(``nn.ModuleList`` / ``nn.Sequential`` / ``nn.ModuleDict``), which are the repeated blocks a
+user would checkpoint; other modules are looked into. Tensor operations that run between node
+modules (the glue in a parent's ``forward``: embedding sums, views, mask arithmetic) become
+``"glue"`` nodes, one per ATen op, seen by a ``TorchDispatchMode``. Edges come from storage
+identity: a node depends on the nodes that produced the storages of its inputs.
+
+Only module calls can be recomputed (the runtime wraps the module's ``forward``); a module
+called more than once in one step is not recomputable, since wrapping it would wrap every
+call. Glue nodes are never recomputed.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+import torch
+from torch import nn
+
+from ._recorder import NodeRecord, Recorder, Timer, classify_module, tensors_in
+
+__all__ = ["node_modules", "module_fingerprint", "profile_modules"]
+
+_CONTAINERS = (nn.ModuleList, nn.Sequential, nn.ModuleDict)
+
+
+def node_modules(model: nn.Module) -> list[tuple[str, nn.Module]]:
+    """The modules whose calls are nodes, with their dotted paths, in registration order."""
+    found: list[tuple[str, nn.Module]] = []
+
+    def members(prefix: str, container: nn.Module) -> None:
+        for name, child in container.named_children():
+            path = f"{prefix}.{name}" if prefix else name
+            if isinstance(child, _CONTAINERS):
+                members(path, child)
+            else:
+                found.append((path, child))
+
+    def visit(prefix: str, mod: nn.Module) -> None:
+        for name, child in mod.named_children():
+            path = f"{prefix}.{name}" if prefix else name
+            if isinstance(child, _CONTAINERS):
+                members(path, child)
+            elif next(child.children(), None) is None:
+                found.append((path, child))
+            else:
+                visit(path, child)
+
+    if isinstance(model, _CONTAINERS):
+        members("", model)
+    else:
+        visit("", model)
+    return found
+
+
+def module_fingerprint(model: nn.Module) -> str:
+    """Structure hash of the node modules; equals ``Graph.fingerprint`` of a module capture."""
+    h = hashlib.sha256(b"module")
+    for path, mod in node_modules(model):
+        h.update(f"{path}:{type(mod).__name__};".encode())
+    return h.hexdigest()[:16]
+
+
+class _ModuleRecorder(Recorder):
+    def __init__(self, resident: list[torch.Tensor], model: nn.Module, param_names: Mapping[int, str],
+                 count_flops: bool = False) -> None:
+        super().__init__(resident, count_flops=count_flops)
+        self.depth = 0
+        self.glue_enabled = True
+        self.last_glue: int | None = None
+        self._pending_glue: list[tuple[int, int]] = []
+        self.call_order: list[int] = []
+        self.calls: dict[str, int] = {}
+        self._stack: list[int] = []
+        self.counter.on_op = self._on_op
+        self._param_names = param_names
+
+    def _pack(self, t: torch.Tensor) -> torch.Tensor:
+        st = t.untyped_storage()
+        key, nbytes = st._cdata, st.nbytes()
+        if self.current is None and self.glue_enabled:
+            if self.last_glue is not None and self.owner.get(key) == self.last_glue:
+                self._packed.append((self.last_glue, key, nbytes))
+            else:
+                self._pending_glue.append((key, nbytes))
+        else:
+            self._packed.append((self.current, key, nbytes))
+        return t
+
+    def pre_hook(self, path: str, mod: nn.Module) -> Callable[..., None]:
+        def hook(module: nn.Module, args: tuple, kwargs: dict) -> None:
+            if self.depth == 0 and self.glue_enabled:
+                ins = tensors_in((args, kwargs))
+                preds = sorted({self.owner[t.untyped_storage()._cdata] for t in ins
+                                if t.untyped_storage()._cdata in self.owner})
+                params = sorted({self._param_names[id(p)] for p in module.parameters()
+                                 if id(p) in self._param_names})
+                rec = NodeRecord(name=path, kind=classify_module(module), target=type(module).__name__,
+                                 module_path=path, preds=preds, params=params)
+                v = self.add_node(rec)
+                self.calls[path] = self.calls.get(path, 0) + 1
+                self.call_order.append(v)
+                self._stack.append(v)
+                self.settle_saves()
+                self.begin(v)
+            self.depth += 1
+        return hook
+
+    def post_hook(self, path: str) -> Callable[..., None]:
+        def hook(module: nn.Module, args: tuple, output: Any) -> None:
+            self.depth -= 1
+            if self.depth == 0 and self._stack:
+                v = self._stack.pop()
+                self.end(v, output)
+        return hook
+
+    def _on_op(self, func: Any, args: tuple, kwargs: dict, out: Any) -> None:
+        if self.depth > 0 or not self.glue_enabled or self.current is not None:
+            return
+        outs = tensors_in(out)
+        if not outs:
+            return
+        ins = tensors_in((args, kwargs))
+        keys = [t.untyped_storage()._cdata for t in ins]
+        preds = sorted({self.owner[k] for k in keys if k in self.owner})
+        name = str(getattr(func, "__name__", func))
+        rec = NodeRecord(name=f"glue:{name}", kind="glue", target=str(func), preds=preds, recomputable=False)
+        v = self.add_node(rec)
+        fresh: dict[int, int] = {}
+        roots: set[int] = set()
+        for t in outs:
+            rec.out_bytes += t.numel() * t.element_size()
+            k = t.untyped_storage()._cdata
+            if k in self.owner:
+                roots.add(self.owner[k])
+            elif k not in self.resident and k not in fresh:
+                fresh[k] = t.untyped_storage().nbytes()
+                self.own(t, v)
+        rec.alloc_bytes = sum(fresh.values())
+        if not fresh and len(roots) == 1:
+            rec.alias_of = next(iter(roots))
+        rec.requires_grad = any(t.requires_grad for t in ins) and any(t.is_floating_point() for t in outs)
+        for k, nb in self._pending_glue:
+            self._packed.append((v, k, nb))
+        self._pending_glue.clear()
+        self.last_glue = v
+
+
+def profile_modules(
+    model: nn.Module,
+    args: Sequence[Any],
+    kwargs: Mapping[str, Any],
+    loss_fn: Callable[[Any], torch.Tensor],
+    resident: list[torch.Tensor],
+    param_names: Mapping[int, str],
+    param_bytes: dict[str, int],
+    *,
+    repeats: int,
+    warmup: int,
+    device: torch.device,
+    time_fn: Callable[[list[NodeRecord]], None] | None,
+    count_flops: bool = False,
+) -> Recorder:
+    """One recorded step (structure, memory) and ``warmup + repeats`` timed steps."""
+    rec = _ModuleRecorder(resident, model, param_names, count_flops=count_flops)
+    mods = node_modules(model)
+    handles = []
+    try:
+        for path, mod in mods:
+            handles.append(mod.register_forward_pre_hook(rec.pre_hook(path, mod), with_kwargs=True))
+            handles.append(mod.register_forward_hook(rec.post_hook(path)))
+        with rec.recording():
+            out = model(*args, **kwargs)
+            rec.glue_enabled = False
+            rec.settle_saves()
+            outs = tensors_in(out)
+            for t in outs:
+                k = t.untyped_storage()._cdata
+                if k in rec.owner:
+                    rec.nodes[rec.owner[k]].is_output = True
+            loss = rec.run_loss(loss_fn, out)
+            del out, outs
+            rec.run_backward(loss)
+            del loss
+    finally:
+        for h in handles:
+            h.remove()
+    for r in rec.nodes:
+        if r.kind != "glue" and rec.calls.get(r.module_path, 0) > 1:
+            r.recomputable = False
+    rec.finish(param_bytes)
+    if time_fn is not None:
+        time_fn(rec.nodes)
+        return rec
+    timer = Timer(len(rec.nodes), device)
+    order = rec.call_order
+    state = {"k": 0, "depth": 0, "stack": []}
+
+    def tpre(module: nn.Module, a: tuple, kw: dict) -> None:
+        if state["depth"] == 0:
+            v = order[state["k"] % len(order)]
+            state["k"] += 1
+            state["stack"].append(v)
+            timer.begin(v)
+        state["depth"] += 1
+
+    def tpost(module: nn.Module, a: tuple, output: Any) -> None:
+        state["depth"] -= 1
+        if state["depth"] == 0 and state["stack"]:
+            timer.end(state["stack"].pop(), output)
+
+    handles = []
+    try:
+        for _path, mod in mods:
+            handles.append(mod.register_forward_pre_hook(tpre, with_kwargs=True))
+            handles.append(mod.register_forward_hook(tpost))
+        for i in range(warmup + repeats):
+            state["k"] = 0
+            timer.start_step()
+            out = model(*args, **kwargs)
+            loss = loss_fn(out)
+            del out
+            timer.backward(loss)
+            del loss
+            if i < warmup:
+                timer.fwd = [[] for _ in rec.nodes]
+                timer.bwd = [[] for _ in rec.nodes]
+    finally:
+        for h in handles:
+            h.remove()
+    fwd, bwd = timer.medians()
+    for r, f, b in zip(rec.nodes, fwd, bwd):
+        r.time_s, r.bwd_time_s = f, b
+    return rec

@@ -1,0 +1,353 @@
+"""The profiled computation graph every solver works on.
+
+A :class:`Graph` is a DAG of *tensor-producing nodes* (one fx op, or one submodule call in
+module-level capture) held in a :class:`networkx.DiGraph`. Node ids are the integers ``0..n-1``
+in execution order, which is a topological order. Inputs of the model, parameters and buffers
+are not nodes: they are resident before the step starts (see DESIGN.md, "step peak").
+
+Node attributes (all plain numbers and strings, so solvers never need torch):
+
+``name``, ``kind``, ``target``, ``module_path``
+    What the node is: fx node name (or module path), a coarse op kind (``"conv"``,
+    ``"linear"``, ``"add"``, ``"module"``, ``"glue"``…), the op or module class, and the
+    path of the owning submodule.
+``time_s``, ``bwd_time_s``
+    Forward and backward time of the node.
+``out_bytes``
+    Nominal bytes of the node's tensor outputs (the size of its output gradient).
+``alloc_bytes``
+    Bytes of *new* storage its outputs occupy (0 for views and in-place ops).
+``alias_of``
+    For a view / in-place output: the node whose storage it lives in (else ``None``).
+``saves``
+    Nodes whose output storage autograd keeps for this node's backward (may include itself).
+``extra_saved_bytes``
+    Bytes of storages this node's backward keeps that are no node's output (batch-norm
+    statistics, dropout masks, pooling indices…).
+``saved_bytes``
+    What autograd really keeps for this node, storage de-duplicated: the storages of
+    ``saves`` plus ``extra_saved_bytes``.
+``fwd_temp_bytes``, ``bwd_temp_bytes``
+    Transient workspace above the modelled allocations during the node's forward / backward.
+``params``, ``param_grad_bytes``
+    Names of the trainable parameters the node uses and the bytes of their gradients.
+``requires_grad``
+    Whether the node's output takes part in backward.
+``grad_passthrough``
+    Whether the node's backward hands its output gradient to its inputs without a new
+    allocation (``add``, views).
+``is_output``
+    Whether the node's value is an output of the model.
+``recomputable``
+    Whether the runtime can run this node inside a checkpoint region on its own
+    (module-level capture: module calls are, glue ops are not).
+
+Graph-level attributes live in :attr:`Graph.meta`: ``mode`` (``"fx"``, ``"module"`` or
+``"synthetic"``), ``fingerprint``, ``model``, ``device``, ``time_source``, ``param_bytes``
+(name -> bytes), ``resident_bytes``, the loss node (``loss_saves``, ``loss_extra_bytes``,
+``loss_fwd_temp_bytes``, ``loss_bwd_temp_bytes``) and, when measured, ``measured_peak_bytes``.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections.abc import Iterable, Iterator, Mapping
+from typing import Any
+
+import networkx as nx
+
+__all__ = ["Graph", "NODE_DEFAULTS", "GRAPH_FORMAT_VERSION"]
+
+GRAPH_FORMAT_VERSION = 1
+
+NODE_DEFAULTS: dict[str, Any] = {
+    "name": "",
+    "kind": "op",
+    "target": "",
+    "module_path": "",
+    "time_s": 0.0,
+    "bwd_time_s": 0.0,
+    "out_bytes": 0,
+    "alloc_bytes": 0,
+    "alias_of": None,
+    "saves": (),
+    "extra_saved_bytes": 0,
+    "fwd_temp_bytes": 0,
+    "bwd_temp_bytes": 0,
+    "params": (),
+    "param_grad_bytes": 0,
+    "requires_grad": True,
+    "grad_passthrough": False,
+    "is_output": False,
+    "recomputable": True,
+}
+
+
+class Graph:
+    """A profiled computation graph (see the module docstring for its attributes)."""
+
+    def __init__(self, nx_graph: nx.DiGraph | None = None, meta: Mapping[str, Any] | None = None) -> None:
+        g = nx.DiGraph() if nx_graph is None else nx_graph
+        n = g.number_of_nodes()
+        if set(g.nodes) != set(range(n)):
+            raise ValueError("Graph nodes must be the integers 0..n-1 in execution order")
+        for u, v in g.edges:
+            if u >= v:
+                raise ValueError(f"edge {u}->{v} goes backwards: node ids must be a topological order")
+        for v in g.nodes:
+            data = g.nodes[v]
+            for key, default in NODE_DEFAULTS.items():
+                data.setdefault(key, default)
+            data["saves"] = tuple(sorted(set(int(u) for u in data["saves"])))
+            data["params"] = tuple(data["params"])
+            for u in data["saves"]:
+                if u > v:
+                    raise ValueError(f"node {v} saves node {u}, which runs after it")
+        self.nx = g
+        self.meta: dict[str, Any] = dict(meta or {})
+        self.meta.setdefault("mode", "synthetic")
+        self.meta.setdefault("param_bytes", {})
+        self.meta.setdefault("loss_saves", [])
+        self.meta.setdefault("loss_extra_bytes", 0)
+        self.meta.setdefault("loss_fwd_temp_bytes", 0)
+        self.meta.setdefault("loss_bwd_temp_bytes", 0)
+        self.meta.setdefault("resident_bytes", 0)
+        self._refresh()
+
+    # ------------------------------------------------------------------ construction helpers
+    @classmethod
+    def chain(
+        cls,
+        out_bytes: Iterable[int],
+        time_s: Iterable[float] | None = None,
+        *,
+        saves_own_output: bool = True,
+    ) -> "Graph":
+        """A linear chain ``0 -> 1 -> ... -> n-1`` (tests, examples).
+
+        Each node saves its own output when ``saves_own_output`` (the papers' model).
+        """
+        sizes = [int(b) for b in out_bytes]
+        times = [1.0] * len(sizes) if time_s is None else [float(t) for t in time_s]
+        if len(times) != len(sizes):
+            raise ValueError("out_bytes and time_s must have the same length")
+        g = nx.DiGraph()
+        for i, (b, t) in enumerate(zip(sizes, times)):
+            g.add_node(i, name=f"n{i}", out_bytes=b, alloc_bytes=b, time_s=t, bwd_time_s=2 * t,
+                       saves=(i,) if saves_own_output else (), is_output=(i == len(sizes) - 1))
+            if i:
+                g.add_edge(i - 1, i)
+        return cls(g, {"mode": "synthetic", "loss_saves": [len(sizes) - 1] if sizes else []})
+
+    @classmethod
+    def from_edges(
+        cls,
+        n: int,
+        edges: Iterable[tuple[int, int]],
+        *,
+        out_bytes: Iterable[int] | None = None,
+        time_s: Iterable[float] | None = None,
+        saves_own_output: bool = True,
+    ) -> "Graph":
+        """A synthetic DAG on ``n`` nodes; the sinks are the model outputs."""
+        sizes = [1] * n if out_bytes is None else [int(b) for b in out_bytes]
+        times = [1.0] * n if time_s is None else [float(t) for t in time_s]
+        g = nx.DiGraph()
+        for i in range(n):
+            g.add_node(i, name=f"n{i}", out_bytes=sizes[i], alloc_bytes=sizes[i], time_s=times[i],
+                       bwd_time_s=2 * times[i], saves=(i,) if saves_own_output else ())
+        g.add_edges_from(edges)
+        for i in range(n):
+            g.nodes[i]["is_output"] = g.out_degree(i) == 0
+        outs = [i for i in range(n) if g.out_degree(i) == 0]
+        return cls(g, {"mode": "synthetic", "loss_saves": outs})
+
+    # ------------------------------------------------------------------ basic access
+    def __len__(self) -> int:
+        return self.nx.number_of_nodes()
+
+    def __iter__(self) -> Iterator[int]:
+        return iter(range(len(self)))
+
+    def __repr__(self) -> str:
+        return (f"Graph(mode={self.meta.get('mode')!r}, nodes={len(self)}, "
+                f"edges={self.nx.number_of_edges()}, model={self.meta.get('model', '?')!r})")
+
+    def node(self, v: int) -> dict[str, Any]:
+        """The attribute dict of node ``v``."""
+        return self.nx.nodes[v]
+
+    @property
+    def nodes(self) -> range:
+        return range(len(self))
+
+    def succ(self, v: int) -> list[int]:
+        return self._succ[v]
+
+    def pred(self, v: int) -> list[int]:
+        return self._pred[v]
+
+    def root(self, v: int) -> int:
+        """The node whose storage ``v``'s output lives in (itself unless it is a view)."""
+        return self._root[v]
+
+    def _refresh(self) -> None:
+        n = len(self)
+        self._succ = [sorted(self.nx.successors(v)) for v in range(n)]
+        self._pred = [sorted(self.nx.predecessors(v)) for v in range(n)]
+        root = list(range(n))
+        for v in range(n):
+            a = self.nx.nodes[v]["alias_of"]
+            if a is not None:
+                if not 0 <= a < v:
+                    raise ValueError(f"node {v} is a view of node {a}, which does not run before it")
+                root[v] = root[a]
+        self._root = root
+        for v in range(n):
+            d = self.nx.nodes[v]
+            d["saved_bytes"] = self._saved_bytes_of(v)
+
+    def _saved_bytes_of(self, v: int) -> int:
+        d = self.nx.nodes[v]
+        roots = {self._root[u] for u in d["saves"]}
+        return int(sum(self.nx.nodes[r]["alloc_bytes"] for r in roots) + d["extra_saved_bytes"])
+
+    # ------------------------------------------------------------------ totals
+    def total(self, attr: str, nodes: Iterable[int] | None = None) -> float:
+        """Sum of a numeric node attribute over ``nodes`` (default: all)."""
+        it = self.nodes if nodes is None else nodes
+        return sum(self.nx.nodes[v][attr] for v in it)
+
+    @property
+    def param_grad_bytes(self) -> int:
+        return int(sum(self.meta["param_bytes"].values()))
+
+    # ------------------------------------------------------------------ order theory (Kusumoto §2)
+    def delta_plus(self, nodes: Iterable[int]) -> set[int]:
+        """``δ+(S)``: nodes with an edge from some node of ``S``."""
+        return {w for s in nodes for w in self._succ[s]}
+
+    def delta_minus(self, nodes: Iterable[int]) -> set[int]:
+        """``δ−(S)``: nodes with an edge into some node of ``S``."""
+        return {u for s in nodes for u in self._pred[s]}
+
+    def is_lower_set(self, nodes: Iterable[int]) -> bool:
+        """``L`` is a lower set iff no edge enters it from outside (``δ−(L) ⊆ L``)."""
+        s = set(nodes)
+        return all(u in s for v in s for u in self._pred[v])
+
+    def boundary(self, lower: Iterable[int]) -> set[int]:
+        """``∂(L) = δ−(V \\ L) ∩ L``: nodes of ``L`` with an edge leaving ``L``."""
+        s = set(lower)
+        return {v for v in s if any(w not in s for w in self._succ[v])}
+
+    def ancestor_closure(self, v: int) -> frozenset[int]:
+        """``L^v``: ``v`` and every node from which ``v`` is reachable."""
+        return frozenset(nx.ancestors(self.nx, v) | {v})
+
+    def lower_sets(self, limit: int | None = None) -> Iterator[frozenset[int]]:
+        """Enumerate every lower set (including ∅ and V) in order of size.
+
+        The family can be exponential; ``limit`` stops with ``ValueError`` once more than
+        ``limit`` sets have been produced.
+        """
+        n = len(self)
+        pred_mask = [0] * n
+        for v in range(n):
+            for u in self._pred[v]:
+                pred_mask[v] |= 1 << u
+        seen = {0}
+        frontier = [0]
+        count = 0
+        while frontier:
+            nxt: list[int] = []
+            for mask in frontier:
+                count += 1
+                if limit is not None and count > limit:
+                    raise ValueError(f"more than {limit} lower sets; use a pruned family instead")
+                yield frozenset(i for i in range(n) if mask >> i & 1)
+                for v in range(n):
+                    bit = 1 << v
+                    if not mask & bit and pred_mask[v] & ~mask == 0:
+                        m2 = mask | bit
+                        if m2 not in seen:
+                            seen.add(m2)
+                            nxt.append(m2)
+            frontier = nxt
+
+    # ------------------------------------------------------------------ transforms
+    def with_paper_times(self) -> "Graph":
+        """A copy with the papers' time convention: 10 per convolution, 1 otherwise."""
+        g = self.copy()
+        for v in g.nodes:
+            d = g.node(v)
+            d["time_s"] = 10.0 if d["kind"] == "conv" else 1.0
+            d["bwd_time_s"] = 2 * d["time_s"]
+        g.meta["time_source"] = "paper (10 per convolution, 1 otherwise)"
+        return g
+
+    def copy(self) -> "Graph":
+        return Graph.from_dict(self.to_dict())
+
+    # ------------------------------------------------------------------ identity and JSON
+    def compute_fingerprint(self) -> str:
+        """A hash of the graph's structure (node names, kinds, edges)."""
+        h = hashlib.sha256()
+        h.update(str(self.meta.get("mode")).encode())
+        for v in self.nodes:
+            d = self.nx.nodes[v]
+            h.update(f"{v}:{d['name']}:{d['kind']}:{d['module_path']};".encode())
+        for u, v in sorted(self.nx.edges):
+            h.update(f"{u}>{v};".encode())
+        return h.hexdigest()[:16]
+
+    @property
+    def fingerprint(self) -> str:
+        fp = self.meta.get("fingerprint")
+        if not fp:
+            fp = self.meta["fingerprint"] = self.compute_fingerprint()
+        return fp
+
+    def to_dict(self) -> dict[str, Any]:
+        nodes = []
+        for v in self.nodes:
+            d = {k: self.nx.nodes[v][k] for k in NODE_DEFAULTS}
+            d["saves"] = list(d["saves"])
+            d["params"] = list(d["params"])
+            nodes.append(d)
+        return {
+            "format": "autoremat.graph",
+            "version": GRAPH_FORMAT_VERSION,
+            "meta": self.meta,
+            "nodes": nodes,
+            "edges": sorted([list(e) for e in self.nx.edges]),
+        }
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> "Graph":
+        if data.get("format") != "autoremat.graph":
+            raise ValueError("not an autoremat graph (missing format='autoremat.graph')")
+        if data.get("version") != GRAPH_FORMAT_VERSION:
+            raise ValueError(f"graph format version {data.get('version')!r} is not supported "
+                             f"(this autoremat reads version {GRAPH_FORMAT_VERSION})")
+        g = nx.DiGraph()
+        for i, d in enumerate(data["nodes"]):
+            g.add_node(i, **{k: d.get(k, NODE_DEFAULTS[k]) for k in NODE_DEFAULTS})
+        g.add_edges_from(tuple(e) for e in data["edges"])
+        return cls(g, json.loads(json.dumps(data["meta"])))
+
+    def to_json(self, path: str | None = None) -> str:
+        text = json.dumps(self.to_dict(), indent=1)
+        if path is not None:
+            with open(path, "w", encoding="utf-8") as f:
+                f.write(text)
+        return text
+
+    @classmethod
+    def from_json(cls, text_or_path: str) -> "Graph":
+        text = text_or_path
+        if not text_or_path.lstrip().startswith("{"):
+            with open(text_or_path, encoding="utf-8") as f:
+                text = f.read()
+        return cls.from_dict(json.loads(text))

@@ -1,0 +1,189 @@
+"""Measuring the real step peak and step time (DESIGN.md, "What memory means").
+
+On CUDA the step peak comes from the caching allocator's statistics
+(``max_memory_allocated`` after ``reset_peak_memory_stats``, minus what was allocated when the
+step started). On the CPU it comes from :class:`LiveStorageCounter`, a ``TorchDispatchMode``
+that adds the bytes of every new output storage and subtracts them when the storage is
+finalised, so it sees forward, recomputation and backward alike.
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+import weakref
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._pytree import tree_flatten
+
+__all__ = ["LiveStorageCounter", "Measurement", "measure", "default_loss", "run_step",
+           "gradients", "gradients_equal"]
+
+
+class LiveStorageCounter(TorchDispatchMode):
+    """Counts the bytes of live storages created while the mode is active.
+
+    ``live`` is the current total, ``peak`` the highest since the last :meth:`reset_peak`.
+    Storages that existed before the mode was entered are never counted.
+    """
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.live = 0
+        self.peak = 0
+        self._seen: dict[int, int] = {}
+        self.on_op: Callable[[Any, tuple, dict, Any], None] | None = None
+        """Called as ``on_op(func, args, kwargs, out)`` after each op (capture uses it)."""
+
+    def reset_peak(self) -> None:
+        self.peak = self.live
+
+    def _release(self, key: int) -> None:
+        nbytes = self._seen.pop(key, 0)
+        self.live -= nbytes
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # type: ignore[override]
+        out = func(*args, **(kwargs or {}))
+        flat, _ = tree_flatten(out)
+        inputs: set[int] | None = None
+        for t in flat:
+            if isinstance(t, torch.Tensor):
+                st = t.untyped_storage()
+                key = st._cdata
+                if key in self._seen:
+                    continue
+                if inputs is None:  # views and in-place results share an input's storage
+                    inputs = {a.untyped_storage()._cdata for a in tree_flatten((args, kwargs))[0]
+                              if isinstance(a, torch.Tensor)}
+                if key in inputs:
+                    continue
+                nbytes = st.nbytes()
+                self._seen[key] = nbytes
+                self.live += nbytes
+                weakref.finalize(st, self._release, key)
+        if self.live > self.peak:
+            self.peak = self.live
+        if self.on_op is not None:
+            self.on_op(func, args, kwargs or {}, out)
+        return out
+
+
+def default_loss(output: Any) -> torch.Tensor:
+    """The default scalar to backpropagate: the sum of the means of every floating-point tensor
+    in ``output`` (tuples, lists, dicts and dataclass-like objects are walked), in float32."""
+    tensors = [t for t in _flatten(output) if isinstance(t, torch.Tensor) and t.is_floating_point()
+               and t.requires_grad]
+    if not tensors:
+        raise ValueError("the model output holds no floating-point tensor that requires grad; "
+                         "pass loss_fn= to say what to backpropagate")
+    total = tensors[0].float().mean()
+    for t in tensors[1:]:
+        total = total + t.float().mean()
+    return total
+
+
+def _flatten(obj: Any) -> list[Any]:
+    if isinstance(obj, torch.Tensor):
+        return [obj]
+    if isinstance(obj, Mapping):
+        return [x for v in obj.values() for x in _flatten(v)]
+    if isinstance(obj, (list, tuple)):
+        return [x for v in obj for x in _flatten(v)]
+    if hasattr(obj, "to_tuple"):  # transformers ModelOutput
+        return _flatten(obj.to_tuple())
+    return []
+
+
+def run_step(model: torch.nn.Module, args: Sequence[Any], kwargs: Mapping[str, Any] | None = None,
+             loss_fn: Callable[[Any], torch.Tensor] | None = None) -> torch.Tensor:
+    """One forward + backward; returns the detached loss. Gradients are set to ``None`` first."""
+    model.zero_grad(set_to_none=True)
+    loss = (loss_fn or default_loss)(model(*args, **(kwargs or {})))
+    loss.backward()
+    return loss.detach()
+
+
+@dataclass
+class Measurement:
+    """A measured training step."""
+
+    peak_bytes: int
+    step_time_s: float
+    step_times_s: list[float] = field(default_factory=list)
+    device: str = "cpu"
+
+
+def measure(
+    model: torch.nn.Module,
+    args: Sequence[Any],
+    kwargs: Mapping[str, Any] | None = None,
+    *,
+    loss_fn: Callable[[Any], torch.Tensor] | None = None,
+    steps: int = 3,
+    warmup: int = 1,
+) -> Measurement:
+    """Measure the step peak (bytes above what was live at step start) and median step time.
+
+    The peak is taken from the last step; ``steps`` steps are timed after ``warmup``.
+    """
+    if not isinstance(model, torch.nn.Module):
+        raise TypeError(f"model must be a torch.nn.Module, got {type(model).__name__}")
+    if steps < 1 or warmup < 0:
+        raise ValueError(f"steps must be >= 1 and warmup >= 0, got steps={steps}, warmup={warmup}")
+    device = _device_of(model, args)
+    for _ in range(warmup):
+        run_step(model, args, kwargs, loss_fn)
+    times: list[float] = []
+    peak = 0
+    for _ in range(steps):
+        model.zero_grad(set_to_none=True)
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+            torch.cuda.reset_peak_memory_stats(device)
+            base = torch.cuda.memory_allocated(device)
+            t0 = time.perf_counter()
+            run_step(model, args, kwargs, loss_fn)
+            torch.cuda.synchronize(device)
+            times.append(time.perf_counter() - t0)
+            peak = torch.cuda.max_memory_allocated(device) - base
+        else:
+            counter = LiveStorageCounter()
+            t0 = time.perf_counter()
+            with counter:
+                run_step(model, args, kwargs, loss_fn)
+            times.append(time.perf_counter() - t0)
+            peak = counter.peak
+    model.zero_grad(set_to_none=True)
+    return Measurement(peak_bytes=int(peak), step_time_s=statistics.median(times), step_times_s=times,
+                       device=str(device))
+
+
+def _device_of(model: torch.nn.Module, args: Sequence[Any]) -> torch.device:
+    for p in model.parameters():
+        return p.device
+    for a in args:
+        if isinstance(a, torch.Tensor):
+            return a.device
+    return torch.device("cpu")
+
+
+def gradients(model: torch.nn.Module) -> dict[str, torch.Tensor | None]:
+    """A copy of every parameter's gradient, by name."""
+    return {n: (None if p.grad is None else p.grad.detach().clone()) for n, p in model.named_parameters()}
+
+
+def gradients_equal(a: Mapping[str, torch.Tensor | None], b: Mapping[str, torch.Tensor | None]) -> bool:
+    """Whether two gradient dicts are bit-for-bit equal (``torch.equal`` on every entry)."""
+    if a.keys() != b.keys():
+        return False
+    for k in a:
+        x, y = a[k], b[k]
+        if (x is None) != (y is None):
+            return False
+        if x is not None and not torch.equal(x, y):
+            return False
+    return True

@@ -1,0 +1,164 @@
+"""Plans: what to recompute, as an ordered sequence of segments (Kusumoto et al. §3).
+
+A :class:`Plan` is the canonical strategy of an increasing sequence of lower sets
+``L1 ⊂ L2 ⊂ … ⊂ Lk = V``: segment ``i`` holds ``Vi = Li \\ L(i-1)``. A segment with
+``recompute=True`` runs inside one non-reentrant checkpoint region: its outputs
+(``Vi ∩ ∂(Li)`` plus model outputs) are kept, everything it saves for backward is dropped
+and recomputed once when backward reaches it. A segment with ``recompute=False`` runs as
+usual. :func:`validate_plan` checks every invariant; every solver test calls it.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from .errors import PlanMismatchError
+from .graph import Graph
+
+__all__ = ["Segment", "Plan", "validate_plan", "PLAN_FORMAT_VERSION", "segments_from_lower_sets"]
+
+PLAN_FORMAT_VERSION = 1
+
+
+@dataclass(frozen=True)
+class Segment:
+    """One segment ``Vi`` of a canonical strategy."""
+
+    nodes: tuple[int, ...]
+    recompute: bool = True
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "nodes", tuple(sorted(int(v) for v in self.nodes)))
+
+
+@dataclass
+class Plan:
+    """An executable recomputation plan for one graph."""
+
+    segments: list[Segment]
+    solver: str = "none"
+    options: dict[str, Any] = field(default_factory=dict)
+    budget_bytes: int | None = None
+    graph_fingerprint: str = ""
+    predicted_peak_bytes: int | None = None
+    predicted_extra_time_s: float | None = None
+    version: int = PLAN_FORMAT_VERSION
+
+    @property
+    def recompute_segments(self) -> list[Segment]:
+        return [s for s in self.segments if s.recompute]
+
+    @property
+    def recomputed_nodes(self) -> set[int]:
+        return {v for s in self.segments if s.recompute for v in s.nodes}
+
+    def describe(self) -> str:
+        k = len(self.recompute_segments)
+        return f"{self.solver}: {len(self.segments)} segments, {k} recomputed"
+
+    # ------------------------------------------------------------------ JSON
+    def to_dict(self) -> dict[str, Any]:
+        d = asdict(self)
+        d["format"] = "autoremat.plan"
+        d["segments"] = [{"nodes": list(s.nodes), "recompute": s.recompute} for s in self.segments]
+        return d
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> "Plan":
+        if data.get("format") != "autoremat.plan":
+            raise ValueError("not an autoremat plan (missing format='autoremat.plan')")
+        if data.get("version") != PLAN_FORMAT_VERSION:
+            raise ValueError(f"plan format version {data.get('version')!r} is not supported "
+                             f"(this autoremat reads version {PLAN_FORMAT_VERSION})")
+        return cls(
+            segments=[Segment(tuple(s["nodes"]), bool(s["recompute"])) for s in data["segments"]],
+            solver=data.get("solver", "none"),
+            options=dict(data.get("options", {})),
+            budget_bytes=data.get("budget_bytes"),
+            graph_fingerprint=data.get("graph_fingerprint", ""),
+            predicted_peak_bytes=data.get("predicted_peak_bytes"),
+            predicted_extra_time_s=data.get("predicted_extra_time_s"),
+        )
+
+    def to_json(self, path: str | None = None) -> str:
+        text = json.dumps(self.to_dict(), indent=1)
+        if path is not None:
+            with open(path, "w", encoding="utf-8") as f:
+                f.write(text)
+        return text
+
+    @classmethod
+    def from_json(cls, text_or_path: str) -> "Plan":
+        text = text_or_path
+        if not text_or_path.lstrip().startswith("{"):
+            with open(text_or_path, encoding="utf-8") as f:
+                text = f.read()
+        return cls.from_dict(json.loads(text))
+
+
+def segments_from_lower_sets(
+    graph: Graph, lower_sets: Sequence[Iterable[int]], *, recompute_last: bool = False
+) -> list[Segment]:
+    """Segments ``Vi = Li \\ L(i-1)`` of an increasing lower-set sequence.
+
+    A segment is marked for recomputation when recomputing it can save anything: it is not
+    the last one (unless ``recompute_last``) and some node in it saves a tensor. In
+    module-level graphs a segment is only recomputed when it is a single recomputable node.
+    """
+    segs: list[Segment] = []
+    prev: set[int] = set()
+    for i, lower in enumerate(lower_sets):
+        cur = set(lower)
+        part = tuple(sorted(cur - prev))
+        prev = cur
+        if not part:
+            continue
+        last = i == len(lower_sets) - 1
+        saves = any(graph.node(v)["saved_bytes"] > 0 for v in part)
+        ok = all(graph.node(v)["recomputable"] for v in part)
+        if graph.meta.get("mode") == "module":
+            ok = ok and len(part) == 1
+        segs.append(Segment(part, recompute=bool(saves and ok and (recompute_last or not last))))
+    return segs
+
+
+def validate_plan(graph: Graph, plan: Plan) -> None:
+    """Raise ``ValueError`` (or :class:`PlanMismatchError`) unless ``plan`` is valid for ``graph``.
+
+    Checks: the fingerprint matches; segments are non-empty, disjoint and cover V; every
+    prefix union is a lower set; recomputed segments only hold recomputable nodes, and in
+    module-level graphs are single nodes.
+    """
+    fp = graph.fingerprint
+    if plan.graph_fingerprint and plan.graph_fingerprint != fp:
+        raise PlanMismatchError(
+            f"plan was made for graph {plan.graph_fingerprint}, not this one ({fp}); "
+            "capture the model again and re-solve"
+        )
+    n = len(graph)
+    seen: set[int] = set()
+    for i, seg in enumerate(plan.segments):
+        if not seg.nodes:
+            raise ValueError(f"segment {i} is empty")
+        for v in seg.nodes:
+            if not 0 <= v < n:
+                raise PlanMismatchError(f"segment {i} names node {v}, but the graph has {n} nodes")
+            if v in seen:
+                raise ValueError(f"node {v} appears in more than one segment")
+        seen.update(seg.nodes)
+        if not graph.is_lower_set(seen):
+            raise ValueError(f"segments 0..{i} do not form a lower set: a node in them depends "
+                             "on a node of a later segment")
+        if seg.recompute:
+            bad = [v for v in seg.nodes if not graph.node(v)["recomputable"]]
+            if bad:
+                raise ValueError(f"segment {i} recomputes nodes the runtime cannot wrap: {bad[:5]}")
+            if graph.meta.get("mode") == "module" and len(seg.nodes) != 1:
+                raise ValueError(f"segment {i}: module-level graphs recompute one module call per "
+                                 f"segment, got {len(seg.nodes)} nodes")
+    if len(seen) != n:
+        missing = sorted(set(range(n)) - seen)
+        raise ValueError(f"segments do not cover the graph; missing nodes {missing[:10]}")

@@ -1,0 +1,271 @@
+"""Runtime: patch a model in place so that it runs a plan, and undo it exactly.
+
+``apply(model, plan)`` replaces the *instance's* ``forward`` (fx graphs: a generated forward
+that runs each recomputed segment as one non-reentrant ``torch.utils.checkpoint`` region;
+module-level graphs: the ``forward`` of each recomputed submodule is wrapped in a checkpoint).
+Parameters, buffers, ``state_dict`` keys and optimizer references are untouched: nothing is
+registered on the model except a plain attribute holding the patch state.
+
+Recomputation reproduces the first forward exactly: the RNG state is restored for dropout
+(``preserve_rng_state=True``), autocast state is the one of the first forward (PyTorch's
+checkpoint records it), and running statistics of batch-norm layers are put back after each
+recomputation, so a recomputed segment does not update them a second time.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import logging
+import operator
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+import torch.fx
+from torch import nn
+from torch.utils.checkpoint import checkpoint
+
+from ..capture.fx import fx_fingerprint, fx_ops, trace
+from ..capture.module import module_fingerprint, node_modules
+from ..errors import PlanMismatchError
+from ..plan import Plan
+
+__all__ = ["apply", "restore", "is_patched", "CheckpointRegion"]
+
+logger = logging.getLogger(__name__)
+
+_STATE_ATTR = "_autoremat_patch"
+
+
+@dataclass
+class _PatchState:
+    plan: Plan
+    had_instance_forward: bool
+    instance_forward: Any = None
+    wrapped: list[tuple[nn.Module, bool, Any]] = field(default_factory=list)
+    forward_module: Any = None
+
+
+class _RestoreBuffers:
+    """Puts buffers back as they were when the context exits (used around recomputation)."""
+
+    def __init__(self, buffers: list[torch.Tensor]) -> None:
+        self.buffers = buffers
+        self.saved: list[torch.Tensor] = []
+
+    def __enter__(self) -> "_RestoreBuffers":
+        self.saved = [b.detach().clone() for b in self.buffers]
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        with torch.no_grad():
+            for b, s in zip(self.buffers, self.saved):
+                b.copy_(s)
+        self.saved = []
+
+
+def _context_fn(buffers: list[torch.Tensor]) -> Any:
+    if not buffers:
+        return None
+    return lambda: (contextlib.nullcontext(), _RestoreBuffers(buffers))
+
+
+def _checkpoint_kwargs(buffers: list[torch.Tensor]) -> dict[str, Any]:
+    kw: dict[str, Any] = {"use_reentrant": False, "preserve_rng_state": True}
+    ctx = _context_fn(buffers)
+    if ctx is not None:
+        kw["context_fn"] = ctx
+    return kw
+
+
+class CheckpointRegion(nn.Module):
+    """Runs ``body`` as one non-reentrant checkpoint region (a segment of the plan)."""
+
+    def __init__(self, body: nn.Module, buffers: list[torch.Tensor]) -> None:
+        super().__init__()
+        self.body = body
+        self._buffers_to_restore = buffers
+
+    def forward(self, *args: Any) -> Any:
+        if not torch.is_grad_enabled():
+            return self.body(*args)
+        return checkpoint(self.body, *args, **_checkpoint_kwargs(self._buffers_to_restore))
+
+
+def is_patched(model: nn.Module) -> bool:
+    """Whether ``apply`` has patched ``model`` (and ``restore`` has not undone it)."""
+    return isinstance(model.__dict__.get(_STATE_ATTR), _PatchState)
+
+
+def apply(model: nn.Module, plan: Plan) -> nn.Module:
+    """Patch ``model`` in place to run ``plan``; returns the same object.
+
+    Raises ``TypeError`` for a non-module or non-plan, ``ValueError`` when the model is already
+    patched, and :class:`~autoremat.errors.PlanMismatchError` when the plan was made for
+    another model or graph. On error nothing is changed.
+    """
+    if not isinstance(model, nn.Module):
+        raise TypeError(f"model must be a torch.nn.Module, got {type(model).__name__}")
+    if not isinstance(plan, Plan):
+        raise TypeError(f"plan must be an autoremat.Plan, got {type(plan).__name__}")
+    if is_patched(model):
+        raise ValueError("model is already patched by autoremat; call autoremat.restore(model) before "
+                         "applying another plan")
+    mode = plan.options.get("graph_mode")
+    names = plan.options.get("node_names")
+    if mode not in ("fx", "module") or names is None:
+        raise PlanMismatchError("this plan does not come from a captured model (no graph_mode / node_names);"
+                                " solve a graph returned by autoremat.capture")
+    if mode == "fx":
+        state = _apply_fx(model, plan, names)
+    else:
+        state = _apply_module(model, plan, names)
+    model.__dict__[_STATE_ATTR] = state
+    logger.info("autoremat: applied %s", plan.describe())
+    return model
+
+
+def restore(model: nn.Module) -> nn.Module:
+    """Undo :func:`apply` exactly; a model that is not patched is returned unchanged."""
+    state = model.__dict__.get(_STATE_ATTR)
+    if not isinstance(state, _PatchState):
+        return model
+    if "forward" in model.__dict__ and state.forward_module is not None:
+        del model.__dict__["forward"]
+    if state.had_instance_forward:
+        model.__dict__["forward"] = state.instance_forward
+    for mod, had, fwd in state.wrapped:
+        del mod.__dict__["forward"]
+        if had:
+            mod.__dict__["forward"] = fwd
+    del model.__dict__[_STATE_ATTR]
+    return model
+
+
+# ---------------------------------------------------------------------- fx
+def _apply_fx(model: nn.Module, plan: Plan, names: list[str]) -> _PatchState:
+    gm = trace(model)
+    fp = fx_fingerprint(gm)
+    if plan.graph_fingerprint and fp != plan.graph_fingerprint:
+        raise PlanMismatchError(f"plan was made for graph {plan.graph_fingerprint} but {type(model).__name__} "
+                                f"traces to {fp}; capture this model and solve again")
+    ops = fx_ops(gm)
+    if [n.name for n in ops] != list(names):
+        raise PlanMismatchError("plan node names do not match the traced model; capture and solve again")
+    forward_module = _build_forward(gm, ops, plan)
+    had = "forward" in model.__dict__
+    state = _PatchState(plan=plan, had_instance_forward=had, instance_forward=model.__dict__.get("forward"),
+                        forward_module=forward_module)
+    model.__dict__["forward"] = forward_module.forward
+    return state
+
+
+def _lookup_attr(gm: nn.Module, target: str) -> Any:
+    obj: Any = gm
+    for part in target.split("."):
+        obj = getattr(obj, part)
+    return obj
+
+
+def _build_forward(gm: torch.fx.GraphModule, ops: list[torch.fx.Node], plan: Plan) -> torch.fx.GraphModule:
+    """A GraphModule running the traced graph segment by segment, recomputed ones as regions."""
+    new = torch.fx.Graph()
+    env: dict[torch.fx.Node, torch.fx.Node] = {}
+    attrs: dict[str, Any] = {}
+    for n in gm.graph.nodes:
+        if n.op == "placeholder":
+            env[n] = new.node_copy(n)
+
+    def need(n: torch.fx.Node, graph: torch.fx.Graph, local: dict[torch.fx.Node, torch.fx.Node]) -> torch.fx.Node:
+        if n in local:
+            return local[n]
+        if n.op == "get_attr":
+            local[n] = graph.node_copy(n)
+            if graph is new:
+                attrs[str(n.target)] = _lookup_attr(gm, str(n.target))
+            return local[n]
+        raise AssertionError(f"node {n.name} used before it is computed; please report")
+
+    output_node = next(n for n in gm.graph.nodes if n.op == "output")
+    for si, seg in enumerate(plan.segments):
+        members = [ops[v] for v in seg.nodes]
+        member_set = set(members)
+        if not seg.recompute:
+            for n in members:
+                for u in n.all_input_nodes:
+                    need(u, new, env) if u not in env else None
+                env[n] = new.node_copy(n, lambda u: env[u])
+                if n.op == "call_module":
+                    attrs[str(n.target)] = gm.get_submodule(str(n.target))
+            continue
+        inputs: list[torch.fx.Node] = []
+        for n in members:
+            for u in n.all_input_nodes:
+                if u not in member_set and u.op != "get_attr" and u not in inputs:
+                    inputs.append(u)
+        outputs = [n for n in members if any(w not in member_set for w in n.users)]
+        sub = torch.fx.Graph()
+        local: dict[torch.fx.Node, torch.fx.Node] = {}
+        for u in inputs:
+            local[u] = sub.placeholder(f"in_{u.name}")
+        for n in members:
+            for u in n.all_input_nodes:
+                if u not in local:
+                    need(u, sub, local)
+            local[n] = sub.node_copy(n, lambda u: local[u])
+        sub.output(tuple(local[n] for n in outputs))
+        body = torch.fx.GraphModule(gm, sub, class_name=f"AutorematSegment{si}")
+        buffers = [b for n in members if n.op == "call_module"
+                   for b in gm.get_submodule(str(n.target)).buffers()]
+        key = f"autoremat_segment_{si}"
+        attrs[key] = CheckpointRegion(body, buffers)
+        for u in inputs:
+            if u not in env:
+                need(u, new, env)
+        call = new.call_module(key, tuple(env[u] for u in inputs))
+        for i, n in enumerate(outputs):
+            env[n] = new.call_function(operator.getitem, (call, i))
+    new.output(torch.fx.map_arg(output_node.args[0], lambda u: env[u] if u in env else need(u, new, env)))
+    return torch.fx.GraphModule(attrs, new, class_name="AutorematForward")
+
+
+# ---------------------------------------------------------------------- module level
+def _apply_module(model: nn.Module, plan: Plan, names: list[str]) -> _PatchState:
+    fp = module_fingerprint(model)
+    if plan.graph_fingerprint and fp != plan.graph_fingerprint:
+        raise PlanMismatchError(f"plan was made for graph {plan.graph_fingerprint} but {type(model).__name__} "
+                                f"has module structure {fp}; capture this model and solve again")
+    mods = dict(node_modules(model))
+    targets: list[nn.Module] = []
+    for seg in plan.recompute_segments:
+        if len(seg.nodes) != 1:
+            raise PlanMismatchError("module-level plans recompute one module call per segment")
+        path = names[seg.nodes[0]]
+        if path not in mods:
+            raise PlanMismatchError(f"plan recomputes module {path!r}, which {type(model).__name__} does not have")
+        targets.append(mods[path])
+    state = _PatchState(plan=plan, had_instance_forward=False)
+    for mod in targets:
+        had = "forward" in mod.__dict__
+        orig = mod.forward
+        state.wrapped.append((mod, had, mod.__dict__.get("forward")))
+        mod.__dict__["forward"] = functools.partial(_checkpointed_call, orig, list(mod.buffers()))
+    return state
+
+
+def _checkpointed_call(fn: Any, buffers: list[torch.Tensor], *args: Any, **kwargs: Any) -> Any:
+    if not torch.is_grad_enabled():
+        return fn(*args, **kwargs)
+    return checkpoint(fn, *args, **_checkpoint_kwargs(buffers), **kwargs)
+
+
+@contextlib.contextmanager
+def patched(model: nn.Module, plan: Plan) -> Iterator[nn.Module]:
+    """``with patched(model, plan):`` applies the plan for the block and restores it after."""
+    apply(model, plan)
+    try:
+        yield model
+    finally:
+        restore(model)

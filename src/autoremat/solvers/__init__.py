@@ -1,0 +1,96 @@
+"""Solvers: pure functions ``solve(graph, budget_bytes, *, config=None) -> Plan``.
+
+Every solver sees only the :class:`~autoremat.graph.Graph` (no torch), returns a plan whose
+simulated step peak is within the budget, and raises
+:class:`~autoremat.errors.InfeasibleBudgetError` (with ``min_budget_bytes``) otherwise.
+Adding a solver touches its module and one line of :data:`SOLVERS`.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Mapping
+from typing import Any
+
+from ..budget import parse_budget
+from ..errors import InfeasibleBudgetError
+from ..graph import Graph
+from ..plan import Plan, validate_plan
+from ..simulate import simulate, unoptimised_peak_bytes
+from .chen import solve_chen
+from .none import solve_none
+
+__all__ = ["SOLVERS", "SolverFn", "solve", "finalize_plan"]
+
+logger = logging.getLogger(__name__)
+
+SolverFn = Callable[..., Plan]
+
+SOLVERS: dict[str, SolverFn] = {
+    "none": solve_none,
+    "chen": solve_chen,
+}
+"""Registry: solver name -> ``solve(graph, budget_bytes, *, config=None) -> Plan``."""
+
+_AUTO_ORDER = ("none", "chen")
+
+
+def finalize_plan(graph: Graph, plan: Plan, budget_bytes: int, solver: str,
+                  options: Mapping[str, Any] | None = None) -> Plan:
+    """Stamp a solver's plan with its graph, budget and predictions, and check it."""
+    plan.solver = solver
+    plan.budget_bytes = int(budget_bytes)
+    plan.graph_fingerprint = graph.fingerprint
+    plan.options = {**dict(options or {}), **plan.options}
+    plan.options["graph_mode"] = graph.meta.get("mode")
+    plan.options["node_names"] = [graph.node(v)["module_path"] if graph.meta.get("mode") == "module"
+                                  else graph.node(v)["name"] for v in graph.nodes]
+    validate_plan(graph, plan)
+    sim = simulate(graph, plan, check=False, record=False)
+    plan.predicted_peak_bytes = sim.peak_bytes
+    plan.predicted_extra_time_s = sim.extra_time_s
+    return plan
+
+
+def solve(graph: Graph, budget: Any, *, solver: str = "auto", **options: Any) -> Plan:
+    """Choose what to recompute so that one step of ``graph`` fits ``budget``.
+
+    ``budget``: see :func:`autoremat.budget.parse_budget`. ``solver``: a key of
+    :data:`SOLVERS`, or ``"auto"`` (no recomputation when it fits, else the best plan of the
+    registered solvers that fits). Extra keyword options go to the solver as its ``config``.
+    """
+    if not isinstance(graph, Graph):
+        raise TypeError(f"graph must be an autoremat.Graph (from autoremat.capture), got {type(graph).__name__}")
+    if solver != "auto" and solver not in SOLVERS:
+        raise ValueError(f"solver={solver!r} is not registered; expected 'auto' or one of {sorted(SOLVERS)}")
+    budget_bytes = parse_budget(
+        budget,
+        unoptimised_peak_bytes=unoptimised_peak_bytes(graph) if _needs_peak(budget) else None,
+        device=graph.meta.get("device"),
+        resident_bytes=int(graph.meta.get("resident_bytes", 0)),
+    )
+    if solver != "auto":
+        plan = SOLVERS[solver](graph, budget_bytes, config=dict(options))
+        return finalize_plan(graph, plan, budget_bytes, solver, options)
+    best: Plan | None = None
+    least_min: int | None = None
+    for name in _AUTO_ORDER:
+        try:
+            plan = finalize_plan(graph, SOLVERS[name](graph, budget_bytes, config=dict(options)),
+                                 budget_bytes, name, options)
+        except InfeasibleBudgetError as err:
+            if err.min_budget_bytes is not None:
+                least_min = err.min_budget_bytes if least_min is None else min(least_min, err.min_budget_bytes)
+            continue
+        if best is None or (plan.predicted_extra_time_s or 0.0) < (best.predicted_extra_time_s or 0.0):
+            best = plan
+        if name == "none":
+            break
+    if best is None:
+        raise InfeasibleBudgetError(budget_bytes, least_min, solver="auto")
+    logger.info("solver='auto' chose %s", best.solver)
+    return best
+
+
+def _needs_peak(budget: Any) -> bool:
+    return isinstance(budget, float) or (isinstance(budget, str) and budget.strip().endswith("%"))

@@ -1,0 +1,156 @@
+"""``"chen"``: Chen et al.'s sublinear-memory segmentation, generalised to DAGs, under a budget.
+
+Problem: split the graph into segments along the execution order so that, keeping only each
+segment's outputs and recomputing its inside once in backward, the step fits the budget.
+
+Paper: .. [1] T. Chen, B. Xu, C. Zhang, C. Guestrin, "Training Deep Nets with Sublinear
+   Memory Cost", arXiv:1604.06174, 2016 (Algorithm 3, "memory planning with budget"),
+   as configured by .. [2] M. Kusumoto et al., "A Graph Theoretic Framework of Recomputation
+   Algorithms for Memory-Efficient Backpropagation", NeurIPS 2019, Appendix B.
+
+Method. Candidate split points ``C`` (Kusumoto Appendix B: nodes whose removal disconnects
+the graph, i.e. articulation points) are taken, for a DAG in execution order, as the nodes
+``v`` whose prefix ``{0..v}`` has boundary exactly ``{v}``: then the prefix is a lower set
+and cutting after ``v`` keeps a single tensor, which is what an articulation point between
+two parts of a network means. For a threshold ``b`` Algorithm 3 walks the execution order,
+accumulating the bytes each node saves for backward, and cuts after a candidate once the
+accumulated size exceeds ``b``. Chen's paper searches ``b`` for the least memory; under a
+budget we try ``b`` over a geometric grid (``grid`` values, default 48, between the smallest
+and the total saved bytes, plus 0 and the √n split) and every plan is judged by
+:func:`autoremat.simulate`: the plan that fits with the least recomputation wins (the plan
+without recomputation is a candidate too, so a budget that does not bind recomputes nothing).
+
+Module-level graphs can only recompute single module calls: there the variant checkpoints
+module calls in decreasing order of saved bytes per second of recomputation, taking the
+shortest prefix of that order that fits (binary search on its length).
+
+Time O(grid · n) simulations of O(n + e) each; space O(n). Heuristic (not optimal).
+Infeasible budgets raise with ``min_budget_bytes`` = the least simulated peak among all the
+plans tried.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+from ..errors import InfeasibleBudgetError
+from ..graph import Graph
+from ..plan import Plan, Segment, segments_from_lower_sets
+from ..simulate import no_recompute_plan, simulate
+
+__all__ = ["solve_chen", "split_candidates", "segment_by_threshold"]
+
+
+def split_candidates(graph: Graph) -> list[int]:
+    """Nodes after which the execution-order prefix has a single boundary node."""
+    out: list[int] = []
+    open_edges = 0  # edges from the prefix to the rest
+    pending: dict[int, int] = {}
+    for v in graph.nodes:
+        open_edges -= pending.pop(v, 0)
+        succ = graph.succ(v)
+        for w in succ:
+            pending[w] = pending.get(w, 0) + 1
+        open_edges += len(succ)
+        # the prefix boundary is {v} iff every edge still open starts at v
+        if succ and open_edges == len(succ):
+            out.append(v)
+    return out
+
+
+def segment_by_threshold(graph: Graph, threshold: float, candidates: set[int]) -> list[list[int]]:
+    """Chen's Algorithm 3: cut after a candidate once the accumulated saved bytes exceed ``threshold``."""
+    lower_sets: list[list[int]] = []
+    acc = 0.0
+    for v in graph.nodes:
+        acc += graph.node(v)["saved_bytes"]
+        if v in candidates and acc > threshold and v != len(graph) - 1:
+            lower_sets.append(list(range(v + 1)))
+            acc = 0.0
+    lower_sets.append(list(graph.nodes))
+    return lower_sets
+
+
+def solve_chen(graph: Graph, budget_bytes: int, *, config: dict[str, Any] | None = None) -> Plan:
+    cfg = dict(config or {})
+    grid = int(cfg.pop("grid", 48))
+    if grid < 1:
+        raise ValueError(f"grid={grid} must be >= 1")
+    if graph.meta.get("mode") == "module":
+        return _solve_module(graph, budget_bytes)
+    tried: list[tuple[int, float, Plan]] = []
+
+    def consider(plan: Plan) -> None:
+        sim = simulate(graph, plan, check=False, record=False)
+        tried.append((sim.peak_bytes, sim.extra_time_s, plan))
+
+    consider(no_recompute_plan(graph))
+    cands = set(split_candidates(graph))
+    if cands and len(graph) > 1:
+        total = graph.total("saved_bytes")
+        sizes = sorted(b for b in (graph.node(v)["saved_bytes"] for v in graph.nodes) if b > 0)
+        lo = max(1.0, float(sizes[0]) if sizes else 1.0)
+        hi = max(lo, float(total))
+        thresholds = {0.0, total / max(1.0, math.sqrt(len(graph)))}
+        for i in range(grid):
+            thresholds.add(lo * (hi / lo) ** (i / max(1, grid - 1)))
+        seen: set[tuple[tuple[int, ...], ...]] = set()
+        for b in sorted(thresholds):
+            segs = segments_from_lower_sets(graph, segment_by_threshold(graph, b, cands))
+            key = tuple(s.nodes for s in segs)
+            if key in seen:
+                continue
+            seen.add(key)
+            consider(Plan(segs, solver="chen", options={"threshold_bytes": b}))
+    return _pick(tried, budget_bytes, "chen")
+
+
+def _pick(tried: list[tuple[int, float, Plan]], budget_bytes: int, solver: str) -> Plan:
+    fits = [t for t in tried if t[0] <= budget_bytes]
+    if not fits:
+        raise InfeasibleBudgetError(budget_bytes, min(t[0] for t in tried), solver=solver)
+    fits.sort(key=lambda t: (t[1], t[0]))
+    return fits[0][2]
+
+
+def _solve_module(graph: Graph, budget_bytes: int) -> Plan:
+    order = [v for v in graph.nodes if graph.node(v)["recomputable"] and graph.node(v)["saved_bytes"] > 0]
+    order.sort(key=lambda v: -graph.node(v)["saved_bytes"] / max(graph.node(v)["time_s"], 1e-9))
+
+    def plan_for(k: int) -> Plan:
+        chosen = set(order[:k])
+        segs: list[Segment] = []
+        run: list[int] = []
+        for v in graph.nodes:
+            if v in chosen:
+                if run:
+                    segs.append(Segment(tuple(run), recompute=False))
+                    run = []
+                segs.append(Segment((v,), recompute=True))
+            else:
+                run.append(v)
+        if run:
+            segs.append(Segment(tuple(run), recompute=False))
+        return Plan(segs, solver="chen", options={"checkpointed_modules": k})
+
+    tried: list[tuple[int, float, Plan]] = []
+
+    def evaluate(k: int) -> tuple[int, float, Plan]:
+        p = plan_for(k)
+        sim = simulate(graph, p, check=False, record=False)
+        tried.append((sim.peak_bytes, sim.extra_time_s, p))
+        return tried[-1]
+
+    lo, hi = 0, len(order)
+    if evaluate(hi)[0] <= budget_bytes:
+        while lo < hi:  # shortest prefix that fits
+            mid = (lo + hi) // 2
+            if evaluate(mid)[0] <= budget_bytes:
+                hi = mid
+            else:
+                lo = mid + 1
+        evaluate(lo)
+    else:
+        evaluate(0)
+    return _pick(tried, budget_bytes, "chen")
