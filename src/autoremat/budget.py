@@ -15,6 +15,7 @@ from __future__ import annotations
 import logging
 import os
 import re
+from decimal import Decimal
 from typing import Any
 
 __all__ = ["parse_budget", "device_free_bytes", "ACCEPTED_FORMS", "DEFAULT_MARGIN"]
@@ -99,7 +100,11 @@ def parse_budget(
     text = budget.strip()
     if text.lower() == "auto":
         if margin is None:
-            margin = float(os.environ.get("AUTOREMAT_MARGIN", DEFAULT_MARGIN))
+            env = os.environ.get("AUTOREMAT_MARGIN")
+            try:
+                margin = DEFAULT_MARGIN if env is None else float(env)
+            except ValueError:
+                raise ValueError(f"AUTOREMAT_MARGIN={env!r} must be a fraction in [0, 1)") from None
         if not 0.0 <= margin < 1.0:
             raise ValueError(f"margin={margin!r} must be a fraction in [0, 1)")
         free = device_free_bytes(device)
@@ -118,11 +123,12 @@ def parse_budget(
             raise _bad(budget) from None
         if not 0.0 < pct <= 100.0:
             raise _bad(budget, "a percentage must be in (0, 100]")
-        return _fraction(budget, pct / 100.0, unoptimised_peak_bytes)
+        return _fraction(budget, Decimal(text[:-1].strip()) / 100, unoptimised_peak_bytes)
     m = _SIZE_RE.match(text)
     if not m:
         raise _bad(budget)
-    number, unit = float(m.group(1)), m.group(2).lower()
+    # Decimal, not float: "2.01kB" is 2010 bytes, not int(2009.9999999999998)
+    number, unit = Decimal(m.group(1)), m.group(2).lower()
     if unit == "":
         if number != int(number):
             raise _bad(budget, "a unit-less size must be a whole number of bytes")
@@ -132,8 +138,10 @@ def parse_budget(
     return int(number * _UNITS[unit])
 
 
-def _fraction(original: Any, frac: float, unoptimised: int | None) -> int:
+def _fraction(original: Any, frac: float | Decimal, unoptimised: int | None) -> int:
     if unoptimised is None:
         raise ValueError(f"budget={original!r} is relative to the unoptimised step peak, which is "
                          "unknown here; pass a graph (autoremat.solve does) or give bytes")
-    return int(frac * unoptimised)
+    # exact decimal arithmetic: 29% of 100 bytes is 29, not int(28.999999999999996)
+    exact = frac if isinstance(frac, Decimal) else Decimal(repr(frac))
+    return int(exact * int(unoptimised))

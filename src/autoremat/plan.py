@@ -143,6 +143,8 @@ def validate_plan(graph: Graph, plan: Plan) -> None:
     for i, seg in enumerate(plan.segments):
         if not seg.nodes:
             raise ValueError(f"segment {i} is empty")
+        if len(set(seg.nodes)) != len(seg.nodes):
+            raise ValueError(f"segment {i} names a node more than once: {list(seg.nodes)[:10]}")
         for v in seg.nodes:
             if not 0 <= v < n:
                 raise PlanMismatchError(f"segment {i} names node {v}, but the graph has {n} nodes")

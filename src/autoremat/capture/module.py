@@ -2,7 +2,8 @@
 
 Nodes are calls of *node modules*: every leaf module, and every member of a container
 (``nn.ModuleList`` / ``nn.Sequential`` / ``nn.ModuleDict``), which are the repeated blocks a
-user would checkpoint; other modules are looked into. Tensor operations that run between node
+user would checkpoint (a member that is itself a ``Sequential`` is one block; a member that is
+a ``ModuleList``/``ModuleDict`` is looked into); other modules are looked into. Tensor operations that run between node
 modules (the glue in a parent's ``forward``: embedding sums, views, mask arithmetic) become
 ``"glue"`` nodes, one per ATen op, seen by a ``TorchDispatchMode``. Edges come from storage
 identity: a node depends on the nodes that produced the storages of its inputs.
@@ -35,9 +36,9 @@ def node_modules(model: nn.Module) -> list[tuple[str, nn.Module]]:
     def members(prefix: str, container: nn.Module) -> None:
         for name, child in container.named_children():
             path = f"{prefix}.{name}" if prefix else name
-            if isinstance(child, _CONTAINERS):
+            if isinstance(child, (nn.ModuleList, nn.ModuleDict)):  # not callable: look inside
                 members(path, child)
-            else:
+            else:  # a block (a Sequential member of a list is a block too)
                 found.append((path, child))
 
     def visit(prefix: str, mod: nn.Module) -> None:
