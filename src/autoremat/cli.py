@@ -94,7 +94,7 @@ def _captured(console: Console, args: argparse.Namespace):  # type: ignore[no-un
 def _profile(console: Console, args: argparse.Namespace) -> int:
     g = _captured(console, args)
     peak = unoptimised_peak_bytes(g)
-    console.print(f"{g}  unoptimised step peak {fmt_bytes(peak)}, saved for backward "
+    console.print(f"{g}  unoptimised step peak {fmt_bytes(peak)}, saved for backward (summed over nodes) "
                   f"{fmt_bytes(int(g.total('saved_bytes')))}, parameter gradients {fmt_bytes(g.param_grad_bytes)}, "
                   f"forward {g.total('time_s') * 1e3:.2f} ms ({g.meta['time_source']})")
     table = Table(title=f"top {args.top} nodes by saved bytes")

@@ -1,0 +1,170 @@
+"""Tests for autoremat.plan: validate_plan, JSON round trip, segments_from_lower_sets."""
+
+from __future__ import annotations
+
+import json
+
+import networkx as nx
+import pytest
+
+from autoremat.errors import PlanMismatchError
+from autoremat.graph import Graph
+from autoremat.plan import PLAN_FORMAT_VERSION, Plan, Segment, segments_from_lower_sets, validate_plan
+
+
+def diamond() -> Graph:
+    return Graph.from_edges(4, [(0, 1), (0, 2), (1, 3), (2, 3)])
+
+
+def module_chain(n: int, recomputable=None) -> Graph:
+    g = nx.DiGraph()
+    for v in range(n):
+        g.add_node(v, name=f"m{v}", module_path=f"layers.{v}", out_bytes=10, alloc_bytes=10, saves=(v,),
+                   time_s=1.0, recomputable=True if recomputable is None else recomputable[v],
+                   is_output=(v == n - 1))
+        if v:
+            g.add_edge(v - 1, v)
+    return Graph(g, {"mode": "module", "loss_saves": [n - 1]})
+
+
+class TestSegment:
+    def test_nodes_sorted_and_int(self):
+        s = Segment((3, 1, 2))
+        assert s.nodes == (1, 2, 3) and s.recompute is True
+        assert Segment([2.0, 0]).nodes == (0, 2)
+
+
+class TestValidatePlan:
+    def test_accepts_good_plans(self):
+        g = Graph.chain([1] * 6)
+        validate_plan(g, Plan([Segment(range(6), recompute=False)]))
+        validate_plan(g, Plan([Segment((0, 1)), Segment((2, 3)), Segment((4, 5), recompute=False)],
+                              graph_fingerprint=g.fingerprint))
+        d = diamond()
+        # {0,2} then {1,3}: each prefix union is a lower set
+        validate_plan(d, Plan([Segment((0, 2)), Segment((1, 3), recompute=False)]))
+        validate_plan(d, Plan([Segment((0,)), Segment((1,)), Segment((2,)), Segment((3,))]))
+        validate_plan(Graph(), Plan([]))
+
+    def test_overlapping_segments(self):
+        g = Graph.chain([1] * 4)
+        with pytest.raises(ValueError, match="more than one segment"):
+            validate_plan(g, Plan([Segment((0, 1)), Segment((1, 2, 3))]))
+
+    def test_node_repeated_inside_a_segment(self):
+        g = Graph.chain([1] * 2)
+        with pytest.raises(ValueError, match="more than once"):
+            validate_plan(g, Plan([Segment((0, 0, 1), recompute=False)]))
+
+    def test_missing_nodes(self):
+        g = Graph.chain([1] * 5)
+        with pytest.raises(ValueError, match=r"missing nodes \[3, 4\]"):
+            validate_plan(g, Plan([Segment((0, 1, 2))]))
+        with pytest.raises(ValueError, match="missing"):
+            validate_plan(g, Plan([]))
+
+    def test_empty_segment(self):
+        g = Graph.chain([1] * 2)
+        with pytest.raises(ValueError, match="empty"):
+            validate_plan(g, Plan([Segment(()), Segment((0, 1))]))
+
+    def test_not_a_lower_set_order(self):
+        g = Graph.chain([1] * 4)
+        with pytest.raises(ValueError, match="lower set"):
+            validate_plan(g, Plan([Segment((2, 3)), Segment((0, 1))]))
+        d = diamond()
+        with pytest.raises(ValueError, match="lower set"):
+            validate_plan(d, Plan([Segment((0, 3)), Segment((1, 2))]))
+
+    def test_out_of_range_node(self):
+        g = Graph.chain([1] * 3)
+        with pytest.raises(PlanMismatchError, match="node 3"):
+            validate_plan(g, Plan([Segment((0, 1, 2, 3))]))
+        with pytest.raises(PlanMismatchError, match="node -1"):
+            validate_plan(g, Plan([Segment((-1, 0, 1, 2))]))
+
+    def test_fingerprint_mismatch(self):
+        g = Graph.chain([1] * 3)
+        other = Graph.chain([1] * 4)
+        plan = Plan([Segment((0, 1, 2), recompute=False)], graph_fingerprint=other.fingerprint)
+        with pytest.raises(PlanMismatchError, match="capture the model again"):
+            validate_plan(g, plan)
+        assert issubclass(PlanMismatchError, ValueError)
+
+    def test_module_mode_multi_node_recompute_segment(self):
+        g = module_chain(4)
+        with pytest.raises(ValueError, match="one module call per segment"):
+            validate_plan(g, Plan([Segment((0, 1)), Segment((2, 3), recompute=False)]))
+        # single-node recompute segments and plain multi-node segments are fine
+        validate_plan(g, Plan([Segment((0,)), Segment((1,)), Segment((2, 3), recompute=False)]))
+
+    def test_recompute_of_non_recomputable_node(self):
+        g = module_chain(3, recomputable=[True, False, True])
+        with pytest.raises(ValueError, match=r"cannot wrap: \[1\]"):
+            validate_plan(g, Plan([Segment((0,)), Segment((1,)), Segment((2,), recompute=False)]))
+        validate_plan(g, Plan([Segment((0,)), Segment((1,), recompute=False), Segment((2,), recompute=False)]))
+
+
+class TestPlanJson:
+    def _plan(self) -> Plan:
+        return Plan([Segment((0, 1)), Segment((2,), recompute=False)], solver="chen",
+                    options={"threshold_bytes": 12.5, "node_names": ["a", "b", "c"]}, budget_bytes=1234,
+                    graph_fingerprint="abcdef0123456789", predicted_peak_bytes=1000,
+                    predicted_extra_time_s=0.25)
+
+    def test_round_trip(self, tmp_path):
+        p = self._plan()
+        text = p.to_json()
+        data = json.loads(text)
+        assert data["format"] == "autoremat.plan" and data["version"] == PLAN_FORMAT_VERSION
+        assert data["segments"] == [{"nodes": [0, 1], "recompute": True}, {"nodes": [2], "recompute": False}]
+        assert Plan.from_json(text) == p
+        assert Plan.from_dict(p.to_dict()) == p
+        path = tmp_path / "plan.json"
+        p.to_json(str(path))
+        assert Plan.from_json(str(path)) == p
+
+    def test_bad_format_and_version(self):
+        d = self._plan().to_dict()
+        with pytest.raises(ValueError, match="not an autoremat plan"):
+            Plan.from_dict({**d, "format": "autoremat.graph"})
+        with pytest.raises(ValueError, match="version"):
+            Plan.from_dict({**d, "version": 999})
+
+    def test_properties(self):
+        p = Plan([Segment((0, 1)), Segment((2, 3), recompute=False), Segment((4,))])
+        assert p.recompute_segments == [Segment((0, 1)), Segment((4,))]
+        assert p.recomputed_nodes == {0, 1, 4}
+        assert p.describe() == "none: 3 segments, 2 recomputed"
+
+
+class TestSegmentsFromLowerSets:
+    def test_chain(self):
+        g = Graph.chain([1] * 4)
+        segs = segments_from_lower_sets(g, [{0, 1}, {0, 1, 2, 3}])
+        assert segs == [Segment((0, 1), True), Segment((2, 3), False)]
+        segs = segments_from_lower_sets(g, [{0, 1}, {0, 1, 2, 3}], recompute_last=True)
+        assert segs == [Segment((0, 1), True), Segment((2, 3), True)]
+
+    def test_repeated_lower_set_skipped(self):
+        g = Graph.chain([1] * 3)
+        segs = segments_from_lower_sets(g, [{0}, {0}, {0, 1}, {0, 1, 2}])
+        assert segs == [Segment((0,), True), Segment((1,), True), Segment((2,), False)]
+
+    def test_segment_that_saves_nothing_is_not_recomputed(self):
+        g = Graph.chain([1] * 4, saves_own_output=False)
+        segs = segments_from_lower_sets(g, [{0, 1}, {0, 1, 2, 3}])
+        assert [s.recompute for s in segs] == [False, False]
+
+    def test_diamond(self):
+        d = diamond()
+        segs = segments_from_lower_sets(d, [d.ancestor_closure(2), d.ancestor_closure(3)])
+        assert segs == [Segment((0, 2), True), Segment((1, 3), False)]
+        validate_plan(d, Plan(segs))
+
+    def test_module_mode(self):
+        g = module_chain(4, recomputable=[True, True, False, True])
+        segs = segments_from_lower_sets(g, [{0, 1}, {0, 1, 2}, {0, 1, 2, 3}], recompute_last=True)
+        # multi-node segment: not recomputed; non-recomputable node: not recomputed
+        assert segs == [Segment((0, 1), False), Segment((2,), False), Segment((3,), True)]
+        validate_plan(g, Plan(segs))
