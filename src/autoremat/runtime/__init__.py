@@ -195,7 +195,8 @@ def _build_forward(gm: torch.fx.GraphModule, ops: list[torch.fx.Node], plan: Pla
         if not seg.recompute:
             for n in members:
                 for u in n.all_input_nodes:
-                    need(u, new, env) if u not in env else None
+                    if u not in env:
+                        need(u, new, env)
                 env[n] = new.node_copy(n, lambda u: env[u])
                 if n.op == "call_module":
                     attrs[str(n.target)] = gm.get_submodule(str(n.target))
