@@ -191,6 +191,7 @@ def gradients_equal(a: Mapping[str, torch.Tensor | None], b: Mapping[str, torch.
         x, y = a[k], b[k]
         if (x is None) != (y is None):
             return False
-        if x is not None and not torch.equal(x, y):
+        # torch.equal compares values after type promotion: a dtype change is not bit-for-bit
+        if x is not None and (x.dtype != y.dtype or not torch.equal(x, y)):
             return False
     return True

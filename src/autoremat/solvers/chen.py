@@ -21,8 +21,8 @@ and the total saved bytes, plus 0 and the √n split) and every plan is judged b
 without recomputation is a candidate too, so a budget that does not bind recomputes nothing).
 
 Module-level graphs can only recompute single module calls: there the variant checkpoints
-module calls in decreasing order of saved bytes per second of recomputation, taking the
-shortest prefix of that order that fits (binary search on its length).
+module calls in decreasing order of saved bytes per second of recomputation; every prefix of
+that order is simulated and the cheapest one that fits wins.
 
 Time O(grid · n) simulations of O(n + e) each; space O(n). Heuristic (not optimal).
 Infeasible budgets raise with ``min_budget_bytes`` = the least simulated peak among all the
@@ -142,15 +142,8 @@ def _solve_module(graph: Graph, budget_bytes: int) -> Plan:
         tried.append((sim.peak_bytes, sim.extra_time_s, p))
         return tried[-1]
 
-    lo, hi = 0, len(order)
-    if evaluate(hi)[0] <= budget_bytes:
-        while lo < hi:  # shortest prefix that fits
-            mid = (lo + hi) // 2
-            if evaluate(mid)[0] <= budget_bytes:
-                hi = mid
-            else:
-                lo = mid + 1
-        evaluate(lo)
-    else:
-        evaluate(0)
+    # Every prefix length: the peak is not monotone in it (checkpointing the last module
+    # only delays its recomputation), and module graphs are small.
+    for k in range(len(order) + 1):
+        evaluate(k)
     return _pick(tried, budget_bytes, "chen")
