@@ -16,6 +16,7 @@ from .budget import parse_budget
 from .capture import capture
 from .errors import InfeasibleBudgetError, PlanMismatchError
 from .graph import Graph
+from .integrations.lightning import AutoRemat
 from .measure import Measurement, measure
 from .plan import Plan, Segment, validate_plan
 from .runtime import apply, is_patched, restore
@@ -25,7 +26,7 @@ from .solvers import SOLVERS, solve
 __version__ = "0.1.0"
 
 __all__ = [
-    "Graph", "Plan", "Segment", "Simulation", "Measurement",
+    "AutoRemat", "Graph", "Plan", "Segment", "Simulation", "Measurement",
     "capture", "solve", "simulate", "apply", "restore", "is_patched", "measure",
     "validate_plan", "parse_budget", "SOLVERS",
     "InfeasibleBudgetError", "PlanMismatchError", "zoo", "__version__",

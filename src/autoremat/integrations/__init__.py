@@ -1,0 +1,5 @@
+"""Integrations: thin glue between autoremat and training frameworks."""
+
+from __future__ import annotations
+
+__all__: list[str] = []

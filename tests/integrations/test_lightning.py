@@ -1,0 +1,219 @@
+"""The AutoRemat Lightning callback on the CPU."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import lightning.pytorch as pl
+import pytest
+import torch
+
+import autoremat
+from autoremat.integrations import lightning as lit
+from autoremat.measure import LiveStorageCounter, measure
+
+sys.path.insert(0, str(Path(__file__).parent))
+from lit_models import LitClassifier, LitGPT2  # noqa: E402
+
+HERE = Path(__file__).parent
+
+
+def _trainer(cb: pl.Callback, tmp_path: Path, **kw) -> pl.Trainer:  # type: ignore[no-untyped-def]
+    opts = dict(max_steps=2, accelerator="cpu", devices=1, logger=False, enable_checkpointing=False,
+                enable_progress_bar=False, enable_model_summary=False, default_root_dir=tmp_path)
+    opts.update(kw)
+    return pl.Trainer(callbacks=[cb], **opts)
+
+
+def test_fit_cnn_meets_budget_and_restores(tmp_path: Path) -> None:
+    model = LitClassifier()
+    vanilla = measure(model.model, (model.images[:4],)).peak_bytes
+    cb = autoremat.AutoRemat(budget="50%", module="model", raise_batch_size=False, verbose=False)
+    seen = {}
+
+    class Probe(pl.Callback):
+        def on_train_batch_start(self, trainer, pl_module, batch, batch_idx):  # type: ignore[no-untyped-def]
+            seen["patched"] = autoremat.is_patched(pl_module.model)
+            x, _ = batch
+            seen["peak"] = measure(pl_module.model, (x,), steps=1, warmup=0).peak_bytes
+
+    trainer = _trainer(cb, tmp_path)
+    trainer.callbacks.append(Probe())
+    trainer.fit(model)
+    assert seen["patched"]
+    assert cb.plan is not None and cb.plan.recompute_segments
+    assert seen["peak"] <= cb.step_budget_bytes
+    assert seen["peak"] < 0.6 * vanilla
+    assert cb.summary["measured_peak_bytes"] <= cb.step_budget_bytes
+    assert len(model.step_losses) == 2 and all(torch.isfinite(torch.tensor(model.step_losses)))
+    assert not autoremat.is_patched(model.model)  # restored when fitting ended
+
+
+def test_training_is_unchanged_by_the_callback(tmp_path: Path) -> None:
+    torch.manual_seed(0)
+    plain = LitClassifier()
+    torch.manual_seed(0)
+    patched = LitClassifier()
+    _trainer(pl.Callback(), tmp_path, max_steps=3).fit(plain)
+    cb = autoremat.AutoRemat(budget="50%", module="model", raise_batch_size=False, verbose=False)
+    _trainer(cb, tmp_path, max_steps=3).fit(patched)
+    assert plain.step_losses == patched.step_losses
+    for (k, a), (_, b) in zip(plain.state_dict().items(), patched.state_dict().items()):
+        assert torch.equal(a, b), k
+
+
+def test_fit_gpt2_module_level(tmp_path: Path) -> None:
+    pytest.importorskip("transformers")
+    model = LitGPT2()
+    cb = autoremat.AutoRemat(budget="50%", module="model", raise_batch_size=False, verbose=False,
+                             loss_fn=lambda out: out.logits.float().mean())
+    _trainer(cb, tmp_path).fit(model)
+    assert cb.summary["graph_mode"] == "module"
+    assert cb.plan is not None and cb.plan.recompute_segments
+    assert cb.summary["measured_peak_bytes"] <= cb.step_budget_bytes
+
+
+def test_raise_batch_size_under_byte_budget(tmp_path: Path) -> None:
+    model = LitClassifier(samples=256)
+    resident = sum(p.numel() * 4 for p in model.parameters()) * 2  # params + SGD momentum
+    cb = autoremat.AutoRemat(budget=resident + 3 * 2**20, module="model", verbose=False)
+    before = [p.detach().clone() for p in model.parameters()]
+    trainer = _trainer(cb, tmp_path, max_steps=1)
+    trainer.fit(model)
+    assert cb.original_batch_size == 4
+    assert cb.batch_size is not None and cb.batch_size >= 8
+    assert model.batch_size == cb.batch_size
+    assert trainer.train_dataloader.batch_size == cb.batch_size
+    # a step at the chosen size, patched, fits the step budget; one more sample would not be chosen
+    x = model.images[: cb.batch_size]
+    autoremat.apply(model.model, cb.plan)
+    try:
+        peak = measure(model.model, (x,), steps=1, warmup=0).peak_bytes
+    finally:
+        autoremat.restore(model.model)
+    assert peak <= cb.step_budget_bytes
+    assert len(before) == len(list(model.parameters()))
+
+
+def test_raise_batch_size_backs_off_on_simulated_oom(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A CPU allocator that fails above a limit: the callback must back off and keep state."""
+    limit = 2 * 2**20
+    original_trial = lit._trial_step
+
+    def failing_trial(target, args, kwargs, loss_fn, trainer):  # type: ignore[no-untyped-def]
+        counter = _Limited(limit)
+        with counter:
+            return original_trial(target, args, kwargs, loss_fn, trainer)
+
+    monkeypatch.setattr(lit, "_trial_step", failing_trial)
+    model = LitClassifier(samples=256)
+    state = {k: v.clone() for k, v in model.state_dict().items()}
+    cb = autoremat.AutoRemat(budget=10 * 2**20, module="model", verbose=False, max_batch_size=64)
+    trainer = _trainer(cb, tmp_path, max_steps=1)
+    trainer.fit(model)
+    assert 4 <= cb.batch_size < 64
+    # every confirmed size stayed under the simulated allocator limit
+    x = model.images[: cb.batch_size]
+    autoremat.apply(model.model, cb.plan)
+    try:
+        counter = LiveStorageCounter()
+        with counter:
+            model.model(x).mean().backward()
+    finally:
+        autoremat.restore(model.model)
+    assert counter.peak <= limit
+    assert set(state) == set(model.state_dict())
+
+
+class _Limited(LiveStorageCounter):
+    def __init__(self, limit: int) -> None:
+        super().__init__()
+        self.limit = limit
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # type: ignore[no-untyped-def]
+        out = super().__torch_dispatch__(func, types, args, kwargs)
+        if self.live > self.limit:
+            raise RuntimeError("DefaultCPUAllocator: can't allocate memory: you tried to allocate (simulated)")
+        return out
+
+
+def test_resume_reuses_plan_without_profiling(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    model = LitClassifier()
+    cb = autoremat.AutoRemat(budget="50%", module="model", raise_batch_size=False, verbose=False)
+    trainer = _trainer(cb, tmp_path, max_steps=2, enable_checkpointing=True)
+    trainer.fit(model)
+    ckpt = tmp_path / "last.ckpt"
+    trainer.save_checkpoint(ckpt)
+    saved_plan = cb.plan.to_dict()
+
+    def no_capture(*a, **k):  # type: ignore[no-untyped-def]
+        raise AssertionError("resumed run profiled again")
+
+    monkeypatch.setattr(lit, "capture", no_capture)
+    cb2 = autoremat.AutoRemat(budget="50%", module="model", raise_batch_size=False, verbose=False)
+    seen = {}
+
+    class Probe(pl.Callback):
+        def on_train_batch_start(self, trainer, pl_module, batch, batch_idx):  # type: ignore[no-untyped-def]
+            seen["patched"] = autoremat.is_patched(pl_module.model)
+
+    trainer2 = _trainer(cb2, tmp_path, max_steps=4, enable_checkpointing=True)
+    trainer2.callbacks.append(Probe())
+    trainer2.fit(LitClassifier(), ckpt_path=ckpt)
+    assert cb2.plan.to_dict() == saved_plan and seen["patched"]
+
+
+@pytest.mark.parametrize("precision", ["bf16-mixed"])
+def test_mixed_precision(tmp_path: Path, precision: str) -> None:
+    model = LitClassifier()
+    cb = autoremat.AutoRemat(budget="70%", module="model", raise_batch_size=False, verbose=False)
+    _trainer(cb, tmp_path, precision=precision).fit(model)
+    assert cb.summary["measured_peak_bytes"] <= cb.step_budget_bytes
+    assert cb.plan is not None and cb.plan.recompute_segments
+    assert all(torch.isfinite(torch.tensor(model.step_losses)))
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "match"),
+    [
+        ({"budget": "lots"}, "accepted|expected"),
+        ({"budget": [1]}, "expected"),
+        ({"solver": "magic"}, "not registered"),
+        ({"offload": True}, "offload"),
+        ({"profile_steps": 0}, "profile_steps"),
+        ({"max_batch_size": 0}, "max_batch_size"),
+        ({"module": 3}, "dotted"),
+    ],
+)
+def test_bad_arguments_rejected(kwargs: dict, match: str) -> None:
+    with pytest.raises(ValueError, match=match):
+        autoremat.AutoRemat(**kwargs)
+
+
+def test_unsupported_setups_rejected_in_setup(tmp_path: Path) -> None:
+    cb = autoremat.AutoRemat(module="nonexistent", verbose=False)
+    with pytest.raises(ValueError, match="no attribute 'nonexistent'"):
+        _trainer(cb, tmp_path).fit(LitClassifier())
+    model = LitClassifier()
+    del model.batch_size
+    cb = autoremat.AutoRemat(module="model", verbose=False)
+    with pytest.raises((ValueError, AttributeError), match="batch_size"):
+        _trainer(cb, tmp_path).fit(model)
+    cb = autoremat.AutoRemat(budget=1000, module="model", raise_batch_size=False, verbose=False)
+    with pytest.raises(ValueError, match="resident"):
+        _trainer(cb, tmp_path).fit(LitClassifier())
+
+
+@pytest.mark.slow
+def test_ddp_two_processes_share_one_plan(tmp_path: Path) -> None:
+    env = {**os.environ, "AUTOREMAT_TEST_OUT": str(tmp_path), "PYTHONPATH": str(HERE)}
+    proc = subprocess.run([sys.executable, str(HERE / "ddp_script.py")], env=env, capture_output=True,
+                          text=True, timeout=300, cwd=tmp_path)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    plans = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in (0, 1)]
+    assert plans[0] == plans[1]
+    assert plans[0]["plan"]["segments"] and plans[0]["patched"]
