@@ -11,7 +11,7 @@ import lightning.pytorch as pl
 import torch
 
 import autoremat
-from lit_models import LitClassifier
+from autoremat.zoo.lightning import LitClassifier
 
 
 class Record(pl.Callback):

@@ -16,8 +16,7 @@ import autoremat
 from autoremat.integrations import lightning as lit
 from autoremat.measure import LiveStorageCounter, measure
 
-sys.path.insert(0, str(Path(__file__).parent))
-from lit_models import LitClassifier, LitGPT2  # noqa: E402
+from autoremat.zoo.lightning import LitClassifier, LitGPT2
 
 HERE = Path(__file__).parent
 

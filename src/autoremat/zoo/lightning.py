@@ -1,4 +1,7 @@
-"""Small LightningModules over zoo models, synthetic data (shared by the integration tests)."""
+"""LightningModules over zoo models and a transformers GPT-2, on synthetic data.
+
+Used by the examples, the YAML configs in ``configs/`` (LightningCLI) and the tests.
+"""
 
 from __future__ import annotations
 
@@ -7,7 +10,9 @@ import torch
 from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
-import autoremat
+from . import build
+
+__all__ = ["LitClassifier", "LitGPT2"]
 
 
 class LitClassifier(pl.LightningModule):
@@ -16,7 +21,7 @@ class LitClassifier(pl.LightningModule):
     def __init__(self, name: str = "resnet50", batch_size: int = 4, samples: int = 64, lr: float = 0.05) -> None:
         super().__init__()
         self.save_hyperparameters()
-        self.model, (x,) = autoremat.zoo.build(name, size="small", batch_size=1)
+        self.model, (x,) = build(name, size="small", batch_size=1)
         self.batch_size = batch_size
         g = torch.Generator().manual_seed(0)
         self.images = torch.randn((samples, *x.shape[1:]), generator=g)
@@ -44,16 +49,18 @@ class LitClassifier(pl.LightningModule):
 class LitGPT2(pl.LightningModule):
     """A transformers GPT-2 from a small config (random weights) on random tokens."""
 
-    def __init__(self, batch_size: int = 4, samples: int = 32, seq: int = 64) -> None:
+    def __init__(self, batch_size: int = 4, samples: int = 32, seq: int = 64, n_layer: int = 4,
+                 n_embd: int = 64, n_head: int = 4, vocab_size: int = 256) -> None:
         super().__init__()
-        import transformers
+        import transformers  # optional: pip install transformers
 
-        cfg = transformers.GPT2Config(n_layer=4, n_embd=64, n_head=4, vocab_size=256, n_positions=seq,
-                                      use_cache=False, bos_token_id=0, eos_token_id=0)
+        self.save_hyperparameters()
+        cfg = transformers.GPT2Config(n_layer=n_layer, n_embd=n_embd, n_head=n_head, vocab_size=vocab_size,
+                                      n_positions=seq, use_cache=False, bos_token_id=0, eos_token_id=0)
         torch.manual_seed(0)
         self.model = transformers.GPT2LMHeadModel(cfg)
         self.batch_size = batch_size
-        self.tokens = torch.randint(0, 256, (samples, seq), generator=torch.Generator().manual_seed(0))
+        self.tokens = torch.randint(0, vocab_size, (samples, seq), generator=torch.Generator().manual_seed(0))
 
     def training_step(self, batch, batch_idx):  # type: ignore[no-untyped-def]
         (ids,) = batch
