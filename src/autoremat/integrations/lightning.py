@@ -63,7 +63,7 @@ try:
 except ImportError as exc:  # pragma: no cover - lightning is a hard dependency
     raise ImportError("autoremat.AutoRemat needs lightning (pip install lightning)") from exc
 
-__all__ = ["AutoRemat", "scale_graph", "is_oom"]
+__all__ = ["AutoRemat", "scale_graph", "is_oom", "optimizer_state_bytes"]
 
 logger = logging.getLogger(__name__)
 
@@ -509,11 +509,28 @@ def _batch_of(trainer: "pl.Trainer", size: int | None) -> Any:
 def _resident_bytes(pl_module: nn.Module, trainer: "pl.Trainer") -> int:
     params = sum(p.untyped_storage().nbytes() for p in pl_module.parameters())
     buffers = sum(b.untyped_storage().nbytes() for b in pl_module.buffers())
-    opt_state = 0
-    for opt in trainer.optimizers:
-        for state in opt.state.values():
-            opt_state += sum(t.untyped_storage().nbytes() for t in tensors_in(state))
+    opt_state = sum(optimizer_state_bytes(opt) for opt in trainer.optimizers)
     return int(params + buffers + opt_state)
+
+
+_LAZY_STATE_SLOTS = {"Adam": 2, "AdamW": 2, "Adamax": 2, "NAdam": 2, "RAdam": 2, "Adadelta": 2, "Rprop": 2}
+
+
+def optimizer_state_bytes(opt: torch.optim.Optimizer) -> int:
+    """Bytes of ``opt``'s state; before its first step (state is created lazily) an estimate from
+    its type: Adam-family two tensors per parameter, SGD with momentum one, RMSprop one to three."""
+    present = sum(t.untyped_storage().nbytes() for st in opt.state.values() for t in tensors_in(st))
+    if present or not opt.param_groups:
+        return int(present)
+    total = 0
+    for group in opt.param_groups:
+        slots = _LAZY_STATE_SLOTS.get(type(opt).__name__, 0)
+        if type(opt).__name__ == "SGD" and group.get("momentum", 0):
+            slots = 1
+        if type(opt).__name__ == "RMSprop":
+            slots = 1 + bool(group.get("momentum", 0)) + bool(group.get("centered", False))
+        total += slots * sum(p.numel() * p.element_size() for p in group["params"] if p.requires_grad)
+    return int(total)
 
 
 def _device_of(module: nn.Module, args: tuple, kwargs: dict) -> torch.device:

@@ -1,0 +1,173 @@
+"""Accelerate: one call, or one config flag.
+
+Accelerate's own config file rejects unknown keys, so autoremat is configured by
+``AUTOREMAT_*`` environment variables (``accelerate launch`` passes the environment through)
+or by an ``autoremat:`` section in a YAML file of ours::
+
+    # train.py
+    from accelerate import Accelerator
+    import autoremat.integrations.accelerate as ar
+
+    accelerator = Accelerator()
+    model = ar.prepare(accelerator, model, (x,), budget="50%", optimizer=optimizer)
+    model, optimizer, loader = accelerator.prepare(model, optimizer, loader)
+
+    # or, with no code change beyond `model = ar.prepare(accelerator, model, (x,))`:
+    AUTOREMAT_BUDGET=50% AUTOREMAT_SOLVER=chen accelerate launch train.py
+    AUTOREMAT_CONFIG=autoremat.yaml accelerate launch train.py   # autoremat: {budget: "6GB"}
+
+Call ``prepare`` before ``accelerator.prepare`` (it patches the model in place and returns the
+same object). Under multi-process launch every process solves the same deterministic graph
+structure; rank zero's plan is broadcast so all ranks run one plan.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field, fields
+from typing import Any
+
+import torch
+from torch import nn
+
+from ..budget import parse_budget
+from ..capture import capture
+from ..measure import default_loss
+from ..plan import Plan
+from ..runtime import apply
+from ..solvers import SOLVERS, solve
+from .lightning import optimizer_state_bytes
+
+__all__ = ["AutoRematConfig", "prepare"]
+
+logger = logging.getLogger(__name__)
+
+_ENV_PREFIX = "AUTOREMAT_"
+
+
+@dataclass
+class AutoRematConfig:
+    """Settings of :func:`prepare`; environment variables ``AUTOREMAT_<FIELD>`` override them."""
+
+    enabled: bool = field(default=True, metadata={"help": "Patch the model at all (AUTOREMAT_ENABLED=0 turns it off)."})
+    budget: str = field(default="auto", metadata={"help": 'Device budget: "auto", bytes, "6GB", "512MiB" or "50%".'})
+    solver: str = field(default="auto", metadata={"help": "A name of autoremat.SOLVERS, or auto."})
+    profile_steps: int = field(default=3, metadata={"help": "Timed repeats when profiling."})
+
+    def __post_init__(self) -> None:
+        for f in fields(self):
+            raw = os.environ.get(_ENV_PREFIX + f.name.upper())
+            if raw is not None:
+                setattr(self, f.name, _coerce(f.name, raw, type(getattr(self, f.name))))
+        if isinstance(self.budget, int):
+            self.budget = str(self.budget)
+        if self.budget.strip().lower() != "auto":
+            parse_budget(self.budget, unoptimised_peak_bytes=1)
+        if self.solver != "auto" and self.solver not in SOLVERS:
+            raise ValueError(f"solver={self.solver!r} is not registered; expected 'auto' or one of {sorted(SOLVERS)}")
+        if self.profile_steps < 1:
+            raise ValueError(f"profile_steps={self.profile_steps!r} must be >= 1")
+
+    @classmethod
+    def from_yaml(cls, path: str) -> "AutoRematConfig":
+        """Read the ``autoremat:`` section of a YAML file (environment variables still win)."""
+        import yaml
+
+        with open(path, encoding="utf-8") as f:
+            data = yaml.safe_load(f) or {}
+        section = data.get("autoremat", {})
+        if not isinstance(section, Mapping):
+            raise ValueError(f"{path}: the 'autoremat:' section must be a mapping, got {type(section).__name__}")
+        known = {f.name for f in fields(cls)}
+        unknown = set(section) - known
+        if unknown:
+            raise ValueError(f"{path}: unknown autoremat keys {sorted(unknown)}; accepted: {sorted(known)}")
+        return cls(**section)
+
+    @classmethod
+    def resolve(cls, **overrides: Any) -> "AutoRematConfig":
+        """Defaults, then ``AUTOREMAT_CONFIG``'s YAML, then explicit overrides; env vars last."""
+        path = os.environ.get(_ENV_PREFIX + "CONFIG")
+        base = cls.from_yaml(path) if path else cls()
+        values = {f.name: getattr(base, f.name) for f in fields(cls)}
+        values.update({k: v for k, v in overrides.items() if v is not None})
+        return cls(**values)
+
+
+def _coerce(name: str, raw: str, typ: type) -> Any:
+    if typ is bool:
+        low = raw.strip().lower()
+        if low in ("1", "true", "yes", "on"):
+            return True
+        if low in ("0", "false", "no", "off"):
+            return False
+        raise ValueError(f"{_ENV_PREFIX}{name.upper()}={raw!r}: expected 1/0, true/false, yes/no or on/off")
+    if typ is int:
+        try:
+            return int(raw)
+        except ValueError:
+            raise ValueError(f"{_ENV_PREFIX}{name.upper()}={raw!r}: expected an integer") from None
+    return raw
+
+
+def prepare(
+    accelerator: Any,
+    model: nn.Module,
+    example_args: Sequence[Any] | torch.Tensor,
+    example_kwargs: Mapping[str, Any] | None = None,
+    *,
+    budget: str | int | None = None,
+    solver: str | None = None,
+    loss_fn: Callable[[Any], torch.Tensor] | None = None,
+    optimizer: torch.optim.Optimizer | None = None,
+) -> nn.Module:
+    """Capture ``model`` on the example batch, solve under the budget and patch it in place.
+
+    ``budget`` is a device budget (resident parameters, optimizer state and the batch are
+    subtracted) unless it is a percentage of the unoptimised step peak. Returns ``model``.
+    """
+    cfg = AutoRematConfig.resolve(budget=None if budget is None else str(budget), solver=solver)
+    if not cfg.enabled:
+        logger.info("autoremat disabled (AUTOREMAT_ENABLED=0)")
+        return model
+    if isinstance(example_args, torch.Tensor):
+        example_args = (example_args,)
+    plan_dict = None
+    if accelerator.is_main_process:
+        device = accelerator.device
+        args = tuple(a.to(device) if isinstance(a, torch.Tensor) else a for a in example_args)
+        kwargs = {k: (v.to(device) if isinstance(v, torch.Tensor) else v) for k, v in (example_kwargs or {}).items()}
+        model.to(device)
+        with accelerator.autocast():
+            graph = capture(model, args, kwargs, loss_fn=loss_fn or default_loss, repeats=cfg.profile_steps)
+        resident = graph.meta["resident_bytes"]
+        if optimizer is not None:
+            resident += optimizer_state_bytes(optimizer)
+        b = cfg.budget.strip()
+        if b.lower() == "auto":
+            step_budget = parse_budget("auto", device=device, resident_bytes=0)
+        elif b.endswith("%"):
+            step_budget = b  # solve() takes percentages of the graph's unoptimised peak
+        else:
+            step_budget = parse_budget(b) - resident
+            if step_budget <= 0:
+                raise ValueError(f"budget={b!r} is below the {resident} bytes resident before a step; raise it")
+        plan_dict = solve(graph, step_budget, solver=cfg.solver).to_dict()
+    plan_dict = _broadcast(accelerator, plan_dict)
+    plan = Plan.from_dict(plan_dict)
+    apply(model, plan)
+    if accelerator.is_main_process:
+        logger.info("autoremat: %s, predicted step peak %s bytes", plan.describe(), plan.predicted_peak_bytes)
+    return model
+
+
+def _broadcast(accelerator: Any, obj: Any) -> Any:
+    if accelerator.num_processes == 1:
+        return obj
+    from accelerate.utils import broadcast_object_list
+
+    box = [obj]
+    broadcast_object_list(box, from_process=0)
+    return box[0]
