@@ -43,6 +43,7 @@ def _parser() -> argparse.ArgumentParser:
             s.add_argument("--budget", default="50%")
             s.add_argument("--solver", default="auto", choices=solvers)
             s.add_argument("--out", default=None, help="write the plan JSON here")
+            s.add_argument("--plot", default=None, help="write a PNG of the memory timeline, unpatched vs planned")
         else:
             s.add_argument("--top", type=int, default=10, help="how many nodes to list")
     return p
@@ -52,7 +53,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING,
                         format="%(levelname)s %(name)s: %(message)s")
-    console = Console()
+    console = Console(width=None if sys.stdout.isatty() else 120)
     try:
         if args.command == "demo":
             return _demo(console, args)
@@ -129,6 +130,13 @@ def _plan(console: Console, args: argparse.Namespace) -> int:
     if args.out:
         plan.to_json(args.out)
         console.print(f"wrote {args.out}")
+    if args.plot:
+        from .plot import plot_timelines
+        from .simulate import no_recompute_plan
+
+        plot_timelines(g, {"no recomputation": no_recompute_plan(g), f"{plan.solver} plan": plan}, args.plot,
+                       title=f"{args.model} ({args.size}): simulated memory during one step")
+        console.print(f"wrote {args.plot}")
     return 0
 
 

@@ -1,0 +1,43 @@
+"""The autoremat command: demo, profile, plan (JSON and PNG), errors and exit codes."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+import autoremat
+from autoremat.cli import main
+
+
+def test_demo_reports_equal_gradients(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["demo", "--model", "resnet50", "--steps", "2"]) == 0
+    out = capsys.readouterr().out
+    assert "bit-for-bit equal" in out and "measured step peak" in out
+
+
+def test_profile_lists_nodes(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["profile", "--model", "vgg19", "--top", "3"]) == 0
+    out = capsys.readouterr().out
+    assert "unoptimised step peak" in out and "top 3 nodes" in out
+
+
+def test_plan_writes_json_and_png(tmp_path: Path) -> None:
+    out, png = tmp_path / "plan.json", tmp_path / "plan.png"
+    assert main(["plan", "--model", "resnet50", "--budget", "50%", "--out", str(out), "--plot", str(png)]) == 0
+    plan = autoremat.Plan.from_json(str(out))
+    assert plan.recompute_segments
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_plan_meta_paper_size(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["plan", "--model", "resnet50", "--size", "paper", "--device", "meta", "--budget", "40%",
+                 "--solver", "chen"]) == 0
+    assert "predicted step peak" in capsys.readouterr().out
+
+
+def test_errors_have_exit_codes(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["plan", "--model", "mlp", "--budget", "lots"]) == 2
+    assert "not understood" in capsys.readouterr().out
+    assert main(["plan", "--model", "mlp", "--budget", "1KB", "--solver", "chen"]) == 3
+    assert "infeasible" in capsys.readouterr().out
