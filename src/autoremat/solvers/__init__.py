@@ -19,6 +19,8 @@ from ..plan import Plan, validate_plan
 from ..simulate import simulate, unoptimised_peak_bytes
 from .chen import solve_chen
 from .none import solve_none
+from .reforward import solve_reforward
+from .xla_greedy import solve_xla_greedy
 
 __all__ = ["SOLVERS", "SolverFn", "solve", "finalize_plan"]
 
@@ -29,6 +31,8 @@ SolverFn = Callable[..., Plan]
 SOLVERS: dict[str, SolverFn] = {
     "none": solve_none,
     "chen": solve_chen,
+    "xla-greedy": solve_xla_greedy,
+    "reforward": solve_reforward,
 }
 """Registry: solver name -> ``solve(graph, budget_bytes, *, config=None) -> Plan``."""
 

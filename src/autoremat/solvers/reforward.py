@@ -1,0 +1,1002 @@
+"""``"reforward"``: Feng & Huang's Re-forwarding on linear and arbitrary computation graphs.
+
+Problem. Keep a subset ``V_R`` of the tensors during the first forward and re-forward the
+missing ones segment by segment during backward, minimising the paper's memory cost
+(Eqn. 1 of [1]): ``Σ_{v ∈ V_R} l(v) + max_segment l(segment)``, the bytes kept plus the
+largest re-forward.
+
+Paper: .. [1] J. Feng, D. Huang, "Cutting Down Training Memory by Re-forwarding",
+   ICLR 2019 submission (later published as "Optimal Gradient Checkpoint Search for
+   Arbitrary Computation Graphs", CVPR 2021). Algorithm 1 (linear computation graphs),
+   Algorithms 2-5 (arbitrary computation graphs), Appendices A (theory) and B (complexity).
+
+Method.
+
+* **Vertices and costs.** A vertex is a node's output tensor; a virtual source (the model
+  input, before every node without predecessors) and a virtual sink (the loss, after every
+  sink and every model output) close the graph, both of cost 0. The paper uses one cost
+  ``l(v)``, the tensor size; we separate what a vertex costs in each term of Eqn. 1:
+  ``keep(v)``, the bytes of the storage that keeping ``v`` holds (its own ``alloc_bytes``,
+  the storage it lives in for a view), and ``inner(v)``, the bytes it brings back while its
+  segment is re-forwarded (its storage when some node's backward saves it, plus its
+  ``extra_saved_bytes``: batch-norm statistics, pooling indices…).
+* **Linear graphs (Algorithm 1).** For every candidate max term ``C = l(v_i, v_j)``, in
+  decreasing order, the accessibility graph links ``v_a → v_b`` iff ``l(v_a, v_b) ≤ C`` and
+  the shortest source→target path (vertex weights ``keep``) is the kept set. The edges into
+  ``v_b`` form a contiguous range of ``a`` (costs are non-negative), so the accessibility
+  graph is never materialised: the shortest path is a sliding-window minimum, O(n) per
+  max term instead of O(n²) (same paths). The skipping rule of Algorithm 1 (line 7) is
+  applied: a solution whose actual max term is ``B < C`` is also the solution of every
+  candidate in ``[B, C)``, which is skipped. :func:`reforward_linear`.
+* **Arbitrary graphs (Algorithms 2-5).** Closed sets (Definition 1) are single-entry,
+  single-exit regions between a head ``v_i`` and a tail ``v_j``. The division tree
+  (Definition 9) is built top-down from the whole graph: a closed set with splitting
+  vertices (Algorithm 2; found in one sweep, as a vertex splits ``[s_ij]`` iff no edge of
+  it jumps over the vertex in topological order) is *type 1* and divides into the
+  segments between them; a closed set without splitting vertex whose interior has
+  several connected components, or which holds the edge ``v_i → v_j`` (Algorithm 3), is
+  *type 2* and divides into its branches; otherwise it is *type 3* and divides into its
+  maximal split (Algorithm 4). Algorithm 5 then runs, for every candidate max term ``m``
+  (costs of the division-tree nodes and of every run of consecutive members of a type-1
+  node: the segments a solution can use) in decreasing order with the same skipping
+  rule: a closed set whose cost exceeds ``m`` is expanded; in a type-1 set the expanded
+  members pin their endpoints and the remaining runs are solved by the linear solver
+  with max term ``m``; in type-2/3 sets the other members stay whole and, in type 3, all
+  the members' endpoints are kept. :func:`reforward_arbitrary`, :func:`division_tree`.
+* **Executable form.** A solution (kept vertices + the interiors re-forwarded together)
+  becomes an increasing lower-set sequence (:func:`solution_plan`): each re-forwarded
+  interior is one recomputed segment; the tail of an interior runs inside that segment
+  when its backward saves one of the interior's tensors (a conv after its input, a
+  batch-norm…), as the paper back-propagates the operation (edge) into the tail with the
+  re-forwarded tensors; every other kept vertex is a plain segment (so ``cat``/``add``
+  tails, which save nothing, let their inputs die after forward: the paper's re-forward
+  of each branch on its own). A kept vertex that keeps a tensor of an interior it does
+  not close (through a view) just keeps it alive. Blocks are ordered topologically
+  (contracting single-entry single-exit regions keeps the graph acyclic; a tail joins
+  only the interiors it closes) and the segments are built with
+  :func:`~autoremat.plan.segments_from_lower_sets`, whose rules (recomputable nodes, a
+  segment that saves something, not the last one) are kept; kept segments are never
+  recomputed. Module-level graphs (``meta["mode"] == "module"``) can only recompute one
+  module call per segment: there every re-forwarded interior is recomputed one module
+  call at a time (their outputs are then kept; module outputs are small next to what the
+  calls save inside), which the simulator accounts for.
+* **Multi-input operations (assumption 2 of [1] §4.1).** The paper assumes that an
+  operation with several inputs computes its input gradients without their values
+  (``cat``, ``add``). Our graph knows what every backward keeps (``saves``), so a node
+  *breaks* the assumption iff it has two or more predecessors and saves one of them
+  (``mul``, ``matmul``…); single-input operations that save their input are the paper's
+  model. ``multi_input`` chooses the remedy: ``"store"``, the paper's own ("store all the
+  input tensors of this multi-input operation"), pins the saved inputs of every breaking
+  node as kept vertices and, unlike the paper, counts them in the kept term, so the
+  plans agree with the cost model; ``"merge"`` pins nothing, and at mapping time the
+  segments whose tensors a breaking node saves are merged with it into one re-forward
+  (its unsaved inputs from other segments are then kept as that segment's inputs; not in
+  Eqn. 1); ``"both"`` (default) explores both families. Graphs without breaking nodes get
+  one family. Nodes the runtime cannot recompute (``recomputable=False``) and the tensors
+  they save are always pinned.
+* **Budget.** The paper minimises memory only. We compute its whole family of solutions
+  (one per distinct max term, the least-Eqn.-1 one included), map each to a plan, judge
+  each with :func:`autoremat.simulate` together with the plan that recomputes nothing,
+  and return the plan with the least simulated extra time whose simulated peak fits the
+  budget (ties: lower peak). A budget that does not bind recomputes nothing; the candidate
+  set does not depend on the budget, so the extra time never rises as the budget grows.
+  When no candidate fits, :class:`~autoremat.errors.InfeasibleBudgetError` reports the
+  least simulated peak found. When the family is larger than ``max_candidates``
+  (default 128), the quarter with the least Eqn.-1 cost (tight budgets) and an even
+  spread over the rest of the family (the time-memory trade-off) are simulated.
+
+Config (``config`` dict): ``multi_input`` (``"both"``, ``"store"`` or ``"merge"``),
+``max_candidates`` (int ≥ 1), ``method`` (``"auto"``: Algorithm 5, which reduces to
+Algorithm 1 on chains; ``"linear"``: Algorithm 1 itself, only for chains).
+
+Complexity (N vertices, E edges, w = ⌈N/64⌉ machine words per bitset). Ancestor and
+descendant bitsets: O(E·w). Division tree: type-1/2 divisions O(p + e) per node of p
+vertices and e edges; a type-3 node tests its O(p²) vertex pairs with O(1) bitset
+operations each, O(p²·w) (a pair whose region is only partly independent and has two
+branches at both ends adds an O(p·w) flood fill: O(p³·w) worst case, none on the zoo).
+The interiors of one tree level are disjoint, so a level costs O(N²·w) and the tree
+O(N³·w) in the worst case (the paper's Algorithm 5 steps 1-2: O(N⁴)); real networks
+have a handful of levels. Max terms: R ≤ O(N²) candidates (all runs of every type-1
+node), sorted in O(R log R); each solve costs O(N·w) (the shortest path is O(p) per
+type-1 node instead of the paper's O(p²)), and the skipping rule bounds the number of
+solves by the number S ≤ R of distinct solutions. Mapping and simulation: O(K·(k·N + E))
+for K = min(S, max_candidates) plans of k segments. Space O(N·w + R + S·N). DenseNet-201
+at paper size (711 nodes, 2513 edges) takes about 2-3 s on one core, most of it in the
+simulator (the paper's prototype: 7335 s for its 506-vertex graph).
+
+Exact / approximate. Exact for the paper's objective (Eqn. 1, with our ``keep``/``inner``
+costs) under its two assumptions, as [1] proves; we do not re-prove the greedy step of
+Algorithm 5, but the tests check both solvers against an exhaustive search of Eqn. 1 (every
+kept set whose re-forwarded parts have one head and one tail) on small random graphs. For
+the simulated step peak under a budget it is a heuristic: the candidate plans are the
+paper's family, and the simulator chooses among them.
+
+Known limitations. Segments are closed sets with one source and one target (assumption 1
+of [1]): e.g. expanding a DenseNet block keeps every concatenation and every layer
+output. Eqn. 1 ignores gradients, workspace, the checkpoint inputs the runtime keeps and
+what kept nodes save besides their output; the simulator sees them, and the least-Eqn.-1
+solution is not always the least simulated peak. Extra time is not optimised: every
+vertex that is not kept is re-forwarded once, and the family trades memory for time only
+through the max term. Long chains give O(p²) candidate max terms and O(p) distinct
+solutions (a 2000-node chain takes about 10 s). Module-level graphs only approximate the
+paper (one module call per recomputed segment). Keeping a view keeps its base storage;
+``keep`` counts it, but a kept view of a re-forwarded tensor makes that re-forward useless
+(the simulator sees it).
+"""
+
+from __future__ import annotations
+
+import bisect
+import heapq
+import logging
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from ..errors import InfeasibleBudgetError
+from ..graph import Graph
+from ..plan import Plan, Segment, segments_from_lower_sets
+from ..simulate import no_recompute_plan, simulate
+
+__all__ = [
+    "solve_reforward",
+    "reforward_linear",
+    "reforward_arbitrary",
+    "solution_plan",
+    "division_tree",
+    "breaks_multi_input_assumption",
+    "ReforwardSolution",
+    "DivisionNode",
+    "MULTI_INPUT_MODES",
+]
+
+logger = logging.getLogger(__name__)
+
+MULTI_INPUT_MODES = ("both", "store", "merge")
+"""Accepted values of the ``multi_input`` option (see the module docstring)."""
+
+_METHODS = ("auto", "linear")
+_DEFAULT_MAX_CANDIDATES = 128
+_INF = math.inf
+
+
+# ====================================================================== public results
+@dataclass(frozen=True)
+class ReforwardSolution:
+    """One solution of the paper's search: what is kept and what is re-forwarded together."""
+
+    max_term_bytes: int
+    """The max term ``m`` of the loop that produced it (every segment costs at most ``m``)."""
+    kept: tuple[int, ...]
+    """Kept vertices (node ids); the virtual source and sink are not listed."""
+    groups: tuple[tuple[int, ...], ...]
+    """Node ids of each re-forwarded segment interior."""
+    kept_bytes: int
+    """First term of Eqn. 1: ``Σ keep(v)`` over the kept vertices."""
+    reforward_bytes: int
+    """Second term of Eqn. 1: the largest ``inner`` cost of a re-forwarded segment."""
+    multi_input: str = "store"
+    """The multi-input remedy of the family it belongs to (``"store"`` or ``"merge"``)."""
+
+    @property
+    def cost_bytes(self) -> int:
+        """Eqn. 1 of the paper: kept bytes plus the largest re-forward."""
+        return self.kept_bytes + self.reforward_bytes
+
+
+@dataclass
+class DivisionNode:
+    """A closed set of the division tree (Definition 9), in node ids.
+
+    ``head``/``tail`` are ``None`` for the virtual source/sink. ``kind`` is the paper's type:
+    1 (splittable), 2 (branched), 3 (non-branched) or 0 (an edge: no interior).
+    """
+
+    head: int | None
+    tail: int | None
+    interior: tuple[int, ...]
+    kind: int
+    has_edge: bool
+    splits: tuple[int, ...] = ()
+    """Type 1: the splitting vertices, in order."""
+    endpoints: tuple[int, ...] = ()
+    """Type 3: interior vertices that are endpoints of the maximal split's members."""
+    children: list["DivisionNode"] = field(default_factory=list)
+    """The division's members that have an interior (edges are left out)."""
+
+
+# ====================================================================== internal model
+def _bits(x: int) -> list[int]:
+    """Indices of the set bits of ``x``, increasing."""
+    if x.bit_count() <= 12:
+        out: list[int] = []
+        while x:
+            low = x & -x
+            out.append(low.bit_length() - 1)
+            x ^= low
+        return out
+    s = bin(x)[:1:-1]
+    out = []
+    i = s.find("1")
+    while i >= 0:
+        out.append(i)
+        i = s.find("1", i + 1)
+    return out
+
+
+class _Model:
+    """The graph with a virtual source 0 and sink N-1; node ``v`` is vertex ``v + 1``."""
+
+    def __init__(self, graph: Graph, pins_multi_input: bool) -> None:
+        n = len(graph)
+        self.n = n
+        N = self.N = n + 2
+        self.sink = N - 1
+        succ: list[list[int]] = [[] for _ in range(N)]
+        pred: list[list[int]] = [[] for _ in range(N)]
+        for v in graph.nodes:
+            x = v + 1
+            ps = graph.pred(v)
+            if not ps:
+                succ[0].append(x)
+                pred[x].append(0)
+            for u in ps:
+                pred[x].append(u + 1)
+            for w in graph.succ(v):
+                succ[x].append(w + 1)
+            if not graph.succ(v) or graph.node(v)["is_output"]:
+                succ[x].append(N - 1)
+                pred[N - 1].append(x)
+        if n == 0:
+            succ[0].append(1)
+            pred[1].append(0)
+        self.succ = succ
+        self.pred = pred
+        self.succmask = [sum(1 << w for w in s) for s in succ]
+        self.predmask = [sum(1 << u for u in p) for p in pred]
+        anc = [0] * N
+        for x in range(N):
+            a = 0
+            for u in pred[x]:
+                a |= anc[u] | (1 << u)
+            anc[x] = a
+        desc = [0] * N
+        for x in range(N - 1, -1, -1):
+            d = 0
+            for w in succ[x]:
+                d |= desc[w] | (1 << w)
+            desc[x] = d
+        self.anc = anc
+        self.desc = desc
+
+        # what each node's backward keeps, by vertex (views: the storage they live in too)
+        saved_by: list[set[int]] = [set() for _ in range(N)]
+        saves: list[set[int]] = [set() for _ in range(N)]
+        for v in graph.nodes:
+            d = graph.node(v)
+            if not d["requires_grad"]:
+                continue
+            for u in d["saves"]:
+                for s in {u, graph.root(u)}:
+                    saves[v + 1].add(s + 1)
+                    saved_by[s + 1].add(v + 1)
+        for u in graph.meta.get("loss_saves", []):
+            for s in {int(u), graph.root(int(u))}:
+                saved_by[s + 1].add(N - 1)
+        self.saves = [sorted(s - {x}) for x, s in enumerate(saves)]
+
+        keep = [0] * N
+        inner = [0] * N
+        for v in graph.nodes:
+            d = graph.node(v)
+            keep[v + 1] = int(graph.node(graph.root(v))["alloc_bytes"])
+            held = int(d["alloc_bytes"]) if saved_by[v + 1] else 0
+            extra = int(d["extra_saved_bytes"]) if d["requires_grad"] else 0
+            inner[v + 1] = held + extra
+        self.keep = keep
+        self.inner = inner
+
+        pinned: set[int] = set()
+        for v in graph.nodes:
+            x = v + 1
+            if not graph.node(v)["recomputable"]:
+                pinned.add(x)
+                pinned.update(self.saves[x])
+            elif pins_multi_input and _breaks(graph, v):
+                pinned.update(s + 1 for s in _saved_inputs(graph, v))
+        pinned.discard(0)
+        pinned.discard(N - 1)
+        self.pinned = pinned
+        self.pinned_mask = sum(1 << x for x in pinned)
+
+    def has_edge(self, a: int, b: int) -> bool:
+        return bool(self.succmask[a] >> b & 1)
+
+    def cost(self, mask: int) -> float:
+        """``inner`` cost of re-forwarding the vertices of ``mask`` together."""
+        if mask & self.pinned_mask:
+            return _INF
+        return sum(self.inner[x] for x in _bits(mask))
+
+    def nodes_of(self, mask: int) -> tuple[int, ...]:
+        return tuple(x - 1 for x in _bits(mask))
+
+
+def _saved_inputs(graph: Graph, v: int) -> set[int]:
+    """Predecessors of ``v`` (or the storages they live in) that ``v``'s backward keeps."""
+    d = graph.node(v)
+    if not d["requires_grad"]:
+        return set()
+    saved = {s for u in d["saves"] for s in (u, graph.root(u))}
+    return {s for u in graph.pred(v) for s in (u, graph.root(u)) if s in saved and s != v}
+
+
+def _breaks(graph: Graph, v: int) -> bool:
+    return len(graph.pred(v)) >= 2 and bool(_saved_inputs(graph, v))
+
+
+def breaks_multi_input_assumption(graph: Graph) -> list[int]:
+    """Nodes with two or more inputs whose backward saves one of them (assumption 2 of [1])."""
+    return [v for v in graph.nodes if _breaks(graph, v)]
+
+
+# ====================================================================== division tree
+class _Closed:
+    """A closed set ``[s_ij]``: head, tail, interior bitset (internal vertex ids)."""
+
+    __slots__ = ("head", "tail", "mask", "verts", "has_edge", "kind", "children", "chain",
+                 "members", "ends_mask", "ends_keep", "cost", "_pre")
+
+    def __init__(self, head: int, tail: int, mask: int, verts: list[int], has_edge: bool) -> None:
+        self.head = head
+        self.tail = tail
+        self.mask = mask
+        self.verts = verts
+        self.has_edge = has_edge
+        self.kind = 0
+        self.children: list[_Closed] = []
+        self.chain: list[int] = []
+        self.members: list[_Closed | None] = []
+        self.ends_mask = 0
+        self.ends_keep = 0
+        self.cost: float = 0
+        self._pre: Any = None
+
+
+def _components(M: _Model, mask: int, verts: list[int]) -> list[list[int]]:
+    """Connected components (undirected) of the subgraph induced on ``mask``."""
+    seen = 0
+    comps: list[list[int]] = []
+    for s in verts:
+        if seen >> s & 1:
+            continue
+        seen |= 1 << s
+        comp = [s]
+        stack = [s]
+        while stack:
+            x = stack.pop()
+            for y in M.succ[x] + M.pred[x]:
+                if mask >> y & 1 and not seen >> y & 1:
+                    seen |= 1 << y
+                    comp.append(y)
+                    stack.append(y)
+        comp.sort()
+        comps.append(comp)
+    return comps
+
+
+def _splitting_vertices(M: _Model, node: _Closed) -> list[int]:
+    """Algorithm 2 for every vertex at once: ``t`` splits ``[s_ij]`` iff no edge jumps over it."""
+    mask = node.mask
+    pending: dict[int, int] = {}
+    open_edges = 0
+    for w in M.succ[node.head]:
+        if mask >> w & 1:
+            pending[w] = pending.get(w, 0) + 1
+            open_edges += 1
+    out: list[int] = []
+    for t in node.verts:
+        open_edges -= pending.pop(t, 0)
+        s = M.succ[t]
+        for w in s:
+            pending[w] = pending.get(w, 0) + 1
+        open_edges += len(s)
+        if open_edges == len(s):
+            out.append(t)
+    return out
+
+
+def _maximal_split(M: _Model, node: _Closed) -> list[_Closed]:
+    """Algorithm 4: the members with an interior of the maximal split of a type-3 set.
+
+    For every vertex pair ``(k, t)`` of ``[s_ij]`` the largest closed set ``s_kt`` is the
+    union of the connected components of ``desc(k) ∩ anc(t)`` that have no edge leaving
+    ``s_kt ∪ {k, t}`` (Definition 1; the paper's Algorithm 4 tests only the whole set).
+    The members are the closed sets contained in no larger proper one (Lemma 6), found by
+    taking the candidates by decreasing size and keeping those whose interior is disjoint
+    from the members already kept.
+    """
+    i, j, S = node.head, node.tail, node.mask
+    pts = [i] + node.verts + [j]
+    ptmask = S | (1 << i) | (1 << j)
+    anc, desc, predmask, succmask = M.anc, M.desc, M.predmask, M.succmask
+    # X[k]: interior vertices below k with a predecessor not below k (or k);
+    # Y[t]: interior vertices above t with a successor not above t (or t).
+    X: dict[int, int] = {}
+    Y: dict[int, int] = {}
+    for k in pts:
+        dk = desc[k] & S
+        dks = desc[k] | (1 << k)
+        x = 0
+        for v in _bits(dk):
+            if predmask[v] & ~dks:
+                x |= 1 << v
+        X[k] = x
+        at = anc[k] & S
+        ats = anc[k] | (1 << k)
+        y = 0
+        for v in _bits(at):
+            if succmask[v] & ~ats:
+                y |= 1 << v
+        Y[k] = y
+    cands: list[tuple[int, int, int, int]] = []
+    for k in pts[:-1]:
+        dk = desc[k] & S
+        if not dk:
+            continue
+        xk = X[k]
+        sk = succmask[k]
+        for t in _bits(desc[k] & ptmask):
+            if k == i and t == j:
+                continue
+            B = dk & anc[t]
+            if not B:
+                continue
+            Z = xk | Y[t]
+            if B & Z:
+                # only part of B may be independent: every component of B holds a successor
+                # of k and a predecessor of t, so two components need two of each
+                ok = B & ~Z
+                if not (sk & ok and predmask[t] & ok and (sk & B).bit_count() > 1
+                        and (predmask[t] & B).bit_count() > 1):
+                    continue
+                reach = B & Z
+                frontier = reach
+                while frontier:
+                    nb = 0
+                    for x in _bits(frontier):
+                        nb |= succmask[x] | predmask[x]
+                    frontier = nb & B & ~reach
+                    reach |= frontier
+                B &= ~reach
+                if not B:
+                    continue
+            cands.append((-B.bit_count(), k, t, B))
+    cands.sort()
+    owned = 0
+    members: list[_Closed] = []
+    for _, k, t, B in cands:
+        if B & owned:
+            continue
+        owned |= B
+        members.append(_Closed(k, t, B, list(_bits(B)), M.has_edge(k, t)))
+    return members
+
+
+def _build_tree(M: _Model) -> _Closed:
+    """The division tree (Definition 9), top-down from the whole graph."""
+    full = sum(1 << x for x in range(1, M.N - 1))
+    root = _Closed(0, M.N - 1, full, list(range(1, M.N - 1)), M.has_edge(0, M.N - 1))
+    stack = [root]
+    order: list[_Closed] = []
+    while stack:
+        node = stack.pop()
+        order.append(node)
+        _divide(M, node)
+        stack.extend(node.children)
+    for node in reversed(order):  # children first
+        node.cost = M.cost(node.mask)
+    return root
+
+
+def _divide(M: _Model, node: _Closed) -> None:
+    if not node.verts:
+        node.kind = 0
+        return
+    if node.has_edge:
+        node.kind = 2
+        node.children = [_Closed(node.head, node.tail, sum(1 << x for x in c), c, False)
+                         for c in _components(M, node.mask, node.verts)]
+        return
+    splits = _splitting_vertices(M, node)
+    if splits:
+        node.kind = 1
+        chain = [node.head] + splits + [node.tail]
+        node.chain = chain
+        pos = {x: p for p, x in enumerate(node.verts)}
+        bounds = [-1] + [pos[s] for s in splits] + [len(node.verts)]
+        for a in range(len(chain) - 1):
+            part = node.verts[bounds[a] + 1:bounds[a + 1]]
+            if part:
+                child = _Closed(chain[a], chain[a + 1], sum(1 << x for x in part), part,
+                                M.has_edge(chain[a], chain[a + 1]))
+                node.members.append(child)
+                node.children.append(child)
+            else:
+                node.members.append(None)
+        return
+    comps = _components(M, node.mask, node.verts)
+    if len(comps) > 1:
+        node.kind = 2
+        node.children = [_Closed(node.head, node.tail, sum(1 << x for x in c), c, False) for c in comps]
+        return
+    node.kind = 3
+    node.children = _maximal_split(M, node)
+    covered = 0
+    for ch in node.children:
+        covered |= ch.mask
+    node.ends_mask = node.mask & ~covered
+    node.ends_keep = sum(M.keep[x] for x in _bits(node.ends_mask))
+
+
+# ====================================================================== Algorithm 1 / 5
+class _ChainPre:
+    """Per type-1 node: prefix sums over the chain of splitting vertices."""
+
+    __slots__ = ("p", "mcost", "pm", "ps", "keep", "pinned", "masks")
+
+    def __init__(self, M: _Model, node: _Closed) -> None:
+        chain = node.chain
+        p = self.p = len(chain) - 1
+        self.mcost = [0.0] + [0 if m is None else m.cost for m in node.members]
+        self.masks = [0] + [0 if m is None else m.mask for m in node.members]
+        pm = [0] * (p + 1)
+        for a in range(1, p + 1):
+            c = self.mcost[a]
+            pm[a] = pm[a - 1] + (0 if c == _INF else int(c))
+        ps = [0] * (p + 1)
+        self.pinned = [False] * (p + 1)
+        for y in range(1, p):
+            x = chain[y]
+            self.pinned[y] = x in M.pinned
+            ps[y] = ps[y - 1] + (0 if self.pinned[y] else M.inner[x])
+        ps[p] = ps[p - 1] if p >= 1 else 0
+        self.pm = pm
+        self.ps = ps
+        self.keep = [0] + [M.keep[chain[y]] for y in range(1, p)] + [0]
+
+    def run_cost(self, a: int, b: int) -> int:
+        """``inner`` cost of re-forwarding members ``a+1..b`` and the splits between."""
+        return self.pm[b] - self.pm[a] + self.ps[b - 1] - self.ps[a]
+
+
+def _chain_pre(M: _Model, node: _Closed) -> _ChainPre:
+    if node._pre is None:
+        node._pre = _ChainPre(M, node)
+    return node._pre
+
+
+def _shortest_path(pre: _ChainPre, m: float, expanded: list[bool]) -> list[int]:
+    """Shortest source→target path of the accessibility graph for max term ``m``.
+
+    Vertex weights ``keep``; ``a → b`` exists iff members ``a+1..b`` are not expanded,
+    no pinned split lies strictly between and the run costs at most ``m``; an expanded
+    member ``b`` only links ``b-1 → b``. Edges into ``b`` come from a contiguous range of
+    ``a`` that only moves right, so a monotone deque gives the minimum. Returns the
+    parent of each chain position on the path (``-1`` off the path).
+    """
+    p = pre.p
+    dist = [0] * (p + 1)
+    parent = [-1] * (p + 1)
+    dq: list[int] = [0]  # indices with increasing dist (a list used as a deque)
+    head = 0
+    lo = 0  # smallest admissible a for the current b
+    for b in range(1, p + 1):
+        if expanded[b]:
+            best_a = b - 1
+            lo = b - 1
+        else:
+            while lo < b - 1 and pre.run_cost(lo, b) > m:
+                lo += 1
+            while head < len(dq) and dq[head] < lo:
+                head += 1
+            best_a = dq[head] if head < len(dq) else b - 1
+            if pre.run_cost(best_a, b) > m and best_a != b - 1:  # pragma: no cover - invariant
+                raise AssertionError("re-forward window broken, please report")
+        dist[b] = dist[best_a] + pre.keep[b]
+        parent[b] = best_a
+        if expanded[b] or pre.pinned[b]:
+            # nothing may jump over an expanded member or a pinned split
+            dq = [b]
+            head = 0
+            lo = b
+        else:
+            while len(dq) > head and dist[dq[-1]] >= dist[b]:
+                dq.pop()
+            dq.append(b)
+    return parent
+
+
+class _Rec:
+    """Collects the re-forwarded interiors (bitsets) of one solution."""
+
+    __slots__ = ("groups",)
+
+    def __init__(self) -> None:
+        self.groups: list[int] = []
+
+
+def _solve(M: _Model, node: _Closed, m: float, rec: _Rec | None) -> tuple[int, float]:
+    """Algorithm 5 on a closed set that must be expanded (``node.cost > m``).
+
+    Returns the kept bytes strictly inside ``node`` and the largest re-forward used.
+    """
+    if node.kind == 1:
+        pre = _chain_pre(M, node)
+        p = pre.p
+        expanded = [False] + [pre.mcost[a] > m for a in range(1, p + 1)]
+        kept = 0
+        mx = 0.0
+        sub: dict[int, tuple[int, float]] = {}
+        for a in range(1, p + 1):
+            if expanded[a]:
+                child = node.members[a - 1]
+                assert child is not None, "edge member expanded, please report"
+                sub[a] = _solve(M, child, m, rec)
+        parent = _shortest_path(pre, m, expanded)
+        b = p
+        while b > 0:
+            a = parent[b]
+            if b in sub and a == b - 1:
+                k, x = sub[b]
+                kept += k
+                mx = max(mx, x)
+            else:
+                mx = max(mx, pre.run_cost(a, b))
+                if rec is not None:
+                    g = 0
+                    for c in range(a + 1, b + 1):
+                        g |= pre.masks[c]
+                    for y in range(a + 1, b):
+                        g |= 1 << node.chain[y]
+                    if g:
+                        rec.groups.append(g)
+            if a > 0:
+                kept += pre.keep[a]
+            b = a
+        return kept, mx
+    kept = node.ends_keep if node.kind == 3 else 0
+    mx = 0.0
+    for ch in node.children:
+        if ch.cost <= m:
+            mx = max(mx, ch.cost)
+            if rec is not None:
+                rec.groups.append(ch.mask)
+        else:
+            k, x = _solve(M, ch, m, rec)
+            kept += k
+            mx = max(mx, x)
+    return kept, mx
+
+
+def _max_terms(M: _Model, root: _Closed) -> list[int]:
+    """Candidate max terms, decreasing: costs of the tree's nodes and of type-1 runs."""
+    terms: set[int] = {0}
+    stack = [root]
+    while stack:
+        node = stack.pop()
+        stack.extend(node.children)
+        if node.cost != _INF:
+            terms.add(int(node.cost))
+        if node.kind == 1:
+            pre = _chain_pre(M, node)
+            for a in range(pre.p):
+                for b in range(a + 1, pre.p + 1):
+                    if pre.mcost[b] == _INF or (b > a + 1 and pre.pinned[b - 1]):
+                        break
+                    terms.add(pre.run_cost(a, b))
+    return sorted(terms, reverse=True)
+
+
+def _family(M: _Model, root: _Closed, terms: list[int], mode: str) -> list[ReforwardSolution]:
+    """The loop of Algorithm 5 (and 1) over the max terms, with the skipping rule."""
+    asc = terms[::-1]
+    out: list[ReforwardSolution] = []
+    i = 0
+    while i < len(terms):
+        m = terms[i]
+        rec = _Rec()
+        if root.cost <= m:
+            kept, mx = 0, root.cost
+            rec.groups.append(root.mask)
+        else:
+            kept, mx = _solve(M, root, m, rec)
+        out.append(_solution(M, m, kept, mx, rec, mode))
+        # every candidate in [mx, m] has this same solution: continue below mx
+        i = len(terms) - bisect.bisect_left(asc, mx)
+    return out
+
+
+def _solution(M: _Model, m: int, kept: int, mx: float, rec: _Rec, mode: str) -> ReforwardSolution:
+    groups = tuple(M.nodes_of(g) for g in sorted(rec.groups, key=lambda g: g & -g) if g)
+    interior = 0
+    for g in rec.groups:
+        interior |= g
+    kept_nodes = tuple(v for v in range(M.n) if not interior >> (v + 1) & 1)
+    return ReforwardSolution(max_term_bytes=int(m), kept=kept_nodes, groups=groups, kept_bytes=int(kept),
+                             reforward_bytes=int(mx), multi_input=mode)
+
+
+# ====================================================================== public entry points
+def _check_graph(graph: Graph) -> None:
+    if not isinstance(graph, Graph):
+        raise TypeError(f"graph must be an autoremat.Graph (from autoremat.capture), got {type(graph).__name__}")
+
+
+def _is_chain(graph: Graph) -> bool:
+    n = len(graph)
+    for v in graph.nodes:
+        if graph.succ(v) != ([v + 1] if v + 1 < n else []):
+            return False
+        if graph.pred(v) != ([v - 1] if v else []):
+            return False
+    return True
+
+
+def reforward_linear(graph: Graph) -> list[ReforwardSolution]:
+    """Algorithm 1 (LCG solver) on a chain: one solution per distinct max term, decreasing.
+
+    Raises ``ValueError`` unless ``graph`` is a chain ``0 → 1 → … → n-1``.
+    """
+    _check_graph(graph)
+    if not _is_chain(graph):
+        raise ValueError("graph must be a chain 0 -> 1 -> ... -> n-1 for the linear solver "
+                         "(method='linear'); use method='auto' for arbitrary graphs")
+    M = _Model(graph, pins_multi_input=True)
+    # the chain S*, 0, …, n-1, T* as a type-1 closed set whose members are all edges
+    full = sum(1 << x for x in range(1, M.N - 1))
+    node = _Closed(0, M.N - 1, full, list(range(1, M.N - 1)), M.has_edge(0, M.N - 1))
+    node.kind = 1
+    node.chain = [0] + node.verts + [M.N - 1]
+    node.members = [None] * (len(node.chain) - 1)
+    node.cost = M.cost(full)
+    pre = _chain_pre(M, node)
+    # line 1-2: every vertex pair (v_i, v_j) gives a candidate max term l(v_i, v_j)
+    terms: set[int] = {0}
+    for a in range(pre.p):
+        for b in range(a + 1, pre.p + 1):
+            if b > a + 1 and pre.pinned[b - 1]:
+                break
+            terms.add(pre.run_cost(a, b))
+    return _family(M, node, sorted(terms, reverse=True), "store")
+
+
+def reforward_arbitrary(graph: Graph, *, multi_input: str = "store") -> list[ReforwardSolution]:
+    """Algorithm 5 (ACG solver): one solution per distinct max term, decreasing.
+
+    ``multi_input`` is ``"store"`` or ``"merge"`` (see the module docstring); the plans of
+    ``"merge"`` solutions merge segments at mapping time (:func:`solution_plan`).
+    """
+    _check_graph(graph)
+    if multi_input not in ("store", "merge"):
+        raise ValueError(f"multi_input={multi_input!r} is not accepted here; expected 'store' or 'merge'")
+    M = _Model(graph, pins_multi_input=multi_input == "store")
+    root = _build_tree(M)
+    return _family(M, root, _max_terms(M, root), multi_input)
+
+
+def division_tree(graph: Graph, *, multi_input: str = "store") -> DivisionNode:
+    """The division tree of ``graph`` (with the virtual source and sink), in node ids."""
+    _check_graph(graph)
+    if multi_input not in ("store", "merge"):
+        raise ValueError(f"multi_input={multi_input!r} is not accepted here; expected 'store' or 'merge'")
+    M = _Model(graph, pins_multi_input=multi_input == "store")
+    root = _build_tree(M)
+
+    def end(x: int) -> int | None:
+        return None if x in (0, M.N - 1) else x - 1
+
+    def conv(node: _Closed) -> DivisionNode:
+        return DivisionNode(
+            head=end(node.head), tail=end(node.tail), interior=M.nodes_of(node.mask), kind=node.kind,
+            has_edge=node.has_edge, splits=tuple(x - 1 for x in node.chain[1:-1]),
+            endpoints=M.nodes_of(node.ends_mask), children=[conv(c) for c in node.children])
+
+    return conv(root)
+
+
+def solution_plan(graph: Graph, solution: ReforwardSolution) -> Plan:
+    """The executable plan of one solution (see "Executable form" in the module docstring)."""
+    _check_graph(graph)
+    segs = _plan_segments(graph, _Model(graph, pins_multi_input=False), solution.groups)
+    if segs is None:
+        raise ValueError("the solution's segments cannot be ordered as lower sets (a kept node saves "
+                         "a tensor of a segment it does not close); please report")
+    return Plan(segs, solver="reforward", graph_fingerprint=graph.fingerprint,
+                options={"max_term_bytes": solution.max_term_bytes, "multi_input": solution.multi_input})
+
+
+def _plan_segments(graph: Graph, M: _Model, groups: Sequence[Sequence[int]]) -> list[Segment] | None:
+    """Map re-forwarded interiors to segments of an increasing lower-set sequence."""
+    n = len(graph)
+    if n == 0:
+        return []
+    owner = [-1] * n
+    for gi, grp in enumerate(groups):
+        for v in grp:
+            owner[v] = gi
+    uf = list(range(len(groups)))
+
+    def find(a: int) -> int:
+        while uf[a] != a:
+            uf[a] = uf[uf[a]]
+            a = uf[a]
+        return a
+
+    joined = [-1] * n
+    for v in range(n):
+        if owner[v] >= 0:
+            continue
+        # v closes the segments it is the tail of (a predecessor inside) and saves a tensor of;
+        # a tensor of another segment that v keeps (through a view) just stays alive
+        tails_of = {owner[u] for u in graph.pred(v) if owner[u] >= 0}
+        gs = {owner[x - 1] for x in M.saves[v + 1] if owner[x - 1] in tails_of}
+        if gs:
+            first, *rest = sorted(gs)
+            r = find(first)
+            for o in rest:
+                uf[find(o)] = r
+            joined[v] = first
+    # blocks: merged groups (+ the kept nodes that joined them) and single kept nodes
+    block = [0] * n
+    rep_block: dict[int, int] = {}
+    members: list[list[int]] = []
+    wanted: list[bool] = []
+    for v in range(n):
+        gi = owner[v] if owner[v] >= 0 else joined[v]
+        if gi >= 0:
+            r = find(gi)
+            b = rep_block.get(r)
+            if b is None:
+                b = rep_block[r] = len(members)
+                members.append([])
+                wanted.append(True)
+        else:
+            b = len(members)
+            members.append([])
+            wanted.append(False)
+        block[v] = b
+        members[b].append(v)
+    nb = len(members)
+    succ_b: list[set[int]] = [set() for _ in range(nb)]
+    indeg = [0] * nb
+    for v in range(n):
+        bv = block[v]
+        for w in graph.succ(v):
+            bw = block[w]
+            if bw != bv and bw not in succ_b[bv]:
+                succ_b[bv].add(bw)
+                indeg[bw] += 1
+    heap = [(members[b][0], b) for b in range(nb) if indeg[b] == 0]
+    heapq.heapify(heap)
+    order: list[int] = []
+    while heap:
+        _, b = heapq.heappop(heap)
+        order.append(b)
+        for c in succ_b[b]:
+            indeg[c] -= 1
+            if indeg[c] == 0:
+                heapq.heappush(heap, (members[c][0], c))
+    if len(order) != nb:
+        return None
+    module = graph.meta.get("mode") == "module"
+    parts: list[list[int]] = []
+    flags: list[bool] = []
+    for b in order:
+        if not wanted[b]:
+            if parts and not flags[-1]:
+                parts[-1].extend(members[b])
+            else:
+                parts.append(list(members[b]))
+                flags.append(False)
+        elif module:
+            for v in members[b]:
+                parts.append([v])
+                flags.append(True)
+        else:
+            parts.append(list(members[b]))
+            flags.append(True)
+    lower: list[list[int]] = []
+    acc: list[int] = []
+    for part in parts:
+        acc = acc + part
+        lower.append(acc)
+    segs = segments_from_lower_sets(graph, lower)
+    assert len(segs) == len(flags), "segments lost in segments_from_lower_sets, please report"
+    return [Segment(s.nodes, recompute=s.recompute and f) for s, f in zip(segs, flags)]
+
+
+def _option(cfg: dict[str, Any], key: str, default: Any) -> Any:
+    return cfg.pop(key) if key in cfg else default
+
+
+def solve_reforward(graph: Graph, budget_bytes: int, *, config: dict[str, Any] | None = None) -> Plan:
+    """Re-forwarding under a step-peak budget (see the module docstring)."""
+    _check_graph(graph)
+    cfg = dict(config or {})
+    multi_input = _option(cfg, "multi_input", "both")
+    if multi_input not in MULTI_INPUT_MODES:
+        raise ValueError(f"multi_input={multi_input!r} is not accepted; expected one of {list(MULTI_INPUT_MODES)}")
+    max_candidates = _option(cfg, "max_candidates", _DEFAULT_MAX_CANDIDATES)
+    if isinstance(max_candidates, bool) or not isinstance(max_candidates, int) or max_candidates < 1:
+        raise ValueError(f"max_candidates={max_candidates!r} must be an int >= 1")
+    method = _option(cfg, "method", "auto")
+    if method not in _METHODS:
+        raise ValueError(f"method={method!r} is not accepted; expected one of {list(_METHODS)}")
+    if cfg:
+        logger.warning("reforward ignores unknown options %s (it accepts multi_input, max_candidates, "
+                       "method)", sorted(cfg))
+
+    if method == "linear":
+        family = reforward_linear(graph)
+    else:
+        modes = ["store", "merge"] if multi_input == "both" else [multi_input]
+        if multi_input == "both" and not breaks_multi_input_assumption(graph):
+            modes = ["store"]  # the two remedies coincide
+        family = []
+        for mode in modes:
+            family.extend(reforward_arbitrary(graph, multi_input=mode))
+    chosen = _spread(family, max_candidates)
+    if len(chosen) < len(family):
+        logger.info("reforward: simulating %d of %d solutions (max_candidates=%d)",
+                    len(chosen), len(family), max_candidates)
+
+    base = no_recompute_plan(graph)
+    sim = simulate(graph, base, check=False, record=False)
+    tried: list[tuple[float, int, int, Plan]] = [(sim.extra_time_s, sim.peak_bytes, 0, base)]
+    seen: set[tuple[tuple[tuple[int, ...], bool], ...]] = {tuple((s.nodes, s.recompute) for s in base.segments)}
+    M_plain = _Model(graph, pins_multi_input=False)
+    for sol in chosen:
+        segs = _plan_segments(graph, M_plain, sol.groups)
+        if segs is None:
+            logger.warning("reforward: skipped a solution whose segments cannot be ordered (max term %d)",
+                           sol.max_term_bytes)
+            continue
+        key = tuple((s.nodes, s.recompute) for s in segs)
+        if key in seen:
+            continue
+        seen.add(key)
+        plan = Plan(segs, solver="reforward", options={
+            "multi_input": sol.multi_input, "max_term_bytes": sol.max_term_bytes,
+            "paper_kept_bytes": sol.kept_bytes, "paper_reforward_bytes": sol.reforward_bytes,
+            "kept_nodes": len(sol.kept)})
+        s = simulate(graph, plan, check=False, record=False)
+        tried.append((s.extra_time_s, s.peak_bytes, len(tried), plan))
+    fits = [t for t in tried if t[1] <= budget_bytes]
+    if not fits:
+        raise InfeasibleBudgetError(budget_bytes, min(t[1] for t in tried), solver="reforward")
+    extra, peak, _, plan = min(fits, key=lambda t: (t[0], t[1], t[2]))
+    plan.solver = "reforward"
+    plan.options.update({"solutions": len(family), "simulated": len(tried)})
+    plan.budget_bytes = int(budget_bytes)
+    plan.graph_fingerprint = graph.fingerprint
+    plan.predicted_peak_bytes = int(peak)
+    plan.predicted_extra_time_s = float(extra)
+    return plan
+
+
+def _spread(family: list[ReforwardSolution], k: int) -> list[ReforwardSolution]:
+    """At most ``k`` solutions: the quarter with the least Eqn.-1 cost, the rest evenly spread.
+
+    The family runs from "re-forward everything" to "keep everything"; the least-memory end
+    matters for tight budgets and the spread for the time-memory trade-off of loose ones.
+    """
+    if len(family) <= k:
+        return list(family)
+    by_cost = sorted(range(len(family)), key=lambda i: (family[i].cost_bytes, i))
+    picks = set(by_cost[: max(1, k // 4)])
+    slots = k - len(picks)
+    for s in range(slots):
+        picks.add(round(s * (len(family) - 1) / max(slots - 1, 1)))
+    return [family[i] for i in sorted(picks)]
