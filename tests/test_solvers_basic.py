@@ -124,7 +124,10 @@ def test_binding(solver):
     for frac in (0.95, 0.8, 0.6):
         budget = int(peak * frac)
         plan = solve(g, budget, solver=solver)
-        check(g, plan, budget, "chen")
+        check(g, plan, budget, "chen" if solver == "chen" else plan.solver)
+        if solver == "auto":  # auto picks the least extra time among the registered solvers
+            assert plan.solver in ("chen", "dp-approx")
+            assert plan.predicted_extra_time_s <= solve(g, budget, solver="chen").predicted_extra_time_s
         assert plan.recompute_segments, frac
         assert plan.predicted_peak_bytes <= budget < peak
         assert plan.predicted_extra_time_s > 0.0
@@ -162,11 +165,11 @@ def test_infeasible(solver, budget):
 def test_auto_minimum_is_the_least_of_the_solvers():
     g = long_chain()
     mins = {}
-    for name in ("none", "chen", "auto"):
+    for name in ("none", "chen", "dp-approx", "auto"):
         with pytest.raises(InfeasibleBudgetError) as err:
             solve(g, 0, solver=name)
         mins[name] = err.value.min_budget_bytes
-    assert mins["auto"] == min(mins["none"], mins["chen"]) == mins["chen"] < mins["none"]
+    assert mins["auto"] == min(mins["none"], mins["chen"], mins["dp-approx"]) < mins["none"]
 
 
 # ---------------------------------------------------------------------- golden cases

@@ -18,7 +18,7 @@ from typing import Any
 from .errors import PlanMismatchError
 from .graph import Graph
 
-__all__ = ["Segment", "Plan", "validate_plan", "PLAN_FORMAT_VERSION", "segments_from_lower_sets"]
+__all__ = ["Segment", "Plan", "validate_plan", "PLAN_FORMAT_VERSION", "segments_from_lower_sets", "offloadable_nodes"]
 
 PLAN_FORMAT_VERSION = 1
 
@@ -45,7 +45,13 @@ class Plan:
     graph_fingerprint: str = ""
     predicted_peak_bytes: int | None = None
     predicted_extra_time_s: float | None = None
+    offload: tuple[int, ...] = ()
+    """Nodes whose output storage, where a node outside a recomputed segment saves it for
+    backward, is copied to host memory after production and prefetched back for backward."""
     version: int = PLAN_FORMAT_VERSION
+
+    def __post_init__(self) -> None:
+        self.offload = tuple(sorted({int(v) for v in self.offload}))
 
     @property
     def recompute_segments(self) -> list[Segment]:
@@ -57,13 +63,15 @@ class Plan:
 
     def describe(self) -> str:
         k = len(self.recompute_segments)
-        return f"{self.solver}: {len(self.segments)} segments, {k} recomputed"
+        off = f", {len(self.offload)} offloaded" if self.offload else ""
+        return f"{self.solver}: {len(self.segments)} segments, {k} recomputed{off}"
 
     # ------------------------------------------------------------------ JSON
     def to_dict(self) -> dict[str, Any]:
         d = asdict(self)
         d["format"] = "autoremat.plan"
         d["segments"] = [{"nodes": list(s.nodes), "recompute": s.recompute} for s in self.segments]
+        d["offload"] = list(self.offload)
         return d
 
     @classmethod
@@ -81,6 +89,7 @@ class Plan:
             graph_fingerprint=data.get("graph_fingerprint", ""),
             predicted_peak_bytes=data.get("predicted_peak_bytes"),
             predicted_extra_time_s=data.get("predicted_extra_time_s"),
+            offload=tuple(data.get("offload", ())),
         )
 
     def to_json(self, path: str | None = None) -> str:
@@ -164,3 +173,25 @@ def validate_plan(graph: Graph, plan: Plan) -> None:
     if len(seen) != n:
         missing = sorted(set(range(n)) - seen)
         raise ValueError(f"segments do not cover the graph; missing nodes {missing[:10]}")
+    if plan.offload:
+        offloadable = offloadable_nodes(graph, plan)
+        bad = [v for v in plan.offload if v not in offloadable
+               or (graph.meta.get("mode") == "module" and graph.node(v)["kind"] == "glue")]
+        if bad:
+            raise ValueError(f"offload names nodes {bad[:5]} whose output no node outside a recomputed segment "
+                             "saves (or that are views, glue ops, or out of range): nothing to offload there")
+
+
+def offloadable_nodes(graph: Graph, plan: Plan) -> set[int]:
+    """Storage roots saved for backward by some node outside the plan's recomputed segments."""
+    recomputed = plan.recomputed_nodes
+    out: set[int] = set()
+    for w in graph.nodes:
+        d = graph.node(w)
+        if w in recomputed or not d["requires_grad"]:
+            continue
+        for u in d["saves"]:
+            r = graph.root(u)
+            if graph.node(r)["alloc_bytes"] > 0:
+                out.add(r)
+    return out

@@ -20,8 +20,15 @@ and who holds it:
 * the measured transient workspace of each node (``fwd_temp_bytes``/``bwd_temp_bytes``) is
   added on top while it runs.
 
+* offloaded storages (``plan.offload``) follow Beaumont et al.'s model: a copy to host starts
+  when the storage is first saved, on a link that carries one transfer at a time; its device
+  memory is released once the copy is complete and forward no longer reads it; in backward the
+  copies come back in order of need, one prefetch ahead, memory reserved when a prefetch starts;
+  a prefetch still running when its first user's backward starts stalls the step.
+
 The step peak is relative to what was live when the step started (see DESIGN.md). Extra time
-is the forward time of every recomputed node.
+is the forward time of every recomputed node plus offload stalls; the clock that times
+transfers advances by the nodes' measured forward and backward times.
 """
 
 from __future__ import annotations
@@ -32,7 +39,12 @@ from typing import Hashable
 from .graph import Graph
 from .plan import Plan, Segment, validate_plan
 
-__all__ = ["Simulation", "simulate", "no_recompute_plan", "unoptimised_peak_bytes"]
+__all__ = ["Simulation", "simulate", "no_recompute_plan", "unoptimised_peak_bytes",
+           "DEFAULT_BANDWIDTH_BYTES_PER_S"]
+
+DEFAULT_BANDWIDTH_BYTES_PER_S = 12e9
+"""Default host<->device bandwidth for offload (pinned copies over PCIe 4 x16 reach about this);
+a default, not a measurement: capture on a GPU measures it, or set it in ``graph.meta``."""
 
 
 @dataclass
@@ -46,6 +58,9 @@ class Simulation:
     peak_at: str
     timeline: list[tuple[str, int, int]] = field(default_factory=list)
     """``(phase, node, live_bytes)`` after each event; phase is fwd, loss, recompute or bwd."""
+    offload_stall_s: float = 0.0
+    """Time backward waits for prefetches (included in ``extra_time_s``)."""
+    offloaded_bytes: int = 0
 
     @property
     def step_time_s(self) -> float:
@@ -124,18 +139,37 @@ def _okey(g: Graph, v: int) -> Hashable:
     return ("o", g.root(v))
 
 
-def simulate(graph: Graph, plan: Plan, *, check: bool = True, record: bool = True) -> Simulation:
+class _Link:
+    """The host<->device link: one transfer at a time, in issue order (Beaumont et al. §3)."""
+
+    def __init__(self, bytes_per_s: float) -> None:
+        self.rate = float(bytes_per_s)
+        self.free_at = 0.0
+
+    def transfer(self, nbytes: int, not_before: float) -> tuple[float, float]:
+        start = max(self.free_at, not_before)
+        end = start + nbytes / self.rate
+        self.free_at = end
+        return start, end
+
+
+def simulate(graph: Graph, plan: Plan, *, check: bool = True, record: bool = True,
+             bandwidth_bytes_per_s: float | None = None) -> Simulation:
     """Predict the step peak, extra time and memory timeline of ``plan`` on ``graph``.
 
-    ``check`` runs :func:`~autoremat.plan.validate_plan` first.
+    ``check`` runs :func:`~autoremat.plan.validate_plan` first. ``bandwidth_bytes_per_s`` is the
+    host<->device link used for ``plan.offload`` (default: ``graph.meta["bandwidth_bytes_per_s"]``,
+    else :data:`DEFAULT_BANDWIDTH_BYTES_PER_S`).
     """
     if check:
         validate_plan(graph, plan)
     g = graph
     s = _Sim(g, record)
     nd = [g.node(v) for v in g.nodes]
-    seg_of = {v: i for i, seg in enumerate(plan.segments) for v in seg.nodes}
     param_bytes: dict[str, int] = g.meta.get("param_bytes", {})
+    offloaded = {g.root(v) for v in plan.offload}
+    link = _Link(bandwidth_bytes_per_s or g.meta.get("bandwidth_bytes_per_s") or DEFAULT_BANDWIDTH_BYTES_PER_S)
+    off = _Offload(s, g, offloaded, link)
 
     # ---------------------------------------------------------------- forward
     seg_inputs: list[set[int]] = []
@@ -148,10 +182,12 @@ def simulate(graph: Graph, plan: Plan, *, check: bool = True, record: bool = Tru
                 s.addref(_okey(g, u), ("seg", si))
         for v in seg.nodes:
             d = nd[v]
+            off.advance()
             if d["alias_of"] is None:
                 s.alloc(("o", v), d["alloc_bytes"])
             ok = _okey(g, v)
             s.touch(d["extra_saved_bytes"] + d["fwd_temp_bytes"], f"forward of node {v} ({d['name']})")
+            off.clock += d["time_s"]
             saving = not seg.recompute and d["requires_grad"]
             if saving and d["extra_saved_bytes"]:
                 s.alloc(("x", v), d["extra_saved_bytes"])
@@ -161,7 +197,10 @@ def simulate(graph: Graph, plan: Plan, *, check: bool = True, record: bool = Tru
                 s.addref(ok, ("out", v))
             if saving:
                 for u in d["saves"]:
-                    s.addref(_okey(g, u), ("s", v))
+                    if g.root(u) in offloaded:
+                        off.pack(g.root(u), v)
+                    else:
+                        s.addref(_okey(g, u), ("s", v))
             for u in g.pred(v):
                 s.decref(_okey(g, u), ("f", v, u))
             s.maybe_free(ok)
@@ -190,6 +229,7 @@ def simulate(graph: Graph, plan: Plan, *, check: bool = True, record: bool = Tru
 
     # ---------------------------------------------------------------- backward
     extra_time = 0.0
+    off.start_backward()
     for si in range(len(plan.segments) - 1, -1, -1):
         seg = plan.segments[si]
         members = set(seg.nodes)
@@ -200,17 +240,99 @@ def simulate(graph: Graph, plan: Plan, *, check: bool = True, record: bool = Tru
             stop = max(holders) if holders else -1
         rroot: dict[int, Hashable] = {}
         for v in reversed(seg.nodes):
+            off.advance()
             if v == stop:
-                extra_time += _recompute(s, g, nd, seg, members, stop, rroot)
-            _backward_node(s, g, nd, v, recomputed=seg.recompute, rroot=rroot, param_bytes=param_bytes)
+                spent = _recompute(s, g, nd, seg, members, stop, rroot)
+                extra_time += spent
+                off.clock += spent
+            if not seg.recompute and nd[v]["requires_grad"]:
+                for u in nd[v]["saves"]:
+                    if g.root(u) in offloaded:
+                        off.need(g.root(u))
+            _backward_node(s, g, nd, v, recomputed=seg.recompute, rroot=rroot, param_bytes=param_bytes,
+                           offloaded=offloaded)
+            off.clock += nd[v]["bwd_time_s"]
         if seg.recompute:
             for u in seg_inputs[si]:
                 s.decref(_okey(g, u), ("seg", si))
 
     fwd = float(g.total("time_s"))
     bwd = float(g.total("bwd_time_s"))
-    return Simulation(peak_bytes=int(s.peak), extra_time_s=float(extra_time), fwd_time_s=fwd,
-                      bwd_time_s=bwd, peak_at=s.peak_at, timeline=s.timeline)
+    return Simulation(peak_bytes=int(s.peak), extra_time_s=float(extra_time + off.stall_s), fwd_time_s=fwd,
+                      bwd_time_s=bwd, peak_at=s.peak_at, timeline=s.timeline, offload_stall_s=off.stall_s,
+                      offloaded_bytes=off.offloaded_bytes)
+
+
+class _Offload:
+    """Offloaded storages: copied to host after their first save (device memory released once
+    the copy is complete and forward no longer needs them), prefetched back during backward in
+    order of need, one ahead (memory reserved when a prefetch starts). A prefetch that is not
+    complete when its first user's backward starts stalls the step."""
+
+    def __init__(self, s: _Sim, g: Graph, targets: set[int], link: _Link) -> None:
+        self.s, self.g, self.targets, self.link = s, g, targets, link
+        self.clock = 0.0
+        self.stall_s = 0.0
+        self.offloaded_bytes = 0
+        self.savers: dict[int, list[int]] = {}
+        self.copied_at: dict[int, float] = {}
+        self.pending: list[tuple[float, int]] = []
+        self.order: list[int] = []
+        self.ready_at: dict[int, float] = {}
+
+    def pack(self, r: int, saver: int) -> None:
+        self.savers.setdefault(r, []).append(saver)
+        if r in self.copied_at:
+            return
+        nbytes = self.g.node(r)["alloc_bytes"]
+        _start, end = self.link.transfer(nbytes, self.clock)
+        self.copied_at[r] = end
+        self.offloaded_bytes += nbytes
+        self.s.addref(("o", r), ("xfer", r))
+        self.pending.append((end, r))
+
+    def advance(self) -> None:
+        """Release the device copy of every offload that has completed by now."""
+        keep = []
+        for end, r in self.pending:
+            if end <= self.clock:
+                self.s.decref(("o", r), ("xfer", r))
+            else:
+                keep.append((end, r))
+        self.pending = keep
+
+    def start_backward(self) -> None:
+        # the first needed is the one whose last saver runs latest
+        self.order = sorted(self.savers, key=lambda r: -max(self.savers[r]))
+        self._prefetch_next()
+
+    def _prefetch_next(self) -> None:
+        for r in self.order:
+            if r not in self.ready_at:
+                self._prefetch(r)
+                return
+
+    def _prefetch(self, r: int) -> None:
+        nbytes = self.g.node(r)["alloc_bytes"]
+        _start, end = self.link.transfer(nbytes, max(self.clock, self.copied_at[r]))
+        self.ready_at[r] = end
+        key = ("pf", r)
+        self.s.alloc(key, nbytes)
+        for w in self.savers[r]:
+            self.s.addref(key, ("s", w))
+        self.s.touch(0, f"prefetch of node {r}")
+
+    def need(self, r: int) -> None:
+        if r not in self.ready_at:
+            self._prefetch(r)
+        if self.ready_at[r] > self.clock:
+            self.stall_s += self.ready_at[r] - self.clock
+            self.clock = self.ready_at[r]
+        if self.order and self.order[0] == r:
+            self.order.pop(0)
+        elif r in self.order:
+            self.order.remove(r)
+        self._prefetch_next()
 
 
 def _rkey(g: Graph, nd: list[dict], members: set[int], rroot: dict[int, Hashable], v: int) -> Hashable:
@@ -254,7 +376,7 @@ def _recompute(s: _Sim, g: Graph, nd: list[dict], seg: Segment, members: set[int
 
 
 def _backward_node(s: _Sim, g: Graph, nd: list[dict], v: int, *, recomputed: bool,
-                   rroot: dict[int, Hashable], param_bytes: dict[str, int]) -> None:
+                   rroot: dict[int, Hashable], param_bytes: dict[str, int], offloaded: set[int] = frozenset()) -> None:
     d = nd[v]
     gv = s.grad.pop(v, None)
     tag = "rs" if recomputed else "s"
@@ -298,7 +420,12 @@ def _backward_node(s: _Sim, g: Graph, nd: list[dict], v: int, *, recomputed: boo
         s.decref(gv, ("gb", v))
     if d["requires_grad"]:
         for u in d["saves"]:
-            key = _rkey(g, nd, set(), rroot, u) if recomputed else _okey(g, u)
+            if recomputed:
+                key = _rkey(g, nd, set(), rroot, u)
+            elif g.root(u) in offloaded:
+                key = ("pf", g.root(u))
+            else:
+                key = _okey(g, u)
             s.decref(key, (tag, v))
         xkey = ("rx", v) if recomputed else ("x", v)
         if xkey in s.size:

@@ -166,6 +166,18 @@ def test_resume_reuses_plan_without_profiling(tmp_path: Path, monkeypatch: pytes
     assert cb2.plan.to_dict() == saved_plan and seen["patched"]
 
 
+def test_offload_true_needs_cuda(tmp_path: Path) -> None:
+    cb = autoremat.AutoRemat(budget="60%", module="model", offload=True, raise_batch_size=False, verbose=False)
+    with pytest.raises(ValueError, match="offload=True needs a CUDA device"):
+        _trainer(cb, tmp_path).fit(LitClassifier())
+
+
+def test_offload_false_excludes_the_combined_planner(tmp_path: Path) -> None:
+    cb = autoremat.AutoRemat(budget="60%", module="model", offload=False, raise_batch_size=False, verbose=False)
+    _trainer(cb, tmp_path).fit(LitClassifier())
+    assert cb.plan is not None and cb.plan.solver != "combined" and not cb.plan.offload
+
+
 @pytest.mark.parametrize("precision", ["bf16-mixed"])
 def test_mixed_precision(tmp_path: Path, precision: str) -> None:
     model = LitClassifier()
@@ -182,7 +194,7 @@ def test_mixed_precision(tmp_path: Path, precision: str) -> None:
         ({"budget": "lots"}, "accepted|expected"),
         ({"budget": [1]}, "expected"),
         ({"solver": "magic"}, "not registered"),
-        ({"offload": True}, "offload"),
+        ({"offload": "yes"}, "offload"),
         ({"profile_steps": 0}, "profile_steps"),
         ({"max_batch_size": 0}, "max_batch_size"),
         ({"module": 3}, "dotted"),

@@ -104,8 +104,9 @@ class AutoRemat(Callback):
             a size string (``"6GB"``, ``"512MiB"``) or a fraction of the unoptimised step peak
             (``"50%"``, ``0.5``).
         solver: a name of :data:`autoremat.SOLVERS` or ``"auto"``.
-        offload: ``"auto"`` or ``False``; offloading is not available yet, so ``"auto"`` means no
-            offload and ``True`` is rejected in ``setup``.
+        offload: ``"auto"``: the ``"combined"`` planner (recomputation plus offload to pinned host
+            memory) takes part when the module runs on CUDA; ``True``: always plan with it;
+            ``False``: recomputation only.
         profile_steps: timed repeats when profiling the first batch (``>= 1``).
         raise_batch_size: raise the batch size to the largest whose plan fits.
         max_batch_size: upper bound when raising (default 8192, as Lightning's tuner).
@@ -137,9 +138,8 @@ class AutoRemat(Callback):
             parse_budget(budget, unoptimised_peak_bytes=1)  # syntax check now, not mid-run
         if solver != "auto" and solver not in SOLVERS:
             raise ValueError(f"solver={solver!r} is not registered; expected 'auto' or one of {sorted(SOLVERS)}")
-        if offload not in ("auto", False):
-            raise ValueError(f"offload={offload!r}: offloading to host memory is not available in this "
-                             "version; use offload='auto' (recomputation only) or offload=False")
+        if offload not in ("auto", True, False):
+            raise ValueError(f"offload={offload!r} must be 'auto' (offload where a GPU makes it pay), True or False")
         if not isinstance(profile_steps, int) or profile_steps < 1:
             raise ValueError(f"profile_steps={profile_steps!r} must be an int >= 1")
         if not isinstance(max_batch_size, int) or max_batch_size < 1:
@@ -185,6 +185,9 @@ class AutoRemat(Callback):
         if not any(s in strategy for s in ("SingleDevice", "DDP")) or "Sharded" in strategy:
             raise ValueError(f"AutoRemat supports single-device and DDP strategies, not {strategy}; "
                              "FSDP/DeepSpeed shard activations their own way")
+        if self.offload is True and trainer.strategy.root_device.type != "cuda":
+            raise ValueError(f"offload=True needs a CUDA device (this run is on {trainer.strategy.root_device}): "
+                             "without separate device memory, offloading saves nothing; use offload='auto' or False")
         target = self._resolve(pl_module)
         if is_patched(target):
             raise ValueError(f"module {self.module or type(pl_module).__name__} is already patched by autoremat; "
@@ -281,8 +284,14 @@ class AutoRemat(Callback):
                 "step_budget_bytes": step_budget, "summary": summary}
 
     def _solve(self, graph: Graph, step_budget: int) -> Plan:
+        kwargs: dict[str, Any] = {}
+        solver = self.solver
+        if self.offload is False and solver == "auto":
+            kwargs["auto_solvers"] = [n for n in SOLVERS if n != "combined"]
+        elif self.offload is True and solver in ("auto", "combined"):
+            solver, kwargs["offload"] = "combined", True
         try:
-            return solve(graph, step_budget, solver=self.solver)
+            return solve(graph, step_budget, solver=solver, **kwargs)
         except InfeasibleBudgetError as err:
             raise InfeasibleBudgetError(step_budget, err.min_budget_bytes, solver=f"AutoRemat/{self.solver}") from err
 

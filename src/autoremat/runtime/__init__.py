@@ -31,8 +31,9 @@ from ..capture.fx import fx_fingerprint, fx_ops, trace
 from ..capture.module import module_fingerprint, node_modules
 from ..errors import PlanMismatchError
 from ..plan import Plan
+from .offload import OffloadMark, Offloader
 
-__all__ = ["apply", "restore", "is_patched", "CheckpointRegion"]
+__all__ = ["apply", "restore", "is_patched", "CheckpointRegion", "offloader_of"]
 
 logger = logging.getLogger(__name__)
 
@@ -46,6 +47,8 @@ class _PatchState:
     instance_forward: Any = None
     wrapped: list[tuple[nn.Module, bool, Any]] = field(default_factory=list)
     forward_module: Any = None
+    offloader: Offloader | None = None
+    hooks: list[Any] = field(default_factory=list)
 
 
 class _RestoreBuffers:
@@ -94,6 +97,24 @@ class CheckpointRegion(nn.Module):
         return checkpoint(self.body, *args, **_checkpoint_kwargs(self._buffers_to_restore))
 
 
+def offloader_of(model: nn.Module) -> Offloader | None:
+    """The offloader of a patched model (its ``stats`` describe the last step), if it offloads."""
+    state = model.__dict__.get(_STATE_ATTR)
+    return state.offloader if isinstance(state, _PatchState) else None
+
+
+def _offloading_forward(forward: Any, offloader: Offloader) -> Any:
+    @functools.wraps(forward)
+    def run(*args: Any, **kwargs: Any) -> Any:
+        if not torch.is_grad_enabled():
+            return forward(*args, **kwargs)
+        offloader.begin_step()
+        with offloader.active():
+            return forward(*args, **kwargs)
+
+    return run
+
+
 def is_patched(model: nn.Module) -> bool:
     """Whether ``apply`` has patched ``model`` (and ``restore`` has not undone it)."""
     return isinstance(model.__dict__.get(_STATE_ATTR), _PatchState)
@@ -132,7 +153,9 @@ def restore(model: nn.Module) -> nn.Module:
     state = model.__dict__.get(_STATE_ATTR)
     if not isinstance(state, _PatchState):
         return model
-    if "forward" in model.__dict__ and state.forward_module is not None:
+    for h in state.hooks:
+        h.remove()
+    if "forward" in model.__dict__ and (state.forward_module is not None or state.offloader is not None):
         del model.__dict__["forward"]
     if state.had_instance_forward:
         model.__dict__["forward"] = state.instance_forward
@@ -154,11 +177,13 @@ def _apply_fx(model: nn.Module, plan: Plan, names: list[str]) -> _PatchState:
     ops = fx_ops(gm)
     if [n.name for n in ops] != list(names):
         raise PlanMismatchError("plan node names do not match the traced model; capture and solve again")
-    forward_module = _build_forward(gm, ops, plan)
+    offloader = Offloader() if plan.offload else None
+    forward_module = _build_forward(gm, ops, plan, offloader)
     had = "forward" in model.__dict__
     state = _PatchState(plan=plan, had_instance_forward=had, instance_forward=model.__dict__.get("forward"),
-                        forward_module=forward_module)
-    model.__dict__["forward"] = forward_module.forward
+                        forward_module=forward_module, offloader=offloader)
+    forward = forward_module.forward
+    model.__dict__["forward"] = forward if offloader is None else _offloading_forward(forward, offloader)
     return state
 
 
@@ -169,11 +194,20 @@ def _lookup_attr(gm: nn.Module, target: str) -> Any:
     return obj
 
 
-def _build_forward(gm: torch.fx.GraphModule, ops: list[torch.fx.Node], plan: Plan) -> torch.fx.GraphModule:
-    """A GraphModule running the traced graph segment by segment, recomputed ones as regions."""
+def _build_forward(gm: torch.fx.GraphModule, ops: list[torch.fx.Node], plan: Plan,
+                   offloader: Offloader | None = None) -> torch.fx.GraphModule:
+    """A GraphModule running the traced graph segment by segment, recomputed ones as regions;
+    outputs of offloaded nodes pass through an :class:`OffloadMark`."""
     new = torch.fx.Graph()
     env: dict[torch.fx.Node, torch.fx.Node] = {}
     attrs: dict[str, Any] = {}
+    offload_ids = {ops[v]: v for v in plan.offload}
+
+    def marked(n: torch.fx.Node) -> None:
+        if offloader is not None and n in offload_ids:
+            key = f"autoremat_offload_{offload_ids[n]}"
+            attrs[key] = OffloadMark(offloader, offload_ids[n])
+            env[n] = new.call_module(key, (env[n],))
     for n in gm.graph.nodes:
         if n.op == "placeholder":
             env[n] = new.node_copy(n)
@@ -200,6 +234,7 @@ def _build_forward(gm: torch.fx.GraphModule, ops: list[torch.fx.Node], plan: Pla
                 env[n] = new.node_copy(n, lambda u: env[u])
                 if n.op == "call_module":
                     attrs[str(n.target)] = gm.get_submodule(str(n.target))
+                marked(n)
             continue
         inputs: list[torch.fx.Node] = []
         for n in members:
@@ -228,6 +263,7 @@ def _build_forward(gm: torch.fx.GraphModule, ops: list[torch.fx.Node], plan: Pla
         call = new.call_module(key, tuple(env[u] for u in inputs))
         for i, n in enumerate(outputs):
             env[n] = new.call_function(operator.getitem, (call, i))
+            marked(n)
     new.output(torch.fx.map_arg(output_node.args[0], lambda u: env[u] if u in env else need(u, new, env)))
     return torch.fx.GraphModule(attrs, new, class_name="AutorematForward")
 
@@ -247,7 +283,17 @@ def _apply_module(model: nn.Module, plan: Plan, names: list[str]) -> _PatchState
         if path not in mods:
             raise PlanMismatchError(f"plan recomputes module {path!r}, which {type(model).__name__} does not have")
         targets.append(mods[path])
-    state = _PatchState(plan=plan, had_instance_forward=False)
+    offloader = Offloader() if plan.offload else None
+    state = _PatchState(plan=plan, had_instance_forward="forward" in model.__dict__,
+                        instance_forward=model.__dict__.get("forward"), offloader=offloader)
+    if offloader is not None:
+        for v in plan.offload:
+            path = names[v]
+            if path not in mods:
+                raise PlanMismatchError(f"plan offloads {path!r}, which is not a module call of {type(model).__name__}")
+            state.hooks.append(mods[path].register_forward_hook(
+                lambda _m, _a, out, v=v: offloader.mark(out, v)))
+        model.__dict__["forward"] = _offloading_forward(model.forward, offloader)
     for mod in targets:
         had = "forward" in mod.__dict__
         orig = mod.forward

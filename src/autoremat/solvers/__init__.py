@@ -9,7 +9,7 @@ Adding a solver touches its module and one line of :data:`SOLVERS`.
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from ..budget import parse_budget
@@ -18,11 +18,13 @@ from ..graph import Graph
 from ..plan import Plan, validate_plan
 from ..simulate import simulate, unoptimised_peak_bytes
 from .chen import solve_chen
+from .combined import offload_allowed, solve_combined
+from .kusumoto import min_budget, solve_dp_approx, solve_dp_exact
 from .none import solve_none
 from .reforward import solve_reforward
 from .xla_greedy import solve_xla_greedy
 
-__all__ = ["SOLVERS", "SolverFn", "solve", "finalize_plan"]
+__all__ = ["SOLVERS", "SolverFn", "solve", "finalize_plan", "min_budget"]
 
 logger = logging.getLogger(__name__)
 
@@ -31,12 +33,15 @@ SolverFn = Callable[..., Plan]
 SOLVERS: dict[str, SolverFn] = {
     "none": solve_none,
     "chen": solve_chen,
+    "dp-exact": solve_dp_exact,
+    "dp-approx": solve_dp_approx,
     "xla-greedy": solve_xla_greedy,
     "reforward": solve_reforward,
+    "combined": solve_combined,
 }
 """Registry: solver name -> ``solve(graph, budget_bytes, *, config=None) -> Plan``."""
 
-_AUTO_ORDER = ("none", "chen")
+_AUTO_ORDER = ("none", "chen", "dp-approx", "combined")
 
 
 def finalize_plan(graph: Graph, plan: Plan, budget_bytes: int, solver: str,
@@ -56,12 +61,14 @@ def finalize_plan(graph: Graph, plan: Plan, budget_bytes: int, solver: str,
     return plan
 
 
-def solve(graph: Graph, budget: Any, *, solver: str = "auto", **options: Any) -> Plan:
+def solve(graph: Graph, budget: Any, *, solver: str = "auto", auto_solvers: Sequence[str] | None = None,
+          **options: Any) -> Plan:
     """Choose what to recompute so that one step of ``graph`` fits ``budget``.
 
     ``budget``: see :func:`autoremat.budget.parse_budget`. ``solver``: a key of
     :data:`SOLVERS`, or ``"auto"`` (no recomputation when it fits, else the best plan of the
-    registered solvers that fits). Extra keyword options go to the solver as its ``config``.
+    registered solvers that fits; ``auto_solvers`` narrows the solvers ``"auto"`` tries).
+    Extra keyword options go to the solver as its ``config``.
     """
     if not isinstance(graph, Graph):
         raise TypeError(f"graph must be an autoremat.Graph (from autoremat.capture), got {type(graph).__name__}")
@@ -78,7 +85,10 @@ def solve(graph: Graph, budget: Any, *, solver: str = "auto", **options: Any) ->
         return finalize_plan(graph, plan, budget_bytes, solver, options)
     best: Plan | None = None
     least_min: int | None = None
-    for name in _AUTO_ORDER:
+    order = _AUTO_ORDER if auto_solvers is None else tuple(n for n in _AUTO_ORDER if n in auto_solvers or n == "none")
+    if not offload_allowed(graph, dict(options)):
+        order = tuple(n for n in order if n != "combined")  # it would only repeat the others
+    for name in order:
         try:
             plan = finalize_plan(graph, SOLVERS[name](graph, budget_bytes, config=dict(options)),
                                  budget_bytes, name, options)

@@ -1,0 +1,26 @@
+"""GPU-CPU offloading of activations (Beaumont, Eyraud-Dubois & Shilova, 2019).
+
+Pure functions on plain numbers (no torch): :func:`chain_from_graph` turns a profiled
+:class:`~autoremat.graph.Graph` into the paper's chain, the solvers choose which activations
+to copy to host memory and when, and :func:`simulate_offload` / :func:`validate_schedule`
+replay a schedule under the paper's assumptions.
+"""
+
+from __future__ import annotations
+
+from .chain import DEFAULT_BANDWIDTH_BYTES_PER_S, Chain, chain_from_graph, split_points
+from .chain_sim import (
+    OffloadSchedule,
+    Transfer,
+    memory_profile,
+    simulate_offload,
+    simulate_relaxed,
+    validate_schedule,
+)
+from .solvers import OFFLOAD_SOLVERS, lower_bound, offload_dp, offload_greedy, vdnn
+
+__all__ = [
+    "Chain", "chain_from_graph", "split_points", "DEFAULT_BANDWIDTH_BYTES_PER_S",
+    "OffloadSchedule", "Transfer", "simulate_offload", "simulate_relaxed", "validate_schedule",
+    "memory_profile", "offload_greedy", "offload_dp", "vdnn", "lower_bound", "OFFLOAD_SOLVERS",
+]

@@ -1,0 +1,211 @@
+"""The offload runtime: saved activations of chosen nodes live in pinned host memory between
+forward and backward (Beaumont et al.'s model, see :mod:`autoremat.simulate`).
+
+Built on ``torch.autograd.graph.saved_tensors_hooks``. Outputs of the plan's offloaded nodes are
+*marked* as they are produced; when autograd saves a tensor living in a marked storage:
+
+* on CUDA, the whole storage is copied to a pinned host buffer on a side stream right away
+  (after an event on the compute stream, so the copy sees the finished value); the device
+  storage is held only until that copy has completed (events are polled on every save), then
+  released to the caching allocator; several saves of one storage share one host copy;
+* in backward, the first unpack of a storage brings it back on the side stream and makes the
+  compute stream wait on it; it also starts the prefetch of the next storage in order of need
+  (reverse order of saving), so transfers overlap the backward of the nodes in between; the
+  prefetched buffer is ``record_stream``-ed on the compute stream.
+
+On a CPU-only machine there is no separate host memory: the same path runs as exact
+bookkeeping (no copies): marks, saves, order of need and bytes are recorded in
+:class:`OffloadStats`, tensors are returned as they were. Gradients are identical either way.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import weakref
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from torch import nn
+
+__all__ = ["Offloader", "OffloadStats", "OffloadMark"]
+
+
+@dataclass
+class OffloadStats:
+    """What the offloader did in the last step."""
+
+    packed_bytes: int = 0
+    """Bytes of distinct storages sent to the host (or that would be, on a CPU)."""
+    packed_nodes: list[int] = field(default_factory=list)
+    """Graph nodes whose storage was offloaded, in order of saving."""
+    fetched_nodes: list[int] = field(default_factory=list)
+    """The same nodes in the order backward needed them."""
+    prefetched_ahead: int = 0
+    """Fetches that had been started before they were needed."""
+
+
+class _Handle:
+    __slots__ = ("node", "nbytes", "dtype", "device", "host", "device_ref", "copy_done", "fetched", "ready",
+                 "__weakref__")
+
+    def __init__(self, node: int, nbytes: int, device: torch.device) -> None:
+        self.node = node
+        self.nbytes = nbytes
+        self.device = device
+        self.host: torch.Tensor | None = None
+        self.device_ref: torch.Tensor | None = None  # flat uint8 view of the device storage
+        self.copy_done: Any = None
+        self.fetched: torch.Tensor | None = None
+        self.ready: Any = None
+
+
+def _flat(t: torch.Tensor) -> torch.Tensor:
+    """A 1-D uint8 tensor over the whole storage of ``t``."""
+    return torch.empty(0, dtype=torch.uint8, device=t.device).set_(t.untyped_storage())
+
+
+class Offloader:
+    """Pack/unpack hooks for one patched model (see the module docstring)."""
+
+    def __init__(self) -> None:
+        self.stats = OffloadStats()
+        self._marked: dict[int, tuple[int, weakref.ref]] = {}
+        self._handles: dict[int, _Handle] = {}
+        self._order: list[weakref.ref] = []
+        self._stream: Any = None
+
+    # ------------------------------------------------------------------ forward
+    def begin_step(self) -> None:
+        self._marked.clear()
+        self._handles.clear()
+        self._order = []
+        self.stats = OffloadStats()
+
+    def mark(self, value: Any, node: int) -> Any:
+        """Record that the storages of ``value``'s tensors belong to offloaded ``node``."""
+        for t in _tensors(value):
+            st = t.untyped_storage()
+            self._marked[st._cdata] = (node, weakref.ref(st))
+        return value
+
+    @contextlib.contextmanager
+    def active(self) -> Iterator[None]:
+        with torch.autograd.graph.saved_tensors_hooks(self._pack, self._unpack):
+            yield
+
+    def _pack(self, t: torch.Tensor) -> Any:
+        st = t.untyped_storage()
+        key = st._cdata
+        entry = self._marked.get(key)
+        if entry is None or entry[1]() is not st:
+            return t
+        self._poll()
+        h = self._handles.get(key)
+        if h is None:
+            h = _Handle(entry[0], st.nbytes(), t.device)
+            self._handles[key] = h
+            self._order.append(weakref.ref(h))
+            self.stats.packed_bytes += h.nbytes
+            self.stats.packed_nodes.append(h.node)
+            if t.device.type == "cuda":
+                self._copy_out(h, t)
+            else:
+                h.fetched = t  # CPU: bookkeeping only
+        return (h, t.dtype, tuple(t.size()), tuple(t.stride()), t.storage_offset(),
+                t if t.device.type != "cuda" else None)
+
+    def _side_stream(self, device: torch.device) -> Any:
+        if self._stream is None:
+            self._stream = torch.cuda.Stream(device)
+        return self._stream
+
+    def _copy_out(self, h: _Handle, t: torch.Tensor) -> None:
+        stream = self._side_stream(t.device)
+        produced = torch.cuda.Event()
+        produced.record(torch.cuda.current_stream(t.device))
+        flat = _flat(t)
+        h.host = torch.empty(h.nbytes, dtype=torch.uint8, pin_memory=True)
+        with torch.cuda.stream(stream):
+            stream.wait_event(produced)
+            h.host.copy_(flat, non_blocking=True)
+            h.copy_done = torch.cuda.Event()
+            h.copy_done.record(stream)
+        h.device_ref = flat  # held until the copy is complete
+
+    def _poll(self) -> None:
+        for ref in self._order:
+            h = ref()
+            if h is not None and h.device_ref is not None and h.copy_done is not None and h.copy_done.query():
+                h.device_ref = None
+
+    # ------------------------------------------------------------------ backward
+    def _unpack(self, packed: Any) -> torch.Tensor:
+        if isinstance(packed, torch.Tensor):
+            return packed
+        h, dtype, size, stride, offset, cpu_tensor = packed
+        if cpu_tensor is not None:
+            self._note_fetch(h)
+            return cpu_tensor
+        flat = self._fetch(h)
+        self._note_fetch(h)
+        return torch.empty(0, dtype=dtype, device=h.device).set_(flat.untyped_storage(), offset, size, stride)
+
+    def _note_fetch(self, h: _Handle) -> None:
+        if h.node in self.stats.fetched_nodes:
+            return
+        self.stats.fetched_nodes.append(h.node)
+        if h.ready is not None or h.device.type != "cuda":
+            self.stats.prefetched_ahead += int(h.ready is not None)
+        # start the next one in order of need: the latest-saved storage not fetched yet
+        for ref in reversed(self._order):
+            nxt = ref()
+            if nxt is not None and nxt is not h and nxt.node not in self.stats.fetched_nodes and nxt.ready is None:
+                if nxt.device.type == "cuda" and nxt.device_ref is None and nxt.fetched is None:
+                    self._start_fetch(nxt)
+                break
+
+    def _start_fetch(self, h: _Handle) -> None:
+        stream = self._side_stream(h.device)
+        assert h.host is not None, "offload handle without a host copy, please report"
+        with torch.cuda.stream(stream):
+            stream.wait_event(h.copy_done)
+            buf = torch.empty(h.nbytes, dtype=torch.uint8, device=h.device)
+            buf.copy_(h.host, non_blocking=True)
+            h.ready = torch.cuda.Event()
+            h.ready.record(stream)
+        h.fetched = buf
+
+    def _fetch(self, h: _Handle) -> torch.Tensor:
+        if h.device_ref is not None:  # the copy out has not been released yet: still on device
+            return h.device_ref
+        if h.fetched is None:
+            self._start_fetch(h)
+        current = torch.cuda.current_stream(h.device)
+        current.wait_event(h.ready)
+        assert h.fetched is not None, "please report"
+        h.fetched.record_stream(current)
+        return h.fetched
+
+
+class OffloadMark(nn.Module):
+    """Marks a node's output for the offloader (inserted in the generated forward)."""
+
+    def __init__(self, offloader: Offloader, node: int) -> None:
+        super().__init__()
+        self._offloader = offloader
+        self.node = node
+
+    def forward(self, x: Any) -> Any:
+        return self._offloader.mark(x, self.node)
+
+
+def _tensors(value: Any) -> list[torch.Tensor]:
+    if isinstance(value, torch.Tensor):
+        return [value]
+    if isinstance(value, (list, tuple)):
+        return [t for v in value for t in _tensors(v)]
+    if isinstance(value, dict):
+        return [t for v in value.values() for t in _tensors(v)]
+    return []
