@@ -367,8 +367,8 @@ def _recompute(s: _Sim, g: Graph, nd: list[dict], seg: Segment, members: set[int
             if w in members and w <= stop:
                 s.addref(key, ("rf", w, v))
         for u in g.pred(v):
-            if u in rroot:
-                s.decref(rroot[u], ("rf", v, u))
+            if u in members and u <= stop:  # also views of the segment's inputs (original storage)
+                s.decref(_rkey(g, nd, members, rroot, u), ("rf", v, u))
         if v in rroot:
             s.maybe_free(key)
         s.mark("recompute", v)

@@ -8,8 +8,8 @@ budget. Memory-centric (``objective="memory"``, §4.4): the most recomputation t
 budget the DP can meet (see below).
 
 .. [1] M. Kusumoto, T. Inoue, G. Watanabe, T. Akiba, M. Koyama, "A Graph Theoretic Framework
-   of Recomputation Algorithms for Memory-Efficient Backpropagation", NeurIPS 2019
-   (arXiv:1905.11722), Algorithm 1 (appendix A), §4.2-§4.4 and §5.1.
+   of Recomputation Algorithms for Memory-Efficient Backpropagation", NeurIPS 2019;
+   Algorithm 1 (appendix A), §4.2-§4.4 and §5.1.
 
 Algorithm (Algorithm 1 of [1]_). A table ``opt[(L, D)][t] = m`` over the lower sets ``L`` of a
 family, kept as sparse dicts: the least kept bytes ``m`` over sequences ending in ``L`` with
@@ -77,11 +77,13 @@ Complexity, with ``F`` the family size (``n + 2`` for dp-approx, up to ``2**n`` 
 dp-exact) and ``Q`` the time slots: a DP run is O(F²) transitions times O(Q) labels, each
 transition O(1) (closed form, plus its boundary) or O(|S| + edges of S) (replay, once per
 transition and dangling set, cached); :func:`min_budget` adds O(log B) feasibility runs (about
-15-35). Space O(F²) cached transitions plus O(Q·F) labels. Measured on one core (this
-repository's zoo at paper size): dp-approx with its least budget takes 0.1-0.6 s up to 700
-nodes; dp-exact takes seconds to tens of seconds for a few hundred lower sets, so it falls back
-to dp-approx beyond ``max_lower_sets`` (default 1000) with a warning (``fallback=False``: a
-``ValueError`` instead).
+15-50). Space O(F²) cached transitions plus O(Q·F) labels. Measured on one core with this
+repository's zoo at paper size (fx capture, paper times): dp-approx, least budget included,
+0.005-0.55 s up to 711 nodes (about twice that on a loaded machine); dp-exact's least budget
+(loaded machine) 0.03 s (VGG19, 47 lower sets), ~10 s (ResNet50, 240; U-Net, 300), ~25 s
+(DenseNet121, 432), ~70 s (ResNet152, 580), ~2.5 and ~4.7 min (DenseNet161 and 201, 572 and 712
+lower sets over long segments). Beyond ``max_lower_sets`` (default 500) dp-exact falls back to
+dp-approx with a warning (``fallback=False``: a ``ValueError``).
 
 Exact / approximate: dp-exact is exact for the simulator's cost over all canonical strategies,
 up to the two exceptions above and the time quantum; dp-approx is approximate (pruned family,
@@ -100,8 +102,8 @@ from __future__ import annotations
 import logging
 import math
 from bisect import bisect_left
-from heapq import heappop, heappush
 from collections.abc import Iterator, Sequence
+from heapq import heappop, heappush
 from typing import Any
 
 from ..errors import InfeasibleBudgetError
@@ -1416,7 +1418,7 @@ _OBJECTIVES = ("time", "memory")
 _DEFAULTS: dict[str, Any] = {
     "objective": "time",
     "time_slots": 500,
-    "max_lower_sets": 1_000,
+    "max_lower_sets": 500,
     "fallback": True,
     "max_tightenings": 24,
 }
