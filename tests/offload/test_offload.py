@@ -271,6 +271,20 @@ def test_fractional_greedy_monotone_in_the_limit():
         assert all(a >= b * (1 - 1e-7) for a, b in zip(spans, spans[1:]))
 
 
+def test_dp_rounding_down_never_needs_repair():
+    rng = random.Random(11)
+    for _ in range(30):
+        c = rand_chain(rng, rng.randint(2, 8))
+        for limit in limits(c, 5)[1:]:  # above the minimum the discretised problem is feasible
+            for slots in (20, 200):
+                s = offload_dp(c, limit, slots=slots, rounding="down")
+                validate_schedule(c, s)
+                if s.options.get("dp_decisions") is not None and limit < c.peak_bytes:
+                    chosen, _ = _dp_decisions(c, limit, slots, rounding="down")
+                    if chosen is not None:
+                        assert s.options["repaired"] == []
+
+
 def test_more_slots_refine_the_dp_estimate():
     rng = random.Random(9)
     for _ in range(10):
@@ -327,6 +341,8 @@ def test_chain_validation():
     c = Chain(**ok)
     with pytest.raises(ValueError, match="slots"):
         offload_dp(c, 10, slots=0)
+    with pytest.raises(ValueError, match="rounding"):
+        offload_dp(c, 10, rounding="nearest")
     with pytest.raises(ValueError, match="mode"):
         vdnn(c, 10, mode="every-other")
     with pytest.raises(ValueError, match="memory_limit_bytes"):

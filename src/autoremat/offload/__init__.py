@@ -8,7 +8,7 @@ replay a schedule under the paper's assumptions.
 
 from __future__ import annotations
 
-from .chain import DEFAULT_BANDWIDTH_BYTES_PER_S, Chain, chain_from_graph, split_points
+from .chain import DEFAULT_BANDWIDTH_BYTES_PER_S, GROUPINGS, Chain, chain_from_graph, layer_cuts, split_points
 from .chain_sim import (
     OffloadSchedule,
     Transfer,
@@ -17,10 +17,20 @@ from .chain_sim import (
     simulate_relaxed,
     validate_schedule,
 )
-from .solvers import OFFLOAD_SOLVERS, lower_bound, offload_dp, offload_greedy, vdnn
+from .solvers import (
+    DEFAULT_SLOTS,
+    OFFLOAD_SOLVERS,
+    ROUNDINGS,
+    VDNN_MODES,
+    lower_bound,
+    offload_dp,
+    offload_greedy,
+    vdnn,
+)
 
 __all__ = [
-    "Chain", "chain_from_graph", "split_points", "DEFAULT_BANDWIDTH_BYTES_PER_S",
+    "Chain", "chain_from_graph", "split_points", "layer_cuts", "GROUPINGS", "DEFAULT_BANDWIDTH_BYTES_PER_S",
     "OffloadSchedule", "Transfer", "simulate_offload", "simulate_relaxed", "validate_schedule",
     "memory_profile", "offload_greedy", "offload_dp", "vdnn", "lower_bound", "OFFLOAD_SOLVERS",
+    "DEFAULT_SLOTS", "VDNN_MODES", "ROUNDINGS",
 ]

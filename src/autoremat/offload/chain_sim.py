@@ -172,9 +172,10 @@ def offload_set_min_memory_bytes(chain: Chain, offloaded_bytes: Sequence[float])
     return best
 
 
-def _raise_if_infeasible(chain: Chain, limit: int, amounts: Sequence[float], solver: str) -> None:
+def _raise_if_infeasible(chain: Chain, limit: int, amounts: Sequence[float], solver: str,
+                         tol: float = 0.0) -> None:
     need = offload_set_min_memory_bytes(chain, amounts)
-    if need > limit + _tol(limit):
+    if need > limit + tol:
         raise InfeasibleBudgetError(limit, math.ceil(need), solver=solver)
 
 
@@ -355,7 +356,7 @@ def simulate_relaxed(
     n, L = chain.n_ops, chain.L
     x = chain.x_bytes
     amount = {j: f[j] * x[j] for j in range(n) if f[j] > 0}
-    _raise_if_infeasible(chain, limit, [amount.get(j, 0.0) for j in range(n + 1)], solver)
+    _raise_if_infeasible(chain, limit, [amount.get(j, 0.0) for j in range(n + 1)], solver, _tol(limit))
     bw = chain.bandwidth_bytes_per_s
     uf, ub = chain.fwd_time_s, chain.bwd_time_s
     mf, mb = chain.fwd_memory_bytes, chain.bwd_memory_bytes
