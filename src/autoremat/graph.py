@@ -57,6 +57,8 @@ from typing import Any
 
 import networkx as nx
 
+from ._jsonio import dump_json, load_json
+
 __all__ = ["Graph", "NODE_DEFAULTS", "GRAPH_FORMAT_VERSION"]
 
 GRAPH_FORMAT_VERSION = 1
@@ -338,16 +340,9 @@ class Graph:
         return cls(g, json.loads(json.dumps(data["meta"])))
 
     def to_json(self, path: str | None = None) -> str:
-        text = json.dumps(self.to_dict(), indent=1)
-        if path is not None:
-            with open(path, "w", encoding="utf-8") as f:
-                f.write(text)
-        return text
+        return dump_json(self.to_dict(), path)
 
     @classmethod
     def from_json(cls, text_or_path: str) -> "Graph":
-        text = text_or_path
-        if not text_or_path.lstrip().startswith("{"):
-            with open(text_or_path, encoding="utf-8") as f:
-                text = f.read()
-        return cls.from_dict(json.loads(text))
+        """From JSON text, or from the file at ``text_or_path``."""
+        return cls.from_dict(load_json(text_or_path))

@@ -10,12 +10,12 @@ usual. :func:`validate_plan` checks every invariant; every solver test calls it.
 
 from __future__ import annotations
 
-import json
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from .errors import PlanMismatchError
+from ._jsonio import dump_json, load_json
 from .graph import Graph
 
 __all__ = ["Segment", "Plan", "validate_plan", "PLAN_FORMAT_VERSION", "segments_from_lower_sets", "offloadable_nodes"]
@@ -93,19 +93,12 @@ class Plan:
         )
 
     def to_json(self, path: str | None = None) -> str:
-        text = json.dumps(self.to_dict(), indent=1)
-        if path is not None:
-            with open(path, "w", encoding="utf-8") as f:
-                f.write(text)
-        return text
+        return dump_json(self.to_dict(), path)
 
     @classmethod
     def from_json(cls, text_or_path: str) -> "Plan":
-        text = text_or_path
-        if not text_or_path.lstrip().startswith("{"):
-            with open(text_or_path, encoding="utf-8") as f:
-                text = f.read()
-        return cls.from_dict(json.loads(text))
+        """From JSON text, or from the file at ``text_or_path``."""
+        return cls.from_dict(load_json(text_or_path))
 
 
 def segments_from_lower_sets(
