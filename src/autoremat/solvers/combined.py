@@ -74,8 +74,13 @@ def solve_combined(graph: Graph, budget_bytes: int, *, config: dict[str, Any] | 
         for b in targets:
             try:
                 p = SOLVERS[base](graph, b, config={})
-            except InfeasibleBudgetError:
-                continue
+            except InfeasibleBudgetError as err:  # keep the base's tightest plan as a candidate
+                if err.min_budget_bytes is None:
+                    continue
+                try:
+                    p = SOLVERS[base](graph, err.min_budget_bytes, config={})
+                except InfeasibleBudgetError:
+                    continue
             key = tuple((s.nodes, s.recompute) for s in p.segments)
             if key not in seen:
                 seen.add(key)
