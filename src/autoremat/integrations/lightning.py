@@ -14,7 +14,8 @@ What it does in ``on_fit_start``:
    ``torch.is_grad_enabled()``; it is called again for each batch size tried when raising);
 2. captures that module on those inputs under the trainer's precision context (autocast), with
    ``profile_steps`` timed repeats, and measures what is resident before a step (parameters,
-   optimizer state, the batch);
+   optimizer state, the batch, and under automatic optimisation the previous step's
+   gradients, which Lightning frees only after ``training_step``);
 3. converts the device budget to a step-peak budget (``"auto"``: free device memory, or
    available host memory on a CPU, minus a margin, minus the resident bytes; a size or byte
    count: minus the resident bytes; a percentage: of the unoptimised step peak), solves, applies;
@@ -519,7 +520,12 @@ def _resident_bytes(pl_module: nn.Module, trainer: "pl.Trainer") -> int:
     params = sum(p.untyped_storage().nbytes() for p in pl_module.parameters())
     buffers = sum(b.untyped_storage().nbytes() for b in pl_module.buffers())
     opt_state = sum(optimizer_state_bytes(opt) for opt in trainer.optimizers)
-    return int(params + buffers + opt_state)
+    # Lightning's automatic optimisation zeroes gradients inside the closure *after*
+    # training_step, so the previous step's gradients are still allocated during the forward.
+    grads = 0
+    if getattr(pl_module, "automatic_optimization", False):
+        grads = sum(p.numel() * p.element_size() for p in pl_module.parameters() if p.requires_grad)
+    return int(params + buffers + opt_state + grads)
 
 
 _LAZY_STATE_SLOTS = {"Adam": 2, "AdamW": 2, "Adamax": 2, "NAdam": 2, "RAdam": 2, "Adadelta": 2, "Rprop": 2}

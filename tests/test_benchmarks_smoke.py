@@ -1,0 +1,112 @@
+"""Smoke tests of the comparison benchmark: ``benchmarks/compare.py --quick`` in process (one tiny
+model, one round) and ``benchmarks/compare_gpu.py --dry-run`` (which needs no GPU)."""
+
+from __future__ import annotations
+
+import importlib
+import json
+import math
+import sys
+from pathlib import Path
+from types import ModuleType
+
+import pytest
+
+import autoremat
+
+BENCH = Path(__file__).resolve().parents[1] / "benchmarks"
+
+
+def _load(name: str, monkeypatch: pytest.MonkeyPatch) -> ModuleType:
+    monkeypatch.syspath_prepend(str(BENCH))  # compare_gpu imports compare from its own folder
+    for mod in ("compare", "compare_gpu"):
+        sys.modules.pop(mod, None)
+    return importlib.import_module(name)
+
+
+def test_compare_quick_writes_every_row_and_field(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    pytest.importorskip("matplotlib")
+    compare = _load("compare", monkeypatch)
+    compare.main(["--quick", "--out", str(tmp_path)])
+    data = json.loads((tmp_path / "compare.json").read_text())
+
+    assert list(data["models"]) == ["mlp"]
+    assert data["settings"]["rounds"] == 1 and data["settings"]["quick"] is True
+    machine = data["machine"]
+    assert machine["platform_machine"] and machine["cpu_count"] >= 1 and machine["torch"]
+
+    rows = {r["config"]: r for r in data["rows"]}
+    solvers = [s for s in sorted(autoremat.SOLVERS) if s != "none"]
+    expected = {"none", "block-ac", "block-sac", "ckpt-seq", "save-on-cpu", "compile@0.5"}
+    expected |= {f"autoremat:{s}@0.5" for s in solvers}
+    assert expected <= set(rows)
+    for r in data["rows"]:
+        assert set(compare.ROW_FIELDS) <= set(r), r["config"]
+        assert r["status"] in {"ok", "failed", "infeasible", "not_applicable", "timeout", "skipped"}
+
+    none = rows["none"]
+    assert none["status"] == "ok" and none["peak_ratio"] == 1.0 and none["time_ratio"] == 1.0
+    assert none["measured_peak_bytes"] > 0 and len(none["step_times_s"]) == 1
+
+    for key in ("block-ac", "block-sac", "ckpt-seq", "save-on-cpu"):  # eager PyTorch options: exact gradients
+        r = rows[key]
+        assert r["status"] == "ok", r["error"]
+        assert r["gradients_equal"] is True and r["measured_peak_bytes"] > 0 and r["step_time_s"] > 0
+    assert rows["ckpt-seq"]["peak_ratio"] < 1.0  # the mlp is a sequence: checkpointing it saves memory
+
+    comp = rows["compile@0.5"]
+    assert comp["compile_budget"] == 0.5 and comp["compile_backend"]
+    assert comp["status"] in {"ok", "failed", "timeout"}
+    if comp["status"] == "ok":
+        assert comp["compile_s"] > 0 and comp["grad_max_abs_diff"] is not None and comp["time_ratio"] > 0
+    else:
+        assert comp["error"]
+
+    auto = [rows[f"autoremat:{s}@0.5"] for s in solvers]
+    assert any(r["status"] == "ok" for r in auto)
+    for r in auto:
+        assert r["family"] == "autoremat" and r["budget_fraction"] == 0.5
+        assert r["budget_bytes"] == int(0.5 * none["measured_peak_bytes"])
+        if r["status"] == "ok":
+            assert r["gradients_equal"] is True
+            assert r["predicted_peak_bytes"] > 0 and math.isfinite(r["prediction_error"])
+            assert r["solver_time_s"] >= 0 and r["step_time_s"] > 0 and r["meets_budget"] is not None
+        elif r["status"] == "infeasible":
+            assert r["min_budget_bytes"] is None or r["min_budget_bytes"] > r["budget_bytes"]
+
+    batch = data["largest_batch"]
+    assert [r["method"] for r in batch] == list(compare.BATCH_METHODS)
+    for r in batch:
+        assert set(compare.BATCH_FIELDS) <= set(r)
+        assert r["budget_bytes"] > 0 and r["initial_batch_size"] == 4 and r["batch_size"] >= 1
+    bsf = batch[-1]
+    assert bsf["method"] == "batchsizefinder" and bsf["status"] == "ok" and bsf["confirmed"] is True
+    assert bsf["largest_trained_batch"] >= bsf["batch_size"]
+
+    head = data["headline"]
+    assert set(head) >= {"per_model", "resnet50_50pct", "largest_batch", "worst_prediction_error"}
+    assert "mlp" in head["per_model"]
+
+    md = (tmp_path / "RESULTS.md").read_text()
+    assert "noisy" in md and machine["platform_machine"] in md and "## mlp" in md
+    assert "## Largest batch under a fixed budget" in md
+    assert (tmp_path / "compare_mlp.png").stat().st_size > 1000
+
+
+def test_compare_gpu_dry_run_lists_configurations(monkeypatch: pytest.MonkeyPatch,
+                                                  capsys: pytest.CaptureFixture[str]) -> None:
+    gpu = _load("compare_gpu", monkeypatch)
+    out = gpu.main(["--dry-run"])
+    plan = out["configurations"]
+    assert {c["model"] for c in plan} == {"resnet50", "densenet121", "unet", "gpt2"}
+    for model in ("resnet50", "gpt2"):
+        keys = {c["config"] for c in plan if c["model"] == model}
+        assert {"none", "block-ac", "block-sac", "ckpt-seq", "save-on-cpu"} <= keys
+        assert {f"compile@{b:g}" for b in (1.0, 0.75, 0.5, 0.25)} <= keys
+        assert {f"autoremat:{s}@{f:g}" for s in sorted(autoremat.SOLVERS) if s != "none"
+                for f in (0.75, 0.5, 0.3)} <= keys
+    assert out["options"].device == "cuda" and out["options"].size == "paper"
+    assert out["options"].batch["resnet50"] == gpu.GPU_BATCH["resnet50"]
+    assert len(out["batch_tasks"]) == 2
+    assert "largest batch" in capsys.readouterr().out
+    assert gpu.device_slug("NVIDIA H100 80GB HBM3") == "nvidia-h100-80gb-hbm3"
