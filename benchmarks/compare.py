@@ -890,7 +890,8 @@ class SimulatedDevice:
                 return out
             finally:
                 self.counter = None
-                self.steps.append((self.batch_rows, base + counter.batch_bytes + counter.peak, ok))  # type: ignore[attr-defined]
+                in_use = base + counter.batch_bytes + counter.peak  # type: ignore[attr-defined]
+                self.steps.append((self.batch_rows, in_use, ok))
 
         def training_step(batch: Any, *args: Any, **kwargs: Any) -> Any:
             c = self.counter
@@ -1086,7 +1087,8 @@ def run_batch_task(task: BatchTask, method: str, log: Callable[[str], None], *, 
 # ---------------------------------------------------------------------------------------- summary
 def headline(models: dict[str, dict[str, Any]], batch_rows: list[dict[str, Any]]) -> dict[str, Any]:
     """The numbers the README quotes, computed from the rows."""
-    out: dict[str, Any] = {"per_model": {}, "resnet50_50pct": None, "largest_batch": {}, "worst_prediction_error": None}
+    out: dict[str, Any] = {"per_model": {}, "resnet50_50pct": None, "largest_batch": {}, "worst_prediction_error": None,
+                           "budget_exceeded": []}
     worst = None
     for name, info in models.items():
         rows = [r for r in info["rows"] if r["status"] == "ok" and r["step_time_s"] is not None]
@@ -1107,8 +1109,13 @@ def headline(models: dict[str, dict[str, Any]], batch_rows: list[dict[str, Any]]
                 "time_ratio": best["step_time_s"] / p["step_time_s"] if best else None,
             })
         lowest = matches[0] if matches else None
-        out["per_model"][name] = {"lowest_peak_pytorch": lowest, "matches": matches}
+        matched = next((mt for mt in matches if mt["autoremat"]), None)
+        out["per_model"][name] = {"lowest_peak_pytorch": lowest, "lowest_matched_pytorch": matched,
+                                  "matches": matches}
         for r in info["rows"]:
+            if r["meets_budget"] is False:
+                out["budget_exceeded"].append({"model": name, "config": r["config"], "budget_bytes": r["budget_bytes"],
+                                               "measured_peak_bytes": r["measured_peak_bytes"]})
             if r["prediction_error"] is not None and (worst is None or abs(r["prediction_error"]) > abs(worst["error"])):
                 worst = {"model": name, "config": r["config"], "error": r["prediction_error"]}
         if name == "resnet50":
@@ -1194,7 +1201,8 @@ def to_markdown(result: dict[str, Any]) -> str:
         "Accelerate apply it; `block-sac`: the same blocks under selective checkpointing saving "
         "`aten.mm/addmm/bmm/convolution` outputs; `ckpt-seq`: `checkpoint_sequential` with ~sqrt(n) segments where "
         "the model is a sequence; `save-on-cpu`: `torch.autograd.graph.save_on_cpu`; `compile@B`: `torch.compile` "
-        f"({s['compile_backend']}) with `activation_memory_budget = B`; `autoremat:<solver>@f`: `autoremat.solve(graph, f x measured unoptimised "
+        f"({s['compile_backend']}) with `activation_memory_budget = B`; `autoremat:<solver>@f`: "
+        "`autoremat.solve(graph, f x measured unoptimised "
         "peak, solver=...)` applied with `autoremat.apply`. Gradients: `torch.equal` on every parameter gradient "
         "against `none` from the same RNG state; compile rows report the largest absolute difference (on models with "
         "dropout it includes different dropout masks: Inductor draws its own random numbers).", ""]
@@ -1205,8 +1213,14 @@ def to_markdown(result: dict[str, Any]) -> str:
         if lo is None:
             lines.append(f"* **{name}**: no PyTorch option measured below the unoptimised peak.")
         elif lo["autoremat"] is None:
+            mt = hm.get("lowest_matched_pytorch")
             lines.append(f"* **{name}**: the lowest-peak PyTorch option is `{lo['pytorch']}` "
-                         f"({_mib(lo['pytorch_peak_bytes'])}); no autoremat row measured at or below it.")
+                         f"({_mib(lo['pytorch_peak_bytes'])}); no autoremat row measured at or below it."
+                         + ("" if not mt else
+                            f" The lowest-peak PyTorch option that one matches is `{mt['pytorch']}` "
+                            f"({_mib(mt['pytorch_peak_bytes'])}, {_ms(mt['pytorch_time_s'])}) vs `{mt['autoremat']}` "
+                            f"({_mib(mt['autoremat_peak_bytes'])}, {_ms(mt['autoremat_time_s'])}): step time ratio "
+                            f"**{mt['time_ratio']:.2f}**."))
         else:
             lines.append(f"* **{name}**: lowest-peak PyTorch option `{lo['pytorch']}` ({_mib(lo['pytorch_peak_bytes'])}, "
                          f"{_ms(lo['pytorch_time_s'])}) vs fastest autoremat row at an equal or lower peak "
@@ -1228,6 +1242,9 @@ def to_markdown(result: dict[str, Any]) -> str:
     if h["worst_prediction_error"]:
         wpe = h["worst_prediction_error"]
         lines.append(f"* **Worst autoremat prediction error**: {wpe['error']:+.1%} ({wpe['model']}, `{wpe['config']}`).")
+    for ex in h.get("budget_exceeded", []):
+        lines.append(f"* **Budget exceeded**: {ex['model']} `{ex['config']}` measured {_mib(ex['measured_peak_bytes'])} "
+                     f"against a budget of {_mib(ex['budget_bytes'])}.")
     lines.append("")
     for name, info in result["models"].items():
         lines += [f"## {name}", "", info["description"] + ".", ""]
@@ -1316,7 +1333,9 @@ def to_markdown(result: dict[str, Any]) -> str:
     if not fails:
         lines.append("Nothing.")
     for f in fails:
-        lines.append(f"* {f['model']} `{f['config']}`: {f['status']}: {(f['error'] or f['note'] or '').strip()}")
+        why = (f["error"] or f["note"] or "").strip()
+        why = why[len(f["status"]) + 2:] if why.startswith(f"{f['status']}: ") else why
+        lines.append(f"* {f['model']} `{f['config']}`: {f['status'].replace('_', ' ')}: {why}")
     lines.append("")
     return "\n".join(lines)
 
@@ -1458,7 +1477,8 @@ def write_outputs(result: dict[str, Any], out: Path) -> None:
     """``compare.json``, ``RESULTS.md`` and the plots under ``out``."""
     result["out"] = str(out)
     result["plots"] = plot(result, out)
-    (out / "compare.json").write_text(json.dumps(result, indent=1, default=_json_default) + "\n")
+    (out / "compare.json").write_text(json.dumps(_finite(result), indent=1, default=_json_default,
+                                                 allow_nan=False) + "\n")
     (out / "RESULTS.md").write_text(to_markdown(result))
 
 
@@ -1468,6 +1488,17 @@ def render(path: Path) -> dict[str, Any]:
     result["headline"] = headline(result["models"], result["largest_batch"])
     write_outputs(result, Path(path).parent)
     return result
+
+
+def _finite(obj: Any) -> Any:
+    """The result with NaN and infinities as None (strict JSON)."""
+    if isinstance(obj, float):
+        return obj if math.isfinite(obj) else None
+    if isinstance(obj, dict):
+        return {k: _finite(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [_finite(v) for v in obj]
+    return obj
 
 
 def _json_default(obj: Any) -> Any:
