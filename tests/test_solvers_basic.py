@@ -349,3 +349,16 @@ def test_no_recompute_plan_is_the_none_solution():
     g = long_chain()
     plan = solve(g, 10**9, solver="none")
     assert plan.segments == no_recompute_plan(g).segments
+
+
+def test_a_solver_plan_over_budget_is_never_returned(monkeypatch):
+    """Whatever a solver returns, solve() rejects a plan that simulates over the budget."""
+    import autoremat.solvers as solvers
+    from autoremat.simulate import no_recompute_plan
+
+    g = long_chain()
+    peak = unoptimised_peak_bytes(g)
+    monkeypatch.setitem(solvers.SOLVERS, "liar", lambda graph, budget, *, config=None: no_recompute_plan(graph))
+    with pytest.raises(InfeasibleBudgetError) as err:
+        solve(g, peak - 1, solver="liar")
+    assert err.value.min_budget_bytes == peak

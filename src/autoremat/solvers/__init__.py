@@ -58,6 +58,10 @@ def finalize_plan(graph: Graph, plan: Plan, budget_bytes: int, solver: str,
     sim = simulate(graph, plan, check=False, record=False)
     plan.predicted_peak_bytes = sim.peak_bytes
     plan.predicted_extra_time_s = sim.extra_time_s
+    if sim.peak_bytes > budget_bytes:  # the contract: never a plan over budget, whatever the solver
+        logger.warning("solver %r returned a plan simulating to %d bytes over a %d-byte budget; rejecting it",
+                       solver, sim.peak_bytes, budget_bytes)
+        raise InfeasibleBudgetError(budget_bytes, sim.peak_bytes, solver=solver)
     return plan
 
 
