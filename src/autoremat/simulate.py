@@ -40,7 +40,7 @@ from .graph import Graph
 from .plan import Plan, Segment, validate_plan
 
 __all__ = ["Simulation", "simulate", "no_recompute_plan", "unoptimised_peak_bytes",
-           "DEFAULT_BANDWIDTH_BYTES_PER_S"]
+           "DEFAULT_BANDWIDTH_BYTES_PER_S", "StorageLedger"]
 
 DEFAULT_BANDWIDTH_BYTES_PER_S = 12e9
 """Default host<->device bandwidth for offload (pinned copies over PCIe 4 x16 reach about this);
@@ -78,21 +78,16 @@ def unoptimised_peak_bytes(graph: Graph) -> int:
     return simulate(graph, no_recompute_plan(graph), check=False).peak_bytes
 
 
-class _Sim:
-    def __init__(self, graph: Graph, record: bool) -> None:
-        self.g = graph
-        self.record = record
+class StorageLedger:
+    """Storages, their sizes and who holds them; a storage is freed when its last holder lets
+    go. The bookkeeping shared by :func:`simulate` and the offload chain replay."""
+
+    def __init__(self) -> None:
         self.size: dict[Hashable, int] = {}
         self.refs: dict[Hashable, set[Hashable]] = {}
         self.live = 0
-        self.peak = 0
-        self.peak_at = "start"
-        self.timeline: list[tuple[str, int, int]] = []
-        self.grad: dict[int, Hashable] = {}
-        self.pgrad: set[str] = set()
         self._gid = 0
 
-    # storage bookkeeping -------------------------------------------------------------
     def alloc(self, key: Hashable, nbytes: int) -> None:
         assert key not in self.size, f"storage {key} allocated twice, please report"
         self.size[key] = int(nbytes)
@@ -118,6 +113,24 @@ class _Sim:
         if key in self.refs and not self.refs[key]:
             self.free(key)
 
+    def new_grad(self, nbytes: int) -> Hashable:
+        self._gid += 1
+        key = ("g", self._gid)
+        self.alloc(key, nbytes)
+        return key
+
+
+class _Sim(StorageLedger):
+    def __init__(self, graph: Graph, record: bool) -> None:
+        super().__init__()
+        self.g = graph
+        self.record = record
+        self.peak = 0
+        self.peak_at = "start"
+        self.timeline: list[tuple[str, int, int]] = []
+        self.grad: dict[int, Hashable] = {}
+        self.pgrad: set[str] = set()
+
     def touch(self, extra: int, where: str) -> None:
         level = self.live + extra
         if level > self.peak:
@@ -128,11 +141,6 @@ class _Sim:
         if self.record:
             self.timeline.append((phase, v, self.live))
 
-    def new_grad(self, nbytes: int) -> Hashable:
-        self._gid += 1
-        key = ("g", self._gid)
-        self.alloc(key, nbytes)
-        return key
 
 
 def _okey(g: Graph, v: int) -> Hashable:

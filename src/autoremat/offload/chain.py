@@ -76,6 +76,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..graph import Graph
+from ..simulate import StorageLedger
 
 __all__ = ["Chain", "chain_from_graph", "split_points", "layer_cuts", "GROUPINGS", "DEFAULT_BANDWIDTH_BYTES_PER_S"]
 
@@ -321,40 +322,6 @@ def layer_cuts(graph: Graph, grouping: str = "fine") -> list[int]:
         cuts = [c for k, c in enumerate(cuts) if not lo <= k < hi]
 
 
-class _Replay:
-    """Live bytes of one eager step with nothing recomputed (``simulate``'s semantics)."""
-
-    def __init__(self) -> None:
-        self.size: dict[Hashable, int] = {}
-        self.refs: dict[Hashable, set[Hashable]] = {}
-        self.live = 0
-        self._gid = 0
-
-    def alloc(self, key: Hashable, nbytes: int) -> None:
-        assert key not in self.size, f"storage {key} allocated twice, please report"
-        self.size[key] = int(nbytes)
-        self.refs[key] = set()
-        self.live += int(nbytes)
-
-    def free(self, key: Hashable) -> None:
-        self.live -= self.size.pop(key)
-        del self.refs[key]
-
-    def decref(self, key: Hashable, holder: Hashable) -> None:
-        refs = self.refs.get(key)
-        if refs is None:
-            return
-        refs.discard(holder)
-        if not refs:
-            self.free(key)
-
-    def new_grad(self, nbytes: int) -> Hashable:
-        self._gid += 1
-        key = ("g", self._gid)
-        self.alloc(key, nbytes)
-        return key
-
-
 @dataclass
 class _StepLevels:
     fwd_touch: list[int | None]
@@ -369,7 +336,7 @@ class _StepLevels:
 def _replay_step(graph: Graph) -> _StepLevels:
     """The live level at each node's forward and backward, as :func:`simulate` models them."""
     g = graph
-    s = _Replay()
+    s = StorageLedger()  # simulate's own bookkeeping, nothing recomputed
     nd = [g.node(v) for v in g.nodes]
     okey = [("o", g.root(v)) for v in g.nodes]
     param_bytes: dict[str, int] = g.meta.get("param_bytes", {})
@@ -386,21 +353,20 @@ def _replay_step(graph: Graph) -> _StepLevels:
         if d["requires_grad"] and d["extra_saved_bytes"]:
             s.alloc(("x", v), d["extra_saved_bytes"])
         for w in g.succ(v):
-            s.refs[okey[v]].add(("f", w, v))
+            s.addref(okey[v], ("f", w, v))
         if d["is_output"]:
-            s.refs[okey[v]].add(("out", v))
+            s.addref(okey[v], ("out", v))
         if d["requires_grad"]:
             for u in d["saves"]:
-                s.refs[okey[u]].add(("s", v))
+                s.addref(okey[u], ("s", v))
         for u in g.pred(v):
             s.decref(okey[u], ("f", v, u))
-        if okey[v] in s.refs and not s.refs[okey[v]]:
-            s.free(okey[v])
+        s.maybe_free(okey[v])
     meta = g.meta
     loss_fwd = s.live + meta["loss_extra_bytes"] + meta["loss_fwd_temp_bytes"]
     s.alloc(("x", "loss"), meta["loss_extra_bytes"])
     for u in meta["loss_saves"]:
-        s.refs[okey[u]].add(("s", "loss"))
+        s.addref(okey[u], ("s", "loss"))
     for v in g.nodes:
         if nd[v]["is_output"]:
             s.decref(okey[v], ("out", v))
@@ -408,7 +374,7 @@ def _replay_step(graph: Graph) -> _StepLevels:
     for v in g.nodes:
         if nd[v]["is_output"] and nd[v]["requires_grad"]:
             key = s.new_grad(nd[v]["out_bytes"])
-            s.refs[key].add(("gb", v))
+            s.addref(key, ("gb", v))
             grad[v] = key
     loss_bwd = s.live + meta["loss_bwd_temp_bytes"]
     for u in meta["loss_saves"]:
@@ -427,23 +393,23 @@ def _replay_step(graph: Graph) -> _StepLevels:
                 old = grad.get(u)
                 if d["grad_passthrough"]:
                     if old is None:
-                        s.refs[gv].add(("gb", u))
+                        s.addref(gv, ("gb", u))
                         grad[u] = gv
                     else:
                         new = s.new_grad(du["out_bytes"])
-                        s.refs[new].add(("gb", u))
+                        s.addref(new, ("gb", u))
                         grad[u] = new
                         s.decref(old, ("gb", u))
                 elif old is None:
                     new = s.new_grad(du["out_bytes"])
-                    s.refs[new].add(("gb", u))
+                    s.addref(new, ("gb", u))
                     grad[u] = new
                 elif len(s.refs[old]) == 1:
                     transient += du["out_bytes"]
                 else:
                     transient += du["out_bytes"]
                     new = s.new_grad(du["out_bytes"])
-                    s.refs[new].add(("gb", u))
+                    s.addref(new, ("gb", u))
                     grad[u] = new
                     s.decref(old, ("gb", u))
             for p in d["params"]:
