@@ -26,14 +26,10 @@ from autoremat.simulate import no_recompute_plan, simulate
 
 
 def _gpt2():  # type: ignore[no-untyped-def]
-    import transformers
+    from autoremat.zoo import hf
 
-    torch.manual_seed(0)
-    cfg = transformers.GPT2Config(n_layer=4, n_embd=64, n_head=4, vocab_size=256, n_positions=64,
-                                  use_cache=False, bos_token_id=0, eos_token_id=0)
-    model = transformers.GPT2LMHeadModel(cfg).train()
     ids = torch.randint(0, 256, (4, 64), generator=torch.Generator().manual_seed(1))
-    return model, (ids,), lambda out: out.logits.float().mean()
+    return hf.gpt2(), (ids,), hf.logits_mean
 
 
 def _grads(model, args, loss_fn):  # type: ignore[no-untyped-def]

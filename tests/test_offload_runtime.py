@@ -120,13 +120,12 @@ def test_runtime_bookkeeping_on_cpu(name: str) -> None:
 
 
 def test_module_level_offload_bookkeeping() -> None:
-    transformers = pytest.importorskip("transformers")
-    torch.manual_seed(0)
-    cfg = transformers.GPT2Config(n_layer=2, n_embd=32, n_head=2, vocab_size=64, n_positions=32,
-                                  use_cache=False, bos_token_id=0, eos_token_id=0)
-    model = transformers.GPT2LMHeadModel(cfg).train()
+    pytest.importorskip("transformers")
+    from autoremat.zoo import hf
+
+    model = hf.gpt2(n_layer=2, n_embd=32, n_head=2, vocab_size=64, seq=32)
     ids = torch.randint(0, 64, (2, 32))
-    loss_fn = lambda out: out.logits.float().mean()  # noqa: E731
+    loss_fn = hf.logits_mean
     g = autoremat.capture(model, (ids,), loss_fn=loss_fn)
     base = no_recompute_plan(g)
     blocks = [v for v in offloadable_nodes(g, base) if g.node(v)["kind"] != "glue"]

@@ -17,13 +17,11 @@ TOLERANCE = {"resnet50": 0.10, "unet": 0.10, "densenet121": 0.10, "transformer":
 
 
 def _gpt2() -> tuple[nn.Module, tuple, object]:
-    transformers = pytest.importorskip("transformers")
-    torch.manual_seed(0)
-    cfg = transformers.GPT2Config(n_layer=4, n_embd=64, n_head=4, vocab_size=256, n_positions=64,
-                                  use_cache=False, bos_token_id=0, eos_token_id=0)
-    model = transformers.GPT2LMHeadModel(cfg).train()
+    pytest.importorskip("transformers")
+    from autoremat.zoo import hf
+
     ids = torch.randint(0, 256, (4, 64), generator=torch.Generator().manual_seed(1))
-    return model, (ids,), lambda out: out.logits.float().mean()
+    return hf.gpt2(), (ids,), hf.logits_mean
 
 
 def _model(name: str) -> tuple[nn.Module, tuple, object]:

@@ -52,13 +52,10 @@ class LitGPT2(pl.LightningModule):
     def __init__(self, batch_size: int = 4, samples: int = 32, seq: int = 64, n_layer: int = 4,
                  n_embd: int = 64, n_head: int = 4, vocab_size: int = 256) -> None:
         super().__init__()
-        import transformers  # optional: pip install transformers
+        from .hf import gpt2
 
         self.save_hyperparameters()
-        cfg = transformers.GPT2Config(n_layer=n_layer, n_embd=n_embd, n_head=n_head, vocab_size=vocab_size,
-                                      n_positions=seq, use_cache=False, bos_token_id=0, eos_token_id=0)
-        torch.manual_seed(0)
-        self.model = transformers.GPT2LMHeadModel(cfg)
+        self.model = gpt2(n_layer=n_layer, n_embd=n_embd, n_head=n_head, vocab_size=vocab_size, seq=seq)
         self.batch_size = batch_size
         self.tokens = torch.randint(0, vocab_size, (samples, seq), generator=torch.Generator().manual_seed(0))
 
