@@ -1260,6 +1260,25 @@ class _DP:
         return None
 
 
+    def _exact_moves(self, i: int, dang: int, m: int,
+                     budget: int) -> Iterator[tuple[int, tuple[float, int, int]]]:
+        """Transitions of the exact model out of state ``(set i, dangling roots)`` with kept bytes
+        ``m``: each larger lower set ``j`` that the budget can still admit, with its (cached)
+        ``(time, added kept bytes, dangling roots)`` from :func:`_bookkeeping`."""
+        fam, floor, nsets, book = self.fam, self.floor, len(self.fam), self._book
+        limit = self.keys[i] + budget - m
+        for item in self.successors(i, limit):
+            if item[0] > limit:
+                break
+            j = item[1]
+            if m + floor[j] > budget:
+                continue
+            bk = (i * nsets + j, dang)
+            got = book.get(bk)
+            if got is None:
+                got = book[bk] = _bookkeeping(self.p, fam[i], fam[j], dang)
+            yield j, got
+
     def _feasible_exact(self, budget: int) -> tuple[list[int], float] | None:
         """``"feasible"`` :meth:`run` for the exact model: Dijkstra on the kept bytes ``m``.
 
@@ -1268,11 +1287,9 @@ class _DP:
         memory check (a segment replay) is deferred until it is popped, and the search stops
         at the first label of ``V``.
         """
-        fam, keys, floor, p = self.fam, self.keys, self.floor, self.p
+        fam = self.fam
         last = len(fam) - 1
-        nsets = len(fam)
         settled: dict[tuple[int, int], Any] = {}
-        book: dict[tuple[int, int], tuple[float, int, int]] = self._book
         heap: list[tuple[int, int, tuple[int, int], Any, int]] = [(0, 0, (0, 0), None, 0)]
         count = 1
         while heap:
@@ -1291,18 +1308,7 @@ class _DP:
                     node = settled[node]
                 seq.reverse()
                 return seq, 0.0
-            limit = keys[i] + budget - m
-            lower = fam[i]
-            for item in self.successors(i, limit):
-                if item[0] > limit:
-                    break
-                j = item[1]
-                if m + floor[j] > budget:
-                    continue
-                bk = (i * nsets + j, dang)
-                got = book.get(bk)
-                if got is None:
-                    got = book[bk] = _bookkeeping(p, lower, fam[j], dang)
+            for j, got in self._exact_moves(i, dang, m, budget):
                 nxt = (j, got[2])
                 if nxt in settled:
                     continue
@@ -1317,14 +1323,12 @@ class _DP:
         peak needs a segment replay, which is only paid when the label it produced is popped
         (a label beyond the optimum never is).
         """
-        fam, keys, floor, p = self.fam, self.keys, self.floor, self.p
+        fam = self.fam
         quantum = self.quantum
         last = len(fam) - 1
         inf = 1 << 126
         best: dict[tuple[int, int], int] = {}
         labels: dict[tuple[int, int, int], tuple[int, float, Any]] = {}
-        book = self._book
-        nsets = len(fam)
         # buckets[tq][(set, dangling)] = candidate labels (m, t, back, source m), back = (set,
         # dangling, tq): all of them, since the least m may fail its deferred check
         buckets: dict[int, dict[tuple[int, int], list[tuple[int, float, Any, int]]]] = {
@@ -1359,19 +1363,7 @@ class _DP:
                         node = labels[node][2]
                     seq.reverse()
                     return seq, t
-                limit = keys[i] + budget - m
-                lower = fam[i]
-                for item in self.successors(i, limit):
-                    if item[0] > limit:
-                        break
-                    j = item[1]
-                    if m + floor[j] > budget:
-                        continue
-                    bk = (i * nsets + j, dang)
-                    got = book.get(bk)
-                    if got is None:
-                        got = book[bk] = _bookkeeping(p, lower, fam[j], dang)
-                    dt, add, dang2 = got
+                for j, (dt, add, dang2) in self._exact_moves(i, dang, m, budget):
                     m2 = m + add
                     nxt = (j, dang2)
                     if m2 >= best.get(nxt, inf):
