@@ -266,7 +266,6 @@ class AutoRemat(Callback):
         plan = self._solve(graph, step_budget)
         batch_size = original = (lightning_getattr(pl_module, self.batch_arg_name)
                                  if lightning_hasattr(pl_module, self.batch_arg_name) else None)
-        vanilla = unoptimised_peak_bytes(graph)
         if self.raise_batch_size and original is not None:
             batch_size, plan, graph = self._raise(trainer, pl_module, graph, plan, int(original), step_budget,
                                                   loss_fn, resident, batch_bytes)
