@@ -163,3 +163,56 @@ def test_eval_and_no_grad_forward_unchanged() -> None:
         got = model(x)
     autoremat.restore(model)
     assert torch.equal(expected, got)
+
+
+def _regions(model: nn.Module) -> list:
+    from autoremat.runtime import CheckpointRegion
+
+    return [m for m in model.forward.__self__.modules() if isinstance(m, CheckpointRegion)]
+
+
+class _FunctionalDropout(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.a, self.b, self.c = nn.Linear(16, 16), nn.Linear(16, 16), nn.Linear(16, 16)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = torch.relu(self.a(x))
+        x = torch.nn.functional.dropout(x, 0.5, training=self.training)
+        x = torch.relu(self.b(x))
+        return self.c(x)
+
+
+@pytest.mark.parametrize("name", ["resnet50", "transformer", "functional-dropout"])
+def test_rng_replayed_only_where_a_region_draws_random_numbers(name: str) -> None:
+    if name == "functional-dropout":
+        model, x = _FunctionalDropout(), torch.randn(8, 16)
+        budget: object = "60%"
+    else:
+        model, (x,) = autoremat.zoo.build(name, size="small")
+        budget = "50%"
+    reference = _grads_after_step(model, (x,), None, seed=5)
+    after_reference = torch.rand(4)  # the global RNG stream after one unpatched step
+    graph = autoremat.capture(model, (x,))
+    try:
+        plan = autoremat.solve(graph, budget, solver="chen")
+    except autoremat.InfeasibleBudgetError as err:
+        plan = autoremat.solve(graph, err.min_budget_bytes, solver="chen")
+    autoremat.apply(model, plan)
+    regions = _regions(model)
+    assert regions, "the plan should recompute something"
+    replay = [r._kwargs["preserve_rng_state"] for r in regions]
+    if name == "resnet50":
+        assert not any(replay)  # conv / batch norm / relu / pooling only
+    else:
+        assert any(replay)
+        for r, flag in zip(regions, replay):
+            drawn = any((n.op == "call_module" and isinstance(r.body.get_submodule(str(n.target)), nn.Dropout))
+                        or (n.op == "call_function" and "dropout" in getattr(n.target, "__name__", ""))
+                        for n in r.body.graph.nodes)
+            assert flag or not drawn
+    grads = _grads_after_step(model, (x,), None, seed=5)
+    after_patched = torch.rand(4)
+    autoremat.restore(model)
+    assert gradients_equal(reference, grads)
+    assert torch.equal(after_reference, after_patched), "recomputation must not move the RNG stream"

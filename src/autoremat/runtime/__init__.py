@@ -18,6 +18,7 @@ import contextlib
 import functools
 import logging
 import operator
+import re
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
@@ -25,6 +26,7 @@ from typing import Any
 import torch
 import torch.fx
 from torch import nn
+from torch.nn.modules.batchnorm import _BatchNorm
 from torch.utils.checkpoint import checkpoint
 
 from ..capture.fx import fx_fingerprint, fx_ops, trace
@@ -52,10 +54,14 @@ class _PatchState:
 
 
 class _RestoreBuffers:
-    """Puts buffers back as they were when the context exits (used around recomputation)."""
+    """Puts buffers back as they were when the context was entered (used around recomputation).
 
-    def __init__(self, buffers: list[torch.Tensor]) -> None:
-        self.buffers = buffers
+    Cloning is the only exact way: switching batch norm's ``track_running_stats`` off for the
+    recomputation would change which tensors its kernel saves (checkpoint then refuses the
+    recomputation), and ``momentum=0`` still counts ``num_batches_tracked``."""
+
+    def __init__(self, modules: list[nn.Module]) -> None:
+        self.buffers = [b for m in modules for b in m.buffers(recurse=False)]
         self.saved: list[torch.Tensor] = []
 
     def __enter__(self) -> "_RestoreBuffers":
@@ -69,32 +75,68 @@ class _RestoreBuffers:
         self.saved = []
 
 
-def _context_fn(buffers: list[torch.Tensor]) -> Any:
-    if not buffers:
-        return None
-    return lambda: (contextlib.nullcontext(), _RestoreBuffers(buffers))
+def _stateful_modules(modules: list[nn.Module]) -> list[nn.Module]:
+    """The modules (each once, submodules included) that own buffers a forward could update."""
+    seen: dict[int, nn.Module] = {}
+    for root in modules:
+        for m in root.modules():
+            if id(m) not in seen and next(m.buffers(recurse=False), None) is not None:
+                seen[id(m)] = m
+    return list(seen.values())
 
 
-def _checkpoint_kwargs(buffers: list[torch.Tensor]) -> dict[str, Any]:
-    kw: dict[str, Any] = {"use_reentrant": False, "preserve_rng_state": True}
-    ctx = _context_fn(buffers)
-    if ctx is not None:
-        kw["context_fn"] = ctx
+def _checkpoint_kwargs(modules: list[nn.Module], preserve_rng: bool = True) -> dict[str, Any]:
+    kw: dict[str, Any] = {"use_reentrant": False, "preserve_rng_state": preserve_rng}
+    if modules:
+        kw["context_fn"] = lambda: (contextlib.nullcontext(), _RestoreBuffers(modules))
     return kw
 
 
-class CheckpointRegion(nn.Module):
-    """Runs ``body`` as one non-reentrant checkpoint region (a segment of the plan)."""
+_RANDOM_NAME = re.compile(r"dropout|rand|bernoulli|normal|multinomial|rrelu|poisson|exponential|uniform|"
+                          r"geometric|cauchy|random|shuffle", re.IGNORECASE)
+_DETERMINISTIC_LEAVES = (nn.Conv1d, nn.Conv2d, nn.Conv3d, nn.ConvTranspose1d, nn.ConvTranspose2d,
+                         nn.ConvTranspose3d, nn.Linear, _BatchNorm, nn.LayerNorm, nn.GroupNorm, nn.ReLU,
+                         nn.GELU, nn.SiLU, nn.Tanh, nn.Sigmoid, nn.Identity, nn.MaxPool1d, nn.MaxPool2d,
+                         nn.MaxPool3d, nn.AvgPool1d, nn.AvgPool2d, nn.AvgPool3d, nn.AdaptiveAvgPool1d,
+                         nn.AdaptiveAvgPool2d, nn.AdaptiveAvgPool3d, nn.AdaptiveMaxPool2d, nn.Embedding,
+                         nn.Flatten, nn.Upsample, nn.Softmax, nn.LogSoftmax, nn.LeakyReLU, nn.ELU, nn.Hardswish,
+                         nn.Hardsigmoid, nn.Mish, nn.ReLU6)
 
-    def __init__(self, body: nn.Module, buffers: list[torch.Tensor]) -> None:
+
+def _may_draw_random(gm: torch.fx.GraphModule, nodes: list[torch.fx.Node]) -> bool:
+    """Whether running ``nodes`` may consume random numbers (then recomputation replays the RNG).
+
+    Conservative: a leaf module counts as deterministic only if it is one of the listed
+    ``torch.nn`` layers; a function or method only if its name does not look random."""
+    for n in nodes:
+        if n.op == "call_module":
+            if not isinstance(gm.get_submodule(str(n.target)), _DETERMINISTIC_LEAVES):
+                return True
+        elif n.op in ("call_function", "call_method"):
+            name = n.target if isinstance(n.target, str) else getattr(n.target, "__name__", repr(n.target))
+            if _RANDOM_NAME.search(str(name)):
+                return True
+    return False
+
+
+class CheckpointRegion(nn.Module):
+    """Runs ``body`` as one non-reentrant checkpoint region (a segment of the plan).
+
+    ``modules``: the modules whose buffers the recomputation must leave untouched;
+    ``preserve_rng``: replay the RNG state on recomputation (needed only when ``body`` draws
+    random numbers). ``body.forward`` is called directly: a ``GraphModule``'s ``__call__``
+    formats a traceback for every exception passing through it, and non-reentrant checkpoint
+    stops each recomputation by raising one."""
+
+    def __init__(self, body: nn.Module, modules: list[nn.Module], preserve_rng: bool = True) -> None:
         super().__init__()
         self.body = body
-        self._buffers_to_restore = buffers
+        self._kwargs = _checkpoint_kwargs(_stateful_modules(modules), preserve_rng)
 
     def forward(self, *args: Any) -> Any:
         if not torch.is_grad_enabled():
-            return self.body(*args)
-        return checkpoint(self.body, *args, **_checkpoint_kwargs(self._buffers_to_restore))
+            return self.body.forward(*args)
+        return checkpoint(self.body.forward, *args, **self._kwargs)
 
 
 def offloader_of(model: nn.Module) -> Offloader | None:
@@ -253,10 +295,9 @@ def _build_forward(gm: torch.fx.GraphModule, ops: list[torch.fx.Node], plan: Pla
             local[n] = sub.node_copy(n, lambda u: local[u])
         sub.output(tuple(local[n] for n in outputs))
         body = torch.fx.GraphModule(gm, sub, class_name=f"AutorematSegment{si}")
-        buffers = [b for n in members if n.op == "call_module"
-                   for b in gm.get_submodule(str(n.target)).buffers()]
+        modules = [gm.get_submodule(str(n.target)) for n in members if n.op == "call_module"]
         key = f"autoremat_segment_{si}"
-        attrs[key] = CheckpointRegion(body, buffers)
+        attrs[key] = CheckpointRegion(body, modules, preserve_rng=_may_draw_random(gm, members))
         for u in inputs:
             if u not in env:
                 need(u, new, env)
@@ -298,14 +339,16 @@ def _apply_module(model: nn.Module, plan: Plan, names: list[str]) -> _PatchState
         had = "forward" in mod.__dict__
         orig = mod.forward
         state.wrapped.append((mod, had, mod.__dict__.get("forward")))
-        mod.__dict__["forward"] = functools.partial(_checkpointed_call, orig, list(mod.buffers()))
+        mod.__dict__["forward"] = functools.partial(_checkpointed_call, orig,
+                                                    _checkpoint_kwargs(_stateful_modules([mod])))
     return state
 
 
-def _checkpointed_call(fn: Any, buffers: list[torch.Tensor], *args: Any, **kwargs: Any) -> Any:
+def _checkpointed_call(fn: Any, ckpt_kwargs: dict[str, Any], *args: Any, **kwargs: Any) -> Any:
+    # module level: arbitrary user code may call functional dropout, so the RNG is always replayed
     if not torch.is_grad_enabled():
         return fn(*args, **kwargs)
-    return checkpoint(fn, *args, **_checkpoint_kwargs(buffers), **kwargs)
+    return checkpoint(fn, *args, **ckpt_kwargs, **kwargs)
 
 
 @contextlib.contextmanager
