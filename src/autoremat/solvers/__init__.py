@@ -21,6 +21,7 @@ from .chen import solve_chen
 from .combined import offload_allowed, solve_combined
 from .kusumoto import min_budget, solve_dp_approx, solve_dp_exact
 from .none import solve_none
+from .offload_chain import solve_offload_dp, solve_offload_greedy, solve_vdnn
 from .reforward import solve_reforward
 from .xla_greedy import solve_xla_greedy
 
@@ -38,6 +39,9 @@ SOLVERS: dict[str, SolverFn] = {
     "xla-greedy": solve_xla_greedy,
     "reforward": solve_reforward,
     "combined": solve_combined,
+    "offload-greedy": solve_offload_greedy,
+    "offload-dp": solve_offload_dp,
+    "vdnn": solve_vdnn,
 }
 """Registry: solver name -> ``solve(graph, budget_bytes, *, config=None) -> Plan``."""
 
