@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import copy
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -94,3 +95,47 @@ def test_byte_budget_subtracts_optimizer_state() -> None:
     with pytest.raises(ValueError, match="resident"):
         ar.prepare(Accelerator(cpu=True), model, (x,), budget=params * 2, optimizer=opt)
     assert not autoremat.is_patched(model)
+
+
+@pytest.fixture
+def fresh_accelerator_state() -> Any:
+    """Accelerate keeps one process-wide state; a mixed-precision Accelerator needs a fresh one."""
+    from accelerate.state import AcceleratorState
+
+    AcceleratorState._reset_state(reset_partial_state=True)
+    yield
+    AcceleratorState._reset_state(reset_partial_state=True)
+
+
+def test_prepare_profiles_and_recomputes_under_bf16_autocast(monkeypatch: pytest.MonkeyPatch,
+                                                             fresh_accelerator_state: Any) -> None:
+    """``Accelerator(mixed_precision="bf16")``: capture runs under its autocast (bf16 activations in
+    the graph), and a patched step under ``accelerator.autocast()`` has the unpatched gradients.
+    (Accelerate runs ``"fp16"`` on the CPU without autocast, so bf16 is the CPU case.)"""
+    accelerator = Accelerator(cpu=True, mixed_precision="bf16")
+    seen: dict[str, Any] = {}
+    real_capture = ar.capture
+
+    def spy(*args: Any, **kwargs: Any) -> autoremat.Graph:
+        seen["autocast"] = (torch.is_autocast_enabled("cpu"), torch.get_autocast_dtype("cpu"))
+        seen["graph"] = real_capture(*args, **kwargs)
+        return seen["graph"]
+
+    monkeypatch.setattr(ar, "capture", spy)
+    model, x = _model()
+    reference = copy.deepcopy(model)
+    fp32 = autoremat.capture(model, (x,), repeats=1)
+    ar.prepare(accelerator, model, (x,), budget="50%")
+    assert seen["autocast"] == (True, torch.bfloat16)
+    g = seen["graph"]
+    conv = next(v for v in g.nodes if g.node(v)["kind"] == "conv")
+    assert 2 * g.node(conv)["out_bytes"] == fp32.node(conv)["out_bytes"]
+    plan = model.__dict__["_autoremat_patch"].plan
+    assert plan.recompute_segments
+    with accelerator.autocast():
+        torch.manual_seed(0)
+        run_step(reference, (x,))
+        torch.manual_seed(0)
+        run_step(model, (x,))
+    assert gradients_equal(gradients(reference), gradients(model))
+    autoremat.restore(model)

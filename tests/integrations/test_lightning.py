@@ -178,16 +178,6 @@ def test_offload_false_excludes_the_combined_planner(tmp_path: Path) -> None:
     assert cb.plan is not None and cb.plan.solver != "combined" and not cb.plan.offload
 
 
-@pytest.mark.parametrize("precision", ["bf16-mixed"])
-def test_mixed_precision(tmp_path: Path, precision: str) -> None:
-    model = LitClassifier()
-    cb = autoremat.AutoRemat(budget="70%", module="model", raise_batch_size=False, verbose=False)
-    _trainer(cb, tmp_path, precision=precision).fit(model)
-    assert cb.summary["measured_peak_bytes"] <= cb.step_budget_bytes
-    assert cb.plan is not None and cb.plan.recompute_segments
-    assert all(torch.isfinite(torch.tensor(model.step_losses)))
-
-
 @pytest.mark.parametrize(
     ("kwargs", "match"),
     [
