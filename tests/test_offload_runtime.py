@@ -1,9 +1,11 @@
-"""Offload: plan field, simulator transfer model, the combined planner, and the runtime
-(bookkeeping on the CPU; real transfers on CUDA, marked gpu)."""
+"""Offload: plan field, simulator transfer model, the combined planner, the chain offloading
+solvers' plans run by the runtime (bookkeeping on the CPU; real transfers on CUDA, marked gpu)."""
 
 from __future__ import annotations
 
+import contextlib
 import copy
+from collections.abc import Iterator
 
 import pytest
 import torch
@@ -12,7 +14,10 @@ import autoremat
 from autoremat.measure import gradients, gradients_equal, measure, run_step
 from autoremat.plan import Plan, offloadable_nodes
 from autoremat.runtime import offloader_of
-from autoremat.simulate import no_recompute_plan, simulate
+from autoremat.offload.bandwidth import measure_bandwidth
+from autoremat.runtime.offload import Offloader
+from autoremat.simulate import no_recompute_plan, simulate, unoptimised_peak_bytes
+from autoremat.solvers.offload_chain import offload_candidates
 
 
 def _chain(n: int = 8, size: int = 100, t: float = 1.0) -> autoremat.Graph:
@@ -145,24 +150,147 @@ def test_module_level_offload_bookkeeping() -> None:
     assert set(stats.packed_nodes) == set(blocks)
 
 
+_CPU_RESNET: dict[str, tuple] = {}
+
+
+def _cpu_resnet() -> tuple[torch.nn.Module, tuple, autoremat.Graph]:
+    """A CPU resnet50 (small) and its capture, shared by the solver tests (the model is copied)."""
+    if not _CPU_RESNET:
+        model, args = autoremat.zoo.build("resnet50")
+        _CPU_RESNET["x"] = (model, args, autoremat.capture(model, args))
+    model, args, g = _CPU_RESNET["x"]
+    return copy.deepcopy(model), args, g
+
+
+@pytest.mark.parametrize("solver", ["offload-greedy", "offload-dp", "vdnn"])
+def test_chain_solver_plans_run_on_a_cpu_model_with_offload_true(solver: str) -> None:
+    model, args, g = _cpu_resnet()
+    peak = unoptimised_peak_bytes(g)
+    with pytest.raises(autoremat.InfeasibleBudgetError) as err:
+        autoremat.solve(g, 0, solver=solver, offload=True)
+    least = err.value.min_budget_bytes
+    assert least < peak  # CPU-measured times: copies at 12 GB/s hide behind compute
+    budget = (least + peak) // 2
+    plan = autoremat.solve(g, budget, solver=solver, offload=True)
+    assert plan.offload and not plan.recompute_segments
+    assert simulate(g, plan).peak_bytes <= budget < peak
+    reference = copy.deepcopy(model)
+    torch.manual_seed(0)
+    run_step(reference, args)
+    autoremat.apply(model, plan)
+    try:
+        torch.manual_seed(0)
+        run_step(model, args)
+        stats = offloader_of(model).stats
+    finally:
+        autoremat.restore(model)
+    assert gradients_equal(gradients(reference), gradients(model))
+    assert sorted(stats.packed_nodes) == list(plan.offload)
+    assert stats.packed_bytes == sum(g.node(v)["alloc_bytes"] for v in plan.offload)
+    assert sorted(stats.fetched_nodes) == list(plan.offload)
+    assert offloader_of(model) is None
+
+
+def test_a_producers_own_save_is_taken_before_the_offload_mark(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Why ``offload_candidates`` leaves out storages their producer saves: the ReLU saves its
+    output while it runs, before the runtime marks that output, so that save stays a device
+    tensor (on CUDA it pins the storage); only the next layer's save of it is offloaded. If this
+    test fails, the runtime has learnt to offload such saves and the exclusion can go."""
+    model = torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.ReLU(), torch.nn.Linear(8, 8))
+    x = torch.randn(4, 8)
+    g = autoremat.capture(model, (x,))
+    relu = next(v for v in g.nodes if g.node(v)["kind"] == "act")
+    assert relu in offloadable_nodes(g, no_recompute_plan(g)) and relu not in offload_candidates(g)
+    plan = autoremat.solvers.finalize_plan(g, Plan(list(no_recompute_plan(g).segments), offload=(relu,)),
+                                           10**12, "manual")
+    seen: list[tuple[int, bool]] = []
+    pack = Offloader._pack
+
+    def spy(self: Offloader, t: torch.Tensor) -> object:
+        out = pack(self, t)
+        seen.append((t.untyped_storage()._cdata, not isinstance(out, torch.Tensor)))
+        return out
+
+    monkeypatch.setattr(Offloader, "_pack", spy)
+    autoremat.apply(model, plan)
+    try:
+        model(x).sum().backward()
+        assert offloader_of(model).stats.packed_nodes == [relu]
+    finally:
+        autoremat.restore(model)
+    relu_storage = [key for key, _ in seen]
+    relu_saves = [offloaded for key, offloaded in seen if relu_storage.count(key) == 2]
+    assert relu_saves == [False, True]  # the ReLU's own save kept as is, then the Linear's offloaded
+
+
+@contextlib.contextmanager
+def _deterministic() -> Iterator[None]:
+    """Deterministic kernels, so that torch.equal compares the offload and not cuDNN's atomics."""
+    was, warn = torch.are_deterministic_algorithms_enabled(), torch.is_deterministic_algorithms_warn_only_enabled()
+    torch.use_deterministic_algorithms(True, warn_only=True)
+    try:
+        with torch.backends.cudnn.flags(enabled=True, benchmark=False, deterministic=True):
+            yield
+    finally:
+        torch.use_deterministic_algorithms(was, warn_only=warn)
+
+
+def _grads(model: torch.nn.Module, args: tuple) -> dict:
+    with _deterministic():
+        torch.manual_seed(0)
+        run_step(model, args)
+    return gradients(model)
+
+
 @pytest.mark.gpu
 def test_real_transfers_on_cuda() -> None:
     model, args = autoremat.zoo.build("resnet50", size="small", batch_size=64, device="cuda")
     g = autoremat.capture(model, args)
     base = no_recompute_plan(g)
-    order = sorted(offloadable_nodes(g, base))
+    order = offload_candidates(g)  # storages a producer saves itself stay pinned on the device
     plan = autoremat.solvers.finalize_plan(g, Plan(list(base.segments), offload=tuple(order[: len(order) // 2])),
                                            10**15, "manual")
     reference = copy.deepcopy(model)
-    torch.manual_seed(0)
-    run_step(reference, args)
+    ref = _grads(reference, args)
     before = measure(model, args).peak_bytes
     autoremat.apply(model, plan)
     try:
-        torch.manual_seed(0)
-        run_step(model, args)
+        got = _grads(model, args)
+        stats = offloader_of(model).stats
         after = measure(model, args).peak_bytes
     finally:
         autoremat.restore(model)
-    assert gradients_equal(gradients(reference), gradients(model))
+    assert gradients_equal(ref, got)
+    assert sorted(stats.packed_nodes) == order[: len(order) // 2] and stats.prefetched_ahead > 0
     assert after < before
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("solver", ["offload-greedy", "offload-dp"])
+def test_solver_plans_on_cuda_lower_the_measured_peak(solver: str) -> None:
+    """A plan solved with the measured bandwidth at a budget that offloading must meet: exact
+    gradients, real transfers, and a lower measured CUDA step peak than the unpatched model."""
+    model, args = autoremat.zoo.build("resnet50", size="small", batch_size=64, device="cuda")
+    g = autoremat.capture(model, args)
+    g.meta["bandwidth_bytes_per_s"] = measure_bandwidth()
+    peak = unoptimised_peak_bytes(g)
+    with pytest.raises(autoremat.InfeasibleBudgetError) as err:
+        autoremat.solve(g, 0, solver="offload-dp")
+    least = err.value.min_budget_bytes
+    assert least < peak, "offloading cannot lower the predicted peak on this GPU at the measured bandwidth"
+    budget = (least + peak) // 2
+    plan = autoremat.solve(g, budget, solver=solver)
+    assert plan.offload and plan.predicted_peak_bytes <= budget
+    reference = copy.deepcopy(model)
+    ref = _grads(reference, args)
+    before = measure(reference, args).peak_bytes
+    autoremat.apply(model, plan)
+    try:
+        got = _grads(model, args)
+        assert sorted(offloader_of(model).stats.packed_nodes) == list(plan.offload)
+        after = measure(model, args).peak_bytes
+    finally:
+        autoremat.restore(model)
+    assert gradients_equal(ref, got)
+    assert after < before, (f"measured peak {after} not below the unpatched {before} "
+                            f"(predicted {plan.predicted_peak_bytes}, budget {budget})")
