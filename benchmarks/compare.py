@@ -3,6 +3,8 @@
     python benchmarks/compare.py                                  # full CPU run, ~25 min on 2 cores
     python benchmarks/compare.py --models resnet50,gpt2 --rounds 3
     python benchmarks/compare.py --quick --out /tmp/compare       # smoke mode: one tiny model, 1 round
+    python benchmarks/compare.py --batch-only                     # only the largest-batch section, merged
+                                                                  # into the existing compare.json
 
 For every model (zoo ``resnet50``, ``densenet121``, ``unet`` at CPU size, and a transformers GPT-2
 from a small config with random weights and tokens) each configuration runs on a fresh deepcopy of
@@ -89,11 +91,11 @@ ROW_FIELDS = (
 )
 """Every configuration row carries these keys (``None`` where a field does not apply)."""
 
-AUTOREMAT_MINUS_GRADS = "autoremat (budget - grads)"
-BATCH_METHODS = ("autoremat", AUTOREMAT_MINUS_GRADS, "batchsizefinder")
+BATCH_METHODS = ("autoremat", "batchsizefinder")
 BATCH_FIELDS = (
     "task", "method", "status", "error", "budget_bytes", "resident_bytes", "initial_batch_size",
     "batch_size", "largest_trained_batch", "confirmed", "confirm_peak_bytes", "search_s", "note",
+    "step_budget_bytes", "predicted_overhead",
 )
 
 
@@ -1032,17 +1034,9 @@ def run_batch_task(task: BatchTask, method: str, log: Callable[[str], None], *, 
     dev = SimulatedDevice(task.capacity if not cuda else 2**62)  # on a GPU it only records the batch sizes
     dev.install(model)
     row["resident_bytes"] = resident_bytes(model, [])
-    if method.startswith("autoremat"):
-        budget = task.capacity
+    if method == "autoremat":
         row["note"] = "AutoRemat(budget=B, raise_batch_size=True, solver='auto')"
-        if method == AUTOREMAT_MINUS_GRADS:
-            grads = _storage_bytes([p for p in model.parameters() if p.requires_grad])
-            budget -= grads
-            row["note"] = (f"AutoRemat(budget=B - {grads / 2**20:.2f} MiB of parameter gradients, raise_batch_size=True, "
-                           "solver='auto'): under Lightning's automatic optimisation the previous step's gradients "
-                           "are still allocated during the next forward (optimizer.zero_grad runs in the closure after "
-                           "training_step), which AutoRemat's resident estimate leaves out")
-        cb = autoremat.AutoRemat(budget=budget, module="model", raise_batch_size=True, verbose=False,
+        cb = autoremat.AutoRemat(budget=task.capacity, module="model", raise_batch_size=True, verbose=False,
                                  max_batch_size=max_batch, loss_fn=task.loss_fn)
         limiter = limited_trial_steps(task.capacity) if not cuda else contextlib.nullcontext()
     else:
@@ -1068,7 +1062,7 @@ def run_batch_task(task: BatchTask, method: str, log: Callable[[str], None], *, 
             row.update(status="failed", confirmed=False, error=_err(err))
     quiet.setLevel(level)
     row["search_s"] = time.perf_counter() - t0
-    auto = method.startswith("autoremat")
+    auto = method == "autoremat"
     row["batch_size"] = int(cb.batch_size) if auto and cb.batch_size else int(model.batch_size)
     row["largest_trained_batch"] = dev.largest_trained()
     row["confirm_peak_bytes"] = dev.peak_at(row["batch_size"]) or max(
@@ -1076,6 +1070,8 @@ def run_batch_task(task: BatchTask, method: str, log: Callable[[str], None], *, 
     if cuda:  # the allocator's peak over the whole fit (search included), not per step
         row["confirm_peak_bytes"] = int(torch.cuda.max_memory_allocated(0))
     if auto and cb.summary:
+        row["step_budget_bytes"] = cb.step_budget_bytes
+        row["predicted_overhead"] = cb.summary.get("predicted_overhead")
         row["note"] += (f"; plan {cb.summary.get('solver')} ({cb.summary.get('segments')} segments, "
                         f"{cb.summary.get('recomputed')} recomputed), step budget "
                         f"{(cb.step_budget_bytes or 0) / 2**20:.2f} MiB")
@@ -1134,7 +1130,10 @@ def machine_info(device: torch.device) -> dict[str, Any]:
 
     info = {"platform_machine": platform.machine(), "cpu_count": os.cpu_count(), "torch": torch.__version__,
             "torch_threads": torch.get_num_threads(), "python": platform.python_version(),
-            "lightning": lightning.__version__, "device": str(device), "system": platform.system()}
+            "lightning": lightning.__version__, "device": str(device), "system": platform.system(),
+            "cuda_available": torch.cuda.is_available()}
+    with contextlib.suppress(OSError, AttributeError):
+        info["load_avg_1m"] = os.getloadavg()[0]  # other work on a shared machine
     with contextlib.suppress(ImportError):
         import transformers
 
@@ -1175,7 +1174,9 @@ def to_markdown(result: dict[str, Any]) -> str:
         f"Machine: `platform.machine()` = {m['platform_machine']}, `os.cpu_count()` = {m['cpu_count']}, "
         f"torch {m['torch']} ({m['torch_threads']} intra-op thread(s)), Lightning {m['lightning']}, "
         f"transformers {m.get('transformers', '-')}, Python {m['python']}"
-        + (f", GPU {m['device_name']} ({m['device_memory_bytes'] / 2**30:.1f} GiB)" if "device_name" in m else "")
+        + (f", GPU {m['device_name']} ({m['device_memory_bytes'] / 2**30:.1f} GiB)" if "device_name" in m else
+           ", CPU only (no GPU), shared with other jobs running at the same time"
+           + ("" if m.get("load_avg_1m") is None else f" (1-minute load average {m['load_avg_1m']:.2f} at the start)"))
         + ".", "",
         f"Command: `{result['command']}` ({result['wall_s'] / 60:.1f} min).", "",
     ]
@@ -1230,15 +1231,19 @@ def to_markdown(result: dict[str, Any]) -> str:
         parts = [f"{sv}: {_x(v['time_ratio'])} ({_pct(v['peak_ratio'])} peak)" if v["status"] == "ok"
                  else f"{sv}: {v['status']}" for sv, v in h["resnet50_50pct"].items()]
         lines.append("* **resnet50 at a 50 % budget**, step time vs `none`: " + "; ".join(parts) + ".")
+    steps = s.get("confirm_steps", 2)
     for task, d in h["largest_batch"].items():
         def one(method: str) -> str:
             v = d.get(method)
             if v is None:
                 return "n/a"
-            return f"{v['batch_size']}" + ("" if v["confirmed"] else " (**failed** its training steps)")
-        lines.append(f"* **Largest batch, {task}** (from {next(iter(d.values()))['initial']}): autoremat {one('autoremat')}; "
-                     f"autoremat with the budget lowered by the gradient bytes {one(AUTOREMAT_MINUS_GRADS)}; "
-                     f"BatchSizeFinder {one('batchsizefinder')}.")
+            return f"{v['batch_size']}" + (f" (trained {steps} steps)" if v["confirmed"]
+                                           else " (**failed** its training steps)")
+        a, b = d.get("autoremat"), d.get("batchsizefinder")
+        ratio = (f": **{a['batch_size'] / b['batch_size']:.1f}x** BatchSizeFinder's"
+                 if a and b and a["confirmed"] and b["confirmed"] and b["batch_size"] else "")
+        lines.append(f"* **Largest batch, {task}** (from {next(iter(d.values()))['initial']}, same simulated budget): "
+                     f"autoremat {one('autoremat')}; BatchSizeFinder {one('batchsizefinder')}{ratio}.")
     if h["worst_prediction_error"]:
         wpe = h["worst_prediction_error"]
         lines.append(f"* **Worst autoremat prediction error**: {wpe['error']:+.1%} ({wpe['model']}, `{wpe['config']}`).")
@@ -1291,6 +1296,7 @@ def to_markdown(result: dict[str, Any]) -> str:
             lines += ["", f"![{name}: step peak vs step time](compare_{name}.png)"]
         lines.append("")
     if result["largest_batch"]:
+        batch_run = result.get("batch_run")
         cuda_text = (
             "Both methods start from the module's `batch_size` under the same real budget: the caching allocator "
             "may hold at most B bytes (`torch.cuda.set_per_process_memory_fraction(B / total)`), beyond which it "
@@ -1298,6 +1304,13 @@ def to_markdown(result: dict[str, Any]) -> str:
             f"train {result['settings']['confirm_steps']} steps at the size they chose (confirmed = no "
             "out-of-memory; peak = `max_memory_allocated` over the whole fit).")
         lines += ["## Largest batch under a fixed budget", ""]
+        if batch_run:
+            bm = batch_run["machine"]
+            load = ("" if bm.get("load_avg_1m") is None
+                    else f", 1-minute load average {bm['load_avg_1m']:.2f} at its start")
+            lines += [f"This section was re-run on its own after the tables above: `{batch_run['command']}` "
+                      f"({batch_run['wall_s'] / 60:.1f} min; torch {bm['torch']}, Lightning {bm['lightning']}, "
+                      f"`os.cpu_count()` = {bm['cpu_count']}{load}).", ""]
         if m["device"].startswith("cuda"):
             lines += [cuda_text, ""]
         else:
@@ -1313,12 +1326,13 @@ def to_markdown(result: dict[str, Any]) -> str:
                   "enforced. *AutoRemat*: the counter wraps `autoremat.integrations.lightning._trial_step` (one "
                   "forward+backward of the patched module on a real batch of the size tried; inputs charged as "
                   "batch), and AutoRemat's own check compares the measured step peak with its step budget (B minus "
-                  "parameters, buffers, estimated optimizer state and the batch); profiling runs once at the "
-                  "starting batch size, unenforced. Afterwards both train "
+                  "parameters, buffers, estimated optimizer state, under automatic optimisation the previous step's "
+                  "parameter gradients, and the batch); profiling runs once at the starting batch size, unenforced. "
+                  "Afterwards both train "
                   f"{result['settings']['confirm_steps']} steps at the size they chose with the `optimizer_step` "
                   "wrapper on (confirmed = no out-of-memory; peak in use = resident + batch + the step's peak).", ""]
-        lines += ["| task | budget | resident | method | batch | largest batch trained | confirmed | peak in use "
-                  "at that batch | search + training time | notes |",
+        lines += ["| task | budget | parameters + buffers | method | batch | largest batch trained | confirmed | "
+                  "peak in use at that batch | search + training time | notes |",
                   "|---|---|---|---|---|---|---|---|---|---|"]
         for r in result["largest_batch"]:
             notes = "; ".join(x for x in (r["error"], r["note"]) if x).replace("|", "/")
@@ -1327,7 +1341,7 @@ def to_markdown(result: dict[str, Any]) -> str:
                          f"{r['confirmed']} | {_mib(r['confirm_peak_bytes'])} | "
                          f"{_sec(r['search_s'])} | {notes} |")
         lines.append("")
-        lines += _batch_failure_text(result["largest_batch"])
+        lines += _batch_text(result["largest_batch"], result["settings"].get("confirm_steps", 2))
     fails = result["failures"]
     lines += ["## What failed or did not apply", ""]
     if not fails:
@@ -1340,31 +1354,38 @@ def to_markdown(result: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
-def _batch_failure_text(rows: list[dict[str, Any]]) -> list[str]:
-    """Explain an autoremat batch size that failed its training steps, from the recorded numbers."""
+def _batch_text(rows: list[dict[str, Any]], steps: int) -> list[str]:
+    """What the largest-batch table shows, per task, from the recorded numbers."""
     import re
 
     out = []
-    for r in rows:
-        if r["method"] != "autoremat" or r["status"] == "ok" or not r["error"]:
+    for task in dict.fromkeys(r["task"] for r in rows):
+        a = next((r for r in rows if r["task"] == task and r["method"] == "autoremat"), None)
+        b = next((r for r in rows if r["task"] == task and r["method"] == "batchsizefinder"), None)
+        if a is None:
             continue
-        m = re.search(r"\((\d+) bytes live in this step, limit (\d+)\)", r["error"])
-        fix = next((x for x in rows if x["task"] == r["task"] and x["method"] == AUTOREMAT_MINUS_GRADS), None)
-        g = re.search(r"B - ([\d.]+) MiB of parameter gradients", (fix or {}).get("note") or "")
-        text = (f"*{r['task']}*: AutoRemat's own trial steps passed at batch {r['batch_size']}, but the training steps "
-                "at that size ran out of the simulated device")
+        if a["status"] == "ok":
+            text = (f"*{task}*: AutoRemat raised the batch from {a['initial_batch_size']} to {a['batch_size']} and "
+                    f"trained {steps} real steps at that size on the simulated device, at most "
+                    f"{_mib(a['confirm_peak_bytes'])} in use of {_mib(a['budget_bytes'])}")
+            if a["predicted_overhead"] is not None:
+                text += f"; its plan predicts {a['predicted_overhead']:.0%} more step time than no recomputation"
+            if b is not None and b["status"] == "ok" and b["batch_size"]:
+                text += (f". BatchSizeFinder, which does not recompute, settled on {b['batch_size']} (the largest of "
+                         f"its trial steps that trained: {b['largest_trained_batch']}), so AutoRemat's batch is "
+                         f"{a['batch_size'] / b['batch_size']:.1f}x")
+            out += [text + ".", ""]
+            continue
+        text = f"*{task}*: AutoRemat chose batch {a['batch_size']}, but "
+        m = re.search(r"\((\d+) bytes live in this step, limit (\d+)\)", a["error"] or "")
         if m:
-            text += f" by {(int(m.group(1)) - int(m.group(2))) / 2**10:.0f} KiB"
-        text += (". Under Lightning's automatic optimisation `optimizer.zero_grad` runs inside the closure *after* "
-                 "`training_step`, so the previous step's parameter gradients"
-                 + (f" ({g.group(1)} MiB)" if g else "") + " are still allocated during the next forward; AutoRemat's "
-                 "trial step (`run_step`) sets gradients to None first and its resident estimate (parameters, buffers, "
-                 "optimizer state, batch) leaves them out. Lowering the budget by the gradient bytes")
-        if fix is not None:
-            text += (f" gives batch {fix['batch_size']}, which " + ("trains" if fix["confirmed"] else "also fails")
-                     + ".")
+            text += (f"the training steps at that size ran out of the simulated device by "
+                     f"{(int(m.group(1)) - int(m.group(2))) / 2**10:.0f} KiB: its step budget left out something "
+                     "the real Lightning step allocates (its trial step is one forward+backward of the patched "
+                     "module; the training step also runs the loss, `optimizer.zero_grad` after `training_step` "
+                     "and the optimizer update).")
         else:
-            text += " is the workaround."
+            text += f"the run failed: {a['error']}."
         out += [text, ""]
     return out
 
@@ -1446,30 +1467,66 @@ def run(models: Sequence[str], opts: Options, out: Path, *, batch: bool = True, 
             if device.type == "cuda":
                 torch.cuda.empty_cache()
     if batch:
-        log("== largest batch under a fixed budget")
-        for task in batch_tasks(quick, batch_budgets, size=opts.size):
-            for method in BATCH_METHODS:
-                try:
-                    result["largest_batch"].append(run_batch_task(task, method, log, confirm_steps=confirm_steps,
-                                                                  device=opts.device))
-                except Exception as err:  # noqa: BLE001
-                    log(traceback.format_exc())
-                    row = dict.fromkeys(BATCH_FIELDS)
-                    row.update(task=task.name, method=method, status="failed", error=_err(err),
-                               budget_bytes=task.capacity)
-                    result["largest_batch"].append(row)
+        result["largest_batch"] = run_batch_section(opts, quick=quick, batch_budgets=batch_budgets,
+                                                    confirm_steps=confirm_steps, log=log)
     for r in result["rows"]:
         if r["status"] not in ("ok", "infeasible"):
             result["failures"].append({k: r[k] for k in ("model", "config", "status", "error", "note")})
-    for r in result["largest_batch"]:
-        if r["status"] != "ok":
-            result["failures"].append({"model": r["task"], "config": r["method"], "status": r["status"],
-                                       "error": r["error"], "note": None})
+    result["failures"] += _batch_failures(result["largest_batch"])
     result["headline"] = headline(result["models"], result["largest_batch"])
     result["wall_s"] = time.perf_counter() - t_start
     write_outputs(result, out)
     log(f"wrote {out / 'compare.json'}, {out / 'RESULTS.md'} and {len(result['plots'])} plots "
         f"in {result['wall_s'] / 60:.1f} min")
+    return result
+
+
+def run_batch_section(opts: Options, *, quick: bool, batch_budgets: dict[str, int] | None, confirm_steps: int,
+                      log: Callable[[str], None]) -> list[dict[str, Any]]:
+    """The largest-batch comparison: every task of :func:`batch_tasks` with every ``BATCH_METHODS``."""
+    rows = []
+    log("== largest batch under a fixed budget")
+    for task in batch_tasks(quick, batch_budgets, size=opts.size):
+        for method in BATCH_METHODS:
+            try:
+                rows.append(run_batch_task(task, method, log, confirm_steps=confirm_steps, device=opts.device))
+            except Exception as err:  # noqa: BLE001 - one task failing must not lose the others
+                log(traceback.format_exc())
+                row = dict.fromkeys(BATCH_FIELDS)
+                row.update(task=task.name, method=method, status="failed", error=_err(err),
+                           budget_bytes=task.capacity)
+                rows.append(row)
+    return rows
+
+
+def _batch_failures(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    return [{"model": r["task"], "config": r["method"], "status": r["status"], "error": r["error"], "note": None}
+            for r in rows if r["status"] != "ok"]
+
+
+def run_batch_only(out: Path, opts: Options, *, quick: bool = False, command: str = "",
+                   batch_budgets: dict[str, int] | None = None, confirm_steps: int = 2,
+                   log: Callable[[str], None] = print) -> dict[str, Any]:
+    """Re-run only the largest-batch comparison and merge it into ``out/compare.json``: the step-time
+    tables stay as measured, the batch rows, their failures and the headline are replaced, and the
+    section records its own command, wall time and machine (``batch_run``)."""
+    path = out / "compare.json"
+    if not path.is_file():
+        raise SystemExit(f"--batch-only merges into an existing {path}, which does not exist; "
+                         "run the full comparison first (without --batch-only)")
+    result = json.loads(path.read_text())
+    t_start = time.perf_counter()
+    machine = machine_info(torch.device(opts.device))
+    old_tasks = {r["task"] for r in result.get("largest_batch", [])}
+    rows = run_batch_section(opts, quick=quick, batch_budgets=batch_budgets, confirm_steps=confirm_steps, log=log)
+    result["largest_batch"] = rows
+    result["failures"] = [f for f in result.get("failures", []) if f["model"] not in old_tasks] + _batch_failures(rows)
+    result["settings"]["confirm_steps"] = confirm_steps
+    result["batch_run"] = {"command": command, "wall_s": time.perf_counter() - t_start, "machine": machine}
+    result["headline"] = headline(result["models"], rows)
+    write_outputs(result, out)
+    log(f"merged the largest-batch section into {path} and rewrote {out / 'RESULTS.md'} "
+        f"in {result['batch_run']['wall_s'] / 60:.1f} min")
     return result
 
 
@@ -1573,13 +1630,22 @@ def options_from(a: argparse.Namespace, *, device: str = "cpu", size: str = "sma
 
 
 def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
-    a = parser().parse_args(argv)
+    p = parser()
+    p.add_argument("--batch-only", action="store_true",
+                   help="only the largest-batch comparison, merged into the existing compare.json under --out "
+                        "(the step-time tables are kept as they were measured)")
+    a = p.parse_args(argv)
     if a.render:
         return render(a.render)
+    if a.batch_only and a.no_batch:
+        p.error("--batch-only and --no-batch exclude each other")
     torch.set_num_threads(max(1, a.threads))
     models, opts = options_from(a)
     out = a.out or (DEFAULT_OUT / "compare_quick" if a.quick else DEFAULT_OUT)
     command = "python benchmarks/compare.py " + " ".join(sys.argv[1:] if argv is None else argv)
+    if a.batch_only:
+        return run_batch_only(out, opts, quick=a.quick, command=command.strip(), batch_budgets=_sizes(a.batch_budgets),
+                              log=lambda s: print(s, flush=True))
     return run(models, opts, out, batch=not a.no_batch, quick=a.quick, command=command.strip(),
                batch_budgets=_sizes(a.batch_budgets), log=lambda s: print(s, flush=True))
 
