@@ -92,6 +92,14 @@ def test_compare_quick_writes_every_row_and_field(tmp_path: Path, monkeypatch: p
     assert "## Largest batch under a fixed budget" in md
     assert (tmp_path / "compare_mlp.png").stat().st_size > 1000
 
+    # --batch-only re-measures the largest-batch section alone and keeps the step-time rows
+    compare.main(["--quick", "--batch-only", "--out", str(tmp_path)])
+    again = json.loads((tmp_path / "compare.json").read_text())
+    assert again["rows"] == data["rows"]
+    assert [r["method"] for r in again["largest_batch"]] == list(compare.BATCH_METHODS)
+    assert all(r["budget_bytes"] > 0 for r in again["largest_batch"])
+    assert "## Largest batch under a fixed budget" in (tmp_path / "RESULTS.md").read_text()
+
 
 def test_compare_gpu_dry_run_lists_configurations(monkeypatch: pytest.MonkeyPatch,
                                                   capsys: pytest.CaptureFixture[str]) -> None:
