@@ -101,10 +101,14 @@ from __future__ import annotations
 
 import logging
 import math
+import threading
 from bisect import bisect_left
+from collections import OrderedDict
 from collections.abc import Iterator, Sequence
 from heapq import heappop, heappush
 from typing import Any
+
+import numpy as np
 
 from ..errors import InfeasibleBudgetError
 from ..graph import Graph
@@ -112,6 +116,10 @@ from ..plan import Plan, segments_from_lower_sets
 from ..simulate import no_recompute_plan, simulate
 
 __all__ = ["solve_dp_exact", "solve_dp_approx", "min_budget"]
+
+_INF = 1 << 62  # "no label" in the int64 tables (budgets and byte counts stay far below)
+_VECTOR_MIN = 24  # successor lists at least this long are relaxed with numpy
+_DENSE_CELLS = 1 << 23  # (time bucket, set) cells of the dense label table; beyond it, dicts
 
 logger = logging.getLogger(__name__)
 
@@ -200,6 +208,7 @@ class _Prep:
                 owner[v] = owner[self.succ[v][0]]
         self.buf_owner = owner
         self._info: dict[int, tuple[int, int]] = {}
+        self._after: dict[int, tuple[tuple[tuple[int, int], ...], frozenset[str], int]] = {}
         self._sweeps()
 
     # -------------------------------------------------------------- set helpers
@@ -241,6 +250,35 @@ class _Prep:
         if got is None:
             bnd = self.boundary(lower)
             got = self._info[lower] = (bnd, self.roots(bnd | (self.out_mask & lower)))
+        return got
+
+    def after(self, upper: int) -> tuple[tuple[tuple[int, int], ...], frozenset[str], int]:
+        """What the backward of everything after ``upper`` leaves alive (cached per set).
+
+        ``(grads, params, param_bytes)``: ``(u, owner)`` for each node of ``upper`` whose gradient
+        buffer is alive (it has a reader outside ``upper`` or is an output; ``owner`` is the node
+        whose buffer it shares, pass-through chains), in increasing ``u``; the parameters some node
+        outside ``upper`` uses, and their bytes.
+        """
+        got = self._after.get(upper)
+        if got is None:
+            outside = ~upper
+            grads = []
+            cand = (self.boundary(upper) | (self.out_mask & upper)) if upper else 0
+            for u in _bits(cand):
+                if not self.rg[u]:
+                    continue
+                out_succ = self.succmask[u] & outside
+                if not out_succ and not self.is_out[u]:
+                    continue
+                owner = u
+                if not self.is_out[u] and out_succ & (out_succ - 1) == 0:
+                    w = out_succ.bit_length() - 1
+                    if self.passthru[w]:
+                        owner = self.buf_owner[w]
+                grads.append((u, owner))
+            params = frozenset(q for q, users in self.param_users.items() if users & outside)
+            got = self._after[upper] = (tuple(grads), params, sum(self.param_size[q] for q in params))
         return got
 
     def boundary(self, lower: int) -> int:
@@ -438,17 +476,8 @@ def _segment(p: _Prep, lower: int, upper: int, dangling: int, recompute: bool) -
         # backward of everything after upper has run: gradients of upper's boundary are alive
         peak = live
         shared: dict[int, int] = {}
-        for u in _bits(upper):
-            if not rg[u]:
-                continue
-            out_succ = p.succmask[u] & outside
-            if not out_succ and not is_out[u]:
-                continue
-            owner = u
-            if not is_out[u] and out_succ & (out_succ - 1) == 0:
-                w = out_succ.bit_length() - 1
-                if p.passthru[w]:
-                    owner = p.buf_owner[w]
+        grads_after, pg_after, pg_bytes = p.after(upper)
+        for u, owner in grads_after:
             key = shared.get(owner)
             if key is None:
                 key = shared[owner] = next_gid
@@ -458,8 +487,8 @@ def _segment(p: _Prep, lower: int, upper: int, dangling: int, recompute: bool) -
                 live += p.out[owner]
             refs[key].add(gb_base + u)
             grad[u] = key
-        pgrad = {q for q, users in p.param_users.items() if users & outside}
-        live += sum(p.param_size[q] for q in pgrad)
+        pgrad = set(pg_after)
+        live += pg_bytes
         if live > peak:
             peak = live
     # ---------------------------------------------------------------- backward
@@ -1035,7 +1064,27 @@ class _DP:
             # the backward of a segment ending in L' starts with L''s boundary gradients and the
             # parameter gradients of the nodes after L' alive: a lower bound of its need
             closed = _Closed(p)
-            self.floor = [_grad_floor(p, m) + closed.terms(m)[1] for m in family]
+            pg = [closed.terms(m)[1] for m in family]
+            self.floor = [_grad_floor(p, m) + pg[k] for k, m in enumerate(family)]
+            # a recomputed segment S = L' \\ L, when its replay reaches its last saving node, holds
+            # the copies of the storages of S that its own nodes save, their extras and the
+            # parameter gradients of the nodes after L': rec_hi[L'] - rec_lo[L] bounds its need
+            # from below (roots of L whose savers all lie after L' make it a bound, not an equality)
+            copy_saved = [0] * p.n  # rg nodes x that save u = x or a predecessor of x
+            for x in range(p.n):
+                if p.rg[x]:
+                    for u in p.saves[x]:
+                        if u == x or u in p.pred[x]:
+                            copy_saved[u] |= p.bit[x]
+            copyable = [p.alias_of[v] is None and copy_saved[v] != 0 for v in range(p.n)]
+            rg_extra = [p.extra[v] if p.rg[v] else 0 for v in range(p.n)]
+            self.rec_hi, self.rec_lo = [], []
+            for k, m in enumerate(family):
+                ext = sum(rg_extra[v] for v in _bits(m))
+                own = sum(p.alloc[v] for v in _bits(m) if copyable[v] and copy_saved[v] & m)
+                held = sum(p.alloc[v] for v in _bits(m) if copyable[v])
+                self.rec_hi.append(pg[k] + ext + own)
+                self.rec_lo.append(ext + held)
         else:
             self.closed = _Closed(p)
             self.terms = [self.closed.terms(m) for m in family]
@@ -1046,6 +1095,7 @@ class _DP:
         self.scan = [bisect_left(ordered, keys[k]) for k in range(n)]
         self.scanned = [-1] * n
         self.succ: list[list[tuple]] = [[] for _ in range(n)]
+        self._arr: list[tuple | None] = [None] * n
         self.runs = 0
         self.transitions = 0
 
@@ -1131,6 +1181,8 @@ class _DP:
                         j = item[1]
                         if m_min + self.floor[j] > budget:
                             continue
+                        if m_min + self.rec_hi[j] - self.rec_lo[i] > budget and self.p.recompute_flag(fam[i], fam[j]):
+                            continue  # its need is above what the budget leaves (see __init__)
                         need, dt, add, dang2 = self.exact_step(i, j, dang)
                     else:
                         _, j, need, dt, add = item
@@ -1168,25 +1220,67 @@ class _DP:
         seq.reverse()
         return seq, t_best
 
+    def _arrays(self, i: int) -> tuple[int, Any, Any, Any, Any, Any]:
+        """The successor list of set ``i`` (closed-form model) as numpy columns, extended when it
+        grew: ``(length, keys, j, need, dt_s, add)``, in key order."""
+        lst = self.succ[i]
+        got = self._arr[i]
+        if got is not None and got[0] == len(lst):
+            return got
+        done = 0 if got is None else got[0]
+        tail = lst[done:]
+        cols = list(zip(*tail)) if tail else [(), (), (), (), ()]
+        new = (np.array(cols[0], dtype=np.int64), np.array(cols[1], dtype=np.int64),
+               np.array(cols[2], dtype=np.int64), np.array(cols[3], dtype=np.float64),
+               np.array(cols[4], dtype=np.int64))
+        if got is not None and done:
+            new = tuple(np.concatenate((a, b)) for a, b in zip(got[1:], new))  # type: ignore[assignment]
+        got = self._arr[i] = (len(lst), *new)
+        return got
+
     def _feasible_closed(self, budget: int) -> tuple[list[int], float] | None:
-        """``"feasible"`` :meth:`run` for the closed-form model: least kept bytes per set."""
+        """``"feasible"`` :meth:`run` for the closed-form model: least kept bytes per set.
+
+        Sets are relaxed in family order (supersets come later); the first predecessor that
+        reaches a set with its least ``m`` is kept. Long successor lists are relaxed with numpy
+        (same comparisons, same order: a set's successors are distinct).
+        """
         fam, keys = self.fam, self.keys
         last = len(fam) - 1
-        inf = 1 << 126
+        inf = _INF
+        budget = min(budget, _INF)  # the int64 comparisons below; needs stay far below
         best = [inf] * len(fam)
+        best_np = np.full(len(fam), inf, dtype=np.int64)
         back = [-1] * len(fam)
         best[0] = 0
+        best_np[0] = 0
         for i in range(last):
             m = best[i]
             if m == inf:
                 continue
             room = budget - m
             limit = keys[i] + room
-            for kj, j, need, _, add in self.successors(i, limit):
-                if kj > limit:
-                    break
-                if need <= room and m + add < best[j]:
-                    best[j] = m + add
+            lst = self.successors(i, limit)
+            if len(lst) < _VECTOR_MIN:
+                for kj, j, need, _, add in lst:
+                    if kj > limit:
+                        break
+                    if need <= room and m + add < best[j]:
+                        best[j] = best_np[j] = m + add
+                        back[j] = i
+                continue
+            _, K, J, NEED, _, ADD = self._arrays(i)
+            c = int(np.searchsorted(K, limit, side="right"))
+            if not c:
+                continue
+            J = J[:c]
+            m2 = ADD[:c] + m
+            hit = np.flatnonzero((NEED[:c] <= room) & (m2 < best_np[J]))
+            if hit.size:
+                Jh, mh = J[hit], m2[hit]
+                best_np[Jh] = mh
+                for j, v in zip(Jh.tolist(), mh.tolist()):
+                    best[j] = v
                     back[j] = i
         if best[last] == inf:
             return None
@@ -1200,6 +1294,104 @@ class _DP:
 
     def _search_closed(self, budget: int) -> tuple[list[int], float] | None:
         """Time-centric :meth:`run` for the closed-form model as a label-setting search.
+
+        Times only grow along a sequence, so labels ``(set, t, m)`` are expanded in increasing
+        ``floor(t / quantum)`` (bucket ``q``; sets in order within a bucket); a label whose
+        ``m`` is not below the least ``m`` already expanded for its set is dominated (§4.2) and
+        dropped, and the first label of ``V`` is the answer. It finds what the table of
+        :meth:`run` would, but only expands labels up to the answer. The pending labels are a
+        dense ``(bucket, set)`` table (least ``m``, then least ``t``; the first such label keeps
+        its place) and each expanded label is relaxed into it with numpy.
+        """
+        fam, keys = self.fam, self.keys
+        quantum = self.quantum
+        nsets = len(fam)
+        last = nsets - 1
+        inf = _INF
+        rows = int(sum(self.p.time) // quantum) + 2  # a bucket index never exceeds T(V) / quantum
+        if rows * nsets > _DENSE_CELLS:
+            return self._search_closed_sparse(budget)
+        budget = min(budget, _INF)  # the int64 comparisons below; needs stay far below
+        pm = np.full((rows, nsets), inf, dtype=np.int64)   # pending m
+        pt = np.zeros((rows, nsets), dtype=np.float64)     # its exact t
+        pbi = np.zeros((rows, nsets), dtype=np.int64)      # previous set
+        pbq = np.zeros((rows, nsets), dtype=np.int64)      # previous bucket
+        queued = np.zeros(rows, dtype=bool)
+        best_np = np.full(nsets, inf, dtype=np.int64)
+        best = [inf] * nsets
+        labels: list[dict[int, tuple[int, int]]] = [{} for _ in fam]  # set -> bucket -> back
+        pm[0, 0] = 0
+        pbi[0, 0] = -1
+        queued[0] = True
+        pending = [0]
+        while pending:
+            tq = heappop(pending)
+            row_m, row_t = pm[tq], pt[tq]
+            queue = np.flatnonzero(row_m < inf).tolist()
+            while queue:
+                i = heappop(queue)
+                m = int(row_m[i])
+                if m >= best[i]:
+                    continue
+                t = float(row_t[i])
+                best[i] = m
+                best_np[i] = m
+                labels[i][tq] = (int(pbi[tq, i]), int(pbq[tq, i]))
+                if i == last:
+                    seq: list[int] = []
+                    k, kq = last, tq
+                    while k > 0:
+                        seq.append(fam[k])
+                        k, kq = labels[k][kq]
+                    seq.reverse()
+                    return seq, t
+                limit = keys[i] + budget - m
+                self.successors(i, limit)
+                _, K, J, NEED, DT, ADD = self._arrays(i)
+                c = int(np.searchsorted(K, limit, side="right"))
+                if not c:
+                    continue
+                J = J[:c]
+                m2 = ADD[:c] + m
+                hit = np.flatnonzero((NEED[:c] <= budget - m) & (m2 < best_np[J]))
+                if not hit.size:
+                    continue
+                J, m2 = J[hit], m2[hit]
+                t2 = DT[:c][hit] + t
+                q2 = (t2 // quantum).astype(np.int64)
+                top = int(q2.max())
+                if top >= rows:  # float rounding past T(V) / quantum: grow the table
+                    extra = top + 1 - rows
+                    pm = np.concatenate([pm, np.full((extra, nsets), inf, dtype=np.int64)])
+                    pt = np.concatenate([pt, np.zeros((extra, nsets))])
+                    pbi = np.concatenate([pbi, np.zeros((extra, nsets), dtype=np.int64)])
+                    pbq = np.concatenate([pbq, np.zeros((extra, nsets), dtype=np.int64)])
+                    queued = np.concatenate([queued, np.zeros(extra, dtype=bool)])
+                    rows = top + 1
+                    row_m, row_t = pm[tq], pt[tq]
+                old_m = pm[q2, J]
+                win = np.flatnonzero((m2 < old_m) | ((m2 == old_m) & (t2 < pt[q2, J])))
+                if not win.size:
+                    continue
+                J, q2, m2, t2, old_m = J[win], q2[win], m2[win], t2[win], old_m[win]
+                pm[q2, J] = m2
+                pt[q2, J] = t2
+                pbi[q2, J] = i
+                pbq[q2, J] = tq
+                here = q2 == tq
+                if here.any():  # new labels of the current bucket join its queue
+                    for j in J[here & (old_m == inf)].tolist():
+                        heappush(queue, j)
+                fresh = q2[~queued[q2]]
+                if fresh.size:
+                    for q in np.unique(fresh).tolist():
+                        queued[q] = True
+                        heappush(pending, q)
+        return None
+
+
+    def _search_closed_sparse(self, budget: int) -> tuple[list[int], float] | None:
+        """:meth:`_search_closed` with sparse dict buckets (for time grids too fine for a dense table).
 
         Times only grow along a sequence, so labels ``(set, t, m)`` are expanded in increasing
         ``floor(t / quantum)`` (a bucket queue; sets in order within a bucket); a label whose
@@ -1259,12 +1451,13 @@ class _DP:
                         tgt[j] = (m2, t2, i, tq)
         return None
 
-
     def _exact_moves(self, i: int, dang: int, m: int,
                      budget: int) -> Iterator[tuple[int, tuple[float, int, int]]]:
         """Transitions of the exact model out of state ``(set i, dangling roots)`` with kept bytes
         ``m``: each larger lower set ``j`` that the budget can still admit, with its (cached)
-        ``(time, added kept bytes, dangling roots)`` from :func:`_bookkeeping`."""
+        ``(time, added kept bytes, dangling roots, lower bound of the need)`` from
+        :func:`_bookkeeping`; a transition whose lower bound the budget cannot admit is left out
+        (it would fail its deferred memory check anyway)."""
         fam, floor, nsets, book = self.fam, self.floor, len(self.fam), self._book
         limit = self.keys[i] + budget - m
         for item in self.successors(i, limit):
@@ -1276,7 +1469,15 @@ class _DP:
             bk = (i * nsets + j, dang)
             got = book.get(bk)
             if got is None:
-                got = book[bk] = _bookkeeping(self.p, fam[i], fam[j], dang)
+                dt, add, dang2 = _bookkeeping(self.p, fam[i], fam[j], dang)
+                # a lower bound of the transition's need (its replay is dear): the backward of S
+                # starts with the kept bytes it adds and the gradients after L' alive
+                low = add + floor[j]
+                if self.p.recompute_flag(fam[i], fam[j]):
+                    low = max(low, self.rec_hi[j] - self.rec_lo[i])
+                got = book[bk] = (dt, add, dang2, low)
+            if m + got[3] > budget:  # it would fail its memory check: never a candidate
+                continue
             yield j, got
 
     def _feasible_exact(self, budget: int) -> tuple[list[int], float] | None:
@@ -1363,7 +1564,7 @@ class _DP:
                         node = labels[node][2]
                     seq.reverse()
                     return seq, t
-                for j, (dt, add, dang2) in self._exact_moves(i, dang, m, budget):
+                for j, (dt, add, dang2, _) in self._exact_moves(i, dang, m, budget):
                     m2 = m + add
                     nxt = (j, dang2)
                     if m2 >= best.get(nxt, inf):
@@ -1425,7 +1626,8 @@ class _Search:
         self.cfg = cfg
         p = self.p = _Prep(graph)
         self.quantum = _time_quantum(p, cfg["time_slots"])
-        self.fallback_reason = ""
+        self.fallback_reason = self.fallback_message = ""
+        self.lock = threading.RLock()  # one search at a time (its tables are shared across calls)
         family: list[int] | None = None
         exact = solver == "dp-exact"
         if exact:
@@ -1436,7 +1638,7 @@ class _Search:
                        "(the exact DP is quadratic in their number)")
                 if not cfg["fallback"]:
                     raise ValueError(msg + "; raise max_lower_sets, or pass fallback=True to use dp-approx")
-                logger.warning("%s; falling back to dp-approx (pruned family, closed-form model)", msg)
+                self.fallback_message = f"{msg}; falling back to dp-approx (pruned family, closed-form model)"
                 self.fallback_reason = f"more than {limit} lower sets"
                 exact = False
         if exact:
@@ -1513,6 +1715,10 @@ class _Search:
         The solver's minimum is the smaller of the unoptimised peak and the simulated peak of
         the sequence the DP finds at the least budget its model accepts.
         """
+        with self.lock:
+            return self._minimum()
+
+    def _minimum(self) -> tuple[int, int, Plan | None]:
         if self._min is not None:
             return self._min
         _, van_peak = self.vanilla()
@@ -1523,14 +1729,22 @@ class _Search:
         return self._min
 
     # -------------------------------------------------------------- solve
-    def solve(self, budget: int) -> Plan:
+    def solve(self, budget: int, cfg: dict[str, Any]) -> Plan:
+        """The plan for ``budget`` under ``cfg``'s objective and tightenings (the search's own
+        options, family and time grid, are fixed at construction)."""
+        with self.lock:
+            if self.fallback_reason:
+                logger.warning("%s", self.fallback_message)
+            return self._solve(budget, cfg)
+
+    def _solve(self, budget: int, cfg: dict[str, Any]) -> Plan:
         van_plan, van_peak = self.vanilla()
         if len(self.graph) == 0:
-            return self._stamp(van_plan, "no nodes")
-        objective = self.cfg["objective"]
+            return self._stamp(cfg, van_plan, "no nodes")
+        objective = cfg["objective"]
         if objective == "time" and van_peak <= budget:
-            return self._stamp(van_plan, "no recomputation: the budget does not bind")
-        need, dp_min, min_plan = self.minimum()
+            return self._stamp(cfg, van_plan, "no recomputation: the budget does not bind")
+        need, dp_min, min_plan = self._minimum()
         if budget < need:
             raise InfeasibleBudgetError(budget, need, solver=self.solver)
         fallback = min_plan or van_plan
@@ -1539,13 +1753,13 @@ class _Search:
             if found is not None:
                 plan = self.plan_of(found[0])
                 if self.peak(plan) <= budget:
-                    return self._stamp(plan, "memory-centric: most recomputation at the least DP budget",
+                    return self._stamp(cfg, plan, "memory-centric: most recomputation at the least DP budget",
                                        dp_budget=dp_min)
             logger.warning("%s: the memory-centric plan does not fit %d bytes in simulation; using "
                            "the sequence found at the least DP budget (%d bytes)", self.solver, budget, dp_min)
-            return self._stamp(fallback, "the sequence found at the least DP budget", dp_budget=dp_min)
+            return self._stamp(cfg, fallback, "the sequence found at the least DP budget", dp_budget=dp_min)
         dp_budget = budget
-        for attempt in range(self.cfg["max_tightenings"] + 1):
+        for attempt in range(cfg["max_tightenings"] + 1):
             if dp_budget < dp_min:
                 break
             found = self.dp.run(dp_budget, "time")
@@ -1554,19 +1768,19 @@ class _Search:
             plan = self.plan_of(found[0])
             peak = self.peak(plan)
             if peak <= budget:
-                return self._stamp(plan, "time-centric", dp_budget=dp_budget, tightenings=attempt)
+                return self._stamp(cfg, plan, "time-centric", dp_budget=dp_budget, tightenings=attempt)
             logger.info("%s: the DP's plan for %d bytes simulates to %d bytes; tightening the DP budget",
                         self.solver, dp_budget, peak)
             dp_budget -= max(peak - budget, 1)
         logger.warning("%s: no DP plan for %d bytes passed the simulator check; using the sequence "
                        "found at the least DP budget (%d bytes)", self.solver, budget, dp_min)
-        return self._stamp(fallback, "the sequence found at the least DP budget", dp_budget=dp_min)
+        return self._stamp(cfg, fallback, "the sequence found at the least DP budget", dp_budget=dp_min)
 
-    def _stamp(self, plan: Plan, why: str, *, dp_budget: int | None = None, tightenings: int = 0) -> Plan:
+    def _stamp(self, cfg: dict[str, Any], plan: Plan, why: str, *, dp_budget: int | None = None, tightenings: int = 0) -> Plan:
         """A copy of ``plan`` with the solver's options recorded."""
         plan = Plan(list(plan.segments), solver=self.solver, options=dict(plan.options))
         plan.options.update({
-            "objective": self.cfg["objective"],
+            "objective": cfg["objective"],
             "family": self.family_name,
             "family_size": len(self.dp.fam),
             "memory_model": self.model_name,
@@ -1579,6 +1793,41 @@ class _Search:
         if self.fallback_reason:
             plan.options["fallback"] = f"dp-approx ({self.fallback_reason})"
         return plan
+
+
+# The searches of the last few (graph, solver, options) are kept, so that the usual sequence
+# "min_budget(g) (or a solve that raises InfeasibleBudgetError) then solve(g, b)" finds the least
+# budget once: a search holds its DP tables (priced transitions, replays) and its minimum. A graph
+# is recognised by identity *and* a signature of everything in it, so one edited in place gets a
+# new search; a search holds its graph, so at most _CACHE_SIZE graphs are kept alive by it.
+_CACHE_SIZE = 3
+_cache: OrderedDict[tuple[int, str, int, int, bool], tuple[int, _Search]] = OrderedDict()
+_cache_lock = threading.Lock()
+
+
+def _signature(graph: Graph) -> int:
+    """A hash of the graph's nodes, edges and meta (not the lazily added fingerprint)."""
+    meta = sorted((k, v) for k, v in graph.meta.items() if k != "fingerprint")
+    text = repr([tuple(d.items()) for _, d in graph.nx.nodes(data=True)]) + repr(list(graph.nx.edges)) + repr(meta)
+    return hash(text)
+
+
+def _search(graph: Graph, solver: str, cfg: dict[str, Any]) -> _Search:
+    """The (cached) search for ``graph`` under the options that shape it."""
+    key = (id(graph), solver, cfg["time_slots"], cfg["max_lower_sets"], cfg["fallback"])
+    sig = _signature(graph)
+    with _cache_lock:
+        got = _cache.get(key)
+        if got is not None and got[0] == sig and got[1].graph is graph:
+            _cache.move_to_end(key)
+            return got[1]
+    search = _Search(graph, solver, cfg)
+    with _cache_lock:
+        _cache[key] = (sig, search)
+        _cache.move_to_end(key)
+        while len(_cache) > _CACHE_SIZE:
+            _cache.popitem(last=False)
+    return search
 
 
 def _config(config: dict[str, Any] | None, solver: str) -> dict[str, Any]:
@@ -1608,13 +1857,15 @@ def _check_budget(budget_bytes: Any) -> int:
 def solve_dp_exact(graph: Graph, budget_bytes: int, *, config: dict[str, Any] | None = None) -> Plan:
     """Kusumoto et al.'s exact DP (all lower sets) under a step-peak budget; see the module docstring."""
     budget = _check_budget(budget_bytes)
-    return _Search(graph, "dp-exact", _config(config, "dp-exact")).solve(budget)
+    cfg = _config(config, "dp-exact")
+    return _search(graph, "dp-exact", cfg).solve(budget, cfg)
 
 
 def solve_dp_approx(graph: Graph, budget_bytes: int, *, config: dict[str, Any] | None = None) -> Plan:
     """Kusumoto et al.'s approximate DP (pruned family) under a step-peak budget; see the module docstring."""
     budget = _check_budget(budget_bytes)
-    return _Search(graph, "dp-approx", _config(config, "dp-approx")).solve(budget)
+    cfg = _config(config, "dp-approx")
+    return _search(graph, "dp-approx", cfg).solve(budget, cfg)
 
 
 def min_budget(graph: Graph, solver: str = "dp-approx", *, config: dict[str, Any] | None = None) -> int:
@@ -1627,4 +1878,7 @@ def min_budget(graph: Graph, solver: str = "dp-approx", *, config: dict[str, Any
         raise ValueError(f"solver={solver!r} is not a Kusumoto DP; expected 'dp-approx' or 'dp-exact'")
     if len(graph) == 0:
         return 0
-    return _Search(graph, solver, _config(config, solver)).minimum()[0]
+    search = _search(graph, solver, _config(config, solver))
+    if search.fallback_reason:
+        logger.warning("%s", search.fallback_message)
+    return search.minimum()[0]
