@@ -102,10 +102,11 @@ from __future__ import annotations
 import logging
 import math
 import threading
-from bisect import bisect_left
+from bisect import bisect_left, bisect_right
 from collections import OrderedDict
 from collections.abc import Iterator, Sequence
 from heapq import heappop, heappush
+from operator import itemgetter
 from typing import Any
 
 import numpy as np
@@ -117,8 +118,10 @@ from ..simulate import no_recompute_plan, simulate
 
 __all__ = ["solve_dp_exact", "solve_dp_approx", "min_budget"]
 
+_first = itemgetter(0)
 _INF = 1 << 62  # "no label" in the int64 tables (budgets and byte counts stay far below)
-_VECTOR_MIN = 24  # successor lists at least this long are relaxed with numpy
+_VECTOR_MIN = 96  # at least this many successors within the limit: relaxed with numpy
+_PACK_MAX = 8192  # families up to this size get numpy superset lists (closed-form model)
 _DENSE_CELLS = 1 << 23  # (time bucket, set) cells of the dense label table; beyond it, dicts
 
 logger = logging.getLogger(__name__)
@@ -1034,6 +1037,13 @@ def _time_quantum(p: _Prep, slots: int) -> float:
 
 
 # ---------------------------------------------------------------------------------------- the DP
+def _pack(family: Sequence[int], n: int) -> Any:
+    """The sets of ``family`` (int bitsets over ``n`` nodes) as a ``(len(family), words)`` uint64 array."""
+    words = max(1, (n + 63) // 64)
+    raw = b"".join(m.to_bytes(8 * words, "little") for m in family)
+    return np.frombuffer(raw, dtype=np.uint64).reshape(len(family), words) if family else np.zeros((0, words), np.uint64)
+
+
 class _DP:
     """Algorithm 1 of Kusumoto et al. on a family of lower sets, with sparse dict tables.
 
@@ -1093,6 +1103,12 @@ class _DP:
         self.order = sorted(range(n), key=keys.__getitem__)
         ordered = [keys[k] for k in self.order]
         self.scan = [bisect_left(ordered, keys[k]) for k in range(n)]
+        # the family as packed 64-bit words, for the superset lists (closed-form model)
+        self._packed = None if exact or n > _PACK_MAX else _pack(family, p.n)
+        self._rank = np.empty(n, dtype=np.int64)
+        self._rank[self.order] = np.arange(n)
+        self._sup: list[list[int] | None] = [None] * n
+        self._sup_keys: list[list[int]] = [[] for _ in range(n)]
         self.scanned = [-1] * n
         self.succ: list[list[tuple]] = [[] for _ in range(n)]
         self._arr: list[tuple | None] = [None] * n
@@ -1106,20 +1122,29 @@ class _DP:
         lst = self.succ[i]
         if limit <= self.scanned[i]:
             return lst
-        fam, keys, order = self.fam, self.keys, self.order
+        fam, keys = self.fam, self.keys
         lower = fam[i]
-        pos = self.scan[i]
-        n = len(fam)
-        found: list[int] = []
-        while pos < n:
-            j = order[pos]
-            if keys[j] > limit:
-                break
-            pos += 1
-            if j != i and not lower & ~fam[j]:
-                found.append(j)
-        self.scan[i] = pos
-        self.scanned[i] = limit if pos < n else 1 << 62
+        sup = self._supersets(i)
+        if sup is not None:  # the strict supersets of set i, in key order, from packed bitsets
+            pos = self.scan[i]
+            end = bisect_right(self._sup_keys[i], limit, lo=pos)
+            found = sup[pos:end]
+            self.scan[i] = end
+            self.scanned[i] = limit if end < len(sup) else 1 << 62
+        else:
+            order = self.order
+            pos = self.scan[i]
+            n = len(fam)
+            found = []
+            while pos < n:
+                j = order[pos]
+                if keys[j] > limit:
+                    break
+                pos += 1
+                if j != i and not lower & ~fam[j]:
+                    found.append(j)
+            self.scan[i] = pos
+            self.scanned[i] = limit if pos < n else 1 << 62
         self.transitions += len(found)
         if self.exact:
             lst.extend((keys[j], j) for j in found)
@@ -1128,6 +1153,20 @@ class _DP:
             priced = self.closed.extend(lower, terms[i], [(fam[j], terms[j]) for j in found])
             lst.extend((keys[j], j, need, dt, add) for j, (need, dt, add) in zip(found, priced))
         return lst
+
+    def _supersets(self, i: int) -> list[int] | None:
+        """The strict supersets of set ``i`` in key order (the order of :attr:`order`), computed
+        once with numpy over the packed family; ``None`` for families too large to pack."""
+        got = self._sup[i]
+        if got is None and self._packed is not None:
+            words = self._packed
+            mine = words[i]
+            hit = np.flatnonzero(np.all((words & mine) == mine, axis=1) & (self._rank > self._rank[i]))
+            got = [self.order[r] for r in np.sort(self._rank[hit]).tolist()]
+            self._sup[i] = got
+            self._sup_keys[i] = [self.keys[j] for j in got]
+            self.scan[i] = 0
+        return got
 
     def exact_step(self, i: int, j: int, dang: int) -> tuple[int, float, int, int]:
         """:func:`_exact_transition` of ``L_i -> L_j`` from the dangling roots ``dang`` (cached)."""
@@ -1261,18 +1300,14 @@ class _DP:
             room = budget - m
             limit = keys[i] + room
             lst = self.successors(i, limit)
-            if len(lst) < _VECTOR_MIN:
-                for kj, j, need, _, add in lst:
-                    if kj > limit:
-                        break
+            c = bisect_right(lst, limit, key=_first)
+            if c < _VECTOR_MIN:
+                for _, j, need, _, add in lst[:c]:
                     if need <= room and m + add < best[j]:
                         best[j] = best_np[j] = m + add
                         back[j] = i
                 continue
             _, K, J, NEED, _, ADD = self._arrays(i)
-            c = int(np.searchsorted(K, limit, side="right"))
-            if not c:
-                continue
             J = J[:c]
             m2 = ADD[:c] + m
             hit = np.flatnonzero((NEED[:c] <= room) & (m2 < best_np[J]))
