@@ -294,3 +294,67 @@ def test_solver_plans_on_cuda_lower_the_measured_peak(solver: str) -> None:
     assert gradients_equal(ref, got)
     assert after < before, (f"measured peak {after} not below the unpatched {before} "
                             f"(predicted {plan.predicted_peak_bytes}, budget {budget})")
+
+
+# ---------------------------------------------------------------------- benchmarks/compare_gpu.py, CPU side
+def _compare_gpu(monkeypatch: pytest.MonkeyPatch):  # type: ignore[no-untyped-def]
+    import importlib
+    import sys
+    from pathlib import Path
+
+    monkeypatch.syspath_prepend(str(Path(__file__).resolve().parents[1] / "benchmarks"))
+    for mod in ("compare", "compare_gpu"):
+        sys.modules.pop(mod, None)
+    return importlib.import_module("compare_gpu")
+
+
+def test_compare_gpu_plans_offloads_at_the_measured_bandwidth(monkeypatch: pytest.MonkeyPatch) -> None:
+    gpu = _compare_gpu(monkeypatch)
+    assert "--offload-only" in gpu.parser().format_help()  # help strings format (a bare % would not)
+    model, args = autoremat.zoo.build("transformer", device="meta")
+    g = autoremat.capture(model, args)
+    for v in g.nodes:  # a slower device: copies hide behind compute (see _meta_resnet)
+        g.node(v)["time_s"] *= 100
+        g.node(v)["bwd_time_s"] *= 100
+    budget = int(0.9 * unoptimised_peak_bytes(g))
+    original = gpu.compare.solve_limited
+    with gpu.planned_with_bandwidth(7.5e9):
+        status, plan, _ = gpu.compare.solve_limited(g, budget, "offload-greedy", None)
+    assert gpu.compare.solve_limited is original
+    assert status == "ok" and plan.offload
+    assert g.meta["bandwidth_bytes_per_s"] == 7.5e9 == plan.options["bandwidth_bytes_per_s"]
+    assert plan.predicted_peak_bytes == simulate(g, plan, bandwidth_bytes_per_s=7.5e9).peak_bytes <= budget
+
+
+def test_compare_gpu_offload_section_runs_on_cpu(tmp_path, monkeypatch: pytest.MonkeyPatch) -> None:  # type: ignore[no-untyped-def]
+    """The offload comparison end to end on a CPU (mlp, one round): rows gathered, files written."""
+    pytest.importorskip("matplotlib")
+    import json
+
+    from autoremat.offload.bandwidth import measure_link
+
+    gpu = _compare_gpu(monkeypatch)
+    opts = gpu.compare.Options(rounds=1, steps_per_round=1, autoremat_budgets=(0.5,),
+                               solvers=("offload-dp", "combined", "dp-approx"), configs=("pytorch", "autoremat"),
+                               solver_timeout_s=None, batch={"mlp": 512}, device="cpu")
+    link = measure_link("cpu")
+    result = gpu.run(["mlp"], opts, tmp_path, link, batch=False, quick=True, log=lambda s: None)
+    data = json.loads((tmp_path / "offload.json").read_text())
+    assert data == json.loads(json.dumps(gpu.compare._finite(result["offload"])))
+    assert data["bandwidth"]["bytes_per_s"] == 12e9 and data["bandwidth"]["measured"] is False
+    rows = {r["config"]: r for r in data["models"]["mlp"]}
+    assert list(rows) == [key for key, _ in gpu.offload_configs()]
+    for r in rows.values():
+        assert set(gpu.OFFLOAD_FIELDS) <= set(r)
+    budget = rows["none"]["budget_bytes"]
+    assert budget == int(0.5 * rows["none"]["measured_peak_bytes"])
+    assert rows["save-on-cpu"]["status"] == "ok" and rows["save-on-cpu"]["gradients_equal"] is True
+    assert rows["save-on-cpu"]["meets_budget"] is (rows["save-on-cpu"]["measured_peak_bytes"] <= budget)
+    dp = rows["autoremat:dp-approx@0.5"]
+    assert dp["status"] == "ok" and dp["gradients_equal"] is True and dp["meets_budget"] is not None
+    off = rows["autoremat:offload-dp@0.5"]  # a CPU capture: offloading cannot lower the peak, said so
+    assert off["status"] == "infeasible" and off["min_budget_bytes"] > budget
+    assert rows["autoremat:vdnn@0.5"]["status"] == "not_run"
+    md = (tmp_path / "OFFLOAD.md").read_text()
+    assert "## mlp" in md and "save-on-cpu" in md and "not measured, no CUDA" in md and "12.00 GB/s" in md
+    assert (tmp_path / "compare.json").exists() and (tmp_path / "RESULTS.md").exists()
