@@ -135,6 +135,14 @@ def _bits(mask: int) -> Iterator[int]:
         mask ^= low
 
 
+def _bit_list(mask: int) -> list[int]:
+    """:func:`_bits` as a list; decoded from the binary string when there are many bits."""
+    if mask.bit_count() <= 8:
+        return list(_bits(mask))
+    text = bin(mask)[:1:-1]
+    return [i for i, c in enumerate(text) if c == "1"]
+
+
 class _Prep:
     """Per-graph arrays and bitsets the DP reads (built once per solve)."""
 
@@ -211,6 +219,22 @@ class _Prep:
                 owner[v] = owner[self.succ[v][0]]
         self.buf_owner = owner
         self._info: dict[int, tuple[int, int]] = {}
+        self._touched: dict[tuple[int, int], int] = {}
+        # integer node times (the papers' convention, integer test times) with few distinct
+        # values: a sum of times over a set is exact in any order, so it is counted by value
+        values: dict[int, int] = {}
+        if all(t == int(t) and 0 <= t < 2 ** 40 for t in self.time):
+            for v in range(n):
+                values[int(self.time[v])] = values.get(int(self.time[v]), 0) | bit[v]
+        self.time_groups = tuple(values.items()) if 0 < len(values) <= 16 else None
+        # roots of the views each node saves (a view's root may lie before the view's segment)
+        self.view_saves_roots = [0] * n
+        for x in range(n):
+            for u in self.saves[x]:
+                if self.root[u] != u:
+                    self.view_saves_roots[x] |= bit[self.root[u]]
+        self.view_saver_mask = sum(bit[x] for x in range(n) if self.view_saves_roots[x])
+        self.rg_mask = sum(bit[v] for v in range(n) if self.rg[v])
         self._after: dict[int, tuple[tuple[tuple[int, int], ...], frozenset[str], int]] = {}
         self._sweeps()
 
@@ -238,14 +262,37 @@ class _Prep:
         return not self.module_mode or seg & (seg - 1) == 0
 
     def touched(self, lower: int, upper: int) -> int:
-        """Roots of ``lower`` that the segment ``upper \\ lower`` reads or saves."""
+        """Roots of ``lower`` that the segment ``upper \\ lower`` reads or saves (cached).
+
+        Such a node of ``lower`` is read from outside it, so it is in the boundary ``∂(L)``
+        (usually a few nodes, where the segment may be long); a view of ``S`` that ``S`` saves
+        adds its root directly.
+        """
         if upper == self.full:
             return self.roots(lower)
-        seg = upper & ~lower
+        key = (lower, upper)
+        got = self._touched.get(key)
+        if got is None:
+            seg = upper & ~lower
+            need = self.need
+            out = 0
+            for u in _bits(self.info(lower)[0]):
+                if need[u] & seg:
+                    out |= 1 << u
+            got = self.roots(out)
+            for x in _bits(seg & self.view_saver_mask):
+                got |= self.view_saves_roots[x] & lower
+            self._touched[key] = got
+        return got
+
+    def reads_from(self, lower: int, seg: int) -> int:
+        """Nodes of ``lower`` with a successor in ``seg`` (a set outside ``lower``)."""
+        succ = self.succmask
         out = 0
-        for v in _bits(seg):
-            out |= self.predmask[v] | self.saves_roots[v]
-        return self.roots(out & lower)
+        for u in _bits(self.info(lower)[0]):
+            if succ[u] & seg:
+                out |= 1 << u
+        return out
 
     def info(self, lower: int) -> tuple[int, int]:
         """``(∂(L), R(L))``: boundary nodes, and roots alive in forward after ``L`` (boundary, outputs)."""
@@ -349,7 +396,7 @@ def _segment(p: _Prep, lower: int, upper: int, dangling: int, recompute: bool) -
     n = p.n
     final = upper == p.full
     seg = upper & ~lower
-    nodes = list(_bits(seg))
+    nodes = _bit_list(seg)
     root, succ, pred, saves, alloc_b = p.root, p.succ, p.pred, p.saves, p.alloc
     rg, extra, ftemp, need, is_out = p.rg, p.extra, p.ftemp, p.need, p.is_out
     nn = n * n
@@ -634,38 +681,51 @@ def _exact_transition(p: _Prep, lower: int, upper: int, dangling: int,
     return need, seg.dt_s, seg.kept_add, dangling
 
 
-def _bookkeeping(p: _Prep, lower: int, upper: int, dangling: int) -> tuple[float, int, int]:
+def _pair_bookkeeping(p: _Prep, lower: int, upper: int) -> tuple[float, int, int, int, int]:
+    """The part of :func:`_bookkeeping` that does not depend on the dangling roots.
+
+    ``(dt_s, reach, add, alive, fresh)``: the recomputation time; the roots of ``lower`` the
+    segment holds if they dangle (those it reads when recomputed, those it saves otherwise);
+    the kept bytes it adds by itself; the roots alive after ``upper``; and the segment's roots
+    that dangle after it.
+    """
+    seg = upper & ~lower
+    _, alive = p.info(upper)
+    if p.recompute_flag(lower, upper):
+        stop = (seg & p.holder_mask).bit_length() - 1
+        dt = 0.0
+        if stop >= 0:
+            part = seg & ((2 << stop) - 1)
+            if p.time_groups is not None:  # integer times: every partial sum is exact
+                dt = float(sum(value * (part & mask).bit_count() for value, mask in p.time_groups))
+            else:
+                time = p.time
+                for v in _bit_list(part):
+                    dt += time[v]
+        return dt, p.roots(p.reads_from(lower, seg)), 0, alive, alive & seg
+    saved = 0
+    add = 0
+    for v in _bit_list(seg & p.rg_mask):
+        saved |= p.saves_roots[v]
+        add += p.extra[v]
+    kept_new = saved & seg
+    return 0.0, saved, add + p.nbytes(kept_new), alive, alive & seg & ~kept_new
+
+
+def _bookkeeping(p: _Prep, lower: int, upper: int, dangling: int,
+                 pair: tuple[float, int, int, int, int] | None = None) -> tuple[float, int, int]:
     """``(dt_s, add, dangling')`` of ``lower -> upper`` without the replay (set operations only).
 
-    Equal to what :func:`_exact_transition` returns; only the peak needs the replay.
+    Equal to what :func:`_exact_transition` returns; only the peak needs the replay. ``pair``:
+    :func:`_pair_bookkeeping` of the transition, when the caller keeps it.
     """
     if upper == p.full:
         return 0.0, 0, 0
-    seg = upper & ~lower
-    dt = 0.0
-    if p.recompute_flag(lower, upper):
-        stop = (seg & p.holder_mask).bit_length() - 1
-        inputs = 0
-        for v in _bits(seg):
-            inputs |= p.predmask[v]
-            if v <= stop:
-                dt += p.time[v]
-        held = dangling & p.roots(inputs & lower)
-        kept_new = 0
-        add = p.nbytes(held)
-    else:
-        saved = 0
-        add = 0
-        for v in _bits(seg):
-            if p.rg[v]:
-                saved |= p.saves_roots[v]
-                add += p.extra[v]
-        held = dangling & saved
-        kept_new = saved & seg
-        add += p.nbytes(held | kept_new)
-    _, alive = p.info(upper)
-    dangling = ((dangling & ~held) & alive) | (alive & seg & ~kept_new)
-    return dt, add, dangling
+    dt, reach, add, alive, fresh = pair or _pair_bookkeeping(p, lower, upper)
+    held = dangling & reach
+    if held:
+        add += p.nbytes(held)
+    return dt, add, ((dangling & ~held) & alive) | fresh
 
 
 def _model_peak(p: _Prep, seq: Sequence[int]) -> tuple[int, float]:
@@ -1067,10 +1127,12 @@ class _DP:
             for v in range(p.n):
                 if p.rg[v]:
                     lb[v] = (p.alloc[v] if p.root[v] == v and v in p.saves[v] else 0) + p.extra[v]
-            keys = [sum(lb[v] for v in _bits(m)) for m in family]
+            keys = [sum(lb[v] for v in _bit_list(m)) for m in family]
             self._seg: dict[tuple[int, int, int], _Seg] = {}
             self._step: dict[tuple[int, int], tuple[int, float, int, int]] = {}
-            self._book: dict[tuple[int, int], tuple[float, int, int]] = {}
+            self._book: dict[tuple[int, int], tuple[float, int, int, int]] = {}
+            self._pairs: dict[int, tuple[float, int, int, int, int]] = {}
+            self._moves: dict[tuple[int, int], list[tuple[int, Any]]] = {}
             # the backward of a segment ending in L' starts with L''s boundary gradients and the
             # parameter gradients of the nodes after L' alive: a lower bound of its need
             closed = _Closed(p)
@@ -1090,9 +1152,9 @@ class _DP:
             rg_extra = [p.extra[v] if p.rg[v] else 0 for v in range(p.n)]
             self.rec_hi, self.rec_lo = [], []
             for k, m in enumerate(family):
-                ext = sum(rg_extra[v] for v in _bits(m))
-                own = sum(p.alloc[v] for v in _bits(m) if copyable[v] and copy_saved[v] & m)
-                held = sum(p.alloc[v] for v in _bits(m) if copyable[v])
+                ext = sum(rg_extra[v] for v in _bit_list(m))
+                own = sum(p.alloc[v] for v in _bit_list(m) if copyable[v] and copy_saved[v] & m)
+                held = sum(p.alloc[v] for v in _bit_list(m) if copyable[v])
                 self.rec_hi.append(pg[k] + ext + own)
                 self.rec_lo.append(ext + held)
         else:
@@ -1487,33 +1549,59 @@ class _DP:
         return None
 
     def _exact_moves(self, i: int, dang: int, m: int,
-                     budget: int) -> Iterator[tuple[int, tuple[float, int, int]]]:
+                     budget: int) -> list[tuple[int, tuple[float, int, int, int]]]:
         """Transitions of the exact model out of state ``(set i, dangling roots)`` with kept bytes
         ``m``: each larger lower set ``j`` that the budget can still admit, with its (cached)
         ``(time, added kept bytes, dangling roots, lower bound of the need)`` from
         :func:`_bookkeeping`; a transition whose lower bound the budget cannot admit is left out
-        (it would fail its deferred memory check anyway)."""
-        fam, floor, nsets, book = self.fam, self.floor, len(self.fam), self._book
+        (it would fail its deferred memory check anyway). Each state keeps the list of its
+        transitions priced so far, in the order of the successor list."""
         limit = self.keys[i] + budget - m
-        for item in self.successors(i, limit):
-            if item[0] > limit:
-                break
-            j = item[1]
-            if m + floor[j] > budget:
-                continue
-            bk = (i * nsets + j, dang)
-            got = book.get(bk)
-            if got is None:
-                dt, add, dang2 = _bookkeeping(self.p, fam[i], fam[j], dang)
-                # a lower bound of the transition's need (its replay is dear): the backward of S
-                # starts with the kept bytes it adds and the gradients after L' alive
-                low = add + floor[j]
-                if self.p.recompute_flag(fam[i], fam[j]):
-                    low = max(low, self.rec_hi[j] - self.rec_lo[i])
-                got = book[bk] = (dt, add, dang2, low)
-            if m + got[3] > budget:  # it would fail its memory check: never a candidate
-                continue
-            yield j, got
+        lst = self.successors(i, limit)
+        count = bisect_right(lst, limit, key=_first)
+        room = budget - m
+        state = (i, dang)
+        moves = self._moves.get(state)
+        if moves is None:
+            moves = self._moves[state] = []
+        floor = self.floor
+        out = []
+        for pos in range(count):
+            if pos < len(moves):
+                j, got = moves[pos]
+                if got is None:
+                    if floor[j] > room:
+                        continue
+                    got = self._move(i, j, dang)
+                    moves[pos] = (j, got)
+            else:
+                j = lst[pos][1]
+                if floor[j] > room:
+                    moves.append((j, None))
+                    continue
+                got = self._move(i, j, dang)
+                moves.append((j, got))
+            if got[3] <= room:
+                out.append((j, got))
+        return out
+
+    def _move(self, i: int, j: int, dang: int) -> tuple[float, int, int, int]:
+        """``(time, added kept bytes, dangling roots, lower bound of the need)`` of one transition."""
+        fam, nsets = self.fam, len(self.fam)
+        bk = (i * nsets + j, dang)
+        got = self._book.get(bk)
+        if got is None:
+            pair = self._pairs.get(bk[0])
+            if pair is None and j != nsets - 1:
+                pair = self._pairs[bk[0]] = _pair_bookkeeping(self.p, fam[i], fam[j])
+            dt, add, dang2 = _bookkeeping(self.p, fam[i], fam[j], dang, pair)
+            # a lower bound of the transition's need (its replay is dear): the backward of S
+            # starts with the kept bytes it adds and the gradients after L' alive
+            low = add + self.floor[j]
+            if self.p.recompute_flag(fam[i], fam[j]):  # the dangling roots it holds stay too
+                low = max(low, add + self.rec_hi[j] - self.rec_lo[i])
+            got = self._book[bk] = (dt, add, dang2, low)
+        return got
 
     def _feasible_exact(self, budget: int) -> tuple[list[int], float] | None:
         """``"feasible"`` :meth:`run` for the exact model: Dijkstra on the kept bytes ``m``.

@@ -1,0 +1,184 @@
+"""The optimised Kusumoto DP solvers return what they returned before the speed work.
+
+``test_kusumoto_reference.py`` is the implementation as it was (frozen); here both run on the
+same graphs and must agree exactly: least budgets, plans (segments and their recompute flags),
+recorded options, simulated peaks and extra times, at budgets from the least to the unoptimised
+peak and with both objectives. The graphs: seeded random DAGs (also with views and gradient
+pass-through nodes, which the brute-force tests of ``test_kusumoto.py`` avoid), and zoo networks
+captured on the meta device with both time conventions (integer paper times and FLOP-based ones,
+whose non-integer sums exercise the time grid). Also: the exact model's lower bound never
+exceeds a replay's need, its boundary-based bookkeeping equals the replay, and the per-graph
+search cache notices a graph edited in place.
+"""
+
+from __future__ import annotations
+
+import logging
+import random
+
+import networkx as nx
+import pytest
+
+import autoremat.solvers.kusumoto as fast
+from autoremat import Graph, simulate
+from autoremat.simulate import unoptimised_peak_bytes
+
+from . import test_kusumoto_reference as ref
+from .test_kusumoto import random_dag
+
+SOLVERS = ("dp-approx", "dp-exact")
+
+
+def random_dag_with_views(seed: int, n: int) -> Graph:
+    """:func:`random_dag` plus views (output in an input's storage, no allocation) and gradient
+    pass-through nodes (adds and views), a non-recomputable node and a second output."""
+    rng = random.Random(seed)
+    g = random_dag(seed, n).nx
+    for v in range(1, n):
+        preds = sorted(g.predecessors(v))
+        r = rng.random()
+        if r < 0.25 and preds:  # a view of its first input
+            base = preds[0]
+            g.nodes[v].update(alias_of=base, alloc_bytes=0, out_bytes=g.nodes[base]["out_bytes"],
+                              grad_passthrough=True, saves=())
+        elif r < 0.35:  # an add-like node
+            g.nodes[v].update(grad_passthrough=True, saves=())
+    if n > 3:
+        g.nodes[rng.randrange(n)]["recomputable"] = False
+    for v in range(n):
+        d = g.nodes[v]
+        d["saved_bytes"] = sum(g.nodes[u]["alloc_bytes"] if g.nodes[u]["alias_of"] is None else 0
+                               for u in d["saves"]) + d["extra_saved_bytes"]
+    outs = [v for v in range(n) if g.out_degree(v) == 0]
+    return Graph(g, {"mode": "synthetic", "loss_saves": outs[:1], "param_bytes": {"a": 4, "b": 1, "c": 2}})
+
+
+def outcome(module, graph: Graph, solver: str, budgets: list[int], **config) -> dict:
+    """Everything a caller sees from ``module``'s solver at each budget and objective."""
+    fn = module.solve_dp_exact if solver == "dp-exact" else module.solve_dp_approx
+    out: dict = {"min": module.min_budget(graph, solver, config=config or None)}
+    for budget in budgets:
+        for objective in ("time", "memory"):
+            try:
+                plan = fn(graph, budget, config={**config, "objective": objective})
+            except fast.InfeasibleBudgetError as err:
+                out[budget, objective] = ("infeasible", err.min_budget_bytes)
+                continue
+            sim = simulate(graph, plan, check=False, record=False)
+            out[budget, objective] = ([(s.nodes, s.recompute) for s in plan.segments], plan.options,
+                                      sim.peak_bytes, sim.extra_time_s)
+    return out
+
+
+def budgets_of(graph: Graph, solver: str, **config) -> list[int]:
+    least = ref.min_budget(graph, solver, config=config or None)
+    peak = unoptimised_peak_bytes(graph)
+    return sorted({max(least - 1, 0), least, (3 * least + peak) // 4, (least + peak) // 2, max(peak - 1, 0)})
+
+
+def assert_same(graph: Graph, solver: str, **config) -> None:
+    budgets = budgets_of(graph, solver, **config)
+    old = outcome(ref, graph, solver, budgets, **config)
+    new = outcome(fast, graph, solver, budgets, **config)
+    assert new == old
+
+
+@pytest.fixture(autouse=True)
+def _quiet(caplog):
+    caplog.set_level(logging.ERROR)
+
+
+# ---------------------------------------------------------------------------------------- random
+@pytest.mark.parametrize("seed", range(40))
+def test_random_dags_equal_the_reference(seed):
+    for maker in (random_dag, random_dag_with_views):
+        g = maker(seed, 3 + seed % 9)
+        for solver in SOLVERS:
+            assert_same(g, solver)
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_larger_random_dags_equal_the_reference(seed):
+    """Long enough for the numpy paths (long successor lists, many time buckets)."""
+    g = random_dag_with_views(100 + seed, 40 + 10 * seed)
+    assert_same(g, "dp-approx")
+    assert_same(g, "dp-approx", time_slots=37)
+    if fast._all_lower_sets(fast._Prep(g), 120) is not None:
+        assert_same(g, "dp-exact")
+
+
+def test_fine_time_grid_uses_the_sparse_search_and_agrees(monkeypatch):
+    g = random_dag_with_views(7, 30)
+    monkeypatch.setattr(fast, "_DENSE_CELLS", 1)
+    assert_same(g, "dp-approx", time_slots=1000)
+
+
+# ---------------------------------------------------------------------------------------- zoo
+@pytest.fixture(scope="module")
+def zoo_graphs() -> dict[str, Graph]:
+    import autoremat
+
+    out = {}
+    for name in ("vgg19", "resnet50", "googlenet", "unet", "pspnet", "mlp"):
+        model, args = autoremat.zoo.build(name, size="small", device="meta")
+        out[name] = autoremat.capture(model, args)
+    return out
+
+
+@pytest.mark.parametrize("name", ["vgg19", "resnet50", "googlenet", "unet", "pspnet", "mlp"])
+@pytest.mark.parametrize("times", ["paper", "flops"])
+def test_zoo_dp_approx_equals_the_reference(zoo_graphs, name, times):
+    g = zoo_graphs[name]
+    assert_same(g.with_paper_times() if times == "paper" else g.copy(), "dp-approx")
+
+
+@pytest.mark.parametrize("name", ["vgg19", "mlp"])
+def test_zoo_dp_exact_equals_the_reference(zoo_graphs, name):
+    assert_same(zoo_graphs[name].with_paper_times(), "dp-exact")
+
+
+# ---------------------------------------------------------------------------------------- parts
+@pytest.mark.parametrize("seed", range(12))
+def test_exact_lower_bound_and_bookkeeping(seed):
+    """On every transition the exact DP prices: its lower bound is at most the replay's need, and
+    the boundary-based bookkeeping equals the reference's (and the replay's)."""
+    g = random_dag_with_views(seed, 4 + seed % 6)
+    cfg = fast._config({"max_lower_sets": 10**6}, "dp-exact")
+    search = fast._Search(g, "dp-exact", cfg)
+    search.minimum()
+    search.dp.run(unoptimised_peak_bytes(g), "time")
+    dp, p, rp = search.dp, search.p, ref._Prep(g)
+    assert dp._book
+    for (ij, dang), (dt, add, dang2, low) in dp._book.items():
+        i, j = divmod(ij, len(dp.fam))
+        lower, upper = dp.fam[i], dp.fam[j]
+        need, dt_r, add_r, dang_r = fast._exact_transition(p, lower, upper, dang, {})
+        assert low <= need
+        assert (add, dang2) == (add_r, dang_r) and dt == pytest.approx(dt_r)
+        assert (dt, add, dang2) == ref._bookkeeping(rp, lower, upper, dang)
+        if upper != p.full:
+            assert p.touched(lower, upper) == rp.touched(lower, upper)
+
+
+def test_search_cache_shares_and_notices_edits():
+    g = random_dag(5, 7)
+    first = fast._search(g, "dp-approx", fast._config(None, "dp-approx"))
+    assert fast._search(g, "dp-approx", fast._config({"objective": "memory"}, "dp-approx")) is first
+    assert fast._search(g, "dp-approx", fast._config({"time_slots": 7}, "dp-approx")) is not first
+    before = fast.min_budget(g, "dp-approx")
+    g.nx.nodes[0]["out_bytes"] += 50  # edited in place: a new search, the right answer
+    g.nx.nodes[0]["alloc_bytes"] += 50
+    assert fast._search(g, "dp-approx", fast._config(None, "dp-approx")) is not first
+    assert fast.min_budget(g, "dp-approx") == ref.min_budget(g, "dp-approx") >= before
+    assert fast.min_budget(g.copy(), "dp-approx") == ref.min_budget(g, "dp-approx")
+
+
+def test_numpy_floor_division_matches_python():
+    """The dense time search buckets ``t`` with numpy's ``//``; it must equal Python's."""
+    import numpy as np
+
+    rng = random.Random(3)
+    ts = [rng.random() * 10 ** rng.randint(-6, 3) for _ in range(2000)] + [0.0, 1.0, 3.0, 1e-300]
+    for q in (1.0, 0.1, 2.353357e-05, 7.0, 1 / 3):
+        got = (np.array(ts) // q).astype(np.int64).tolist()
+        assert got == [int(t // q) for t in ts]
