@@ -220,6 +220,7 @@ class _Prep:
         self.buf_owner = owner
         self._info: dict[int, tuple[int, int]] = {}
         self._touched: dict[tuple[int, int], int] = {}
+        self._beyond: dict[int, bytes] = {}
         # integer node times (the papers' convention, integer test times) with few distinct
         # values: a sum of times over a set is exact in any order, so it is counted by value
         values: dict[int, int] = {}
@@ -331,6 +332,18 @@ class _Prep:
             got = self._after[upper] = (tuple(grads), params, sum(self.param_size[q] for q in params))
         return got
 
+    def beyond_flags(self, upper: int) -> bytes:
+        """``flags[u]`` is 1 when a node outside ``upper`` reads ``u``'s storage (cached per set)."""
+        got = self._beyond.get(upper)
+        if got is None:
+            flags = bytearray(self.n)
+            outside = ~upper
+            for u, needed in enumerate(self.need):
+                if needed & outside:
+                    flags[u] = 1
+            got = self._beyond[upper] = bytes(flags)
+        return got
+
     def boundary(self, lower: int) -> int:
         """Nodes of ``lower`` whose storage a node outside it reads (``∂(L)``, plus saved-by)."""
         if not lower:
@@ -397,6 +410,10 @@ def _segment(p: _Prep, lower: int, upper: int, dangling: int, recompute: bool) -
     final = upper == p.full
     seg = upper & ~lower
     nodes = _bit_list(seg)
+    inseg = bytearray(n)  # membership tests on ints of a few hundred bits are the replay's cost
+    for v in nodes:
+        inseg[v] = 1
+    beyond_of = p.beyond_flags(upper)  # node's storage is read after upper
     root, succ, pred, saves, alloc_b = p.root, p.succ, p.pred, p.saves, p.alloc
     rg, extra, ftemp, need, is_out = p.rg, p.extra, p.ftemp, p.need, p.is_out
     nn = n * n
@@ -414,9 +431,9 @@ def _segment(p: _Prep, lower: int, upper: int, dangling: int, recompute: bool) -
             if not lower >> u & 1:
                 continue
             for w in succ[u]:
-                if seg >> w & 1:
+                if inseg[w]:
                     held.add(w * n + u)
-            if need[u] & outside:
+            if beyond_of[u]:
                 held.add(beyond)
             if is_out[u]:
                 held.add(-2 - u if final else beyond)
@@ -445,9 +462,9 @@ def _segment(p: _Prep, lower: int, upper: int, dangling: int, recompute: bool) -
         held = refs.get(ok)
         if held is not None:
             for w in succ[v]:
-                if seg >> w & 1:
+                if inseg[w]:
                     held.add(w * n + v)
-            if need[v] & outside:
+            if beyond_of[v]:
                 held.add(beyond)
             if is_out[v]:
                 held.add(-2 - v if final else beyond)
@@ -506,7 +523,7 @@ def _segment(p: _Prep, lower: int, upper: int, dangling: int, recompute: bool) -
                     live -= size.pop(key)
                     del refs[key]
         live -= p.loss_extra
-        pgrad: set[str] = set()
+        pg_after: frozenset[str] = frozenset()
         held_ext = kept_new = kept_add = 0
     else:
         for key, held in list(refs.items()):
@@ -537,7 +554,6 @@ def _segment(p: _Prep, lower: int, upper: int, dangling: int, recompute: bool) -
                 live += p.out[owner]
             refs[key].add(gb_base + u)
             grad[u] = key
-        pgrad = set(pg_after)
         live += pg_bytes
         if live > peak:
             peak = live
@@ -547,6 +563,7 @@ def _segment(p: _Prep, lower: int, upper: int, dangling: int, recompute: bool) -
         hold = p.holder_mask & seg
         stop = hold.bit_length() - 1 if hold else -1
     rroot: dict[int, int] = {}
+    pgrad: set[str] = set()  # parameter gradients allocated during this backward
     spent = 0.0
     out_b, passthru, btemp, alias_of = p.out, p.passthru, p.btemp, p.alias_of
     for v in reversed(nodes):
@@ -579,7 +596,7 @@ def _segment(p: _Prep, lower: int, upper: int, dangling: int, recompute: bool) -
                 held = refs.get(key)
                 if held is not None:
                     for w in succ[x]:
-                        if seg >> w & 1 and w <= stop:
+                        if inseg[w] and w <= stop:
                             held.add(rf_base + w * n + x)
                 for u in pred[x]:
                     ukey = rroot.get(u)
@@ -625,8 +642,8 @@ def _segment(p: _Prep, lower: int, upper: int, dangling: int, recompute: bool) -
                     if not got:
                         live -= size.pop(old)
                         del refs[old]
-            for q, nbytes in p.params[v]:
-                if q in pgrad:
+            for q, nbytes in p.params[v]:  # the first use in backward allocates the gradient
+                if q in pg_after or q in pgrad:
                     transient += nbytes
                 else:
                     pgrad.add(q)
@@ -1133,6 +1150,7 @@ class _DP:
             self._book: dict[tuple[int, int], tuple[float, int, int, int]] = {}
             self._pairs: dict[int, tuple[float, int, int, int, int]] = {}
             self._moves: dict[tuple[int, int], list[tuple[int, Any]]] = {}
+            self._grads: dict[int, int] = {}
             # the backward of a segment ending in L' starts with L''s boundary gradients and the
             # parameter gradients of the nodes after L' alive: a lower bound of its need
             closed = _Closed(p)
@@ -1599,8 +1617,22 @@ class _DP:
             # starts with the kept bytes it adds and the gradients after L' alive
             low = add + self.floor[j]
             if self.p.recompute_flag(fam[i], fam[j]):  # the dangling roots it holds stay too
-                low = max(low, add + self.rec_hi[j] - self.rec_lo[i])
+                low = max(low, add + self.rec_hi[j] - self.rec_lo[i] + self._kept_grads(i, j))
             got = self._book[bk] = (dt, add, dang2, low)
+        return got
+
+    def _kept_grads(self, i: int, j: int) -> int:
+        """Bytes of the gradient buffers that stay alive through the whole backward of the
+        segment ``L_j \\ L_i``: those of nodes of ``L_i`` read after ``L_j`` and by no node of
+        the segment (no backward of the segment releases or replaces them). Cached per pair."""
+        key = i * len(self.fam) + j
+        got = self._grads.get(key)
+        if got is None:
+            p = self.p
+            lower, upper = self.fam[i], self.fam[j]
+            seg = upper & ~lower
+            owners = {owner for u, owner in p.after(upper)[0] if lower >> u & 1 and not p.succmask[u] & seg}
+            got = self._grads[key] = sum(p.out[o] for o in owners)
         return got
 
     def _feasible_exact(self, budget: int) -> tuple[list[int], float] | None:
