@@ -20,6 +20,7 @@ import networkx as nx
 import pytest
 
 import autoremat.solvers.kusumoto as fast
+from autoremat.solvers import kusumoto_dp
 from autoremat import Graph, simulate
 from autoremat.simulate import unoptimised_peak_bytes
 
@@ -109,7 +110,7 @@ def test_larger_random_dags_equal_the_reference(seed):
 
 def test_fine_time_grid_uses_the_sparse_search_and_agrees(monkeypatch):
     g = random_dag_with_views(7, 30)
-    monkeypatch.setattr(fast, "_DENSE_CELLS", 1)
+    monkeypatch.setattr(kusumoto_dp, "_DENSE_CELLS", 1)
     assert_same(g, "dp-approx", time_slots=1000)
 
 

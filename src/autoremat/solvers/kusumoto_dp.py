@@ -1,0 +1,683 @@
+"""Algorithm 1 of Kusumoto et al. over a family of lower sets, for both memory models.
+
+See :mod:`.kusumoto` ("Algorithm", "Speed"). :class:`_DP` holds the family, its successor
+lists (priced lazily, by key), and the searches: feasibility (least kept bytes per state),
+time-centric (label-setting in increasing time) and the generic table (memory-centric).
+"""
+
+from __future__ import annotations
+
+import math
+from bisect import bisect_left, bisect_right
+from heapq import heappop, heappush
+from operator import itemgetter
+from typing import Any
+
+import numpy as np
+
+from .kusumoto_closed import _Closed
+from .kusumoto_replay import _bookkeeping, _exact_transition, _grad_floor, _pair_bookkeeping, _Seg
+from .kusumoto_sets import _bit_list, _pack, _Prep
+
+__all__: list[str] = []
+
+_first = itemgetter(0)
+_INF = 1 << 62  # "no label" in the int64 tables (budgets and byte counts stay far below)
+_VECTOR_MIN = 96  # at least this many successors within the limit: relaxed with numpy
+_PACK_MAX = 8192  # families up to this size get numpy superset lists (closed-form model)
+_DENSE_CELLS = 1 << 23  # (time bucket, set) cells of the dense label table; beyond it, dicts
+
+
+def _time_quantum(p: _Prep, slots: int) -> float:
+    """Seconds per DP time unit: the nodes' common unit when it gives ≤ ``slots`` units, else T(V)/slots."""
+    total = sum(p.time)
+    if total <= 0:
+        return 1.0
+    ints = [round(t) for t in p.time]
+    if all(abs(t - i) <= 1e-9 * max(1.0, abs(t)) for t, i in zip(p.time, ints)):
+        unit = 0
+        for i in ints:
+            unit = math.gcd(unit, i)
+        if unit and total / unit <= slots:
+            return float(unit)
+    return total / slots
+
+
+class _DP:
+    """Algorithm 1 of Kusumoto et al. on a family of lower sets, with sparse dict tables.
+
+    ``cells[k][D][t] = (m, back)``: the least kept bytes ``m`` over sequences ending in the
+    ``k``-th set with (quantised) recomputation time ``t`` whose every transition fits the
+    budget; ``D`` is the set of dangling roots (always 0 for the closed-form model). Entries
+    dominated in ``(t, m)`` are skipped (§4.2). The successors of a set are visited in order of
+    a lower bound of their cost (the model's key), and stop once that bound alone exceeds
+    what the budget leaves; their transition terms are computed once and kept.
+    """
+
+    def __init__(self, p: _Prep, family: list[int], quantum: float, exact: bool) -> None:
+        self.p = p
+        self.fam = family
+        self.quantum = quantum
+        self.exact = exact
+        n = len(family)
+        if exact:
+            # held from the end of S's replay (or forward) to its own backward: saved outputs, extras
+            lb = [0] * p.n
+            for v in range(p.n):
+                if p.rg[v]:
+                    lb[v] = (p.alloc[v] if p.root[v] == v and v in p.saves[v] else 0) + p.extra[v]
+            keys = [sum(lb[v] for v in _bit_list(m)) for m in family]
+            self._seg: dict[tuple[int, int, int], _Seg] = {}
+            self._step: dict[tuple[int, int], tuple[int, float, int, int]] = {}
+            self._book: dict[tuple[int, int], tuple[float, int, int, int]] = {}
+            self._pairs: dict[int, tuple[float, int, int, int, int]] = {}
+            self._moves: dict[tuple[int, int], list[tuple[int, Any]]] = {}
+            self._grads: dict[int, int] = {}
+            # the backward of a segment ending in L' starts with L''s boundary gradients and the
+            # parameter gradients of the nodes after L' alive: a lower bound of its need
+            closed = _Closed(p)
+            pg = [closed.terms(m)[1] for m in family]
+            self.floor = [_grad_floor(p, m) + pg[k] for k, m in enumerate(family)]
+            # a recomputed segment S = L' \\ L, when its replay reaches its last saving node, holds
+            # the copies of the storages of S that its own nodes save, their extras and the
+            # parameter gradients of the nodes after L': rec_hi[L'] - rec_lo[L] bounds its need
+            # from below (roots of L whose savers all lie after L' make it a bound, not an equality)
+            copy_saved = [0] * p.n  # rg nodes x that save u = x or a predecessor of x
+            for x in range(p.n):
+                if p.rg[x]:
+                    for u in p.saves[x]:
+                        if u == x or u in p.pred[x]:
+                            copy_saved[u] |= p.bit[x]
+            copyable = [p.alias_of[v] is None and copy_saved[v] != 0 for v in range(p.n)]
+            rg_extra = [p.extra[v] if p.rg[v] else 0 for v in range(p.n)]
+            self.rec_hi, self.rec_lo = [], []
+            for k, m in enumerate(family):
+                ext = sum(rg_extra[v] for v in _bit_list(m))
+                own = sum(p.alloc[v] for v in _bit_list(m) if copyable[v] and copy_saved[v] & m)
+                held = sum(p.alloc[v] for v in _bit_list(m) if copyable[v])
+                self.rec_hi.append(pg[k] + ext + own)
+                self.rec_lo.append(ext + held)
+        else:
+            self.closed = _Closed(p)
+            self.terms = [self.closed.terms(m) for m in family]
+            keys = [t[0] for t in self.terms]
+        self.keys = keys
+        self.order = sorted(range(n), key=keys.__getitem__)
+        ordered = [keys[k] for k in self.order]
+        self.scan = [bisect_left(ordered, keys[k]) for k in range(n)]
+        # the family as packed 64-bit words, for the superset lists (closed-form model)
+        self._packed = None if exact or n > _PACK_MAX else _pack(family, p.n)
+        self._rank = np.empty(n, dtype=np.int64)
+        self._rank[self.order] = np.arange(n)
+        self._sup: list[list[int] | None] = [None] * n
+        self._sup_keys: list[list[int]] = [[] for _ in range(n)]
+        self.scanned = [-1] * n
+        self.succ: list[list[tuple]] = [[] for _ in range(n)]
+        self._arr: list[tuple | None] = [None] * n
+        self.runs = 0
+        self.transitions = 0
+
+    # -------------------------------------------------------------- transitions
+    def successors(self, i: int, limit: int) -> list[tuple]:
+        """Successors of set ``i`` with key ``<= limit``, by key: ``(key, j, need, dt_s, add)``
+        (closed-form model) or ``(key, j)`` (exact model, priced per state by :meth:`exact_step`)."""
+        lst = self.succ[i]
+        if limit <= self.scanned[i]:
+            return lst
+        fam, keys = self.fam, self.keys
+        lower = fam[i]
+        sup = self._supersets(i)
+        if sup is not None:  # the strict supersets of set i, in key order, from packed bitsets
+            pos = self.scan[i]
+            end = bisect_right(self._sup_keys[i], limit, lo=pos)
+            found = sup[pos:end]
+            self.scan[i] = end
+            self.scanned[i] = limit if end < len(sup) else 1 << 62
+        else:
+            order = self.order
+            pos = self.scan[i]
+            n = len(fam)
+            found = []
+            while pos < n:
+                j = order[pos]
+                if keys[j] > limit:
+                    break
+                pos += 1
+                if j != i and not lower & ~fam[j]:
+                    found.append(j)
+            self.scan[i] = pos
+            self.scanned[i] = limit if pos < n else 1 << 62
+        self.transitions += len(found)
+        if self.exact:
+            lst.extend((keys[j], j) for j in found)
+        else:
+            terms = self.terms
+            priced = self.closed.extend(lower, terms[i], [(fam[j], terms[j]) for j in found])
+            lst.extend((keys[j], j, need, dt, add) for j, (need, dt, add) in zip(found, priced))
+        return lst
+
+    def _supersets(self, i: int) -> list[int] | None:
+        """The strict supersets of set ``i`` in key order (the order of :attr:`order`), computed
+        once with numpy over the packed family; ``None`` for families too large to pack."""
+        got = self._sup[i]
+        if got is None and self._packed is not None:
+            words = self._packed
+            mine = words[i]
+            hit = np.flatnonzero(np.all((words & mine) == mine, axis=1) & (self._rank > self._rank[i]))
+            got = [self.order[r] for r in np.sort(self._rank[hit]).tolist()]
+            self._sup[i] = got
+            self._sup_keys[i] = [self.keys[j] for j in got]
+            self.scan[i] = 0
+        return got
+
+    def exact_step(self, i: int, j: int, dang: int) -> tuple[int, float, int, int]:
+        """:func:`_exact_transition` of ``L_i -> L_j`` from the dangling roots ``dang`` (cached)."""
+        key = (i * len(self.fam) + j, dang)
+        got = self._step.get(key)
+        if got is None:
+            got = self._step[key] = _exact_transition(self.p, self.fam[i], self.fam[j], dang, self._seg)
+        return got
+
+    def vanilla_need(self) -> int:
+        """The model's peak of the plan without recomputation (one segment ``V``)."""
+        last = len(self.fam) - 1
+        if self.exact:
+            return self.exact_step(0, last, 0)[0]
+        return self.closed.extend(0, self.terms[0], [(self.fam[last], self.terms[last])])[0][0]
+
+    # -------------------------------------------------------------- the table
+    def run(self, budget: int, mode: str) -> tuple[list[int], float] | None:
+        """``(lower-set sequence ending in V, its recomputation time)`` the DP picks, or ``None``.
+
+        ``mode``: ``"time"`` (least recomputation time), ``"memory"`` (most, §4.4) or
+        ``"feasible"`` (any; least kept bytes per state). Times are exact sums; a table cell
+        is indexed by ``floor(t / quantum)`` and keeps its least ``m`` (ties: least ``t``).
+        """
+        self.runs += 1
+        if mode == "time":
+            return self._search_exact(budget) if self.exact else self._search_closed(budget)
+        if mode == "feasible":
+            return self._feasible_exact(budget) if self.exact else self._feasible_closed(budget)
+        fam, keys = self.fam, self.keys
+        nsets = len(fam)
+        last = nsets - 1
+        quantum = self.quantum
+        exact = self.exact
+        feasible = mode == "feasible"
+        # cells[k][D][tq] = (m, t, back); back = (k', D', tq') or None
+        cells: list[dict[int, dict[int, tuple[int, float, Any]]] | None] = [None] * nsets
+        cells[0] = {0: {0: (0, 0.0, None)}}
+        for i in range(last):
+            tab = cells[i]
+            if not tab:
+                continue
+            for dang, entries in tab.items():
+                front = _front(entries, mode)
+                m_min = front[-1][1]
+                limit = keys[i] + budget - m_min
+                for item in self.successors(i, limit):
+                    if item[0] > limit:
+                        break
+                    if exact:
+                        j = item[1]
+                        if m_min + self.floor[j] > budget:
+                            continue
+                        if m_min + self.rec_hi[j] - self.rec_lo[i] > budget and self.p.recompute_flag(fam[i], fam[j]):
+                            continue  # its need is above what the budget leaves (see __init__)
+                        need, dt, add, dang2 = self.exact_step(i, j, dang)
+                    else:
+                        _, j, need, dt, add = item
+                        dang2 = 0
+                    thr = budget - need
+                    if m_min > thr:
+                        continue
+                    tgt = cells[j]
+                    if tgt is None:
+                        tgt = cells[j] = {}
+                    cell = tgt.get(dang2)
+                    if cell is None:
+                        cell = tgt[dang2] = {}
+                    for tq, m, t in front:
+                        if m > thr:
+                            continue
+                        t2 = 0.0 if feasible else t + dt
+                        q2 = int(t2 // quantum)
+                        m2 = m + add
+                        old = cell.get(q2)
+                        if old is None or m2 < old[0] or (m2 == old[0] and t2 < old[1]):
+                            cell[q2] = (m2, t2, (i, dang, tq))
+        final = cells[last]
+        if not final:
+            return None
+        cell = final[0]
+        q_best = max(cell) if mode == "memory" else min(cell)
+        t_best = cell[q_best][1]
+        seq: list[int] = []
+        back: Any = (last, 0, q_best)
+        while back is not None and back[0] != 0:
+            k, dang, tq = back
+            seq.append(fam[k])
+            back = cells[k][dang][tq][2]  # type: ignore[index]
+        seq.reverse()
+        return seq, t_best
+
+    def _arrays(self, i: int) -> tuple[int, Any, Any, Any, Any, Any]:
+        """The successor list of set ``i`` (closed-form model) as numpy columns, extended when it
+        grew: ``(length, keys, j, need, dt_s, add)``, in key order."""
+        lst = self.succ[i]
+        got = self._arr[i]
+        if got is not None and got[0] == len(lst):
+            return got
+        done = 0 if got is None else got[0]
+        tail = lst[done:]
+        cols = list(zip(*tail)) if tail else [(), (), (), (), ()]
+        new = (np.array(cols[0], dtype=np.int64), np.array(cols[1], dtype=np.int64),
+               np.array(cols[2], dtype=np.int64), np.array(cols[3], dtype=np.float64),
+               np.array(cols[4], dtype=np.int64))
+        if got is not None and done:
+            new = tuple(np.concatenate((a, b)) for a, b in zip(got[1:], new))  # type: ignore[assignment]
+        got = self._arr[i] = (len(lst), *new)
+        return got
+
+    def _feasible_closed(self, budget: int) -> tuple[list[int], float] | None:
+        """``"feasible"`` :meth:`run` for the closed-form model: least kept bytes per set.
+
+        Sets are relaxed in family order (supersets come later); the first predecessor that
+        reaches a set with its least ``m`` is kept. Long successor lists are relaxed with numpy
+        (same comparisons, same order: a set's successors are distinct).
+        """
+        fam, keys = self.fam, self.keys
+        last = len(fam) - 1
+        inf = _INF
+        budget = min(budget, _INF)  # the int64 comparisons below; needs stay far below
+        best = [inf] * len(fam)
+        best_np = np.full(len(fam), inf, dtype=np.int64)
+        back = [-1] * len(fam)
+        best[0] = 0
+        best_np[0] = 0
+        for i in range(last):
+            m = best[i]
+            if m == inf:
+                continue
+            room = budget - m
+            limit = keys[i] + room
+            lst = self.successors(i, limit)
+            c = bisect_right(lst, limit, key=_first)
+            if c < _VECTOR_MIN:
+                for _, j, need, _, add in lst[:c]:
+                    if need <= room and m + add < best[j]:
+                        best[j] = best_np[j] = m + add
+                        back[j] = i
+                continue
+            _, K, J, NEED, _, ADD = self._arrays(i)
+            J = J[:c]
+            m2 = ADD[:c] + m
+            hit = np.flatnonzero((NEED[:c] <= room) & (m2 < best_np[J]))
+            if hit.size:
+                Jh, mh = J[hit], m2[hit]
+                best_np[Jh] = mh
+                for j, v in zip(Jh.tolist(), mh.tolist()):
+                    best[j] = v
+                    back[j] = i
+        if best[last] == inf:
+            return None
+        seq: list[int] = []
+        k = last
+        while k > 0:
+            seq.append(fam[k])
+            k = back[k]
+        seq.reverse()
+        return seq, 0.0
+
+    def _search_closed(self, budget: int) -> tuple[list[int], float] | None:
+        """Time-centric :meth:`run` for the closed-form model as a label-setting search.
+
+        Times only grow along a sequence, so labels ``(set, t, m)`` are expanded in increasing
+        ``floor(t / quantum)`` (bucket ``q``; sets in order within a bucket); a label whose
+        ``m`` is not below the least ``m`` already expanded for its set is dominated (§4.2) and
+        dropped, and the first label of ``V`` is the answer. It finds what the table of
+        :meth:`run` would, but only expands labels up to the answer. The pending labels are a
+        dense ``(bucket, set)`` table (least ``m``, then least ``t``; the first such label keeps
+        its place) and each expanded label is relaxed into it with numpy.
+        """
+        fam, keys = self.fam, self.keys
+        quantum = self.quantum
+        nsets = len(fam)
+        last = nsets - 1
+        inf = _INF
+        rows = int(sum(self.p.time) // quantum) + 2  # a bucket index never exceeds T(V) / quantum
+        if rows * nsets > _DENSE_CELLS:
+            return self._search_closed_sparse(budget)
+        budget = min(budget, _INF)  # the int64 comparisons below; needs stay far below
+        pm = np.full((rows, nsets), inf, dtype=np.int64)   # pending m
+        pt = np.zeros((rows, nsets), dtype=np.float64)     # its exact t
+        pbi = np.zeros((rows, nsets), dtype=np.int64)      # previous set
+        pbq = np.zeros((rows, nsets), dtype=np.int64)      # previous bucket
+        queued = np.zeros(rows, dtype=bool)
+        best_np = np.full(nsets, inf, dtype=np.int64)
+        best = [inf] * nsets
+        labels: list[dict[int, tuple[int, int]]] = [{} for _ in fam]  # set -> bucket -> back
+        pm[0, 0] = 0
+        pbi[0, 0] = -1
+        queued[0] = True
+        pending = [0]
+        while pending:
+            tq = heappop(pending)
+            row_m, row_t = pm[tq], pt[tq]
+            queue = np.flatnonzero(row_m < inf).tolist()
+            while queue:
+                i = heappop(queue)
+                m = int(row_m[i])
+                if m >= best[i]:
+                    continue
+                t = float(row_t[i])
+                best[i] = m
+                best_np[i] = m
+                labels[i][tq] = (int(pbi[tq, i]), int(pbq[tq, i]))
+                if i == last:
+                    seq: list[int] = []
+                    k, kq = last, tq
+                    while k > 0:
+                        seq.append(fam[k])
+                        k, kq = labels[k][kq]
+                    seq.reverse()
+                    return seq, t
+                limit = keys[i] + budget - m
+                self.successors(i, limit)
+                _, K, J, NEED, DT, ADD = self._arrays(i)
+                c = int(np.searchsorted(K, limit, side="right"))
+                if not c:
+                    continue
+                J = J[:c]
+                m2 = ADD[:c] + m
+                hit = np.flatnonzero((NEED[:c] <= budget - m) & (m2 < best_np[J]))
+                if not hit.size:
+                    continue
+                J, m2 = J[hit], m2[hit]
+                t2 = DT[:c][hit] + t
+                q2 = (t2 // quantum).astype(np.int64)
+                top = int(q2.max())
+                if top >= rows:  # float rounding past T(V) / quantum: grow the table
+                    extra = top + 1 - rows
+                    pm = np.concatenate([pm, np.full((extra, nsets), inf, dtype=np.int64)])
+                    pt = np.concatenate([pt, np.zeros((extra, nsets))])
+                    pbi = np.concatenate([pbi, np.zeros((extra, nsets), dtype=np.int64)])
+                    pbq = np.concatenate([pbq, np.zeros((extra, nsets), dtype=np.int64)])
+                    queued = np.concatenate([queued, np.zeros(extra, dtype=bool)])
+                    rows = top + 1
+                    row_m, row_t = pm[tq], pt[tq]
+                old_m = pm[q2, J]
+                win = np.flatnonzero((m2 < old_m) | ((m2 == old_m) & (t2 < pt[q2, J])))
+                if not win.size:
+                    continue
+                J, q2, m2, t2, old_m = J[win], q2[win], m2[win], t2[win], old_m[win]
+                pm[q2, J] = m2
+                pt[q2, J] = t2
+                pbi[q2, J] = i
+                pbq[q2, J] = tq
+                here = q2 == tq
+                if here.any():  # new labels of the current bucket join its queue
+                    for j in J[here & (old_m == inf)].tolist():
+                        heappush(queue, j)
+                fresh = q2[~queued[q2]]
+                if fresh.size:
+                    for q in np.unique(fresh).tolist():
+                        queued[q] = True
+                        heappush(pending, q)
+        return None
+
+
+    def _search_closed_sparse(self, budget: int) -> tuple[list[int], float] | None:
+        """:meth:`_search_closed` with sparse dict buckets (for time grids too fine for a dense table).
+
+        Times only grow along a sequence, so labels ``(set, t, m)`` are expanded in increasing
+        ``floor(t / quantum)`` (a bucket queue; sets in order within a bucket); a label whose
+        ``m`` is not below the least ``m`` already expanded for its set is dominated (§4.2) and
+        dropped, and the first label of ``V`` is the answer. It finds what the table of
+        :meth:`run` would, but only expands labels up to the answer.
+        """
+        fam, keys = self.fam, self.keys
+        quantum = self.quantum
+        last = len(fam) - 1
+        inf = 1 << 126
+        best = [inf] * len(fam)
+        labels: list[dict[int, tuple[int, float, int, int]]] = [{} for _ in fam]
+        # buckets[tq][set] = (m, t, previous set, previous tq)
+        buckets: dict[int, dict[int, tuple[int, float, int, int]]] = {0: {0: (0, 0.0, -1, 0)}}
+        pending = [0]
+        while pending:
+            tq = heappop(pending)
+            bucket = buckets.pop(tq)
+            queue = sorted(bucket)
+            while queue:
+                i = heappop(queue)
+                label = bucket[i]
+                m, t = label[0], label[1]
+                if m >= best[i]:
+                    continue
+                best[i] = m
+                labels[i][tq] = label
+                if i == last:
+                    seq: list[int] = []
+                    k, kq = last, tq
+                    while k > 0:
+                        seq.append(fam[k])
+                        _, _, k, kq = labels[k][kq]
+                    seq.reverse()
+                    return seq, t
+                limit = keys[i] + budget - m
+                for kj, j, need, dt, add in self.successors(i, limit):
+                    if kj > limit:
+                        break
+                    m2 = m + add
+                    if m + need > budget or m2 >= best[j]:
+                        continue
+                    t2 = t + dt
+                    q2 = int(t2 // quantum)
+                    if q2 != tq:
+                        tgt = buckets.get(q2)
+                        if tgt is None:
+                            tgt = buckets[q2] = {}
+                            heappush(pending, q2)
+                    else:
+                        tgt = bucket
+                    old = tgt.get(j)
+                    if old is None or m2 < old[0] or (m2 == old[0] and t2 < old[1]):
+                        if old is None and q2 == tq:
+                            heappush(queue, j)
+                        tgt[j] = (m2, t2, i, tq)
+        return None
+
+    def _exact_moves(self, i: int, dang: int, m: int,
+                     budget: int) -> list[tuple[int, tuple[float, int, int, int]]]:
+        """Transitions of the exact model out of state ``(set i, dangling roots)`` with kept bytes
+        ``m``: each larger lower set ``j`` that the budget can still admit, with its (cached)
+        ``(time, added kept bytes, dangling roots, lower bound of the need)`` from
+        :func:`_bookkeeping`; a transition whose lower bound the budget cannot admit is left out
+        (it would fail its deferred memory check anyway). Each state keeps the list of its
+        transitions priced so far, in the order of the successor list."""
+        limit = self.keys[i] + budget - m
+        lst = self.successors(i, limit)
+        count = bisect_right(lst, limit, key=_first)
+        room = budget - m
+        state = (i, dang)
+        moves = self._moves.get(state)
+        if moves is None:
+            moves = self._moves[state] = []
+        floor = self.floor
+        out = []
+        for pos in range(count):
+            if pos < len(moves):
+                j, got = moves[pos]
+                if got is None:
+                    if floor[j] > room:
+                        continue
+                    got = self._move(i, j, dang)
+                    moves[pos] = (j, got)
+            else:
+                j = lst[pos][1]
+                if floor[j] > room:
+                    moves.append((j, None))
+                    continue
+                got = self._move(i, j, dang)
+                moves.append((j, got))
+            if got[3] <= room:
+                out.append((j, got))
+        return out
+
+    def _move(self, i: int, j: int, dang: int) -> tuple[float, int, int, int]:
+        """``(time, added kept bytes, dangling roots, lower bound of the need)`` of one transition."""
+        fam, nsets = self.fam, len(self.fam)
+        bk = (i * nsets + j, dang)
+        got = self._book.get(bk)
+        if got is None:
+            pair = self._pairs.get(bk[0])
+            if pair is None and j != nsets - 1:
+                pair = self._pairs[bk[0]] = _pair_bookkeeping(self.p, fam[i], fam[j])
+            dt, add, dang2 = _bookkeeping(self.p, fam[i], fam[j], dang, pair)
+            # a lower bound of the transition's need (its replay is dear): the backward of S
+            # starts with the kept bytes it adds and the gradients after L' alive
+            low = add + self.floor[j]
+            if self.p.recompute_flag(fam[i], fam[j]):  # the dangling roots it holds stay too
+                low = max(low, add + self.rec_hi[j] - self.rec_lo[i] + self._kept_grads(i, j))
+            got = self._book[bk] = (dt, add, dang2, low)
+        return got
+
+    def _kept_grads(self, i: int, j: int) -> int:
+        """Bytes of the gradient buffers that stay alive through the whole backward of the
+        segment ``L_j \\ L_i``: those of nodes of ``L_i`` read after ``L_j`` and by no node of
+        the segment (no backward of the segment releases or replaces them). Cached per pair."""
+        key = i * len(self.fam) + j
+        got = self._grads.get(key)
+        if got is None:
+            p = self.p
+            lower, upper = self.fam[i], self.fam[j]
+            seg = upper & ~lower
+            owners = {owner for u, owner in p.after(upper)[0] if lower >> u & 1 and not p.succmask[u] & seg}
+            got = self._grads[key] = sum(p.out[o] for o in owners)
+        return got
+
+    def _feasible_exact(self, budget: int) -> tuple[list[int], float] | None:
+        """``"feasible"`` :meth:`run` for the exact model: Dijkstra on the kept bytes ``m``.
+
+        The least ``m`` of each state ``(set, dangling roots)`` is all feasibility needs, and
+        transitions only add bytes, so states are settled in increasing ``m``; a candidate's
+        memory check (a segment replay) is deferred until it is popped, and the search stops
+        at the first label of ``V``.
+        """
+        fam = self.fam
+        last = len(fam) - 1
+        settled: dict[tuple[int, int], Any] = {}
+        heap: list[tuple[int, int, tuple[int, int], Any, int]] = [(0, 0, (0, 0), None, 0)]
+        count = 1
+        while heap:
+            m, _, state, back, m_src = heappop(heap)
+            if state in settled:
+                continue
+            if back is not None and m_src + self.exact_step(back[0], state[0], back[1])[0] > budget:
+                continue
+            settled[state] = back
+            i, dang = state
+            if i == last:
+                seq: list[int] = []
+                node: Any = state
+                while node is not None and node[0] != 0:
+                    seq.append(fam[node[0]])
+                    node = settled[node]
+                seq.reverse()
+                return seq, 0.0
+            for j, got in self._exact_moves(i, dang, m, budget):
+                nxt = (j, got[2])
+                if nxt in settled:
+                    continue
+                heappush(heap, (m + got[1], count, nxt, state, m))
+                count += 1
+        return None
+
+    def _search_exact(self, budget: int) -> tuple[list[int], float] | None:
+        """:meth:`_search_closed` for the exact model: labels of states ``(set, dangling roots)``.
+
+        A transition's time and kept bytes come from set operations (:func:`_bookkeeping`); its
+        peak needs a segment replay, which is only paid when the label it produced is popped
+        (a label beyond the optimum never is).
+        """
+        fam = self.fam
+        quantum = self.quantum
+        last = len(fam) - 1
+        inf = 1 << 126
+        best: dict[tuple[int, int], int] = {}
+        labels: dict[tuple[int, int, int], tuple[int, float, Any]] = {}
+        # buckets[tq][(set, dangling)] = candidate labels (m, t, back, source m), back = (set,
+        # dangling, tq): all of them, since the least m may fail its deferred check
+        buckets: dict[int, dict[tuple[int, int], list[tuple[int, float, Any, int]]]] = {
+            0: {(0, 0): [(0, 0.0, None, 0)]}}
+        pending = [0]
+        while pending:
+            tq = heappop(pending)
+            bucket = buckets.pop(tq)
+            queue = sorted(bucket)
+            while queue:
+                state = heappop(queue)
+                accepted = None
+                for m, t, back, m_src in sorted(bucket[state], key=lambda c: (c[0], c[1])):
+                    if m >= best.get(state, inf):
+                        break
+                    if back is not None:  # the deferred memory check of the transition into state
+                        if m_src + self.exact_step(back[0], state[0], back[1])[0] > budget:
+                            continue
+                    accepted = (m, t, back)
+                    break
+                if accepted is None:
+                    continue
+                m, t, back = accepted
+                best[state] = m
+                labels[(state[0], state[1], tq)] = (m, t, back)
+                i, dang = state
+                if i == last:
+                    seq: list[int] = []
+                    node: Any = (i, dang, tq)
+                    while node is not None and node[0] != 0:
+                        seq.append(fam[node[0]])
+                        node = labels[node][2]
+                    seq.reverse()
+                    return seq, t
+                for j, (dt, add, dang2, _) in self._exact_moves(i, dang, m, budget):
+                    m2 = m + add
+                    nxt = (j, dang2)
+                    if m2 >= best.get(nxt, inf):
+                        continue
+                    t2 = t + dt
+                    q2 = int(t2 // quantum)
+                    if q2 != tq:
+                        tgt = buckets.get(q2)
+                        if tgt is None:
+                            tgt = buckets[q2] = {}
+                            heappush(pending, q2)
+                    else:
+                        tgt = bucket
+                    cands = tgt.get(nxt)
+                    if cands is None:
+                        cands = tgt[nxt] = []
+                        if q2 == tq:
+                            heappush(queue, nxt)
+                    cands.append((m2, t2, (i, dang, tq), m))
+        return None
+
+
+def _front(entries: dict[int, tuple], mode: str) -> list[tuple[int, int, float]]:
+    """Non-dominated ``(tq, m, t)`` of one DP cell (§4.2: skip ``t' > t`` with ``m' >= m``).
+
+    Ordered so that ``m`` strictly decreases: ``tq`` ascending (time), descending (memory);
+    in ``"feasible"`` mode only the least ``m``.
+    """
+    if mode == "feasible":
+        tq = min(entries, key=lambda k: entries[k][0])
+        return [(tq, entries[tq][0], entries[tq][1])]
+    out: list[tuple[int, int, float]] = []
+    best = -1
+    for tq in sorted(entries, reverse=mode == "memory"):
+        m, t = entries[tq][0], entries[tq][1]
+        if best < 0 or m < best:
+            out.append((tq, m, t))
+            best = m
+    return out

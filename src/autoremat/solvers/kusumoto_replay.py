@@ -1,0 +1,417 @@
+"""The exact memory model of ``dp-exact``: a replay of the simulator on one segment.
+
+See :mod:`.kusumoto` ("Memory model"). :func:`_segment` replays the simulator's bookkeeping
+(storages with sets of holders) on ``S = L' \\ L``; :func:`_exact_transition` turns it into
+the DP's ``(need, time, added kept bytes, dangling roots)``; :func:`_pair_bookkeeping` and
+:func:`_bookkeeping` give everything but the need from set operations alone (the replay is the
+DP's cost, so the search defers it and prunes it with lower bounds, see
+:meth:`.kusumoto_dp._DP._move`). O(|S| + edges of S) per replay, O(|∂L| + |S|) per bookkeeping.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from .kusumoto_sets import _bit_list, _bits, _Prep
+
+__all__: list[str] = []
+
+
+class _Seg:
+    """What one transition ``L -> L'`` costs, from a replay of the simulator on ``S = L' \\ L``."""
+
+    __slots__ = ("recompute", "dt_s", "fwd_peak", "bwd_peak", "held_ext", "kept_new", "kept_add")
+
+    def __init__(self, recompute: bool, dt_s: float, fwd_peak: int, bwd_peak: int,
+                 held_ext: int, kept_new: int, kept_add: int) -> None:
+        self.recompute = recompute
+        self.dt_s = dt_s
+        self.fwd_peak = fwd_peak    # peak above the kept bytes m, forward of S (final: whole step)
+        self.bwd_peak = bwd_peak    # peak above m during the backward of S
+        self.held_ext = held_ext    # dangling roots of L that S holds until its backward (mask)
+        self.kept_new = kept_new    # roots of S kept for backward (plain saves; mask)
+        self.kept_add = kept_add    # bytes that join the kept set
+
+
+def _segment(p: _Prep, lower: int, upper: int, dangling: int, recompute: bool) -> _Seg:
+    """Replay the simulator's events for segment ``S = upper \\ lower``.
+
+    ``dangling`` holds the roots of ``lower`` that are alive in forward but held by no
+    backward (only those ``S`` touches matter). Peaks are relative to the kept bytes ``m``:
+    storages of ``lower`` held for some backward, which stay constant during ``S`` and are not
+    tracked here. The bookkeeping is the simulator's (storages with sets of holders), inlined:
+    storage keys are ints (``r`` a node's storage, ``n + v`` its saved extras, ``2n + v`` its
+    recomputed copy, ``3n + v`` the copy's extras, ``4n`` the loss's, ``> 4n`` gradients) and
+    so are holders.
+    """
+    n = p.n
+    final = upper == p.full
+    seg = upper & ~lower
+    nodes = _bit_list(seg)
+    inseg = bytearray(n)  # membership tests on ints of a few hundred bits are the replay's cost
+    for v in nodes:
+        inseg[v] = 1
+    beyond_of = p.beyond_flags(upper)  # node's storage is read after upper
+    root, succ, pred, saves, alloc_b = p.root, p.succ, p.pred, p.saves, p.alloc
+    rg, extra, ftemp, need, is_out = p.rg, p.extra, p.ftemp, p.need, p.is_out
+    nn = n * n
+    beyond, seg_ref = -1, -2 - 2 * n          # holders; ("out", v) is -2 - v
+    s_base, rs_base, rf_base, gb_base = nn, nn + n + 1, 2 * nn + 2 * n + 2, 3 * nn + 3 * n + 3
+    size: dict[int, int] = {}
+    refs: dict[int, set[int]] = {}
+    live = peak = 0
+    outside = ~upper
+    for r in _bits(dangling):
+        size[r] = alloc_b[r]
+        live += alloc_b[r]
+        held = refs[r] = set()
+        for u in p.members[r]:
+            if not lower >> u & 1:
+                continue
+            for w in succ[u]:
+                if inseg[w]:
+                    held.add(w * n + u)
+            if beyond_of[u]:
+                held.add(beyond)
+            if is_out[u]:
+                held.add(-2 - u if final else beyond)
+    if recompute:
+        for v in nodes:
+            for u in pred[v]:
+                if lower >> u & 1:
+                    got = refs.get(root[u])
+                    if got is not None:
+                        got.add(seg_ref)
+    # ---------------------------------------------------------------- forward
+    for v in nodes:
+        if root[v] == v:
+            size[v] = alloc_b[v]
+            refs[v] = set()
+            live += alloc_b[v]
+        ok = root[v]
+        level = live + extra[v] + ftemp[v]
+        if level > peak:
+            peak = level
+        saving = not recompute and rg[v]
+        if saving and extra[v]:
+            size[n + v] = extra[v]
+            refs[n + v] = set()
+            live += extra[v]
+        held = refs.get(ok)
+        if held is not None:
+            for w in succ[v]:
+                if inseg[w]:
+                    held.add(w * n + v)
+            if beyond_of[v]:
+                held.add(beyond)
+            if is_out[v]:
+                held.add(-2 - v if final else beyond)
+        if saving:
+            for u in saves[v]:
+                got = refs.get(root[u])
+                if got is not None:
+                    got.add(s_base + v)
+        for u in pred[v]:
+            key = root[u]
+            got = refs.get(key)
+            if got is not None:
+                got.discard(v * n + u)
+                if not got:
+                    live -= size.pop(key)
+                    del refs[key]
+        held = refs.get(ok)
+        if held is not None and not held:
+            live -= size.pop(ok)
+            del refs[ok]
+    fwd_peak = peak
+    grad: dict[int, int] = {}
+    next_gid = 4 * n + 1
+    if final:
+        level = live + p.loss_extra + p.loss_ftemp
+        if level > peak:
+            peak = level
+        live += p.loss_extra
+        for u in p.loss_saves:
+            got = refs.get(root[u])
+            if got is not None:
+                got.add(s_base + n)
+        for v in _bits(p.out_mask):
+            key = root[v]
+            got = refs.get(key)
+            if got is not None:
+                got.discard(-2 - v)
+                if not got:
+                    live -= size.pop(key)
+                    del refs[key]
+        for v in _bits(p.out_mask):
+            if rg[v]:
+                size[next_gid] = p.out[v]
+                refs[next_gid] = {gb_base + v}
+                live += p.out[v]
+                grad[v] = next_gid
+                next_gid += 1
+        if live + p.loss_btemp > peak:
+            peak = live + p.loss_btemp
+        for u in p.loss_saves:
+            key = root[u]
+            got = refs.get(key)
+            if got is not None:
+                got.discard(s_base + n)
+                if not got:
+                    live -= size.pop(key)
+                    del refs[key]
+        live -= p.loss_extra
+        pg_after: frozenset[str] = frozenset()
+        held_ext = kept_new = kept_add = 0
+    else:
+        for key, held in list(refs.items()):
+            if beyond in held:  # later segments and the loss are done with it
+                held.discard(beyond)
+                if not held:
+                    live -= size.pop(key)
+                    del refs[key]
+        kept_add = live
+        held_ext = kept_new = 0
+        for key in size:
+            if key < n:
+                if lower >> key & 1:
+                    held_ext |= 1 << key
+                else:
+                    kept_new |= 1 << key
+        # backward of everything after upper has run: gradients of upper's boundary are alive
+        peak = live
+        shared: dict[int, int] = {}
+        grads_after, pg_after, pg_bytes = p.after(upper)
+        for u, owner in grads_after:
+            key = shared.get(owner)
+            if key is None:
+                key = shared[owner] = next_gid
+                next_gid += 1
+                size[key] = p.out[owner]
+                refs[key] = set()
+                live += p.out[owner]
+            refs[key].add(gb_base + u)
+            grad[u] = key
+        live += pg_bytes
+        if live > peak:
+            peak = live
+    # ---------------------------------------------------------------- backward
+    stop = -1
+    if recompute:
+        hold = p.holder_mask & seg
+        stop = hold.bit_length() - 1 if hold else -1
+    rroot: dict[int, int] = {}
+    pgrad: set[str] = set()  # parameter gradients allocated during this backward
+    spent = 0.0
+    out_b, passthru, btemp, alias_of = p.out, p.passthru, p.btemp, p.alias_of
+    for v in reversed(nodes):
+        if v == stop:
+            for x in nodes:
+                if x > stop:
+                    break
+                spent += p.time[x]
+                a = alias_of[x]
+                if a is None:
+                    key = rroot[x] = 2 * n + x
+                    size[key] = alloc_b[x]
+                    refs[key] = set()
+                    live += alloc_b[x]
+                elif a in rroot:
+                    rroot[x] = rroot[a]
+                key = rroot.get(x, root[x])
+                level = live + extra[x] + ftemp[x]
+                if level > peak:
+                    peak = level
+                if rg[x]:
+                    if extra[x]:
+                        size[3 * n + x] = extra[x]
+                        refs[3 * n + x] = set()
+                        live += extra[x]
+                    for u in saves[x]:
+                        got = refs.get(rroot.get(u, root[u]))
+                        if got is not None:
+                            got.add(rs_base + x)
+                held = refs.get(key)
+                if held is not None:
+                    for w in succ[x]:
+                        if inseg[w] and w <= stop:
+                            held.add(rf_base + w * n + x)
+                for u in pred[x]:
+                    ukey = rroot.get(u)
+                    if ukey is not None:
+                        got = refs.get(ukey)
+                        if got is not None:
+                            got.discard(rf_base + x * n + u)
+                            if not got:
+                                live -= size.pop(ukey)
+                                del refs[ukey]
+                if x in rroot:
+                    held = refs.get(key)
+                    if held is not None and not held:
+                        live -= size.pop(key)
+                        del refs[key]
+        gv = grad.pop(v, None)
+        if gv is not None:
+            transient = 0
+            for u in pred[v]:
+                if not rg[u]:
+                    continue
+                old = grad.get(u)
+                if passthru[v]:
+                    if old is None:
+                        refs[gv].add(gb_base + u)
+                        grad[u] = gv
+                        continue
+                elif old is None:
+                    pass
+                elif len(refs[old]) == 1:
+                    transient += out_b[u]
+                    continue
+                else:
+                    transient += out_b[u]
+                new = grad[u] = next_gid
+                next_gid += 1
+                size[new] = out_b[u]
+                refs[new] = {gb_base + u}
+                live += out_b[u]
+                if old is not None:
+                    got = refs[old]
+                    got.discard(gb_base + u)
+                    if not got:
+                        live -= size.pop(old)
+                        del refs[old]
+            for q, nbytes in p.params[v]:  # the first use in backward allocates the gradient
+                if q in pg_after or q in pgrad:
+                    transient += nbytes
+                else:
+                    pgrad.add(q)
+                    live += nbytes
+            level = live + transient + btemp[v]
+            if level > peak:
+                peak = level
+            got = refs[gv]
+            got.discard(gb_base + v)
+            if not got:
+                live -= size.pop(gv)
+                del refs[gv]
+        if rg[v]:
+            holder = (rs_base if recompute else s_base) + v
+            for u in saves[v]:
+                key = rroot.get(u, root[u]) if recompute else root[u]
+                got = refs.get(key)
+                if got is not None:
+                    got.discard(holder)
+                    if not got:
+                        live -= size.pop(key)
+                        del refs[key]
+            xkey = (3 * n + v) if recompute else (n + v)
+            if xkey in size:
+                live -= size.pop(xkey)
+                del refs[xkey]
+    bwd_peak = peak
+    if final:
+        fwd_peak = bwd_peak = max(fwd_peak, bwd_peak)
+    return _Seg(recompute, spent, fwd_peak, bwd_peak, held_ext, kept_new, kept_add)
+
+
+def _exact_transition(p: _Prep, lower: int, upper: int, dangling: int,
+                      cache: dict[tuple[int, int, int], _Seg]) -> tuple[int, float, int, int]:
+    """``(need, dt_s, add, dangling')`` of ``lower -> upper`` in the exact model.
+
+    The transition fits when ``m + need <= B``; then ``m += add`` and the dangling roots
+    become ``dangling'``. ``cache`` keeps segment replays by ``(lower, upper, roots touched)``.
+    """
+    final = upper == p.full
+    held = dangling if final or not dangling else dangling & p.touched(lower, upper)
+    key = (lower, upper, held)
+    seg = cache.get(key)
+    if seg is None:
+        seg = cache[key] = _segment(p, lower, upper, held, p.recompute_flag(lower, upper))
+    if final:
+        return seg.bwd_peak, seg.dt_s, 0, 0
+    need = max(p.nbytes(dangling & ~held) + seg.fwd_peak, seg.bwd_peak)
+    _, alive = p.info(upper)
+    fresh = upper & ~lower
+    dangling = ((dangling & ~seg.held_ext) & alive) | (alive & fresh & ~seg.kept_new)
+    return need, seg.dt_s, seg.kept_add, dangling
+
+
+def _pair_bookkeeping(p: _Prep, lower: int, upper: int) -> tuple[float, int, int, int, int]:
+    """The part of :func:`_bookkeeping` that does not depend on the dangling roots.
+
+    ``(dt_s, reach, add, alive, fresh)``: the recomputation time; the roots of ``lower`` the
+    segment holds if they dangle (those it reads when recomputed, those it saves otherwise);
+    the kept bytes it adds by itself; the roots alive after ``upper``; and the segment's roots
+    that dangle after it.
+    """
+    seg = upper & ~lower
+    _, alive = p.info(upper)
+    if p.recompute_flag(lower, upper):
+        stop = (seg & p.holder_mask).bit_length() - 1
+        dt = 0.0
+        if stop >= 0:
+            part = seg & ((2 << stop) - 1)
+            if p.time_groups is not None:  # integer times: every partial sum is exact
+                dt = float(sum(value * (part & mask).bit_count() for value, mask in p.time_groups))
+            else:
+                time = p.time
+                for v in _bit_list(part):
+                    dt += time[v]
+        return dt, p.roots(p.reads_from(lower, seg)), 0, alive, alive & seg
+    saved = 0
+    add = 0
+    for v in _bit_list(seg & p.rg_mask):
+        saved |= p.saves_roots[v]
+        add += p.extra[v]
+    kept_new = saved & seg
+    return 0.0, saved, add + p.nbytes(kept_new), alive, alive & seg & ~kept_new
+
+
+def _bookkeeping(p: _Prep, lower: int, upper: int, dangling: int,
+                 pair: tuple[float, int, int, int, int] | None = None) -> tuple[float, int, int]:
+    """``(dt_s, add, dangling')`` of ``lower -> upper`` without the replay (set operations only).
+
+    Equal to what :func:`_exact_transition` returns; only the peak needs the replay. ``pair``:
+    :func:`_pair_bookkeeping` of the transition, when the caller keeps it.
+    """
+    if upper == p.full:
+        return 0.0, 0, 0
+    dt, reach, add, alive, fresh = pair or _pair_bookkeeping(p, lower, upper)
+    held = dangling & reach
+    if held:
+        add += p.nbytes(held)
+    return dt, add, ((dangling & ~held) & alive) | fresh
+
+
+def _model_peak(p: _Prep, seq: Sequence[int]) -> tuple[int, float]:
+    """The exact model's step peak and extra time of a lower-set sequence (bitsets, ending in V)."""
+    cache: dict[tuple[int, int, int], _Seg] = {}
+    lower = dangling = m = peak = 0
+    t = 0.0
+    for upper in seq:
+        need, dt, add, dangling = _exact_transition(p, lower, upper, dangling, cache)
+        peak = max(peak, m + need)
+        m += add
+        t += dt
+        lower = upper
+    return peak, t
+
+
+def _grad_floor(p: _Prep, lower: int) -> int:
+    """Bytes of the gradient buffers alive when the backward of a segment ending in ``L`` starts."""
+    if lower == p.full:
+        return 0
+    owners: set[int] = set()
+    for u in _bits(p.boundary(lower) | (p.out_mask & lower)):
+        if not p.rg[u]:
+            continue
+        outside = p.succmask[u] & ~lower
+        if not outside and not p.is_out[u]:
+            continue
+        owner = u
+        if not p.is_out[u] and outside & (outside - 1) == 0:
+            w = outside.bit_length() - 1
+            if p.passthru[w]:
+                owner = p.buf_owner[w]
+        owners.add(owner)
+    return sum(p.out[o] for o in owners)

@@ -1,0 +1,317 @@
+"""Per-graph arrays and lower-set families for the Kusumoto DP solvers (:mod:`.kusumoto`).
+
+Lower sets are Python ints used as bitsets over the node ids (ids are a topological order).
+:class:`_Prep` reads a :class:`~autoremat.graph.Graph` once into plain lists and masks and
+caches per-set quantities (boundary, what stays alive after a set, who reads a node from
+outside it) that both memory models use; :func:`_all_lower_sets` enumerates every lower set
+(dp-exact, Kusumoto et al. §4.2) and :func:`_pruned_lower_sets` the pruned family
+``{L^v} ∪ {∅, V}`` (dp-approx, §4.3); :func:`_pack` packs a family into 64-bit words for numpy.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Sequence
+from typing import Any
+
+import numpy as np
+
+from ..graph import Graph
+
+__all__: list[str] = []
+
+
+def _bits(mask: int) -> Iterator[int]:
+    """Indices of the set bits of ``mask``, lowest first."""
+    while mask:
+        low = mask & -mask
+        yield low.bit_length() - 1
+        mask ^= low
+
+
+def _bit_list(mask: int) -> list[int]:
+    """:func:`_bits` as a list; decoded from the binary string when there are many bits."""
+    if mask.bit_count() <= 8:
+        return list(_bits(mask))
+    text = bin(mask)[:1:-1]
+    return [i for i, c in enumerate(text) if c == "1"]
+
+
+class _Prep:
+    """Per-graph arrays and bitsets the DP reads (built once per solve)."""
+
+    def __init__(self, graph: Graph) -> None:
+        n = len(graph)
+        nd = [graph.node(v) for v in range(n)]
+        meta = graph.meta
+        self.n = n
+        self.full = (1 << n) - 1
+        self.succ = [tuple(graph.succ(v)) for v in range(n)]
+        self.pred = [tuple(graph.pred(v)) for v in range(n)]
+        self.root = [graph.root(v) for v in range(n)]
+        self.alloc = [int(d["alloc_bytes"]) for d in nd]
+        self.out = [int(d["out_bytes"]) for d in nd]
+        self.rg = [bool(d["requires_grad"]) for d in nd]
+        self.passthru = [bool(d["grad_passthrough"]) for d in nd]
+        self.is_out = [bool(d["is_output"]) for d in nd]
+        self.saves = [tuple(d["saves"]) for d in nd]
+        self.extra = [int(d["extra_saved_bytes"]) for d in nd]
+        self.ftemp = [int(d["fwd_temp_bytes"]) for d in nd]
+        self.btemp = [int(d["bwd_temp_bytes"]) for d in nd]
+        self.time = [float(d["time_s"]) for d in nd]
+        self.recomputable = [bool(d["recomputable"]) for d in nd]
+        # the simulator's replay stops at the last node holding something for backward
+        self.holder = [bool((d["saves"] or d["extra_saved_bytes"]) and d["requires_grad"]) for d in nd]
+        # segments_from_lower_sets recomputes a segment when one of its nodes saves bytes
+        self.saver = [int(d["saved_bytes"]) > 0 for d in nd]
+        self.module_mode = meta.get("mode") == "module"
+        param_bytes: dict[str, int] = meta.get("param_bytes", {})
+        self.params = [tuple((p, int(param_bytes[p])) for p in d["params"] if p in param_bytes) for d in nd]
+        users: dict[str, int] = {}
+        for v in range(n):
+            for p, _ in self.params[v]:
+                users[p] = users.get(p, 0) | (1 << v)
+        self.param_users = users
+        self.param_size = {p: int(param_bytes[p]) for p in users}
+        self.loss_saves = tuple(int(u) for u in meta.get("loss_saves", ()))
+        self.loss_extra = int(meta.get("loss_extra_bytes", 0))
+        self.loss_ftemp = int(meta.get("loss_fwd_temp_bytes", 0))
+        self.loss_btemp = int(meta.get("loss_bwd_temp_bytes", 0))
+
+        bit = [1 << v for v in range(n)]
+        self.bit = bit
+        self.succmask = [sum(bit[w] for w in self.succ[v]) for v in range(n)]
+        self.predmask = [sum(bit[u] for u in self.pred[v]) for v in range(n)]
+        # need[u]: nodes that read u's storage after u ran (successors, and nodes saving it)
+        need = list(self.succmask)
+        for x in range(n):
+            for u in self.saves[x]:
+                if u != x:
+                    need[u] |= bit[x]
+        self.need = need
+        self.out_mask = sum(bit[v] for v in range(n) if self.is_out[v])
+        self.view_mask = sum(bit[v] for v in range(n) if self.root[v] != v)
+        self.members: list[tuple[int, ...]] = [() for _ in range(n)]  # nodes living in root r's storage
+        tmp: dict[int, list[int]] = {}
+        for v in range(n):
+            tmp.setdefault(self.root[v], []).append(v)
+        for r, vs in tmp.items():
+            self.members[r] = tuple(vs)
+        self.holder_mask = sum(bit[v] for v in range(n) if self.holder[v])
+        self.saver_mask = sum(bit[v] for v in range(n) if self.saver[v])
+        self.nonrecomp_mask = sum(bit[v] for v in range(n) if not self.recomputable[v])
+        # roots of the storages each node saves
+        self.saves_roots = [0] * n
+        for x in range(n):
+            for u in self.saves[x]:
+                self.saves_roots[x] |= bit[self.root[u]]
+        self.alias_of = [d["alias_of"] for d in nd]
+        # whose gradient buffer a node holds when its backward runs (pass-through chains share)
+        owner = list(range(n))
+        for v in range(n - 1, -1, -1):
+            if not self.is_out[v] and len(self.succ[v]) == 1 and self.passthru[self.succ[v][0]]:
+                owner[v] = owner[self.succ[v][0]]
+        self.buf_owner = owner
+        self._info: dict[int, tuple[int, int]] = {}
+        self._touched: dict[tuple[int, int], int] = {}
+        self._beyond: dict[int, bytes] = {}
+        # integer node times (the papers' convention, integer test times) with few distinct
+        # values: a sum of times over a set is exact in any order, so it is counted by value
+        values: dict[int, int] = {}
+        if all(t == int(t) and 0 <= t < 2 ** 40 for t in self.time):
+            for v in range(n):
+                values[int(self.time[v])] = values.get(int(self.time[v]), 0) | bit[v]
+        self.time_groups = tuple(values.items()) if 0 < len(values) <= 16 else None
+        # roots of the views each node saves (a view's root may lie before the view's segment)
+        self.view_saves_roots = [0] * n
+        for x in range(n):
+            for u in self.saves[x]:
+                if self.root[u] != u:
+                    self.view_saves_roots[x] |= bit[self.root[u]]
+        self.view_saver_mask = sum(bit[x] for x in range(n) if self.view_saves_roots[x])
+        self.rg_mask = sum(bit[v] for v in range(n) if self.rg[v])
+        self._after: dict[int, tuple[tuple[tuple[int, int], ...], frozenset[str], int]] = {}
+        self._sweeps()
+
+    # -------------------------------------------------------------- set helpers
+    def roots(self, mask: int) -> int:
+        """Storage roots of the nodes in ``mask``."""
+        views = mask & self.view_mask
+        out = mask & ~self.view_mask
+        for v in _bits(views):
+            out |= self.bit[self.root[v]]
+        return out
+
+    def nbytes(self, root_mask: int) -> int:
+        """Bytes of the storages whose roots are in ``root_mask``."""
+        alloc = self.alloc
+        return sum(alloc[r] for r in _bits(root_mask))
+
+    def recompute_flag(self, lower: int, upper: int) -> bool:
+        """Whether :func:`segments_from_lower_sets` recomputes the segment ``upper \\ lower``."""
+        if upper == self.full:
+            return False
+        seg = upper & ~lower
+        if not seg & self.saver_mask or seg & self.nonrecomp_mask:
+            return False
+        return not self.module_mode or seg & (seg - 1) == 0
+
+    def touched(self, lower: int, upper: int) -> int:
+        """Roots of ``lower`` that the segment ``upper \\ lower`` reads or saves (cached).
+
+        Such a node of ``lower`` is read from outside it, so it is in the boundary ``∂(L)``
+        (usually a few nodes, where the segment may be long); a view of ``S`` that ``S`` saves
+        adds its root directly.
+        """
+        if upper == self.full:
+            return self.roots(lower)
+        key = (lower, upper)
+        got = self._touched.get(key)
+        if got is None:
+            seg = upper & ~lower
+            need = self.need
+            out = 0
+            for u in _bits(self.info(lower)[0]):
+                if need[u] & seg:
+                    out |= 1 << u
+            got = self.roots(out)
+            for x in _bits(seg & self.view_saver_mask):
+                got |= self.view_saves_roots[x] & lower
+            self._touched[key] = got
+        return got
+
+    def reads_from(self, lower: int, seg: int) -> int:
+        """Nodes of ``lower`` with a successor in ``seg`` (a set outside ``lower``)."""
+        succ = self.succmask
+        out = 0
+        for u in _bits(self.info(lower)[0]):
+            if succ[u] & seg:
+                out |= 1 << u
+        return out
+
+    def info(self, lower: int) -> tuple[int, int]:
+        """``(∂(L), R(L))``: boundary nodes, and roots alive in forward after ``L`` (boundary, outputs)."""
+        got = self._info.get(lower)
+        if got is None:
+            bnd = self.boundary(lower)
+            got = self._info[lower] = (bnd, self.roots(bnd | (self.out_mask & lower)))
+        return got
+
+    def after(self, upper: int) -> tuple[tuple[tuple[int, int], ...], frozenset[str], int]:
+        """What the backward of everything after ``upper`` leaves alive (cached per set).
+
+        ``(grads, params, param_bytes)``: ``(u, owner)`` for each node of ``upper`` whose gradient
+        buffer is alive (it has a reader outside ``upper`` or is an output; ``owner`` is the node
+        whose buffer it shares, pass-through chains), in increasing ``u``; the parameters some node
+        outside ``upper`` uses, and their bytes.
+        """
+        got = self._after.get(upper)
+        if got is None:
+            outside = ~upper
+            grads = []
+            cand = (self.boundary(upper) | (self.out_mask & upper)) if upper else 0
+            for u in _bits(cand):
+                if not self.rg[u]:
+                    continue
+                out_succ = self.succmask[u] & outside
+                if not out_succ and not self.is_out[u]:
+                    continue
+                owner = u
+                if not self.is_out[u] and out_succ & (out_succ - 1) == 0:
+                    w = out_succ.bit_length() - 1
+                    if self.passthru[w]:
+                        owner = self.buf_owner[w]
+                grads.append((u, owner))
+            params = frozenset(q for q, users in self.param_users.items() if users & outside)
+            got = self._after[upper] = (tuple(grads), params, sum(self.param_size[q] for q in params))
+        return got
+
+    def beyond_flags(self, upper: int) -> bytes:
+        """``flags[u]`` is 1 when a node outside ``upper`` reads ``u``'s storage (cached per set)."""
+        got = self._beyond.get(upper)
+        if got is None:
+            flags = bytearray(self.n)
+            outside = ~upper
+            for u, needed in enumerate(self.need):
+                if needed & outside:
+                    flags[u] = 1
+            got = self._beyond[upper] = bytes(flags)
+        return got
+
+    def boundary(self, lower: int) -> int:
+        """Nodes of ``lower`` whose storage a node outside it reads (``∂(L)``, plus saved-by)."""
+        if not lower:
+            return 0
+        hi = lower.bit_length() - 1
+        out = self.open_at[hi] & lower
+        reads = self.reads
+        for w in _bits(((1 << (hi + 1)) - 1) & ~lower):
+            out |= reads[w] & lower
+        return out
+
+    def _sweeps(self) -> None:
+        """``open_at[h]``: nodes ``u <= h`` read by some node after ``h`` (for :meth:`boundary`)."""
+        n = self.n
+        reads = [0] * n
+        last = [-1] * n
+        for u in range(n):
+            for w in _bits(self.need[u]):
+                reads[w] |= self.bit[u]
+            last[u] = self.need[u].bit_length() - 1
+        closing = [0] * n
+        for u in range(n):
+            if last[u] > u:
+                closing[last[u]] |= self.bit[u]
+        open_at = [0] * n
+        cur = 0
+        for h in range(n):
+            if last[h] > h:
+                cur |= self.bit[h]
+            cur &= ~closing[h]
+            open_at[h] = cur
+        self.reads = reads
+        self.open_at = open_at
+
+
+# ---------------------------------------------------------------------------------------- families
+def _all_lower_sets(p: _Prep, limit: int) -> list[int] | None:
+    """Every lower set as a bitset, in order of size; ``None`` when there are more than ``limit``."""
+    sources = sum(p.bit[v] for v in range(p.n) if not p.pred[v])
+    out = [0]
+    frontier: list[tuple[int, int]] = [(0, sources)]  # (lower set, nodes that can join it)
+    seen = {0}
+    while frontier:
+        nxt: list[tuple[int, int]] = []
+        for mask, addable in frontier:
+            for v in _bits(addable):
+                child = mask | p.bit[v]
+                if child in seen:
+                    continue
+                seen.add(child)
+                if len(seen) > limit:
+                    return None
+                grow = addable & ~p.bit[v]
+                for w in p.succ[v]:
+                    if p.predmask[w] & ~child == 0:
+                        grow |= p.bit[w]
+                nxt.append((child, grow))
+                out.append(child)
+        frontier = nxt
+    return out
+
+
+def _pruned_lower_sets(p: _Prep) -> list[int]:
+    """Kusumoto §4.3: ``{L^v : v ∈ V} ∪ {∅, V}`` where ``L^v`` is ``v`` and its ancestors."""
+    anc = [0] * p.n
+    for v in range(p.n):
+        mask = p.bit[v]
+        for u in p.pred[v]:
+            mask |= anc[u]
+        anc[v] = mask
+    return sorted(set(anc) | {0, p.full}, key=lambda m: m.bit_count())
+
+
+def _pack(family: Sequence[int], n: int) -> Any:
+    """The sets of ``family`` (int bitsets over ``n`` nodes) as a ``(len(family), words)`` uint64 array."""
+    words = max(1, (n + 63) // 64)
+    raw = b"".join(m.to_bytes(8 * words, "little") for m in family)
+    return np.frombuffer(raw, dtype=np.uint64).reshape(len(family), words) if family else np.zeros((0, words), np.uint64)
