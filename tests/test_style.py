@@ -19,16 +19,18 @@ import pytest
 SRC = Path(__file__).resolve().parents[1] / "src"
 PKG = SRC / "autoremat"
 
-TORCH_FREE = ["graph.py", "plan.py", "simulate.py", "errors.py", "_units.py", "_jsonio.py"] + sorted(
+TORCH_FREE = ["graph.py", "plan.py", "simulate.py", "errors.py", "_units.py", "_jsonio.py",
+              "offload/chain.py", "offload/chain_sim.py", "offload/solvers.py"] + sorted(
     str(p.relative_to(PKG)) for p in (PKG / "solvers").glob("*.py")
 )
 """Modules that must not import torch anywhere (not even inside a function)."""
 
-TORCH_FREE_TOP_LEVEL = ["budget.py"]
+TORCH_FREE_TOP_LEVEL = ["budget.py", "offload/__init__.py", "offload/bandwidth.py"]
 """Modules that may import torch lazily inside a function, never at import time."""
 
 ALLOWED_INTERNAL = {"autoremat.graph", "autoremat.plan", "autoremat.simulate", "autoremat.errors",
-                    "autoremat.budget", "autoremat._units", "autoremat._jsonio", "autoremat.solvers"}
+                    "autoremat.budget", "autoremat._units", "autoremat._jsonio", "autoremat.solvers",
+                    "autoremat.offload"}
 """What torch-free modules may import from autoremat (``autoremat/__init__`` imports torch)."""
 
 FORBIDDEN_THIRD_PARTY = {"torch", "lightning", "pytorch_lightning", "accelerate", "transformers",

@@ -185,6 +185,7 @@ def test_offload_false_excludes_the_combined_planner(tmp_path: Path) -> None:
         ({"budget": [1]}, "expected"),
         ({"solver": "magic"}, "not registered"),
         ({"offload": "yes"}, "offload"),
+        ({"solver": "offload-dp", "offload": False}, "offload=False forbids"),
         ({"profile_steps": 0}, "profile_steps"),
         ({"max_batch_size": 0}, "max_batch_size"),
         ({"module": 3}, "dotted"),

@@ -51,10 +51,14 @@ from ..capture._recorder import preserved_state, tensors_in
 from ..errors import InfeasibleBudgetError
 from ..graph import Graph
 from ..measure import LiveStorageCounter, default_loss, run_step
+from ..offload.bandwidth import measure_bandwidth
 from ..plan import Plan
 from ..runtime import apply, is_patched, restore
 from ..simulate import simulate, unoptimised_peak_bytes
 from ..solvers import SOLVERS, solve
+
+_OFFLOAD_ONLY = ("offload-greedy", "offload-dp", "vdnn")
+"""Solvers that only offload (no recomputation)."""
 
 try:
     import lightning.pytorch as pl
@@ -141,6 +145,9 @@ class AutoRemat(Callback):
             raise ValueError(f"solver={solver!r} is not registered; expected 'auto' or one of {sorted(SOLVERS)}")
         if offload not in ("auto", True, False):
             raise ValueError(f"offload={offload!r} must be 'auto' (offload where a GPU makes it pay), True or False")
+        if offload is False and solver in _OFFLOAD_ONLY:
+            raise ValueError(f"solver={solver!r} plans offloads, which offload=False forbids; pick a recomputation "
+                             "solver (e.g. 'dp-approx') or leave offload='auto'")
         if not isinstance(profile_steps, int) or profile_steps < 1:
             raise ValueError(f"profile_steps={profile_steps!r} must be an int >= 1")
         if not isinstance(max_batch_size, int) or max_batch_size < 1:
@@ -262,6 +269,9 @@ class AutoRemat(Callback):
             graph = capture(target, args, kwargs, loss_fn=loss_fn, repeats=self.profile_steps, warmup=1)
         resident = _resident_bytes(pl_module, trainer) + batch_bytes
         device = _device_of(target, args, kwargs)
+        if device.type == "cuda" and self.offload is not False:
+            # offload plans are simulated (and solved) at this machine's host<->device link
+            graph.meta["bandwidth_bytes_per_s"] = measure_bandwidth(device)
         step_budget = self._step_budget(graph, device, resident)
         plan = self._solve(graph, step_budget)
         batch_size = original = (lightning_getattr(pl_module, self.batch_arg_name)
@@ -290,6 +300,8 @@ class AutoRemat(Callback):
             kwargs["auto_solvers"] = [n for n in SOLVERS if n != "combined"]
         elif self.offload is True and solver in ("auto", "combined"):
             solver, kwargs["offload"] = "combined", True
+        elif self.offload is True and solver in _OFFLOAD_ONLY:
+            kwargs["offload"] = True
         try:
             return solve(graph, step_budget, solver=solver, **kwargs)
         except InfeasibleBudgetError as err:

@@ -33,7 +33,7 @@ from ..capture.fx import fx_fingerprint, fx_ops, trace
 from ..capture.module import module_fingerprint, node_modules
 from ..errors import PlanMismatchError
 from ..plan import Plan
-from .offload import OffloadMark, Offloader
+from .offload import OffloadBegin, OffloadMark, Offloader
 
 __all__ = ["apply", "restore", "is_patched", "CheckpointRegion", "offloader_of"]
 
@@ -245,6 +245,12 @@ def _build_forward(gm: torch.fx.GraphModule, ops: list[torch.fx.Node], plan: Pla
     attrs: dict[str, Any] = {}
     offload_ids = {ops[v]: v for v in plan.offload}
 
+    def begin(n: torch.fx.Node) -> None:
+        if offloader is not None and n in offload_ids:
+            key = f"autoremat_offload_begin_{offload_ids[n]}"
+            attrs[key] = OffloadBegin(offloader, offload_ids[n])
+            new.call_module(key, ())
+
     def marked(n: torch.fx.Node) -> None:
         if offloader is not None and n in offload_ids:
             key = f"autoremat_offload_{offload_ids[n]}"
@@ -273,6 +279,7 @@ def _build_forward(gm: torch.fx.GraphModule, ops: list[torch.fx.Node], plan: Pla
                 for u in n.all_input_nodes:
                     if u not in env:
                         need(u, new, env)
+                begin(n)
                 env[n] = new.node_copy(n, lambda u: env[u])
                 if n.op == "call_module":
                     attrs[str(n.target)] = gm.get_submodule(str(n.target))
@@ -332,6 +339,8 @@ def _apply_module(model: nn.Module, plan: Plan, names: list[str]) -> _PatchState
             path = names[v]
             if path not in mods:
                 raise PlanMismatchError(f"plan offloads {path!r}, which is not a module call of {type(model).__name__}")
+            state.hooks.append(mods[path].register_forward_pre_hook(
+                lambda _m, _a, v=v: offloader.begin_node(v)))
             state.hooks.append(mods[path].register_forward_hook(
                 lambda _m, _a, out, v=v: offloader.mark(out, v)))
         model.__dict__["forward"] = _offloading_forward(model.forward, offloader)

@@ -13,6 +13,13 @@ Built on ``torch.autograd.graph.saved_tensors_hooks``. Outputs of the plan's off
   (reverse order of saving), so transfers overlap the backward of the nodes in between; the
   prefetched buffer is ``record_stream``-ed on the compute stream.
 
+A node often saves its own output (ReLU, sigmoid, softmax...) before it returns and can be marked.
+So the generated forward opens a *window* (:meth:`Offloader.begin_node`) just before an offloaded
+node runs: saves made inside it are packed into a small pending holder, and :meth:`Offloader.mark`
+moves those of the output's storage onto the host path like any later save. Without that, the
+producer's own save would pin the device storage until the node's backward and offloading it
+would free nothing (the simulator assumes it frees the storage).
+
 On a CPU-only machine there is no separate host memory: the same path runs as exact
 bookkeeping (no copies): marks, saves, order of need and bytes are recorded in
 :class:`OffloadStats`, tensors are returned as they were. Gradients are identical either way.
@@ -29,7 +36,7 @@ from typing import Any
 import torch
 from torch import nn
 
-__all__ = ["Offloader", "OffloadStats", "OffloadMark"]
+__all__ = ["Offloader", "OffloadStats", "OffloadMark", "OffloadBegin"]
 
 
 @dataclass
@@ -44,6 +51,18 @@ class OffloadStats:
     """The same nodes in the order backward needed them."""
     prefetched_ahead: int = 0
     """Fetches that had been started before they were needed."""
+    saves: int = 0
+    """Saved tensors routed to the host copies (several may share one storage)."""
+
+
+class _Pending:
+    """A save made while an offloaded node runs, before its output could be marked."""
+
+    __slots__ = ("tensor", "packed")
+
+    def __init__(self, tensor: torch.Tensor) -> None:
+        self.tensor: torch.Tensor | None = tensor
+        self.packed: Any = None
 
 
 class _Handle:
@@ -75,19 +94,36 @@ class Offloader:
         self._handles: dict[int, _Handle] = {}
         self._order: list[weakref.ref] = []
         self._stream: Any = None
+        self._pending: list[_Pending] | None = None  # open while an offloaded node runs
 
     # ------------------------------------------------------------------ forward
     def begin_step(self) -> None:
         self._marked.clear()
         self._handles.clear()
         self._order = []
+        self._pending = None
         self.stats = OffloadStats()
 
+    def begin_node(self, node: int) -> None:
+        """Open the window of offloaded ``node``: its own saves wait for :meth:`mark`."""
+        self._pending = []
+
     def mark(self, value: Any, node: int) -> Any:
-        """Record that the storages of ``value``'s tensors belong to offloaded ``node``."""
+        """Record that the storages of ``value``'s tensors belong to offloaded ``node``, and
+        send the saves ``node`` made of them while it ran (see :meth:`begin_node`) to the host."""
+        storages = {}
         for t in _tensors(value):
             st = t.untyped_storage()
             self._marked[st._cdata] = (node, weakref.ref(st))
+            storages[st._cdata] = st
+        pending, self._pending = self._pending, None
+        for holder in pending or ():
+            t = holder.tensor
+            assert t is not None, "please report"
+            st = t.untyped_storage()
+            if storages.get(st._cdata) is st:
+                holder.packed = self._offload(t, st._cdata, node)
+                holder.tensor = None  # the host path holds the device storage only until copied
         return value
 
     @contextlib.contextmanager
@@ -100,11 +136,20 @@ class Offloader:
         key = st._cdata
         entry = self._marked.get(key)
         if entry is None or entry[1]() is not st:
-            return t
+            if self._pending is None:
+                return t
+            holder = _Pending(t)
+            self._pending.append(holder)
+            return holder
+        return self._offload(t, key, entry[0])
+
+    def _offload(self, t: torch.Tensor, key: int, node: int) -> Any:
+        """The packed form of a save of ``t``, whose storage (``key``) goes to the host."""
         self._poll()
+        self.stats.saves += 1
         h = self._handles.get(key)
         if h is None:
-            h = _Handle(entry[0], st.nbytes(), t.device)
+            h = _Handle(node, t.untyped_storage().nbytes(), t.device)
             self._handles[key] = h
             self._order.append(weakref.ref(h))
             self.stats.packed_bytes += h.nbytes
@@ -142,6 +187,8 @@ class Offloader:
 
     # ------------------------------------------------------------------ backward
     def _unpack(self, packed: Any) -> torch.Tensor:
+        if isinstance(packed, _Pending):
+            packed = packed.tensor if packed.packed is None else packed.packed
         if isinstance(packed, torch.Tensor):
             return packed
         h, dtype, size, stride, offset, cpu_tensor = packed
@@ -199,6 +246,18 @@ class OffloadMark(nn.Module):
 
     def forward(self, x: Any) -> Any:
         return self._offloader.mark(x, self.node)
+
+
+class OffloadBegin(nn.Module):
+    """Opens an offloaded node's window (inserted in the generated forward just before it)."""
+
+    def __init__(self, offloader: Offloader, node: int) -> None:
+        super().__init__()
+        self._offloader = offloader
+        self.node = node
+
+    def forward(self) -> None:
+        self._offloader.begin_node(self.node)
 
 
 def _tensors(value: Any) -> list[torch.Tensor]:

@@ -59,7 +59,8 @@ def finalize_plan(graph: Graph, plan: Plan, budget_bytes: int, solver: str,
     plan.options["node_names"] = [graph.node(v)["module_path"] if graph.meta.get("mode") == "module"
                                   else graph.node(v)["name"] for v in graph.nodes]
     validate_plan(graph, plan)
-    sim = simulate(graph, plan, check=False, record=False)
+    sim = simulate(graph, plan, check=False, record=False,
+                   bandwidth_bytes_per_s=plan.options.get("bandwidth_bytes_per_s"))
     plan.predicted_peak_bytes = sim.peak_bytes
     plan.predicted_extra_time_s = sim.extra_time_s
     if sim.peak_bytes > budget_bytes:  # the contract: never a plan over budget, whatever the solver

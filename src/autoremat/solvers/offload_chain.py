@@ -45,14 +45,10 @@ Method (a heuristic: the chain solvers are the paper's, the mapping and repair a
    included; for vDNN_all, the peak of offloading everything). Step 6 guarantees that solving at
    that budget succeeds; a smaller budget may still be met by some chain solver's own set.
 
-Candidates (decision): the storages of :func:`~autoremat.plan.offloadable_nodes`, except, on
-captured graphs, those their own producer saves (activations such as ReLU save their output).
-The runtime marks an output for offload after its node returns, so the producer's own save is
-taken unmarked and pins the device storage until that node's backward: offloading such a storage
-frees no device memory on CUDA (and backward fetches a second copy), while the simulator counts
-it as freed. Measured on the zoo, they are 35-50 % of the offloadable bytes of ResNet-50,
-DenseNet-121 and the transformer, 85 % of U-Net's and all of the MLP's. ``"combined"`` does not
-exclude them. Synthetic graphs (``meta["mode"] == "synthetic"``, the papers' model) keep them.
+Candidates: the storages of :func:`~autoremat.plan.offloadable_nodes`. That includes storages
+their own producer saves (ReLU, sigmoid, softmax... save their output): the runtime opens a
+window before an offloaded node runs and sends that save to the host too (see
+:mod:`autoremat.runtime.offload`), so offloading them frees device memory as the simulator says.
 
 Where offloading applies (decision, as :mod:`autoremat.solvers.combined`): offloading saves
 device memory only where host and device memory differ, so these solvers plan offloads when the
@@ -111,21 +107,11 @@ logger = logging.getLogger(__name__)
 
 # ---------------------------------------------------------------------- chain <-> graph
 def offload_candidates(graph: Graph, plan: Plan | None = None) -> list[int]:
-    """Storages whose offload can lower the device peak when the runtime executes ``plan``.
-
-    :func:`~autoremat.plan.offloadable_nodes` (default plan: no recomputation), minus, on
-    captured graphs (``graph.meta["mode"]`` other than ``"synthetic"``), the storages their own
-    producer saves (ReLU, sigmoid, softmax... save their output). The runtime marks a node's
-    output for offload once the node has returned, so the producer's own save is taken before
-    the mark and keeps the device storage alive until its backward: offloading it frees no
-    device memory (and backward fetches a second device copy), although the simulator models it
-    as freed. Synthetic graphs (the papers' model, no runtime) keep them.
+    """Storages whose offload can lower the device peak when the runtime executes ``plan``
+    (default: no recomputation), in production order: :func:`~autoremat.plan.offloadable_nodes`.
     """
     plan = no_recompute_plan(graph) if plan is None else plan
-    cands = offloadable_nodes(graph, plan)
-    if graph.meta.get("mode") != "synthetic":
-        cands = {r for r in cands if r not in {graph.root(u) for u in graph.node(r)["saves"]}}
-    return sorted(cands)
+    return sorted(offloadable_nodes(graph, plan))
 
 
 def offloadable_chain(chain: Chain, graph: Graph, candidates: Iterable[int]) -> Chain:
