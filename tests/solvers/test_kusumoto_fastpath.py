@@ -183,3 +183,18 @@ def test_numpy_floor_division_matches_python():
     for q in (1.0, 0.1, 2.353357e-05, 7.0, 1 / 3):
         got = (np.array(ts) // q).astype(np.int64).tolist()
         assert got == [int(t // q) for t in ts]
+
+
+def test_an_interrupted_search_is_not_reused(monkeypatch):
+    g = random_dag(9, 7)
+    search = fast._search(g, "dp-approx", fast._config(None, "dp-approx"))
+
+    def interrupted(*args, **kwargs):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(search, "least_dp_budget", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        fast.min_budget(g, "dp-approx")
+    assert search.broken
+    assert fast._search(g, "dp-approx", fast._config(None, "dp-approx")) is not search
+    assert fast.min_budget(g, "dp-approx") == ref.min_budget(g, "dp-approx")

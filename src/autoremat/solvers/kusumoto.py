@@ -102,7 +102,8 @@ from __future__ import annotations
 import logging
 import threading
 from collections import OrderedDict
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from typing import Any
 
 from ..errors import InfeasibleBudgetError
@@ -141,6 +142,7 @@ class _Search:
         self.quantum = _time_quantum(p, cfg["time_slots"])
         self.fallback_reason = self.fallback_message = ""
         self.lock = threading.RLock()  # one search at a time (its tables are shared across calls)
+        self.broken = False  # set when a call was interrupted: never reused
         family: list[int] | None = None
         exact = solver == "dp-exact"
         if exact:
@@ -228,8 +230,18 @@ class _Search:
         The solver's minimum is the smaller of the unoptimised peak and the simulated peak of
         the sequence the DP finds at the least budget its model accepts.
         """
-        with self.lock:
+        with self.lock, self._guard():
             return self._minimum()
+
+    @contextmanager
+    def _guard(self) -> Iterator[None]:
+        """Marks the search broken when a call is interrupted (KeyboardInterrupt, a timeout
+        signal…) mid-way: its tables may then be half-updated, so the cache drops it."""
+        try:
+            yield
+        except BaseException:
+            self.broken = True
+            raise
 
     def _minimum(self) -> tuple[int, int, Plan | None]:
         if self._min is not None:
@@ -245,7 +257,7 @@ class _Search:
     def solve(self, budget: int, cfg: dict[str, Any]) -> Plan:
         """The plan for ``budget`` under ``cfg``'s objective and tightenings (the search's own
         options, family and time grid, are fixed at construction)."""
-        with self.lock:
+        with self.lock, self._guard():
             if self.fallback_reason:
                 logger.warning("%s", self.fallback_message)
             return self._solve(budget, cfg)
@@ -331,7 +343,7 @@ def _search(graph: Graph, solver: str, cfg: dict[str, Any]) -> _Search:
     sig = _signature(graph)
     with _cache_lock:
         got = _cache.get(key)
-        if got is not None and got[0] == sig and got[1].graph is graph:
+        if got is not None and got[0] == sig and got[1].graph is graph and not got[1].broken:
             _cache.move_to_end(key)
             return got[1]
     search = _Search(graph, solver, cfg)
