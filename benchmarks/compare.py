@@ -21,7 +21,8 @@ the same model and the same batch:
 * ``save-on-cpu``: ``torch.autograd.graph.save_on_cpu`` (everything saved is copied to the host;
   on a CPU-only machine that is a copy in the same memory);
 * ``autoremat:<solver>@<f>``: autoremat with every registered solver at budgets of 75 %, 50 % and
-  30 % of the measured unoptimised step peak.
+  30 % of the measured unoptimised step peak, and ``autoremat:<solver>@match`` at the lowest step
+  peak an eager PyTorch option measured (equal-peak comparison; ``--no-match`` leaves it out).
 
 Metrics: the measured step peak (``autoremat.measure``: a live-storage counter on the CPU, the
 caching allocator on CUDA), the median step time with all configurations of a model interleaved
@@ -391,10 +392,19 @@ def runner_compile(w: Workload, budget: float, backend: str) -> Runner:
     return r
 
 
-def runner_autoremat(w: Workload, plan: autoremat.Plan, solver: str, fraction: float) -> Runner:
+def runner_autoremat(w: Workload, plan: autoremat.Plan, solver: str, fraction: float, tag: str | None = None) -> Runner:
+    """``tag`` names the budget in the key instead of the fraction (``"match"``: see ``MATCH_TAG``)."""
     m = _copy(w)
     autoremat.apply(m, plan)
-    return Runner(f"autoremat:{solver}@{fraction:g}", "autoremat", f"autoremat {solver} @ {fraction:.0%}", m, m)
+    name = tag or f"{fraction:g}"
+    label = f"autoremat {solver} @ " + (f"{tag} ({fraction:.0%})" if tag else f"{fraction:.0%}")
+    return Runner(f"autoremat:{solver}@{name}", "autoremat", label, m, m)
+
+
+MATCH_TAG = "match"
+"""``autoremat:<solver>@match``: the budget is the lowest step peak an eager PyTorch option
+(per-block, selective, sequential checkpointing, save_on_cpu) measured on this model, so that the
+step times compare at equal peak (the first target of issue 6)."""
 
 
 # ---------------------------------------------------------------------------------------- measuring
@@ -613,6 +623,8 @@ class Options:
     compile_backend: str = "inductor"
     compile_timeout_s: float | None = 150.0
     autoremat_budgets: tuple[float, ...] = AUTOREMAT_BUDGETS
+    match_pytorch: bool = True
+    """Also run every solver at the lowest eager PyTorch option's measured peak (``@match``)."""
     solvers: tuple[str, ...] | None = None
     solver_timeout_s: float | None = 60.0
     size: str = "small"
@@ -634,6 +646,8 @@ def planned_configurations(models: Sequence[str], opts: Options) -> list[dict[st
                 ("save-on-cpu", "pytorch")]
         keys += [(f"compile@{b:g}", "compile") for b in opts.compile_budgets]
         keys += [(f"autoremat:{s}@{f:g}", "autoremat") for s in solvers_to_run(opts) for f in opts.autoremat_budgets]
+        if opts.match_pytorch:
+            keys += [(f"autoremat:{s}@{MATCH_TAG}", "autoremat") for s in solvers_to_run(opts)]
         for key, fam in keys:
             if opts.configs is None or fam == "baseline" or fam in opts.configs:
                 out.append({"model": name, "config": key, "family": fam})
@@ -755,13 +769,21 @@ def run_model(name: str, opts: Options, log: Callable[[str], None]) -> dict[str,
 
         info["simulated_unoptimised_peak_bytes"] = int(unoptimised_peak_bytes(graph))
         log(f"   captured {len(graph)} nodes ({info['graph_mode']}) in {info['capture_s']:.1f} s")
+        targets: list[tuple[str | None, float, int, str | None]] = [
+            (None, f, int(f * base_peak), None) for f in opts.autoremat_budgets]
+        eager = [r for r in rows if r["family"] == "pytorch" and r["status"] == "ok"
+                 and r["measured_peak_bytes"] and r["measured_peak_bytes"] < base_peak]
+        if opts.match_pytorch and eager:
+            low = min(eager, key=lambda r: r["measured_peak_bytes"])
+            b = int(low["measured_peak_bytes"])
+            targets.append((MATCH_TAG, b / base_peak, b, f"budget = {low['config']}'s measured peak"))
         for solver in solvers_to_run(opts):
             timed_out = None
-            for f in opts.autoremat_budgets:
-                budget = int(f * base_peak)
-                key = f"autoremat:{solver}@{f:g}"
-                row = _row(name, config=key, family="autoremat", label=f"autoremat {solver} @ {f:.0%}",
-                           solver=solver, budget_fraction=f, budget_bytes=budget)
+            for tag, f, budget, why in targets:
+                key = f"autoremat:{solver}@{tag or format(f, 'g')}"
+                label = f"autoremat {solver} @ " + (f"{tag} ({f:.0%})" if tag else f"{f:.0%}")
+                row = _row(name, config=key, family="autoremat", label=label,
+                           solver=solver, budget_fraction=f, budget_bytes=budget, note=why)
                 if timed_out is not None:  # solver cost hardly depends on the budget
                     row.update(status="skipped", error=f"skipped: {solver} timed out at the {timed_out:.0%} budget")
                     rows.append(row)
@@ -772,7 +794,7 @@ def run_model(name: str, opts: Options, log: Callable[[str], None]) -> dict[str,
                     timed_out = f
                 if status == "infeasible":
                     row.update(status="infeasible", min_budget_bytes=payload,
-                               note=f"solver minimum {payload / 2**20:.2f} MiB" if payload else None)
+                               note=why)
                 elif status == "timeout":
                     row.update(status="timeout", error=f"solver did not finish within {solve_s:g} s")
                 elif status == "error":
@@ -782,9 +804,9 @@ def run_model(name: str, opts: Options, log: Callable[[str], None]) -> dict[str,
                     row.update(predicted_peak_bytes=plan.predicted_peak_bytes, segments=len(plan.segments),
                                recomputed=len(plan.recompute_segments))
                     if plan.options.get("fallback"):
-                        row["note"] = f"fell back to {plan.options['fallback']}"
+                        row["note"] = "; ".join(filter(None, [why, f"fell back to {plan.options['fallback']}"]))
                     try:
-                        r = runner_autoremat(w, plan, solver, f)
+                        r = runner_autoremat(w, plan, solver, f, tag)
                     except Exception as err:  # noqa: BLE001
                         row.update(status="failed", error=_err(err))
                     else:
@@ -1272,7 +1294,8 @@ def to_markdown(result: dict[str, Any]) -> str:
                 extra = "" if r["solver_time_s"] is None else f"solve {r['solver_time_s']:.2f} s"
             notes = "; ".join(x for x in (r["error"], r["note"]) if x)
             if r["status"] == "infeasible" and r["min_budget_bytes"]:
-                notes = f"budget {_mib(r['budget_bytes'])} < solver minimum {_mib(r['min_budget_bytes'])}"
+                notes = f"budget {_mib(r['budget_bytes'])} < solver minimum {_mib(r['min_budget_bytes'])}" + (
+                    f"; {r['note']}" if r["note"] and "solver minimum" not in r["note"] else "")  # old JSONs
             elif r["meets_budget"] is not None:
                 notes = (f"budget {_mib(r['budget_bytes'])} " + ("met" if r["meets_budget"] else "**exceeded**")
                          + (f"; {notes}" if notes else ""))
@@ -1604,6 +1627,8 @@ def parser(description: str | None = None) -> argparse.ArgumentParser:
                    help="seconds one solve may take (forked child, killed after; 0: in process, no limit)")
     p.add_argument("--configs", default=None, help="only these families: pytorch,compile,autoremat")
     p.add_argument("--no-batch", action="store_true", help="skip the largest-batch comparison")
+    p.add_argument("--no-match", action="store_true",
+                   help="skip the autoremat rows at the lowest eager PyTorch peak (autoremat:<solver>@match)")
     p.add_argument("--batch-budgets", default="", help="e.g. resnet50=16MiB,gpt2=48MiB")
     p.add_argument("--render", type=Path, default=None, metavar="COMPARE_JSON",
                    help="only rewrite RESULTS.md and the plots from an existing compare.json")
@@ -1625,6 +1650,7 @@ def options_from(a: argparse.Namespace, *, device: str = "cpu", size: str = "sma
         solver_timeout_s=a.solver_timeout or None,
         size=size, device=device, batch=batch,
         configs=tuple(a.configs.split(",")) if a.configs else None,
+        match_pytorch=not a.no_match,
     )
     return models, opts
 

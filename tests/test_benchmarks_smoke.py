@@ -74,6 +74,15 @@ def test_compare_quick_writes_every_row_and_field(tmp_path: Path, monkeypatch: p
         elif r["status"] == "infeasible":
             assert r["min_budget_bytes"] is None or r["min_budget_bytes"] > r["budget_bytes"]
 
+    eager = [r for r in data["rows"] if r["family"] == "pytorch" and r["status"] == "ok"
+             and r["measured_peak_bytes"] < none["measured_peak_bytes"]]
+    lowest = min(r["measured_peak_bytes"] for r in eager)
+    for s in solvers:  # every solver also at the lowest eager PyTorch peak
+        m = rows[f"autoremat:{s}@match"]
+        assert m["budget_bytes"] == lowest and "measured peak" in m["note"]
+        if m["status"] == "ok":
+            assert m["measured_peak_bytes"] <= lowest or m["meets_budget"] is False
+
     batch = data["largest_batch"]
     assert [r["method"] for r in batch] == list(compare.BATCH_METHODS)
     for r in batch:
