@@ -23,6 +23,23 @@ filling the table; it only stops early; dp-exact also defers a transition's memo
 its label is expanded). The memory-centric table picks the largest ``t`` (Algorithm 1 with max
 for min).
 
+Speed (same results as the direct implementation, which ``tests/solvers`` keeps as a frozen
+reference and compares against). dp-approx: a set's strict supersets come from the family packed
+into 64-bit words (numpy), in key order, and are priced lazily up to the key the budget admits;
+the feasibility runs and the time-centric search relax long successor runs with numpy (the
+time-centric pending labels are a dense ``(time bucket, set)`` table, least ``m`` then least
+``t``, first arrival kept, as the dict buckets did; grids above ``2**23`` cells use dict buckets).
+dp-exact: a transition's time, kept bytes and dangling roots come from the lower set's boundary
+(a few nodes; cached per pair), and its replay is skipped when a lower bound of its need already
+exceeds what the budget leaves: the kept bytes it adds and the gradients alive when its backward
+starts; for a recomputed segment also, when its replay reaches its last saving node, the copies of
+the storages its own nodes save, their extras, the parameter gradients of the nodes after ``L'``,
+the dangling roots it holds and the gradient buffers no backward of the segment touches. Both:
+the search is cached per graph object (and a signature of its content; the last three graphs
+and option sets), so that ``min_budget(g)`` — or a solve that raises
+:class:`~autoremat.errors.InfeasibleBudgetError` — followed by ``solve(g, b)`` finds the least
+budget once; a call interrupted mid-way drops its search from the cache.
+
 Time quantum. Cells are indexed by ``floor(t / q)`` while each label carries its exact time
 (rounding each transition instead makes short segments free). ``q`` is the nodes' common time
 unit when ``T(V) / unit <= time_slots`` (then the DP is exact in time: paper times, integer test
@@ -76,14 +93,21 @@ the least memory), else the sequence found at ``B*``.
 Complexity, with ``F`` the family size (``n + 2`` for dp-approx, up to ``2**n`` lower sets for
 dp-exact) and ``Q`` the time slots: a DP run is O(F²) transitions times O(Q) labels, each
 transition O(1) (closed form, plus its boundary) or O(|S| + edges of S) (replay, once per
-transition and dangling set, cached); :func:`min_budget` adds O(log B) feasibility runs (about
-15-50). Space O(F²) cached transitions plus O(Q·F) labels. Measured on one core with this
-repository's zoo at paper size (fx capture, paper times): dp-approx, least budget included,
-0.005-0.55 s up to 711 nodes (about twice that on a loaded machine); dp-exact's least budget
-(loaded machine) 0.03 s (VGG19, 47 lower sets), ~10 s (ResNet50, 240; U-Net, 300), ~25 s
-(DenseNet121, 432), ~70 s (ResNet152, 580), ~2.5 and ~4.7 min (DenseNet161 and 201, 572 and 712
-lower sets over long segments). Beyond ``max_lower_sets`` (default 500) dp-exact falls back to
-dp-approx with a warning (``fallback=False``: a ``ValueError``).
+transition and dangling set, cached, and only where the lower bound admits it);
+:func:`min_budget` adds O(log B) feasibility runs (about 15-50). Space O(F²) cached transitions
+plus O(Q·F) labels (a dense ``Q × F`` table for dp-approx's time-centric search). Measured on one
+core of a 2-core machine shared with other jobs, zoo at paper size (fx capture on the meta
+device, papers' times), the least budget plus one solve at it on a fresh graph, medians:
+dp-approx 0.15-0.25 s up to 515 nodes, 0.3-0.6 s on DenseNet-161 and -201 (571 and 711 nodes)
+at load average ~1, about twice that at load ~3 (a solve at a budget between the least and the
+unoptimised peak adds the time-centric search: with FLOP-based times, i.e. 500 time buckets, up
+to ~1 s more on the DenseNets); dp-exact (before this version, same machine and load, side by
+side: 12 s and 10.7 s on ResNet-50 and U-Net) 0.03 s (VGG19, 47 lower sets), 0.6 s (ResNet-50,
+240), 3 s (U-Net, 300; ResNet-152, 580), 9 s (DenseNet-121, 432), ~23 s (DenseNet-161, 572),
+~53 s (DenseNet-201, 712, long segments), 17-20 s (PSPNet, 1545); GoogLeNet (8838 lower sets)
+did not finish and exhausted 23 GB of memory (per-state transition caches), so it stays on the
+fallback. Beyond ``max_lower_sets`` (default 500) dp-exact falls back to dp-approx with a
+warning at every call (``fallback=False``: a ``ValueError``).
 
 Exact / approximate: dp-exact is exact for the simulator's cost over all canonical strategies,
 up to the two exceptions above and the time quantum; dp-approx is approximate (pruned family,
