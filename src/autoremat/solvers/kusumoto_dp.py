@@ -71,7 +71,7 @@ class _DP:
             self._step: dict[tuple[int, int], tuple[int, float, int, int]] = {}
             self._book: dict[tuple[int, int], tuple[float, int, int, int]] = {}
             self._pairs: dict[int, tuple[float, int, int, int, int]] = {}
-            self._moves: dict[tuple[int, int], list[tuple[int, Any]]] = {}
+            self._moves: dict[tuple[int, int], list[Any]] = {}
             self._grads: dict[int, int] = {}
             # the backward of a segment ending in L' starts with L''s boundary gradients and the
             # parameter gradients of the nodes after L' alive: a lower bound of its need
@@ -501,26 +501,26 @@ class _DP:
         count = bisect_right(lst, limit, key=_first)
         room = budget - m
         state = (i, dang)
-        moves = self._moves.get(state)
+        moves = self._moves.get(state)  # priced transitions, aligned with the successor list
         if moves is None:
             moves = self._moves[state] = []
         floor = self.floor
         out = []
         for pos in range(count):
             if pos < len(moves):
-                j, got = moves[pos]
+                got = moves[pos]
+                j = lst[pos][1]
                 if got is None:
                     if floor[j] > room:
                         continue
-                    got = self._move(i, j, dang)
-                    moves[pos] = (j, got)
+                    got = moves[pos] = self._move(i, j, dang)
             else:
                 j = lst[pos][1]
                 if floor[j] > room:
-                    moves.append((j, None))
+                    moves.append(None)
                     continue
                 got = self._move(i, j, dang)
-                moves.append((j, got))
+                moves.append(got)
             if got[3] <= room:
                 out.append((j, got))
         return out
