@@ -24,11 +24,11 @@ its label is expanded). The memory-centric table picks the largest ``t`` (Algori
 for min).
 
 Speed (same results as the direct implementation, which ``tests/solvers`` keeps as a frozen
-reference and compares against). dp-approx: a set's strict supersets come from the family packed
-into 64-bit words (numpy), in key order, and are priced lazily up to the key the budget admits;
-the feasibility runs and the time-centric search relax long successor runs with numpy (the
-time-centric pending labels are a dense ``(time bucket, set)`` table, least ``m`` then least
-``t``, first arrival kept, as the dict buckets did; grids above ``2**23`` cells use dict buckets).
+reference and compares against). dp-approx: the time-centric search relaxes each expanded
+label's successors with numpy into a dense ``(time bucket, set)`` table of pending labels (least
+``m``, then least ``t``, first arrival kept, as the dict buckets did; grids above ``2**23``
+cells use dict buckets); finding the least budget is the direct implementation (its cost is
+pricing the transitions, ~2 µs each in Python).
 dp-exact: a transition's time, kept bytes and dangling roots come from the lower set's boundary
 (a few nodes; cached per pair), and its replay is skipped when a lower bound of its need already
 exceeds what the budget leaves: the kept bytes it adds and the gradients alive when its backward
@@ -98,14 +98,16 @@ transition and dangling set, cached, and only where the lower bound admits it);
 plus O(Q·F) labels (a dense ``Q × F`` table for dp-approx's time-centric search). Measured on one
 core of a 2-core machine shared with other jobs, zoo at paper size (fx capture on the meta
 device, papers' times), the least budget plus one solve at it on a fresh graph, medians:
-dp-approx 0.15-0.25 s up to 515 nodes, 0.3-0.6 s on DenseNet-161 and -201 (571 and 711 nodes)
-at load average ~1, about twice that at load ~3 (a solve at a budget between the least and the
-unoptimised peak adds the time-centric search: with FLOP-based times, i.e. 500 time buckets, up
-to ~1 s more on the DenseNets); dp-exact (before this version, same machine and load, side by
-side: 12 s and 10.7 s on ResNet-50 and U-Net) 0.03 s (VGG19, 47 lower sets), 0.6 s (ResNet-50,
-240), 3 s (U-Net, 300; ResNet-152, 580), 9 s (DenseNet-121, 432), ~23 s (DenseNet-161, 572),
-~53 s (DenseNet-201, 712, long segments), 17-20 s (PSPNet, 1545); GoogLeNet (8838 lower sets)
-did not finish and exhausted 23 GB of memory (per-state transition caches), so it stays on the
+dp-approx: one search (the least budget) as before, 0.2-0.3 s up to 571 nodes and 0.3-0.4 s on
+DenseNet-201 (711 nodes) at load average ~1, about twice that at load ~3; the solve at the least
+budget that follows reuses it (before: a second search), and a solve at a budget between the
+least and the unoptimised peak spends 0.02-0.1 s (papers' times) or up to ~0.5 s (FLOP-based
+times, 500 time buckets; before: 2-4 s) in the time-centric search;
+dp-exact, 0.03 s (VGG19, 47 lower sets), 0.6 s (ResNet-50, 240; before this version, side by
+side at the same load: 12 s), 3 s (U-Net, 300; before: 10.7 s), 3 s (ResNet-152, 580), 9 s
+(DenseNet-121, 432), ~23 s (DenseNet-161, 572), ~53 s (DenseNet-201, 712, long segments),
+17-35 s (PSPNet, 1545; before: 252 s; ~1 GB of caches); GoogLeNet (8838 lower sets) did not
+finish and exhausted 23 GB of memory (per-state transition caches), so it stays on the
 fallback. Beyond ``max_lower_sets`` (default 500) dp-exact falls back to dp-approx with a
 warning at every call (``fallback=False``: a ``ValueError``).
 

@@ -17,14 +17,12 @@ import numpy as np
 
 from .kusumoto_closed import _Closed
 from .kusumoto_replay import _bookkeeping, _exact_transition, _grad_floor, _pair_bookkeeping, _Seg
-from .kusumoto_sets import _bit_list, _pack, _Prep
+from .kusumoto_sets import _bit_list, _Prep
 
 __all__: list[str] = []
 
 _first = itemgetter(0)
 _INF = 1 << 62  # "no label" in the int64 tables (budgets and byte counts stay far below)
-_VECTOR_MIN = 96  # at least this many successors within the limit: relaxed with numpy
-_PACK_MAX = 8192  # families up to this size get numpy superset lists (closed-form model)
 _DENSE_CELLS = 1 << 23  # (time bucket, set) cells of the dense label table; beyond it, dicts
 
 
@@ -105,12 +103,6 @@ class _DP:
         self.order = sorted(range(n), key=keys.__getitem__)
         ordered = [keys[k] for k in self.order]
         self.scan = [bisect_left(ordered, keys[k]) for k in range(n)]
-        # the family as packed 64-bit words, for the superset lists (closed-form model)
-        self._packed = None if exact or n > _PACK_MAX else _pack(family, p.n)
-        self._rank = np.empty(n, dtype=np.int64)
-        self._rank[self.order] = np.arange(n)
-        self._sup: list[list[int] | None] = [None] * n
-        self._sup_keys: list[list[int]] = [[] for _ in range(n)]
         self.scanned = [-1] * n
         self.succ: list[list[tuple]] = [[] for _ in range(n)]
         self._arr: list[tuple | None] = [None] * n
@@ -126,27 +118,19 @@ class _DP:
             return lst
         fam, keys = self.fam, self.keys
         lower = fam[i]
-        sup = self._supersets(i)
-        if sup is not None:  # the strict supersets of set i, in key order, from packed bitsets
-            pos = self.scan[i]
-            end = bisect_right(self._sup_keys[i], limit, lo=pos)
-            found = sup[pos:end]
-            self.scan[i] = end
-            self.scanned[i] = limit if end < len(sup) else 1 << 62
-        else:
-            order = self.order
-            pos = self.scan[i]
-            n = len(fam)
-            found = []
-            while pos < n:
-                j = order[pos]
-                if keys[j] > limit:
-                    break
-                pos += 1
-                if j != i and not lower & ~fam[j]:
-                    found.append(j)
-            self.scan[i] = pos
-            self.scanned[i] = limit if pos < n else 1 << 62
+        order = self.order
+        pos = self.scan[i]
+        n = len(fam)
+        found: list[int] = []
+        while pos < n:
+            j = order[pos]
+            if keys[j] > limit:
+                break
+            pos += 1
+            if j != i and not lower & ~fam[j]:
+                found.append(j)
+        self.scan[i] = pos
+        self.scanned[i] = limit if pos < n else 1 << 62
         self.transitions += len(found)
         if self.exact:
             lst.extend((keys[j], j) for j in found)
@@ -155,20 +139,6 @@ class _DP:
             priced = self.closed.extend(lower, terms[i], [(fam[j], terms[j]) for j in found])
             lst.extend((keys[j], j, need, dt, add) for j, (need, dt, add) in zip(found, priced))
         return lst
-
-    def _supersets(self, i: int) -> list[int] | None:
-        """The strict supersets of set ``i`` in key order (the order of :attr:`order`), computed
-        once with numpy over the packed family; ``None`` for families too large to pack."""
-        got = self._sup[i]
-        if got is None and self._packed is not None:
-            words = self._packed
-            mine = words[i]
-            hit = np.flatnonzero(np.all((words & mine) == mine, axis=1) & (self._rank > self._rank[i]))
-            got = [self.order[r] for r in np.sort(self._rank[hit]).tolist()]
-            self._sup[i] = got
-            self._sup_keys[i] = [self.keys[j] for j in got]
-            self.scan[i] = 0
-        return got
 
     def exact_step(self, i: int, j: int, dang: int) -> tuple[int, float, int, int]:
         """:func:`_exact_transition` of ``L_i -> L_j`` from the dangling roots ``dang`` (cached)."""
@@ -280,44 +250,24 @@ class _DP:
         return got
 
     def _feasible_closed(self, budget: int) -> tuple[list[int], float] | None:
-        """``"feasible"`` :meth:`run` for the closed-form model: least kept bytes per set.
-
-        Sets are relaxed in family order (supersets come later); the first predecessor that
-        reaches a set with its least ``m`` is kept. Long successor lists are relaxed with numpy
-        (same comparisons, same order: a set's successors are distinct).
-        """
+        """``"feasible"`` :meth:`run` for the closed-form model: least kept bytes per set."""
         fam, keys = self.fam, self.keys
         last = len(fam) - 1
-        inf = _INF
-        budget = min(budget, _INF)  # the int64 comparisons below; needs stay far below
+        inf = 1 << 126
         best = [inf] * len(fam)
-        best_np = np.full(len(fam), inf, dtype=np.int64)
         back = [-1] * len(fam)
         best[0] = 0
-        best_np[0] = 0
         for i in range(last):
             m = best[i]
             if m == inf:
                 continue
             room = budget - m
             limit = keys[i] + room
-            lst = self.successors(i, limit)
-            c = bisect_right(lst, limit, key=_first)
-            if c < _VECTOR_MIN:
-                for _, j, need, _, add in lst[:c]:
-                    if need <= room and m + add < best[j]:
-                        best[j] = best_np[j] = m + add
-                        back[j] = i
-                continue
-            _, K, J, NEED, _, ADD = self._arrays(i)
-            J = J[:c]
-            m2 = ADD[:c] + m
-            hit = np.flatnonzero((NEED[:c] <= room) & (m2 < best_np[J]))
-            if hit.size:
-                Jh, mh = J[hit], m2[hit]
-                best_np[Jh] = mh
-                for j, v in zip(Jh.tolist(), mh.tolist()):
-                    best[j] = v
+            for kj, j, need, _, add in self.successors(i, limit):
+                if kj > limit:
+                    break
+                if need <= room and m + add < best[j]:
+                    best[j] = m + add
                     back[j] = i
         if best[last] == inf:
             return None

@@ -5,15 +5,12 @@ Lower sets are Python ints used as bitsets over the node ids (ids are a topologi
 caches per-set quantities (boundary, what stays alive after a set, who reads a node from
 outside it) that both memory models use; :func:`_all_lower_sets` enumerates every lower set
 (dp-exact, Kusumoto et al. §4.2) and :func:`_pruned_lower_sets` the pruned family
-``{L^v} ∪ {∅, V}`` (dp-approx, §4.3); :func:`_pack` packs a family into 64-bit words for numpy.
+``{L^v} ∪ {∅, V}`` (dp-approx, §4.3).
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
-from typing import Any
-
-import numpy as np
+from collections.abc import Iterator
 
 from ..graph import Graph
 
@@ -308,10 +305,3 @@ def _pruned_lower_sets(p: _Prep) -> list[int]:
             mask |= anc[u]
         anc[v] = mask
     return sorted(set(anc) | {0, p.full}, key=lambda m: m.bit_count())
-
-
-def _pack(family: Sequence[int], n: int) -> Any:
-    """The sets of ``family`` (int bitsets over ``n`` nodes) as a ``(len(family), words)`` uint64 array."""
-    words = max(1, (n + 63) // 64)
-    raw = b"".join(m.to_bytes(8 * words, "little") for m in family)
-    return np.frombuffer(raw, dtype=np.uint64).reshape(len(family), words) if family else np.zeros((0, words), np.uint64)
