@@ -66,10 +66,13 @@ NETS = ["resnet50", "resnet152", "vgg19", "densenet121", "densenet161", "densene
         "inception_v3", "unet", "pspnet"]
 
 
+ONLY: set[str] = set()  # --solvers: run only these (empty: all)
+
+
 def solver_variants() -> list[tuple[str, dict[str, Any]]]:
     out: list[tuple[str, dict[str, Any]]] = []
     for name in sorted(autoremat.SOLVERS):
-        if name == "none":
+        if name == "none" or (ONLY and name not in ONLY):
             continue
         if name.startswith("dp-"):
             out += [(name, {"objective": "time"}), (name, {"objective": "memory"})]
@@ -330,6 +333,14 @@ def to_markdown(res: dict[str, Any]) -> str:
          "and parameter gradients, workspace; parameters and optimizer state excluded), simulated; the papers "
          "measured whole-device memory on their GPUs (Kusumoto: parameters included; Feng & Huang: differences of "
          "two batch sizes), so compare reductions, not bytes.", ""]
+    for rerun in res.get("reruns", []):
+        r0, r1 = rerun["load_average_start"], rerun["load_average_end"]
+        L += [f"Part A rows of {', '.join(rerun['solvers'])} come from a later run of this script with "
+              f"`--solvers {','.join(rerun['solvers'])}` ({rerun['wall_s'] / 60:.1f} min; load average "
+              f"{r0[0]:.2f}/{r0[1]:.2f}/{r0[2]:.2f} at its start, {r1[0]:.2f}/{r1[1]:.2f}/{r1[2]:.2f} at its end), "
+              "after the first run's timings had been inflated by other jobs on the machine and by searches the "
+              "solver cache kept alive across runs (fixed in between: the cache now holds graphs weakly); parts B "
+              "and C and the other solvers' rows are from the first run.", ""]
     skipped = [r for r in res.get("part_a", []) + res.get("part_b", []) if str(r.get("error", "")).startswith("skipped")]
     if skipped:
         L += ["Skipped runs (and why):", ""]
@@ -425,7 +436,12 @@ def main() -> None:
                    help="seconds per solver run (finding the minimum plus solving at it); 0: none")
     p.add_argument("--exact-max-lower-sets", type=int, default=2000,
                    help="skip dp-exact on graphs with more lower sets than this")
+    p.add_argument("--solvers", default="", help="comma-separated solvers to run (default: all registered)")
+    p.add_argument("--replace-rows-in", default="",
+                   help="a paper_tables.json whose part A rows of --solvers this run's replace (parts B and C "
+                        "kept); both runs' machine lines and loads are recorded")
     a = p.parse_args()
+    ONLY.update(x for x in a.solvers.split(",") if x)
     torch.set_num_threads(1)
     nets = a.nets.split(",")
     load0 = os.getloadavg()
@@ -440,6 +456,16 @@ def main() -> None:
     res["part_c"] = {} if a.skip_twremat else part_c()
     res["load_average_end"] = os.getloadavg()
     res["wall_s"] = time.perf_counter() - t0
+    if a.replace_rows_in:
+        base = json.loads(Path(a.replace_rows_in).read_text())
+        rerun = {k: res[k] for k in ("machine", "settings", "load_average_start", "load_average_end", "wall_s")}
+        rerun["solvers"] = sorted(ONLY)
+        keep = [r for r in base["part_a"] if r["solver"] not in ONLY]
+        order = {(r["net"], r["times"]): k for k, r in enumerate(base["part_a"])}
+        base["part_a"] = sorted(keep + res["part_a"], key=lambda r: (order.get((r["net"], r["times"]), 0), r["solver"],
+                                                                   str(r["options"])))
+        base.setdefault("reruns", []).append(rerun)
+        res = base
     out = Path(a.out)
     out.mkdir(parents=True, exist_ok=True)
     (out / "paper_tables.json").write_text(json.dumps(res, indent=1, default=str))

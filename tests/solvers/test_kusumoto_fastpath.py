@@ -198,3 +198,16 @@ def test_an_interrupted_search_is_not_reused(monkeypatch):
     assert search.broken
     assert fast._search(g, "dp-approx", fast._config(None, "dp-approx")) is not search
     assert fast.min_budget(g, "dp-approx") == ref.min_budget(g, "dp-approx")
+
+
+def test_a_search_goes_with_its_graph():
+    import gc
+    import weakref
+
+    g = random_dag(4, 7)
+    fast.min_budget(g, "dp-exact")
+    search = weakref.ref(fast._search(g, "dp-exact", fast._config(None, "dp-exact")))
+    assert search() is not None
+    del g
+    gc.collect()
+    assert search() is None

@@ -35,8 +35,8 @@ exceeds what the budget leaves: the kept bytes it adds and the gradients alive w
 starts; for a recomputed segment also, when its replay reaches its last saving node, the copies of
 the storages its own nodes save, their extras, the parameter gradients of the nodes after ``L'``,
 the dangling roots it holds and the gradient buffers no backward of the segment touches. Both:
-the search is cached per graph object (and a signature of its content; the last three graphs
-and option sets), so that ``min_budget(g)`` — or a solve that raises
+the search is cached per graph object (held weakly; a signature of its content detects edits;
+its last three option sets), so that ``min_budget(g)`` — or a solve that raises
 :class:`~autoremat.errors.InfeasibleBudgetError` — followed by ``solve(g, b)`` finds the least
 budget once; a call interrupted mid-way drops its search from the cache.
 
@@ -127,6 +127,7 @@ from __future__ import annotations
 
 import logging
 import threading
+import weakref
 from collections import OrderedDict
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
@@ -161,7 +162,7 @@ class _Search:
     """One graph, one family, one model: the DP plus the simulator checks around it."""
 
     def __init__(self, graph: Graph, solver: str, cfg: dict[str, Any]) -> None:
-        self.graph = graph
+        self._graph = weakref.ref(graph)  # the cache must not keep the graph alive
         self.solver = solver
         self.cfg = cfg
         p = self.p = _Prep(graph)
@@ -193,6 +194,12 @@ class _Search:
         self.dp = _DP(p, family, self.quantum, exact)
         self._vanilla: tuple[Plan, int] | None = None
         self._min: tuple[int, int, Plan | None] | None = None
+
+    @property
+    def graph(self) -> Graph:
+        graph = self._graph()
+        assert graph is not None, "the graph of a search was collected during a call; please report"
+        return graph
 
     # -------------------------------------------------------------- plans and the simulator
     def plan_of(self, seq: Sequence[int]) -> Plan:
@@ -346,13 +353,15 @@ class _Search:
         return plan
 
 
-# The searches of the last few (graph, solver, options) are kept, so that the usual sequence
+# Each live graph keeps the searches of its last few option sets, so that the usual sequence
 # "min_budget(g) (or a solve that raises InfeasibleBudgetError) then solve(g, b)" finds the least
-# budget once: a search holds its DP tables (priced transitions, replays) and its minimum. A graph
-# is recognised by identity *and* a signature of everything in it, so one edited in place gets a
-# new search; a search holds its graph, so at most _CACHE_SIZE graphs are kept alive by it.
-_CACHE_SIZE = 3
-_cache: OrderedDict[tuple[int, str, int, int, bool], tuple[int, _Search]] = OrderedDict()
+# budget once: a search holds its DP tables (priced transitions, replays) and its minimum. The
+# cache holds graphs weakly and a search holds its graph weakly, so a search (dp-exact's tables
+# reach a gigabyte on PSPNet) goes when its graph does. A graph edited in place is recognised by
+# a signature of its content and gets a new search.
+_CACHE_SIZE = 3  # option sets kept per graph
+_cache: weakref.WeakKeyDictionary[Graph, OrderedDict[tuple[str, int, int, bool], tuple[int, _Search]]] = (
+    weakref.WeakKeyDictionary())
 _cache_lock = threading.Lock()
 
 
@@ -365,19 +374,21 @@ def _signature(graph: Graph) -> int:
 
 def _search(graph: Graph, solver: str, cfg: dict[str, Any]) -> _Search:
     """The (cached) search for ``graph`` under the options that shape it."""
-    key = (id(graph), solver, cfg["time_slots"], cfg["max_lower_sets"], cfg["fallback"])
+    key = (solver, cfg["time_slots"], cfg["max_lower_sets"], cfg["fallback"])
     sig = _signature(graph)
     with _cache_lock:
-        got = _cache.get(key)
-        if got is not None and got[0] == sig and got[1].graph is graph and not got[1].broken:
-            _cache.move_to_end(key)
+        mine = _cache.get(graph)
+        got = None if mine is None else mine.get(key)
+        if got is not None and got[0] == sig and not got[1].broken:
+            mine.move_to_end(key)  # type: ignore[union-attr]
             return got[1]
     search = _Search(graph, solver, cfg)
     with _cache_lock:
-        _cache[key] = (sig, search)
-        _cache.move_to_end(key)
-        while len(_cache) > _CACHE_SIZE:
-            _cache.popitem(last=False)
+        mine = _cache.setdefault(graph, OrderedDict())
+        mine[key] = (sig, search)
+        mine.move_to_end(key)
+        while len(mine) > _CACHE_SIZE:
+            mine.popitem(last=False)
     return search
 
 
