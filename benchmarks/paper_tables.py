@@ -300,8 +300,25 @@ def _table1(res: dict[str, Any]) -> list[str]:
         meas_cell = "—" if mbest is None else f"{mbest['measured_reduction']:.1%} ({_label(mbest)})"
         L.append(f"| {net} | {cols[pbest]:.0%} ({pbest}) | {sim} | {chen_cell} | {meas_cell} | "
                  f"{sim_short} / {meas_short} | {share} |")
-    L += ["", SHORTFALL_NOTES, ""]
+    L += [""] + _shortfall_summary(res) + ["", SHORTFALL_NOTES, ""]
     return L
+
+
+def _shortfall_summary(res: dict[str, Any]) -> list[str]:
+    """Where ours is below the paper's best column, and by how much (from the rows)."""
+    a = [r for r in res["part_a"] if r["times"] == "paper" and r.get("reduction") is not None and _is_dp(r)]
+    b = [r for r in res.get("part_b") or [] if "measured_reduction" in r and _is_dp(r)]
+    sim, meas = [], []
+    for net, k in KUSUMOTO.items():
+        paper = max(1 - v / k["Vanilla"] for c, v in k.items() if c != "Vanilla")
+        rs = [r["reduction"] for r in a if r["net"] == net]
+        ms = [r["measured_reduction"] for r in b if r["net"] == net]
+        if rs and max(rs) < paper:
+            sim.append(f"{net} ({max(rs):.1%} vs {paper:.0%}, {100 * (paper - max(rs)):.1f} points)")
+        if ms and max(ms) < paper:
+            meas.append(f"{net} ({max(ms):.1%} vs {paper:.0%}, {100 * (paper - max(ms)):.1f} points)")
+    return [f"Simulated at paper size we fall short of the paper's best column on: {', '.join(sim) or 'none'}; "
+            f"measured at CPU size on: {', '.join(meas) or 'none'}."]
 
 
 SHORTFALL_NOTES = """Why ours falls short of the paper's percentages (where it does):
@@ -316,6 +333,11 @@ SHORTFALL_NOTES = """Why ours falls short of the paper's percentages (where it d
   either. On VGG19 (large fully connected layers) and ResNets the parameter gradients alone are a
   large share of the step peak. The paper's Table 1 includes the parameters themselves in both
   peaks, which shrinks its percentages, but not their gradients' share of what is removable.
+* **VGG19** (the one simulated shortfall): a chain, so its 47 lower sets are all there is and
+  dp-exact, dp-approx and Chen agree on 30%: that is the best canonical strategy under our memory
+  model, not a search failure. What stays is the backward of the most expensive segment (saved
+  activations of the early high-resolution layers, their gradients) plus the parameter gradients
+  (10% of our peak), which the paper's whole-device accounting weighs differently.
 * **Measured vs simulated.** The CPU-sized runs use narrower, lower-resolution models (zoo `small`);
   the share of parameter gradients and of per-op workspace differs from paper size, so the
   measured reduction is a check that the plans run and save what the simulator says, not a
