@@ -55,10 +55,7 @@ from ..offload.bandwidth import measure_bandwidth
 from ..plan import Plan
 from ..runtime import apply, is_patched, restore
 from ..simulate import simulate, unoptimised_peak_bytes
-from ..solvers import SOLVERS, solve
-
-_OFFLOAD_ONLY = ("offload-greedy", "offload-dp", "vdnn")
-"""Solvers that only offload (no recomputation)."""
+from ..solvers import OFFLOAD_ONLY, SOLVERS, solve
 
 try:
     import lightning.pytorch as pl
@@ -145,7 +142,7 @@ class AutoRemat(Callback):
             raise ValueError(f"solver={solver!r} is not registered; expected 'auto' or one of {sorted(SOLVERS)}")
         if offload not in ("auto", True, False):
             raise ValueError(f"offload={offload!r} must be 'auto' (offload where a GPU makes it pay), True or False")
-        if offload is False and solver in _OFFLOAD_ONLY:
+        if offload is False and solver in OFFLOAD_ONLY:
             raise ValueError(f"solver={solver!r} plans offloads, which offload=False forbids; pick a recomputation "
                              "solver (e.g. 'dp-approx') or leave offload='auto'")
         if not isinstance(profile_steps, int) or profile_steps < 1:
@@ -300,7 +297,7 @@ class AutoRemat(Callback):
             kwargs["auto_solvers"] = [n for n in SOLVERS if n != "combined"]
         elif self.offload is True and solver in ("auto", "combined"):
             solver, kwargs["offload"] = "combined", True
-        elif self.offload is True and solver in _OFFLOAD_ONLY:
+        elif self.offload is True and solver in OFFLOAD_ONLY:
             kwargs["offload"] = True
         try:
             return solve(graph, step_budget, solver=solver, **kwargs)

@@ -25,7 +25,7 @@ from .offload_chain import solve_offload_dp, solve_offload_greedy, solve_vdnn
 from .reforward import solve_reforward
 from .xla_greedy import solve_xla_greedy
 
-__all__ = ["SOLVERS", "SolverFn", "solve", "finalize_plan", "min_budget"]
+__all__ = ["SOLVERS", "OFFLOAD_ONLY", "SolverFn", "solve", "finalize_plan", "min_budget"]
 
 logger = logging.getLogger(__name__)
 
@@ -46,6 +46,9 @@ SOLVERS: dict[str, SolverFn] = {
 """Registry: solver name -> ``solve(graph, budget_bytes, *, config=None) -> Plan``."""
 
 _AUTO_ORDER = ("none", "chen", "dp-approx", "combined")
+
+OFFLOAD_ONLY = ("offload-greedy", "offload-dp", "vdnn")
+"""Registered solvers that only offload (no recomputation)."""
 
 
 def finalize_plan(graph: Graph, plan: Plan, budget_bytes: int, solver: str,
