@@ -1,15 +1,17 @@
 """Runtime: patch a model in place so that it runs a plan, and undo it exactly.
 
 ``apply(model, plan)`` replaces the *instance's* ``forward`` (fx graphs: a generated forward
-that runs each recomputed segment as one non-reentrant ``torch.utils.checkpoint`` region;
-module-level graphs: the ``forward`` of each recomputed submodule is wrapped in a checkpoint).
+that runs each recomputed segment as one :class:`~autoremat.runtime.region.CheckpointRegion`;
+module-level graphs: the ``forward`` of each recomputed submodule is wrapped). A region is
+autoremat's own non-reentrant checkpoint (:func:`~autoremat.runtime.region.recomputed_call`,
+little work per saved tensor) or, with ``regions="torch"``, ``torch.utils.checkpoint``.
 Parameters, buffers, ``state_dict`` keys and optimizer references are untouched: nothing is
 registered on the model except a plain attribute holding the patch state.
 
-Recomputation reproduces the first forward exactly: the RNG state is restored for dropout
-(``preserve_rng_state=True``), autocast state is the one of the first forward (PyTorch's
-checkpoint records it), and running statistics of batch-norm layers are put back after each
-recomputation, so a recomputed segment does not update them a second time.
+Recomputation reproduces the first forward exactly: the RNG state is restored for dropout,
+autocast state is the one of the first forward, and running statistics of batch-norm layers
+are put back after each recomputation, so a recomputed segment does not update them a second
+time.
 """
 
 from __future__ import annotations
@@ -18,7 +20,6 @@ import contextlib
 import functools
 import logging
 import operator
-import re
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
@@ -26,7 +27,6 @@ from typing import Any
 import torch
 import torch.fx
 from torch import nn
-from torch.nn.modules.batchnorm import _BatchNorm
 from torch.utils.checkpoint import checkpoint
 
 from ..capture.fx import fx_fingerprint, fx_ops, trace
@@ -34,6 +34,8 @@ from ..capture.module import module_fingerprint, node_modules
 from ..errors import PlanMismatchError
 from ..plan import Plan
 from .offload import OffloadBegin, OffloadMark, Offloader
+from .region import REGION_MODES, CheckpointRegion, checkpoint_kwargs, may_draw_random, recomputed_call
+from .region import stateful_modules
 
 __all__ = ["apply", "restore", "is_patched", "CheckpointRegion", "offloader_of"]
 
@@ -51,92 +53,6 @@ class _PatchState:
     forward_module: Any = None
     offloader: Offloader | None = None
     hooks: list[Any] = field(default_factory=list)
-
-
-class _RestoreBuffers:
-    """Puts buffers back as they were when the context was entered (used around recomputation).
-
-    Cloning is the only exact way: switching batch norm's ``track_running_stats`` off for the
-    recomputation would change which tensors its kernel saves (checkpoint then refuses the
-    recomputation), and ``momentum=0`` still counts ``num_batches_tracked``."""
-
-    def __init__(self, modules: list[nn.Module]) -> None:
-        self.buffers = [b for m in modules for b in m.buffers(recurse=False)]
-        self.saved: list[torch.Tensor] = []
-
-    def __enter__(self) -> "_RestoreBuffers":
-        self.saved = [b.detach().clone() for b in self.buffers]
-        return self
-
-    def __exit__(self, *exc: Any) -> None:
-        with torch.no_grad():
-            for b, s in zip(self.buffers, self.saved):
-                b.copy_(s)
-        self.saved = []
-
-
-def _stateful_modules(modules: list[nn.Module]) -> list[nn.Module]:
-    """The modules (each once, submodules included) that own buffers a forward could update."""
-    seen: dict[int, nn.Module] = {}
-    for root in modules:
-        for m in root.modules():
-            if id(m) not in seen and next(m.buffers(recurse=False), None) is not None:
-                seen[id(m)] = m
-    return list(seen.values())
-
-
-def _checkpoint_kwargs(modules: list[nn.Module], preserve_rng: bool = True) -> dict[str, Any]:
-    kw: dict[str, Any] = {"use_reentrant": False, "preserve_rng_state": preserve_rng}
-    if modules:
-        kw["context_fn"] = lambda: (contextlib.nullcontext(), _RestoreBuffers(modules))
-    return kw
-
-
-_RANDOM_NAME = re.compile(r"dropout|rand|bernoulli|normal|multinomial|rrelu|poisson|exponential|uniform|"
-                          r"geometric|cauchy|random|shuffle", re.IGNORECASE)
-_DETERMINISTIC_LEAVES = (nn.Conv1d, nn.Conv2d, nn.Conv3d, nn.ConvTranspose1d, nn.ConvTranspose2d,
-                         nn.ConvTranspose3d, nn.Linear, _BatchNorm, nn.LayerNorm, nn.GroupNorm, nn.ReLU,
-                         nn.GELU, nn.SiLU, nn.Tanh, nn.Sigmoid, nn.Identity, nn.MaxPool1d, nn.MaxPool2d,
-                         nn.MaxPool3d, nn.AvgPool1d, nn.AvgPool2d, nn.AvgPool3d, nn.AdaptiveAvgPool1d,
-                         nn.AdaptiveAvgPool2d, nn.AdaptiveAvgPool3d, nn.AdaptiveMaxPool2d, nn.Embedding,
-                         nn.Flatten, nn.Upsample, nn.Softmax, nn.LogSoftmax, nn.LeakyReLU, nn.ELU, nn.Hardswish,
-                         nn.Hardsigmoid, nn.Mish, nn.ReLU6)
-
-
-def _may_draw_random(gm: torch.fx.GraphModule, nodes: list[torch.fx.Node]) -> bool:
-    """Whether running ``nodes`` may consume random numbers (then recomputation replays the RNG).
-
-    Conservative: a leaf module counts as deterministic only if it is one of the listed
-    ``torch.nn`` layers; a function or method only if its name does not look random."""
-    for n in nodes:
-        if n.op == "call_module":
-            if not isinstance(gm.get_submodule(str(n.target)), _DETERMINISTIC_LEAVES):
-                return True
-        elif n.op in ("call_function", "call_method"):
-            name = n.target if isinstance(n.target, str) else getattr(n.target, "__name__", repr(n.target))
-            if _RANDOM_NAME.search(str(name)):
-                return True
-    return False
-
-
-class CheckpointRegion(nn.Module):
-    """Runs ``body`` as one non-reentrant checkpoint region (a segment of the plan).
-
-    ``modules``: the modules whose buffers the recomputation must leave untouched;
-    ``preserve_rng``: replay the RNG state on recomputation (needed only when ``body`` draws
-    random numbers). ``body.forward`` is called directly: a ``GraphModule``'s ``__call__``
-    formats a traceback for every exception passing through it, and non-reentrant checkpoint
-    stops each recomputation by raising one."""
-
-    def __init__(self, body: nn.Module, modules: list[nn.Module], preserve_rng: bool = True) -> None:
-        super().__init__()
-        self.body = body
-        self._kwargs = _checkpoint_kwargs(_stateful_modules(modules), preserve_rng)
-
-    def forward(self, *args: Any) -> Any:
-        if not torch.is_grad_enabled():
-            return self.body.forward(*args)
-        return checkpoint(self.body.forward, *args, **self._kwargs)
 
 
 def offloader_of(model: nn.Module) -> Offloader | None:
@@ -162,8 +78,12 @@ def is_patched(model: nn.Module) -> bool:
     return isinstance(model.__dict__.get(_STATE_ATTR), _PatchState)
 
 
-def apply(model: nn.Module, plan: Plan) -> nn.Module:
+def apply(model: nn.Module, plan: Plan, *, regions: str = "lean") -> nn.Module:
     """Patch ``model`` in place to run ``plan``; returns the same object.
+
+    ``regions``: ``"lean"`` runs recomputed segments with autoremat's own checkpoint,
+    ``"torch"`` with non-reentrant ``torch.utils.checkpoint`` (same memory and gradients, more
+    Python work per saved tensor; its error checks are more detailed).
 
     Raises ``TypeError`` for a non-module or non-plan, ``ValueError`` when the model is already
     patched, and :class:`~autoremat.errors.PlanMismatchError` when the plan was made for
@@ -173,6 +93,8 @@ def apply(model: nn.Module, plan: Plan) -> nn.Module:
         raise TypeError(f"model must be a torch.nn.Module, got {type(model).__name__}")
     if not isinstance(plan, Plan):
         raise TypeError(f"plan must be an autoremat.Plan, got {type(plan).__name__}")
+    if regions not in REGION_MODES:
+        raise ValueError(f"regions must be one of {REGION_MODES}, got {regions!r}")
     if is_patched(model):
         raise ValueError("model is already patched by autoremat; call autoremat.restore(model) before "
                          "applying another plan")
@@ -182,9 +104,9 @@ def apply(model: nn.Module, plan: Plan) -> nn.Module:
         raise PlanMismatchError("this plan does not come from a captured model (no graph_mode / node_names);"
                                 " solve a graph returned by autoremat.capture")
     if mode == "fx":
-        state = _apply_fx(model, plan, names)
+        state = _apply_fx(model, plan, names, regions)
     else:
-        state = _apply_module(model, plan, names)
+        state = _apply_module(model, plan, names, regions)
     model.__dict__[_STATE_ATTR] = state
     logger.info("autoremat: applied %s", plan.describe())
     return model
@@ -210,7 +132,7 @@ def restore(model: nn.Module) -> nn.Module:
 
 
 # ---------------------------------------------------------------------- fx
-def _apply_fx(model: nn.Module, plan: Plan, names: list[str]) -> _PatchState:
+def _apply_fx(model: nn.Module, plan: Plan, names: list[str], regions: str) -> _PatchState:
     gm = trace(model)
     fp = fx_fingerprint(gm)
     if plan.graph_fingerprint and fp != plan.graph_fingerprint:
@@ -220,7 +142,7 @@ def _apply_fx(model: nn.Module, plan: Plan, names: list[str]) -> _PatchState:
     if [n.name for n in ops] != list(names):
         raise PlanMismatchError("plan node names do not match the traced model; capture and solve again")
     offloader = Offloader() if plan.offload else None
-    forward_module = _build_forward(gm, ops, plan, offloader)
+    forward_module = _build_forward(gm, ops, plan, offloader, regions)
     had = "forward" in model.__dict__
     state = _PatchState(plan=plan, had_instance_forward=had, instance_forward=model.__dict__.get("forward"),
                         forward_module=forward_module, offloader=offloader)
@@ -237,7 +159,7 @@ def _lookup_attr(gm: nn.Module, target: str) -> Any:
 
 
 def _build_forward(gm: torch.fx.GraphModule, ops: list[torch.fx.Node], plan: Plan,
-                   offloader: Offloader | None = None) -> torch.fx.GraphModule:
+                   offloader: Offloader | None = None, regions: str = "lean") -> torch.fx.GraphModule:
     """A GraphModule running the traced graph segment by segment, recomputed ones as regions;
     outputs of offloaded nodes pass through an :class:`OffloadMark`."""
     new = torch.fx.Graph()
@@ -304,7 +226,7 @@ def _build_forward(gm: torch.fx.GraphModule, ops: list[torch.fx.Node], plan: Pla
         body = torch.fx.GraphModule(gm, sub, class_name=f"AutorematSegment{si}")
         modules = [gm.get_submodule(str(n.target)) for n in members if n.op == "call_module"]
         key = f"autoremat_segment_{si}"
-        attrs[key] = CheckpointRegion(body, modules, preserve_rng=_may_draw_random(gm, members))
+        attrs[key] = CheckpointRegion(body, modules, preserve_rng=may_draw_random(gm, members), mode=regions)
         for u in inputs:
             if u not in env:
                 need(u, new, env)
@@ -317,7 +239,7 @@ def _build_forward(gm: torch.fx.GraphModule, ops: list[torch.fx.Node], plan: Pla
 
 
 # ---------------------------------------------------------------------- module level
-def _apply_module(model: nn.Module, plan: Plan, names: list[str]) -> _PatchState:
+def _apply_module(model: nn.Module, plan: Plan, names: list[str], regions: str) -> _PatchState:
     fp = module_fingerprint(model)
     if plan.graph_fingerprint and fp != plan.graph_fingerprint:
         raise PlanMismatchError(f"plan was made for graph {plan.graph_fingerprint} but {type(model).__name__} "
@@ -348,13 +270,16 @@ def _apply_module(model: nn.Module, plan: Plan, names: list[str]) -> _PatchState
         had = "forward" in mod.__dict__
         orig = mod.forward
         state.wrapped.append((mod, had, mod.__dict__.get("forward")))
-        mod.__dict__["forward"] = functools.partial(_checkpointed_call, orig,
-                                                    _checkpoint_kwargs(_stateful_modules([mod])))
+        stateful = stateful_modules([mod])
+        # module level: arbitrary user code may call functional dropout, so the RNG is always replayed
+        if regions == "lean":
+            mod.__dict__["forward"] = functools.partial(recomputed_call, orig, stateful, True)
+        else:
+            mod.__dict__["forward"] = functools.partial(_checkpointed_call, orig, checkpoint_kwargs(stateful))
     return state
 
 
 def _checkpointed_call(fn: Any, ckpt_kwargs: dict[str, Any], *args: Any, **kwargs: Any) -> Any:
-    # module level: arbitrary user code may call functional dropout, so the RNG is always replayed
     if not torch.is_grad_enabled():
         return fn(*args, **kwargs)
     return checkpoint(fn, *args, **ckpt_kwargs, **kwargs)

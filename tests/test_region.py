@@ -1,0 +1,154 @@
+"""autoremat's own recomputed regions (runtime/region.py) against PyTorch's checkpoint."""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+from torch import nn
+
+import autoremat
+from autoremat.runtime.region import RecomputationMismatchError, recomputed_call
+from autoremat.measure import gradients_equal
+
+
+def _step_grads(model: nn.Module, args: tuple, seed: int = 0) -> dict[str, torch.Tensor]:
+    torch.manual_seed(seed)
+    model.zero_grad(set_to_none=True)
+    model(*args).float().mean().backward()
+    return {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
+
+
+@pytest.mark.parametrize("name", ["resnet50", "densenet121", "transformer", "unet"])
+def test_lean_and_torch_regions_give_the_unpatched_gradients_and_the_same_peak(name: str) -> None:
+    model, args = autoremat.zoo.build(name, size="small")
+    reference = _step_grads(copy.deepcopy(model), args)
+    graph = autoremat.capture(model, args)
+    try:
+        plan = autoremat.solve(graph, "50%", solver="dp-approx")
+    except autoremat.InfeasibleBudgetError as err:
+        plan = autoremat.solve(graph, err.min_budget_bytes, solver="dp-approx")
+    assert plan.recompute_segments
+    peaks = {}
+    for regions in ("lean", "torch"):
+        m = copy.deepcopy(model)
+        autoremat.apply(m, plan, regions=regions)
+        assert gradients_equal(reference, _step_grads(m, args))
+        peaks[regions] = autoremat.measure(m, args, steps=1, warmup=1).peak_bytes
+    assert peaks["lean"] == peaks["torch"]
+
+
+class _Chain(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.a, self.b = nn.Linear(8, 8), nn.Linear(8, 8)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.b(torch.tanh(self.a(x)))
+
+
+def test_retained_graph_recomputes_for_each_backward() -> None:
+    model, ref_model = _Chain(), None
+    ref_model = copy.deepcopy(model)
+    x = torch.randn(4, 8)
+    out = recomputed_call(model.forward, [], False, x)
+    out.sum().backward(retain_graph=True)
+    first = model.a.weight.grad.clone()
+    out.sum().backward()
+    ref_model(x).sum().backward()
+    assert torch.equal(first, ref_model.a.weight.grad)
+    assert torch.equal(model.a.weight.grad, 2 * first)
+
+
+def test_partial_backward_then_full_backward() -> None:
+    lin = nn.Linear(8, 8)
+    x = torch.randn(4, 8, requires_grad=True)
+
+    def two(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        h = torch.tanh(lin(x))
+        return h, torch.sigmoid(h) * h
+
+    h, y = recomputed_call(two, [], False, x)
+    (gh,) = torch.autograd.grad(h.sum(), x, retain_graph=True)
+    y.sum().backward()
+    x2 = x.detach().clone().requires_grad_()
+    h2, y2 = two(x2)
+    (gh2,) = torch.autograd.grad(h2.sum(), x2, retain_graph=True)
+    y2.sum().backward()
+    assert torch.equal(gh, gh2)
+    assert torch.equal(x.grad, x2.grad)
+
+
+def test_in_place_change_of_an_input_after_the_region_is_reported() -> None:
+    lin = nn.Linear(8, 8)
+    x = torch.randn(4, 8, requires_grad=True)
+    h = x * 2
+    out = recomputed_call(lambda t: torch.tanh(lin(t)), [], False, h)
+    h.add_(1)  # changes the region's input after the region ran
+    with pytest.raises(RuntimeError, match="modified by an inplace operation"):
+        out.sum().backward()
+
+
+def test_a_recomputation_that_saves_other_tensors_raises() -> None:
+    lin = nn.Linear(8, 8)
+    calls = []
+
+    def flaky(x: torch.Tensor) -> torch.Tensor:
+        calls.append(1)
+        y = torch.tanh(lin(x))
+        return torch.sigmoid(y) if len(calls) == 1 else y * 3
+
+    out = recomputed_call(flaky, [], False, torch.randn(4, 8))
+    with pytest.raises(RecomputationMismatchError, match="regions='torch'"):
+        out.sum().backward()
+
+
+def test_keyword_tensors_and_double_backward_match_torch_checkpoint() -> None:
+    lin = nn.Linear(8, 8)
+
+    def fn(x: torch.Tensor, *, scale: torch.Tensor) -> torch.Tensor:
+        return torch.tanh(lin(x)) * scale
+
+    results = []
+    for run in (lambda x, s: recomputed_call(fn, [], False, x, scale=s),
+                lambda x, s: torch.utils.checkpoint.checkpoint(fn, x, scale=s, use_reentrant=False)):
+        x = torch.linspace(-1, 1, 32).reshape(4, 8).requires_grad_()
+        s = torch.full((8,), 0.5, requires_grad=True)
+        (gx,) = torch.autograd.grad(run(x, s).pow(2).sum(), x, create_graph=True)
+        gx.sum().backward()
+        results.append((gx.detach(), x.grad.clone(), s.grad.clone()))
+    for a, b in zip(*results):
+        assert torch.equal(a, b)
+
+
+def test_saved_tensor_read_outside_backward_is_recomputed() -> None:
+    x = torch.randn(4, 8, requires_grad=True)
+    out = recomputed_call(torch.tanh, [], False, x)
+    assert torch.equal(out.grad_fn._saved_result, torch.tanh(x))
+    out.sum().backward()
+    assert torch.allclose(x.grad, 1 - torch.tanh(x) ** 2)
+
+
+def test_dropout_region_replays_rng_and_leaves_the_stream() -> None:
+    drop, lin = nn.Dropout(0.5), nn.Linear(8, 8)
+    x = torch.randn(16, 8, requires_grad=True)
+    torch.manual_seed(3)
+    out = recomputed_call(lambda t: lin(drop(t)), [], True, x)
+    after = torch.rand(3)
+    out.sum().backward()
+    x2 = x.detach().clone().requires_grad_()
+    torch.manual_seed(3)
+    lin(drop(x2)).sum().backward()
+    assert torch.equal(x.grad, x2.grad)
+    torch.manual_seed(3)
+    drop(x2)
+    assert torch.equal(after, torch.rand(3))
+
+
+def test_unknown_regions_mode_is_rejected() -> None:
+    model, args = autoremat.zoo.build("resnet50", size="small")
+    plan = autoremat.solve(autoremat.capture(model, args), "50%", solver="chen")
+    with pytest.raises(ValueError, match="regions must be one of"):
+        autoremat.apply(model, plan, regions="fast")
+    assert not autoremat.is_patched(model)
