@@ -52,14 +52,23 @@ def test_fit_cnn_meets_budget_and_restores(tmp_path: Path) -> None:
     assert not autoremat.is_patched(model.model)  # restored when fitting ended
 
 
-def test_training_is_unchanged_by_the_callback(tmp_path: Path) -> None:
+@pytest.mark.parametrize("regions", ["lean", "torch"])
+def test_training_is_unchanged_by_the_callback(tmp_path: Path, regions: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    import autoremat.integrations.lightning as integration
+
+    used: list[str] = []
+    real_apply = integration.apply
+    monkeypatch.setattr(integration, "apply",
+                        lambda m, p, regions: used.append(regions) or real_apply(m, p, regions=regions))
     torch.manual_seed(0)
     plain = LitClassifier()
     torch.manual_seed(0)
     patched = LitClassifier()
     _trainer(pl.Callback(), tmp_path, max_steps=3).fit(plain)
-    cb = autoremat.AutoRemat(budget="50%", module="model", raise_batch_size=False, verbose=False)
+    cb = autoremat.AutoRemat(budget="50%", module="model", raise_batch_size=False, verbose=False, regions=regions)
     _trainer(cb, tmp_path, max_steps=3).fit(patched)
+    assert cb.plan is not None and cb.plan.recompute_segments
+    assert used and set(used) == {regions}
     assert plain.step_losses == patched.step_losses
     for (k, a), (_, b) in zip(plain.state_dict().items(), patched.state_dict().items()):
         assert torch.equal(a, b), k
@@ -189,6 +198,7 @@ def test_offload_false_excludes_the_combined_planner(tmp_path: Path) -> None:
         ({"profile_steps": 0}, "profile_steps"),
         ({"max_batch_size": 0}, "max_batch_size"),
         ({"module": 3}, "dotted"),
+        ({"regions": "fast"}, "regions"),
     ],
 )
 def test_bad_arguments_rejected(kwargs: dict, match: str) -> None:

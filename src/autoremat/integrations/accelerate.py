@@ -122,8 +122,11 @@ def prepare(
     solver: str | None = None,
     loss_fn: Callable[[Any], torch.Tensor] | None = None,
     optimizer: torch.optim.Optimizer | None = None,
+    regions: str = "lean",
 ) -> nn.Module:
     """Capture ``model`` on the example batch, solve under the budget and patch it in place.
+
+    ``regions``: how recomputed segments run (see :func:`autoremat.apply`).
 
     ``budget`` is a device budget (resident parameters, optimizer state and the batch are
     subtracted) unless it is a percentage of the unoptimised step peak. Returns ``model``.
@@ -157,7 +160,7 @@ def prepare(
         plan_dict = solve(graph, step_budget, solver=cfg.solver).to_dict()
     plan_dict = _broadcast(accelerator, plan_dict)
     plan = Plan.from_dict(plan_dict)
-    apply(model, plan)
+    apply(model, plan, regions=regions)
     if accelerator.is_main_process:
         logger.info("autoremat: %s, predicted step peak %s bytes", plan.describe(), plan.predicted_peak_bytes)
     return model

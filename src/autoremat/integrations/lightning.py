@@ -53,7 +53,7 @@ from ..graph import Graph
 from ..measure import LiveStorageCounter, default_loss, run_step
 from ..offload.bandwidth import measure_bandwidth
 from ..plan import Plan
-from ..runtime import apply, is_patched, restore
+from ..runtime import REGION_MODES, apply, is_patched, restore
 from ..simulate import simulate, unoptimised_peak_bytes
 from ..solvers import OFFLOAD_ONLY, SOLVERS, solve
 
@@ -118,6 +118,9 @@ class AutoRemat(Callback):
         loss_fn: maps the module's output to the scalar to backpropagate while profiling
             (default: :func:`autoremat.measure.default_loss`).
         verbose: print a summary table on rank zero.
+        regions: how recomputed segments run: ``"lean"`` (autoremat's own checkpoint, little
+            work per saved tensor) or ``"torch"`` (``torch.utils.checkpoint``); see
+            :func:`autoremat.apply`.
     """
 
     def __init__(
@@ -132,8 +135,11 @@ class AutoRemat(Callback):
         module: str | None = None,
         loss_fn: Callable[[Any], torch.Tensor] | None = None,
         verbose: bool = True,
+        regions: str = "lean",
     ) -> None:
         super().__init__()
+        if regions not in REGION_MODES:
+            raise ValueError(f"regions={regions!r} must be one of {REGION_MODES}")
         if isinstance(budget, bool) or not isinstance(budget, (int, float, str)):
             raise ValueError(f"budget={budget!r} is not understood; expected {ACCEPTED_FORMS}")
         if isinstance(budget, str) and budget.strip().lower() != "auto":
@@ -161,6 +167,7 @@ class AutoRemat(Callback):
         self.module = module
         self.loss_fn = loss_fn
         self.verbose = verbose
+        self.regions = regions
         self.plan: Plan | None = None
         self.batch_size: int | None = None
         self.original_batch_size: int | None = None
@@ -224,7 +231,7 @@ class AutoRemat(Callback):
                 if lightning_getattr(pl_module, self.batch_arg_name) != self.batch_size:
                     lightning_setattr(pl_module, self.batch_arg_name, self.batch_size)
                     _reset_dataloaders(trainer)
-            apply(self._target, self.plan)
+            apply(self._target, self.plan, regions=self.regions)
             rank_zero_info(f"AutoRemat: resumed {self.plan.describe()} (batch size {self.batch_size})")
             return
         if trainer.fit_loop._combined_loader is None:
@@ -239,7 +246,7 @@ class AutoRemat(Callback):
                 lightning_setattr(pl_module, self.batch_arg_name, payload["batch_size"])
                 _reset_dataloaders(trainer)
         if not is_patched(self._target):
-            apply(self._target, plan)
+            apply(self._target, plan, regions=self.regions)
         self.plan = plan
         self.batch_size = payload["batch_size"]
         self.original_batch_size = payload["original_batch_size"]
@@ -347,7 +354,7 @@ class AutoRemat(Callback):
         args, kwargs, _ = self._record_inputs(trainer, pl_module, size)
         was = is_patched(target)
         if not was:
-            apply(target, plan)
+            apply(target, plan, regions=self.regions)
         try:
             return _trial_step(target, args, kwargs, loss_fn, trainer)
         finally:
@@ -415,7 +422,7 @@ class AutoRemat(Callback):
         try:
             plan = self._solve(scaled, budget)
             args, kwargs, _ = self._record_inputs(trainer, pl_module, size)
-            apply(target, plan)
+            apply(target, plan, regions=self.regions)
             try:
                 peak = _trial_step(target, args, kwargs, loss_fn, trainer)
             finally:

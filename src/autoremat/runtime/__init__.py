@@ -37,7 +37,7 @@ from .offload import OffloadBegin, OffloadMark, Offloader
 from .region import REGION_MODES, CheckpointRegion, checkpoint_kwargs, may_draw_random, recomputed_call
 from .region import stateful_modules
 
-__all__ = ["apply", "restore", "is_patched", "CheckpointRegion", "offloader_of"]
+__all__ = ["apply", "restore", "is_patched", "CheckpointRegion", "offloader_of", "REGION_MODES"]
 
 logger = logging.getLogger(__name__)
 
