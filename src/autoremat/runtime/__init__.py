@@ -35,7 +35,7 @@ from ..errors import PlanMismatchError
 from ..plan import Plan
 from .offload import OffloadBegin, OffloadMark, Offloader
 from .region import REGION_MODES, CheckpointRegion, checkpoint_kwargs, may_draw_random, recomputed_call
-from .region import stateful_modules
+from .region import stateful_buffers
 
 __all__ = ["apply", "restore", "is_patched", "CheckpointRegion", "offloader_of", "REGION_MODES"]
 
@@ -270,7 +270,7 @@ def _apply_module(model: nn.Module, plan: Plan, names: list[str], regions: str) 
         had = "forward" in mod.__dict__
         orig = mod.forward
         state.wrapped.append((mod, had, mod.__dict__.get("forward")))
-        stateful = stateful_modules([mod])
+        stateful = stateful_buffers([mod])
         # module level: arbitrary user code may call functional dropout, so the RNG is always replayed
         if regions == "lean":
             mod.__dict__["forward"] = functools.partial(recomputed_call, orig, stateful, True)

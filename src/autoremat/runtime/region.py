@@ -54,42 +54,56 @@ class RecomputationMismatchError(RuntimeError):
 
 
 class _RestoreBuffers:
-    """Puts buffers back as they were when the context was entered (used around recomputation).
+    """Runs the recomputation on copies of the buffers (batch-norm statistics), so the real ones
+    stay as the forward left them.
 
-    Cloning is the only exact way: switching batch norm's ``track_running_stats`` off for the
-    recomputation would change which tensors its kernel saves (checkpoint then refuses the
-    recomputation), and ``momentum=0`` still counts ``num_batches_tracked``."""
+    Each buffer is swapped for a clone while the context is open and the original tensor is
+    put back on exit (one op per buffer; the optimizer, ``state_dict`` and user references keep
+    seeing the original). Switching batch norm's ``track_running_stats`` off instead would
+    change which tensors its kernel saves (the recomputation would then not match the forward),
+    and ``momentum=0`` still counts ``num_batches_tracked``. ``slots`` are ``(module, name)``
+    pairs, looked up on entry: ``module.to()`` replaces buffer tensors."""
 
-    def __init__(self, modules: list[nn.Module]) -> None:
-        self.buffers = [b for m in modules for b in m.buffers(recurse=False)]
-        self.saved: list[torch.Tensor] = []
+    __slots__ = ("slots", "saved")
+
+    def __init__(self, slots: list[tuple[nn.Module, str]]) -> None:
+        self.slots = slots
+        self.saved: list[tuple[dict[str, Any], str, torch.Tensor]] = []
 
     def __enter__(self) -> "_RestoreBuffers":
-        self.saved = [b.detach().clone() for b in self.buffers]
+        saved = []
+        for m, name in self.slots:
+            table = m._buffers
+            b = table.get(name)
+            if b is not None:
+                saved.append((table, name, b))
+                table[name] = b.detach().clone()
+        self.saved = saved
         return self
 
     def __exit__(self, *exc: Any) -> None:
-        with torch.no_grad():
-            for b, s in zip(self.buffers, self.saved):
-                b.copy_(s)
+        for table, name, b in self.saved:
+            table[name] = b
         self.saved = []
 
 
-def stateful_modules(modules: list[nn.Module]) -> list[nn.Module]:
-    """The modules (each once, submodules included) that own buffers a forward could update."""
+def stateful_buffers(modules: list[nn.Module]) -> list[tuple[nn.Module, str]]:
+    """``(module, buffer name)`` of every buffer that ``modules`` (submodules included, each once)
+    own, that a forward could update."""
     seen: dict[int, nn.Module] = {}
     for root in modules:
         for m in root.modules():
-            if id(m) not in seen and next(m.buffers(recurse=False), None) is not None:
+            if id(m) not in seen and m._buffers:
                 seen[id(m)] = m
-    return list(seen.values())
+    return [(m, name) for m in seen.values() for name, b in m._buffers.items() if b is not None]
 
 
-def checkpoint_kwargs(modules: list[nn.Module], preserve_rng: bool = True) -> dict[str, Any]:
-    """Keyword arguments of a non-reentrant ``torch.utils.checkpoint`` leaving ``modules``' buffers alone."""
+def checkpoint_kwargs(stateful: list[tuple[nn.Module, str]], preserve_rng: bool = True) -> dict[str, Any]:
+    """Keyword arguments of a non-reentrant ``torch.utils.checkpoint`` leaving the buffers
+    ``stateful`` (see :func:`stateful_buffers`) alone."""
     kw: dict[str, Any] = {"use_reentrant": False, "preserve_rng_state": preserve_rng}
-    if modules:
-        kw["context_fn"] = lambda: (contextlib.nullcontext(), _RestoreBuffers(modules))
+    if stateful:
+        kw["context_fn"] = lambda: (contextlib.nullcontext(), _RestoreBuffers(stateful))
     return kw
 
 
@@ -132,7 +146,7 @@ class _Frame:
 
     __slots__ = ("fn", "stateful", "args", "kwargs", "saved", "count", "by_task", "rng", "autocast", "cache")
 
-    def __init__(self, fn: Callable[..., Any], stateful: list[nn.Module], args: tuple[Any, ...],
+    def __init__(self, fn: Callable[..., Any], stateful: list[tuple[nn.Module, str]], args: tuple[Any, ...],
                  kwargs: dict[str, Any], preserve_rng: bool) -> None:
         self.fn = fn
         self.stateful = stateful
@@ -221,11 +235,11 @@ def _unpack(handle: tuple[_Frame, int]) -> torch.Tensor:
     return t
 
 
-def recomputed_call(fn: Callable[..., Any], stateful: list[nn.Module], preserve_rng: bool, /,
+def recomputed_call(fn: Callable[..., Any], stateful: list[tuple[nn.Module, str]], preserve_rng: bool, /,
                     *args: Any, **kwargs: Any) -> Any:
     """``fn(*args, **kwargs)`` with every tensor it saves for backward recomputed in backward.
 
-    ``stateful``: modules whose buffers the recomputation must leave as they are;
+    ``stateful``: the buffers (:func:`stateful_buffers`) the recomputation must leave as they are;
     ``preserve_rng``: replay the RNG state (needed when ``fn`` may draw random numbers)."""
     if not torch.is_grad_enabled():
         return fn(*args, **kwargs)
@@ -252,7 +266,7 @@ class CheckpointRegion(nn.Module):
         self.body = body
         self.mode = mode
         self.preserve_rng = preserve_rng
-        self.stateful = stateful_modules(modules)
+        self.stateful = stateful_buffers(modules)
         self._kwargs = checkpoint_kwargs(self.stateful, preserve_rng)
 
     def forward(self, *args: Any) -> Any:
