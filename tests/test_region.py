@@ -152,3 +152,16 @@ def test_unknown_regions_mode_is_rejected() -> None:
     with pytest.raises(ValueError, match="regions must be one of"):
         autoremat.apply(model, plan, regions="fast")
     assert not autoremat.is_patched(model)
+
+
+def test_running_statistics_stay_exact_after_the_model_is_converted() -> None:
+    """``module.to()`` replaces buffer tensors; the regions look them up by name each time."""
+    model, (x,) = autoremat.zoo.build("resnet50", size="small")
+    plan = autoremat.solve(autoremat.capture(model, (x,)), "50%", solver="chen")
+    patched = copy.deepcopy(model)
+    autoremat.apply(patched, plan)
+    reference, patched = model.double(), patched.double()
+    x = x.double()
+    assert gradients_equal(_step_grads(reference, (x,)), _step_grads(patched, (x,)))
+    for (name, a), (_, b) in zip(reference.named_buffers(), patched.named_buffers()):
+        assert torch.equal(a, b), name
