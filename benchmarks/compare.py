@@ -22,7 +22,10 @@ the same model and the same batch:
   on a CPU-only machine that is a copy in the same memory);
 * ``autoremat:<solver>@<f>``: autoremat with every registered solver at budgets of 75 %, 50 % and
   30 % of the measured unoptimised step peak, and ``autoremat:<solver>@match`` at the lowest step
-  peak an eager PyTorch option measured (equal-peak comparison; ``--no-match`` leaves it out).
+  peak an eager PyTorch option measured (equal-peak comparison; ``--no-match`` leaves it out);
+* ``autoremat:<solver>@<f>+torch-regions``: the same plan as ``autoremat:<solver>@<f>`` run with
+  ``apply(..., regions="torch")`` (``torch.utils.checkpoint`` regions instead of autoremat's own),
+  for ``--torch-regions`` (default ``dp-approx@0.5``; ``none`` leaves it out).
 
 Metrics: the measured step peak (``autoremat.measure``: a live-storage counter on the CPU, the
 caching allocator on CUDA), the median step time with all configurations of a model interleaved
@@ -392,13 +395,21 @@ def runner_compile(w: Workload, budget: float, backend: str) -> Runner:
     return r
 
 
-def runner_autoremat(w: Workload, plan: autoremat.Plan, solver: str, fraction: float, tag: str | None = None) -> Runner:
-    """``tag`` names the budget in the key instead of the fraction (``"match"``: see ``MATCH_TAG``)."""
+def runner_autoremat(w: Workload, plan: autoremat.Plan, solver: str, fraction: float, tag: str | None = None,
+                     regions: str = "lean") -> Runner:
+    """``tag`` names the budget in the key instead of the fraction (``"match"``: see ``MATCH_TAG``);
+    ``regions="torch"`` runs the plan on ``torch.utils.checkpoint`` regions (key ``+torch-regions``)."""
     m = _copy(w)
-    autoremat.apply(m, plan)
+    autoremat.apply(m, plan, regions=regions)
     name = tag or f"{fraction:g}"
     label = f"autoremat {solver} @ " + (f"{tag} ({fraction:.0%})" if tag else f"{fraction:.0%}")
+    if regions == "torch":
+        return Runner(f"autoremat:{solver}@{name}{TORCH_REGIONS}", "autoremat",
+                      label + ", torch.utils.checkpoint regions", m, m)
     return Runner(f"autoremat:{solver}@{name}", "autoremat", label, m, m)
+
+
+TORCH_REGIONS = "+torch-regions"
 
 
 MATCH_TAG = "match"
@@ -632,6 +643,8 @@ class Options:
     device: str = "cpu"
     configs: tuple[str, ...] | None = None
     """Only these config families ("pytorch", "compile", "autoremat"); None: all."""
+    torch_regions: tuple[tuple[str, float], ...] = (("dp-approx", 0.5),)
+    """(solver, budget fraction) rows repeated with ``regions="torch"`` (``+torch-regions``)."""
 
 
 def solvers_to_run(opts: Options) -> list[str]:
@@ -648,6 +661,8 @@ def planned_configurations(models: Sequence[str], opts: Options) -> list[dict[st
         keys += [(f"autoremat:{s}@{f:g}", "autoremat") for s in solvers_to_run(opts) for f in opts.autoremat_budgets]
         if opts.match_pytorch:
             keys += [(f"autoremat:{s}@{MATCH_TAG}", "autoremat") for s in solvers_to_run(opts)]
+        keys += [(f"autoremat:{s}@{f:g}{TORCH_REGIONS}", "autoremat") for s, f in opts.torch_regions
+                 if s in solvers_to_run(opts) and f in opts.autoremat_budgets]
         for key, fam in keys:
             if opts.configs is None or fam == "baseline" or fam in opts.configs:
                 out.append({"model": name, "config": key, "family": fam})
@@ -789,6 +804,7 @@ def run_model(name: str, opts: Options, log: Callable[[str], None]) -> dict[str,
                     rows.append(row)
                     continue
                 status, payload, solve_s = solve_limited(graph, budget, solver, opts.solver_timeout_s)
+                extra: list[dict[str, Any]] = []
                 row["solver_time_s"] = solve_s
                 if status == "timeout":
                     timed_out = f
@@ -805,18 +821,25 @@ def run_model(name: str, opts: Options, log: Callable[[str], None]) -> dict[str,
                                recomputed=len(plan.recompute_segments))
                     if plan.options.get("fallback"):
                         row["note"] = "; ".join(filter(None, [why, f"fell back to {plan.options['fallback']}"]))
-                    try:
-                        r = runner_autoremat(w, plan, solver, f, tag)
-                    except Exception as err:  # noqa: BLE001
-                        row.update(status="failed", error=_err(err))
-                    else:
-                        row.update(config=r.key)
-                        if prepare(r, row):
-                            ready.append(r)
-                            m = row["measured_peak_bytes"]
-                            row["prediction_error"] = plan.predicted_peak_bytes / m - 1.0 if m else None
-                            row["meets_budget"] = m <= budget
+                    variants = [("lean", row)]
+                    if tag is None and (solver, f) in opts.torch_regions:
+                        extra.append(dict(row, config=key + TORCH_REGIONS,
+                                          label=label + ", torch.utils.checkpoint regions"))
+                        variants.append(("torch", extra[-1]))
+                    for regions, vrow in variants:
+                        try:
+                            r = runner_autoremat(w, plan, solver, f, tag, regions=regions)
+                        except Exception as err:  # noqa: BLE001
+                            vrow.update(status="failed", error=_err(err))
+                        else:
+                            vrow.update(config=r.key)
+                            if prepare(r, vrow):
+                                ready.append(r)
+                                m = vrow["measured_peak_bytes"]
+                                vrow["prediction_error"] = plan.predicted_peak_bytes / m - 1.0 if m else None
+                                vrow["meets_budget"] = m <= budget
                 rows.append(row)
+                rows.extend(extra)
                 log(f"   {key}: {row['status']} solve {row['solver_time_s'] or 0:.2f} s "
                     f"peak {(row['measured_peak_bytes'] or 0) / 2**20:.2f} MiB {row['error'] or row['note'] or ''}")
 
@@ -1106,7 +1129,7 @@ def run_batch_task(task: BatchTask, method: str, log: Callable[[str], None], *, 
 def headline(models: dict[str, dict[str, Any]], batch_rows: list[dict[str, Any]]) -> dict[str, Any]:
     """The numbers the README quotes, computed from the rows."""
     out: dict[str, Any] = {"per_model": {}, "resnet50_50pct": None, "largest_batch": {}, "worst_prediction_error": None,
-                           "budget_exceeded": []}
+                           "budget_exceeded": [], "regions": []}
     worst = None
     for name, info in models.items():
         rows = [r for r in info["rows"] if r["status"] == "ok" and r["step_time_s"] is not None]
@@ -1114,6 +1137,14 @@ def headline(models: dict[str, dict[str, Any]], batch_rows: list[dict[str, Any]]
         torch_rows = [r for r in rows if r["family"] in ("pytorch", "compile")
                       and base is not None and r["measured_peak_bytes"] < base["measured_peak_bytes"]]
         auto = [r for r in rows if r["family"] == "autoremat"]
+        by_key = {r["config"]: r for r in auto}
+        for r in auto:
+            lean = by_key.get(r["config"].removesuffix(TORCH_REGIONS))
+            if r["config"].endswith(TORCH_REGIONS) and lean is not None:
+                out["regions"].append({"model": name, "config": lean["config"], "lean_time_s": lean["step_time_s"],
+                                       "torch_time_s": r["step_time_s"],
+                                       "time_ratio": lean["step_time_s"] / r["step_time_s"],
+                                       "same_peak": lean["measured_peak_bytes"] == r["measured_peak_bytes"]})
         matches = []
         for p in sorted(torch_rows, key=lambda r: r["measured_peak_bytes"]):
             cands = [a for a in auto if a["measured_peak_bytes"] <= p["measured_peak_bytes"]]
@@ -1137,7 +1168,8 @@ def headline(models: dict[str, dict[str, Any]], batch_rows: list[dict[str, Any]]
             if r["prediction_error"] is not None and (worst is None or abs(r["prediction_error"]) > abs(worst["error"])):
                 worst = {"model": name, "config": r["config"], "error": r["prediction_error"]}
         if name == "resnet50":
-            half = [r for r in info["rows"] if r["family"] == "autoremat" and r["budget_fraction"] == 0.5]
+            half = [r for r in info["rows"] if r["family"] == "autoremat" and r["budget_fraction"] == 0.5
+                    and not r["config"].endswith(TORCH_REGIONS)]
             out["resnet50_50pct"] = {r["solver"]: {"status": r["status"], "time_ratio": r["time_ratio"],
                                                    "peak_ratio": r["peak_ratio"]} for r in half}
     out["worst_prediction_error"] = worst
@@ -1226,7 +1258,8 @@ def to_markdown(result: dict[str, Any]) -> str:
         "the model is a sequence; `save-on-cpu`: `torch.autograd.graph.save_on_cpu`; `compile@B`: `torch.compile` "
         f"({s['compile_backend']}) with `activation_memory_budget = B`; `autoremat:<solver>@f`: "
         "`autoremat.solve(graph, f x measured unoptimised "
-        "peak, solver=...)` applied with `autoremat.apply`. Gradients: `torch.equal` on every parameter gradient "
+        "peak, solver=...)` applied with `autoremat.apply` (autoremat's own recomputed regions; a "
+        "`+torch-regions` row runs the same plan on `torch.utils.checkpoint` regions). Gradients: `torch.equal` on every parameter gradient "
         "against `none` from the same RNG state; compile rows report the largest absolute difference (on models with "
         "dropout it includes different dropout masks: Inductor draws its own random numbers).", ""]
     h = result["headline"]
@@ -1266,6 +1299,10 @@ def to_markdown(result: dict[str, Any]) -> str:
                  if a and b and a["confirmed"] and b["confirmed"] and b["batch_size"] else "")
         lines.append(f"* **Largest batch, {task}** (from {next(iter(d.values()))['initial']}, same simulated budget): "
                      f"autoremat {one('autoremat')}; BatchSizeFinder {one('batchsizefinder')}{ratio}.")
+    for rg in h.get("regions", []):
+        lines.append(f"* **autoremat's regions vs `torch.utils.checkpoint` regions**, {rg['model']} `{rg['config']}` "
+                     f"(same plan): step time {_ms(rg['lean_time_s'])} vs {_ms(rg['torch_time_s'])}, ratio "
+                     f"**{rg['time_ratio']:.2f}**, " + ("same" if rg["same_peak"] else "**different**") + " measured peak.")
     if h["worst_prediction_error"]:
         wpe = h["worst_prediction_error"]
         lines.append(f"* **Worst autoremat prediction error**: {wpe['error']:+.1%} ({wpe['model']}, `{wpe['config']}`).")
@@ -1630,6 +1667,9 @@ def parser(description: str | None = None) -> argparse.ArgumentParser:
     p.add_argument("--no-match", action="store_true",
                    help="skip the autoremat rows at the lowest eager PyTorch peak (autoremat:<solver>@match)")
     p.add_argument("--batch-budgets", default="", help="e.g. resnet50=16MiB,gpt2=48MiB")
+    p.add_argument("--torch-regions", default="dp-approx@0.5",
+                   help="SOLVER@FRACTION,...: also run these autoremat rows on torch.utils.checkpoint regions "
+                        "(apply(..., regions='torch')); 'none' for no such row")
     p.add_argument("--render", type=Path, default=None, metavar="COMPARE_JSON",
                    help="only rewrite RESULTS.md and the plots from an existing compare.json")
     return p
@@ -1651,8 +1691,22 @@ def options_from(a: argparse.Namespace, *, device: str = "cpu", size: str = "sma
         size=size, device=device, batch=batch,
         configs=tuple(a.configs.split(",")) if a.configs else None,
         match_pytorch=not a.no_match,
+        torch_regions=_solver_fractions(a.torch_regions),
     )
     return models, opts
+
+
+def _solver_fractions(text: str | None) -> tuple[tuple[str, float], ...]:
+    """``"dp-approx@0.5,chen@0.3"`` -> ``(("dp-approx", 0.5), ("chen", 0.3))``; ``"none"`` -> ``()``."""
+    if not text or text.strip().lower() == "none":
+        return ()
+    out = []
+    for part in text.split(","):
+        solver, sep, frac = part.strip().partition("@")
+        if not sep:
+            raise SystemExit(f"--torch-regions: {part!r} is not SOLVER@FRACTION (e.g. dp-approx@0.5)")
+        out.append((solver, float(frac)))
+    return tuple(out)
 
 
 def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
