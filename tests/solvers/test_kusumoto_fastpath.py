@@ -211,3 +211,17 @@ def test_a_search_goes_with_its_graph():
     del g
     gc.collect()
     assert search() is None
+
+
+def test_an_infeasible_budget_keeps_the_search_for_the_next_call():
+    """solve(g, too_little) then solve(g, minimum): the second call reuses the first's search."""
+    import autoremat
+
+    g = random_dag(9, 11)
+    search = fast._search(g, "dp-approx", fast._config(None, "dp-approx"))
+    with pytest.raises(autoremat.InfeasibleBudgetError) as err:
+        autoremat.solve(g, 0, solver="dp-approx")
+    assert not search.broken
+    assert fast._search(g, "dp-approx", fast._config(None, "dp-approx")) is search
+    autoremat.solve(g, err.value.min_budget_bytes, solver="dp-approx")
+    assert fast._search(g, "dp-approx", fast._config(None, "dp-approx")) is search

@@ -269,9 +269,12 @@ class _Search:
     @contextmanager
     def _guard(self) -> Iterator[None]:
         """Marks the search broken when a call is interrupted (KeyboardInterrupt, a timeout
-        signal…) mid-way: its tables may then be half-updated, so the cache drops it."""
+        signal…) mid-way: its tables may then be half-updated, so the cache drops it. An
+        infeasible budget is an answer, not an interruption: the search stays usable."""
         try:
             yield
+        except InfeasibleBudgetError:
+            raise
         except BaseException:
             self.broken = True
             raise
