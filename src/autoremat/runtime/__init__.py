@@ -222,11 +222,15 @@ def _build_forward(gm: torch.fx.GraphModule, ops: list[torch.fx.Node], plan: Pla
                 if u not in local:
                     need(u, sub, local)
             local[n] = sub.node_copy(n, lambda u: local[u])
+        replay = torch.fx.Graph()
+        replay.graph_copy(sub, {})
+        replay.output(())  # see CheckpointRegion: the replay holds no outputs
         sub.output(tuple(local[n] for n in outputs))
         body = torch.fx.GraphModule(gm, sub, class_name=f"AutorematSegment{si}")
         modules = [gm.get_submodule(str(n.target)) for n in members if n.op == "call_module"]
         key = f"autoremat_segment_{si}"
-        attrs[key] = CheckpointRegion(body, modules, preserve_rng=may_draw_random(gm, members), mode=regions)
+        attrs[key] = CheckpointRegion(body, modules, preserve_rng=may_draw_random(gm, members), mode=regions,
+                                      replay=torch.fx.GraphModule(gm, replay, class_name=f"AutorematReplay{si}"))
         for u in inputs:
             if u not in env:
                 need(u, new, env)
