@@ -360,9 +360,11 @@ def to_markdown(res: dict[str, Any]) -> str:
         L += [f"Part A rows of {', '.join(rerun['solvers'])} come from a later run of this script with "
               f"`--solvers {','.join(rerun['solvers'])}` ({rerun['wall_s'] / 60:.1f} min; load average "
               f"{r0[0]:.2f}/{r0[1]:.2f}/{r0[2]:.2f} at its start, {r1[0]:.2f}/{r1[1]:.2f}/{r1[2]:.2f} at its end), "
-              "after the first run's timings had been inflated by other jobs on the machine and by searches the "
-              "solver cache kept alive across runs (fixed in between: the cache now holds graphs weakly); parts B "
-              "and C and the other solvers' rows are from the first run.", ""]
+              "after " + rerun.get("why", "the first run's timings had been inflated by other jobs on the machine and "
+                                   "by searches the solver cache kept alive across runs (fixed in between: the cache "
+                                   "now holds graphs weakly)")
+              + "; parts B and C and the other solvers' rows are from the first run (a later such run replaces an "
+                "earlier one's rows of the same solvers).", ""]
     skipped = [r for r in res.get("part_a", []) + res.get("part_b", []) if str(r.get("error", "")).startswith("skipped")]
     if skipped:
         L += ["Skipped runs (and why):", ""]
@@ -462,7 +464,15 @@ def main() -> None:
     p.add_argument("--replace-rows-in", default="",
                    help="a paper_tables.json whose part A rows of --solvers this run's replace (parts B and C "
                         "kept); both runs' machine lines and loads are recorded")
+    p.add_argument("--rerun-reason", default="",
+                   help="with --replace-rows-in: why the rows were re-run (recorded and printed in the markdown)")
+    p.add_argument("--render", default="", metavar="PAPER_TABLES_JSON",
+                   help="only rewrite paper_tables.md (next to the JSON) from an existing paper_tables.json")
     a = p.parse_args()
+    if a.render:
+        src = Path(a.render)
+        (src.parent / "paper_tables.md").write_text(to_markdown(json.loads(src.read_text())))
+        return
     ONLY.update(x for x in a.solvers.split(",") if x)
     torch.set_num_threads(1)
     nets = a.nets.split(",")
@@ -482,6 +492,8 @@ def main() -> None:
         base = json.loads(Path(a.replace_rows_in).read_text())
         rerun = {k: res[k] for k in ("machine", "settings", "load_average_start", "load_average_end", "wall_s")}
         rerun["solvers"] = sorted(ONLY)
+        if a.rerun_reason:
+            rerun["why"] = a.rerun_reason
         keep = [r for r in base["part_a"] if r["solver"] not in ONLY]
         order = {(r["net"], r["times"]): k for k, r in enumerate(base["part_a"])}
         base["part_a"] = sorted(keep + res["part_a"], key=lambda r: (order.get((r["net"], r["times"]), 0), r["solver"],
