@@ -154,11 +154,62 @@ def test_exact_lower_bound_and_bookkeeping(seed):
         i, j = divmod(ij, len(dp.fam))
         lower, upper = dp.fam[i], dp.fam[j]
         need, dt_r, add_r, dang_r = fast._exact_transition(p, lower, upper, dang, {})
-        assert low <= need
+        assert low <= dp.tight_need(i, j, dang) <= need
         assert (add, dang2) == (add_r, dang_r) and dt == pytest.approx(dt_r)
         assert (dt, add, dang2) == ref._bookkeeping(rp, lower, upper, dang)
         if upper != p.full:
             assert p.touched(lower, upper) == rp.touched(lower, upper)
+
+
+@pytest.mark.parametrize("seed", range(40))
+def test_tight_bound_never_exceeds_the_replay(seed):
+    """The bound checked before a replay (:meth:`_DP.tight_need`) is at most the replay's need on
+    every transition of random DAGs with views, pass-through nodes and shared gradient buffers."""
+    g = random_dag_with_views(1000 + seed, 5 + seed % 8)
+    search = fast._Search(g, "dp-exact", fast._config({"max_lower_sets": 10**6}, "dp-exact"))
+    dp, p = search.dp, search.p
+    checked = 0
+    for i, lower in enumerate(dp.fam):
+        for j, upper in enumerate(dp.fam):
+            if i == j or lower & ~upper:
+                continue
+            for dang in {0, p.info(lower)[1] & lower}:  # none, or every alive root of L dangling
+                need = fast._exact_transition(p, lower, upper, dang, {})[0]
+                assert dp.tight_need(i, j, dang) <= need, (i, j, dang)
+                checked += 1
+    assert checked
+
+
+@pytest.fixture(scope="module")
+def resnet50_search():
+    import autoremat
+
+    model, args = autoremat.zoo.build("resnet50", size="small", device="meta")
+    g = autoremat.capture(model, args).with_paper_times()
+    search = fast._Search(g, "dp-exact", fast._config({}, "dp-exact"))
+    search.minimum()
+    return g, search  # a search holds its graph weakly
+
+
+def test_tight_bound_on_resnet50_is_below_every_need_and_saves_replays(resnet50_search, monkeypatch):
+    g, first = resnet50_search
+    dp, p = first.dp, first.p
+    items = sorted(dp._book)[::7]
+    assert len(items) > 1000
+    saved = 0
+    for ij, dang in items:
+        i, j = divmod(ij, len(dp.fam))
+        need = fast._exact_transition(p, dp.fam[i], dp.fam[j], dang, {})[0]
+        tight = dp.tight_need(i, j, dang)
+        assert tight <= need
+        saved += tight > dp._book[(ij, dang)][3]
+    assert saved > len(items) // 4  # the bound is tighter than _move's on many transitions
+    # the least budget found with _move's bound alone is the same, at the cost of more replays
+    replays = len(dp._step)
+    search = fast._Search(g, "dp-exact", fast._config({}, "dp-exact"))
+    monkeypatch.setattr(search.dp, "tight_need", lambda i, j, dang: search.dp._move(i, j, dang)[3])
+    assert search.minimum()[:2] == first.minimum()[:2]
+    assert len(search.dp._step) > 1.5 * replays
 
 
 def test_search_cache_shares_and_notices_edits():

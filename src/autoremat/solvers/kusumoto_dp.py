@@ -88,6 +88,24 @@ class _DP:
                             copy_saved[u] |= p.bit[x]
             copyable = [p.alias_of[v] is None and copy_saved[v] != 0 for v in range(p.n)]
             rg_extra = [p.extra[v] if p.rg[v] else 0 for v in range(p.n)]
+            self.pg = pg
+            # the backward of a node v that receives a gradient allocates (or holds as a
+            # transient) its inputs' gradients unless it passes its own through, its parameters'
+            # gradients, and its workspace; see _bwd_floor
+            has_grad = [False] * p.n
+            for v in range(p.n - 1, -1, -1):  # node ids are topological
+                has_grad[v] = bool(p.rg[v]) and (bool(p.is_out[v]) or any(has_grad[w] for w in p.succ[v]))
+            self._has_grad = has_grad
+            # a node whose gradient buffer is its own (no pass-through reader shares it)
+            self._own_grad = [bool(p.rg[u]) and not any(p.passthru[w] for w in p.succ[u]) for u in range(p.n)]
+            self._bwd_local = [
+                (p.btemp[v] + sum(b for _, b in p.params[v])
+                 + (0 if p.passthru[v] else sum(p.out[u] for u in set(p.pred[v]) if p.rg[u])))
+                if has_grad[v] else -1
+                for v in range(p.n)]
+            self._floors: dict[int, int] = {}
+            self._tight: dict[tuple[int, int], int] = {}
+            self._split: dict[int, tuple[list[int], list[tuple[int, tuple[int, ...], int]]]] = {}
             self.rec_hi, self.rec_lo = [], []
             for k, m in enumerate(family):
                 ext = sum(rg_extra[v] for v in _bit_list(m))
@@ -194,6 +212,8 @@ class _DP:
                             continue
                         if m_min + self.rec_hi[j] - self.rec_lo[i] > budget and self.p.recompute_flag(fam[i], fam[j]):
                             continue  # its need is above what the budget leaves (see __init__)
+                        if m_min + self.tight_need(i, j, dang) > budget:
+                            continue
                         need, dt, add, dang2 = self.exact_step(i, j, dang)
                     else:
                         _, j, need, dt, add = item
@@ -493,6 +513,128 @@ class _DP:
             got = self._book[bk] = (dt, add, dang2, low)
         return got
 
+    def _exceeds(self, i: int, j: int, dang: int, room: int) -> bool:
+        """Whether ``L_i -> L_j`` from ``dang`` needs more than ``room``: :meth:`tight_need`
+        first, the replay only when that bound fits."""
+        return self.tight_need(i, j, dang) > room or self.exact_step(i, j, dang)[0] > room
+
+    def tight_need(self, i: int, j: int, dang: int) -> int:
+        """A lower bound of the need of ``L_i -> L_j`` from the dangling roots ``dang``, tighter
+        than :meth:`_move`'s and dearer (a sweep of the segment, cached per pair): checked before
+        a replay is paid. For a recomputed segment, the kept bytes it adds and the gradient
+        buffers kept through it plus the parameter gradients of the nodes after ``L_j`` and
+        :meth:`_bwd_floor`; otherwise :meth:`_move`'s bound."""
+        key = (i * len(self.fam) + j, dang)
+        got = self._tight.get(key)
+        if got is None:
+            _, add, _, got = self._move(i, j, dang)
+            if self.p.recompute_flag(self.fam[i], self.fam[j]):
+                got = max(got, add + self._kept_grads(i, j) + self.pg[j] + self._bwd_floor(i, j))
+            self._tight[key] = got
+        return got
+
+    def _bwd_floor(self, i: int, j: int) -> int:
+        """A lower bound of what the backward of the recomputed segment ``S = L_j \\ L_i`` holds
+        beyond the kept bytes, the gradient buffers it keeps throughout and the parameter
+        gradients of the nodes after ``L_j``: the largest, over the nodes ``v`` of ``S`` that
+        receive a gradient (in decreasing order, as the backward runs them), of
+
+        * ``v``'s own backward: its inputs' gradients (new buffers or transients) unless it
+          passes its gradient through, its parameters' gradients, its workspace;
+        * the gradient buffers alive then that no pass-through reader shares (each its node's
+          own): of ``v`` and the nodes of ``S`` before it that a node after ``L_j`` or a node of
+          ``S`` after ``v`` reads, and of the nodes of ``L_i`` that ``S`` reads and a node after
+          ``L_j`` or a node of ``S`` after ``v`` reads;
+        * once the replay has run (``v`` at or before the last saving node), the recomputed
+          storages of ``S`` that nodes up to ``v`` save, and their extras.
+
+        Each term is a distinct buffer of the replay (:func:`._segment`) at ``v``'s backward, so
+        the sum never exceeds its peak (also checked against replays in the tests). Cached per pair.
+        """
+        key = i * len(self.fam) + j
+        got = self._floors.get(key)
+        if got is None:
+            p = self.p
+            lower, upper = self.fam[i], self.fam[j]
+            seg = upper & ~lower
+            nodes = _bit_list(seg)
+            stop = (seg & p.holder_mask).bit_length() - 1
+            root, saves, alloc, extra, rg = p.root, p.saves, p.alloc, p.extra, p.rg
+            succmask, pred, out, own = p.succmask, p.pred, p.out, self._own_grad
+            local = self._bwd_local
+            held_at = {}
+            copies = held = 0
+            for v in nodes:
+                if v > stop:
+                    break
+                if rg[v]:
+                    held += extra[v]
+                    for u in saves[v]:
+                        r = root[u]
+                        if seg >> r & 1 and not copies >> r & 1:
+                            copies |= 1 << r
+                            held += alloc[r]
+                held_at[v] = held
+            own_after, shared = self._after_split(upper)
+            opened = 0  # nodes whose own gradient buffer is alive
+            live = 0
+            for u in own_after:  # their buffers exist from the start of S's backward
+                if seg >> u & 1 or succmask[u] & seg:
+                    opened |= 1 << u
+                    live += out[u]
+            # buffers that pass-through readers after L_j share: alive until the last of the
+            # nodes sharing one has run its backward (those of L_i, never during S); left out
+            # when counted by _kept_grads or when a sharer has a pass-through reader in S
+            ends: list[tuple[int, int]] = []
+            for nbytes, group, pt_readers in shared:
+                if pt_readers & seg or any(lower >> u & 1 and not succmask[u] & seg for u in group):
+                    continue
+                in_seg = [u for u in group if seg >> u & 1]
+                ends.append((min(in_seg) if len(in_seg) == len(group) else -1, nbytes))
+            ends.sort(reverse=True)
+            live += sum(b for _, b in ends)
+            got = 0
+            for v in reversed(nodes):
+                while ends and ends[0][0] > v:  # its last sharer has run its backward
+                    live -= ends.pop(0)[1]
+                if local[v] < 0:  # no gradient reaches v: its backward does nothing
+                    continue
+                level = live + local[v] + held_at.get(v, 0)
+                if level > got:
+                    got = level
+                if opened >> v & 1:
+                    opened &= ~(1 << v)
+                    live -= out[v]
+                for u in pred[v]:
+                    if own[u] and not opened >> u & 1:
+                        opened |= 1 << u
+                        live += out[u]
+            self._floors[key] = got
+        return got
+
+    def _after_split(self, upper: int) -> tuple[list[int], list[tuple[int, tuple[int, ...], int]]]:
+        """:meth:`_Prep.after`'s gradient buffers of ``upper`` for :meth:`_bwd_floor` (cached per
+        set): the nodes whose buffer is their own, and the buffers that pass-through readers
+        outside ``upper`` share, as ``(bytes, sharing nodes, their pass-through readers)``."""
+        got = self._split.get(upper)
+        if got is None:
+            p = self.p
+            own = [u for u, owner in p.after(upper)[0] if owner == u and self._own_grad[u]]
+            groups: dict[int, list[int]] = {}
+            for u, owner in p.after(upper)[0]:
+                if owner != u and not upper >> owner & 1:
+                    groups.setdefault(owner, []).append(u)
+            shared = []
+            for owner, group in groups.items():
+                readers = 0
+                for u in group:
+                    for w in p.succ[u]:
+                        if p.passthru[w]:
+                            readers |= 1 << w
+                shared.append((p.out[owner], tuple(group), readers))
+            got = self._split[upper] = (own, shared)
+        return got
+
     def _kept_grads(self, i: int, j: int) -> int:
         """Bytes of the gradient buffers that stay alive through the whole backward of the
         segment ``L_j \\ L_i``: those of nodes of ``L_i`` read after ``L_j`` and by no node of
@@ -524,7 +666,7 @@ class _DP:
             m, _, state, back, m_src = heappop(heap)
             if state in settled:
                 continue
-            if back is not None and m_src + self.exact_step(back[0], state[0], back[1])[0] > budget:
+            if back is not None and self._exceeds(back[0], state[0], back[1], budget - m_src):
                 continue
             settled[state] = back
             i, dang = state
@@ -573,7 +715,7 @@ class _DP:
                     if m >= best.get(state, inf):
                         break
                     if back is not None:  # the deferred memory check of the transition into state
-                        if m_src + self.exact_step(back[0], state[0], back[1])[0] > budget:
+                        if self._exceeds(back[0], state[0], back[1], budget - m_src):
                             continue
                     accepted = (m, t, back)
                     break
