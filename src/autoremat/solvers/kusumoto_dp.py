@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import math
 from bisect import bisect_left, bisect_right
-from heapq import heappop, heappush
+from heapq import heapify, heappop, heappush
 from operator import itemgetter
 from typing import Any
 
@@ -98,6 +98,7 @@ class _DP:
             self._has_grad = has_grad
             # a node whose gradient buffer is its own (no pass-through reader shares it)
             self._own_grad = [bool(p.rg[u]) and not any(p.passthru[w] for w in p.succ[u]) for u in range(p.n)]
+            self._passthru_mask = sum(1 << w for w in range(p.n) if p.passthru[w])
             self._bwd_local = [
                 (p.btemp[v] + sum(b for _, b in p.params[v])
                  + (0 if p.passthru[v] else sum(p.out[u] for u in set(p.pred[v]) if p.rg[u])))
@@ -105,7 +106,7 @@ class _DP:
                 for v in range(p.n)]
             self._floors: dict[int, int] = {}
             self._tight: dict[tuple[int, int], int] = {}
-            self._split: dict[int, tuple[list[int], list[tuple[int, tuple[int, ...], int]]]] = {}
+            self._split: dict[int, tuple[list[int], list[tuple[int, tuple[int, ...]]]]] = {}
             self.rec_hi, self.rec_lo = [], []
             for k, m in enumerate(family):
                 ext = sum(rg_extra[v] for v in _bit_list(m))
@@ -545,6 +546,10 @@ class _DP:
           own): of ``v`` and the nodes of ``S`` before it that a node after ``L_j`` or a node of
           ``S`` after ``v`` reads, and of the nodes of ``L_i`` that ``S`` reads and a node after
           ``L_j`` or a node of ``S`` after ``v`` reads;
+        * for each buffer that pass-through readers after ``L_j`` share (not one that
+          :meth:`_kept_grads` counts), the least of its bytes and those of the sharing nodes
+          whose backward has not run (each one's gradient is in the shared buffer or, once a
+          reader in ``S`` has replaced it, in a buffer of its own);
         * once the replay has run (``v`` at or before the last saving node), the recomputed
           storages of ``S`` that nodes up to ``v`` save, and their extras.
 
@@ -582,40 +587,106 @@ class _DP:
                 if seg >> u & 1 or succmask[u] & seg:
                     opened |= 1 << u
                     live += out[u]
-            # buffers that pass-through readers after L_j share: alive until the last of the
-            # nodes sharing one has run its backward (those of L_i, never during S); left out
-            # when counted by _kept_grads or when a sharer has a pass-through reader in S
-            ends: list[tuple[int, int]] = []
-            for nbytes, group, pt_readers in shared:
-                if pt_readers & seg or any(lower >> u & 1 and not succmask[u] & seg for u in group):
+            # buffers that pass-through readers share (see _share): those after L_j from the start
+            # of S's backward (not those _kept_grads counts), and a pass-through node's own buffer
+            # after its backward, shared by its inputs that had none
+            groups: list[list[int]] = []  # [shared bytes, pending bytes, counted, whole from v >=]
+            events: list[tuple[int, int, int]] = []  # (-v, group, bytes leaving) as v goes below
+            for nbytes, group in shared:
+                if any(lower >> u & 1 and not succmask[u] & seg for u in group):
                     continue
-                in_seg = [u for u in group if seg >> u & 1]
-                ends.append((min(in_seg) if len(in_seg) == len(group) else -1, nbytes))
-            ends.sort(reverse=True)
-            live += sum(b for _, b in ends)
+                live += self._share(groups, events, nbytes, group, seg, seg, nodes[-1])
+            heapify(events)
+            passthru, is_out = p.passthru, p.is_out
+            outside = ~upper
             got = 0
             for v in reversed(nodes):
-                while ends and ends[0][0] > v:  # its last sharer has run its backward
-                    live -= ends.pop(0)[1]
-                if local[v] < 0:  # no gradient reaches v: its backward does nothing
+                while events and -events[0][0] > v:  # a sharer's backward or reader ran
+                    _, k, gone = heappop(events)
+                    grp = groups[k]
+                    grp[1] -= gone
+                    counted = grp[0] if v >= grp[3] else min(grp[0], grp[1])
+                    live += counted - grp[2]
+                    grp[2] = counted
+                if local[v] < 0:  # no gradient reaches v: its backward does not run
+                    if opened >> v & 1:
+                        opened &= ~(1 << v)
+                        live -= out[v]
                     continue
                 level = live + local[v] + held_at.get(v, 0)
                 if level > got:
                     got = level
-                if opened >> v & 1:
-                    opened &= ~(1 << v)
-                    live -= out[v]
                 for u in pred[v]:
                     if own[u] and not opened >> u & 1:
                         opened |= 1 << u
                         live += out[u]
+                if not opened >> v & 1:
+                    continue
+                opened &= ~(1 << v)
+                if not passthru[v]:
+                    live -= out[v]
+                    continue
+                # v passes its own buffer to the inputs that have none yet (no reader outside
+                # upper, not outputs, no reader in S after v)
+                group = [u for u in set(pred[v]) if rg[u] and not succmask[u] & outside and not is_out[u]
+                         and not (succmask[u] & seg) >> (v + 1)]
+                if not group:
+                    live -= out[v]
+                    continue
+                fresh: list[tuple[int, int, int]] = []
+                live += self._share(groups, fresh, out[v], group, seg, seg & ((1 << v) - 1), v - 1) - out[v]
+                for event in fresh:
+                    heappush(events, event)
             self._floors[key] = got
         return got
 
-    def _after_split(self, upper: int) -> tuple[list[int], list[tuple[int, tuple[int, ...], int]]]:
+    def _share(self, groups: list[list[int]], events: list[tuple[int, int, int]], nbytes: int,
+               group: Sequence[int], seg: int, readers: int, first: int) -> int:
+        """Register a gradient buffer of ``nbytes`` that the nodes ``group`` share for
+        :meth:`_bwd_floor`'s sweep (from node ``first`` down; the readers in ``readers`` are
+        still to run their backward); returns the bytes it counts at ``first``.
+
+        Until its own backward, a sharer's gradient is in the shared buffer or, once a reader
+        replaced it, in a buffer of its own; so the group holds at least the least of
+        ``nbytes`` and its pending sharers' bytes. ``events`` gets ``(-v, group, bytes)``: when
+        the sweep goes below ``v``, the group's pending bytes drop by ``bytes`` and its count is
+        renewed. The shared buffer itself is only freed at a
+        sharer's own backward or when a pass-through reader replaces its last holder (a plain
+        reader replaces a holder only while another holds it); at such a point ``f`` it stays
+        when another sharer certainly holds it (of ``L_i`` or before ``f``, no reader at or
+        after ``f``). So it is whole while ``v`` is above the largest such point that no
+        sharer certainly survives (and while a pending sharer's readers have not run)."""
+        k = len(groups)
+        pending = 0
+        points = 0  # where the buffer may be freed: sharers of S, pass-through readers
+        least = 1 << 62  # the least point from which some sharer certainly holds it
+        pt = self._passthru_mask
+        succmask, out = self.p.succmask, self.p.out
+        for u in group:
+            pending += out[u]
+            mine = succmask[u] & readers
+            last = mine.bit_length() - 1
+            points |= mine & pt
+            if seg >> u & 1:
+                points |= 1 << u
+                events.append((-u, k, out[u]))
+                last = max(last, u)
+            least = min(least, last)  # u certainly holds it at any point above `last`
+        below = points & ((2 << least) - 1) if least >= 0 else 0
+        # whole while v is above the largest point where it may go (-1: throughout)
+        whole = below.bit_length()
+        if whole:
+            events.append((-whole, k, 0))
+        else:
+            whole = -1
+        counted = nbytes if first >= whole else min(nbytes, pending)
+        groups.append([nbytes, pending, counted, whole])
+        return counted
+
+    def _after_split(self, upper: int) -> tuple[list[int], list[tuple[int, tuple[int, ...]]]]:
         """:meth:`_Prep.after`'s gradient buffers of ``upper`` for :meth:`_bwd_floor` (cached per
         set): the nodes whose buffer is their own, and the buffers that pass-through readers
-        outside ``upper`` share, as ``(bytes, sharing nodes, their pass-through readers)``."""
+        outside ``upper`` share, as ``(bytes, sharing nodes)``."""
         got = self._split.get(upper)
         if got is None:
             p = self.p
@@ -624,14 +695,7 @@ class _DP:
             for u, owner in p.after(upper)[0]:
                 if owner != u and not upper >> owner & 1:
                     groups.setdefault(owner, []).append(u)
-            shared = []
-            for owner, group in groups.items():
-                readers = 0
-                for u in group:
-                    for w in p.succ[u]:
-                        if p.passthru[w]:
-                            readers |= 1 << w
-                shared.append((p.out[owner], tuple(group), readers))
+            shared = [(p.out[owner], tuple(group)) for owner, group in groups.items()]
             got = self._split[upper] = (own, shared)
         return got
 
