@@ -38,9 +38,9 @@ the dangling roots it holds and the gradient buffers no backward of the segment 
 that bound fits, a tighter one is tried before the replay (:meth:`.kusumoto_dp._DP.tight_need`,
 a sweep of the segment's backward without the replay's bookkeeping, cached per pair): at each
 node's backward, its inputs' and parameters' gradients and workspace, the gradient buffers alive
-then (own or shared by pass-through readers) and the recomputed storages still saved. On PSPNet
-(paper size) a probe just below the least budget replays ~3k transitions instead of ~115k (the
-first bound is ~50% of the need there, the tighter one ~80%). Both:
+then (own or shared by pass-through readers) and the recomputed storages still saved. Finding
+PSPNet's least budget (paper size, papers' times) replays ~10k transitions instead of ~115k (on
+the transitions it replays, the first bound is ~50% of the need, the tighter one ~80%). Both:
 the search is cached per graph object (held weakly; a signature of its content detects edits;
 its last three option sets), so that ``min_budget(g)`` — or a solve that raises
 :class:`~autoremat.errors.InfeasibleBudgetError` — followed by ``solve(g, b)`` finds the least
@@ -114,7 +114,10 @@ side at the same load: 12 s), 3 s (U-Net, 300; before: 10.7 s), 3 s (ResNet-152,
 (DenseNet-121, 432), ~23 s (DenseNet-161, 572), ~53 s (DenseNet-201, 712, long segments),
 17-35 s (PSPNet, 1545; before: 252 s; ~1 GB of caches); GoogLeNet (8838 lower sets) did not
 finish and exhausted 23 GB of memory (per-state transition caches), so it stays on the
-fallback. Beyond ``max_lower_sets`` (default 500) dp-exact falls back to dp-approx with a
+fallback. The tighter bound then took, side by side with the code before it on the same machine
+(interleaved, two rounds): PSPNet 28-34 s -> 18-24 s (time-centric), 45-52 s -> 33 s
+(memory-centric); DenseNet-121 14-15 s -> 8-10 s, 29-33 s -> 26-28 s; GoogLeNet still used
+11 GB within 5 minutes without an answer. Beyond ``max_lower_sets`` (default 500) dp-exact falls back to dp-approx with a
 warning at every call (``fallback=False``: a ``ValueError``).
 
 Exact / approximate: dp-exact is exact for the simulator's cost over all canonical strategies,
