@@ -114,6 +114,14 @@ def test_fine_time_grid_uses_the_sparse_search_and_agrees(monkeypatch):
     assert_same(g, "dp-approx", time_slots=1000)
 
 
+def test_dense_label_table_grows_when_a_bucket_runs_past_it(monkeypatch):
+    """The dense table is sized to T(V) / quantum; a time that rounds past it grows the table
+    (forced here by sizing it to one row) and the search still agrees with the reference."""
+    g = random_dag_with_views(11, 25)
+    monkeypatch.setattr(kusumoto_dp, "_SPARE_ROWS", -10**9)  # an index error without the growth
+    assert_same(g, "dp-approx", time_slots=37)
+
+
 # ---------------------------------------------------------------------------------------- zoo
 @pytest.fixture(scope="module")
 def zoo_graphs() -> dict[str, Graph]:

@@ -24,6 +24,7 @@ __all__: list[str] = []
 _first = itemgetter(0)
 _INF = 1 << 62  # "no label" in the int64 tables (budgets and byte counts stay far below)
 _DENSE_CELLS = 1 << 23  # (time bucket, set) cells of the dense label table; beyond it, dicts
+_SPARE_ROWS = 2  # dense table rows beyond T(V) / quantum (float sums may round past it; it grows)
 
 
 def _time_quantum(p: _Prep, slots: int) -> float:
@@ -316,25 +317,27 @@ class _DP:
         nsets = len(fam)
         last = nsets - 1
         inf = _INF
-        rows = int(sum(self.p.time) // quantum) + 2  # a bucket index never exceeds T(V) / quantum
+        # a bucket index never exceeds T(V) / quantum (each node is recomputed at most once)
+        rows = max(1, int(sum(self.p.time) // quantum) + _SPARE_ROWS)
         if rows * nsets > _DENSE_CELLS:
             return self._search_closed_sparse(budget)
         budget = min(budget, _INF)  # the int64 comparisons below; needs stay far below
-        pm = np.full((rows, nsets), inf, dtype=np.int64)   # pending m
-        pt = np.zeros((rows, nsets), dtype=np.float64)     # its exact t
-        pbi = np.zeros((rows, nsets), dtype=np.int64)      # previous set
-        pbq = np.zeros((rows, nsets), dtype=np.int64)      # previous bucket
+        # flat (bucket * nsets + set) tables: one-dimensional fancy indexing is the cheaper kind
+        pm = np.full(rows * nsets, inf, dtype=np.int64)  # pending m
+        pt = np.zeros(rows * nsets, dtype=np.float64)    # its exact t
+        pb = np.zeros(rows * nsets, dtype=np.int64)      # the cell it came from
         queued = np.zeros(rows, dtype=bool)
         best_np = np.full(nsets, inf, dtype=np.int64)
         best = [inf] * nsets
-        labels: list[dict[int, tuple[int, int]]] = [{} for _ in fam]  # set -> bucket -> back
-        pm[0, 0] = 0
-        pbi[0, 0] = -1
+        labels: list[dict[int, int]] = [{} for _ in fam]  # set -> bucket -> previous cell
+        pm[0] = 0
+        pb[0] = -1
         queued[0] = True
         pending = [0]
         while pending:
             tq = heappop(pending)
-            row_m, row_t = pm[tq], pt[tq]
+            base = tq * nsets
+            row_m, row_t = pm[base:base + nsets], pt[base:base + nsets]
             queue = np.flatnonzero(row_m < inf).tolist()
             while queue:
                 i = heappop(queue)
@@ -344,48 +347,55 @@ class _DP:
                 t = float(row_t[i])
                 best[i] = m
                 best_np[i] = m
-                labels[i][tq] = (int(pbi[tq, i]), int(pbq[tq, i]))
+                labels[i][tq] = int(pb[base + i])
                 if i == last:
                     seq: list[int] = []
                     k, kq = last, tq
                     while k > 0:
                         seq.append(fam[k])
-                        k, kq = labels[k][kq]
+                        kq, k = divmod(labels[k][kq], nsets)
                     seq.reverse()
                     return seq, t
-                limit = keys[i] + budget - m
+                room = budget - m
+                limit = keys[i] + room
                 self.successors(i, limit)
                 _, K, J, NEED, DT, ADD = self._arrays(i)
-                c = int(np.searchsorted(K, limit, side="right"))
+                c = int(K.searchsorted(limit, side="right"))
                 if not c:
                     continue
                 J = J[:c]
                 m2 = ADD[:c] + m
-                hit = np.flatnonzero((NEED[:c] <= budget - m) & (m2 < best_np[J]))
+                hit = ((NEED[:c] <= room) & (m2 < best_np[J])).nonzero()[0]
                 if not hit.size:
                     continue
                 J, m2 = J[hit], m2[hit]
                 t2 = DT[:c][hit] + t
                 q2 = (t2 // quantum).astype(np.int64)
-                top = int(q2.max())
-                if top >= rows:  # float rounding past T(V) / quantum: grow the table
-                    extra = top + 1 - rows
-                    pm = np.concatenate([pm, np.full((extra, nsets), inf, dtype=np.int64)])
-                    pt = np.concatenate([pt, np.zeros((extra, nsets))])
-                    pbi = np.concatenate([pbi, np.zeros((extra, nsets), dtype=np.int64)])
-                    pbq = np.concatenate([pbq, np.zeros((extra, nsets), dtype=np.int64)])
-                    queued = np.concatenate([queued, np.zeros(extra, dtype=bool)])
+                cell = q2 * nsets + J
+                try:
+                    old_m = pm[cell]
+                except IndexError:  # float rounding past T(V) / quantum: grow the table
+                    top = int(q2.max())
+                    extra = (top + 1 - rows) * nsets
+                    pm = np.concatenate([pm, np.full(extra, inf, dtype=np.int64)])
+                    pt = np.concatenate([pt, np.zeros(extra)])
+                    pb = np.concatenate([pb, np.zeros(extra, dtype=np.int64)])
+                    queued = np.concatenate([queued, np.zeros(top + 1 - rows, dtype=bool)])
                     rows = top + 1
-                    row_m, row_t = pm[tq], pt[tq]
-                old_m = pm[q2, J]
-                win = np.flatnonzero((m2 < old_m) | ((m2 == old_m) & (t2 < pt[q2, J])))
+                    row_m, row_t = pm[base:base + nsets], pt[base:base + nsets]
+                    old_m = pm[cell]
+                better = m2 < old_m
+                tie = m2 == old_m
+                if tie.any():
+                    better |= tie & (t2 < pt[cell])
+                win = better.nonzero()[0]
                 if not win.size:
                     continue
-                J, q2, m2, t2, old_m = J[win], q2[win], m2[win], t2[win], old_m[win]
-                pm[q2, J] = m2
-                pt[q2, J] = t2
-                pbi[q2, J] = i
-                pbq[q2, J] = tq
+                if win.size < cell.size:
+                    cell, J, q2, m2, t2, old_m = cell[win], J[win], q2[win], m2[win], t2[win], old_m[win]
+                pm[cell] = m2
+                pt[cell] = t2
+                pb[cell] = base + i
                 here = q2 == tq
                 if here.any():  # new labels of the current bucket join its queue
                     for j in J[here & (old_m == inf)].tolist():
