@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import math
 from bisect import bisect_left, bisect_right
+from collections.abc import Sequence
 from heapq import heapify, heappop, heappush
 from operator import itemgetter
 from typing import Any
@@ -559,7 +560,9 @@ class _DP:
         * for each buffer that pass-through readers after ``L_j`` share (not one that
           :meth:`_kept_grads` counts), the least of its bytes and those of the sharing nodes
           whose backward has not run (each one's gradient is in the shared buffer or, once a
-          reader in ``S`` has replaced it, in a buffer of its own);
+          reader in ``S`` has replaced it, in a buffer of its own), and alike for the own
+          buffer of a pass-through node of ``S`` after its backward, which its inputs that had
+          no gradient yet then share (see :meth:`_share`);
         * once the replay has run (``v`` at or before the last saving node), the recomputed
           storages of ``S`` that nodes up to ``v`` save, and their extras.
 
@@ -658,14 +661,13 @@ class _DP:
 
         Until its own backward, a sharer's gradient is in the shared buffer or, once a reader
         replaced it, in a buffer of its own; so the group holds at least the least of
-        ``nbytes`` and its pending sharers' bytes. ``events`` gets ``(-v, group, bytes)``: when
-        the sweep goes below ``v``, the group's pending bytes drop by ``bytes`` and its count is
-        renewed. The shared buffer itself is only freed at a
+        ``nbytes`` and its pending sharers' bytes. The shared buffer itself is only freed at a
         sharer's own backward or when a pass-through reader replaces its last holder (a plain
         reader replaces a holder only while another holds it); at such a point ``f`` it stays
         when another sharer certainly holds it (of ``L_i`` or before ``f``, no reader at or
         after ``f``). So it is whole while ``v`` is above the largest such point that no
-        sharer certainly survives (and while a pending sharer's readers have not run)."""
+        sharer certainly survives. ``events`` gets ``(-v, group, bytes)``: when the sweep goes
+        below ``v``, the group's pending bytes drop by ``bytes`` and its count is renewed."""
         k = len(groups)
         pending = 0
         points = 0  # where the buffer may be freed: sharers of S, pass-through readers
