@@ -36,7 +36,8 @@ starts; for a recomputed segment also, when its replay reaches its last saving n
 the storages its own nodes save, their extras, the parameter gradients of the nodes after ``L'``,
 the dangling roots it holds and the gradient buffers no backward of the segment touches. When
 that bound fits, a tighter one is tried before the replay (:meth:`.kusumoto_dp._DP.tight_need`,
-a sweep of the segment's backward without the replay's bookkeeping, cached per pair): at each
+a sweep of the segment's backward without the replay's bookkeeping, :mod:`.kusumoto_floor`,
+cached per pair): at each
 node's backward, its inputs' and parameters' gradients and workspace, the gradient buffers alive
 then (own or shared by pass-through readers) and the recomputed storages still saved. Finding
 PSPNet's least budget (paper size, papers' times) replays ~10k transitions instead of ~115k (on
@@ -117,8 +118,8 @@ finish and exhausted 23 GB of memory (per-state transition caches), so it stays 
 fallback. The tighter bound then took, side by side with the code before it on the same machine
 (interleaved, two rounds): PSPNet 28-34 s -> 18-24 s (time-centric), 45-52 s -> 33 s
 (memory-centric); DenseNet-121 14-15 s -> 8-10 s, 29-33 s -> 26-28 s; GoogLeNet still used
-11 GB within 5 minutes without an answer. Beyond ``max_lower_sets`` (default 500) dp-exact falls back to dp-approx with a
-warning at every call (``fallback=False``: a ``ValueError``).
+11 GB within 5 minutes without an answer. Beyond ``max_lower_sets`` (default 500) dp-exact
+falls back to dp-approx with a warning at every call (``fallback=False``: a ``ValueError``).
 
 Exact / approximate: dp-exact is exact for the simulator's cost over all canonical strategies,
 up to the two exceptions above and the time quantum; dp-approx is approximate (pruned family,

@@ -1,0 +1,202 @@
+"""The tighter lower bound of ``dp-exact``'s transition need: a sweep of a recomputed segment's backward.
+
+See :mod:`.kusumoto` ("Speed") and :meth:`.kusumoto_dp._DP.tight_need`, which adds the kept bytes
+the transition adds, the gradient buffers kept through it and the parameter gradients of the
+nodes after it to :meth:`_BackwardFloor.floor`. The replay (:func:`.kusumoto_replay._segment`)
+tracks every storage with its holders; this sweep only counts, in decreasing node order, the
+buffers that are certainly alive at each node's backward, so it is a lower bound of the replay's
+peak at a fraction of its cost. O(|S| + edges of S) per segment.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from heapq import heapify, heappop, heappush
+
+from .kusumoto_sets import _bit_list, _Prep
+
+__all__: list[str] = []
+
+
+class _BackwardFloor:
+    """Per-node terms of the sweep, and :meth:`floor` (uncached; :class:`._DP` caches it per pair)."""
+
+    def __init__(self, p: _Prep) -> None:
+        self.p = p
+        # the backward of a node v that receives a gradient allocates (or holds as a transient)
+        # its inputs' gradients unless it passes its own through, its parameters' gradients,
+        # and its workspace; -1 for a node no gradient reaches
+        has_grad = [False] * p.n
+        for v in range(p.n - 1, -1, -1):  # node ids are topological
+            has_grad[v] = bool(p.rg[v]) and (bool(p.is_out[v]) or any(has_grad[w] for w in p.succ[v]))
+        self.local = [
+            (p.btemp[v] + sum(b for _, b in p.params[v])
+             + (0 if p.passthru[v] else sum(p.out[u] for u in set(p.pred[v]) if p.rg[u])))
+            if has_grad[v] else -1
+            for v in range(p.n)]
+        # a node whose gradient buffer is its own (no pass-through reader shares it)
+        self.own_grad = [bool(p.rg[u]) and not any(p.passthru[w] for w in p.succ[u]) for u in range(p.n)]
+        self.passthru_mask = sum(1 << w for w in range(p.n) if p.passthru[w])
+        self._split: dict[int, tuple[list[int], list[tuple[int, tuple[int, ...]]]]] = {}
+
+    def floor(self, lower: int, upper: int) -> int:
+        """A lower bound of what the backward of the recomputed segment ``S = upper \\ lower`` holds
+        beyond the kept bytes, the gradient buffers it keeps throughout and the parameter
+        gradients of the nodes after ``upper``: the largest, over the nodes ``v`` of ``S`` that
+        receive a gradient (in decreasing order, as the backward runs them), of
+
+        * ``v``'s own backward: its inputs' gradients (new buffers or transients) unless it
+          passes its gradient through, its parameters' gradients, its workspace;
+        * the gradient buffers alive then that no pass-through reader shares (each its node's
+          own): of ``v`` and the nodes of ``S`` before it that a node after ``upper`` or a node of
+          ``S`` after ``v`` reads, and of the nodes of ``lower`` that ``S`` reads and a node after
+          ``upper`` or a node of ``S`` after ``v`` reads;
+        * for each buffer that pass-through readers after ``upper`` share (not one that
+          :meth:`._DP._kept_grads` counts), the least of its bytes and those of the sharing nodes
+          whose backward has not run (each one's gradient is in the shared buffer or, once a
+          reader in ``S`` has replaced it, in a buffer of its own), and alike for the own
+          buffer of a pass-through node of ``S`` after its backward, which its inputs that had
+          no gradient yet then share (see :meth:`_share`);
+        * once the replay has run (``v`` at or before the last saving node), the recomputed
+          storages of ``S`` that nodes up to ``v`` save, and their extras.
+
+        Each term is a distinct buffer of the replay (:func:`._segment`) at ``v``'s backward, so
+        the sum never exceeds its peak (also checked against replays in the tests).
+        """
+        p = self.p
+        seg = upper & ~lower
+        nodes = _bit_list(seg)
+        stop = (seg & p.holder_mask).bit_length() - 1
+        root, saves, alloc, extra, rg = p.root, p.saves, p.alloc, p.extra, p.rg
+        succmask, pred, out, own = p.succmask, p.pred, p.out, self.own_grad
+        local = self.local
+        held_at = {}
+        copies = held = 0
+        for v in nodes:
+            if v > stop:
+                break
+            if rg[v]:
+                held += extra[v]
+                for u in saves[v]:
+                    r = root[u]
+                    if seg >> r & 1 and not copies >> r & 1:
+                        copies |= 1 << r
+                        held += alloc[r]
+            held_at[v] = held
+        own_after, shared = self._after_split(upper)
+        opened = 0  # nodes whose own gradient buffer is alive
+        live = 0
+        for u in own_after:  # their buffers exist from the start of S's backward
+            if seg >> u & 1 or succmask[u] & seg:
+                opened |= 1 << u
+                live += out[u]
+        # buffers that pass-through readers share (see _share): those after upper from the start
+        # of S's backward (not those _DP._kept_grads counts), and a pass-through node's own buffer
+        # after its backward, shared by its inputs that had none
+        groups: list[list[int]] = []  # [shared bytes, pending bytes, counted, whole from v >=]
+        events: list[tuple[int, int, int]] = []  # (-v, group, bytes leaving) as v goes below
+        for nbytes, group in shared:
+            if any(lower >> u & 1 and not succmask[u] & seg for u in group):
+                continue
+            live += self._share(groups, events, nbytes, group, seg, seg, nodes[-1])
+        heapify(events)
+        passthru, is_out = p.passthru, p.is_out
+        outside = ~upper
+        got = 0
+        for v in reversed(nodes):
+            while events and -events[0][0] > v:  # a sharer's backward or reader ran
+                _, k, gone = heappop(events)
+                grp = groups[k]
+                grp[1] -= gone
+                counted = grp[0] if v >= grp[3] else min(grp[0], grp[1])
+                live += counted - grp[2]
+                grp[2] = counted
+            if local[v] < 0:  # no gradient reaches v: its backward does not run
+                if opened >> v & 1:
+                    opened &= ~(1 << v)
+                    live -= out[v]
+                continue
+            level = live + local[v] + held_at.get(v, 0)
+            if level > got:
+                got = level
+            for u in pred[v]:
+                if own[u] and not opened >> u & 1:
+                    opened |= 1 << u
+                    live += out[u]
+            if not opened >> v & 1:
+                continue
+            opened &= ~(1 << v)
+            if not passthru[v]:
+                live -= out[v]
+                continue
+            # v passes its own buffer to the inputs that have none yet (no reader outside
+            # upper, not outputs, no reader in S after v)
+            group = [u for u in set(pred[v]) if rg[u] and not succmask[u] & outside and not is_out[u]
+                     and not (succmask[u] & seg) >> (v + 1)]
+            if not group:
+                live -= out[v]
+                continue
+            fresh: list[tuple[int, int, int]] = []
+            live += self._share(groups, fresh, out[v], group, seg, seg & ((1 << v) - 1), v - 1) - out[v]
+            for event in fresh:
+                heappush(events, event)
+        return got
+
+    def _share(self, groups: list[list[int]], events: list[tuple[int, int, int]], nbytes: int,
+               group: Sequence[int], seg: int, readers: int, first: int) -> int:
+        """Register a gradient buffer of ``nbytes`` that the nodes ``group`` share for
+        :meth:`floor`'s sweep (from node ``first`` down; the readers in ``readers`` are
+        still to run their backward); returns the bytes it counts at ``first``.
+
+        Until its own backward, a sharer's gradient is in the shared buffer or, once a reader
+        replaced it, in a buffer of its own; so the group holds at least the least of
+        ``nbytes`` and its pending sharers' bytes. The shared buffer itself is only freed at a
+        sharer's own backward or when a pass-through reader replaces its last holder (a plain
+        reader replaces a holder only while another holds it); at such a point ``f`` it stays
+        when another sharer certainly holds it (of the lower set or before ``f``, no reader at or
+        after ``f``). So it is whole while ``v`` is above the largest such point that no
+        sharer certainly survives. ``events`` gets ``(-v, group, bytes)``: when the sweep goes
+        below ``v``, the group's pending bytes drop by ``bytes`` and its count is renewed."""
+        k = len(groups)
+        pending = 0
+        points = 0  # where the buffer may be freed: sharers of S, pass-through readers
+        least = 1 << 62  # the least point from which some sharer certainly holds it
+        pt = self.passthru_mask
+        succmask, out = self.p.succmask, self.p.out
+        for u in group:
+            pending += out[u]
+            mine = succmask[u] & readers
+            last = mine.bit_length() - 1
+            points |= mine & pt
+            if seg >> u & 1:
+                points |= 1 << u
+                events.append((-u, k, out[u]))
+                last = max(last, u)
+            least = min(least, last)  # u certainly holds it at any point above `last`
+        below = points & ((2 << least) - 1) if least >= 0 else 0
+        # whole while v is above the largest point where it may go (-1: throughout)
+        whole = below.bit_length()
+        if whole:
+            events.append((-whole, k, 0))
+        else:
+            whole = -1
+        counted = nbytes if first >= whole else min(nbytes, pending)
+        groups.append([nbytes, pending, counted, whole])
+        return counted
+
+    def _after_split(self, upper: int) -> tuple[list[int], list[tuple[int, tuple[int, ...]]]]:
+        """:meth:`._Prep.after`'s gradient buffers of ``upper`` for :meth:`floor` (cached per
+        set): the nodes whose buffer is their own, and the buffers that pass-through readers
+        outside ``upper`` share, as ``(bytes, sharing nodes)``."""
+        got = self._split.get(upper)
+        if got is None:
+            p = self.p
+            own = [u for u, owner in p.after(upper)[0] if owner == u and self.own_grad[u]]
+            groups: dict[int, list[int]] = {}
+            for u, owner in p.after(upper)[0]:
+                if owner != u and not upper >> owner & 1:
+                    groups.setdefault(owner, []).append(u)
+            shared = [(p.out[owner], tuple(group)) for owner, group in groups.items()]
+            got = self._split[upper] = (own, shared)
+        return got
+
