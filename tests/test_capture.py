@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import time
 
 import pytest
 import torch
@@ -128,3 +129,41 @@ def test_custom_loss_fn_and_kwargs() -> None:
     assert g.meta["loss_saves"] or g.meta["loss_extra_bytes"] > 0  # log-softmax keeps something
     with pytest.raises(ValueError, match="scalar"):
         autoremat.capture(model, (x,), loss_fn=lambda out: out)
+
+
+class _Methods(nn.Module):
+    """call_module, call_function and call_method nodes."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.lin = nn.Linear(8, 8)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = torch.tanh(self.lin(x))
+        return y.view(-1, 4).sum(dim=1)
+
+
+def test_cpu_node_times_cover_only_the_op_call(monkeypatch: pytest.MonkeyPatch) -> None:
+    # the interpreter's per-node work (argument lookup, submodule fetch) is not the model's:
+    # slowed down here to 0.1 s per node, it must not show in the node times
+    fetch_args = torch.fx.Interpreter.fetch_args_kwargs_from_env
+    fetch_attr = torch.fx.Interpreter.fetch_attr
+    delay = 0.1
+
+    def slow_args(self, n):  # type: ignore[no-untyped-def]
+        time.sleep(delay)
+        return fetch_args(self, n)
+
+    def slow_attr(self, target):  # type: ignore[no-untyped-def]
+        time.sleep(delay)
+        return fetch_attr(self, target)
+
+    model = _Methods()
+    x = torch.randn(4, 8)
+    monkeypatch.setattr(torch.fx.Interpreter, "fetch_args_kwargs_from_env", slow_args)
+    monkeypatch.setattr(torch.fx.Interpreter, "fetch_attr", slow_attr)
+    g = autoremat.capture(model, (x,), mode="fx", repeats=1, warmup=0)
+    names = [g.node(v)["name"] for v in g.nodes]
+    assert names == ["lin", "tanh", "view", "sum_1"]  # call_module, call_function, call_method
+    times = [g.node(v)["time_s"] for v in g.nodes]
+    assert all(0 < t < delay / 2 for t in times), dict(zip(names, times))
