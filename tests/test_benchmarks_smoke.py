@@ -127,3 +127,25 @@ def test_compare_gpu_dry_run_lists_configurations(monkeypatch: pytest.MonkeyPatc
     assert len(out["batch_tasks"]) == 2
     assert "largest batch" in capsys.readouterr().out
     assert gpu.device_slug("NVIDIA H100 80GB HBM3") == "nvidia-h100-80gb-hbm3"
+
+
+def test_recompute_cost_splits_the_patched_step(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from autoremat.runtime import region
+
+    monkeypatch.syspath_prepend(str(BENCH))
+    sys.modules.pop("recompute_cost", None)
+    bench = importlib.import_module("recompute_cost")
+    fwd, rec = region.CheckpointRegion.forward, region._Frame.recompute
+    bench.main(["--model", "unet", "--solver", "dp-approx", "--budget", "0.7", "--rounds", "1", "--out", str(tmp_path)])
+    assert region.CheckpointRegion.forward is fwd and region._Frame.recompute is rec  # probes removed
+    data = json.loads((tmp_path / "recompute_cost.json").read_text())
+    res = data["result"]
+    assert data["machine"]["torch_threads"] == 1 and res["recomputed_segments"] >= 1
+    assert res["predicted_peak_fraction"] <= 0.7
+    assert 0 < res["median_replay_s"] <= res["median_recompute_s"]  # the set-up wraps the replay
+    assert res["median_region_forward_s"] > 0 and res["predicted_extra_s"] > 0
+    assert res["measured_ratio"] > 0 and res["ratio_if_replay_only"] > 1
+    assert all(len(v) == 1 for v in res["steps"].values())
+    assert "measured ratio" in (tmp_path / "recompute_cost.md").read_text()
+    with pytest.raises(SystemExit, match="pass --budget"):
+        bench.main(["--model", "unet", "--budget", "0.05", "--rounds", "1", "--out", str(tmp_path)])
