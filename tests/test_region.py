@@ -185,3 +185,79 @@ def test_a_region_output_computed_early_is_not_held_through_the_replay(regions: 
     measured = autoremat.measure(patched, args, steps=1, warmup=1).peak_bytes
     assert measured <= plan.predicted_peak_bytes * 1.005
     assert gradients_equal(_step_grads(copy.deepcopy(model), args), _step_grads(patched, args))
+
+
+class _BNNet(nn.Module):
+    def __init__(self, momentum: float | None) -> None:
+        super().__init__()
+        self.conv = nn.Conv2d(3, 8, 3, padding=1)
+        self.bn = nn.BatchNorm2d(8, momentum=momentum)
+        self.conv2 = nn.Conv2d(8, 8, 3, padding=1)
+        self.bn2 = nn.BatchNorm2d(8, momentum=momentum)
+        self.head = nn.Linear(8, 2)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = torch.relu(self.bn(self.conv(x)))
+        x = torch.relu(self.bn2(self.conv2(x)))
+        return self.head(x.mean(dim=(2, 3)))
+
+
+@pytest.mark.parametrize("regions", ["lean", "torch"])
+@pytest.mark.parametrize("momentum", [0.1, None])
+def test_batch_norm_statistics_through_training_eval_and_conversion(regions: str, momentum: float | None) -> None:
+    """Recomputed batch norm in training mode updates a scratch copy of its statistics (their
+    values do not affect its output); in eval mode it reads the real ones. Buffers and gradients
+    must equal the unpatched model's through both modes, a cumulative average (``momentum=None``
+    divides by ``num_batches_tracked``) and a dtype conversion (new buffer tensors)."""
+    from autoremat.plan import Segment
+
+    torch.manual_seed(0)
+    model = _BNNet(momentum)
+    x = torch.randn(4, 3, 8, 8)
+    graph = autoremat.capture(model, (x,))
+    names = [graph.node(v)["name"] for v in graph.nodes]
+    cut = names.index("relu_1") + 1  # both conv-bn-relu blocks in one recomputed segment
+    plan = autoremat.solve(graph, 10**12, solver="none")  # a plan for this graph; its segments replaced
+    plan.segments = [Segment(tuple(range(cut)), True), Segment(tuple(range(cut, len(names))), False)]
+    reference, patched = copy.deepcopy(model), copy.deepcopy(model)
+    autoremat.apply(patched, plan, regions=regions)
+
+    def check(m_ref: nn.Module, m_new: nn.Module, inp: torch.Tensor) -> None:
+        assert gradients_equal(_step_grads(m_ref, (inp,)), _step_grads(m_new, (inp,)))
+        for (name, a), (_, b) in zip(m_ref.named_buffers(), m_new.named_buffers()):
+            assert a.dtype == b.dtype and torch.equal(a, b), name
+
+    for _ in range(3):
+        check(reference, patched, x)
+    assert int(patched.bn.num_batches_tracked) == 3
+    reference.eval(), patched.eval()
+    check(reference, patched, x)
+    reference.train(), patched.train()
+    reference, patched = reference.double(), patched.double()
+    check(reference, patched, x.double())
+    check(reference, patched, x.double())
+    assert int(patched.bn2.num_batches_tracked) == 5
+
+
+@pytest.mark.parametrize("regions", ["lean", "torch"])
+def test_recomputation_runs_under_the_forwards_autocast_state_not_the_backwards(regions: str) -> None:
+    """A backward called inside an autocast context (forward outside it), and the reverse: the
+    replay must see the forward's state (bfloat16 on the CPU), or it saves other tensors."""
+    model, args = autoremat.zoo.build("resnet50", size="small")
+    graph = autoremat.capture(model, args)
+    plan = autoremat.solve(graph, "50%", solver="chen")
+    patched = copy.deepcopy(model)
+    autoremat.apply(patched, plan, regions=regions)
+
+    def grads(m: nn.Module, forward_amp: bool, backward_amp: bool) -> dict[str, torch.Tensor]:
+        m.zero_grad(set_to_none=True)
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=forward_amp):
+            loss = m(*args).float().mean()
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=backward_amp):
+            loss.backward()
+        return {n: p.grad.clone() for n, p in m.named_parameters() if p.grad is not None}
+
+    for forward_amp, backward_amp in ((False, True), (True, False), (True, True)):
+        ref = copy.deepcopy(model)
+        assert gradients_equal(grads(ref, forward_amp, backward_amp), grads(patched, forward_amp, backward_amp))
+        patched.load_state_dict(model.state_dict())  # batch-norm statistics as the reference started

@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import contextlib
 import re
+import weakref
 from typing import Any, Callable
 
 import torch
@@ -53,16 +54,42 @@ class RecomputationMismatchError(RuntimeError):
     """The recomputation of a region saved other tensors than its forward did."""
 
 
+_BN_TYPES = (nn.BatchNorm1d, nn.BatchNorm2d, nn.BatchNorm3d)
+_BN_STATS = frozenset({"running_mean", "running_var", "num_batches_tracked"})
+# per batch-norm module: the tensors its recomputations update in place of its statistics
+_SCRATCH: weakref.WeakKeyDictionary[nn.Module, dict[str, torch.Tensor]] = weakref.WeakKeyDictionary()
+
+
+def _scratch(module: nn.Module, name: str, like: torch.Tensor) -> torch.Tensor:
+    """The module's scratch tensor for buffer ``name``, made (a copy of ``like``) when missing or
+    when ``like`` changed shape, dtype or device (``module.to()``)."""
+    per = _SCRATCH.get(module)
+    if per is None:
+        per = _SCRATCH[module] = {}
+    got = per.get(name)
+    if got is None or got.shape != like.shape or got.dtype != like.dtype or got.device != like.device:
+        got = per[name] = like.detach().clone()
+    return got
+
+
 class _RestoreBuffers:
-    """Runs the recomputation on copies of the buffers (batch-norm statistics), so the real ones
-    stay as the forward left them.
+    """Runs the recomputation on other tensors than the buffers (batch-norm statistics), so the
+    real ones stay as the forward left them.
 
     Each buffer is swapped for a clone while the context is open and the original tensor is
-    put back on exit (one op per buffer; the optimizer, ``state_dict`` and user references keep
-    seeing the original). Switching batch norm's ``track_running_stats`` off instead would
-    change which tensors its kernel saves (the recomputation would then not match the forward),
-    and ``momentum=0`` still counts ``num_batches_tracked``. ``slots`` are ``(module, name)``
-    pairs, looked up on entry: ``module.to()`` replaces buffer tensors."""
+    put back on exit (the optimizer, ``state_dict`` and user references keep seeing the
+    original). Switching batch norm's ``track_running_stats`` off instead would change which
+    tensors its kernel saves (the recomputation would then not match the forward), and
+    ``momentum=0`` still counts ``num_batches_tracked``. ``slots`` are ``(module, name)``
+    pairs, looked up on entry: ``module.to()`` replaces buffer tensors.
+
+    The statistics of a ``BatchNorm1d/2d/3d`` (exactly those types) in training mode get a
+    scratch tensor kept per module instead of a fresh clone: in training mode batch norm
+    normalises with the batch's statistics and only writes the running ones (its output and
+    what it saves do not depend on their values), so their content does not matter, and the
+    recomputation spares one clone per buffer (on the CPU-size ResNet-50, ~85 -> ~25 µs per
+    recomputed region). The scratch starts as a copy, so ``num_batches_tracked`` stays a count
+    (``momentum=None`` divides by it)."""
 
     __slots__ = ("slots", "saved")
 
@@ -77,7 +104,10 @@ class _RestoreBuffers:
             b = table.get(name)
             if b is not None:
                 saved.append((table, name, b))
-                table[name] = b.detach().clone()
+                if m.training and name in _BN_STATS and type(m) in _BN_TYPES:
+                    table[name] = _scratch(m, name, b)
+                else:
+                    table[name] = b.detach().clone()
         self.saved = saved
         return self
 
@@ -137,6 +167,16 @@ def may_draw_random(gm: torch.fx.GraphModule, nodes: list[torch.fx.Node]) -> boo
 _AUTOCAST_DEVICES = ("cpu", "cuda")
 
 
+def _autocast_state() -> tuple[Any, ...]:
+    """``((enabled, dtype) per device of _AUTOCAST_DEVICES, cache enabled)``; a disabled device's
+    dtype is left out (it has no effect), so that equal states compare equal."""
+    cpu = torch.is_autocast_enabled("cpu")
+    cuda = torch.is_autocast_enabled("cuda")
+    return ((cpu, torch.get_autocast_dtype("cpu") if cpu else None),
+            (cuda, torch.get_autocast_dtype("cuda") if cuda else None),
+            torch.is_autocast_cache_enabled())
+
+
 class _StopRecomputation(Exception):
     """Raised by the collecting hook once the recomputation has saved all it needs."""
 
@@ -144,7 +184,7 @@ class _StopRecomputation(Exception):
 class _Frame:
     """One forward call of a region: its inputs and the state its recomputation replays."""
 
-    __slots__ = ("replay", "stateful", "args", "kwargs", "saved", "count", "by_task", "rng", "autocast", "cache")
+    __slots__ = ("replay", "stateful", "args", "kwargs", "saved", "count", "by_task", "rng", "autocast")
 
     def __init__(self, replay: Callable[..., Any], stateful: list[tuple[nn.Module, str]], args: tuple[Any, ...],
                  kwargs: dict[str, Any], preserve_rng: bool) -> None:
@@ -155,8 +195,7 @@ class _Frame:
                        for k, a in kwargs.items()}
         self.count = 0
         self.by_task: dict[int, list[Any]] = {}
-        self.autocast = tuple((torch.is_autocast_enabled(d), torch.get_autocast_dtype(d)) for d in _AUTOCAST_DEVICES)
-        self.cache = torch.is_autocast_cache_enabled()
+        self.autocast = _autocast_state()
         self.rng = None
         if preserve_rng:
             tensors = [a for a in (*args, *kwargs.values()) if isinstance(a, torch.Tensor)]
@@ -190,9 +229,13 @@ class _Frame:
                 stack.enter_context(torch.random.fork_rng(devices=devices))
                 torch.set_rng_state(cpu_state)
                 set_device_states(devices, states)
-            for dev, (enabled, dtype) in zip(_AUTOCAST_DEVICES, self.autocast):
-                if dev == "cpu" or torch.cuda.is_available():
-                    stack.enter_context(torch.autocast(dev, enabled=enabled, dtype=dtype, cache_enabled=self.cache))
+            now = _autocast_state()
+            if now != self.autocast:  # the forward's autocast state, where it differs from the backward's
+                cache = self.autocast[-1]
+                for dev, mine, theirs in zip(_AUTOCAST_DEVICES, self.autocast, now):
+                    if mine != theirs or (mine[0] and cache != now[-1]):
+                        if dev == "cpu" or torch.cuda.is_available():
+                            stack.enter_context(torch.autocast(dev, enabled=mine[0], dtype=mine[1], cache_enabled=cache))
             stack.enter_context(torch.enable_grad())
             stack.enter_context(_RestoreBuffers(self.stateful))
             stack.enter_context(torch.autograd.graph.saved_tensors_hooks(collect, _identity))
