@@ -261,3 +261,73 @@ def test_recomputation_runs_under_the_forwards_autocast_state_not_the_backwards(
         ref = copy.deepcopy(model)
         assert gradients_equal(grads(ref, forward_amp, backward_amp), grads(patched, forward_amp, backward_amp))
         patched.load_state_dict(model.state_dict())  # batch-norm statistics as the reference started
+
+
+def test_trim_replay_erases_trailing_ops_that_cannot_save() -> None:
+    from autoremat.runtime.region import trim_replay
+
+    class Tail(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.conv = nn.Conv2d(2, 2, 1)
+            self.flat = nn.Flatten()
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            y = torch.relu(self.conv(x))
+            return self.flat(torch.cat([y + x, y], dim=1).view(2, -1)).sum()
+
+    gm = torch.fx.symbolic_trace(Tail())
+    graph = copy.deepcopy(gm.graph)
+    out = next(n for n in graph.nodes if n.op == "output")
+    out.args = ((),)
+    assert trim_replay(gm, graph)  # sum may save nothing here, but it is not on the list: kept
+    graph.erase_node(next(n for n in graph.nodes if n.name == "sum_1"))
+    assert trim_replay(gm, graph)
+    ops = [n.name for n in graph.nodes if n.op not in ("placeholder", "output", "get_attr")]
+    assert ops == ["conv", "relu"]  # add, cat, view and Flatten erased: relu may save
+    only_views = torch.fx.Graph()
+    x = only_views.placeholder("x")
+    only_views.call_method("view", (x, -1))
+    only_views.output(())
+    assert not trim_replay(gm, only_views)
+    assert [n.op for n in only_views.nodes] == ["placeholder", "output"]
+
+
+def test_regions_ending_in_a_saving_op_return_instead_of_raising(monkeypatch: pytest.MonkeyPatch) -> None:
+    from autoremat.runtime import region
+
+    raised = []
+
+    class Counting(region._StopRecomputation):
+        def __init__(self) -> None:
+            raised.append(1)
+            super().__init__()
+
+    monkeypatch.setattr(region, "_StopRecomputation", Counting)
+    model, args = autoremat.zoo.build("resnet50", size="small")
+    reference = _step_grads(copy.deepcopy(model), args)
+    plan = autoremat.solve(autoremat.capture(model, args), "50%", solver="dp-approx")
+    patched = copy.deepcopy(model)
+    autoremat.apply(patched, plan)
+    regions = [m for m in patched.__dict__["forward"].__self__.modules() if isinstance(m, region.CheckpointRegion)]
+    assert regions and not any(r.stop for r in regions)  # every region of ResNet-50 ends in a saving op
+    assert gradients_equal(reference, _step_grads(patched, args))
+    assert not raised
+
+
+def test_a_replay_that_saves_more_than_the_forward_is_reported() -> None:
+    from autoremat.runtime.region import CheckpointRegion
+
+    class Body(nn.Module):
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return x.sin()
+
+    class Replay(nn.Module):  # one more saving op than the forward ran
+        def forward(self, x: torch.Tensor) -> tuple[()]:
+            x.sin().cos()
+            return ()
+
+    x = torch.randn(5, requires_grad=True)
+    region_ = CheckpointRegion(Body(), [], preserve_rng=False, replay=Replay(), replay_ends_at_last_save=True)
+    with pytest.raises(RecomputationMismatchError, match="saved 2 tensors where its forward saved 1"):
+        region_(x).sum().backward()

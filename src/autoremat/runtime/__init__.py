@@ -34,7 +34,7 @@ from ..capture.module import module_fingerprint, node_modules
 from ..errors import PlanMismatchError
 from ..plan import Plan
 from .offload import OffloadBegin, OffloadMark, Offloader
-from .region import REGION_MODES, CheckpointRegion, checkpoint_kwargs, may_draw_random, recomputed_call
+from .region import REGION_MODES, CheckpointRegion, checkpoint_kwargs, may_draw_random, recomputed_call, trim_replay
 from .region import stateful_buffers
 
 __all__ = ["apply", "restore", "is_patched", "CheckpointRegion", "offloader_of", "REGION_MODES"]
@@ -225,12 +225,14 @@ def _build_forward(gm: torch.fx.GraphModule, ops: list[torch.fx.Node], plan: Pla
         replay = torch.fx.Graph()
         replay.graph_copy(sub, {})
         replay.output(())  # see CheckpointRegion: the replay holds no outputs
+        ends_at_save = trim_replay(gm, replay)
         sub.output(tuple(local[n] for n in outputs))
         body = torch.fx.GraphModule(gm, sub, class_name=f"AutorematSegment{si}")
         modules = [gm.get_submodule(str(n.target)) for n in members if n.op == "call_module"]
         key = f"autoremat_segment_{si}"
         attrs[key] = CheckpointRegion(body, modules, preserve_rng=may_draw_random(gm, members), mode=regions,
-                                      replay=torch.fx.GraphModule(gm, replay, class_name=f"AutorematReplay{si}"))
+                                      replay=torch.fx.GraphModule(gm, replay, class_name=f"AutorematReplay{si}"),
+                                      replay_ends_at_last_save=ends_at_save)
         for u in inputs:
             if u not in env:
                 need(u, new, env)

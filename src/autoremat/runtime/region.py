@@ -6,7 +6,11 @@ region saves by a small handle (``saved_tensors_hooks``); the first handle unpac
 backward replays the region's forward, collects the tensors it saves, and stops as soon as it
 has them all (early stop); each is handed out once and then dropped. Memory therefore behaves
 as the simulator assumes for a checkpoint region, gradients are computed by the very same
-graph (bit-for-bit equal), and second-order gradients work as with PyTorch's checkpoint.
+graph (bit-for-bit equal), and second-order gradients work as with PyTorch's checkpoint. For
+the regions ``apply`` builds, the replay is the region's graph without its trailing ops that
+cannot save anything (:func:`trim_replay`), so it returns at its last saving op instead of being
+stopped by an exception, and a replay that saves more or fewer tensors than the forward is
+reported.
 
 What it leaves out is PyTorch's per-tensor bookkeeping, which is most of the overhead of
 checkpointing on small ops: a ``_Holder``, a weak reference and a metadata dictionary (under
@@ -33,6 +37,7 @@ Decisions, each tested:
 from __future__ import annotations
 
 import contextlib
+import operator
 import re
 import weakref
 from typing import Any, Callable
@@ -44,7 +49,7 @@ from torch._C._autograd import SavedTensor, _make_saved_tensor
 from torch.nn.modules.batchnorm import _BatchNorm
 from torch.utils.checkpoint import checkpoint, get_device_states, set_device_states
 
-__all__ = ["CheckpointRegion", "REGION_MODES", "recomputed_call", "RecomputationMismatchError"]
+__all__ = ["CheckpointRegion", "REGION_MODES", "recomputed_call", "RecomputationMismatchError", "trim_replay"]
 
 REGION_MODES = ("lean", "torch")
 """``apply(..., regions=)``: autoremat's :func:`recomputed_call` or ``torch.utils.checkpoint``."""
@@ -164,6 +169,33 @@ def may_draw_random(gm: torch.fx.GraphModule, nodes: list[torch.fx.Node]) -> boo
     return False
 
 
+# ops that never save a tensor for backward (their backward needs sizes, scalars or nothing)
+_NO_SAVE_FUNCTIONS = frozenset({operator.add, operator.sub, operator.neg, torch.add, torch.sub, torch.cat,
+                                torch.flatten, torch.reshape})
+_NO_SAVE_METHODS = frozenset({"view", "view_as", "reshape", "flatten", "permute", "transpose", "contiguous",
+                              "unsqueeze", "squeeze", "expand", "expand_as", "size", "dim", "add", "sub", "neg"})
+_NO_SAVE_MODULES = (nn.Flatten, nn.Identity)
+
+
+def trim_replay(gm: torch.fx.GraphModule, graph: torch.fx.Graph) -> bool:
+    """Erase, from the end of a replay ``graph`` (output ``()``), the ops that cannot save a tensor
+    for backward (adds, concatenations, views; a short list, anything else may save). Returns
+    whether the graph then ends with an op that may save, i.e. whether a replay of it can be
+    let to return (see :class:`CheckpointRegion`); ``False`` when it has no op left."""
+    ops = [n for n in graph.nodes if n.op in ("call_module", "call_function", "call_method")]
+    for n in reversed(ops):
+        if n.op == "call_function":
+            never = n.target in _NO_SAVE_FUNCTIONS
+        elif n.op == "call_method":
+            never = str(n.target) in _NO_SAVE_METHODS
+        else:
+            never = isinstance(gm.get_submodule(str(n.target)), _NO_SAVE_MODULES)
+        if not never or n.users:
+            return not never
+        graph.erase_node(n)
+    return False
+
+
 _AUTOCAST_DEVICES = ("cpu", "cuda")
 
 
@@ -184,11 +216,12 @@ class _StopRecomputation(Exception):
 class _Frame:
     """One forward call of a region: its inputs and the state its recomputation replays."""
 
-    __slots__ = ("replay", "stateful", "args", "kwargs", "saved", "count", "by_task", "rng", "autocast")
+    __slots__ = ("replay", "stateful", "args", "kwargs", "saved", "count", "by_task", "rng", "autocast", "stop")
 
     def __init__(self, replay: Callable[..., Any], stateful: list[tuple[nn.Module, str]], args: tuple[Any, ...],
-                 kwargs: dict[str, Any], preserve_rng: bool) -> None:
+                 kwargs: dict[str, Any], preserve_rng: bool, stop: bool = True) -> None:
         self.replay = replay
+        self.stop = stop  # stop the replay by an exception once it saved all (else it ends there)
         self.stateful = stateful
         self.args = [_make_saved_tensor(a, is_output=False) if isinstance(a, torch.Tensor) else a for a in args]
         self.kwargs = {k: _make_saved_tensor(a, is_output=False) if isinstance(a, torch.Tensor) else a
@@ -208,7 +241,7 @@ class _Frame:
 
     def recompute(self) -> list[torch.Tensor | None]:
         got: list[torch.Tensor | None] = []
-        need = self.count
+        need = self.count if self.stop else -1
 
         def collect(x: torch.Tensor) -> None:
             got.append(x.detach() if x.requires_grad else x)
@@ -243,9 +276,9 @@ class _Frame:
                 self.replay(*args, **kwargs)
             except _StopRecomputation:
                 pass
-        if len(got) != need:
+        if len(got) != self.count:
             raise RecomputationMismatchError(
-                f"autoremat: recomputing a region saved {len(got)} tensors where its forward saved {need}: the "
+                f"autoremat: recomputing a region saved {len(got)} tensors where its forward saved {self.count}: the "
                 "region does not run the same operations twice (data-dependent control flow, or state changed "
                 "between forward and backward); apply the plan with regions='torch' for PyTorch's checks, or "
                 "leave this part out of the plan")
@@ -288,11 +321,13 @@ def recomputed_call(fn: Callable[..., Any], stateful: list[tuple[nn.Module, str]
 
 
 def _run(fn: Callable[..., Any], replay: Callable[..., Any], stateful: list[tuple[nn.Module, str]],
-         preserve_rng: bool, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
-    """:func:`recomputed_call`, with ``replay`` (same ops as ``fn``) run for recomputation."""
+         preserve_rng: bool, args: tuple[Any, ...], kwargs: dict[str, Any], stop: bool = True) -> Any:
+    """:func:`recomputed_call`, with ``replay`` (same ops as ``fn``) run for recomputation; ``stop``:
+    stop the replay by an exception once it saved what the forward saved (``False``: the replay
+    ends at its last saving op, see :class:`CheckpointRegion`)."""
     if not torch.is_grad_enabled():
         return fn(*args, **kwargs)
-    frame = _Frame(replay, stateful, args, kwargs, preserve_rng)
+    frame = _Frame(replay, stateful, args, kwargs, preserve_rng, stop)
     with torch.autograd.graph.saved_tensors_hooks(frame.pack, _unpack):
         return fn(*args, **kwargs)
 
@@ -310,15 +345,22 @@ class CheckpointRegion(nn.Module):
     count (on ResNet-50 a downsample branch recomputed before its block's main branch measured
     3 % above the prediction). The replay frees each value after its last use in the region.
     ``body.forward`` is called directly: a ``GraphModule``'s ``__call__`` formats a traceback for
-    every exception passing through it, and both stop each recomputation by raising one."""
+    every exception passing through it, and both stop each recomputation by raising one.
+
+    ``replay_ends_at_last_save``: the replay's last op is the region's last one that can save a
+    tensor for backward (:func:`trim_replay`), so the lean recomputation lets it return instead of
+    stopping it with an exception at the last saved tensor (the exception's way back through
+    autograd cost ~60-80 µs per recomputation on the CPU-size ResNet-50); it still checks that the
+    replay saved exactly what the forward did."""
 
     def __init__(self, body: nn.Module, modules: list[nn.Module], preserve_rng: bool = True,
-                 mode: str = "lean", replay: nn.Module | None = None) -> None:
+                 mode: str = "lean", replay: nn.Module | None = None, replay_ends_at_last_save: bool = False) -> None:
         super().__init__()
         if mode not in REGION_MODES:
             raise ValueError(f"regions must be one of {REGION_MODES}, got {mode!r}")
         self.body = body
         self.replay = body if replay is None else replay
+        self.stop = not (replay_ends_at_last_save and replay is not None)
         self.mode = mode
         self.preserve_rng = preserve_rng
         self.stateful = stateful_buffers(modules)
@@ -328,7 +370,7 @@ class CheckpointRegion(nn.Module):
         if not torch.is_grad_enabled():
             return self.body.forward(*args)
         if self.mode == "lean":
-            return _run(self.body.forward, self.replay.forward, self.stateful, self.preserve_rng, args, {})
+            return _run(self.body.forward, self.replay.forward, self.stateful, self.preserve_rng, args, {}, self.stop)
         return checkpoint(_FirstThenReplay(self.body.forward, self.replay.forward), *args, **self._kwargs)
 
 
