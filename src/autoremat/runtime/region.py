@@ -30,8 +30,11 @@ Decisions, each tested:
   needs; a recomputation that saves a different number of tensors than the forward raises;
 * the RNG state (CPU, and the devices of the inputs) is replayed only when the region may draw
   random numbers (:func:`may_draw_random`), and the global RNG stream is left where it was;
-* autocast state (CPU and CUDA) is the forward's; batch-norm running statistics are restored
-  after the recomputation (:class:`_RestoreBuffers`).
+* autocast state (CPU and CUDA) is the forward's (entered only where the backward's differs);
+  batch-norm running statistics are restored after the recomputation (:class:`_RestoreBuffers`;
+  a plain batch norm in training mode writes a scratch copy instead, whose values it never reads);
+* the replay of an applied region ends at its last op that may save (:func:`trim_replay`) and
+  returns: no exception, and a replay that saves more tensors than the forward is reported.
 """
 
 from __future__ import annotations
