@@ -1,5 +1,9 @@
 """Where the step time of a recomputation plan goes, measured on the CPU.
 
+CPU only by design: models are built on the CPU, and its probes use ``perf_counter`` without
+device synchronisation, which on a GPU would time kernel launches rather than kernels
+(``compare_gpu.py`` is the GPU script).
+
 For one zoo model at CPU size: capture, solve at a fraction of the unoptimised step peak,
 apply, and time steps of the unpatched and the patched model alternately (one process, the
 order flipped every round). Per step of the patched model it also times, inside the runtime,
