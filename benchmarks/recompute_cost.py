@@ -30,8 +30,6 @@ from __future__ import annotations
 import argparse
 import copy
 import json
-import os
-import platform
 import statistics
 import time
 from collections.abc import Callable, Iterator, Sequence
@@ -42,8 +40,10 @@ from typing import Any
 import torch
 
 import autoremat
+from autoremat.measure import default_loss
 from autoremat.runtime import region
 from autoremat.simulate import simulate, unoptimised_peak_bytes
+from compare import machine_info  # this folder's comparison script
 
 OUT = Path(__file__).resolve().parent / "results" / "cpu"
 
@@ -89,10 +89,9 @@ def _probes(clock: dict[str, float]) -> Iterator[None]:
 
 
 def _step(model: torch.nn.Module, args: Sequence[Any]) -> tuple[float, float]:
-    """Forward and backward seconds of one training step (loss = mean of the output)."""
+    """Forward and backward seconds of one training step (``autoremat.measure.default_loss``)."""
     t0 = time.perf_counter()
-    out = model(*args)
-    loss = out.float().mean()
+    loss = default_loss(model(*args))
     t1 = time.perf_counter()
     loss.backward()
     t2 = time.perf_counter()
@@ -183,7 +182,8 @@ def _markdown(res: dict[str, Any], machine: dict[str, Any], command: str) -> str
         "|---|---|",
         f"| unpatched step (forward + backward) | {ms(none_step)} ({ms(res['median_none_fwd_s'])} + "
         f"{ms(res['median_none_bwd_s'])}) |",
-        f"| patched step | {ms(res['plan_step_s'])} ({ms(res['median_plan_fwd_s'])} + {ms(res['median_plan_bwd_s'])}) |",
+        f"| patched step | {ms(res['plan_step_s'])} ({ms(res['median_plan_fwd_s'])} + "
+        f"{ms(res['median_plan_bwd_s'])}) |",
         f"| **measured ratio** | **{res['measured_ratio']:.3f}x** |",
         f"| profiled forward / backward (capture) | {ms(res['profile_fwd_s'])} / {ms(res['profile_bwd_s'])} |",
         f"| predicted extra time (profile) | {ms(res['predicted_extra_s'])}; predicted ratio "
@@ -218,18 +218,14 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     if opts.rounds < 1 or not 0 < opts.budget <= 1 or opts.threads < 1:
         ap.error("--rounds and --threads must be >= 1 and --budget in (0, 1]")
     torch.set_num_threads(opts.threads)
-    machine = {"platform_machine": platform.machine(), "cpu_count": os.cpu_count(), "torch": torch.__version__,
-               "torch_threads": torch.get_num_threads(), "python": platform.python_version()}
-    try:
-        machine["load_avg_1m"] = os.getloadavg()[0]
-    except OSError:
-        pass
+    machine = machine_info(torch.device("cpu"))
     res = run(opts.model, opts.solver, opts.budget, opts.rounds)
     command = "python benchmarks/recompute_cost.py " + " ".join(argv if argv is not None else [])
     opts.out.mkdir(parents=True, exist_ok=True)
     (opts.out / "recompute_cost.json").write_text(json.dumps({"machine": machine, "result": res}, indent=1) + "\n")
-    (opts.out / "recompute_cost.md").write_text(_markdown(res, machine, command.strip()))
-    print(_markdown(res, machine, command.strip()))
+    text = _markdown(res, machine, command.strip())
+    (opts.out / "recompute_cost.md").write_text(text)
+    print(text)
     return res
 
 

@@ -87,16 +87,14 @@ def run_demo(model_name: str = "resnet50", budget: str = "50%", solver: str = "a
         equal = equal and gradients_equal(gradients(base), gradients(patched))
         opt_a.step()
         opt_b.step()
-    # Step time apart from the counted steps (the counter slows every op): 7 interleaved pairs,
-    # the order flipped every pair (3 pairs in one order varied 1.00-1.34x run to run on a
-    # shared 2-core machine)
-    times_a, times_b = [], []
+    # Step time apart from the counted steps (the counter slows every op): interleaved pairs,
+    # the order flipped every pair
+    times_a: list[float] = []
+    times_b: list[float] = []
+    runs = ((base, times_a), (patched, times_b))
     for i in range(_TIMING_PAIRS):
-        for which in ((0, 1) if i % 2 == 0 else (1, 0)):
-            if which == 0:
-                times_a.append(measure(base, (x,), steps=3, warmup=1).step_time_s)
-            else:
-                times_b.append(measure(patched, (x,), steps=3, warmup=1).step_time_s)
+        for model, times in (runs if i % 2 == 0 else runs[::-1]):
+            times.append(measure(model, (x,), steps=3, warmup=1).step_time_s)
     restore(patched)
     vanilla_pred = simulate(graph, no_recompute_plan(graph), check=False, record=False).peak_bytes
     med = lambda xs: sorted(xs)[len(xs) // 2]  # noqa: E731

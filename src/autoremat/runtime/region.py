@@ -219,7 +219,7 @@ class _StopRecomputation(Exception):
 class _Frame:
     """One forward call of a region: its inputs and the state its recomputation replays."""
 
-    __slots__ = ("replay", "stateful", "args", "kwargs", "saved", "count", "by_task", "rng", "autocast", "stop")
+    __slots__ = ("replay", "stateful", "args", "kwargs", "count", "by_task", "rng", "autocast", "stop")
 
     def __init__(self, replay: Callable[..., Any], stateful: list[tuple[nn.Module, str]], args: tuple[Any, ...],
                  kwargs: dict[str, Any], preserve_rng: bool, stop: bool = True) -> None:
@@ -266,12 +266,10 @@ class _Frame:
                 torch.set_rng_state(cpu_state)
                 set_device_states(devices, states)
             now = _autocast_state()
-            if now != self.autocast:  # the forward's autocast state, where it differs from the backward's
-                cache = self.autocast[-1]
-                for dev, mine, theirs in zip(_AUTOCAST_DEVICES, self.autocast, now):
-                    if mine != theirs or (mine[0] and cache != now[-1]):
-                        if dev == "cpu" or torch.cuda.is_available():
-                            stack.enter_context(torch.autocast(dev, enabled=mine[0], dtype=mine[1], cache_enabled=cache))
+            cache = self.autocast[-1]
+            for dev, mine, theirs in zip(_AUTOCAST_DEVICES, self.autocast, now):  # the forward's state where it differs
+                if (mine != theirs or (mine[0] and cache != now[-1])) and (dev == "cpu" or torch.cuda.is_available()):
+                    stack.enter_context(torch.autocast(dev, enabled=mine[0], dtype=mine[1], cache_enabled=cache))
             stack.enter_context(torch.enable_grad())
             stack.enter_context(_RestoreBuffers(self.stateful))
             stack.enter_context(torch.autograd.graph.saved_tensors_hooks(collect, _identity))

@@ -37,9 +37,9 @@ the storages its own nodes save, their extras, the parameter gradients of the no
 the dangling roots it holds and the gradient buffers no backward of the segment touches. When
 that bound fits, a tighter one is tried before the replay (:meth:`.kusumoto_dp._DP.tight_need`,
 a sweep of the segment's backward without the replay's bookkeeping, :mod:`.kusumoto_floor`,
-cached per pair): at each
-node's backward, its inputs' and parameters' gradients and workspace, the gradient buffers alive
-then (own or shared by pass-through readers) and the recomputed storages still saved. Finding
+cached per pair): at each node's backward, its inputs' and parameters' gradients and workspace,
+the gradient buffers alive then (own or shared by pass-through readers) and the recomputed
+storages still saved. Finding
 PSPNet's least budget (paper size, papers' times) replays ~10k transitions instead of ~115k (on
 the transitions it replays, the first bound is ~50% of the need, the tighter one ~80%). Both:
 the search is cached per graph object (held weakly; a signature of its content detects edits;
@@ -95,8 +95,9 @@ first successful probe on DenseNet-121 (FLOP times) landed at 1.79x the answer a
 transitions, 80 % of the whole search. Side by side (5 interleaved rounds, least budget plus a
 solve at it, same answers): x2 -> x1.25 took DenseNet-121 0.66/0.76 s -> 0.47/0.53 s (FLOP
 times), ResNet-152 0.46 -> 0.16 s, Inception-v3 0.34 -> 0.23 s, GoogLeNet 0.13 -> 0.09 s, PSPNet
-(papers' times) 0.15 -> 0.09 s; DenseNet-161 stayed at 0.69-0.75 s (load average ~1). The solver's minimum is the smaller of the unoptimised peak and
-the simulated peak of the sequence found at ``B*``: a budget below it raises
+(papers' times) 0.15 -> 0.09 s; DenseNet-161 stayed at 0.69-0.75 s (load average ~1). The
+solver's minimum is the smaller of the unoptimised peak and the simulated peak of the sequence
+found at ``B*``: a budget below it raises
 :class:`~autoremat.errors.InfeasibleBudgetError` with it as ``min_budget_bytes``, and every
 budget at or above it gets a plan. ``objective="memory"`` uses ``B*`` whatever the budget: it
 returns the sequence with the most recomputation at ``B*`` when it simulates within the budget
@@ -246,8 +247,8 @@ class _Search:
         hi = self.model_peak(seq)  # the one-segment sequence always fits its own need
         lo = -1
         probe = hi >> 6
-        # a probe above the answer prices transitions up to its budget: replays (exact) are
-        # dear, so the exact DP climbs in small steps
+        # a probe above the answer prices every transition its budget admits (replays for the
+        # exact DP), so both climb in small steps (see the module docstring)
         growth = 1.1 if self.dp.exact else 1.25
         while lo + 1 < probe < hi:
             found = self.dp.run(probe, "feasible")
