@@ -239,9 +239,10 @@ class _DP:
         seq.reverse()
         return seq, t_best
 
-    def _arrays(self, i: int) -> tuple[int, Any, Any, Any, Any, Any]:
+    def _arrays(self, i: int) -> tuple[int, Any, Any, Any, Any, list[int]]:
         """The successor list of set ``i`` (closed-form model) as numpy columns, extended when it
-        grew: ``(length, keys, j, need, dt_s, add)``, in key order."""
+        grew: ``(length, j, need, dt_s, add, keys)``, in key order (the keys stay a list: ``bisect``
+        on it is cheaper than ``searchsorted`` for one value)."""
         lst = self.succ[i]
         got = self._arr[i]
         if got is not None and got[0] == len(lst):
@@ -249,12 +250,11 @@ class _DP:
         done = 0 if got is None else got[0]
         tail = lst[done:]
         cols = list(zip(*tail)) if tail else [(), (), (), (), ()]
-        new = (np.array(cols[0], dtype=np.int64), np.array(cols[1], dtype=np.int64),
-               np.array(cols[2], dtype=np.int64), np.array(cols[3], dtype=np.float64),
-               np.array(cols[4], dtype=np.int64))
+        new = (np.array(cols[1], dtype=np.int64), np.array(cols[2], dtype=np.int64),
+               np.array(cols[3], dtype=np.float64), np.array(cols[4], dtype=np.int64))
         if got is not None and done:
-            new = tuple(np.concatenate((a, b)) for a, b in zip(got[1:], new))  # type: ignore[assignment]
-        got = self._arr[i] = (len(lst), *new)
+            new = tuple(np.concatenate((a, b)) for a, b in zip(got[1:5], new))  # type: ignore[assignment]
+        got = self._arr[i] = (len(lst), *new, [item[0] for item in lst])
         return got
 
     def _feasible_closed(self, budget: int) -> tuple[list[int], float] | None:
@@ -316,6 +316,8 @@ class _DP:
         best_np = np.full(nsets, inf, dtype=np.int64)
         best = [inf] * nsets
         labels: list[dict[int, int]] = [{} for _ in fam]  # set -> bucket -> previous cell
+        succ, arrays, scanned = self.succ, self._arr, self.scanned
+        count = np.count_nonzero  # far cheaper than ndarray.any() on short arrays
         pm[0] = 0
         pb[0] = -1
         queued[0] = True
@@ -324,16 +326,16 @@ class _DP:
             tq = heappop(pending)
             base = tq * nsets
             row_m, row_t = pm[base:base + nsets], pt[base:base + nsets]
-            queue = np.flatnonzero(row_m < inf).tolist()
+            queue = (row_m < inf).nonzero()[0].tolist()
             while queue:
                 i = heappop(queue)
-                m = int(row_m[i])
+                m = row_m.item(i)
                 if m >= best[i]:
                     continue
-                t = float(row_t[i])
+                t = row_t.item(i)
                 best[i] = m
                 best_np[i] = m
-                labels[i][tq] = int(pb[base + i])
+                labels[i][tq] = pb.item(base + i)
                 if i == last:
                     seq: list[int] = []
                     k, kq = last, tq
@@ -344,9 +346,13 @@ class _DP:
                     return seq, t
                 room = budget - m
                 limit = keys[i] + room
-                self.successors(i, limit)
-                _, K, J, NEED, DT, ADD = self._arrays(i)
-                c = int(K.searchsorted(limit, side="right"))
+                if limit > scanned[i]:
+                    self.successors(i, limit)
+                got = arrays[i]
+                if got is None or got[0] != len(succ[i]):
+                    got = self._arrays(i)
+                _, J, NEED, DT, ADD, KL = got
+                c = bisect_right(KL, limit)
                 if not c:
                     continue
                 J = J[:c]
@@ -372,7 +378,7 @@ class _DP:
                     old_m = pm[cell]
                 better = m2 < old_m
                 tie = m2 == old_m
-                if tie.any():
+                if count(tie):
                     better |= tie & (t2 < pt[cell])
                 win = better.nonzero()[0]
                 if not win.size:
@@ -383,7 +389,7 @@ class _DP:
                 pt[cell] = t2
                 pb[cell] = base + i
                 here = q2 == tq
-                if here.any():  # new labels of the current bucket join its queue
+                if count(here):  # new labels of the current bucket join its queue
                     for j in J[here & (old_m == inf)].tolist():
                         heappush(queue, j)
                 fresh = q2[~queued[q2]]
