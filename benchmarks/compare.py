@@ -1638,6 +1638,17 @@ def _sizes(text: str) -> dict[str, int]:
     return out
 
 
+def _batch_sizes(text: str) -> dict[str, int]:
+    """``"resnet50=16,gpt2=8"`` -> ``{"resnet50": 16, "gpt2": 8}`` (``--batch-sizes``)."""
+    out = {}
+    for item in filter(None, (t.strip() for t in text.split(","))):
+        name, sep, value = item.partition("=")
+        if not sep or not value.strip().isdigit() or int(value) < 1:
+            raise SystemExit(f"--batch-sizes: {item!r} is not MODEL=N with N a positive integer (e.g. resnet50=16)")
+        out[name.strip()] = int(value)
+    return out
+
+
 def parser(description: str | None = None) -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(description=description or __doc__.split("\n\n")[0],
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -1667,6 +1678,9 @@ def parser(description: str | None = None) -> argparse.ArgumentParser:
     p.add_argument("--no-match", action="store_true",
                    help="skip the autoremat rows at the lowest eager PyTorch peak (autoremat:<solver>@match)")
     p.add_argument("--batch-budgets", default="", help="e.g. resnet50=16MiB,gpt2=48MiB")
+    p.add_argument("--batch-sizes", default="",
+                   help="MODEL=N,...: step-time tables at these batch sizes instead of the models' own "
+                        "(e.g. resnet50=16)")
     p.add_argument("--torch-regions", default="dp-approx@0.5",
                    help="SOLVER@FRACTION,...: also run these autoremat rows on torch.utils.checkpoint regions "
                         "(apply(..., regions='torch')); 'none' for no such row")
@@ -1679,6 +1693,7 @@ def options_from(a: argparse.Namespace, *, device: str = "cpu", size: str = "sma
     models = ([m.strip() for m in a.models.split(",") if m.strip()] if a.models is not None
               else list(QUICK_MODELS if a.quick else DEFAULT_MODELS))
     batch = {"mlp": 512} if a.quick else {}  # the zoo mlp's own batch (32) leaves nothing to recompute
+    batch.update(_batch_sizes(a.batch_sizes))
     opts = Options(
         rounds=a.rounds or (1 if a.quick else 5),
         steps_per_round=a.steps_per_round or (1 if a.quick else 2),

@@ -18,7 +18,7 @@ target such as "1.25x at a 50 % budget" then splits into what the plan must reco
 the replay costs beyond the profile, and the runtime's overhead.
 
     python benchmarks/recompute_cost.py [--model resnet50] [--solver dp-exact] [--budget 0.5]
-                                        [--rounds 40] [--threads 1] [--out benchmarks/results/cpu]
+                                        [--batch N] [--rounds 40] [--threads 1] [--out benchmarks/results/cpu]
 
 Writes ``recompute_cost.json`` and ``recompute_cost.md`` under ``--out``. It wraps two private
 pieces of :mod:`autoremat.runtime.region` (``CheckpointRegion.forward`` and
@@ -100,9 +100,10 @@ def _step(model: torch.nn.Module, args: Sequence[Any]) -> tuple[float, float]:
     return t1 - t0, t2 - t1
 
 
-def run(model_name: str, solver: str, fraction: float, rounds: int) -> dict[str, Any]:
-    """Capture, solve, apply and time ``rounds`` alternating steps; medians and ratios."""
-    model, args = autoremat.zoo.build(model_name, size="small")
+def run(model_name: str, solver: str, fraction: float, rounds: int, batch: int | None = None) -> dict[str, Any]:
+    """Capture, solve, apply and time ``rounds`` alternating steps; medians and ratios (``batch``:
+    instead of the zoo's small-size batch)."""
+    model, args = autoremat.zoo.build(model_name, size="small", batch_size=batch)
     model.train()
     graph = autoremat.capture(copy.deepcopy(model), args)
     base = unoptimised_peak_bytes(graph)
@@ -211,15 +212,16 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     ap.add_argument("--model", default="resnet50", help="zoo model (small size)")
     ap.add_argument("--solver", default="dp-exact")
     ap.add_argument("--budget", type=float, default=0.5, help="fraction of the unoptimised step peak")
+    ap.add_argument("--batch", type=int, default=None, help="batch size (default: the zoo's small-size batch)")
     ap.add_argument("--rounds", type=int, default=40)
     ap.add_argument("--threads", type=int, default=1, help="torch intra-op threads")
     ap.add_argument("--out", type=Path, default=OUT)
     opts = ap.parse_args(argv)
-    if opts.rounds < 1 or not 0 < opts.budget <= 1 or opts.threads < 1:
-        ap.error("--rounds and --threads must be >= 1 and --budget in (0, 1]")
+    if opts.rounds < 1 or not 0 < opts.budget <= 1 or opts.threads < 1 or (opts.batch is not None and opts.batch < 1):
+        ap.error("--rounds, --threads and --batch must be >= 1 and --budget in (0, 1]")
     torch.set_num_threads(opts.threads)
     machine = machine_info(torch.device("cpu"))
-    res = run(opts.model, opts.solver, opts.budget, opts.rounds)
+    res = run(opts.model, opts.solver, opts.budget, opts.rounds, opts.batch)
     command = "python benchmarks/recompute_cost.py " + " ".join(argv if argv is not None else [])
     opts.out.mkdir(parents=True, exist_ok=True)
     (opts.out / "recompute_cost.json").write_text(json.dumps({"machine": machine, "result": res}, indent=1) + "\n")

@@ -110,6 +110,19 @@ def test_compare_quick_writes_every_row_and_field(tmp_path: Path, monkeypatch: p
     assert "## Largest batch under a fixed budget" in (tmp_path / "RESULTS.md").read_text()
 
 
+def test_compare_batch_sizes_override_the_models_batch(monkeypatch: pytest.MonkeyPatch) -> None:
+    compare = _load("compare", monkeypatch)
+    _, opts = compare.options_from(compare.parser().parse_args(["--batch-sizes", "resnet50=16, gpt2=2"]))
+    assert opts.batch == {"resnet50": 16, "gpt2": 2}
+    _, quick = compare.options_from(compare.parser().parse_args(["--quick", "--batch-sizes", "mlp=64"]))
+    assert quick.batch == {"mlp": 64}  # the override wins over the quick mode's own batch
+    for bad in ("resnet50", "resnet50=0", "resnet50=x"):
+        with pytest.raises(SystemExit, match="MODEL=N"):
+            compare.options_from(compare.parser().parse_args(["--batch-sizes", bad]))
+    w = compare.build_workload("mlp", size="small", batch=3, device="cpu")
+    assert w.batch == 3 and w.args[0].shape[0] == 3
+
+
 def test_compare_gpu_dry_run_lists_configurations(monkeypatch: pytest.MonkeyPatch,
                                                   capsys: pytest.CaptureFixture[str]) -> None:
     gpu = _load("compare_gpu", monkeypatch)
@@ -136,11 +149,13 @@ def test_recompute_cost_splits_the_patched_step(tmp_path: Path, monkeypatch: pyt
     sys.modules.pop("recompute_cost", None)
     bench = importlib.import_module("recompute_cost")
     fwd, rec = region.CheckpointRegion.forward, region._Frame.recompute
-    bench.main(["--model", "unet", "--solver", "dp-approx", "--budget", "0.7", "--rounds", "1", "--out", str(tmp_path)])
+    bench.main(["--model", "unet", "--solver", "dp-approx", "--budget", "0.7", "--rounds", "1", "--batch", "2",
+                "--out", str(tmp_path)])
     assert region.CheckpointRegion.forward is fwd and region._Frame.recompute is rec  # probes removed
     data = json.loads((tmp_path / "recompute_cost.json").read_text())
     res = data["result"]
     assert data["machine"]["torch_threads"] == 1 and res["recomputed_segments"] >= 1
+    assert res["batch"][0] == 2
     assert res["predicted_peak_fraction"] <= 0.7
     assert 0 < res["median_replay_s"] <= res["median_recompute_s"]  # the set-up wraps the replay
     assert res["median_region_forward_s"] > 0 and res["predicted_extra_s"] > 0
