@@ -25,7 +25,12 @@ the same model and the same batch:
   peak an eager PyTorch option measured (equal-peak comparison; ``--no-match`` leaves it out);
 * ``autoremat:<solver>@<f>+torch-regions``: the same plan as ``autoremat:<solver>@<f>`` run with
   ``apply(..., regions="torch")`` (``torch.utils.checkpoint`` regions instead of autoremat's own),
-  for ``--torch-regions`` (default ``dp-approx@0.5``; ``none`` leaves it out).
+  for ``--torch-regions`` (default ``dp-approx@0.5``; ``none`` leaves it out);
+* ``autoremat:<solver>@<f>+compile``: the patched model under ``torch.compile`` (``--compile-backend``,
+  ``activation_memory_budget`` 1.0): each recomputed region is traced as PyTorch's checkpoint
+  operator and the compiled backward recomputes it; for ``--compiled-plans`` (default
+  ``dp-approx@0.5``; ``none`` leaves it out). Its peak is measured, not predicted: the simulator
+  models eager PyTorch.
 
 Metrics: the measured step peak (``autoremat.measure``: a live-storage counter on the CPU, the
 caching allocator on CUDA), the median step time with all configurations of a model interleaved
@@ -396,13 +401,21 @@ def runner_compile(w: Workload, budget: float, backend: str) -> Runner:
 
 
 def runner_autoremat(w: Workload, plan: autoremat.Plan, solver: str, fraction: float, tag: str | None = None,
-                     regions: str = "lean") -> Runner:
+                     regions: str = "lean", compile_backend: str | None = None) -> Runner:
     """``tag`` names the budget in the key instead of the fraction (``"match"``: see ``MATCH_TAG``);
-    ``regions="torch"`` runs the plan on ``torch.utils.checkpoint`` regions (key ``+torch-regions``)."""
+    ``regions="torch"`` runs the plan on ``torch.utils.checkpoint`` regions (key ``+torch-regions``);
+    ``compile_backend``: the patched model under ``torch.compile`` (key ``+compile``; its regions are
+    traced as the checkpoint higher-order op, ``activation_memory_budget`` left at 1.0)."""
     m = _copy(w)
     autoremat.apply(m, plan, regions=regions)
     name = tag or f"{fraction:g}"
     label = f"autoremat {solver} @ " + (f"{tag} ({fraction:.0%})" if tag else f"{fraction:.0%}")
+    if compile_backend is not None:
+        be = CompileBackend(1.0, compile_backend)
+        r = Runner(f"autoremat:{solver}@{name}{COMPILED}", "autoremat", label + f", torch.compile ({compile_backend})",
+                   m, torch.compile(m, backend=be), compiled=True)
+        r.row["_backend"] = be
+        return r
     if regions == "torch":
         return Runner(f"autoremat:{solver}@{name}{TORCH_REGIONS}", "autoremat",
                       label + ", torch.utils.checkpoint regions", m, m)
@@ -410,6 +423,7 @@ def runner_autoremat(w: Workload, plan: autoremat.Plan, solver: str, fraction: f
 
 
 TORCH_REGIONS = "+torch-regions"
+COMPILED = "+compile"
 
 
 MATCH_TAG = "match"
@@ -645,6 +659,8 @@ class Options:
     """Only these config families ("pytorch", "compile", "autoremat"); None: all."""
     torch_regions: tuple[tuple[str, float], ...] = (("dp-approx", 0.5),)
     """(solver, budget fraction) rows repeated with ``regions="torch"`` (``+torch-regions``)."""
+    compiled_plans: tuple[tuple[str, float], ...] = (("dp-approx", 0.5),)
+    """(solver, budget fraction) rows repeated under ``torch.compile`` (``+compile``)."""
 
 
 def solvers_to_run(opts: Options) -> list[str]:
@@ -661,8 +677,9 @@ def planned_configurations(models: Sequence[str], opts: Options) -> list[dict[st
         keys += [(f"autoremat:{s}@{f:g}", "autoremat") for s in solvers_to_run(opts) for f in opts.autoremat_budgets]
         if opts.match_pytorch:
             keys += [(f"autoremat:{s}@{MATCH_TAG}", "autoremat") for s in solvers_to_run(opts)]
-        keys += [(f"autoremat:{s}@{f:g}{TORCH_REGIONS}", "autoremat") for s, f in opts.torch_regions
-                 if s in solvers_to_run(opts) and f in opts.autoremat_budgets]
+        for suffix, pairs in ((TORCH_REGIONS, opts.torch_regions), (COMPILED, opts.compiled_plans)):
+            keys += [(f"autoremat:{s}@{f:g}{suffix}", "autoremat") for s, f in pairs
+                     if s in solvers_to_run(opts) and f in opts.autoremat_budgets]
         for key, fam in keys:
             if opts.configs is None or fam == "baseline" or fam in opts.configs:
                 out.append({"model": name, "config": key, "family": fam})
@@ -755,8 +772,8 @@ def run_model(name: str, opts: Options, log: Callable[[str], None]) -> dict[str,
             log(f"   {r.key}: {row['status']} peak {(row['measured_peak_bytes'] or 0) / 2**20:.2f} MiB")
 
     # torch.compile with activation_memory_budget
+    skip_reason = None  # set when a compile timed out: the +compile rows of autoremat are skipped too
     if want("compile"):
-        skip_reason = None
         for b in opts.compile_budgets:
             r = runner_compile(w, b, opts.compile_backend)
             row = _row(name, r)
@@ -826,18 +843,31 @@ def run_model(name: str, opts: Options, log: Callable[[str], None]) -> dict[str,
                         extra.append(dict(row, config=key + TORCH_REGIONS,
                                           label=label + ", torch.utils.checkpoint regions"))
                         variants.append(("torch", extra[-1]))
+                    if tag is None and (solver, f) in opts.compiled_plans:
+                        extra.append(dict(row, config=key + COMPILED, label=label + ", torch.compile"))
+                        if skip_reason:
+                            extra[-1].update(status="skipped", error=skip_reason)
+                        else:
+                            variants.append(("compile", extra[-1]))
                     for regions, vrow in variants:
                         try:
-                            r = runner_autoremat(w, plan, solver, f, tag, regions=regions)
+                            r = (runner_autoremat(w, plan, solver, f, tag, compile_backend=opts.compile_backend)
+                                 if regions == "compile" else runner_autoremat(w, plan, solver, f, tag, regions=regions))
                         except Exception as err:  # noqa: BLE001
                             vrow.update(status="failed", error=_err(err))
                         else:
                             vrow.update(config=r.key)
-                            if prepare(r, vrow):
-                                ready.append(r)
-                                m = vrow["measured_peak_bytes"]
-                                vrow["prediction_error"] = plan.predicted_peak_bytes / m - 1.0 if m else None
-                                vrow["meets_budget"] = m <= budget
+                            if not prepare(r, vrow):
+                                continue
+                            ready.append(r)
+                            if regions == "compile":  # the simulator predicts eager PyTorch, not Inductor
+                                vrow["note"] = ("compiled: the plan's regions become checkpoint ops that the "
+                                                "compiled backward recomputes; the prediction and the budget are "
+                                                "eager PyTorch's, not checked here")
+                                continue
+                            m = vrow["measured_peak_bytes"]
+                            vrow["prediction_error"] = plan.predicted_peak_bytes / m - 1.0 if m else None
+                            vrow["meets_budget"] = m <= budget
                 rows.append(row)
                 rows.extend(extra)
                 log(f"   {key}: {row['status']} solve {row['solver_time_s'] or 0:.2f} s "
@@ -1129,7 +1159,7 @@ def run_batch_task(task: BatchTask, method: str, log: Callable[[str], None], *, 
 def headline(models: dict[str, dict[str, Any]], batch_rows: list[dict[str, Any]]) -> dict[str, Any]:
     """The numbers the README quotes, computed from the rows."""
     out: dict[str, Any] = {"per_model": {}, "resnet50_50pct": None, "largest_batch": {}, "worst_prediction_error": None,
-                           "budget_exceeded": [], "regions": []}
+                           "budget_exceeded": [], "regions": [], "compiled_plans": []}
     worst = None
     for name, info in models.items():
         rows = [r for r in info["rows"] if r["status"] == "ok" and r["step_time_s"] is not None]
@@ -1138,7 +1168,15 @@ def headline(models: dict[str, dict[str, Any]], batch_rows: list[dict[str, Any]]
                       and base is not None and r["measured_peak_bytes"] < base["measured_peak_bytes"]]
         auto = [r for r in rows if r["family"] == "autoremat"]
         by_key = {r["config"]: r for r in auto}
+        compiled = [r for r in rows if r["family"] == "compile"]
         for r in auto:
+            if r["config"].endswith(COMPILED) and base is not None:
+                low = min(compiled, key=lambda c: c["measured_peak_bytes"], default=None)
+                out["compiled_plans"].append({
+                    "model": name, "config": r["config"], "peak_ratio": r["peak_ratio"], "time_ratio": r["time_ratio"],
+                    "lowest_compile": None if low is None else low["config"],
+                    "lowest_compile_peak_ratio": None if low is None else low["peak_ratio"],
+                    "lowest_compile_time_ratio": None if low is None else low["time_ratio"]})
             lean = by_key.get(r["config"].removesuffix(TORCH_REGIONS))
             if r["config"].endswith(TORCH_REGIONS) and lean is not None:
                 out["regions"].append({"model": name, "config": lean["config"], "lean_time_s": lean["step_time_s"],
@@ -1169,7 +1207,7 @@ def headline(models: dict[str, dict[str, Any]], batch_rows: list[dict[str, Any]]
                 worst = {"model": name, "config": r["config"], "error": r["prediction_error"]}
         if name == "resnet50":
             half = [r for r in info["rows"] if r["family"] == "autoremat" and r["budget_fraction"] == 0.5
-                    and not r["config"].endswith(TORCH_REGIONS)]
+                    and not r["config"].endswith((TORCH_REGIONS, COMPILED))]
             out["resnet50_50pct"] = {r["solver"]: {"status": r["status"], "time_ratio": r["time_ratio"],
                                                    "peak_ratio": r["peak_ratio"]} for r in half}
     out["worst_prediction_error"] = worst
@@ -1259,7 +1297,9 @@ def to_markdown(result: dict[str, Any]) -> str:
         f"({s['compile_backend']}) with `activation_memory_budget = B`; `autoremat:<solver>@f`: "
         "`autoremat.solve(graph, f x measured unoptimised "
         "peak, solver=...)` applied with `autoremat.apply` (autoremat's own recomputed regions; a "
-        "`+torch-regions` row runs the same plan on `torch.utils.checkpoint` regions). Gradients: `torch.equal` on every parameter gradient "
+        "`+torch-regions` row runs the same plan on `torch.utils.checkpoint` regions, a `+compile` row the patched "
+        "model under `torch.compile`, where each region becomes a checkpoint op that the compiled backward "
+        "recomputes). Gradients: `torch.equal` on every parameter gradient "
         "against `none` from the same RNG state; compile rows report the largest absolute difference (on models with "
         "dropout it includes different dropout masks: Inductor draws its own random numbers).", ""]
     h = result["headline"]
@@ -1303,6 +1343,12 @@ def to_markdown(result: dict[str, Any]) -> str:
         lines.append(f"* **autoremat's regions vs `torch.utils.checkpoint` regions**, {rg['model']} `{rg['config']}` "
                      f"(same plan): step time {_ms(rg['lean_time_s'])} vs {_ms(rg['torch_time_s'])}, ratio "
                      f"**{rg['time_ratio']:.2f}**, " + ("same" if rg["same_peak"] else "**different**") + " measured peak.")
+    for cp in h.get("compiled_plans", []):
+        low = (f"; the lowest peak `torch.compile` reached by itself: `{cp['lowest_compile']}` "
+               f"{_pct(cp['lowest_compile_peak_ratio'])} at {_x(cp['lowest_compile_time_ratio'])}"
+               if cp["lowest_compile"] else "")
+        lines.append(f"* **An autoremat plan under `torch.compile`**, {cp['model']} `{cp['config']}`: "
+                     f"{_pct(cp['peak_ratio'])} of `none`'s peak at {_x(cp['time_ratio'])} its step time{low}.")
     if h["worst_prediction_error"]:
         wpe = h["worst_prediction_error"]
         lines.append(f"* **Worst autoremat prediction error**: {wpe['error']:+.1%} ({wpe['model']}, `{wpe['config']}`).")
@@ -1684,6 +1730,9 @@ def parser(description: str | None = None) -> argparse.ArgumentParser:
     p.add_argument("--torch-regions", default="dp-approx@0.5",
                    help="SOLVER@FRACTION,...: also run these autoremat rows on torch.utils.checkpoint regions "
                         "(apply(..., regions='torch')); 'none' for no such row")
+    p.add_argument("--compiled-plans", default="dp-approx@0.5",
+                   help="SOLVER@FRACTION,...: also run these autoremat rows under torch.compile (the patched model "
+                        "compiled with --compile-backend, activation_memory_budget 1.0); 'none' for no such row")
     p.add_argument("--render", type=Path, default=None, metavar="COMPARE_JSON",
                    help="only rewrite RESULTS.md and the plots from an existing compare.json")
     return p
@@ -1707,11 +1756,12 @@ def options_from(a: argparse.Namespace, *, device: str = "cpu", size: str = "sma
         configs=tuple(a.configs.split(",")) if a.configs else None,
         match_pytorch=not a.no_match,
         torch_regions=_solver_fractions(a.torch_regions),
+        compiled_plans=_solver_fractions(a.compiled_plans, "--compiled-plans"),
     )
     return models, opts
 
 
-def _solver_fractions(text: str | None) -> tuple[tuple[str, float], ...]:
+def _solver_fractions(text: str | None, flag: str = "--torch-regions") -> tuple[tuple[str, float], ...]:
     """``"dp-approx@0.5,chen@0.3"`` -> ``(("dp-approx", 0.5), ("chen", 0.3))``; ``"none"`` -> ``()``."""
     if not text or text.strip().lower() == "none":
         return ()
@@ -1719,7 +1769,7 @@ def _solver_fractions(text: str | None) -> tuple[tuple[str, float], ...]:
     for part in text.split(","):
         solver, sep, frac = part.strip().partition("@")
         if not sep:
-            raise SystemExit(f"--torch-regions: {part!r} is not SOLVER@FRACTION (e.g. dp-approx@0.5)")
+            raise SystemExit(f"{flag}: {part!r} is not SOLVER@FRACTION (e.g. dp-approx@0.5)")
         out.append((solver, float(frac)))
     return tuple(out)
 

@@ -74,6 +74,13 @@ def test_compare_quick_writes_every_row_and_field(tmp_path: Path, monkeypatch: p
         elif r["status"] == "infeasible":
             assert r["min_budget_bytes"] is None or r["min_budget_bytes"] > r["budget_bytes"]
 
+    compiled = rows["autoremat:dp-approx@0.5+compile"]  # the plan under torch.compile
+    assert compiled["status"] == "ok", compiled["error"]
+    assert compiled["compile_s"] > 0 and compiled["step_time_s"] > 0 and compiled["grad_max_abs_diff"] < 1e-4
+    assert compiled["prediction_error"] is None and "compiled" in compiled["note"]
+    assert compiled["measured_peak_bytes"] < none["measured_peak_bytes"]  # its regions are recomputed
+    assert any(c["config"] == compiled["config"] for c in data["headline"]["compiled_plans"])
+
     eager = [r for r in data["rows"] if r["family"] == "pytorch" and r["status"] == "ok"
              and r["measured_peak_bytes"] < none["measured_peak_bytes"]]
     lowest = min(r["measured_peak_bytes"] for r in eager)
@@ -98,7 +105,7 @@ def test_compare_quick_writes_every_row_and_field(tmp_path: Path, monkeypatch: p
 
     md = (tmp_path / "RESULTS.md").read_text()
     assert "noisy" in md and machine["platform_machine"] in md and "## mlp" in md
-    assert "## Largest batch under a fixed budget" in md
+    assert "## Largest batch under a fixed budget" in md and "under `torch.compile`" in md
     assert (tmp_path / "compare_mlp.png").stat().st_size > 1000
 
     # --batch-only re-measures the largest-batch section alone and keeps the step-time rows
@@ -116,6 +123,11 @@ def test_compare_batch_sizes_override_the_models_batch(monkeypatch: pytest.Monke
     assert opts.batch == {"resnet50": 16, "gpt2": 2}
     _, quick = compare.options_from(compare.parser().parse_args(["--quick", "--batch-sizes", "mlp=64"]))
     assert quick.batch == {"mlp": 64}  # the override wins over the quick mode's own batch
+    assert opts.compiled_plans == (("dp-approx", 0.5),)
+    _, none = compare.options_from(compare.parser().parse_args(["--compiled-plans", "none"]))
+    assert none.compiled_plans == ()
+    with pytest.raises(SystemExit, match="--compiled-plans"):
+        compare.options_from(compare.parser().parse_args(["--compiled-plans", "dp-approx"]))
     for bad in ("resnet50", "resnet50=0", "resnet50=x"):
         with pytest.raises(SystemExit, match="MODEL=N"):
             compare.options_from(compare.parser().parse_args(["--batch-sizes", bad]))

@@ -21,13 +21,13 @@ from .measure import Measurement, measure
 from .plan import Plan, Segment, validate_plan
 from .runtime import apply, is_patched, restore
 from .simulate import Simulation, simulate
-from .solvers import SOLVERS, solve
+from .solvers import SOLVERS, min_budget, solve
 
 __version__ = "0.1.0"
 
 __all__ = [
     "AutoRemat", "Graph", "Plan", "Segment", "Simulation", "Measurement",
     "capture", "solve", "simulate", "apply", "restore", "is_patched", "measure",
-    "validate_plan", "parse_budget", "SOLVERS",
+    "validate_plan", "parse_budget", "SOLVERS", "min_budget",
     "InfeasibleBudgetError", "PlanMismatchError", "zoo", "__version__",
 ]

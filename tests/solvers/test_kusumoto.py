@@ -16,6 +16,7 @@ import time
 import networkx as nx
 import pytest
 
+import autoremat
 from autoremat import SOLVERS, Graph, InfeasibleBudgetError, Plan, simulate, solve, validate_plan
 from autoremat.simulate import unoptimised_peak_bytes
 from autoremat.solvers import min_budget as exported_min_budget
@@ -328,7 +329,7 @@ def test_module_level_graphs_recompute_single_module_calls():
 # ---------------------------------------------------------------------------------------- registry
 def test_registered_and_usable_through_solve():
     assert SOLVERS["dp-exact"] is solve_dp_exact and SOLVERS["dp-approx"] is solve_dp_approx
-    assert exported_min_budget is min_budget
+    assert exported_min_budget is min_budget is autoremat.min_budget  # issue 3: autoremat.min_budget(g, solver)
     g = Graph.chain([100] * 12)
     for name in DP:
         plan = solve(g, "60%", solver=name)

@@ -12,6 +12,11 @@ Recomputation reproduces the first forward exactly: the RNG state is restored fo
 autocast state is the one of the first forward, and running statistics of batch-norm layers
 are put back after each recomputation, so a recomputed segment does not update them a second
 time.
+
+``torch.compile`` of a patched model: each region is traced as PyTorch's checkpoint higher-order
+op (:func:`~autoremat.runtime.region.compiled_region`), so the compiled backward recomputes the
+plan's segments and the model compiles without graph breaks (offload plans excepted: their
+hooks are eager code).
 """
 
 from __future__ import annotations
@@ -35,7 +40,7 @@ from ..errors import PlanMismatchError
 from ..plan import Plan
 from .offload import OffloadBegin, OffloadMark, Offloader
 from .region import REGION_MODES, CheckpointRegion, checkpoint_kwargs, may_draw_random, recomputed_call, trim_replay
-from .region import stateful_buffers
+from .region import compiled_region, stateful_buffers
 
 __all__ = ["apply", "restore", "is_patched", "CheckpointRegion", "offloader_of", "REGION_MODES"]
 
@@ -288,6 +293,8 @@ def _apply_module(model: nn.Module, plan: Plan, names: list[str], regions: str) 
 def _checkpointed_call(fn: Any, ckpt_kwargs: dict[str, Any], *args: Any, **kwargs: Any) -> Any:
     if not torch.is_grad_enabled():
         return fn(*args, **kwargs)
+    if torch.compiler.is_compiling():  # the buffer guard (context_fn) is eager code
+        return compiled_region(fn, ckpt_kwargs["preserve_rng_state"], args, kwargs)
     return checkpoint(fn, *args, **ckpt_kwargs, **kwargs)
 
 

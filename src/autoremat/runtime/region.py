@@ -34,7 +34,9 @@ Decisions, each tested:
   batch-norm running statistics are restored after the recomputation (:class:`_RestoreBuffers`;
   a plain batch norm in training mode writes a scratch copy instead, whose values it never reads);
 * the replay of an applied region ends at its last op that may save (:func:`trim_replay`) and
-  returns: no exception, and a replay that saves more tensors than the forward is reported.
+  returns: no exception, and a replay that saves more tensors than the forward is reported;
+* under ``torch.compile`` a region (either mode) is traced as PyTorch's checkpoint higher-order
+  op (:func:`compiled_region`): the compiled backward recomputes it, with no graph break.
 """
 
 from __future__ import annotations
@@ -52,7 +54,8 @@ from torch._C._autograd import SavedTensor, _make_saved_tensor
 from torch.nn.modules.batchnorm import _BatchNorm
 from torch.utils.checkpoint import checkpoint, get_device_states, set_device_states
 
-__all__ = ["CheckpointRegion", "REGION_MODES", "recomputed_call", "RecomputationMismatchError", "trim_replay"]
+__all__ = ["CheckpointRegion", "REGION_MODES", "compiled_region", "recomputed_call", "RecomputationMismatchError",
+           "trim_replay"]
 
 REGION_MODES = ("lean", "torch")
 """``apply(..., regions=)``: autoremat's :func:`recomputed_call` or ``torch.utils.checkpoint``."""
@@ -312,6 +315,16 @@ def _unpack(handle: tuple[_Frame, int]) -> torch.Tensor:
     return t
 
 
+def compiled_region(fn: Callable[..., Any], preserve_rng: bool, args: tuple[Any, ...],
+                    kwargs: dict[str, Any]) -> Any:
+    """A recomputed region while ``torch.compile`` traces it: PyTorch's non-reentrant checkpoint,
+    which Dynamo turns into its checkpoint higher-order op, so that AOTAutograd's partitioner
+    recomputes the region in the compiled backward. Both runtimes (saved-tensor hooks, the
+    batch-norm and RNG guards) are eager code that Dynamo cannot trace; a compiled graph updates
+    buffers once (functionalised) and its partitioner handles random ops itself."""
+    return checkpoint(fn, *args, use_reentrant=False, preserve_rng_state=preserve_rng, **kwargs)
+
+
 def recomputed_call(fn: Callable[..., Any], stateful: list[tuple[nn.Module, str]], preserve_rng: bool, /,
                     *args: Any, **kwargs: Any) -> Any:
     """``fn(*args, **kwargs)`` with every tensor it saves for backward recomputed in backward.
@@ -328,6 +341,8 @@ def _run(fn: Callable[..., Any], replay: Callable[..., Any], stateful: list[tupl
     ends at its last saving op, see :class:`CheckpointRegion`)."""
     if not torch.is_grad_enabled():
         return fn(*args, **kwargs)
+    if torch.compiler.is_compiling():
+        return compiled_region(fn, preserve_rng, args, kwargs)
     frame = _Frame(replay, stateful, args, kwargs, preserve_rng, stop)
     with torch.autograd.graph.saved_tensors_hooks(frame.pack, _unpack):
         return fn(*args, **kwargs)
@@ -370,6 +385,8 @@ class CheckpointRegion(nn.Module):
     def forward(self, *args: Any) -> Any:
         if not torch.is_grad_enabled():
             return self.body.forward(*args)
+        if torch.compiler.is_compiling():
+            return compiled_region(self.body.forward, self.preserve_rng, args, {})
         if self.mode == "lean":
             return _run(self.body.forward, self.replay.forward, self.stateful, self.preserve_rng, args, {}, self.stop)
         return checkpoint(_FirstThenReplay(self.body.forward, self.replay.forward), *args, **self._kwargs)
