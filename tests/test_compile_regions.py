@@ -91,3 +91,29 @@ def test_a_module_level_plan_compiles_too() -> None:
         assert backend.checkpoints() == len(plan.recompute_segments)
         for name, g in gradients(patched).items():
             assert torch.allclose(g, ref_grads[name], rtol=1e-5, atol=1e-6), (regions, name)
+
+
+def test_capture_apply_and_restore_see_through_a_compile_wrapper() -> None:
+    """``torch.compile(model)`` wraps ``model``; autoremat works on the module inside, and Dynamo
+    recompiles when ``apply`` / ``restore`` change its ``forward`` after a compiled step."""
+    torch._dynamo.reset()
+    model, x = _cnn(), torch.randn(4, 3, 16, 16)
+    backend = _Recorder()
+    compiled = torch.compile(model, backend=backend)
+    compiled(x).float().mean().backward()  # compiled before any plan
+    assert backend.checkpoints() == 0
+
+    graph = autoremat.capture(compiled, (x,))
+    plain = autoremat.capture(model, (x,))
+    assert graph.meta["mode"] == "fx" and graph.fingerprint == plain.fingerprint
+    assert len(backend.graphs) == 1  # capturing ran the module eagerly, not through Dynamo
+    plan = autoremat.solve(graph, "60%", solver="dp-approx")
+
+    assert autoremat.apply(compiled, plan) is compiled
+    assert autoremat.is_patched(compiled) and autoremat.is_patched(model)
+    compiled(x).float().mean().backward()
+    assert backend.checkpoints() == len(plan.recompute_segments)
+    with pytest.raises(ValueError, match="already patched"):
+        autoremat.apply(model, plan)
+    assert autoremat.restore(compiled) is compiled
+    assert not autoremat.is_patched(model) and "forward" not in model.__dict__

@@ -21,6 +21,7 @@ import networkx as nx
 import torch
 from torch import nn
 
+from .._compiled import uncompiled
 from ..graph import Graph
 from ..measure import default_loss
 from ._recorder import NodeRecord, Recorder, preserved_state, tensors_in
@@ -78,6 +79,7 @@ def capture(
     ``loss_fn`` maps the model's output to the scalar to backpropagate; the default
     (:func:`autoremat.measure.default_loss`) sums the means of every floating-point output.
     """
+    model = uncompiled(model)  # a torch.compile wrapper: the module it holds (see autoremat._compiled)
     args, kwargs = _validate(model, args, kwargs, mode, loss_fn)
     if repeats < 1 or warmup < 0:
         raise ValueError(f"repeats must be >= 1 and warmup >= 0, got {repeats}, {warmup}")

@@ -34,6 +34,7 @@ import torch.fx
 from torch import nn
 from torch.utils.checkpoint import checkpoint
 
+from .._compiled import uncompiled
 from ..capture.fx import fx_fingerprint, fx_ops, trace
 from ..capture.module import module_fingerprint, node_modules
 from ..errors import PlanMismatchError
@@ -62,7 +63,7 @@ class _PatchState:
 
 def offloader_of(model: nn.Module) -> Offloader | None:
     """The offloader of a patched model (its ``stats`` describe the last step), if it offloads."""
-    state = model.__dict__.get(_STATE_ATTR)
+    state = uncompiled(model).__dict__.get(_STATE_ATTR)
     return state.offloader if isinstance(state, _PatchState) else None
 
 
@@ -80,7 +81,7 @@ def _offloading_forward(forward: Any, offloader: Offloader) -> Any:
 
 def is_patched(model: nn.Module) -> bool:
     """Whether ``apply`` has patched ``model`` (and ``restore`` has not undone it)."""
-    return isinstance(model.__dict__.get(_STATE_ATTR), _PatchState)
+    return isinstance(uncompiled(model).__dict__.get(_STATE_ATTR), _PatchState)
 
 
 def apply(model: nn.Module, plan: Plan, *, regions: str = "lean") -> nn.Module:
@@ -92,10 +93,12 @@ def apply(model: nn.Module, plan: Plan, *, regions: str = "lean") -> nn.Module:
 
     Raises ``TypeError`` for a non-module or non-plan, ``ValueError`` when the model is already
     patched, and :class:`~autoremat.errors.PlanMismatchError` when the plan was made for
-    another model or graph. On error nothing is changed.
+    another model or graph. On error nothing is changed. A ``torch.compile`` wrapper is patched
+    through the module it holds (:mod:`autoremat._compiled`) and returned as given.
     """
     if not isinstance(model, nn.Module):
         raise TypeError(f"model must be a torch.nn.Module, got {type(model).__name__}")
+    given, model = model, uncompiled(model)
     if not isinstance(plan, Plan):
         raise TypeError(f"plan must be an autoremat.Plan, got {type(plan).__name__}")
     if regions not in REGION_MODES:
@@ -114,14 +117,16 @@ def apply(model: nn.Module, plan: Plan, *, regions: str = "lean") -> nn.Module:
         state = _apply_module(model, plan, names, regions)
     model.__dict__[_STATE_ATTR] = state
     logger.info("autoremat: applied %s", plan.describe())
-    return model
+    return given
 
 
 def restore(model: nn.Module) -> nn.Module:
-    """Undo :func:`apply` exactly; a model that is not patched is returned unchanged."""
+    """Undo :func:`apply` exactly; a model that is not patched is returned unchanged (a
+    ``torch.compile`` wrapper: the module it holds, see :func:`apply`)."""
+    given, model = model, uncompiled(model)
     state = model.__dict__.get(_STATE_ATTR)
     if not isinstance(state, _PatchState):
-        return model
+        return given
     for h in state.hooks:
         h.remove()
     if "forward" in model.__dict__ and (state.forward_module is not None or state.offloader is not None):
@@ -133,7 +138,7 @@ def restore(model: nn.Module) -> nn.Module:
         if had:
             mod.__dict__["forward"] = fwd
     del model.__dict__[_STATE_ATTR]
-    return model
+    return given
 
 
 # ---------------------------------------------------------------------- fx
