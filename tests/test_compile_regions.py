@@ -117,3 +117,26 @@ def test_capture_apply_and_restore_see_through_a_compile_wrapper() -> None:
         autoremat.apply(model, plan)
     assert autoremat.restore(compiled) is compiled
     assert not autoremat.is_patched(model) and "forward" not in model.__dict__
+
+
+def test_an_offload_plan_runs_eagerly_under_compile() -> None:
+    """The offloader (streams, pinned buffers, per-step state) is eager code: Dynamo skips the
+    patched forward, and the step offloads and trains as without compile."""
+    from autoremat.plan import Plan, offloadable_nodes
+    from autoremat.runtime import offloader_of
+    from autoremat.solvers import finalize_plan
+
+    torch._dynamo.reset()
+    model, x = _cnn(), torch.randn(4, 3, 16, 16)
+    g = autoremat.capture(model, (x,))
+    base = autoremat.solve(g, "80%", solver="chen")
+    order = sorted(offloadable_nodes(g, base))[:4]
+    plan = finalize_plan(g, Plan(list(base.segments), solver="manual", offload=tuple(order)), 10**12, "manual")
+    ref_grads, _ = _step(copy.deepcopy(model), x, seed=2)
+    backend = _Recorder()
+    compiled = torch.compile(autoremat.apply(model, plan), backend=backend)
+    torch.manual_seed(2)
+    compiled(x).float().mean().backward()
+    assert backend.graphs == []  # nothing traced
+    assert sorted(offloader_of(compiled).stats.packed_nodes) == order
+    assert all(torch.equal(grad, ref_grads[k]) for k, grad in gradients(model).items())

@@ -15,8 +15,8 @@ time.
 
 ``torch.compile`` of a patched model: each region is traced as PyTorch's checkpoint higher-order
 op (:func:`~autoremat.runtime.region.compiled_region`), so the compiled backward recomputes the
-plan's segments and the model compiles without graph breaks (offload plans excepted: their
-hooks are eager code).
+plan's segments and the model compiles without graph breaks. An offload plan's forward runs
+eagerly under ``torch.compile`` (``torch.compiler.disable``: the offloader is eager code).
 """
 
 from __future__ import annotations
@@ -68,6 +68,9 @@ def offloader_of(model: nn.Module) -> Offloader | None:
 
 
 def _offloading_forward(forward: Any, offloader: Offloader) -> Any:
+    # the offloader (streams, pinned buffers, per-step state) is eager code: under torch.compile
+    # the whole patched forward runs eagerly instead of being traced into wrong graphs
+    @torch.compiler.disable
     @functools.wraps(forward)
     def run(*args: Any, **kwargs: Any) -> Any:
         if not torch.is_grad_enabled():
