@@ -140,3 +140,26 @@ def test_an_offload_plan_runs_eagerly_under_compile() -> None:
     assert backend.graphs == []  # nothing traced
     assert sorted(offloader_of(compiled).stats.packed_nodes) == order
     assert all(torch.equal(grad, ref_grads[k]) for k, grad in gradients(model).items())
+
+
+def test_a_compiled_plan_under_autocast_matches_the_eager_autocast_step() -> None:
+    torch._dynamo.reset()
+    model, x = _cnn(), torch.randn(4, 3, 16, 16)
+    plan = autoremat.solve(autoremat.capture(model, (x,)), "60%", solver="dp-approx")
+    ref = copy.deepcopy(model)
+    torch.manual_seed(1)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        out = ref(x)
+    out.float().mean().backward()
+    patched = autoremat.apply(copy.deepcopy(model), plan)
+    backend = _Recorder()
+    compiled = torch.compile(patched, backend=backend, fullgraph=True)
+    torch.manual_seed(1)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        out = compiled(x)
+    assert out.dtype == torch.bfloat16
+    out.float().mean().backward()
+    assert backend.checkpoints() == len(plan.recompute_segments)
+    expected = gradients(ref)
+    for name, g in gradients(patched).items():
+        assert torch.allclose(g, expected[name], rtol=1e-3, atol=1e-5), name
