@@ -229,3 +229,35 @@ def test_ddp_two_processes_share_one_plan(tmp_path: Path) -> None:
     plans = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in (0, 1)]
     assert plans[0] == plans[1]
     assert plans[0]["plan"]["segments"] and plans[0]["patched"]
+
+
+def test_a_compiled_network_is_planned_and_recompiled_with_its_regions(tmp_path: Path) -> None:
+    """The user compiled the network before fitting: AutoRemat plans the module inside the
+    ``torch.compile`` wrapper, and Dynamo recompiles the patched forward with the plan's regions
+    as checkpoint operators."""
+    graphs: list[torch.fx.GraphModule] = []
+
+    def backend(gm: torch.fx.GraphModule, example_inputs: list) -> object:
+        graphs.append(gm)
+        from torch._dynamo.backends.registry import lookup_backend
+
+        return lookup_backend("aot_eager")(gm, example_inputs)
+
+    torch._dynamo.reset()
+    model = LitClassifier()
+    model.model = torch.compile(model.model, backend=backend)
+    cb = autoremat.AutoRemat(budget="50%", module="model", raise_batch_size=False, verbose=False)
+    seen = {}
+
+    class Probe(pl.Callback):
+        def on_train_batch_start(self, trainer, pl_module, batch, batch_idx):  # type: ignore[no-untyped-def]
+            seen["patched"] = autoremat.is_patched(pl_module.model)
+
+    trainer = _trainer(cb, tmp_path)
+    trainer.callbacks.append(Probe())
+    trainer.fit(model)
+    assert seen["patched"] and cb.plan is not None and cb.plan.recompute_segments
+    counts = [sum(1 for n in g.graph.nodes if "checkpoint" in str(n.target)) for g in graphs]
+    assert len(cb.plan.recompute_segments) in counts  # the training steps ran the compiled regions
+    assert len(model.step_losses) == 2 and all(torch.isfinite(torch.tensor(model.step_losses)))
+    assert not autoremat.is_patched(model.model)
