@@ -1168,10 +1168,9 @@ def headline(models: dict[str, dict[str, Any]], batch_rows: list[dict[str, Any]]
                       and base is not None and r["measured_peak_bytes"] < base["measured_peak_bytes"]]
         auto = [r for r in rows if r["family"] == "autoremat"]
         by_key = {r["config"]: r for r in auto}
-        compiled = [r for r in rows if r["family"] == "compile"]
+        low = min((r for r in rows if r["family"] == "compile"), key=lambda c: c["measured_peak_bytes"], default=None)
         for r in auto:
-            if r["config"].endswith(COMPILED) and base is not None:
-                low = min(compiled, key=lambda c: c["measured_peak_bytes"], default=None)
+            if r["config"].endswith(COMPILED):
                 out["compiled_plans"].append({
                     "model": name, "config": r["config"], "peak_ratio": r["peak_ratio"], "time_ratio": r["time_ratio"],
                     "lowest_compile": None if low is None else low["config"],
@@ -1674,25 +1673,31 @@ def _floats(text: str) -> tuple[float, ...]:
     return tuple(float(x) for x in text.split(",") if x.strip())
 
 
-def _sizes(text: str) -> dict[str, int]:
-    from autoremat.budget import parse_budget
-
+def _per_model(text: str, value: Callable[[str, str], int]) -> dict[str, int]:
+    """``"a=x,b=y"`` -> ``{"a": value("a=x", "x"), ...}`` (``value`` gets the item, for its error)."""
     out = {}
     for item in filter(None, (t.strip() for t in text.split(","))):
         k, _, v = item.partition("=")
-        out[k.strip()] = int(parse_budget(v.strip()))
+        out[k.strip()] = value(item, v.strip())
     return out
+
+
+def _sizes(text: str) -> dict[str, int]:
+    """``--batch-budgets``: ``"resnet50=16MiB"`` -> ``{"resnet50": 16777216}``."""
+    from autoremat.budget import parse_budget
+
+    return _per_model(text, lambda _item, v: int(parse_budget(v)))
+
+
+def _batch_size(item: str, value: str) -> int:
+    if not value.isdigit() or int(value) < 1:
+        raise SystemExit(f"--batch-sizes: {item!r} is not MODEL=N with N a positive integer (e.g. resnet50=16)")
+    return int(value)
 
 
 def _batch_sizes(text: str) -> dict[str, int]:
-    """``"resnet50=16,gpt2=8"`` -> ``{"resnet50": 16, "gpt2": 8}`` (``--batch-sizes``)."""
-    out = {}
-    for item in filter(None, (t.strip() for t in text.split(","))):
-        name, sep, value = item.partition("=")
-        if not sep or not value.strip().isdigit() or int(value) < 1:
-            raise SystemExit(f"--batch-sizes: {item!r} is not MODEL=N with N a positive integer (e.g. resnet50=16)")
-        out[name.strip()] = int(value)
-    return out
+    """``--batch-sizes``: ``"resnet50=16,gpt2=8"`` -> ``{"resnet50": 16, "gpt2": 8}``."""
+    return _per_model(text, _batch_size)
 
 
 def parser(description: str | None = None) -> argparse.ArgumentParser:
