@@ -121,6 +121,7 @@ def min_budget_run(g: autoremat.Graph, name: str, options: dict[str, Any], timeo
     """
     g = g.copy()
     t0 = time.perf_counter()
+    minimum = search_s = None
     try:
         with time_limit(timeout):
             try:
@@ -135,7 +136,12 @@ def min_budget_run(g: autoremat.Graph, name: str, options: dict[str, Any], timeo
                 plan = autoremat.solve(g, minimum, solver=name, **options)
             solve_s = time.perf_counter() - t0
     except SolverTimeout:
-        return {"error": f"skipped: timeout after {timeout:.0f} s", "runtime_s": time.perf_counter() - t0}
+        if search_s is None:
+            return {"error": f"skipped: timeout after {timeout:.0f} s", "runtime_s": time.perf_counter() - t0}
+        # the least budget is known; the solve at it ran out of time: keep the minimum
+        return {"min_budget_bytes": int(minimum), "search_s": search_s, "solve_timeout_s": timeout - search_s,
+                "runtime_s": timeout,
+                "error": f"solve at the minimum timed out ({search_s:.2f} s to find it; timeout {timeout:.0f} s)"}
     except ValueError as err:  # e.g. dp-exact refusing an exploding lower-set family
         return {"error": "skipped: " + str(err)[:160], "runtime_s": time.perf_counter() - t0}
     sim = simulate(g, plan)
@@ -264,6 +270,8 @@ def _paper_runtime(r: dict[str, Any]) -> str:
 def _runtime_cell(r: dict[str, Any] | None) -> str:
     if r is None:
         return "—"
+    if "solve_timeout_s" in r:
+        return f"> {r['runtime_s']:.0f} ({r['search_s']:.2f} + > {r['solve_timeout_s']:.0f}: solve timed out)"
     if "error" in r:
         return r["error"].replace("|", "/")[:70]
     return f"{r['runtime_s']:.2f} ({r['search_s']:.2f} + {r['solve_s']:.2f})"
@@ -408,6 +416,11 @@ def to_markdown(res: dict[str, Any]) -> str:
                 if r["times"] != times:
                     continue
                 paper_rt = _paper_runtime(r)
+                if "solve_timeout_s" in r:  # the least budget found, the solve at it timed out
+                    L.append(f"| {r['net']} | {r['nodes']} | {_gib(r['vanilla_bytes'])} | {_label(r)} | "
+                             f"{_gib(r['min_budget_bytes'])} | {r['reduction']:.1%} | — (solve timed out) | "
+                             f"{_runtime_cell(r)} | {paper_rt} |")
+                    continue
                 if "error" in r:
                     L.append(f"| {r['net']} | {r['nodes']} | {_gib(r['vanilla_bytes'])} | {_label(r)} | {r['error'][:60]} | | | {r['runtime_s']:.2f} | {paper_rt} |")
                     continue

@@ -157,9 +157,9 @@ def test_exact_lower_bound_and_bookkeeping(seed):
     search.minimum()
     search.dp.run(unoptimised_peak_bytes(g), "time")
     dp, p, rp = search.dp, search.p, ref._Prep(g)
-    assert dp._book
-    for (ij, dang), (dt, add, dang2, low) in dp._book.items():
-        i, j = divmod(ij, len(dp.fam))
+    priced = list(dp.priced())
+    assert priced
+    for i, j, dang, (dt, add, dang2, low) in priced:
         lower, upper = dp.fam[i], dp.fam[j]
         need, dt_r, add_r, dang_r = fast._exact_transition(p, lower, upper, dang, {})
         assert low <= dp.tight_need(i, j, dang) <= need
@@ -237,7 +237,7 @@ def test_depth_first_feasibility_prices_few_transitions_on_googlenet(monkeypatch
     least, seq = search.least_dp_budget()
     assert fast._model_peak(search.p, seq)[0] == least
     assert search.dp.run(least - 1, "feasible") is None
-    assert len(search.dp._book) < 50_000
+    assert len(list(search.dp.priced())) < 50_000
     # no worse than the pruned family's least budget, priced in the exact model
     approx = fast._Search(g, "dp-approx", fast._config({}, "dp-approx"))
     _, approx_seq = approx.least_dp_budget()
@@ -276,20 +276,19 @@ def resnet50_search():
 def test_tight_bound_on_resnet50_is_below_every_need_and_saves_replays(resnet50_search, monkeypatch):
     g, first = resnet50_search
     dp, p = first.dp, first.p
-    items = sorted(dp._book)[::4]
+    items = sorted(dp.priced())[::4]
     assert len(items) > 1000
     saved = 0
-    for ij, dang in items:
-        i, j = divmod(ij, len(dp.fam))
+    for i, j, dang, move in items:
         need = fast._exact_transition(p, dp.fam[i], dp.fam[j], dang, {})[0]
         tight = dp.tight_need(i, j, dang)
         assert tight <= need
-        saved += tight > dp._book[(ij, dang)][3]
+        saved += tight > move[3]
     assert saved > len(items) // 4  # the bound is tighter than _move's on many transitions
     # the least budget found with _move's bound alone is the same, at the cost of more replays
     replays = len(dp._step)
     search = fast._Search(g, "dp-exact", fast._config({}, "dp-exact"))
-    monkeypatch.setattr(search.dp, "tight_need", lambda i, j, dang: search.dp._move(i, j, dang)[3])
+    monkeypatch.setattr(search.dp, "tight_need", lambda i, j, dang, move=None: (move or search.dp._move(i, j, dang))[3])
     assert search.minimum()[:2] == first.minimum()[:2]
     assert len(search.dp._step) > 1.5 * replays
 

@@ -21,7 +21,8 @@ table is filled as a label-setting search: recomputation time only grows along a
 labels are expanded in increasing ``t`` and the first label of ``V`` is the answer (same result as
 filling the table; it only stops early; dp-exact also defers a transition's memory check until
 its label is expanded). The memory-centric table picks the largest ``t`` (Algorithm 1 with max
-for min).
+for min); in dp-exact a transition is replayed there only when an entry that could fit (by the
+transition's lower bound) would update its target cell.
 
 Speed (same results as the direct implementation, which ``tests/solvers`` keeps as a frozen
 reference and compares against). dp-approx: the time-centric search relaxes each expanded
@@ -33,7 +34,7 @@ list of keys rather than ``searchsorted``: 15-25 % per search, same sequences). 
 least budget is the direct implementation (its cost is pricing the transitions, ~2-3 µs each in
 Python; at DenseNet-161's least budget with FLOP times 30k of them, 0.08 s).
 dp-exact: a transition's time, kept bytes and dangling roots come from the lower set's boundary
-(a few nodes; cached per pair), and its replay is skipped when a lower bound of its need already
+(a few nodes; kept per state, as array columns aligned with its successor list), and its replay is skipped when a lower bound of its need already
 exceeds what the budget leaves: the kept bytes it adds and the gradients alive when its backward
 starts; for a recomputed segment also, when its replay reaches its last saving node, the copies of
 the storages its own nodes save, their extras, the parameter gradients of the nodes after ``L'``,
@@ -88,6 +89,17 @@ Because the models are not the simulator, every plan is simulated: when its peak
 budget, the DP budget is lowered by the excess and the DP re-solved (``max_tightenings``, default
 24); when that runs out, the plan found at the least DP budget is returned (it fits, see next).
 
+Feasibility. dp-approx fills the table with the least kept bytes per set. dp-exact searches
+depth first (:meth:`.kusumoto_dp._DP._feasible_exact`): from a state it follows the first
+transition that fits, largest lower set first, and backtracks; a state is expanded again only
+when reached with fewer kept bytes, so a ``None`` proves that no sequence fits. Whether ``V``
+can be reached from a state depends on the budget only through the room ``B - m``, so the
+probes of one least-budget search share what they learn (the rooms at which a state failed or
+succeeded). Its successors are priced lazily (a cheap bound first, the bookkeeping only for
+those it admits). Dijkstra on ``m``, the search before, settles every state whose ``m`` is
+below that of ``V`` and prices all their successors: on GoogLeNet (8838 lower sets, thousands
+of successors per state early in the network) one probe did not finish in 264 s.
+
 Least budget (:func:`min_budget`). As in §5.1, a binary search over bytes on the DP's
 feasibility finds the least DP budget ``B*`` (galloping up from 1/64 of the unoptimised need, by
 x1.25 for dp-approx and x1.1 for dp-exact, then alternating halving probes with probes one byte
@@ -111,7 +123,7 @@ Complexity, with ``F`` the family size (``n + 2`` for dp-approx, up to ``2**n`` 
 dp-exact) and ``Q`` the time slots: a DP run is O(F²) transitions times O(Q) labels, each
 transition O(1) (closed form, plus its boundary) or O(|S| + edges of S) (replay, once per
 transition and dangling set, cached, and only where the lower bound admits it);
-:func:`min_budget` adds O(log B) feasibility runs (about 15-50). Space O(F²) cached transitions
+:func:`min_budget` adds O(log B) feasibility runs (about 15-50). Space O(F²) priced transitions
 plus O(Q·F) labels (a dense ``Q × F`` table for dp-approx's time-centric search). Measured on one
 core of a 2-core machine shared with other jobs, zoo at paper size (fx capture on the meta
 device, papers' times), the least budget plus one solve at it on a fresh graph, medians:
@@ -128,8 +140,21 @@ finish and exhausted 23 GB of memory (per-state transition caches), so it stays 
 fallback. The tighter bound then took, side by side with the code before it on the same machine
 (interleaved, two rounds): PSPNet 28-34 s -> 18-24 s (time-centric), 45-52 s -> 33 s
 (memory-centric); DenseNet-121 14-15 s -> 8-10 s, 29-33 s -> 26-28 s; GoogLeNet still used
-11 GB within 5 minutes without an answer. Beyond ``max_lower_sets`` (default 500) dp-exact
-falls back to dp-approx with a warning at every call (``fallback=False``: a ``ValueError``).
+11 GB within 5 minutes without an answer. The depth-first feasibility search and the
+memory-centric table's replay filter (see "Feasibility" and "Algorithm") then took, side by side
+with the code before them (fresh processes, interleaved, two rounds, papers' times, least budget
+plus one solve at it): PSPNet 8.7 / 8.2 s -> 6.6 / 6.3 s (time-centric), 12.9 / 13.1 s -> 7.5 /
+7.5 s (memory-centric), 10.8 / 11.2 s -> 8.8 / 9.2 s (time-centric, FLOP times); DenseNet-121
+3.6 / 3.4 s -> 3.6 / 3.5 s, 11.2 / 10.9 s -> 2.1 / 2.0 s; DenseNet-161 7.8 / 7.0 s -> 4.9 / 4.2
+s; DenseNet-201 10.0 / 9.0 s -> 6.8 / 6.4 s; ResNet-152 1.5 / 1.5 s -> 1.2 / 1.2 s, 2.8 / 2.7 s
+-> 1.3 / 1.3 s; U-Net 1.6 / 1.4 s -> 1.7 / 1.6 s, 2.0 / 2.0 s -> 1.5 / 1.4 s; ResNet-50 0.29 /
+0.28 s -> 0.36 / 0.38 s, 0.46 / 0.45 s -> 0.42 / 0.40 s (time-centric, then memory-centric, two
+rounds each). GoogLeNet (8838 lower sets) now gets an answer: its least budget in 0.8 s, the
+time-centric plan at it in ~210 s and the memory-centric one in ~290 s (the searches price ~7-10
+million transitions, a few microseconds of Python each: the next step would be pricing a state's
+successors with numpy). Inception-v3 (35684 lower sets) runs out of memory (per-state successor
+lists). Beyond ``max_lower_sets`` (default 500) dp-exact falls back to dp-approx with a warning
+at every call (``fallback=False``: a ``ValueError``).
 
 Exact / approximate: dp-exact is exact for the simulator's cost over all canonical strategies,
 up to the two exceptions above and the time quantum; dp-approx is approximate (pruned family,

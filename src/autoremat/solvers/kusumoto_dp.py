@@ -8,9 +8,11 @@ time-centric (label-setting in increasing time) and the generic table (memory-ce
 from __future__ import annotations
 
 import math
+from array import array
 from bisect import bisect_left, bisect_right
 from collections.abc import Iterator
 from heapq import heappop, heappush
+from itertools import repeat
 from operator import itemgetter
 from typing import Any
 
@@ -18,12 +20,12 @@ import numpy as np
 
 from .kusumoto_closed import _Closed
 from .kusumoto_floor import _BackwardFloor
-from .kusumoto_replay import _bookkeeping, _exact_transition, _grad_floor, _pair_bookkeeping, _Seg
+from .kusumoto_replay import _bookkeeping, _exact_transition, _grad_floor, _Seg
 from .kusumoto_sets import _bit_list, _Prep
 
 __all__: list[str] = []
 
-_first = itemgetter(0)
+_m_then_t = itemgetter(0, 1)
 _INF = 1 << 62  # "no label" in the int64 tables (budgets and byte counts stay far below)
 _DENSE_CELLS = 1 << 23  # (time bucket, set) cells of the dense label table; beyond it, dicts
 _SPARE_ROWS = 2  # dense table rows beyond T(V) / quantum (float sums may round past it; it grows)
@@ -70,13 +72,14 @@ class _DP:
             keys = [sum(lb[v] for v in _bit_list(m)) for m in family]
             self._seg: dict[tuple[int, int, int], _Seg] = {}
             self._step: dict[tuple[int, int], tuple[int, float, int, int]] = {}
-            self._book: dict[tuple[int, int], tuple[float, int, int, int]] = {}
-            self._pairs: dict[int, tuple[float, int, int, int, int]] = {}
-            self._moves: dict[tuple[int, int], list[Any]] = {}  # per state: see _candidates
+            # per state, aligned with its successor list: lower bounds of the need (-1: none yet)
+            # and the transitions priced so far, as columns (see _candidates); dangling sets interned
+            self._moves: dict[tuple[int, int], tuple[array, array, array, array]] = {}
+            self._dang_ix: dict[int, int] = {}
+            self._dangs: list[int] = []
             # rooms from which V is known not to be reached / to be reached (see _feasible_exact)
             self._fail_room: dict[tuple[int, int], int] = {}
             self._ok: dict[tuple[int, int], tuple[int, list[int]]] = {}
-            self._grads: dict[int, int] = {}
             # the backward of a segment ending in L' starts with L''s boundary gradients and the
             # parameter gradients of the nodes after L' alive: a lower bound of its need
             closed = _Closed(p)
@@ -114,15 +117,17 @@ class _DP:
         ordered = [keys[k] for k in self.order]
         self.scan = [bisect_left(ordered, keys[k]) for k in range(n)]
         self.scanned = [-1] * n
-        self.succ: list[list[tuple]] = [[] for _ in range(n)]
+        # successor lists in key order: (key, j, need, dt_s, add) (closed form), j (exact model)
+        self.succ: list[Any] = [array("i") if exact else [] for _ in range(n)]
         self._arr: list[tuple | None] = [None] * n
         self.runs = 0
         self.transitions = 0
 
     # -------------------------------------------------------------- transitions
-    def successors(self, i: int, limit: int) -> list[tuple]:
-        """Successors of set ``i`` with key ``<= limit``, by key: ``(key, j, need, dt_s, add)``
-        (closed-form model) or ``(key, j)`` (exact model, priced per state by :meth:`exact_step`)."""
+    def successors(self, i: int, limit: int) -> Any:
+        """Successors of set ``i`` with key ``<= limit`` (and maybe more), by key: a list of
+        ``(key, j, need, dt_s, add)`` (closed-form model) or an ``array`` of ``j`` (exact model,
+        priced per state by :meth:`_candidates`; a GoogLeNet search holds tens of millions)."""
         lst = self.succ[i]
         if limit <= self.scanned[i]:
             return lst
@@ -143,7 +148,7 @@ class _DP:
         self.scanned[i] = limit if pos < n else 1 << 62
         self.transitions += len(found)
         if self.exact:
-            lst.extend((keys[j], j) for j in found)
+            lst.extend(found)
         else:
             terms = self.terms
             priced = self.closed.extend(lower, terms[i], [(fam[j], terms[j]) for j in found])
@@ -195,23 +200,20 @@ class _DP:
                 front = _front(entries, mode)
                 m_min = front[-1][1]
                 limit = keys[i] + budget - m_min
-                for item in self.successors(i, limit):
-                    if item[0] > limit:
-                        break
+                items = (self._candidates(i, dang, m_min, budget, descending=False) if exact
+                         else self.successors(i, limit))
+                for item in items:
                     if exact:
-                        j = item[1]
-                        if m_min + self.floor[j] > budget:
-                            continue
-                        if m_min + self.rec_hi[j] - self.rec_lo[i] > budget and self.p.recompute_flag(fam[i], fam[j]):
-                            continue  # its need is above what the budget leaves (see __init__)
-                        dt, add, dang2, low = self._move(i, j, dang)
-                        if m_min + low > budget or not _improves(cells[j], dang2, front, budget - low, dt, add,
-                                                                  quantum, feasible):
+                        j, move = item
+                        dt, add, dang2, low = move
+                        if not _improves(cells[j], dang2, front, budget - low, dt, add, quantum, feasible):
                             continue  # no entry that could fit would improve the target cell: no replay
-                        if m_min + self.tight_need(i, j, dang) > budget:
+                        if m_min + self.tight_need(i, j, dang, move) > budget:
                             continue
                         need, dt, add, dang2 = self.exact_step(i, j, dang)
                     else:
+                        if item[0] > limit:
+                            break
                         _, j, need, dt, add = item
                         dang2 = 0
                     thr = budget - need
@@ -485,73 +487,92 @@ class _DP:
         A transition whose lower bound the budget cannot admit is left out (it would fail its
         deferred memory check anyway). The bound is first the cheap one (:attr:`floor`, and
         for a recomputed segment :attr:`rec_hi` - :attr:`rec_lo`: no bookkeeping), then
-        :meth:`_move`'s. Each state keeps, aligned with the successor list, ``[bound, j,
-        priced transition or None]`` for the transitions reached so far.
+        :meth:`_move`'s. Each state keeps, aligned with its successor list, the bounds (-1 where
+        none is known yet) and the priced transitions as ``array`` columns (time, added kept
+        bytes, index of the interned dangling set, -1 where not priced yet): a GoogLeNet search
+        prices millions of transitions, and a tuple each took 9 GB more at its peak.
         """
         room = budget - m
-        limit = self.keys[i] + room
+        keys = self.keys
+        limit = keys[i] + room
         lst = self.successors(i, limit)
-        count = bisect_right(lst, limit, key=_first)
+        count = bisect_right(lst, limit, key=keys.__getitem__)
         state = (i, dang)
-        entries = self._moves.get(state)
-        if entries is None:
-            entries = self._moves[state] = []
-        if len(entries) < count:
-            entries.extend([None] * (count - len(entries)))
+        cols = self._moves.get(state)
+        if cols is None:
+            cols = self._moves[state] = (array("q"), array("d"), array("q"), array("i"))
+        bounds, dts, adds, dix = cols
+        if len(bounds) < count:
+            grow = count - len(bounds)
+            bounds.extend(repeat(-1, grow))
+            dts.extend(repeat(0.0, grow))
+            adds.extend(repeat(0, grow))
+            dix.extend(repeat(-1, grow))
         fam, floor, rec_hi, rec_lo = self.fam, self.floor, self.rec_hi, self.rec_lo[i]
         recompute_flag = self.p.recompute_flag
+        dangs, dang_ix = self._dangs, self._dang_ix
         lower = fam[i]
         for pos in (range(count - 1, -1, -1) if descending else range(count)):
-            entry = entries[pos]
-            if entry is None:
-                j = lst[pos][1]
+            bound = bounds[pos]
+            if bound < 0:
+                j = lst[pos]
                 bound = floor[j]
                 if recompute_flag(lower, fam[j]):  # its need is above what the budget leaves (see __init__)
                     bound = max(bound, rec_hi[j] - rec_lo)
-                entry = entries[pos] = [bound, j, None]
-            if entry[0] > room:
+                bounds[pos] = bound
+            if bound > room:
                 continue
-            got = entry[2]
-            if got is None:
-                got = entry[2] = self._move(i, entry[1], dang)
-                entry[0] = max(entry[0], got[3])
-                if entry[0] > room:
-                    continue
-            yield entry[1], got
+            k = dix[pos]
+            if k < 0:
+                dt, add, dang2, low = self._move(i, lst[pos], dang)
+                k = dang_ix.get(dang2)
+                if k is None:
+                    k = dang_ix[dang2] = len(dangs)
+                    dangs.append(dang2)
+                dts[pos], adds[pos], dix[pos] = dt, add, k
+                if low > bound:
+                    bounds[pos] = bound = low
+                    if bound > room:
+                        continue
+            yield lst[pos], (dts[pos], adds[pos], dangs[k], bound)
+
+    def priced(self) -> Iterator[tuple[int, int, int, tuple[float, int, int, int]]]:
+        """``(i, j, dangling roots, (time, added kept bytes, dangling roots after, lower bound))``
+        of every transition the exact model has priced so far (for tests and diagnostics)."""
+        for (i, dang), (bounds, dts, adds, dix) in self._moves.items():
+            lst = self.succ[i]
+            for pos, k in enumerate(dix):
+                if k >= 0:
+                    yield i, lst[pos], dang, (dts[pos], adds[pos], self._dangs[k], bounds[pos])
 
     def _move(self, i: int, j: int, dang: int) -> tuple[float, int, int, int]:
-        """``(time, added kept bytes, dangling roots, lower bound of the need)`` of one transition."""
-        fam, nsets = self.fam, len(self.fam)
-        bk = (i * nsets + j, dang)
-        got = self._book.get(bk)
-        if got is None:
-            pair = self._pairs.get(bk[0])
-            if pair is None and j != nsets - 1:
-                pair = self._pairs[bk[0]] = _pair_bookkeeping(self.p, fam[i], fam[j])
-            dt, add, dang2 = _bookkeeping(self.p, fam[i], fam[j], dang, pair)
-            # a lower bound of the transition's need (its replay is dear): the backward of S
-            # starts with the kept bytes it adds and the gradients after L' alive
-            low = add + self.floor[j]
-            if self.p.recompute_flag(fam[i], fam[j]):  # the dangling roots it holds stay too
-                low = max(low, add + self.rec_hi[j] - self.rec_lo[i] + self._kept_grads(i, j))
-            got = self._book[bk] = (dt, add, dang2, low)
-        return got
+        """``(time, added kept bytes, dangling roots, lower bound of the need)`` of one transition
+        (not cached here: :meth:`_candidates` keeps what it prices)."""
+        fam, p = self.fam, self.p
+        lower, upper = fam[i], fam[j]
+        dt, add, dang2 = _bookkeeping(p, lower, upper, dang)
+        # a lower bound of the transition's need (its replay is dear): the backward of S
+        # starts with the kept bytes it adds and the gradients after L' alive
+        low = add + self.floor[j]
+        if p.recompute_flag(lower, upper):  # the dangling roots it holds stay too
+            low = max(low, add + self.rec_hi[j] - self.rec_lo[i] + self._kept_grads(i, j))
+        return dt, add, dang2, low
 
     def _exceeds(self, i: int, j: int, dang: int, room: int) -> bool:
         """Whether ``L_i -> L_j`` from ``dang`` needs more than ``room``: :meth:`tight_need`
         first, the replay only when that bound fits."""
         return self.tight_need(i, j, dang) > room or self.exact_step(i, j, dang)[0] > room
 
-    def tight_need(self, i: int, j: int, dang: int) -> int:
+    def tight_need(self, i: int, j: int, dang: int, move: tuple[float, int, int, int] | None = None) -> int:
         """A lower bound of the need of ``L_i -> L_j`` from the dangling roots ``dang``, tighter
         than :meth:`_move`'s and dearer (a sweep of the segment, cached per pair): checked before
         a replay is paid. For a recomputed segment, the kept bytes it adds and the gradient
         buffers kept through it plus the parameter gradients of the nodes after ``L_j`` and
-        :meth:`_bwd_floor`; otherwise :meth:`_move`'s bound."""
+        :meth:`_bwd_floor`; otherwise :meth:`_move`'s bound (``move``, when the caller has it)."""
         key = (i * len(self.fam) + j, dang)
         got = self._tight.get(key)
         if got is None:
-            _, add, _, got = self._move(i, j, dang)
+            _, add, _, got = move or self._move(i, j, dang)
             if self.p.recompute_flag(self.fam[i], self.fam[j]):
                 got = max(got, add + self._kept_grads(i, j) + self.pg[j] + self._bwd_floor(i, j))
             self._tight[key] = got
@@ -568,16 +589,12 @@ class _DP:
     def _kept_grads(self, i: int, j: int) -> int:
         """Bytes of the gradient buffers that stay alive through the whole backward of the
         segment ``L_j \\ L_i``: those of nodes of ``L_i`` read after ``L_j`` and by no node of
-        the segment (no backward of the segment releases or replaces them). Cached per pair."""
-        key = i * len(self.fam) + j
-        got = self._grads.get(key)
-        if got is None:
-            p = self.p
-            lower, upper = self.fam[i], self.fam[j]
-            seg = upper & ~lower
-            owners = {owner for u, owner in p.after(upper)[0] if lower >> u & 1 and not p.succmask[u] & seg}
-            got = self._grads[key] = sum(p.out[o] for o in owners)
-        return got
+        the segment (no backward of the segment releases or replaces them)."""
+        p = self.p
+        lower, upper = self.fam[i], self.fam[j]
+        seg = upper & ~lower
+        owners = {owner for u, owner in p.after(upper)[0] if lower >> u & 1 and not p.succmask[u] & seg}
+        return sum(p.out[o] for o in owners)
 
     def _feasible_exact(self, budget: int) -> tuple[list[int], float] | None:
         """``"feasible"`` :meth:`run` for the exact model: a depth-first search with dominance.
@@ -665,10 +682,11 @@ class _DP:
         inf = 1 << 126
         best: dict[tuple[int, int], int] = {}
         labels: dict[tuple[int, int, int], tuple[int, float, Any]] = {}
-        # buckets[tq][(set, dangling)] = candidate labels (m, t, back, source m), back = (set,
-        # dangling, tq): all of them, since the least m may fail its deferred check
-        buckets: dict[int, dict[tuple[int, int], list[tuple[int, float, Any, int]]]] = {
-            0: {(0, 0): [(0, 0.0, None, 0)]}}
+        # buckets[tq][(set, dangling)] = candidate labels (m, t, source), source = (set, dangling,
+        # tq, m) of the label it came from (one tuple per expansion): all of them, since the
+        # least m may fail its deferred check
+        buckets: dict[int, dict[tuple[int, int], list[tuple[int, float, Any]]]] = {
+            0: {(0, 0): [(0, 0.0, None)]}}
         pending = [0]
         while pending:
             tq = heappop(pending)
@@ -677,19 +695,19 @@ class _DP:
             while queue:
                 state = heappop(queue)
                 accepted = None
-                for m, t, back, m_src in sorted(bucket[state], key=lambda c: (c[0], c[1])):
+                for m, t, src in sorted(bucket[state], key=_m_then_t):
                     if m >= best.get(state, inf):
                         break
-                    if back is not None:  # the deferred memory check of the transition into state
-                        if self._exceeds(back[0], state[0], back[1], budget - m_src):
+                    if src is not None:  # the deferred memory check of the transition into state
+                        if self._exceeds(src[0], state[0], src[1], budget - src[3]):
                             continue
-                    accepted = (m, t, back)
+                    accepted = (m, t, src and src[:3])
                     break
                 if accepted is None:
                     continue
                 m, t, back = accepted
                 best[state] = m
-                labels[(state[0], state[1], tq)] = (m, t, back)
+                labels[(state[0], state[1], tq)] = accepted
                 i, dang = state
                 if i == last:
                     seq: list[int] = []
@@ -699,7 +717,8 @@ class _DP:
                         node = labels[node][2]
                     seq.reverse()
                     return seq, t
-                for j, (dt, add, dang2, _) in self._exact_moves(i, dang, m, budget):
+                here = (i, dang, tq, m)
+                for j, (dt, add, dang2, _) in self._candidates(i, dang, m, budget, descending=False):
                     m2 = m + add
                     nxt = (j, dang2)
                     if m2 >= best.get(nxt, inf):
@@ -718,7 +737,7 @@ class _DP:
                         cands = tgt[nxt] = []
                         if q2 == tq:
                             heappush(queue, nxt)
-                    cands.append((m2, t2, (i, dang, tq), m))
+                    cands.append((m2, t2, here))
         return None
 
 

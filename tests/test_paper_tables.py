@@ -1,0 +1,63 @@
+"""``benchmarks/paper_tables.py``: a run whose solve at the minimum times out keeps the least
+budget it found (and its search time), and the markdown shows it as such."""
+
+from __future__ import annotations
+
+import importlib
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+import autoremat
+
+BENCH = Path(__file__).resolve().parents[1] / "benchmarks"
+
+
+@pytest.fixture
+def paper_tables(monkeypatch: pytest.MonkeyPatch):
+    monkeypatch.syspath_prepend(str(BENCH))
+    sys.modules.pop("paper_tables", None)
+    return importlib.import_module("paper_tables")
+
+
+def _graph() -> autoremat.Graph:
+    model, args = autoremat.zoo.build("mlp", size="small", device="meta")
+    return autoremat.capture(model, args).with_paper_times()
+
+
+def test_a_solve_that_times_out_keeps_the_least_budget(paper_tables, monkeypatch):
+    g = _graph()
+    solve = autoremat.solve
+    calls = []
+
+    def slow_second_call(graph, budget, **options):
+        calls.append(budget)
+        if len(calls) == 2:  # the solve at the minimum
+            time.sleep(5)
+        return solve(graph, budget, **options)
+
+    monkeypatch.setattr(paper_tables.autoremat, "solve", slow_second_call)
+    r = paper_tables.min_budget_run(g, "dp-approx", {"objective": "time"}, timeout=1.0)
+    assert calls[0] == 0 and len(calls) == 2
+    assert r["min_budget_bytes"] == autoremat.min_budget(g, "dp-approx") == calls[1]
+    assert 0 <= r["search_s"] < 1.0 and r["solve_timeout_s"] > 0
+    assert "timed out" in r["error"] and "plan" not in r
+
+    row = {"net": "mlp", "nodes": len(g), "lower_sets": 10, "times": "paper", "solver": "dp-approx",
+           "options": {"objective": "time"}, "vanilla_bytes": 2 * r["min_budget_bytes"], "param_bytes": 0,
+           **r, "reduction": 0.5}
+    md = paper_tables.to_markdown({"machine": "test", "part_a": [row]})
+    line = next(x for x in md.splitlines() if x.startswith("| mlp | ") and "dp-approx (TC)" in x)
+    assert "50.0%" in line and "solve timed out" in line
+    assert "skipped" not in md
+
+
+def test_a_search_that_times_out_is_skipped(paper_tables, monkeypatch):
+    def slow(graph, budget, **options):
+        time.sleep(5)
+
+    monkeypatch.setattr(paper_tables.autoremat, "solve", slow)
+    r = paper_tables.min_budget_run(_graph(), "dp-approx", {}, timeout=0.5)
+    assert r["error"].startswith("skipped: timeout") and "min_budget_bytes" not in r
