@@ -550,11 +550,12 @@ class _DP:
         (not cached here: :meth:`_candidates` keeps what it prices)."""
         fam, p = self.fam, self.p
         lower, upper = fam[i], fam[j]
-        dt, add, dang2 = _bookkeeping(p, lower, upper, dang)
+        recompute = p.recompute_flag(lower, upper)
+        dt, add, dang2 = _bookkeeping(p, lower, upper, dang, recompute=recompute)
         # a lower bound of the transition's need (its replay is dear): the backward of S
         # starts with the kept bytes it adds and the gradients after L' alive
         low = add + self.floor[j]
-        if p.recompute_flag(lower, upper):  # the dangling roots it holds stay too
+        if recompute:  # the dangling roots it holds stay too
             low = max(low, add + self.rec_hi[j] - self.rec_lo[i] + self._kept_grads(i, j))
         return dt, add, dang2, low
 

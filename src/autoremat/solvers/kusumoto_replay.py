@@ -336,28 +336,39 @@ def _exact_transition(p: _Prep, lower: int, upper: int, dangling: int,
     return need, seg.dt_s, seg.kept_add, dangling
 
 
-def _pair_bookkeeping(p: _Prep, lower: int, upper: int) -> tuple[float, int, int, int, int]:
+def _pair_bookkeeping(p: _Prep, lower: int, upper: int,
+                      recompute: bool | None = None) -> tuple[float, int, int, int, int]:
     """The part of :func:`_bookkeeping` that does not depend on the dangling roots.
 
     ``(dt_s, reach, add, alive, fresh)``: the recomputation time; the roots of ``lower`` the
     segment holds if they dangle (those it reads when recomputed, those it saves otherwise);
     the kept bytes it adds by itself; the roots alive after ``upper``; and the segment's roots
-    that dangle after it.
+    that dangle after it. ``recompute``: :meth:`_Prep.recompute_flag` of the pair, when the
+    caller has it.
     """
     seg = upper & ~lower
     _, alive = p.info(upper)
-    if p.recompute_flag(lower, upper):
+    if recompute is None:
+        recompute = p.recompute_flag(lower, upper)
+    if recompute:
         stop = (seg & p.holder_mask).bit_length() - 1
         dt = 0.0
         if stop >= 0:
             part = seg & ((2 << stop) - 1)
             if p.time_groups is not None:  # integer times: every partial sum is exact
-                dt = float(sum(value * (part & mask).bit_count() for value, mask in p.time_groups))
+                total = 0
+                for value, mask in p.time_groups:
+                    total += value * (part & mask).bit_count()
+                dt = float(total)
             else:
                 time = p.time
                 for v in _bit_list(part):
                     dt += time[v]
-        return dt, p.roots(p.reads_from(lower, seg)), 0, alive, alive & seg
+        reads = 0  # the nodes of lower that the segment reads (all in the boundary of lower)
+        for u, succ in p.boundary_succ(lower):
+            if succ & seg:
+                reads |= 1 << u
+        return dt, p.roots(reads), 0, alive, alive & seg
     saved = 0
     add = 0
     for v in _bit_list(seg & p.rg_mask):
@@ -368,15 +379,17 @@ def _pair_bookkeeping(p: _Prep, lower: int, upper: int) -> tuple[float, int, int
 
 
 def _bookkeeping(p: _Prep, lower: int, upper: int, dangling: int,
-                 pair: tuple[float, int, int, int, int] | None = None) -> tuple[float, int, int]:
+                 pair: tuple[float, int, int, int, int] | None = None,
+                 recompute: bool | None = None) -> tuple[float, int, int]:
     """``(dt_s, add, dangling')`` of ``lower -> upper`` without the replay (set operations only).
 
     Equal to what :func:`_exact_transition` returns; only the peak needs the replay. ``pair``:
-    :func:`_pair_bookkeeping` of the transition, when the caller keeps it.
+    :func:`_pair_bookkeeping` of the transition, when the caller keeps it; ``recompute``: the
+    pair's :meth:`_Prep.recompute_flag`, when the caller has it.
     """
     if upper == p.full:
         return 0.0, 0, 0
-    dt, reach, add, alive, fresh = pair or _pair_bookkeeping(p, lower, upper)
+    dt, reach, add, alive, fresh = pair or _pair_bookkeeping(p, lower, upper, recompute)
     held = dangling & reach
     if held:
         add += p.nbytes(held)

@@ -109,6 +109,8 @@ class _Prep:
                 owner[v] = owner[self.succ[v][0]]
         self.buf_owner = owner
         self._info: dict[int, tuple[int, int]] = {}
+        self._nbytes: dict[int, int] = {}
+        self._bsucc: dict[int, tuple[tuple[int, int], ...]] = {}
         self._touched: dict[tuple[int, int], int] = {}
         self._beyond: dict[int, bytes] = {}
         # integer node times (the papers' convention, integer test times) with few distinct
@@ -139,9 +141,21 @@ class _Prep:
         return out
 
     def nbytes(self, root_mask: int) -> int:
-        """Bytes of the storages whose roots are in ``root_mask``."""
-        alloc = self.alloc
-        return sum(alloc[r] for r in _bits(root_mask))
+        """Bytes of the storages whose roots are in ``root_mask`` (cached: the DP asks about a
+        few masks millions of times)."""
+        got = self._nbytes.get(root_mask)
+        if got is None:
+            alloc = self.alloc
+            got = self._nbytes[root_mask] = sum(alloc[r] for r in _bits(root_mask))
+        return got
+
+    def boundary_succ(self, lower: int) -> tuple[tuple[int, int], ...]:
+        """``(u, successors of u)`` for the nodes ``u`` of ``∂(L)`` (cached per set)."""
+        got = self._bsucc.get(lower)
+        if got is None:
+            succ = self.succmask
+            got = self._bsucc[lower] = tuple((u, succ[u]) for u in _bits(self.info(lower)[0]))
+        return got
 
     def recompute_flag(self, lower: int, upper: int) -> bool:
         """Whether :func:`segments_from_lower_sets` recomputes the segment ``upper \\ lower``."""
@@ -175,15 +189,6 @@ class _Prep:
                 got |= self.view_saves_roots[x] & lower
             self._touched[key] = got
         return got
-
-    def reads_from(self, lower: int, seg: int) -> int:
-        """Nodes of ``lower`` with a successor in ``seg`` (a set outside ``lower``)."""
-        succ = self.succmask
-        out = 0
-        for u in _bits(self.info(lower)[0]):
-            if succ[u] & seg:
-                out |= 1 << u
-        return out
 
     def info(self, lower: int) -> tuple[int, int]:
         """``(∂(L), R(L))``: boundary nodes, and roots alive in forward after ``L`` (boundary, outputs)."""
