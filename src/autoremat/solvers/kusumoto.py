@@ -140,21 +140,24 @@ finish and exhausted 23 GB of memory (per-state transition caches), so it stays 
 fallback. The tighter bound then took, side by side with the code before it on the same machine
 (interleaved, two rounds): PSPNet 28-34 s -> 18-24 s (time-centric), 45-52 s -> 33 s
 (memory-centric); DenseNet-121 14-15 s -> 8-10 s, 29-33 s -> 26-28 s; GoogLeNet still used
-11 GB within 5 minutes without an answer. The depth-first feasibility search and the
-memory-centric table's replay filter (see "Feasibility" and "Algorithm") then took, side by side
-with the code before them (fresh processes, interleaved, two rounds, papers' times, least budget
-plus one solve at it): PSPNet 8.7 / 8.2 s -> 6.6 / 6.3 s (time-centric), 12.9 / 13.1 s -> 7.5 /
-7.5 s (memory-centric), 10.8 / 11.2 s -> 8.8 / 9.2 s (time-centric, FLOP times); DenseNet-121
-3.6 / 3.4 s -> 3.6 / 3.5 s, 11.2 / 10.9 s -> 2.1 / 2.0 s; DenseNet-161 7.8 / 7.0 s -> 4.9 / 4.2
-s; DenseNet-201 10.0 / 9.0 s -> 6.8 / 6.4 s; ResNet-152 1.5 / 1.5 s -> 1.2 / 1.2 s, 2.8 / 2.7 s
--> 1.3 / 1.3 s; U-Net 1.6 / 1.4 s -> 1.7 / 1.6 s, 2.0 / 2.0 s -> 1.5 / 1.4 s; ResNet-50 0.29 /
-0.28 s -> 0.36 / 0.38 s, 0.46 / 0.45 s -> 0.42 / 0.40 s (time-centric, then memory-centric, two
-rounds each). GoogLeNet (8838 lower sets) now gets an answer: its least budget in 0.8 s, the
-time-centric plan at it in ~210 s and the memory-centric one in ~290 s (the searches price ~7-10
-million transitions, a few microseconds of Python each: the next step would be pricing a state's
-successors with numpy). Inception-v3 (35684 lower sets) runs out of memory (per-state successor
-lists). Beyond ``max_lower_sets`` (default 500) dp-exact falls back to dp-approx with a warning
-at every call (``fallback=False``: a ``ValueError``).
+11 GB within 5 minutes without an answer. The depth-first feasibility search, the per-state
+columns of priced transitions and the memory-centric table's replay filter (see "Feasibility"
+and "Algorithm") then took, side by side with the code before them (fresh processes,
+interleaved, papers' times unless said, least budget plus one solve at it): PSPNet 8.3 / 8.2 s
+-> 5.5 / 5.5 s (time-centric), 12.6 / 12.4 s -> 6.6 / 6.5 s (memory-centric), 10.6 / 10.6 s ->
+8.2 / 8.3 s (time-centric, FLOP times); DenseNet-121 3.5 / 3.4 s -> 3.0 / 3.0 s, 11.1 / 10.9 s
+-> 2.4 / 2.4 s; DenseNet-161 7.1 / 7.1 s -> 4.2 / 4.1 s, 29.0 / 29.3 s -> 4.6 / 4.6 s;
+DenseNet-201 9.2 / 9.0 s -> 6.5 / 6.5 s, 41.9 / 42.0 s -> 8.1 / 8.1 s; ResNet-152 1.5 / 1.5 s ->
+1.2 / 1.2 s, 2.7 / 2.7 s -> 1.3 / 1.3 s; ResNet-50 0.29 / 0.29 s -> 0.19 / 0.19 s, 0.46 / 0.45 s
+-> 0.24 / 0.24 s; U-Net 1.5 / 1.5 s -> 1.6 / 1.7 s (its time-centric solve no longer finds the
+transitions Dijkstra priced), 2.0 / 2.0 s -> 1.7 / 1.7 s (time-centric, then memory-centric; two
+rounds each, the order of old and new flipped between them). GoogLeNet (8838 lower sets) now
+gets an answer: its least budget in 0.8 s, the time-centric plan at it in ~2 min (peak RSS 3.6
+GB) and the memory-centric one in ~5 min (2.6 GB); both price ~7-10 million transitions at a few
+microseconds of Python each (the next step would be pricing a state's successors with numpy).
+Inception-v3 (35684 lower sets) runs out of memory (per-state successor lists). Beyond
+``max_lower_sets`` (default 500) dp-exact falls back to dp-approx with a warning at every call
+(``fallback=False``: a ``ValueError``).
 
 Exact / approximate: dp-exact is exact for the simulator's cost over all canonical strategies,
 up to the two exceptions above and the time quantum; dp-approx is approximate (pruned family,
