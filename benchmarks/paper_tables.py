@@ -273,8 +273,17 @@ def _runtime_cell(r: dict[str, Any] | None) -> str:
     if "solve_timeout_s" in r:
         return f"> {r['runtime_s']:.0f} ({r['search_s']:.2f} + > {r['solve_timeout_s']:.0f}: solve timed out)"
     if "error" in r:
-        return r["error"].replace("|", "/")[:70]
+        return _brief(r["error"], 70)
     return f"{r['runtime_s']:.2f} ({r['search_s']:.2f} + {r['solve_s']:.2f})"
+
+
+def _brief(message: str, width: int) -> str:
+    """``message`` for a table cell: without its parenthesised explanation, cut at a word
+    boundary (never inside a number) with an ellipsis when still longer than ``width``."""
+    text = message.replace("|", "/").split(" (", 1)[0]
+    if len(text) <= width:
+        return text
+    return text[:width].rsplit(" ", 1)[0] + " …"
 
 
 def _table1(res: dict[str, Any]) -> list[str]:
@@ -422,7 +431,7 @@ def to_markdown(res: dict[str, Any]) -> str:
                              f"{_runtime_cell(r)} | {paper_rt} |")
                     continue
                 if "error" in r:
-                    L.append(f"| {r['net']} | {r['nodes']} | {_gib(r['vanilla_bytes'])} | {_label(r)} | {r['error'][:60]} | | | {r['runtime_s']:.2f} | {paper_rt} |")
+                    L.append(f"| {r['net']} | {r['nodes']} | {_gib(r['vanilla_bytes'])} | {_label(r)} | {_brief(r['error'], 70)} | | | {r['runtime_s']:.2f} | {paper_rt} |")
                     continue
                 L.append(f"| {r['net']} | {r['nodes']} | {_gib(r['vanilla_bytes'])} | {_label(r)} | "
                          f"{_gib(r['min_budget_bytes'])} | {r['reduction']:.1%} | "
@@ -434,7 +443,7 @@ def to_markdown(res: dict[str, Any]) -> str:
               "|---|---|---|---|---|---|---|"]
         for r in res["part_b"]:
             if "measured_bytes" not in r:
-                L.append(f"| {r['net']} | {_label(r)} | {r.get('error', 'no plan')[:60]} | | | | |")
+                L.append(f"| {r['net']} | {_label(r)} | {_brief(r.get('error', 'no plan'), 70)} | | | | |")
                 continue
             L.append(f"| {r['net']} | {_label(r)} | {r['vanilla_measured_bytes'] / 2**20:.2f} MiB | "
                      f"{r['predicted_bytes'] / 2**20:.2f} MiB | {r['measured_bytes'] / 2**20:.2f} MiB | "

@@ -61,3 +61,13 @@ def test_a_search_that_times_out_is_skipped(paper_tables, monkeypatch):
     monkeypatch.setattr(paper_tables.autoremat, "solve", slow)
     r = paper_tables.min_budget_run(_graph(), "dp-approx", {}, timeout=0.5)
     assert r["error"].startswith("skipped: timeout") and "min_budget_bytes" not in r
+
+
+def test_table_cells_never_cut_a_number(paper_tables):
+    msg = ("skipped: 35684 lower sets, above --exact-max-lower-sets=10000 (dp-exact's cost grows "
+           "with their square)")
+    assert paper_tables._brief(msg, 70) == "skipped: 35684 lower sets, above --exact-max-lower-sets=10000"
+    long = "timeout after 120 s while pricing 123456789 transitions of a very large graph family"
+    cut = paper_tables._brief(long, 40)
+    kept = cut.removesuffix(" …")
+    assert cut != kept and long.startswith(kept) and long[len(kept)] == " " and len(kept) <= 40

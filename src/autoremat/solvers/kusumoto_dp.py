@@ -12,12 +12,12 @@ from array import array
 from bisect import bisect_left, bisect_right
 from collections.abc import Iterator
 from heapq import heappop, heappush
-from itertools import repeat
 from operator import itemgetter
 from typing import Any
 
 import numpy as np
 
+from .kusumoto_batch import _BatchPricer
 from .kusumoto_closed import _Closed
 from .kusumoto_floor import _BackwardFloor
 from .kusumoto_replay import _bookkeeping, _exact_transition, _grad_floor, _Seg
@@ -26,6 +26,7 @@ from .kusumoto_sets import _bit_list, _Prep
 __all__: list[str] = []
 
 _m_then_t = itemgetter(0, 1)
+_NONE_Q, _ZERO_Q, _ZERO_D, _NONE_I = array("q", [-1]), array("q", [0]), array("d", [0.0]), array("i", [-1])
 _INF = 1 << 62  # "no label" in the int64 tables (budgets and byte counts stay far below)
 _DENSE_CELLS = 1 << 23  # (time bucket, set) cells of the dense label table; beyond it, dicts
 _SPARE_ROWS = 2  # dense table rows beyond T(V) / quantum (float sums may round past it; it grows)
@@ -77,6 +78,7 @@ class _DP:
             self._moves: dict[tuple[int, int], tuple[array, array, array, array]] = {}
             self._dang_ix: dict[int, int] = {}
             self._dangs: list[int] = []
+            self._dang_bytes: dict[bytes, int] = {}  # the same, keyed by packed bits (_price_all)
             # rooms from which V is known not to be reached / to be reached (see _feasible_exact)
             self._fail_room: dict[tuple[int, int], int] = {}
             self._ok: dict[tuple[int, int], tuple[int, list[int]]] = {}
@@ -108,6 +110,9 @@ class _DP:
                 held = sum(p.alloc[v] for v in _bit_list(m) if copyable[v])
                 self.rec_hi.append(pg[k] + ext + own)
                 self.rec_lo.append(ext + held)
+            # prices a state's successors at once for the searches that visit them all
+            self._rows = _BatchPricer(p, family, self.floor, self.rec_hi, self.rec_lo)
+            self._pricer: _BatchPricer | None = self._rows if self._rows.ok else None
         else:
             self.closed = _Closed(p)
             self.terms = [self.closed.terms(m) for m in family]
@@ -117,6 +122,8 @@ class _DP:
         ordered = [keys[k] for k in self.order]
         self.scan = [bisect_left(ordered, keys[k]) for k in range(n)]
         self.scanned = [-1] * n
+        self._ordered = ordered
+        self._order_np = np.asarray(self.order, dtype=np.intp)
         # successor lists in key order: (key, j, need, dt_s, add) (closed form), j (exact model)
         self.succ: list[Any] = [array("i") if exact else [] for _ in range(n)]
         self._arr: list[tuple | None] = [None] * n
@@ -136,14 +143,23 @@ class _DP:
         order = self.order
         pos = self.scan[i]
         n = len(fam)
-        found: list[int] = []
-        while pos < n:
-            j = order[pos]
-            if keys[j] > limit:
-                break
-            pos += 1
-            if j != i and not lower & ~fam[j]:
-                found.append(j)
+        if self.exact:  # supersets of L_i among the sets of the next keys, at once
+            end = bisect_right(self._ordered, limit, lo=pos)
+            cand = self._order_np[pos:end]
+            rows = self._rows.members
+            mine = rows[i]
+            sup = ((rows[cand] & mine) == mine).all(axis=1) & (cand != i)
+            found = cand[sup].tolist()
+            pos = end
+        else:
+            found = []
+            while pos < n:
+                j = order[pos]
+                if keys[j] > limit:
+                    break
+                pos += 1
+                if j != i and not lower & ~fam[j]:
+                    found.append(j)
         self.scan[i] = pos
         self.scanned[i] = limit if pos < n else 1 << 62
         self.transitions += len(found)
@@ -504,15 +520,21 @@ class _DP:
         bounds, dts, adds, dix = cols
         if len(bounds) < count:
             grow = count - len(bounds)
-            bounds.extend(repeat(-1, grow))
-            dts.extend(repeat(0.0, grow))
-            adds.extend(repeat(0, grow))
-            dix.extend(repeat(-1, grow))
+            bounds.extend(_NONE_Q * grow)
+            dts.extend(_ZERO_D * grow)
+            adds.extend(_ZERO_Q * grow)
+            dix.extend(_NONE_I * grow)
         fam, floor, rec_hi, rec_lo = self.fam, self.floor, self.rec_hi, self.rec_lo[i]
         recompute_flag = self.p.recompute_flag
         dangs, dang_ix = self._dangs, self._dang_ix
         lower = fam[i]
-        for pos in (range(count - 1, -1, -1) if descending else range(count)):
+        if descending:
+            positions: Any = range(count - 1, -1, -1)
+        elif self._pricer is not None and count:
+            positions = self._price_all(i, dang, lst, count, room, cols)
+        else:
+            positions = range(count)
+        for pos in positions:
             bound = bounds[pos]
             if bound < 0:
                 j = lst[pos]
@@ -535,6 +557,47 @@ class _DP:
                     if bound > room:
                         continue
             yield lst[pos], (dts[pos], adds[pos], dangs[k], bound)
+
+    def _price_all(self, i: int, dang: int, lst: Any, count: int, room: int,
+                   cols: tuple[array, array, array, array]) -> list[int]:
+        """Price, in one :class:`_BatchPricer` pass, every successor among the first ``count``
+        of state ``(i, dang)`` that its bound admits and that is not priced yet; return the
+        positions whose bound (tightened by the pricing) fits ``room``, in order."""
+        bounds, dts, adds, dix = cols
+        js = np.frombuffer(lst, dtype=np.int32, count=count).astype(np.intp)
+        b = np.frombuffer(bounds, dtype=np.int64, count=count)
+        fresh = np.flatnonzero(b < 0)
+        if len(fresh):
+            pricer = self._pricer
+            jn = js[fresh]
+            rec = pricer.segments(i, jn)[1]
+            cheap = pricer.floor[jn]
+            b[fresh] = np.where(rec, np.maximum(cheap, pricer.rec_hi[jn] - self.rec_lo[i]), cheap)
+        todo = np.flatnonzero((b <= room) & (np.frombuffer(dix, dtype=np.int32, count=count) < 0))
+        if len(todo):
+            dt, add, packed, low = self._pricer.price(i, dang, js[todo])
+            dangs, dang_ix, by_bytes = self._dangs, self._dang_ix, self._dang_bytes
+            raw = packed.tobytes()
+            width = packed.shape[1]
+            ks = []
+            for at in range(0, len(raw), width):
+                row = raw[at:at + width]
+                k = by_bytes.get(row)
+                if k is None:
+                    d = int.from_bytes(row, "little")
+                    k = dang_ix.get(d)
+                    if k is None:
+                        k = dang_ix[d] = len(dangs)
+                        dangs.append(d)
+                    by_bytes[row] = k
+                ks.append(k)
+            np.frombuffer(dts, dtype=np.float64, count=count)[todo] = dt
+            np.frombuffer(adds, dtype=np.int64, count=count)[todo] = add
+            np.frombuffer(dix, dtype=np.int32, count=count)[todo] = ks
+            b[todo] = np.maximum(b[todo], low)
+        fits = np.flatnonzero(b <= room).tolist()
+        del b
+        return fits
 
     def priced(self) -> Iterator[tuple[int, int, int, tuple[float, int, int, int]]]:
         """``(i, j, dangling roots, (time, added kept bytes, dangling roots after, lower bound))``
