@@ -96,7 +96,7 @@ def test_googlenet_rows_span_several_words():
     g = autoremat.capture(model, args)
     assert len(g) > 128
     for graph in (g.with_paper_times(), g):
-        assert assert_batch_equals_scalar(graph, states=25) > 10_000
+        assert assert_batch_equals_scalar(graph, states=10) > 4_000
 
 
 def test_a_node_saving_a_non_ancestor_turns_batch_pricing_off():
@@ -130,3 +130,85 @@ def test_searches_agree_with_batch_pricing_off(seed, monkeypatch):
     monkeypatch.setattr(kusumoto_dp, "_BatchPricer", Off)
     assert _search(g).dp._pricer is None
     assert_same(g, "dp-exact")
+
+
+# ------------------------------------------------------------------------------ interning
+def test_interner_gives_each_set_one_index_from_ints_and_from_rows():
+    from autoremat.solvers.kusumoto_batch import _Interner
+
+    rng = random.Random(5)
+    ix = _Interner(words=3)
+    masks = [rng.getrandbits(170) for _ in range(60)] + [0]
+    packed = np.frombuffer(b"".join(m.to_bytes(24, "little") for m in masks), dtype=np.uint8).reshape(len(masks), 24)
+    ks = ix.dangling_rows(packed[:30])
+    assert [ix.sets[k] for k in ks.tolist()] == masks[:30]
+    for m in masks[20:45]:  # one at a time: the same indices for the rows seen
+        ix.dangling(m)
+    again = ix.dangling_rows(packed)
+    assert [ix.sets[k] for k in again.tolist()] == masks
+    assert again[:30].tolist() == ks.tolist() and len(set(again.tolist())) == len(set(masks))
+    states = ix.state_ids(np.array([3, 5, 3, 3]), np.array([1, 1, 1, 2]))
+    assert states[0] == states[2] and len(set(states.tolist())) == 3
+    assert ix.state_set[states].tolist() == [3, 5, 3, 3] and ix.state_dang[states].tolist() == [1, 1, 1, 2]
+
+
+def test_hash_collisions_fall_back_to_exact_values(monkeypatch):
+    """With every row hashing alike, each dangling set still gets its own index, and dp-exact
+    answers as the reference does."""
+    from autoremat.solvers import kusumoto_batch
+
+    real = kusumoto_batch._Interner.__init__
+
+    def colliding(self, words, seed=0):
+        real(self, words, seed)
+        self.mult = np.zeros(words, dtype=np.uint64)
+
+    monkeypatch.setattr(kusumoto_batch._Interner, "__init__", colliding)
+    ix = kusumoto_batch._Interner(words=2)
+    masks = [0b1011, 1 << 100, 0, 0b1011 | 1 << 70]
+    packed = np.frombuffer(b"".join(m.to_bytes(16, "little") for m in masks), dtype=np.uint8).reshape(4, 16)
+    assert [ix.sets[k] for k in ix.dangling_rows(packed).tolist()] == masks
+    assert ix.dangling(1 << 100) == ix.dangling_rows(packed[1:2])[0]
+    for seed in range(2):
+        assert_same(random_dag_with_views(400 + seed, 10), "dp-exact")
+
+
+def test_failed_deferred_checks_fall_back_to_the_next_candidates(monkeypatch):
+    """The time-centric search keeps only each state's least candidate per bucket; when its
+    deferred memory check fails, the other candidates are tried in order. Random DAGs at their
+    least budgets hit that path and still answer as the reference does."""
+    calls = []
+    real = kusumoto_dp._DP._next_label
+
+    def counted(self, *args):
+        calls.append(1)
+        return real(self, *args)
+
+    monkeypatch.setattr(kusumoto_dp._DP, "_next_label", counted)
+    for seed in range(6):
+        assert_same(random_dag_with_views(500 + seed, 10), "dp-exact")
+    assert calls
+
+
+# ------------------------------------------------------------------------------ the minimum
+def test_exact_minimum_is_never_above_the_least_kept_sequences():
+    """The least budget's dive returns the first sequence that fits, which may simulate higher
+    than the least-kept one the reference returned (up to 23% on 6 of 300 random DAGs) or lower
+    (11 of 300): the minimum keeps the lower of the two."""
+    lower = 0
+    for seed in range(1000, 1025):
+        g = random_dag_with_views(seed, 12)
+        new, old = fast.min_budget(g, "dp-exact"), ref.min_budget(g, "dp-exact")
+        assert new <= old
+        lower += new < old
+    assert lower > 0
+
+
+def test_least_kept_sequence_gives_up_past_its_label_limit():
+    g = random_dag_with_views(515, 12)
+    search = _search(g)
+    least, dive = search.least_dp_budget()
+    assert search.dp.least_kept(least, limit=1) is None
+    kept = search.dp.least_kept(least, limit=10**6)
+    assert kept is not None and kept != dive
+    assert fast._model_peak(search.p, kept)[0] <= least

@@ -33,11 +33,20 @@ from __future__ import annotations
 
 import numpy as np
 
-from .kusumoto_sets import _bits, _Prep
+from .kusumoto_sets import _bit_list, _bits, _Prep
 
 __all__: list[str] = []
 
 _ALL = np.uint64(0xFFFFFFFFFFFFFFFF)
+
+
+def _any_bit(words: np.ndarray) -> np.ndarray:
+    """Whether each row of words (the last axis) has a bit set: the words OR-ed one by one (a
+    reduction over a short last axis costs more per row)."""
+    acc = words[..., 0]
+    for w in range(1, words.shape[-1]):
+        acc = acc | words[..., w]
+    return acc != 0
 
 
 class _BatchPricer:
@@ -58,6 +67,7 @@ class _BatchPricer:
         self.holder = self.rows([p.holder_mask])[0]
         self.saver = self.rows([p.saver_mask])[0]
         self.nonrecomp = self.rows([p.nonrecomp_mask])[0]
+        self.offsets = 256 * np.arange(8 * self.words, dtype=np.intp)
         self.alloc = self._table(p.alloc)
         self.ones = self._table([1] * n)
         self.out = np.asarray(p.out, dtype=np.int64)
@@ -100,17 +110,22 @@ class _BatchPricer:
         for v, w in enumerate(weights):
             if w:
                 table[v // 8, (values >> (v % 8)) & 1 == 1] += w
-        return table
+        return table.ravel()  # flat: byte b of value x at 256 * b + x (see weigh)
 
     def weigh(self, rows: np.ndarray, table: np.ndarray) -> np.ndarray:
         """The sum of the table's weights over each row's bits (exact, in integers)."""
         octets = np.ascontiguousarray(rows).view(np.uint8)
-        return table[np.arange(octets.shape[1]), octets].sum(axis=1)
+        return np.take(table, octets + self.offsets).sum(axis=1)
 
     @staticmethod
     def hits(rows: np.ndarray, mask: np.ndarray) -> np.ndarray:
         """Whether each row shares a bit with ``mask`` (one row of words)."""
-        return (rows & mask).any(axis=1)
+        return _any_bit(rows & mask)
+
+    @staticmethod
+    def hits_each(rows: np.ndarray, masks: np.ndarray) -> np.ndarray:
+        """``[k, c]``: whether row ``k`` shares a bit with ``masks[c]``."""
+        return _any_bit(rows[:, None, :] & masks[None])
 
     def _fill(self, js: np.ndarray) -> None:
         p, fam = self.p, self.fam
@@ -158,43 +173,46 @@ class _BatchPricer:
         above = np.logical_or.accumulate(nonzero[:, ::-1], axis=1)[:, ::-1]
         below[:, :-1] |= np.where(above[:, 1:], _ALL, np.uint64(0))
         part = seg & below
+        dt = np.zeros(len(js))
+        at = np.flatnonzero(rec)
         if self.times is not None:
-            dt = self.weigh(part, self.times).astype(np.float64)
-        else:
-            bits = np.unpackbits(part.view(np.uint8), axis=1, bitorder="little", count=n).astype(bool)
-            dt = np.where(bits, self.time, 0.0).cumsum(axis=1)[:, -1] if n else np.zeros(len(js))
+            dt[at] = self.weigh(part[at], self.times)
+        elif len(at):
+            bits = np.unpackbits(part[at].view(np.uint8), axis=1, bitorder="little", count=n).astype(bool)
+            dt[at] = np.where(bits, self.time, 0.0).cumsum(axis=1)[:, -1]
         # kept bytes a saved segment adds: its extras and the storages of S its nodes save
         kept_new = np.where(rec[:, None], np.uint64(0), self.saved[js] & seg)
-        add = np.where(rec, 0, self.extra_in[js] - self.extra_in[i]) + self.weigh(kept_new, self.alloc)
+        add = np.where(rec, 0, self.extra_in[js] - self.extra_in[i])
+        saving = np.flatnonzero(~rec)
+        add[saving] += self.weigh(kept_new[saving], self.alloc)
         alive = self.alive[js]
         fresh = alive & seg & ~kept_new
         # the dangling roots the segment holds (reads when recomputed, saves otherwise)
         held = np.zeros_like(seg)
         if dang:
-            reads: dict[int, np.ndarray] = {}
-            for u in _bits(p.info(lower)[0]):
-                r = p.root[u]
-                if dang >> r & 1:
-                    hit = self.hits(seg, self.succ[u])
-                    reads[r] = hit if r not in reads else reads[r] | hit
-            for r in _bits(dang):
-                read = reads.get(r)
-                hold = np.where(rec, read if read is not None else False, self.hits(seg, self.savers[r]))
+            roots = _bit_list(dang)
+            readers = [u for u in _bits(p.info(lower)[0]) if dang >> p.root[u] & 1]
+            reads = self.hits_each(seg, self.succ[readers]) if readers else None
+            saves = self.hits_each(seg, self.savers[roots])
+            for c, r in enumerate(roots):
+                read = np.zeros(len(js), dtype=bool)
+                for d, u in enumerate(readers):
+                    if p.root[u] == r:
+                        read |= reads[:, d]
+                hold = np.where(rec, read, saves[:, c])
                 held[:, r // 64] |= hold.astype(np.uint64) << np.uint64(r % 64)
             add = add + self.weigh(held, self.alloc)
         dangling = self.rows([dang])[0]
         dang2 = (dangling & ~held & alive) | fresh
         low = add + self.floor[js]
         if rec.any():
-            owners = []  # gradient owners kept through the segment, per lower node (-1: none)
-            lower_grads = (p.info(lower)[0] | (p.out_mask & lower)) & p.rg_mask
-            for u in _bits(lower_grads):
-                own = self.owner[js, u]
-                keep = (own >= 0) & ~self.hits(seg, self.succ[u]) & rec
-                owners.append(np.where(keep, own, -1))
+            # gradient owners kept through the segment, per node of L_i (-1: none)
+            lower_grads = _bit_list((p.info(lower)[0] | (p.out_mask & lower)) & p.rg_mask)
             grads = np.zeros(len(js), dtype=np.int64)
-            if owners:
-                table = np.sort(np.stack(owners, axis=1), axis=1)
+            if lower_grads:
+                own = self.owner[js[:, None], lower_grads]
+                keep = (own >= 0) & ~self.hits_each(seg, self.succ[lower_grads]) & rec[:, None]
+                table = np.sort(np.where(keep, own, -1), axis=1)
                 first = np.ones_like(table, dtype=bool)  # each owner counted once per row
                 first[:, 1:] = table[:, 1:] != table[:, :-1]
                 counted = first & (table >= 0)
@@ -206,3 +224,117 @@ class _BatchPricer:
         dang2[final] = 0
         low[final] = self.floor[self.last]
         return dt, add, np.ascontiguousarray(dang2).view(np.uint8), low
+
+
+class _Ids:
+    """Dense ids for 64-bit keys, looked up and added many at a time (a sorted key array)."""
+
+    def __init__(self) -> None:
+        self.keys = np.zeros(0, dtype=np.uint64)
+        self.ids = np.zeros(0, dtype=np.int64)
+        self.count = 0
+
+    def get(self, keys: np.ndarray) -> np.ndarray:
+        """The id of each key (-1 where it has none)."""
+        if not len(self.keys):
+            return np.full(len(keys), -1, dtype=np.int64)
+        at = np.minimum(np.searchsorted(self.keys, keys), len(self.keys) - 1)
+        return np.where(self.keys[at] == keys, self.ids[at], -1)
+
+    def add(self, keys: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """The id of each key, new keys numbered in order of value: ``(ids, new keys, their ids)``."""
+        ids = self.get(keys)
+        missing = ids < 0
+        if not missing.any():
+            return ids, keys[:0], ids[:0]
+        new, inverse = np.unique(keys[missing], return_inverse=True)
+        new_ids = self.count + np.arange(len(new), dtype=np.int64)
+        ids[missing] = new_ids[inverse.ravel()]
+        self.put(new, new_ids)
+        return ids, new, new_ids
+
+    def put(self, keys: np.ndarray, ids: np.ndarray) -> None:
+        """Record ``keys -> ids`` (keys absent so far, sorted; ids from :attr:`count` on)."""
+        at = np.searchsorted(self.keys, keys)
+        self.keys = np.insert(self.keys, at, keys)
+        self.ids = np.insert(self.ids, at, ids)
+        self.count = max(self.count, int(ids.max()) + 1) if len(ids) else self.count
+
+
+class _Interner:
+    """Indices of dangling sets and of states ``(set, dangling set)`` for dp-exact's searches,
+    both from Python ints (one at a time) and from rows of packed bits (many at a time).
+
+    A row of packed bits is found by a 64-bit hash of its words, then checked word for word
+    against the set the hash points to; a row whose hash belongs to another set (a collision)
+    is interned by its exact value in :attr:`index`, like the one-at-a-time path. A state is
+    the key ``set << 32 | dangling index`` (exact).
+    """
+
+    def __init__(self, words: int, seed: int = 0x5DEECE66D) -> None:
+        self.words = words
+        rng = np.random.default_rng(seed)
+        self.mult = rng.integers(1, 2**63, size=words, dtype=np.uint64) | np.uint64(1)
+        self.sets: list[int] = []  # dangling index -> set
+        self.index: dict[int, int] = {}  # set -> dangling index
+        self.rows = np.zeros((0, words), dtype=np.uint64)  # dangling index -> words
+        self.hashed = _Ids()
+        self.states = _Ids()
+        self.state_set = np.zeros(0, dtype=np.int64)  # state id -> set index
+        self.state_dang = np.zeros(0, dtype=np.int64)  # state id -> dangling index
+
+    def _hash(self, rows: np.ndarray) -> np.ndarray:
+        return (rows * self.mult).sum(axis=1, dtype=np.uint64)
+
+    def _new(self, masks: list[int], rows: np.ndarray) -> list[int]:
+        start = len(self.sets)
+        for k, mask in enumerate(masks):
+            self.index[mask] = start + k
+        self.sets.extend(masks)
+        self.rows = np.concatenate([self.rows, rows])
+        return list(range(start, start + len(masks)))
+
+    def dangling(self, mask: int) -> int:
+        """The index of the dangling set ``mask`` (added when new)."""
+        k = self.index.get(mask)
+        if k is None:
+            row = np.frombuffer(mask.to_bytes(8 * self.words, "little"), dtype="<u8").astype(np.uint64)[None]
+            k = self._new([mask], row)[0]
+            h = self._hash(row)
+            if self.hashed.get(h)[0] < 0:  # else a collision: found through index
+                self.hashed.put(h, np.array([k]))
+        return k
+
+    def dangling_rows(self, packed: np.ndarray) -> np.ndarray:
+        """The index of each row of packed bits (rows of :meth:`_BatchPricer.price`)."""
+        rows = np.ascontiguousarray(packed).view(np.uint64)
+        hashes = self._hash(rows)
+        ks = self.hashed.get(hashes)
+        missing = ks < 0
+        if missing.any():
+            new, first, inverse = np.unique(hashes[missing], return_index=True, return_inverse=True)
+            fresh_rows = rows[np.flatnonzero(missing)[first]]
+            masks = [int.from_bytes(r.tobytes(), "little") for r in fresh_rows]
+            known = [self.index.get(m) for m in masks]  # added one at a time, hash taken
+            ids = np.array([k if k is not None else -1 for k in known], dtype=np.int64)
+            add = ids < 0
+            if add.any():
+                ids[add] = self._new([m for m, k in zip(masks, known) if k is None], fresh_rows[add])
+                self.hashed.put(new[add], ids[add])
+            ks[missing] = ids[inverse.ravel()]
+        wrong = np.flatnonzero((self.rows[ks] != rows).any(axis=1))
+        for at in wrong.tolist():  # hash collisions: by exact value
+            ks[at] = self.dangling(int.from_bytes(rows[at].tobytes(), "little"))
+        return ks
+
+    def state_ids(self, sets: np.ndarray, dangs: np.ndarray) -> np.ndarray:
+        """The id of each state ``(sets[k], dangs[k])`` (added when new)."""
+        keys = (sets.astype(np.uint64) << np.uint64(32)) | dangs.astype(np.uint64)
+        ids, new, new_ids = self.states.add(keys)
+        if len(new):
+            size = self.states.count
+            self.state_set = np.resize(self.state_set, size)
+            self.state_dang = np.resize(self.state_dang, size)
+            self.state_set[new_ids] = (new >> np.uint64(32)).astype(np.int64)
+            self.state_dang[new_ids] = (new & np.uint64(0xFFFFFFFF)).astype(np.int64)
+        return ids

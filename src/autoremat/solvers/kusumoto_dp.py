@@ -12,12 +12,11 @@ from array import array
 from bisect import bisect_left, bisect_right
 from collections.abc import Iterator
 from heapq import heappop, heappush
-from operator import itemgetter
 from typing import Any
 
 import numpy as np
 
-from .kusumoto_batch import _BatchPricer
+from .kusumoto_batch import _BatchPricer, _Interner
 from .kusumoto_closed import _Closed
 from .kusumoto_floor import _BackwardFloor
 from .kusumoto_replay import _bookkeeping, _exact_transition, _grad_floor, _Seg
@@ -25,7 +24,6 @@ from .kusumoto_sets import _bit_list, _Prep
 
 __all__: list[str] = []
 
-_m_then_t = itemgetter(0, 1)
 _NONE_Q, _ZERO_Q, _ZERO_D, _NONE_I = array("q", [-1]), array("q", [0]), array("d", [0.0]), array("i", [-1])
 _INF = 1 << 62  # "no label" in the int64 tables (budgets and byte counts stay far below)
 _DENSE_CELLS = 1 << 23  # (time bucket, set) cells of the dense label table; beyond it, dicts
@@ -76,9 +74,6 @@ class _DP:
             # per state, aligned with its successor list: lower bounds of the need (-1: none yet)
             # and the transitions priced so far, as columns (see _candidates); dangling sets interned
             self._moves: dict[tuple[int, int], tuple[array, array, array, array]] = {}
-            self._dang_ix: dict[int, int] = {}
-            self._dangs: list[int] = []
-            self._dang_bytes: dict[bytes, int] = {}  # the same, keyed by packed bits (_price_all)
             # rooms from which V is known not to be reached / to be reached (see _feasible_exact)
             self._fail_room: dict[tuple[int, int], int] = {}
             self._ok: dict[tuple[int, int], tuple[int, list[int]]] = {}
@@ -113,6 +108,9 @@ class _DP:
             # prices a state's successors at once for the searches that visit them all
             self._rows = _BatchPricer(p, family, self.floor, self.rec_hi, self.rec_lo)
             self._pricer: _BatchPricer | None = self._rows if self._rows.ok else None
+            # dangling sets and states (set, dangling set) by dense index (see _Interner)
+            self._ix = _Interner(self._rows.words)
+            self._merged: list[Any] | None = None  # the current bucket's chunks merged (_next_label)
         else:
             self.closed = _Closed(p)
             self.terms = [self.closed.terms(m) for m in family]
@@ -495,20 +493,15 @@ class _DP:
         :func:`_bookkeeping`, in the order of the successor list (see :meth:`_candidates`)."""
         return list(self._candidates(i, dang, m, budget, descending=False))
 
-    def _candidates(self, i: int, dang: int, m: int, budget: int,
-                    descending: bool) -> Iterator[tuple[int, tuple[float, int, int, int]]]:
-        """:meth:`_exact_moves` as a generator, from the smallest successor up or (``descending``)
-        from the largest down, pricing each transition only when it is reached.
+    def _columns(self, i: int, dang: int, room: int) -> tuple[Any, int, tuple[array, ...]]:
+        """``(successor list, count within the key bound, columns)`` of state ``(i, dang)``.
 
-        A transition whose lower bound the budget cannot admit is left out (it would fail its
-        deferred memory check anyway). The bound is first the cheap one (:attr:`floor`, and
-        for a recomputed segment :attr:`rec_hi` - :attr:`rec_lo`: no bookkeeping), then
-        :meth:`_move`'s. Each state keeps, aligned with its successor list, the bounds (-1 where
-        none is known yet) and the priced transitions as ``array`` columns (time, added kept
-        bytes, index of the interned dangling set, -1 where not priced yet): a GoogLeNet search
-        prices millions of transitions, and a tuple each took 9 GB more at its peak.
+        Each state keeps, aligned with its successor list, the lower bounds of the need (-1
+        where none is known yet) and the priced transitions as ``array`` columns: time, added
+        kept bytes, index of the dangling set after (-1 where not priced yet) and id of the
+        state it leads to (-1 where not known yet). A GoogLeNet search prices millions of
+        transitions, and a tuple each took 9 GB more at its peak.
         """
-        room = budget - m
         keys = self.keys
         limit = keys[i] + room
         lst = self.successors(i, limit)
@@ -516,25 +509,37 @@ class _DP:
         state = (i, dang)
         cols = self._moves.get(state)
         if cols is None:
-            cols = self._moves[state] = (array("q"), array("d"), array("q"), array("i"))
-        bounds, dts, adds, dix = cols
-        if len(bounds) < count:
-            grow = count - len(bounds)
-            bounds.extend(_NONE_Q * grow)
-            dts.extend(_ZERO_D * grow)
-            adds.extend(_ZERO_Q * grow)
-            dix.extend(_NONE_I * grow)
+            cols = self._moves[state] = (array("q"), array("d"), array("q"), array("i"), array("i"))
+        if len(cols[0]) < count:
+            grow = count - len(cols[0])
+            for col, fill in zip(cols, (_NONE_Q, _ZERO_D, _ZERO_Q, _NONE_I, _NONE_I)):
+                col.extend(fill * grow)
+        return lst, count, cols
+
+    def _candidates(self, i: int, dang: int, m: int, budget: int,
+                    descending: bool) -> Iterator[tuple[int, tuple[float, int, int, int]]]:
+        """:meth:`_exact_moves` as a generator, from the smallest successor up or (``descending``)
+        from the largest down.
+
+        A transition whose lower bound the budget cannot admit is left out (it would fail its
+        deferred memory check anyway). The bound is first the cheap one (:attr:`floor`, and
+        for a recomputed segment :attr:`rec_hi` - :attr:`rec_lo`: no bookkeeping), then
+        :meth:`_move`'s. Ascending, every transition is priced up front (:meth:`_price_all`);
+        descending (the feasibility dive, which stops at the first that fits), each only when
+        it is reached.
+        """
+        room = budget - m
+        lst, count, cols = self._columns(i, dang, room)
+        bounds, dts, adds, dix, _ = cols
+        if not descending:
+            sets = self._ix.sets
+            for pos in self._price_all(i, dang, lst, count, room, cols).tolist():
+                yield lst[pos], (dts[pos], adds[pos], sets[dix[pos]], bounds[pos])
+            return
         fam, floor, rec_hi, rec_lo = self.fam, self.floor, self.rec_hi, self.rec_lo[i]
         recompute_flag = self.p.recompute_flag
-        dangs, dang_ix = self._dangs, self._dang_ix
         lower = fam[i]
-        if descending:
-            positions: Any = range(count - 1, -1, -1)
-        elif self._pricer is not None and count:
-            positions = self._price_all(i, dang, lst, count, room, cols)
-        else:
-            positions = range(count)
-        for pos in positions:
+        for pos in range(count - 1, -1, -1):
             bound = bounds[pos]
             if bound < 0:
                 j = lst[pos]
@@ -547,66 +552,65 @@ class _DP:
             k = dix[pos]
             if k < 0:
                 dt, add, dang2, low = self._move(i, lst[pos], dang)
-                k = dang_ix.get(dang2)
-                if k is None:
-                    k = dang_ix[dang2] = len(dangs)
-                    dangs.append(dang2)
+                k = self._ix.dangling(dang2)
                 dts[pos], adds[pos], dix[pos] = dt, add, k
                 if low > bound:
                     bounds[pos] = bound = low
                     if bound > room:
                         continue
-            yield lst[pos], (dts[pos], adds[pos], dangs[k], bound)
+            yield lst[pos], (dts[pos], adds[pos], self._ix.sets[k], bound)
 
     def _price_all(self, i: int, dang: int, lst: Any, count: int, room: int,
-                   cols: tuple[array, array, array, array]) -> list[int]:
-        """Price, in one :class:`_BatchPricer` pass, every successor among the first ``count``
-        of state ``(i, dang)`` that its bound admits and that is not priced yet; return the
-        positions whose bound (tightened by the pricing) fits ``room``, in order."""
-        bounds, dts, adds, dix = cols
+                   cols: tuple[array, ...]) -> np.ndarray:
+        """Price every successor among the first ``count`` of state ``(i, dang)`` that its
+        bound admits and that is not priced yet (one :class:`_BatchPricer` pass, or one
+        :meth:`_move` each where the graph rules the batch out), and give each that fits a
+        state id; return the positions whose bound (tightened by the pricing) fits ``room``,
+        in order."""
+        if not count:
+            return np.zeros(0, dtype=np.intp)
+        bounds, dts, adds, dix, sids = cols
         js = np.frombuffer(lst, dtype=np.int32, count=count).astype(np.intp)
         b = np.frombuffer(bounds, dtype=np.int64, count=count)
+        k = np.frombuffer(dix, dtype=np.int32, count=count)
         fresh = np.flatnonzero(b < 0)
         if len(fresh):
-            pricer = self._pricer
+            rows = self._rows
             jn = js[fresh]
-            rec = pricer.segments(i, jn)[1]
-            cheap = pricer.floor[jn]
-            b[fresh] = np.where(rec, np.maximum(cheap, pricer.rec_hi[jn] - self.rec_lo[i]), cheap)
-        todo = np.flatnonzero((b <= room) & (np.frombuffer(dix, dtype=np.int32, count=count) < 0))
+            rec = rows.segments(i, jn)[1]
+            cheap = rows.floor[jn]
+            b[fresh] = np.where(rec, np.maximum(cheap, rows.rec_hi[jn] - self.rec_lo[i]), cheap)
+        todo = np.flatnonzero((b <= room) & (k < 0))
         if len(todo):
-            dt, add, packed, low = self._pricer.price(i, dang, js[todo])
-            dangs, dang_ix, by_bytes = self._dangs, self._dang_ix, self._dang_bytes
-            raw = packed.tobytes()
-            width = packed.shape[1]
-            ks = []
-            for at in range(0, len(raw), width):
-                row = raw[at:at + width]
-                k = by_bytes.get(row)
-                if k is None:
-                    d = int.from_bytes(row, "little")
-                    k = dang_ix.get(d)
-                    if k is None:
-                        k = dang_ix[d] = len(dangs)
-                        dangs.append(d)
-                    by_bytes[row] = k
-                ks.append(k)
+            if self._pricer is not None:
+                dt, add, packed, low = self._pricer.price(i, dang, js[todo])
+                ks = self._ix.dangling_rows(packed)
+            else:
+                moves = [self._move(i, j, dang) for j in js[todo].tolist()]
+                dt = np.array([mv[0] for mv in moves], dtype=np.float64)
+                add = np.array([mv[1] for mv in moves], dtype=np.int64)
+                ks = np.array([self._ix.dangling(mv[2]) for mv in moves], dtype=np.int64)
+                low = np.array([mv[3] for mv in moves], dtype=np.int64)
             np.frombuffer(dts, dtype=np.float64, count=count)[todo] = dt
             np.frombuffer(adds, dtype=np.int64, count=count)[todo] = add
-            np.frombuffer(dix, dtype=np.int32, count=count)[todo] = ks
+            k[todo] = ks
             b[todo] = np.maximum(b[todo], low)
-        fits = np.flatnonzero(b <= room).tolist()
-        del b
+        fits = np.flatnonzero(b <= room)
+        s = np.frombuffer(sids, dtype=np.int32, count=count)
+        unknown = fits[s[fits] < 0]
+        if len(unknown):
+            s[unknown] = self._ix.state_ids(js[unknown], k[unknown])
+        del b, k, s
         return fits
 
     def priced(self) -> Iterator[tuple[int, int, int, tuple[float, int, int, int]]]:
         """``(i, j, dangling roots, (time, added kept bytes, dangling roots after, lower bound))``
         of every transition the exact model has priced so far (for tests and diagnostics)."""
-        for (i, dang), (bounds, dts, adds, dix) in self._moves.items():
+        for (i, dang), (bounds, dts, adds, dix, _) in self._moves.items():
             lst = self.succ[i]
             for pos, k in enumerate(dix):
                 if k >= 0:
-                    yield i, lst[pos], dang, (dts[pos], adds[pos], self._dangs[k], bounds[pos])
+                    yield i, lst[pos], dang, (dts[pos], adds[pos], self._ix.sets[k], bounds[pos])
 
     def _move(self, i: int, j: int, dang: int) -> tuple[float, int, int, int]:
         """``(time, added kept bytes, dangling roots, lower bound of the need)`` of one transition
@@ -721,6 +725,65 @@ class _DP:
             stack.pop()
         return None
 
+    def least_kept(self, budget: int, limit: int) -> list[int] | None:
+        """A sequence that fits ``budget`` with the least kept bytes at ``V`` (Dijkstra on
+        ``m``; ties go to the label pushed first), or ``None`` when none does or the search
+        pushes more than ``limit`` labels first.
+
+        :meth:`_feasible_exact` returns the first sequence its dive finds; at the least budget
+        this one is the candidate the searches before it returned, and the least-budget search
+        keeps whichever simulates lower (see :meth:`.kusumoto._Search.minimum`). It skips the
+        states the dives proved cannot reach ``V`` with the room they would have
+        (:attr:`_fail_room`), and prices each state's successors at once (:meth:`_price_all`).
+        """
+        fam, ix = self.fam, self._ix
+        last = len(fam) - 1
+        fail_room = self._fail_room
+        settled: dict[int, Any] = {}
+        first = int(ix.state_ids(np.zeros(1, dtype=np.intp), np.array([ix.dangling(0)]))[0])
+        heap: list[tuple[int, int, int, Any, int]] = [(0, 0, first, None, 0)]
+        count = 1
+        while heap:
+            m, _, sid, back, m_src = heappop(heap)
+            if sid in settled:
+                continue
+            i = int(ix.state_set[sid])
+            dang = ix.sets[int(ix.state_dang[sid])]
+            if back is not None:
+                i0, dang0 = int(ix.state_set[back]), ix.sets[int(ix.state_dang[back])]
+                if self._exceeds(i0, i, dang0, budget - m_src):
+                    continue
+            settled[sid] = back
+            if count > limit:
+                return None
+            if i == last:
+                seq: list[int] = []
+                node: Any = sid
+                while node is not None and ix.state_set[node] != 0:
+                    seq.append(fam[int(ix.state_set[node])])
+                    node = settled[node]
+                seq.reverse()
+                return seq
+            room = budget - m
+            lst, count_, cols = self._columns(i, dang, room)
+            fits = self._price_all(i, dang, lst, count_, room, cols)
+            if not len(fits):
+                continue
+            _, _, adds, dix, sids = cols
+            add = np.frombuffer(adds, dtype=np.int64, count=count_)[fits].tolist()
+            nxt = np.frombuffer(sids, dtype=np.int32, count=count_)[fits].tolist()
+            js = [lst[p] for p in fits.tolist()]
+            ks = np.frombuffer(dix, dtype=np.int32, count=count_)[fits].tolist()
+            for sid2, a, j, k in zip(nxt, add, js, ks):
+                if sid2 in settled:
+                    continue
+                m2 = m + a
+                if budget - m2 <= fail_room.get((j, ix.sets[k]), -1):
+                    continue
+                heappush(heap, (m2, count, sid2, sid, m))
+                count += 1
+        return None
+
     def _found(self, stack: list[tuple[tuple[int, int], int, Any]], budget: int,
                suffix: list[int]) -> tuple[list[int], float]:
         """The sequence of :meth:`_feasible_exact` when the top of ``stack`` reaches ``V`` by
@@ -736,73 +799,173 @@ class _DP:
     def _search_exact(self, budget: int) -> tuple[list[int], float] | None:
         """:meth:`_search_closed` for the exact model: labels of states ``(set, dangling roots)``.
 
-        A transition's time and kept bytes come from set operations (:func:`_bookkeeping`); its
+        A transition's time and kept bytes come from set operations (:meth:`_price_all`); its
         peak needs a segment replay, which is only paid when the label it produced is popped
-        (a label beyond the optimum never is).
+        (a label beyond the optimum never is). Buckets of time hold the candidate labels as
+        numpy chunks, one per expansion and target bucket: ``(source label, state ids, kept
+        bytes, times)``. While a bucket is processed, each state's least ``(m, t)`` candidate
+        (the earliest on ties: the order of a stable sort of all of them) is kept in arrays;
+        its states are popped in increasing ``(set, dangling roots)`` (a topological order:
+        successors are larger sets), and a state whose least candidate fails its deferred
+        check falls back to all its candidates of the bucket, in that order.
         """
-        fam = self.fam
-        quantum = self.quantum
+        fam, quantum, ix = self.fam, self.quantum, self._ix
         last = len(fam) - 1
-        inf = 1 << 126
-        best: dict[tuple[int, int], int] = {}
-        labels: dict[tuple[int, int, int], tuple[int, float, Any]] = {}
-        # buckets[tq][(set, dangling)] = candidate labels (m, t, source), source = (set, dangling,
-        # tq, m) of the label it came from (one tuple per expansion): all of them, since the
-        # least m may fail its deferred check
-        buckets: dict[int, dict[tuple[int, int], list[tuple[int, float, Any]]]] = {
-            0: {(0, 0): [(0, 0.0, None)]}}
+        first = int(ix.state_ids(np.zeros(1, dtype=np.intp), np.array([ix.dangling(0)]))[0])
+        best = _Column(np.int64, _INF)  # kept bytes of each state's settled label
+        low_m = _Column(np.int64, _INF)  # per state: least candidate of the current bucket
+        low_t = _Column(np.float64, 0.0)
+        low_c = _Column(np.int64, -1)  # its chunk (index in the bucket's list)
+        # sources[label] = (set, dangling roots, kept bytes, state id, bucket) of an expanded
+        # label; labels[(state id, bucket)] = (m, t, (state id, bucket) of its source)
+        sources: list[tuple[int, int, int, int, int]] = []
+        labels: dict[tuple[int, int], tuple[int, float, tuple[int, int] | None]] = {}
+        one = np.array([first], dtype=np.int64)
+        buckets: dict[int, list[tuple[int, np.ndarray, np.ndarray, np.ndarray]]] = {
+            0: [(-1, one, np.zeros(1, dtype=np.int64), np.zeros(1))]}
         pending = [0]
         while pending:
             tq = heappop(pending)
-            bucket = buckets.pop(tq)
-            queue = sorted(bucket)
+            chunks = buckets.pop(tq)
+            queue: list[tuple[int, int, int]] = []
+            touched: list[np.ndarray] = []
+
+            def absorb(c: int) -> None:
+                _, ids, ms, ts = chunks[c]
+                size = int(ids.max()) + 1
+                lm, lt, lc = low_m.fit(size), low_t.fit(size), low_c.fit(size)
+                had, old_t = lm[ids], lt[ids]
+                better = (ms < had) | ((ms == had) & (ts < old_t))
+                new = ids[had == _INF]
+                if len(new):
+                    touched.append(new)
+                    sets = ix.state_set[new].tolist()
+                    dangs = ix.state_dang[new].tolist()
+                    for j, k, sid in zip(sets, dangs, new.tolist()):
+                        heappush(queue, (j, ix.sets[k], sid))
+                win = ids[better]
+                lm[win], lt[win], lc[win] = ms[better], ts[better], c
+
+            if len(chunks) == 1:
+                absorb(0)
+            else:  # every chunk at once: per state, the least (m, t), the earliest chunk on ties
+                ids = np.concatenate([c[1] for c in chunks])
+                ms = np.concatenate([c[2] for c in chunks])
+                ts = np.concatenate([c[3] for c in chunks])
+                cs = np.repeat(np.arange(len(chunks)), [len(c[1]) for c in chunks])
+                self._merged = [chunks, len(chunks), [(ids, ms, ts, cs)]]  # for _next_label
+                order = np.lexsort((cs, ts, ms, ids))
+                ranked = ids[order]
+                win = order[np.flatnonzero(np.r_[True, ranked[1:] != ranked[:-1]])]
+                new = ids[win]
+                size = int(new.max()) + 1
+                low_m.fit(size)[new], low_t.fit(size)[new], low_c.fit(size)[new] = ms[win], ts[win], cs[win]
+                touched.append(new)
+                sets_of = ix.sets
+                queue = sorted(zip(ix.state_set[new].tolist(),
+                                   [sets_of[k] for k in ix.state_dang[new].tolist()], new.tolist()))
             while queue:
-                state = heappop(queue)
-                accepted = None
-                for m, t, src in sorted(bucket[state], key=_m_then_t):
-                    if m >= best.get(state, inf):
-                        break
-                    if src is not None:  # the deferred memory check of the transition into state
-                        if self._exceeds(src[0], state[0], src[1], budget - src[3]):
-                            continue
-                    accepted = (m, t, src and src[:3])
-                    break
-                if accepted is None:
+                i, dang, sid = heappop(queue)
+                settled = best.fit(sid + 1)[sid]
+                m, t, c = int(low_m.a[sid]), float(low_t.a[sid]), int(low_c.a[sid])
+                if m >= settled:
                     continue
-                m, t, back = accepted
-                best[state] = m
-                labels[(state[0], state[1], tq)] = accepted
-                i, dang = state
+                src = chunks[c][0]
+                if src >= 0 and self._exceeds(sources[src][0], i, sources[src][1], budget - sources[src][2]):
+                    got = self._next_label(chunks, sid, i, settled, budget, sources)
+                    if got is None:
+                        continue
+                    m, t, src = got
+                best.a[sid] = m
+                labels[(sid, tq)] = (m, t, sources[src][3:] if src >= 0 else None)
                 if i == last:
                     seq: list[int] = []
-                    node: Any = (i, dang, tq)
-                    while node is not None and node[0] != 0:
-                        seq.append(fam[node[0]])
+                    node: tuple[int, int] | None = (sid, tq)
+                    while node is not None and ix.state_set[node[0]] != 0:
+                        seq.append(fam[int(ix.state_set[node[0]])])
                         node = labels[node][2]
                     seq.reverse()
                     return seq, t
-                here = (i, dang, tq, m)
-                for j, (dt, add, dang2, _) in self._candidates(i, dang, m, budget, descending=False):
-                    m2 = m + add
-                    nxt = (j, dang2)
-                    if m2 >= best.get(nxt, inf):
-                        continue
-                    t2 = t + dt
-                    q2 = int(t2 // quantum)
-                    if q2 != tq:
-                        tgt = buckets.get(q2)
-                        if tgt is None:
-                            tgt = buckets[q2] = {}
-                            heappush(pending, q2)
+                here = len(sources)
+                sources.append((i, dang, m, sid, tq))
+                room = budget - m
+                lst, count, cols = self._columns(i, dang, room)
+                fits = self._price_all(i, dang, lst, count, room, cols)
+                if not len(fits):
+                    continue
+                _, dts, adds, _, sids = cols
+                ids = np.frombuffer(sids, dtype=np.int32, count=count)[fits].astype(np.int64)
+                m2 = m + np.frombuffer(adds, dtype=np.int64, count=count)[fits]
+                keep = m2 < best.fit(int(ids.max()) + 1)[ids]
+                ids, m2 = ids[keep], m2[keep]
+                t2 = t + np.frombuffer(dts, dtype=np.float64, count=count)[fits][keep]
+                q2 = (t2 // quantum).astype(np.int64)
+                order = np.argsort(q2, kind="stable")
+                q2 = q2[order]
+                cuts = np.flatnonzero(q2[1:] != q2[:-1]) + 1
+                for a, b in zip([0, *cuts.tolist()], [*cuts.tolist(), len(q2)]):
+                    q = int(q2[a])
+                    sel = order[a:b]
+                    chunk = (here, ids[sel], m2[sel], t2[sel])
+                    if q == tq:
+                        chunks.append(chunk)
+                        absorb(len(chunks) - 1)
                     else:
-                        tgt = bucket
-                    cands = tgt.get(nxt)
-                    if cands is None:
-                        cands = tgt[nxt] = []
-                        if q2 == tq:
-                            heappush(queue, nxt)
-                    cands.append((m2, t2, here))
+                        tgt = buckets.get(q)
+                        if tgt is None:
+                            tgt = buckets[q] = []
+                            heappush(pending, q)
+                        tgt.append(chunk)
+            for ids in touched:  # the next bucket starts with no candidates
+                low_m.a[ids] = _INF
         return None
+
+    def _next_label(self, chunks: list[tuple[int, np.ndarray, np.ndarray, np.ndarray]], sid: int,
+                    j: int, settled: int, budget: int,
+                    sources: list[tuple[int, int, int, int, int]]) -> tuple[int, float, int] | None:
+        """The first of state ``sid``'s candidates in the bucket (by ``(m, t)``, earliest on
+        ties) whose deferred check passes, as ``(m, t, source label)``; ``None`` when none
+        with fewer kept bytes than ``settled`` does (:meth:`_search_exact`)."""
+        merged = self._merged
+        if merged is None or merged[0] is not chunks:  # a new bucket
+            merged = self._merged = [chunks, 0, []]
+        parts = merged[2]  # (state ids, kept bytes, times, chunk of each) of merged runs of chunks
+        if merged[1] < len(chunks):  # chunks added since: one more run
+            new = range(merged[1], len(chunks))
+            parts.append((np.concatenate([chunks[c][1] for c in new]),
+                          np.concatenate([chunks[c][2] for c in new]),
+                          np.concatenate([chunks[c][3] for c in new]),
+                          np.concatenate([np.full(len(chunks[c][1]), c) for c in new])))
+            merged[1] = len(chunks)
+            while len(parts) > 1 and len(parts[-1][0]) * 2 >= len(parts[-2][0]):  # keep few runs
+                b, a = parts.pop(), parts.pop()
+                parts.append(tuple(np.concatenate([x, y]) for x, y in zip(a, b)))
+        hits = [np.flatnonzero(part[0] == sid) for part in parts]
+        ms, ts, cs = (np.concatenate([part[f][hit] for part, hit in zip(parts, hits)]) for f in (1, 2, 3))
+        for at in np.lexsort((cs, ts, ms)).tolist():  # by (m, t), then the order of the chunks
+            m = int(ms[at])
+            if m >= settled:
+                return None
+            src = chunks[int(cs[at])][0]
+            i, dang, m0 = sources[src][:3]
+            if not self._exceeds(i, j, dang, budget - m0):
+                return m, float(ts[at]), src
+        return None
+
+
+class _Column:
+    """A numpy array indexed by state id that grows (filled with ``fill``) as ids appear."""
+
+    def __init__(self, dtype: Any, fill: Any) -> None:
+        self.fill = fill
+        self.a = np.full(1024, fill, dtype=dtype)
+
+    def fit(self, size: int) -> np.ndarray:
+        if size > len(self.a):
+            grown = np.full(max(size, 2 * len(self.a)), self.fill, dtype=self.a.dtype)
+            grown[:len(self.a)] = self.a
+            self.a = grown
+        return self.a
 
 
 def _improves(tab: dict[int, dict[int, tuple[int, float, Any]]] | None, dang: int,
