@@ -114,12 +114,15 @@ times), ResNet-152 0.46 -> 0.16 s, Inception-v3 0.34 -> 0.23 s, GoogLeNet 0.13 -
 solver's minimum is the smaller of the unoptimised peak and the simulated peak of the sequence
 found at ``B*``. For dp-exact two sequences are found there and the one that simulates lower is
 kept (the least-kept one on ties): the depth-first dive's (the first that fits) and, when it
-takes at most 50k labels (``_LEAST_KEPT_LABELS``), the one with the least kept bytes
+takes at most 20k labels (``_LEAST_KEPT_LABELS``), the one with the least kept bytes
 (:meth:`.kusumoto_dp._DP.least_kept`, what the search before the dive returned). Either may
 simulate lower: on 300 seeded random DAGs of 12-15 nodes the dive's alone simulated higher on 6
-(by up to 23 %) and lower on 11; with both, never higher. The least-kept search costs 0.05-0.9 s
-on the zoo at paper size (DenseNet-201 the most) and is skipped past the limit (PSPNet,
-GoogLeNet). A budget below the minimum raises
+(by up to 23 %) and lower on 11; with both, never higher. On the zoo at paper size the
+least-kept search completes on ResNet-50, ResNet-152 and U-Net and gives up at the limit on the
+DenseNets, PSPNet and GoogLeNet, adding 0.04-0.5 s to the minimum (DenseNet-121 the most); where
+run without the limit (those seven and GoogLeNet without batch norm) it never simulated lower
+than the dive's (higher on PSPNet, by 0.02 %). A budget below the
+minimum raises
 :class:`~autoremat.errors.InfeasibleBudgetError` with it as ``min_budget_bytes``, and every
 budget at or above it gets a plan. ``objective="memory"`` uses ``B*`` whatever the budget: it
 returns the sequence with the most recomputation at ``B*`` when it simulates within the budget
@@ -204,7 +207,7 @@ logger = logging.getLogger(__name__)
 
 # ---------------------------------------------------------------------------------------- solving
 _OBJECTIVES = ("time", "memory")
-_LEAST_KEPT_LABELS = 50_000  # dp-exact's minimum also tries the least-kept sequence up to this many labels
+_LEAST_KEPT_LABELS = 20_000  # dp-exact's minimum also tries the least-kept sequence up to this many labels
 _DEFAULTS: dict[str, Any] = {
     "objective": "time",
     "time_slots": 500,

@@ -1,8 +1,10 @@
 """Algorithm 1 of Kusumoto et al. over a family of lower sets, for both memory models.
 
 See :mod:`.kusumoto` ("Algorithm", "Speed"). :class:`_DP` holds the family, its successor
-lists (priced lazily, by key), and the searches: feasibility (least kept bytes per state),
-time-centric (label-setting in increasing time) and the generic table (memory-centric).
+lists (priced lazily, by key), and the searches: feasibility (dp-approx: least kept bytes per
+set; dp-exact: a depth-first dive, and the least-kept sequence for the minimum), time-centric
+(label-setting in increasing time; dp-exact's on numpy chunks of candidate labels, priced a
+state at a time by :mod:`.kusumoto_batch`) and the generic table (memory-centric).
 """
 
 from __future__ import annotations
