@@ -212,3 +212,20 @@ def test_least_kept_sequence_gives_up_past_its_label_limit():
     kept = search.dp.least_kept(least, limit=10**6)
     assert kept is not None and kept != dive
     assert fast._model_peak(search.p, kept)[0] <= least
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_searches_agree_with_every_state_priced_in_one_batch(seed, monkeypatch):
+    """Below ``_BATCH_MIN`` transitions a state is priced one at a time (numpy's overhead per
+    call costs more); with the batch forced everywhere the searches answer the same."""
+    monkeypatch.setattr(kusumoto_dp, "_BATCH_MIN", 1)
+    calls = []
+    real = _BatchPricer.price
+
+    def counted(self, *args):
+        calls.append(1)
+        return real(self, *args)
+
+    monkeypatch.setattr(_BatchPricer, "price", counted)
+    assert_same(random_dag_with_views(600 + seed, 11), "dp-exact")
+    assert calls

@@ -163,11 +163,20 @@ DenseNet-201 9.2 / 9.0 s -> 6.5 / 6.5 s, 41.9 / 42.0 s -> 8.1 / 8.1 s; ResNet-15
 transitions Dijkstra priced), 2.0 / 2.0 s -> 1.7 / 1.7 s (time-centric, then memory-centric; two
 rounds each, the order of old and new flipped between them). GoogLeNet (8838 lower sets) now
 gets an answer: its least budget in 0.8 s, the time-centric plan at it in ~2 min (peak RSS 3.6
-GB) and the memory-centric one in ~5 min (2.6 GB); both price ~7-10 million transitions at a few
-microseconds of Python each (the next step would be pricing a state's successors with numpy).
-Inception-v3 (35684 lower sets) runs out of memory (per-state successor lists). Beyond
-``max_lower_sets`` (default 500) dp-exact falls back to dp-approx with a warning at every call
-(``fallback=False``: a ``ValueError``).
+GB) and the memory-centric one in ~5 min (2.6 GB); both price ~7-10 million transitions, a few
+microseconds of Python each. Pricing a state's successors at once (:mod:`.kusumoto_batch`) and
+keeping the time-centric search's candidate labels in numpy chunks (see
+:meth:`.kusumoto_dp._DP._search_exact`) then took the time-centric solve at the least budget,
+side by side with the code before (fresh processes, interleaved, two rounds, papers' times):
+GoogLeNet 152 / 148 s -> 30 / 25 s (peak RSS 3.5 -> 2.4 GB), GoogLeNet without batch norm (140
+nodes, 2715 lower sets, near the papers' 134 nodes) 16.6 / 13.9 s -> 4.6 / 4.1 s, PSPNet 0.39 /
+0.35 s -> 0.22 / 0.25 s, DenseNet-201 4.0 / 4.0 s -> 3.6 / 4.0 s, with numpy's overhead on small
+graphs (ResNet-50 0.03 -> 0.05 s, U-Net 0.13 -> 0.20 s). What remains on GoogLeNet is the
+deferred checks' replays and the batch pricing (23 million candidate labels from 9k expansions);
+the memory-centric table is bound by its replays and backward floors (GoogLeNet ~2 min).
+Inception-v3 (35684 lower sets) ran out of memory (per-state successor lists) before these last
+two changes (not run since). Beyond ``max_lower_sets`` (default 500) dp-exact falls back to
+dp-approx with a warning at every call (``fallback=False``: a ``ValueError``).
 
 Exact / approximate: dp-exact is exact for the simulator's cost over all canonical strategies,
 up to the two exceptions above and the time quantum; dp-approx is approximate (pruned family,

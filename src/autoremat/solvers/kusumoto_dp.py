@@ -27,6 +27,7 @@ from .kusumoto_sets import _bit_list, _Prep
 __all__: list[str] = []
 
 _NONE_Q, _ZERO_Q, _ZERO_D, _NONE_I = array("q", [-1]), array("q", [0]), array("d", [0.0]), array("i", [-1])
+_BATCH_MIN = 24  # fewer transitions to price than this: one at a time (see _price_all)
 _INF = 1 << 62  # "no label" in the int64 tables (budgets and byte counts stay far below)
 _DENSE_CELLS = 1 << 23  # (time bucket, set) cells of the dense label table; beyond it, dicts
 _SPARE_ROWS = 2  # dense table rows beyond T(V) / quantum (float sums may round past it; it grows)
@@ -566,7 +567,8 @@ class _DP:
                    cols: tuple[array, ...]) -> np.ndarray:
         """Price every successor among the first ``count`` of state ``(i, dang)`` that its
         bound admits and that is not priced yet (one :class:`_BatchPricer` pass, or one
-        :meth:`_move` each where the graph rules the batch out), and give each that fits a
+        :meth:`_move` each for fewer than ``_BATCH_MIN`` of them, where numpy's overhead per
+        call costs more, and where the graph rules the batch out), and give each that fits a
         state id; return the positions whose bound (tightened by the pricing) fits ``room``,
         in order."""
         if not count:
@@ -584,7 +586,7 @@ class _DP:
             b[fresh] = np.where(rec, np.maximum(cheap, rows.rec_hi[jn] - self.rec_lo[i]), cheap)
         todo = np.flatnonzero((b <= room) & (k < 0))
         if len(todo):
-            if self._pricer is not None:
+            if self._pricer is not None and len(todo) >= _BATCH_MIN:
                 dt, add, packed, low = self._pricer.price(i, dang, js[todo])
                 ks = self._ix.dangling_rows(packed)
             else:
