@@ -607,6 +607,18 @@ class _DP:
         del b, k, s
         return fits
 
+    def _expand(self, i: int, dang: int, m: int,
+                budget: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """``(state ids, added kept bytes, times)`` of the transitions out of state ``(i,
+        dang)`` with kept bytes ``m`` that the budget admits (:meth:`_price_all`), as arrays."""
+        room = budget - m
+        lst, count, cols = self._columns(i, dang, room)
+        fits = self._price_all(i, dang, lst, count, room, cols)
+        _, dts, adds, _, sids = cols
+        return (np.frombuffer(sids, dtype=np.int32, count=count)[fits].astype(np.int64),
+                np.frombuffer(adds, dtype=np.int64, count=count)[fits],
+                np.frombuffer(dts, dtype=np.float64, count=count)[fits])
+
     def priced(self) -> Iterator[tuple[int, int, int, tuple[float, int, int, int]]]:
         """``(i, j, dangling roots, (time, added kept bytes, dangling roots after, lower bound))``
         of every transition the exact model has priced so far (for tests and diagnostics)."""
@@ -768,17 +780,9 @@ class _DP:
                     node = settled[node]
                 seq.reverse()
                 return seq
-            room = budget - m
-            lst, count_, cols = self._columns(i, dang, room)
-            fits = self._price_all(i, dang, lst, count_, room, cols)
-            if not len(fits):
-                continue
-            _, _, adds, dix, sids = cols
-            add = np.frombuffer(adds, dtype=np.int64, count=count_)[fits].tolist()
-            nxt = np.frombuffer(sids, dtype=np.int32, count=count_)[fits].tolist()
-            js = [lst[p] for p in fits.tolist()]
-            ks = np.frombuffer(dix, dtype=np.int32, count=count_)[fits].tolist()
-            for sid2, a, j, k in zip(nxt, add, js, ks):
+            ids, adds, _ = self._expand(i, dang, m, budget)
+            js, ks = ix.state_set[ids].tolist(), ix.state_dang[ids].tolist()
+            for sid2, a, j, k in zip(ids.tolist(), adds.tolist(), js, ks):
                 if sid2 in settled:
                     continue
                 m2 = m + a
@@ -892,17 +896,15 @@ class _DP:
                     return seq, t
                 here = len(sources)
                 sources.append((i, dang, m, sid, tq))
-                room = budget - m
-                lst, count, cols = self._columns(i, dang, room)
-                fits = self._price_all(i, dang, lst, count, room, cols)
-                if not len(fits):
+                ids, adds, dts = self._expand(i, dang, m, budget)
+                if not len(ids):
                     continue
-                _, dts, adds, _, sids = cols
-                ids = np.frombuffer(sids, dtype=np.int32, count=count)[fits].astype(np.int64)
-                m2 = m + np.frombuffer(adds, dtype=np.int64, count=count)[fits]
+                m2 = m + adds
                 keep = m2 < best.fit(int(ids.max()) + 1)[ids]
                 ids, m2 = ids[keep], m2[keep]
-                t2 = t + np.frombuffer(dts, dtype=np.float64, count=count)[fits][keep]
+                if not len(ids):
+                    continue
+                t2 = t + dts[keep]
                 q2 = (t2 // quantum).astype(np.int64)
                 order = np.argsort(q2, kind="stable")
                 q2 = q2[order]
