@@ -16,7 +16,7 @@ import pytest
 
 import autoremat.solvers.kusumoto as fast
 from autoremat import Graph
-from autoremat.solvers import kusumoto_dp
+from autoremat.solvers import kusumoto_dp, kusumoto_exact
 from autoremat.solvers.kusumoto_batch import _BatchPricer
 
 from . import test_kusumoto_reference as ref
@@ -218,7 +218,7 @@ def test_least_kept_sequence_gives_up_past_its_label_limit():
 def test_searches_agree_with_every_state_priced_in_one_batch(seed, monkeypatch):
     """Below ``_BATCH_MIN`` transitions a state is priced one at a time (numpy's overhead per
     call costs more); with the batch forced everywhere the searches answer the same."""
-    monkeypatch.setattr(kusumoto_dp, "_BATCH_MIN", 1)
+    monkeypatch.setattr(kusumoto_exact, "_BATCH_MIN", 1)
     calls = []
     real = _BatchPricer.price
 
