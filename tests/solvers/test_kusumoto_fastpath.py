@@ -81,10 +81,52 @@ def assert_same(graph: Graph, solver: str, **config) -> None:
     budgets = budgets_of(graph, solver, **config)
     old = outcome(ref, graph, solver, budgets, **config)
     new = outcome(fast, graph, solver, budgets, **config)
+    if solver == "dp-exact":
+        assert_same_most(graph, old, new)
     if solver == "dp-exact" and new["min"] < old["min"]:
         assert_lower_minimum(graph, old, new, **config)
     else:
         assert new == old
+
+
+def assert_same_most(graph: Graph, old: dict, new: dict) -> None:
+    """dp-exact's memory-centric plan comes from a search on the time left out, not from the
+    reference's table: where the times have a common unit both find the most recomputation time
+    at the least budget, but ties (same time, same kept bytes) may go to another sequence. Checks
+    that its plan recomputes as much, fits, and carries the same options; then replaces it in
+    ``new`` by the reference's so that the rest compares as before. (Exactness against brute
+    force: ``test_kusumoto_memory_centric.py``.)"""
+    for key in [k for k in new if k != "min" and k[1] == "memory"]:
+        got, was = new[key], old[key]
+        if got[0] == "infeasible" or was[0] == "infeasible" or new["min"] != old["min"]:
+            continue
+        plan_new, opts_new, peak_new, time_new = got
+        _, opts_old, _, time_old = was
+        assert peak_new <= key[0]
+        new[key] = was
+        if _FALLBACK in (opts_new["chosen"], opts_old["chosen"]):
+            # the model's sequence simulated above the budget (the model can be below the
+            # simulator); a tie may go to a sequence that does, or does not, where the other did
+            FALLBACKS.append((opts_new["chosen"], opts_old["chosen"]))
+            continue
+        assert opts_new == opts_old
+        quantum = opts_new["time_quantum_s"]
+        if _times_on_grid(graph, 1.0):  # the search is exact in time (its buckets: the unit)
+            if _times_on_grid(graph, quantum):  # and so was the table
+                assert time_new == time_old
+            else:
+                assert time_new >= time_old
+        else:  # both are exact up to the time grid: within a quantum per segment
+            assert abs(time_new - time_old) <= quantum * len(plan_new) + 1e-9
+
+
+_FALLBACK = "the sequence found at the least DP budget"
+FALLBACKS: list[tuple[str, str]] = []  # (new, reference) "chosen" where either fell back
+
+
+def _times_on_grid(graph: Graph, step: float) -> bool:
+    """Whether every node time is a whole multiple of ``step``."""
+    return all(float(graph.node(v)["time_s"] / step).is_integer() for v in graph.nodes)
 
 
 def assert_lower_minimum(graph: Graph, old: dict, new: dict, **config) -> None:
@@ -267,10 +309,10 @@ def test_depth_first_feasibility_prices_few_transitions_on_googlenet(monkeypatch
     assert least <= fast._model_peak(search.p, approx_seq)[0]
 
 
-def test_memory_centric_table_replays_only_transitions_that_can_improve_a_cell():
-    """The exact memory-centric table (Algorithm 1 with max) replays a transition only when an
-    entry that could fit would update its target cell: the same sequence as the reference's
-    table, with a small fraction of its replays (U-Net: 35k replays before)."""
+def test_memory_centric_search_replays_a_small_fraction():
+    """dp-exact's memory-centric search (on the time left out) defers each replay to the label
+    it would settle: the reference table's most recomputation time, with a small fraction of
+    its replays (U-Net: 35k replays in the first table)."""
     import autoremat
 
     model, args = autoremat.zoo.build("unet", size="small", device="meta")
@@ -283,7 +325,10 @@ def test_memory_centric_table_replays_only_transitions_that_can_improve_a_cell()
     before = len(new.dp._step)
     found = new.dp.run(least, "memory")
     assert len(new.dp._step) - before < 5000
-    assert found == old.dp.run(least, "memory")
+    was = old.dp.run(least, "memory")
+    assert found[1] == was[1]
+    assert fast._model_peak(new.p, found[0]) == (fast._model_peak(new.p, found[0])[0], was[1])
+    assert fast._model_peak(new.p, found[0])[0] <= least
 
 @pytest.fixture(scope="module")
 def resnet50_search():

@@ -27,7 +27,8 @@ from .kusumoto_sets import _bit_list, _Prep
 __all__: list[str] = []
 
 _DENSE_CELLS = 1 << 23  # (time bucket, set) cells of the dense label table; beyond it, dicts
-_SPARE_ROWS = 2  # dense table rows beyond T(V) / quantum (float sums may round past it; it grows)
+_SPARE_ROWS = 2
+_LOST_SPLIT = 16  # the memory-centric search's buckets per table quantum, for times without a unit  # dense table rows beyond T(V) / quantum (float sums may round past it; it grows)
 
 
 def _time_quantum(p: _Prep, slots: int) -> float:
@@ -60,6 +61,12 @@ class _DP(_ExactSearches):
         self.p = p
         self.fam = family
         self.quantum = quantum
+        # the memory-centric search's buckets (of time left out): the nodes' common unit where the
+        # times have one, else a sixteenth of the table's quantum (only the buckets it reaches
+        # exist, however many T(V) would span; see kusumoto "Algorithm")
+        self.lost_quantum = _time_quantum(p, 1 << 62)
+        if self.lost_quantum == sum(p.time) / (1 << 62):
+            self.lost_quantum = quantum / _LOST_SPLIT
         self.exact = exact
         n = len(family)
         if exact:
@@ -189,77 +196,61 @@ class _DP(_ExactSearches):
         """``(lower-set sequence ending in V, its recomputation time)`` the DP picks, or ``None``.
 
         ``mode``: ``"time"`` (least recomputation time), ``"memory"`` (most, §4.4) or
-        ``"feasible"`` (any; least kept bytes per state). Times are exact sums; a table cell
-        is indexed by ``floor(t / quantum)`` and keeps its least ``m`` (ties: least ``t``).
+        ``"feasible"`` (any; least kept bytes per state). The exact model runs its searches
+        (:mod:`.kusumoto_exact`; memory-centric: the time-centric search on the time left out);
+        the closed-form model's memory-centric run is the table below. Times are exact sums; a
+        table cell is indexed by ``floor(t / quantum)`` and keeps its least ``m`` (ties: least ``t``).
         """
         self.runs += 1
         if mode == "time":
             return self._search_exact(budget) if self.exact else self._search_closed(budget)
         if mode == "feasible":
             return self._feasible_exact(budget) if self.exact else self._feasible_closed(budget)
+        if self.exact:
+            return self._search_exact(budget, most=True)
         fam, keys = self.fam, self.keys
         nsets = len(fam)
         last = nsets - 1
         quantum = self.quantum
-        exact = self.exact
-        feasible = mode == "feasible"
-        # cells[k][D][tq] = (m, t, back); back = (k', D', tq') or None
-        cells: list[dict[int, dict[int, tuple[int, float, Any]]] | None] = [None] * nsets
-        cells[0] = {0: {0: (0, 0.0, None)}}
+        # cells[k][tq] = (m, t, back); back = (k', tq') or None
+        cells: list[dict[int, tuple[int, float, Any]] | None] = [None] * nsets
+        cells[0] = {0: (0, 0.0, None)}
         for i in range(last):
-            tab = cells[i]
-            if not tab:
+            entries = cells[i]
+            if not entries:
                 continue
-            for dang, entries in tab.items():
-                front = _front(entries, mode)
-                m_min = front[-1][1]
-                limit = keys[i] + budget - m_min
-                items = (self._candidates(i, dang, m_min, budget, descending=False) if exact
-                         else self.successors(i, limit))
-                for item in items:
-                    if exact:
-                        j, move = item
-                        dt, add, dang2, low = move
-                        if not _improves(cells[j], dang2, front, budget - low, dt, add, quantum, feasible):
-                            continue  # no entry that could fit would improve the target cell: no replay
-                        if m_min + self.tight_need(i, j, dang, move) > budget:
-                            continue
-                        need, dt, add, dang2 = self.exact_step(i, j, dang)
-                    else:
-                        if item[0] > limit:
-                            break
-                        _, j, need, dt, add = item
-                        dang2 = 0
-                    thr = budget - need
-                    if m_min > thr:
+            front = _front(entries)
+            m_min = front[-1][1]
+            limit = keys[i] + budget - m_min
+            for key, j, need, dt, add in self.successors(i, limit):
+                if key > limit:
+                    break
+                thr = budget - need
+                if m_min > thr:
+                    continue
+                cell = cells[j]
+                if cell is None:
+                    cell = cells[j] = {}
+                for tq, m, t in front:
+                    if m > thr:
                         continue
-                    tgt = cells[j]
-                    if tgt is None:
-                        tgt = cells[j] = {}
-                    cell = tgt.get(dang2)
-                    if cell is None:
-                        cell = tgt[dang2] = {}
-                    for tq, m, t in front:
-                        if m > thr:
-                            continue
-                        t2 = 0.0 if feasible else t + dt
-                        q2 = int(t2 // quantum)
-                        m2 = m + add
-                        old = cell.get(q2)
-                        if old is None or m2 < old[0] or (m2 == old[0] and t2 < old[1]):
-                            cell[q2] = (m2, t2, (i, dang, tq))
+                    t2 = t + dt
+                    q2 = int(t2 // quantum)
+                    m2 = m + add
+                    old = cell.get(q2)
+                    if old is None or m2 < old[0] or (m2 == old[0] and t2 < old[1]):
+                        cell[q2] = (m2, t2, (i, tq))
         final = cells[last]
         if not final:
             return None
-        cell = final[0]
-        q_best = max(cell) if mode == "memory" else min(cell)
-        t_best = cell[q_best][1]
+        q_best = max(final)
+        t_best = final[q_best][1]
         seq: list[int] = []
-        back: Any = (last, 0, q_best)
+        back: Any = (last, q_best)
         while back is not None and back[0] != 0:
-            k, dang, tq = back
+            k, tq = back
             seq.append(fam[k])
-            back = cells[k][dang][tq][2]  # type: ignore[index]
+            back = cells[k][tq][2]  # type: ignore[index]
         seq.reverse()
         return seq, t_best
 
@@ -485,39 +476,13 @@ class _DP(_ExactSearches):
                         tgt[j] = (m2, t2, i, tq)
         return None
 
-def _improves(tab: dict[int, dict[int, tuple[int, float, Any]]] | None, dang: int,
-              front: list[tuple[int, int, float]], thr: int, dt: float, add: int, quantum: float,
-              feasible: bool) -> bool:
-    """Whether some entry of ``front`` with ``m <= thr`` would update the cell ``tab[dang]`` in
-    :meth:`_DP.run` (the update rule there: a new time bucket, or fewer kept bytes, or as many
-    in less time). When none would against the cell as it is, none does in turn either, so the
-    transition's replay can be skipped (``thr`` from a lower bound of its need)."""
-    cell = None if tab is None else tab.get(dang)
-    if not cell:
-        return any(m <= thr for _, m, _ in front)
-    for _, m, t in front:
-        if m > thr:
-            continue
-        t2 = 0.0 if feasible else t + dt
-        old = cell.get(int(t2 // quantum))
-        m2 = m + add
-        if old is None or m2 < old[0] or (m2 == old[0] and t2 < old[1]):
-            return True
-    return False
 
-
-def _front(entries: dict[int, tuple], mode: str) -> list[tuple[int, int, float]]:
-    """Non-dominated ``(tq, m, t)`` of one DP cell (§4.2: skip ``t' > t`` with ``m' >= m``).
-
-    Ordered so that ``m`` strictly decreases: ``tq`` ascending (time), descending (memory);
-    in ``"feasible"`` mode only the least ``m``.
-    """
-    if mode == "feasible":
-        tq = min(entries, key=lambda k: entries[k][0])
-        return [(tq, entries[tq][0], entries[tq][1])]
+def _front(entries: dict[int, tuple]) -> list[tuple[int, int, float]]:
+    """Non-dominated ``(tq, m, t)`` of one memory-centric DP cell (§4.2: skip ``t' < t`` with
+    ``m' >= m``), ``tq`` descending, so that ``m`` strictly decreases."""
     out: list[tuple[int, int, float]] = []
     best = -1
-    for tq in sorted(entries, reverse=mode == "memory"):
+    for tq in sorted(entries, reverse=True):
         m, t = entries[tq][0], entries[tq][1]
         if best < 0 or m < best:
             out.append((tq, m, t))

@@ -11,6 +11,7 @@ closed-form model's searches and the generic table. See :mod:`.kusumoto` ("Feasi
 
 from __future__ import annotations
 
+import math
 from array import array
 from bisect import bisect_right
 from collections.abc import Callable, Iterator
@@ -20,6 +21,7 @@ from typing import Any
 import numpy as np
 
 from .kusumoto_replay import _bookkeeping
+from .kusumoto_sets import _bit_list
 
 __all__: list[str] = []
 
@@ -370,7 +372,7 @@ class _ExactSearches:
                 self._ok[state] = (budget - m, tail)
         return [self.fam[j] for j in path + suffix], 0.0
 
-    def _search_exact(self, budget: int) -> tuple[list[int], float] | None:
+    def _search_exact(self, budget: int, most: bool = False) -> tuple[list[int], float] | None:
         """:meth:`_search_closed` for the exact model: labels of states ``(set, dangling roots)``.
 
         A transition's time and kept bytes come from set operations (:meth:`_price_all`); its
@@ -382,8 +384,18 @@ class _ExactSearches:
         its states are popped in increasing ``(set, dangling roots)`` (a topological order:
         successors are larger sets), and a state whose least candidate fails its deferred
         check falls back to all its candidates of the bucket, in that order.
+
+        ``most`` (memory-centric, §4.4: the most recomputation time): the same search on the
+        time a transition leaves out, ``T(L' \\ L) - dt >= 0`` (the segment's nodes that it does
+        not recompute: its boundary, and the whole last segment). Every sequence ends in ``V``,
+        so its times left out sum to ``T(V)`` less its recomputation time, and the first label
+        of ``V`` has the most. Buckets are then of the time left out (a quantum wide, as the
+        table's are of the time), and the time returned is the sequence's recomputation time.
         """
         fam, quantum, ix = self.fam, self.quantum, self._ix
+        if most:
+            set_time = self._set_times()
+            quantum = self.lost_quantum
         last = len(fam) - 1
         first = int(ix.state_ids(np.zeros(1, dtype=np.intp), np.array([ix.dangling(0)]))[0])
         best = _Column(np.int64, _INF)  # kept bytes of each state's settled label
@@ -427,9 +439,9 @@ class _ExactSearches:
                 ms = np.concatenate([c[2] for c in chunks])
                 ts = np.concatenate([c[3] for c in chunks])
                 cs = np.repeat(np.arange(len(chunks)), [len(c[1]) for c in chunks])
-                self._merged = [chunks, len(chunks), [(ids, ms, ts, cs)]]  # for _next_label
                 order = np.lexsort((cs, ts, ms, ids))
                 ranked = ids[order]
+                self._merged = [chunks, len(chunks), [(ranked, ms[order], ts[order], cs[order])]]  # for _next_label
                 win = order[np.flatnonzero(np.r_[True, ranked[1:] != ranked[:-1]])]
                 new = ids[win]
                 size = int(new.max()) + 1
@@ -459,7 +471,7 @@ class _ExactSearches:
                         seq.append(fam[int(ix.state_set[node[0]])])
                         node = labels[node][2]
                     seq.reverse()
-                    return seq, t
+                    return seq, (self._recompute_time(seq) if most else t)
                 here = len(sources)
                 sources.append((i, dang, m, sid, tq))
                 ids, adds, dts = self._expand(i, dang, m, budget)
@@ -470,7 +482,10 @@ class _ExactSearches:
                 ids, m2 = ids[keep], m2[keep]
                 if not len(ids):
                     continue
-                t2 = t + dts[keep]
+                if most:  # the time the transition leaves out (rounding kept from going below 0)
+                    t2 = t + np.maximum(set_time[ix.state_set[ids]] - set_time[i] - dts[keep], 0.0)
+                else:
+                    t2 = t + dts[keep]
                 q2 = (t2 // quantum).astype(np.int64)
                 order = np.argsort(q2, kind="stable")
                 q2 = q2[order]
@@ -492,6 +507,23 @@ class _ExactSearches:
                 low_m.a[ids] = _INF
         return None
 
+    def _set_times(self) -> np.ndarray:
+        """``T(L)`` of every set of the family (seconds, exact sums), for the memory-centric search."""
+        got = getattr(self, "_set_time", None)
+        if got is None:
+            time = self.p.time
+            got = self._set_time = np.array([math.fsum(time[v] for v in _bit_list(m)) for m in self.fam])
+        return got
+
+    def _recompute_time(self, seq: list[int]) -> float:
+        """The recomputation time of a lower-set sequence (its transitions' times summed in order,
+        as the table sums them)."""
+        t, lower = 0.0, 0
+        for upper in seq:
+            t += _bookkeeping(self.p, lower, upper, 0)[0]
+            lower = upper
+        return t
+
     def _next_label(self, chunks: list[tuple[int, np.ndarray, np.ndarray, np.ndarray]], sid: int,
                     j: int, settled: int, budget: int,
                     sources: list[tuple[int, int, int, int, int]]) -> tuple[int, float, int] | None:
@@ -501,19 +533,21 @@ class _ExactSearches:
         merged = self._merged
         if merged is None or merged[0] is not chunks:  # a new bucket
             merged = self._merged = [chunks, 0, []]
-        parts = merged[2]  # (state ids, kept bytes, times, chunk of each) of merged runs of chunks
+        # (state ids, kept bytes, times, chunk of each) of merged runs of chunks, each sorted by
+        # state id (then as the candidates are tried), so a state's candidates are a slice
+        parts = merged[2]
         if merged[1] < len(chunks):  # chunks added since: one more run
             new = range(merged[1], len(chunks))
-            parts.append((np.concatenate([chunks[c][1] for c in new]),
-                          np.concatenate([chunks[c][2] for c in new]),
-                          np.concatenate([chunks[c][3] for c in new]),
-                          np.concatenate([np.full(len(chunks[c][1]), c) for c in new])))
+            parts.append(_ranked(np.concatenate([chunks[c][1] for c in new]),
+                                 np.concatenate([chunks[c][2] for c in new]),
+                                 np.concatenate([chunks[c][3] for c in new]),
+                                 np.concatenate([np.full(len(chunks[c][1]), c) for c in new])))
             merged[1] = len(chunks)
             while len(parts) > 1 and len(parts[-1][0]) * 2 >= len(parts[-2][0]):  # keep few runs
                 b, a = parts.pop(), parts.pop()
-                parts.append(tuple(np.concatenate([x, y]) for x, y in zip(a, b)))
-        hits = [np.flatnonzero(part[0] == sid) for part in parts]
-        ms, ts, cs = (np.concatenate([part[f][hit] for part, hit in zip(parts, hits)]) for f in (1, 2, 3))
+                parts.append(_ranked(*(np.concatenate([x, y]) for x, y in zip(a, b))))
+        cuts = [(int(part[0].searchsorted(sid)), int(part[0].searchsorted(sid, "right"))) for part in parts]
+        ms, ts, cs = (np.concatenate([part[f][a:b] for part, (a, b) in zip(parts, cuts)]) for f in (1, 2, 3))
         for at in np.lexsort((cs, ts, ms)).tolist():  # by (m, t), then the order of the chunks
             m = int(ms[at])
             if m >= settled:
@@ -523,6 +557,13 @@ class _ExactSearches:
             if not self._exceeds(i, j, dang, budget - m0):
                 return m, float(ts[at]), src
         return None
+
+
+def _ranked(ids: np.ndarray, ms: np.ndarray, ts: np.ndarray,
+            cs: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """Candidate columns sorted by ``(state id, kept bytes, time, chunk)`` (see :meth:`_ExactSearches._next_label`)."""
+    order = np.lexsort((cs, ts, ms, ids))
+    return ids[order], ms[order], ts[order], cs[order]
 
 
 class _Column:

@@ -1,0 +1,103 @@
+"""dp-exact's memory-centric search (§4.4: the most recomputation time under the budget).
+
+It runs the time-centric label-setting search on the time each transition leaves out
+(``T(L' \\ L) - dt``), which is what the table's "largest t" amounts to, since every sequence's
+times left out sum to ``T(V)`` less its recomputation time. Checked here against brute force
+over every chain of the family (the exact model's peak and time of each), on random DAGs with
+views and pass-through nodes, at the least budget and above it; and against the reference's
+table on a zoo network.
+"""
+
+from __future__ import annotations
+
+import logging
+
+import pytest
+
+import autoremat.solvers.kusumoto as fast
+
+from .test_kusumoto import random_dag
+from .test_kusumoto_fastpath import random_dag_with_views
+
+
+def _search(graph) -> fast._Search:
+    return fast._Search(graph, "dp-exact", fast._config({"max_lower_sets": 10**6}, "dp-exact"))
+
+
+def _chains(fam: list[int]):
+    """Every increasing chain of sets of ``fam`` from the empty set (index 0) to ``V`` (the last)."""
+    last = len(fam) - 1
+
+    def walk(i: int, prefix: list[int]):
+        if i == last:
+            yield prefix
+            return
+        for j in range(1, last + 1):
+            if j != i and fam[j] != fam[i] and not fam[i] & ~fam[j]:
+                yield from walk(j, prefix + [fam[j]])
+
+    yield from walk(0, [])
+
+
+def _most_by_brute_force(search: fast._Search, budget: int) -> float | None:
+    best = None
+    for seq in _chains(search.dp.fam):
+        peak, t = fast._model_peak(search.p, seq)
+        if peak <= budget and (best is None or t > best):
+            best = t
+    return best
+
+
+@pytest.fixture(autouse=True)
+def _quiet(caplog):
+    caplog.set_level(logging.ERROR)
+
+
+@pytest.mark.parametrize("seed", range(16))
+def test_most_recomputation_equals_brute_force(seed):
+    maker = random_dag_with_views if seed % 2 else random_dag
+    g = maker(700 + seed, 6 + seed % 3)
+    search = _search(g)
+    assert search.dp.exact and search.dp.lost_quantum == 1.0  # integer times: exact in time
+    least, _ = search.least_dp_budget()
+    vanilla = search.dp.vanilla_need()
+    for budget in sorted({least, (least + vanilla) // 2, vanilla}):
+        found = search.dp.run(budget, "memory")
+        want = _most_by_brute_force(search, budget)
+        if want is None:
+            assert found is None
+            continue
+        assert found is not None
+        seq, t = found
+        assert t == want
+        assert fast._model_peak(search.p, seq) == (fast._model_peak(search.p, seq)[0], t)
+        assert fast._model_peak(search.p, seq)[0] <= budget
+
+
+def test_float_times_stay_within_the_time_grid():
+    """With times that share no unit the buckets are a sixteenth of the DP's quantum: the answer
+    fits and is within a bucket per transition of the brute-force most."""
+    g = random_dag_with_views(733, 8)
+    for v in g.nodes:
+        g.node(v)["time_s"] = g.node(v)["time_s"] * 1.37 + 0.01 * v
+    search = _search(g)
+    assert search.dp.lost_quantum == search.dp.quantum / 16
+    least, _ = search.least_dp_budget()
+    seq, t = search.dp.run(least, "memory")
+    peak, t_model = fast._model_peak(search.p, seq)
+    assert peak <= least and t == pytest.approx(t_model)
+    want = _most_by_brute_force(search, least)
+    assert want - len(seq) * search.dp.lost_quantum - 1e-9 <= t <= want + 1e-9
+
+
+def test_solver_reports_the_memory_centric_plan():
+    g = random_dag_with_views(705, 8)
+    least = fast.min_budget(g, "dp-exact")
+    plan = fast.solve_dp_exact(g, least, config={"objective": "memory"})
+    assert plan.options["objective"] == "memory"
+    search = _search(g)
+    dp_least, _ = search.least_dp_budget()
+    assert plan.options["chosen"].startswith("memory-centric")
+    from autoremat import simulate
+
+    assert simulate(g, plan).extra_time_s == _most_by_brute_force(search, dp_least)
