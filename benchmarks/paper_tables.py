@@ -54,16 +54,19 @@ KUSUMOTO = {
     "densenet161": {"ApproxDP+MC": 1.6, "ApproxDP+TC": 1.9, "ExactDP+MC": 1.7, "ExactDP+TC": 1.8, "Chen": 1.8, "Vanilla": 8.5},
     "googlenet": {"ApproxDP+MC": 5.2, "ApproxDP+TC": 5.5, "ExactDP+MC": 5.2, "ExactDP+TC": 5.9, "Chen": 6.5, "Vanilla": 8.5},
 }
+# the paper's GoogLeNet is the published one (no batch norm; the zoo's googlenet_original)
+KUSUMOTO["googlenet_original"] = KUSUMOTO["googlenet"]
 # Feng & Huang, Table 1: memory cut-off of Re-forwarding (their batch sizes differ from ours).
 FENG_HUANG_CUT = {"vgg19": 0.48, "resnet50": 0.65, "resnet152": 0.80, "densenet121": 0.81, "densenet161": 0.83,
                   "densenet201": 0.82, "inception_v3": 0.69}
 # Paper solver runtimes (seconds): Kusumoto §5.1; Feng & Huang Appendix Table 2 (one core).
-PAPER_RUNTIME = {("dp-exact", "googlenet"): "> 80", ("dp-exact", "pspnet"): "> 80",
+PAPER_RUNTIME = {("dp-exact", "googlenet"): "> 80", ("dp-exact", "googlenet_original"): "> 80",
+                 ("dp-exact", "pspnet"): "> 80",
                  ("dp-approx", "*"): "< 1", ("reforward", "resnet152"): "59",
                  ("reforward", "densenet161"): "1538", ("reforward", "densenet201"): "7335"}
 
 NETS = ["resnet50", "resnet152", "vgg19", "densenet121", "densenet161", "densenet201", "googlenet",
-        "inception_v3", "unet", "pspnet"]
+        "googlenet_original", "inception_v3", "unet", "pspnet"]
 
 
 ONLY: set[str] = set()  # --solvers: run only these (empty: all)
@@ -374,8 +377,14 @@ def to_markdown(res: dict[str, Any]) -> str:
          "two batch sizes), so compare reductions, not bytes.", ""]
     for rerun in res.get("reruns", []):
         r0, r1 = rerun["load_average_start"], rerun["load_average_end"]
-        L += [f"Part A rows of {', '.join(rerun['solvers'])} come from a later run of this script with "
-              f"`--solvers {','.join(rerun['solvers'])}` ({rerun['wall_s'] / 60:.1f} min; load average "
+        solvers = rerun["solvers"] if isinstance(rerun["solvers"], list) else []
+        which = ", ".join(solvers) or "every solver"
+        flags = f"--solvers {','.join(solvers)}" if solvers else ""
+        if rerun.get("nets") and set(rerun["nets"]) != set(NETS):
+            which += " on " + ", ".join(rerun["nets"])
+            flags = f"{flags} --nets {','.join(rerun['nets'])}".strip()
+        L += [f"Part A rows of {which} come from a later run of this script with "
+              f"`{flags}` ({rerun['wall_s'] / 60:.1f} min; load average "
               f"{r0[0]:.2f}/{r0[1]:.2f}/{r0[2]:.2f} at its start, {r1[0]:.2f}/{r1[1]:.2f}/{r1[2]:.2f} at its end), "
               "after " + rerun.get("why", "the first run's timings had been inflated by other jobs on the machine and "
                                    "by searches the solver cache kept alive across runs (fixed in between: the cache "
@@ -513,13 +522,14 @@ def main() -> None:
     if a.replace_rows_in:
         base = json.loads(Path(a.replace_rows_in).read_text())
         rerun = {k: res[k] for k in ("machine", "settings", "load_average_start", "load_average_end", "wall_s")}
-        rerun["solvers"] = sorted(ONLY)
+        rerun["solvers"] = sorted(ONLY) or "all"
+        rerun["nets"] = nets
         if a.rerun_reason:
             rerun["why"] = a.rerun_reason
-        keep = [r for r in base["part_a"] if r["solver"] not in ONLY]
-        order = {(r["net"], r["times"]): k for k, r in enumerate(base["part_a"])}
-        base["part_a"] = sorted(keep + res["part_a"], key=lambda r: (order.get((r["net"], r["times"]), 0), r["solver"],
-                                                                   str(r["options"])))
+        keep = [r for r in base["part_a"] if not ((not ONLY or r["solver"] in ONLY) and r["net"] in nets)]
+        rank = {net: k for k, net in enumerate(NETS)}
+        base["part_a"] = sorted(keep + res["part_a"], key=lambda r: (rank.get(r["net"], len(NETS)), r["times"],
+                                                                   r["solver"], str(r["options"])))
         base.setdefault("reruns", []).append(rerun)
         res = base
     out = Path(a.out)

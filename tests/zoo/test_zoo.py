@@ -21,6 +21,7 @@ EXPECTED_NAMES = [
     "densenet161",
     "densenet201",
     "googlenet",
+    "googlenet_original",
     "inception_v3",
     "unet",
     "pspnet",
@@ -205,3 +206,18 @@ def test_no_inplace_relu() -> None:
         for module in model.modules():
             if isinstance(module, nn.ReLU):
                 assert not module.inplace, name
+
+
+def test_googlenet_original_is_the_published_form() -> None:
+    """No batch norm, biased convolutions and two LRN layers (the graph Kusumoto et al. benchmark);
+    the same inception layout as the BN variant."""
+    original, _ = build("googlenet_original", size="paper", device="meta")
+    bn, _ = build("googlenet", size="paper", device="meta")
+    assert not any(isinstance(m, nn.BatchNorm2d) for m in original.modules())
+    assert sum(isinstance(m, nn.LocalResponseNorm) for m in original.modules()) == 2
+    convs = [m for m in original.modules() if isinstance(m, nn.Conv2d)]
+    assert convs and all(c.bias is not None for c in convs)
+    assert [c.weight.shape for c in convs] == [c.weight.shape for c in bn.modules() if isinstance(c, nn.Conv2d)]
+    ops = _compute_nodes(torch.fx.symbolic_trace(original))
+    assert sum(t == "lrn1" or t == "lrn2" for _, t in ops) == 2
+    assert len(ops) == len(_compute_nodes(torch.fx.symbolic_trace(bn))) - 57 + 2  # 57 batch norms out, 2 LRN in

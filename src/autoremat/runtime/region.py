@@ -156,7 +156,7 @@ _DETERMINISTIC_LEAVES = (nn.Conv1d, nn.Conv2d, nn.Conv3d, nn.ConvTranspose1d, nn
                          nn.MaxPool3d, nn.AvgPool1d, nn.AvgPool2d, nn.AvgPool3d, nn.AdaptiveAvgPool1d,
                          nn.AdaptiveAvgPool2d, nn.AdaptiveAvgPool3d, nn.AdaptiveMaxPool2d, nn.Embedding,
                          nn.Flatten, nn.Upsample, nn.Softmax, nn.LogSoftmax, nn.LeakyReLU, nn.ELU, nn.Hardswish,
-                         nn.Hardsigmoid, nn.Mish, nn.ReLU6)
+                         nn.Hardsigmoid, nn.Mish, nn.ReLU6, nn.LocalResponseNorm)
 
 
 def may_draw_random(gm: torch.fx.GraphModule, nodes: list[torch.fx.Node]) -> bool:

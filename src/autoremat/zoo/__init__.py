@@ -2,7 +2,8 @@
 
 The zoo holds plain-PyTorch definitions (no torchvision) of the networks that
 recomputation papers benchmark, at their published architecture: ResNet-50
-and ResNet-152, VGG-19, DenseNet-121/161/201, GoogLeNet, Inception-v3, U-Net,
+and ResNet-152, VGG-19, DenseNet-121/161/201, GoogLeNet (with batch norm, and as
+published: ``googlenet_original``), Inception-v3, U-Net,
 PSPNet, plus a deep MLP and a GPT-style transformer. Each family lives in its
 own module, whose docstring cites the original paper and lists any deviation
 from it.
@@ -53,7 +54,7 @@ import torch
 from torch import nn
 
 from .densenet import densenet121, densenet161, densenet201
-from .inception import googlenet, inception_v3
+from .inception import googlenet, googlenet_original, inception_v3
 from .mlp import mlp
 from .pspnet import pspnet
 from .resnet import resnet50, resnet152
@@ -121,6 +122,7 @@ ZOO: dict[str, ZooSpec] = {
         ZooSpec("densenet161", densenet161, 32, _IMAGENET, (3, 64, 64), 4, 1 / 12),
         ZooSpec("densenet201", densenet201, 32, _IMAGENET, (3, 64, 64), 4, 1 / 8),
         ZooSpec("googlenet", googlenet, 256, _IMAGENET, (3, 64, 64), 4, 1 / 8),
+        ZooSpec("googlenet_original", googlenet_original, 256, _IMAGENET, (3, 64, 64), 4, 1 / 8),
         ZooSpec("inception_v3", inception_v3, 32, (3, 299, 299), (3, 75, 75), 4, 1 / 8),
         ZooSpec(
             "unet", unet, 8, (1, 572, 572), (1, 204, 204), 2, 1 / 16,

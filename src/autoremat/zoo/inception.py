@@ -7,7 +7,10 @@ dropout 0.4 and a linear classifier. Two deviations, both documented here:
 every convolution is followed by batch normalisation (the usual modern
 "BN-GoogLeNet" form; it replaces the two local response normalisation
 layers), and the auxiliary classifiers are optional (``aux_logits=False`` by
-default). Unlike the torchvision port, the 5x5 branch really uses a 5x5
+default). ``googlenet_original`` (``batch_norm=False``) is the published form,
+without batch normalisation and with the two LRN layers: the graph Kusumoto et
+al. benchmark (Chainer's GoogLeNet; 134 nodes in their count, 142 at autoremat's
+fx level, 197 for the BN variant). Unlike the torchvision port, the 5x5 branch really uses a 5x5
 kernel, so at ``width=1.0`` (no aux heads) the network has 7,005,832
 parameters where torchvision's version (3x3 kernels in that branch) has
 6,624,904.
@@ -31,13 +34,14 @@ from torch import nn
 
 from ._common import check_width, image_shape, scaled
 
-__all__ = ["BasicConv2d", "GoogLeNet", "InceptionV3", "googlenet", "inception_v3"]
+__all__ = ["BasicConv2d", "GoogLeNet", "InceptionV3", "googlenet", "googlenet_original", "inception_v3"]
 
 _IntPair = int | tuple[int, int]
 
 
 class BasicConv2d(nn.Module):
-    """Convolution (no bias) + BatchNorm + ReLU."""
+    """Convolution (no bias) + BatchNorm + ReLU; with ``batch_norm=False``, convolution (with
+    bias) + ReLU."""
 
     def __init__(
         self,
@@ -46,14 +50,19 @@ class BasicConv2d(nn.Module):
         kernel_size: _IntPair,
         stride: _IntPair = 1,
         padding: _IntPair = 0,
+        batch_norm: bool = True,
     ) -> None:
         super().__init__()
-        self.conv = nn.Conv2d(in_channels, out_channels, kernel_size, stride=stride, padding=padding, bias=False)
-        self.bn = nn.BatchNorm2d(out_channels, eps=0.001)
+        self.conv = nn.Conv2d(in_channels, out_channels, kernel_size, stride=stride, padding=padding,
+                              bias=not batch_norm)
+        self.bn = nn.BatchNorm2d(out_channels, eps=0.001) if batch_norm else None
         self.relu = nn.ReLU(inplace=False)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.relu(self.bn(self.conv(x)))
+        x = self.conv(x)
+        if self.bn is not None:
+            x = self.bn(x)
+        return self.relu(x)
 
 
 # --------------------------------------------------------------------------- GoogLeNet
@@ -63,14 +72,19 @@ class InceptionV1Block(nn.Module):
     """GoogLeNet inception module: 1x1 | 1x1-3x3 | 1x1-5x5 | maxpool-1x1."""
 
     def __init__(
-        self, in_channels: int, ch1x1: int, ch3x3red: int, ch3x3: int, ch5x5red: int, ch5x5: int, pool_proj: int
+        self, in_channels: int, ch1x1: int, ch3x3red: int, ch3x3: int, ch5x5red: int, ch5x5: int, pool_proj: int,
+        batch_norm: bool = True,
     ) -> None:
         super().__init__()
-        self.branch1 = BasicConv2d(in_channels, ch1x1, 1)
-        self.branch2 = nn.Sequential(BasicConv2d(in_channels, ch3x3red, 1), BasicConv2d(ch3x3red, ch3x3, 3, padding=1))
-        self.branch3 = nn.Sequential(BasicConv2d(in_channels, ch5x5red, 1), BasicConv2d(ch5x5red, ch5x5, 5, padding=2))
+        bn = batch_norm
+        self.branch1 = BasicConv2d(in_channels, ch1x1, 1, batch_norm=bn)
+        self.branch2 = nn.Sequential(BasicConv2d(in_channels, ch3x3red, 1, batch_norm=bn),
+                                     BasicConv2d(ch3x3red, ch3x3, 3, padding=1, batch_norm=bn))
+        self.branch3 = nn.Sequential(BasicConv2d(in_channels, ch5x5red, 1, batch_norm=bn),
+                                     BasicConv2d(ch5x5red, ch5x5, 5, padding=2, batch_norm=bn))
         self.branch4 = nn.Sequential(
-            nn.MaxPool2d(kernel_size=3, stride=1, padding=1, ceil_mode=True), BasicConv2d(in_channels, pool_proj, 1)
+            nn.MaxPool2d(kernel_size=3, stride=1, padding=1, ceil_mode=True),
+            BasicConv2d(in_channels, pool_proj, 1, batch_norm=bn),
         )
         self.out_channels: int = ch1x1 + ch3x3 + ch5x5 + pool_proj
 
@@ -81,12 +95,12 @@ class InceptionV1Block(nn.Module):
 class GoogLeNetAux(nn.Module):
     """Auxiliary classifier of GoogLeNet (after 4a and 4d)."""
 
-    def __init__(self, in_channels: int, num_classes: int, width: float) -> None:
+    def __init__(self, in_channels: int, num_classes: int, width: float, batch_norm: bool = True) -> None:
         super().__init__()
         c = scaled(128, width)
         hidden = scaled(1024, width)
         self.pool = nn.AdaptiveAvgPool2d((4, 4))
-        self.conv = BasicConv2d(in_channels, c, 1)
+        self.conv = BasicConv2d(in_channels, c, 1, batch_norm=batch_norm)
         self.fc1 = nn.Linear(c * 16, hidden)
         self.relu = nn.ReLU(inplace=False)
         self.dropout = nn.Dropout(0.7)
@@ -113,7 +127,8 @@ _GOOGLENET_BLOCKS: dict[str, tuple[int, int, int, int, int, int]] = {
 
 
 class GoogLeNet(nn.Module):
-    """GoogLeNet / Inception v1 (Szegedy et al. 2015), BN variant.
+    """GoogLeNet / Inception v1 (Szegedy et al. 2015): the BN variant, or (``batch_norm=False``)
+    the published one, with its two local response normalisations.
 
     With ``aux_logits=True`` the forward returns ``(logits, aux1, aux2)``.
     """
@@ -126,19 +141,24 @@ class GoogLeNet(nn.Module):
         in_channels: int = 3,
         aux_logits: bool = False,
         dropout: float = 0.4,
+        batch_norm: bool = True,
     ) -> None:
         super().__init__()
         width = check_width(width)
+        bn = batch_norm
         c64, c192 = scaled(64, width), scaled(192, width)
-        self.conv1 = BasicConv2d(in_channels, c64, 7, stride=2, padding=3)
+        self.conv1 = BasicConv2d(in_channels, c64, 7, stride=2, padding=3, batch_norm=bn)
         self.maxpool1 = nn.MaxPool2d(3, stride=2, ceil_mode=True)
-        self.conv2 = BasicConv2d(c64, c64, 1)
-        self.conv3 = BasicConv2d(c64, c192, 3, padding=1)
+        # the paper's LRN (size 5, alpha 1e-4, beta 0.75, as in the Caffe / Chainer models)
+        self.lrn1 = None if bn else nn.LocalResponseNorm(5, alpha=1e-4, beta=0.75)
+        self.conv2 = BasicConv2d(c64, c64, 1, batch_norm=bn)
+        self.conv3 = BasicConv2d(c64, c192, 3, padding=1, batch_norm=bn)
+        self.lrn2 = None if bn else nn.LocalResponseNorm(5, alpha=1e-4, beta=0.75)
         self.maxpool2 = nn.MaxPool2d(3, stride=2, ceil_mode=True)
         channels = c192
         blocks: dict[str, InceptionV1Block] = {}
         for name, cfg in _GOOGLENET_BLOCKS.items():
-            block = InceptionV1Block(channels, *(scaled(c, width) for c in cfg))
+            block = InceptionV1Block(channels, *(scaled(c, width) for c in cfg), batch_norm=bn)
             blocks[name] = block
             channels = block.out_channels
         self.inception3a = blocks["inception3a"]
@@ -155,15 +175,20 @@ class GoogLeNet(nn.Module):
         self.aux1: GoogLeNetAux | None = None
         self.aux2: GoogLeNetAux | None = None
         if aux_logits:
-            self.aux1 = GoogLeNetAux(self.inception4a.out_channels, num_classes, width)
-            self.aux2 = GoogLeNetAux(self.inception4d.out_channels, num_classes, width)
+            self.aux1 = GoogLeNetAux(self.inception4a.out_channels, num_classes, width, batch_norm=bn)
+            self.aux2 = GoogLeNetAux(self.inception4d.out_channels, num_classes, width, batch_norm=bn)
         self.avgpool = nn.AdaptiveAvgPool2d((1, 1))
         self.dropout = nn.Dropout(dropout)
         self.fc = nn.Linear(channels, num_classes)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         x = self.maxpool1(self.conv1(x))
-        x = self.maxpool2(self.conv3(self.conv2(x)))
+        if self.lrn1 is not None:
+            x = self.lrn1(x)
+        x = self.conv3(self.conv2(x))
+        if self.lrn2 is not None:
+            x = self.lrn2(x)
+        x = self.maxpool2(x)
         x = self.maxpool3(self.inception3b(self.inception3a(x)))
         x = self.inception4a(x)
         a1 = self.aux1(x) if self.aux1 is not None else None
@@ -181,9 +206,19 @@ class GoogLeNet(nn.Module):
 def googlenet(
     *, width: float = 1.0, input_shape: tuple[int, ...] = (3, 224, 224), num_classes: int = 1000
 ) -> GoogLeNet:
-    """GoogLeNet (Szegedy et al. 2015) without auxiliary classifiers."""
+    """GoogLeNet (Szegedy et al. 2015) without auxiliary classifiers, with batch normalisation."""
     c, _, _ = image_shape(input_shape, "googlenet")
     return GoogLeNet(num_classes, width=width, in_channels=c)
+
+
+def googlenet_original(
+    *, width: float = 1.0, input_shape: tuple[int, ...] = (3, 224, 224), num_classes: int = 1000
+) -> GoogLeNet:
+    """GoogLeNet as published (Szegedy et al. 2015) and as Kusumoto et al. benchmark it (the
+    Chainer model): no batch normalisation, convolutions with bias, the two local response
+    normalisations; no auxiliary classifiers."""
+    c, _, _ = image_shape(input_shape, "googlenet_original")
+    return GoogLeNet(num_classes, width=width, in_channels=c, batch_norm=False)
 
 
 # --------------------------------------------------------------------------- Inception-v3
