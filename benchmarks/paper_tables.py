@@ -364,6 +364,29 @@ SHORTFALL_NOTES = """Why ours falls short of the paper's percentages (where it d
   reproduction of the paper-size percentage."""
 
 
+def _reruns_md(res: dict[str, Any]) -> list[str]:
+    """One paragraph per :func:`merge_rerun` recorded in ``res``: which rows it replaced, and why."""
+    L: list[str] = []
+    for rerun in res.get("reruns", []):
+        r0, r1 = rerun["load_average_start"], rerun["load_average_end"]
+        solvers = rerun["solvers"] if isinstance(rerun["solvers"], list) else []
+        which = ", ".join(solvers) or "every solver"
+        flags = f"--solvers {','.join(solvers)}" if solvers else ""
+        if rerun.get("nets") and set(rerun["nets"]) != set(NETS):
+            which += " on " + ", ".join(rerun["nets"])
+            flags = f"{flags} --nets {','.join(rerun['nets'])}".strip()
+        parts = "Part A and B" if "part_b" in rerun.get("parts", []) else "Part A"
+        L += [f"{parts} rows of {which} come from a later run of this script with "
+              f"`{flags}` ({rerun['wall_s'] / 60:.1f} min; load average "
+              f"{r0[0]:.2f}/{r0[1]:.2f}/{r0[2]:.2f} at its start, {r1[0]:.2f}/{r1[1]:.2f}/{r1[2]:.2f} at its end), "
+              "after " + rerun.get("why", "the first run's timings had been inflated by other jobs on the machine and "
+                                   "by searches the solver cache kept alive across runs (fixed in between: the cache "
+                                   "now holds graphs weakly)")
+              + "; the other rows and part C are from the first run or the other such runs (a later such run "
+                "replaces an earlier one's rows of the same solvers and networks).", ""]
+    return L
+
+
 def to_markdown(res: dict[str, Any]) -> str:
     start, end = res.get("load_average_start"), res.get("load_average_end")
     load = "" if start is None else (f" Load average (1/5/15 min) {start[0]:.2f}/{start[1]:.2f}/{start[2]:.2f} at the "
@@ -375,22 +398,7 @@ def to_markdown(res: dict[str, Any]) -> str:
          "and parameter gradients, workspace; parameters and optimizer state excluded), simulated; the papers "
          "measured whole-device memory on their GPUs (Kusumoto: parameters included; Feng & Huang: differences of "
          "two batch sizes), so compare reductions, not bytes.", ""]
-    for rerun in res.get("reruns", []):
-        r0, r1 = rerun["load_average_start"], rerun["load_average_end"]
-        solvers = rerun["solvers"] if isinstance(rerun["solvers"], list) else []
-        which = ", ".join(solvers) or "every solver"
-        flags = f"--solvers {','.join(solvers)}" if solvers else ""
-        if rerun.get("nets") and set(rerun["nets"]) != set(NETS):
-            which += " on " + ", ".join(rerun["nets"])
-            flags = f"{flags} --nets {','.join(rerun['nets'])}".strip()
-        L += [f"Part A rows of {which} come from a later run of this script with "
-              f"`{flags}` ({rerun['wall_s'] / 60:.1f} min; load average "
-              f"{r0[0]:.2f}/{r0[1]:.2f}/{r0[2]:.2f} at its start, {r1[0]:.2f}/{r1[1]:.2f}/{r1[2]:.2f} at its end), "
-              "after " + rerun.get("why", "the first run's timings had been inflated by other jobs on the machine and "
-                                   "by searches the solver cache kept alive across runs (fixed in between: the cache "
-                                   "now holds graphs weakly)")
-              + "; parts B and C and the other solvers' rows are from the first run (a later such run replaces an "
-                "earlier one's rows of the same solvers).", ""]
+    L += _reruns_md(res)
     skipped = [r for r in res.get("part_a", []) + res.get("part_b", []) if str(r.get("error", "")).startswith("skipped")]
     if skipped:
         L += ["Skipped runs (and why):", ""]
@@ -481,6 +489,26 @@ def to_markdown(res: dict[str, Any]) -> str:
     return "\n".join(L) + "\n"
 
 
+def merge_rerun(base: dict[str, Any], res: dict[str, Any], nets: list[str], solvers: list[str],
+                why: str = "") -> dict[str, Any]:
+    """``base`` (an earlier run's results) with its part A rows (and part B rows, where ``res`` has
+    part B) of ``solvers`` (empty: all) on ``nets`` replaced by ``res``'s; rows ordered by network
+    (as in :data:`NETS`), time convention, solver and options; the rerun recorded under ``reruns``."""
+    rerun = {k: res[k] for k in ("machine", "settings", "load_average_start", "load_average_end", "wall_s")}
+    rerun["solvers"] = solvers or "all"
+    rerun["nets"] = nets
+    if why:
+        rerun["why"] = why
+    rank = {net: k for k, net in enumerate(NETS)}
+    for part in ("part_a", "part_b") if res.get("part_b") else ("part_a",):
+        keep = [r for r in base.get(part, []) if not ((not solvers or r["solver"] in solvers) and r["net"] in nets)]
+        base[part] = sorted(keep + res[part], key=lambda r: (rank.get(r["net"], len(NETS)), r.get("times", ""),
+                                                           r["solver"], str(r["options"])))
+        rerun.setdefault("parts", []).append(part)
+    base.setdefault("reruns", []).append(rerun)
+    return base
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--nets", default=",".join(NETS))
@@ -493,8 +521,9 @@ def main() -> None:
                    help="skip dp-exact on graphs with more lower sets than this")
     p.add_argument("--solvers", default="", help="comma-separated solvers to run (default: all registered)")
     p.add_argument("--replace-rows-in", default="",
-                   help="a paper_tables.json whose part A rows of --solvers this run's replace (parts B and C "
-                        "kept); both runs' machine lines and loads are recorded")
+                   help="a paper_tables.json whose part A rows (and part B rows, unless --skip-measured) of "
+                        "--solvers on --nets this run's replace (part C kept); both runs' machine lines and loads "
+                        "are recorded")
     p.add_argument("--rerun-reason", default="",
                    help="with --replace-rows-in: why the rows were re-run (recorded and printed in the markdown)")
     p.add_argument("--render", default="", metavar="PAPER_TABLES_JSON",
@@ -520,18 +549,7 @@ def main() -> None:
     res["load_average_end"] = os.getloadavg()
     res["wall_s"] = time.perf_counter() - t0
     if a.replace_rows_in:
-        base = json.loads(Path(a.replace_rows_in).read_text())
-        rerun = {k: res[k] for k in ("machine", "settings", "load_average_start", "load_average_end", "wall_s")}
-        rerun["solvers"] = sorted(ONLY) or "all"
-        rerun["nets"] = nets
-        if a.rerun_reason:
-            rerun["why"] = a.rerun_reason
-        keep = [r for r in base["part_a"] if not ((not ONLY or r["solver"] in ONLY) and r["net"] in nets)]
-        rank = {net: k for k, net in enumerate(NETS)}
-        base["part_a"] = sorted(keep + res["part_a"], key=lambda r: (rank.get(r["net"], len(NETS)), r["times"],
-                                                                   r["solver"], str(r["options"])))
-        base.setdefault("reruns", []).append(rerun)
-        res = base
+        res = merge_rerun(json.loads(Path(a.replace_rows_in).read_text()), res, nets, sorted(ONLY), a.rerun_reason)
     out = Path(a.out)
     out.mkdir(parents=True, exist_ok=True)
     (out / "paper_tables.json").write_text(json.dumps(res, indent=1, default=str))

@@ -71,3 +71,29 @@ def test_table_cells_never_cut_a_number(paper_tables):
     cut = paper_tables._brief(long, 40)
     kept = cut.removesuffix(" …")
     assert cut != kept and long.startswith(kept) and long[len(kept)] == " " and len(kept) <= 40
+
+
+def test_a_rerun_replaces_only_its_solvers_on_its_nets(paper_tables):
+    def row(net, solver, value, times="paper"):
+        return {"net": net, "times": times, "solver": solver, "options": {}, "v": value}
+
+    run = {"machine": "m", "settings": {}, "load_average_start": (0, 0, 0), "load_average_end": (0, 0, 0),
+           "wall_s": 1.0}
+    base = {**run, "part_a": [row("resnet50", "chen", 1), row("resnet50", "dp-exact", 1), row("unet", "dp-exact", 1)],
+            "part_b": [{"net": "unet", "solver": "dp-exact", "options": {}, "v": 1}], "part_c": {"x": 1}}
+    # one solver on one net: only that row changes; part B stays when the rerun has none
+    res = {**run, "part_a": [row("unet", "dp-exact", 2)], "part_b": []}
+    out = paper_tables.merge_rerun(base, res, ["unet"], ["dp-exact"], why="because")
+    assert [(r["net"], r["solver"], r["v"]) for r in out["part_a"]] == [
+        ("resnet50", "chen", 1), ("resnet50", "dp-exact", 1), ("unet", "dp-exact", 2)]
+    assert out["part_b"][0]["v"] == 1 and out["part_c"] == {"x": 1}
+    assert out["reruns"][-1]["parts"] == ["part_a"] and out["reruns"][-1]["why"] == "because"
+    # every solver on a new net: its rows are added in NETS order, part B rows too
+    res = {**run, "part_a": [row("googlenet_original", "chen", 3)],
+           "part_b": [{"net": "googlenet_original", "solver": "chen", "options": {}, "v": 3}]}
+    out = paper_tables.merge_rerun(out, res, ["googlenet_original"], [])
+    assert [r["net"] for r in out["part_a"]] == ["resnet50", "resnet50", "googlenet_original", "unet"]
+    assert [r["net"] for r in out["part_b"]] == ["googlenet_original", "unet"]
+    md = "\n".join(paper_tables._reruns_md(out))
+    assert "Part A and B rows of every solver on googlenet_original" in md
+    assert "Part A rows of dp-exact on unet" in md
