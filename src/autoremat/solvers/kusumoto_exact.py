@@ -534,7 +534,7 @@ class _ExactSearches:
         if merged is None or merged[0] is not chunks:  # a new bucket
             merged = self._merged = [chunks, 0, []]
         # (state ids, kept bytes, times, chunk of each) of merged runs of chunks, each sorted by
-        # state id (then as the candidates are tried), so a state's candidates are a slice
+        # state id, so that a state's candidates are a slice
         parts = merged[2]
         if merged[1] < len(chunks):  # chunks added since: one more run
             new = range(merged[1], len(chunks))
@@ -561,8 +561,9 @@ class _ExactSearches:
 
 def _ranked(ids: np.ndarray, ms: np.ndarray, ts: np.ndarray,
             cs: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
-    """Candidate columns sorted by ``(state id, kept bytes, time, chunk)`` (see :meth:`_ExactSearches._next_label`)."""
-    order = np.lexsort((cs, ts, ms, ids))
+    """Candidate columns sorted by state id (see :meth:`_ExactSearches._next_label`, which orders a
+    state's candidates itself)."""
+    order = np.argsort(ids, kind="stable")
     return ids[order], ms[order], ts[order], cs[order]
 
 
