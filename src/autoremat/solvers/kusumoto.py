@@ -189,10 +189,12 @@ batch norm 16.0 / 16.0 s -> 7.1 / 6.7 s (papers' times), 21.9 / 22.6 s -> 7.4 / 
 times); DenseNet-121 / 161 / 201 1.9 / 3.5 / 5.8 s -> 1.2 / 2.3 / 3.4 s, each with 1-3 more time
 units of recomputation (the table's quantum is above the unit there); PSPNet 1.65 -> 2.09 s and
 ResNet-152 0.19 -> 0.31 s (numpy's overhead per bucket); U-Net, ResNet-50 unchanged; GoogLeNet
-with batch norm 130 s -> 103 s (one round), its peak RSS 2.8 -> 5.9 GB (candidates pile up in the
-few buckets of little time left out; a state whose least candidate fails its check reads them
-through per-bucket runs sorted by state). What remains there is the deferred checks (~440k, each
-a backward floor sweep of a pair never swept before).
+with batch norm 130 s -> 103 s (one round; 79 s once those runs were sorted by state id alone),
+its peak RSS 2.8 -> 5.9 GB (56 million candidate labels from 25k expansions pile up in the few
+buckets of little time left out, and the per-state columns hold 52 million priced transitions; a
+state whose least candidate fails its check reads the others through per-bucket runs sorted by
+state). What remains there is the deferred checks (~440k, nearly all rejected by the backward
+floor sweep of a pair never swept before; ~21k replays).
 Inception-v3 (35684 lower sets) ran out of memory (per-state successor lists) before these last
 two changes (not run since). Beyond ``max_lower_sets`` (default 500) dp-exact falls back to
 dp-approx with a warning at every call (``fallback=False``: a ``ValueError``).
