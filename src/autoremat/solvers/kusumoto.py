@@ -26,15 +26,14 @@ leaves out, ``T(L' \\ L) - t(L -> L')`` (its boundary, and the whole last segmen
 sequence ends in ``V``, so these sum to ``T(V)`` less its recomputation time, and the first label
 of ``V`` has the most. Its buckets are the nodes' common time unit where they have one (exact in
 time whatever ``T(V)`` spans: only the buckets it reaches exist), else a sixteenth of the table's
-quantum (PSPNet, FLOP times: the table's width lost 0.24 % of the time the table found, a quarter
-or a sixteenth of it found the same, at the same speed). A
-decision: ties (same time, same kept bytes at ``V``) may go to another sequence than the table's
-(of 600 seeded random DAGs with 3-12 nodes, the plans differed in that way on some, and
-on one the search's sequence simulated above the least budget where the table's did not; the
-plan then falls back to the least budget's sequence, as it does for the table's on 4 others).
+quantum (PSPNet, FLOP times: with the table's width the search found 0.24 % less time than the
+table, with a quarter or a sixteenth of it the same, at the same speed). A decision: ties (same time, same kept bytes at ``V``) may go to another sequence than the table's
+(on 600 seeded random DAGs with 3-12 nodes both fell back to the least budget's sequence on the
+same 5 (graph, budget) pairs and nowhere else; on one graph of the tests the search's sequence
+simulated above the least budget where the table's did not, and the plan fell back).
 
 Speed (same results as the direct implementation, which ``tests/solvers`` keeps as a frozen
-reference and compares against). dp-approx: the time-centric search relaxes each expanded
+reference and compares against, but for dp-exact's memory-centric ties and time grid, above). dp-approx: the time-centric search relaxes each expanded
 label's successors with numpy into a dense ``(time bucket, set)`` table of pending labels (least
 ``m``, then least ``t``, first arrival kept, as the dict buckets did; grids above ``2**23``
 cells use dict buckets); an expansion costs ~20 numpy calls on short arrays, so their per-call
