@@ -37,6 +37,8 @@ class _ExactSearches:
     # set up by _DP.__init__
     p: Any
     fam: list[int]
+    lost_quantum: float
+    _set_time: np.ndarray | None = None  # T(L) per set (see _set_times)
     keys: list[int]
     succ: list[Any]
     floor: list[int]
@@ -389,8 +391,8 @@ class _ExactSearches:
         time a transition leaves out, ``T(L' \\ L) - dt >= 0`` (the segment's nodes that it does
         not recompute: its boundary, and the whole last segment). Every sequence ends in ``V``,
         so its times left out sum to ``T(V)`` less its recomputation time, and the first label
-        of ``V`` has the most. Buckets are then of the time left out (a quantum wide, as the
-        table's are of the time), and the time returned is the sequence's recomputation time.
+        of ``V`` has the most. Buckets are then of the time left out, :attr:`lost_quantum` wide
+        (see :class:`.kusumoto_dp._DP`), and the time returned is the sequence's recomputation time.
         """
         fam, quantum, ix = self.fam, self.quantum, self._ix
         if most:
@@ -509,7 +511,7 @@ class _ExactSearches:
 
     def _set_times(self) -> np.ndarray:
         """``T(L)`` of every set of the family (seconds, exact sums), for the memory-centric search."""
-        got = getattr(self, "_set_time", None)
+        got = self._set_time
         if got is None:
             time = self.p.time
             got = self._set_time = np.array([math.fsum(time[v] for v in _bit_list(m)) for m in self.fam])
