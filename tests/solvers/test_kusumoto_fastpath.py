@@ -254,6 +254,27 @@ def test_tight_bound_never_exceeds_the_replay(seed):
 
 
 
+@pytest.mark.parametrize("seed", range(20))
+def test_level_at_the_last_holder_is_below_the_backward_floor(seed):
+    """:meth:`_BackwardFloor.at_stop` (the last holding node's own backward and the own gradient
+    buffers alive there) plus the copies and extras bounded by ``rec_hi - rec_lo`` never exceed
+    the backward floor's sweep, on every recomputed transition of random DAGs with views and
+    pass-through nodes; and it adds to the bound on many of them."""
+    g = random_dag_with_views(3000 + seed, 6 + seed % 7)
+    search = fast._Search(g, "dp-exact", fast._config({"max_lower_sets": 10**6}, "dp-exact"))
+    dp, p = search.dp, search.p
+    checked = added = 0
+    for i, lower in enumerate(dp.fam):
+        for j, upper in enumerate(dp.fam):
+            if i == j or lower & ~upper or not p.recompute_flag(lower, upper):
+                continue
+            at_stop = dp._bwd.at_stop(lower, upper)
+            assert dp.rec_hi[j] - dp.rec_lo[i] - dp.pg[j] + at_stop <= dp._bwd.floor(lower, upper), (i, j)
+            checked += 1
+            added += at_stop > 0
+    assert checked and added > checked // 4
+
+
 @pytest.mark.parametrize("seed", range(30))
 def test_depth_first_feasibility_answers_as_dijkstra_does(seed):
     """The exact DP's feasibility search (depth first, with dominance on the kept bytes) says

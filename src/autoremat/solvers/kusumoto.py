@@ -46,7 +46,9 @@ dp-exact: a transition's time, kept bytes and dangling roots come from the lower
 exceeds what the budget leaves: the kept bytes it adds and the gradients alive when its backward
 starts; for a recomputed segment also, when its replay reaches its last saving node, the copies of
 the storages its own nodes save, their extras, the parameter gradients of the nodes after ``L'``,
-the dangling roots it holds and the gradient buffers no backward of the segment touches. When
+the dangling roots it holds and the gradient buffers no backward of the segment touches, and at
+its last holding node that node's own backward and the own gradient buffers of the segment's
+nodes up to it still alive (:meth:`.kusumoto_floor._BackwardFloor.at_stop`). When
 that bound fits, a tighter one is tried before the replay (:meth:`.kusumoto_dp._DP.tight_need`,
 a sweep of the segment's backward without the replay's bookkeeping, :mod:`.kusumoto_floor`,
 cached per pair): at each node's backward, its inputs' and parameters' gradients and workspace,

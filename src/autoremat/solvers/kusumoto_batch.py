@@ -23,7 +23,11 @@ for bit:
 - the dangling roots a transition holds (the roots of ``D`` the segment reads when
   recomputed, saves otherwise), and the gradient buffers a recomputed segment keeps alive
   (:meth:`.kusumoto_dp._DP._kept_grads`), are taken per root of ``D`` and per node of the
-  boundary of ``L_i`` (a few columns), not per successor.
+  boundary of ``L_i`` (a few columns), not per successor;
+- the level at a recomputed segment's last holding node that needs no sweep
+  (:meth:`.kusumoto_floor._BackwardFloor.at_stop`): that node is the top bit of the bits up to
+  it (a popcount), its own backward a table lookup, and the own gradient buffers alive there a
+  byte sum over ``own_after(L_j) & S & bits up to it``.
 
 Rows of the per-set tables (alive roots, saved roots, gradient owners) are filled when a set
 first appears as a successor. The tests compare every priced transition with the scalar code.
@@ -33,6 +37,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from .kusumoto_floor import _BackwardFloor
 from .kusumoto_sets import _bit_list, _bits, _Prep
 
 __all__: list[str] = []
@@ -53,7 +58,7 @@ class _BatchPricer:
     """``price(i, dang, js)``: :meth:`.kusumoto_dp._DP._move` of ``L_i -> L_j`` for each ``j``."""
 
     def __init__(self, p: _Prep, family: list[int], floor: list[int], rec_hi: list[int],
-                 rec_lo: list[int]) -> None:
+                 rec_lo: list[int], bwd: _BackwardFloor) -> None:
         n, sets = p.n, len(family)
         self.p = p
         self.fam = family
@@ -71,6 +76,9 @@ class _BatchPricer:
         self.alloc = self._table(p.alloc)
         self.ones = self._table([1] * n)
         self.out = np.asarray(p.out, dtype=np.int64)
+        self.grad_bytes = self._table(p.out)
+        self.bwd = bwd
+        self.local = np.asarray(bwd.local, dtype=np.int64)  # a node's own backward (-1: none runs)
         self.time = np.asarray(p.time, dtype=np.float64)
         self.integer_times = p.time_groups is not None
         self.times = self._table([int(t) for t in p.time]) if self.integer_times else None
@@ -94,6 +102,7 @@ class _BatchPricer:
         self.alive = np.zeros((sets, self.words), dtype=np.uint64)
         self.saved = np.zeros((sets, self.words), dtype=np.uint64)
         self.owner = np.full((sets, n), -1, dtype=np.int32)
+        self.own_after = np.zeros((sets, self.words), dtype=np.uint64)  # see _BackwardFloor.own_after
 
     # -------------------------------------------------------------- bitset rows
     def rows(self, masks: list[int]) -> np.ndarray:
@@ -132,10 +141,11 @@ class _BatchPricer:
         new = js[~self.filled[js]]
         if not len(new):
             return
-        alive, saved = [], []
+        alive, saved, own = [], [], []
         for j in new.tolist():
             upper = fam[j]
             alive.append(p.info(upper)[1])
+            own.append(sum(1 << u for u in self.bwd.own_after(upper)))
             kept = 0
             for v in _bits(upper & p.rg_mask):
                 kept |= p.saves_roots[v]
@@ -144,6 +154,7 @@ class _BatchPricer:
                 self.owner[j, u] = owner
         self.alive[new] = self.rows(alive)
         self.saved[new] = self.rows(saved)
+        self.own_after[new] = self.rows(own)
         self.filled[new] = True
 
     # -------------------------------------------------------------- pricing
@@ -217,7 +228,12 @@ class _BatchPricer:
                 first[:, 1:] = table[:, 1:] != table[:, :-1]
                 counted = first & (table >= 0)
                 grads = np.where(counted, self.out[np.maximum(table, 0)], 0).sum(axis=1)
-            low = np.where(rec, np.maximum(low, add + self.rec_hi[js] - self.rec_lo[i] + grads), low)
+            # the level at the last holding node s (_BackwardFloor.at_stop): s is the top bit of
+            # `below`, which holds the bits up to it
+            stop = self.weigh(below, self.ones) - 1
+            local = np.where(stop >= 0, self.local[np.maximum(stop, 0)], -1)
+            at_stop = np.where(local >= 0, local + self.weigh(self.own_after[js] & seg & below, self.grad_bytes), 0)
+            low = np.where(rec, np.maximum(low, add + self.rec_hi[js] - self.rec_lo[i] + grads + at_stop), low)
         final = js == self.last
         dt[final] = 0.0
         add[final] = 0

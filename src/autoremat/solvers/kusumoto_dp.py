@@ -113,7 +113,7 @@ class _DP(_ExactSearches):
                 self.rec_hi.append(pg[k] + ext + own)
                 self.rec_lo.append(ext + held)
             # prices a state's successors at once for the searches that visit them all
-            self._rows = _BatchPricer(p, family, self.floor, self.rec_hi, self.rec_lo)
+            self._rows = _BatchPricer(p, family, self.floor, self.rec_hi, self.rec_lo, self._bwd)
             self._pricer: _BatchPricer | None = self._rows if self._rows.ok else None
             # dangling sets and states (set, dangling set) by dense index (see _Interner)
             self._ix = _Interner(self._rows.words)

@@ -208,8 +208,9 @@ class _ExactSearches:
         # a lower bound of the transition's need (its replay is dear): the backward of S
         # starts with the kept bytes it adds and the gradients after L' alive
         low = add + self.floor[j]
-        if recompute:  # the dangling roots it holds stay too
-            low = max(low, add + self.rec_hi[j] - self.rec_lo[i] + self._kept_grads(i, j))
+        if recompute:  # the dangling roots it holds stay too; and the level at its last holder
+            low = max(low, add + self.rec_hi[j] - self.rec_lo[i] + self._kept_grads(i, j)
+                      + self._bwd.at_stop(lower, upper))
         return dt, add, dang2, low
 
     def _exceeds(self, i: int, j: int, dang: int, room: int) -> bool:

@@ -142,6 +142,26 @@ class _BackwardFloor:
                 heappush(events, event)
         return got
 
+    def at_stop(self, lower: int, upper: int) -> int:
+        """The part of :meth:`floor`'s level at the last holding node ``s`` of ``S = upper \\ lower``
+        (where the replay has run) that needs no sweep: ``s``'s own backward, and the gradient
+        buffers of the nodes of ``S`` up to ``s`` whose buffer is their own and is alive after
+        ``upper`` (opened at the start of ``S``'s backward, closed only at their own). 0 when
+        ``S`` holds nothing or no gradient reaches ``s``. The copies and extras held at ``s`` are
+        bounded by ``rec_hi - rec_lo`` (see :class:`.kusumoto_dp._DP`), so their sum with this is
+        a lower bound of the replay's need that set operations give (:meth:`._DP._move`, and per
+        row in :meth:`.kusumoto_batch._BatchPricer.price`)."""
+        seg = upper & ~lower
+        stop = (seg & self.p.holder_mask).bit_length() - 1
+        if stop < 0 or self.local[stop] < 0:
+            return 0
+        out = self.p.out
+        return self.local[stop] + sum(out[u] for u in self._after_split(upper)[0] if seg >> u & 1 and u <= stop)
+
+    def own_after(self, upper: int) -> list[int]:
+        """The nodes whose gradient buffer is their own and is alive after ``upper`` (cached)."""
+        return self._after_split(upper)[0]
+
     def _share(self, groups: list[list[int]], events: list[tuple[int, int, int]], nbytes: int,
                group: Sequence[int], seg: int, readers: int, first: int) -> int:
         """Register a gradient buffer of ``nbytes`` that the nodes ``group`` share for
