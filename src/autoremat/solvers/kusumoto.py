@@ -200,8 +200,10 @@ holding node to the bound priced with each transition (measured before: it would
 76-77 % of the checks the sweep rejected in GoogLeNet's time-centric and googlenet_original's
 memory-centric searches, 32 % in googlenet_original's time-centric one) then
 took it to 60 s and 4.9 GB (one round each, side by side); the other searches stayed within noise.
-Inception-v3 (35684 lower sets) ran out of memory (per-state successor lists) before these last
-two changes (not run since). Beyond ``max_lower_sets`` (default 500) dp-exact falls back to
+Inception-v3 (35684 lower sets) stays out of reach: its least-budget search, watched for 3
+minutes, ran 33 probes and then explored a probe near the minimum exhaustively (11.6k states,
+84M successor entries, 100M priced transitions, 2.5M backward floors, 4.9 GB); a 10-minute run
+reached 20 GB without an answer. Beyond ``max_lower_sets`` (default 500) dp-exact falls back to
 dp-approx with a warning at every call (``fallback=False``: a ``ValueError``).
 
 Exact / approximate: dp-exact is exact for the simulator's cost over all canonical strategies,
