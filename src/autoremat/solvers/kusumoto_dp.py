@@ -4,7 +4,8 @@ See :mod:`.kusumoto` ("Algorithm", "Speed"). :class:`_DP` holds the family, its 
 lists (priced lazily, by key), and the searches (the exact model's in :mod:`.kusumoto_exact`): feasibility (dp-approx: least kept bytes per
 set; dp-exact: a depth-first dive, and the least-kept sequence for the minimum), time-centric
 (label-setting in increasing time; dp-exact's on numpy chunks of candidate labels, priced a
-state at a time by :mod:`.kusumoto_batch`) and the generic table (memory-centric).
+state at a time by :mod:`.kusumoto_batch`) and memory-centric (dp-approx: the table of
+Algorithm 1 with max; dp-exact: the time-centric search on the time left out).
 """
 
 from __future__ import annotations

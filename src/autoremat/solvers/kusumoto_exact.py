@@ -3,9 +3,10 @@
 The exact model's transitions are priced per state (:meth:`_ExactSearches._price_all`: at once
 by :mod:`.kusumoto_batch`, or one at a time) and kept in per-state columns; on them run the
 depth-first feasibility dive, the least-kept search (for the minimum) and the time-centric
-label-setting search on numpy chunks of candidate labels. :class:`.kusumoto_dp._DP` sets up
-what they read (family, keys, successor lists, bounds, pricer, interner, caches) and keeps the
-closed-form model's searches and the generic table. See :mod:`.kusumoto` ("Feasibility",
+label-setting search on numpy chunks of candidate labels (also memory-centric, on the time each
+transition leaves out). :class:`.kusumoto_dp._DP` sets up what they read (family, keys,
+successor lists, bounds, pricer, interner, caches) and keeps the closed-form model's searches
+and its memory-centric table. See :mod:`.kusumoto` ("Feasibility",
 "Least budget", "Speed").
 """
 
