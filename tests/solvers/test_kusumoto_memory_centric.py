@@ -101,3 +101,23 @@ def test_solver_reports_the_memory_centric_plan():
     from autoremat import simulate
 
     assert simulate(g, plan).extra_time_s == _most_by_brute_force(search, dp_least)
+
+
+def test_long_searches_log_their_progress(caplog, monkeypatch):
+    """Every search of dp-exact logs where it is (phase, budget, states, transitions, replays) once
+    per PROGRESS_EVERY_S seconds; a short solve logs nothing."""
+    from autoremat.solvers import kusumoto_exact
+
+    g = random_dag_with_views(709, 9)
+    caplog.set_level(logging.INFO, logger="autoremat.solvers.kusumoto")
+    fast.min_budget(g.copy(), "dp-exact")
+    assert not [r for r in caplog.records if "so far" in r.getMessage()]
+    monkeypatch.setattr(kusumoto_exact, "PROGRESS_EVERY_S", 0.0)
+    g = g.copy()
+    least = fast.min_budget(g, "dp-exact")
+    fast.solve_dp_exact(g, least + (least >> 2))
+    fast.solve_dp_exact(g, least, config={"objective": "memory"})
+    said = " | ".join(r.getMessage() for r in caplog.records if "so far" in r.getMessage())
+    for phase in ("least-budget probe", "time-centric search", "memory-centric search"):
+        assert f"dp-exact: {phase} at " in said
+    assert "states priced" in said and "replays" in said

@@ -213,6 +213,11 @@ no nesting, no offload). Module-level graphs run over the executable family: eac
 priced as ``segments_from_lower_sets`` will run it (a segment of several module calls, or with a
 non-recomputable node, runs plainly), so only single module calls are recomputed.
 
+Progress: a dp-exact search (a least-budget probe, the least-kept search, the time- or
+memory-centric search) that runs longer than 10 s logs where it is every 10 s at INFO on
+``autoremat.solvers.kusumoto`` (its phase and budget, states priced, transitions listed,
+replays; :data:`.kusumoto_exact.PROGRESS_EVERY_S`).
+
 Options (``config``): ``objective`` (``"time"`` | ``"memory"``), ``time_slots`` (int),
 ``max_lower_sets`` (int, dp-exact), ``fallback`` (bool, dp-exact), ``max_tightenings`` (int);
 other keys are ignored with a warning (``solve(solver="auto")`` passes one set to all solvers).

@@ -12,7 +12,9 @@ and its memory-centric table. See :mod:`.kusumoto` ("Feasibility",
 
 from __future__ import annotations
 
+import logging
 import math
+import time
 from array import array
 from bisect import bisect_right
 from collections.abc import Callable, Iterator
@@ -29,6 +31,32 @@ __all__: list[str] = []
 _NONE_Q, _ZERO_Q, _ZERO_D, _NONE_I = array("q", [-1]), array("q", [0]), array("d", [0.0]), array("i", [-1])
 _BATCH_MIN = 24  # fewer transitions to price than this: one at a time (see _price_all)
 _INF = 1 << 62  # "no label" in the int64 tables (budgets and byte counts stay far below)
+PROGRESS_EVERY_S = 10.0  # a search running longer logs where it is this often (INFO)
+
+logger = logging.getLogger("autoremat.solvers.kusumoto")
+
+
+class _Progress:
+    """Logs, at most every :data:`PROGRESS_EVERY_S` seconds, where a long dp-exact search is
+    (INFO on ``autoremat.solvers.kusumoto``): its phase, budget, time so far and how much it has
+    priced and replayed. :meth:`tick` is called once per expanded state (a clock read)."""
+
+    __slots__ = ("dp", "phase", "budget", "start", "due")
+
+    def __init__(self, dp: Any, phase: str, budget: int) -> None:
+        self.dp, self.phase, self.budget = dp, phase, budget
+        self.start = time.monotonic()
+        self.due = self.start + PROGRESS_EVERY_S
+
+    def tick(self) -> None:
+        now = time.monotonic()
+        if now < self.due:
+            return
+        self.due = now + PROGRESS_EVERY_S
+        dp = self.dp
+        logger.info("dp-exact: %s at %d bytes, %.0f s so far: %d states priced, %d transitions listed, "
+                    "%d replays (%d lower sets)", self.phase, self.budget, now - self.start, len(dp._moves),
+                    dp.transitions, len(dp._step), len(dp.fam))
 
 
 class _ExactSearches:
@@ -285,7 +313,9 @@ class _ExactSearches:
         start = (0, 0)
         best: dict[tuple[int, int], int] = {start: 0}
         stack = [(start, 0, self._candidates(0, 0, 0, budget, descending=True))]
+        progress = _Progress(self, "least-budget probe", budget)
         while stack:
+            progress.tick()
             state, m, moves = stack[-1]
             if best[state] < m:  # reached since with fewer kept bytes: that expansion covers this one
                 stack.pop()
@@ -331,7 +361,9 @@ class _ExactSearches:
         first = int(ix.state_ids(np.zeros(1, dtype=np.intp), np.array([ix.dangling(0)]))[0])
         heap: list[tuple[int, int, int, Any, int]] = [(0, 0, first, None, 0)]
         count = 1
+        progress = _Progress(self, "least-kept search", budget)
         while heap:
+            progress.tick()
             m, _, sid, back, m_src = heappop(heap)
             if sid in settled:
                 continue
@@ -414,6 +446,7 @@ class _ExactSearches:
         buckets: dict[int, list[tuple[int, np.ndarray, np.ndarray, np.ndarray]]] = {
             0: [(-1, one, np.zeros(1, dtype=np.int64), np.zeros(1))]}
         pending = [0]
+        progress = _Progress(self, "memory-centric search" if most else "time-centric search", budget)
         while pending:
             tq = heappop(pending)
             chunks = buckets.pop(tq)
@@ -455,6 +488,7 @@ class _ExactSearches:
                 queue = sorted(zip(ix.state_set[new].tolist(),
                                    [sets_of[k] for k in ix.state_dang[new].tolist()], new.tolist()))
             while queue:
+                progress.tick()
                 i, dang, sid = heappop(queue)
                 settled = best.fit(sid + 1)[sid]
                 m, t, c = int(low_m.a[sid]), float(low_t.a[sid]), int(low_c.a[sid])
