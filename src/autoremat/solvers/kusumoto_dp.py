@@ -28,8 +28,19 @@ from .kusumoto_sets import _bit_list, _Prep
 __all__: list[str] = []
 
 _DENSE_CELLS = 1 << 23  # (time bucket, set) cells of the dense label table; beyond it, dicts
-_SPARE_ROWS = 2
-_LOST_SPLIT = 16  # the memory-centric search's buckets per table quantum, for times without a unit  # dense table rows beyond T(V) / quantum (float sums may round past it; it grows)
+_SPARE_ROWS = 2  # dense table rows beyond T(V) / quantum (float sums may round past it; it grows)
+_LOST_SPLIT = 16  # the memory-centric search's buckets per table quantum, for times without a unit
+
+
+def _time_unit(p: _Prep) -> float | None:
+    """The nodes' common time unit (the gcd of integer times), or ``None`` when they have none."""
+    ints = [round(t) for t in p.time]
+    if not all(abs(t - i) <= 1e-9 * max(1.0, abs(t)) for t, i in zip(p.time, ints)):
+        return None
+    unit = 0
+    for i in ints:
+        unit = math.gcd(unit, i)
+    return float(unit) if unit else None
 
 
 def _time_quantum(p: _Prep, slots: int) -> float:
@@ -37,13 +48,9 @@ def _time_quantum(p: _Prep, slots: int) -> float:
     total = sum(p.time)
     if total <= 0:
         return 1.0
-    ints = [round(t) for t in p.time]
-    if all(abs(t - i) <= 1e-9 * max(1.0, abs(t)) for t, i in zip(p.time, ints)):
-        unit = 0
-        for i in ints:
-            unit = math.gcd(unit, i)
-        if unit and total / unit <= slots:
-            return float(unit)
+    unit = _time_unit(p)
+    if unit is not None and total / unit <= slots:
+        return unit
     return total / slots
 
 
@@ -65,9 +72,7 @@ class _DP(_ExactSearches):
         # the memory-centric search's buckets (of time left out): the nodes' common unit where the
         # times have one, else a sixteenth of the table's quantum (only the buckets it reaches
         # exist, however many T(V) would span; see kusumoto "Algorithm")
-        self.lost_quantum = _time_quantum(p, 1 << 62)
-        if self.lost_quantum == sum(p.time) / (1 << 62):
-            self.lost_quantum = quantum / _LOST_SPLIT
+        self.lost_quantum = _time_unit(p) or quantum / _LOST_SPLIT
         self.exact = exact
         n = len(family)
         if exact:
@@ -80,7 +85,7 @@ class _DP(_ExactSearches):
             self._seg: dict[tuple[int, int, int], _Seg] = {}
             self._step: dict[tuple[int, int], tuple[int, float, int, int]] = {}
             # per state, aligned with its successor list: lower bounds of the need (-1: none yet)
-            # and the transitions priced so far, as columns (see _candidates); dangling sets interned
+            # and the transitions priced so far, as columns (see _columns); dangling sets interned
             self._moves: dict[tuple[int, int], tuple[array, array, array, array]] = {}
             # rooms from which V is known not to be reached / to be reached (see _feasible_exact)
             self._fail_room: dict[tuple[int, int], int] = {}
@@ -140,7 +145,7 @@ class _DP(_ExactSearches):
     def successors(self, i: int, limit: int) -> Any:
         """Successors of set ``i`` with key ``<= limit`` (and maybe more), by key: a list of
         ``(key, j, need, dt_s, add)`` (closed-form model) or an ``array`` of ``j`` (exact model,
-        priced per state by :meth:`_candidates`; a GoogLeNet search holds tens of millions)."""
+        priced per state by :meth:`_columns`; a GoogLeNet search holds tens of millions)."""
         lst = self.succ[i]
         if limit <= self.scanned[i]:
             return lst

@@ -87,14 +87,6 @@ class _ExactSearches:
     successors: Callable[[int, int], Any]
     exact_step: Callable[[int, int, int], tuple[int, float, int, int]]
 
-    def _exact_moves(self, i: int, dang: int, m: int,
-                     budget: int) -> list[tuple[int, tuple[float, int, int, int]]]:
-        """Transitions of the exact model out of state ``(set i, dangling roots)`` with kept bytes
-        ``m``: each larger lower set ``j`` that the budget can still admit, with its (cached)
-        ``(time, added kept bytes, dangling roots, lower bound of the need)`` from
-        :func:`_bookkeeping`, in the order of the successor list (see :meth:`_candidates`)."""
-        return list(self._candidates(i, dang, m, budget, descending=False))
-
     def _columns(self, i: int, dang: int, room: int) -> tuple[Any, int, tuple[array, ...]]:
         """``(successor list, count within the key bound, columns)`` of state ``(i, dang)``.
 
@@ -118,26 +110,22 @@ class _ExactSearches:
                 col.extend(fill * grow)
         return lst, count, cols
 
-    def _candidates(self, i: int, dang: int, m: int, budget: int,
-                    descending: bool) -> Iterator[tuple[int, tuple[float, int, int, int]]]:
-        """:meth:`_exact_moves` as a generator, from the smallest successor up or (``descending``)
-        from the largest down.
+    def _candidates(self, i: int, dang: int, m: int,
+                    budget: int) -> Iterator[tuple[int, tuple[float, int, int, int]]]:
+        """Transitions of the exact model out of state ``(set i, dangling roots)`` with kept bytes
+        ``m``, from the largest successor down (the feasibility dive): each larger lower set ``j``
+        that the budget can still admit, with its (cached) ``(time, added kept bytes, dangling
+        roots, lower bound of the need)`` from :func:`_bookkeeping`.
 
         A transition whose lower bound the budget cannot admit is left out (it would fail its
         deferred memory check anyway). The bound is first the cheap one (:attr:`floor`, and
         for a recomputed segment :attr:`rec_hi` - :attr:`rec_lo`: no bookkeeping), then
-        :meth:`_move`'s. Ascending, every transition is priced up front (:meth:`_price_all`);
-        descending (the feasibility dive, which stops at the first that fits), each only when
-        it is reached.
+        :meth:`_move`'s; each transition is priced only when it is reached (the dive stops at
+        the first that fits; the searches that visit them all use :meth:`_expand`).
         """
         room = budget - m
         lst, count, cols = self._columns(i, dang, room)
         bounds, dts, adds, dix, _ = cols
-        if not descending:
-            sets = self._ix.sets
-            for pos in self._price_all(i, dang, lst, count, room, cols).tolist():
-                yield lst[pos], (dts[pos], adds[pos], sets[dix[pos]], bounds[pos])
-            return
         fam, floor, rec_hi, rec_lo = self.fam, self.floor, self.rec_hi, self.rec_lo[i]
         recompute_flag = self.p.recompute_flag
         lower = fam[i]
@@ -229,7 +217,7 @@ class _ExactSearches:
 
     def _move(self, i: int, j: int, dang: int) -> tuple[float, int, int, int]:
         """``(time, added kept bytes, dangling roots, lower bound of the need)`` of one transition
-        (not cached here: :meth:`_candidates` keeps what it prices)."""
+        (not cached here: the per-state columns of :meth:`_columns` keep what is priced)."""
         fam, p = self.fam, self.p
         lower, upper = fam[i], fam[j]
         recompute = p.recompute_flag(lower, upper)
@@ -312,7 +300,7 @@ class _ExactSearches:
         fail_room, ok = self._fail_room, self._ok
         start = (0, 0)
         best: dict[tuple[int, int], int] = {start: 0}
-        stack = [(start, 0, self._candidates(0, 0, 0, budget, descending=True))]
+        stack = [(start, 0, self._candidates(0, 0, 0, budget))]
         progress = _Progress(self, "least-budget probe", budget)
         while stack:
             progress.tick()
@@ -334,7 +322,7 @@ class _ExactSearches:
                     best[nxt] = m2
                     if j == last:
                         return self._found(stack, budget, [j])
-                    stack.append((nxt, m2, self._candidates(j, dang2, m2, budget, descending=True)))
+                    stack.append((nxt, m2, self._candidates(j, dang2, m2, budget)))
                     break
                 else:  # every transition tried: V cannot be reached from here with this room
                     fail_room[state] = room

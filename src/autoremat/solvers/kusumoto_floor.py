@@ -156,7 +156,7 @@ class _BackwardFloor:
         if stop < 0 or self.local[stop] < 0:
             return 0
         out = self.p.out
-        return self.local[stop] + sum(out[u] for u in self._after_split(upper)[0] if seg >> u & 1 and u <= stop)
+        return self.local[stop] + sum(out[u] for u in self.own_after(upper) if seg >> u & 1 and u <= stop)
 
     def own_after(self, upper: int) -> list[int]:
         """The nodes whose gradient buffer is their own and is alive after ``upper`` (cached)."""
