@@ -216,3 +216,51 @@ def test_rng_replayed_only_where_a_region_draws_random_numbers(name: str) -> Non
     autoremat.restore(model)
     assert gradients_equal(reference, grads)
     assert torch.equal(after_reference, after_patched), "recomputation must not move the RNG stream"
+
+
+class _Collide(nn.Module):
+    """Submodule paths ``a.b_c`` and ``a_b.c`` flatten to the same name."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.a = nn.Module()
+        self.a.b_c = nn.Linear(8, 8)
+        self.a_b = nn.Module()
+        self.a_b.c = nn.Linear(8, 8)
+        self.head = nn.Sequential(nn.Linear(8, 8), nn.Tanh(), nn.Linear(8, 1))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.head(torch.tanh(self.a_b.c(torch.tanh(self.a.b_c(x)))))
+
+
+def test_generated_code_reaches_submodules_in_one_lookup_and_their_hooks_still_run() -> None:
+    from autoremat.plan import Plan, Segment
+
+    model = _Collide()
+    x = torch.randn(4, 8)
+    graph = autoremat.capture(model, (x,))
+    reference = _grads_after_step(model, (x,), None)
+    names = [graph.node(v)["name"] for v in graph.nodes]
+    # recompute everything up to the head's last layer as one region
+    plan = autoremat.solve(graph, 10**12, solver="chen")
+    last = names.index("head_2")
+    plan = Plan([Segment(tuple(range(last)), True), Segment(tuple(range(last, len(names))), False)],
+                solver="manual", options=plan.options, graph_fingerprint=plan.graph_fingerprint)
+    calls: list[str] = []
+    for path in ("a.b_c", "a_b.c", "head.0", "head.2"):
+        model.get_submodule(path).register_forward_hook(lambda m, i, o, path=path: calls.append(path))
+    autoremat.apply(model, plan)
+    try:
+        state = model.__dict__["_autoremat_patch"]
+        region = state.forward_module.autoremat_segment_0
+        for gm in (state.forward_module, region.body, region.replay):
+            assert "getattr(self." not in gm.code, gm.code
+        # the two colliding paths are two attributes holding the model's own modules
+        held = {id(m) for m in region.body.children()}
+        assert {id(model.a.b_c), id(model.a_b.c), id(model.head[0])} <= held
+        grads = _grads_after_step(model, (x,), None)
+    finally:
+        autoremat.restore(model)
+    assert gradients_equal(reference, grads)
+    # the forward runs each hook once; the replay in backward runs the recomputed ones again
+    assert sorted(calls) == sorted(["a.b_c", "a_b.c", "head.0", "head.2", "a.b_c", "a_b.c", "head.0"])

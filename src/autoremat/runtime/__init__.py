@@ -171,6 +171,35 @@ def _lookup_attr(gm: nn.Module, target: str) -> Any:
     return obj
 
 
+def _flat_module(gm: torch.fx.GraphModule, graph: torch.fx.Graph, class_name: str,
+                 attrs: dict[str, Any] | None = None) -> torch.fx.GraphModule:
+    """A ``GraphModule`` running ``graph`` whose submodule calls each reach their module in one
+    attribute lookup.
+
+    fx generates ``getattr(self.layer1, "0").conv1(x)`` for a call of ``layer1.0.conv1``: three
+    ``nn.Module.__getattr__`` calls per op where the model's own forward, iterating its blocks,
+    makes about one (measured on the CPU-size ResNet-50: 0.14 ms of a 3.1 ms forward). Every
+    ``call_module`` target is renamed to a flat, unique attribute holding the same module object
+    (nothing is copied; hooks on it still run), ``get_attr`` targets are looked up in ``gm``.
+    ``attrs``: attributes the graph's own targets already name (kept as they are)."""
+    root: dict[str, Any] = dict(attrs or {})
+    flat: dict[str, str] = {}
+    for n in graph.nodes:
+        if n.op == "call_module" and str(n.target) not in root:
+            target = str(n.target)
+            if target not in flat:
+                base = "m_" + "".join(c if c.isalnum() else "_" for c in target)
+                name, k = base, 1
+                while name in root:
+                    name, k = f"{base}_{k}", k + 1
+                flat[target] = name
+                root[name] = gm.get_submodule(target)
+            n.target = flat[target]
+        elif n.op == "get_attr" and str(n.target) not in root:
+            root[str(n.target)] = _lookup_attr(gm, str(n.target))
+    return torch.fx.GraphModule(root, graph, class_name=class_name)
+
+
 def _build_forward(gm: torch.fx.GraphModule, ops: list[torch.fx.Node], plan: Plan,
                    offloader: Offloader | None = None, regions: str = "lean") -> torch.fx.GraphModule:
     """A GraphModule running the traced graph segment by segment, recomputed ones as regions;
@@ -215,9 +244,7 @@ def _build_forward(gm: torch.fx.GraphModule, ops: list[torch.fx.Node], plan: Pla
                     if u not in env:
                         need(u, new, env)
                 begin(n)
-                env[n] = new.node_copy(n, lambda u: env[u])
-                if n.op == "call_module":
-                    attrs[str(n.target)] = gm.get_submodule(str(n.target))
+                env[n] = new.node_copy(n, lambda u: env[u])  # a call_module target: see _flat_module
                 marked(n)
             continue
         inputs: list[torch.fx.Node] = []
@@ -240,11 +267,11 @@ def _build_forward(gm: torch.fx.GraphModule, ops: list[torch.fx.Node], plan: Pla
         replay.output(())  # see CheckpointRegion: the replay holds no outputs
         ends_at_save = trim_replay(gm, replay)
         sub.output(tuple(local[n] for n in outputs))
-        body = torch.fx.GraphModule(gm, sub, class_name=f"AutorematSegment{si}")
+        body = _flat_module(gm, sub, f"AutorematSegment{si}")
         modules = [gm.get_submodule(str(n.target)) for n in members if n.op == "call_module"]
         key = f"autoremat_segment_{si}"
         attrs[key] = CheckpointRegion(body, modules, preserve_rng=may_draw_random(gm, members), mode=regions,
-                                      replay=torch.fx.GraphModule(gm, replay, class_name=f"AutorematReplay{si}"),
+                                      replay=_flat_module(gm, replay, f"AutorematReplay{si}"),
                                       replay_ends_at_last_save=ends_at_save)
         for u in inputs:
             if u not in env:
@@ -254,7 +281,7 @@ def _build_forward(gm: torch.fx.GraphModule, ops: list[torch.fx.Node], plan: Pla
             env[n] = new.call_function(operator.getitem, (call, i))
             marked(n)
     new.output(torch.fx.map_arg(output_node.args[0], lambda u: env[u] if u in env else need(u, new, env)))
-    return torch.fx.GraphModule(attrs, new, class_name="AutorematForward")
+    return _flat_module(gm, new, "AutorematForward", attrs)
 
 
 # ---------------------------------------------------------------------- module level
