@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+from typing import Any
 
 import pytest
 import torch
@@ -331,3 +332,35 @@ def test_a_replay_that_saves_more_than_the_forward_is_reported() -> None:
     region_ = CheckpointRegion(Body(), [], preserve_rng=False, replay=Replay(), replay_ends_at_last_save=True)
     with pytest.raises(RecomputationMismatchError, match="saved 2 tensors where its forward saved 1"):
         region_(x).sum().backward()
+
+
+@pytest.mark.parametrize("momentum", [0.1, None])
+def test_replayed_batch_norm_skips_its_count_where_a_momentum_makes_it_unread(momentum: float | None) -> None:
+    """In a replay, a training-mode batch norm with a momentum sees no ``num_batches_tracked``
+    (nothing but its own increment reads it: one op less per replayed batch norm); with
+    ``momentum=None`` (a cumulative average divides by it) it sees a scratch count. Either way
+    the real count is the forward's."""
+    from autoremat.plan import Segment
+
+    torch.manual_seed(0)
+    model = _BNNet(momentum)
+    x = torch.randn(4, 3, 8, 8)
+    graph = autoremat.capture(model, (x,))
+    names = [graph.node(v)["name"] for v in graph.nodes]
+    cut = names.index("relu_1") + 1
+    plan = autoremat.solve(graph, 10**12, solver="none")
+    plan.segments = [Segment(tuple(range(cut)), True), Segment(tuple(range(cut, len(names))), False)]
+    patched = copy.deepcopy(model)
+    autoremat.apply(patched, plan)
+    real = patched.bn.num_batches_tracked
+    seen: list[Any] = []
+    patched.bn.register_forward_pre_hook(lambda m, _a: seen.append(m.num_batches_tracked))
+    loss = patched(x).sum()
+    assert len(seen) == 1 and seen[0] is real
+    loss.backward()
+    assert len(seen) == 2  # the replay
+    if momentum is None:
+        assert seen[1] is not None and seen[1] is not real
+    else:
+        assert seen[1] is None
+    assert patched.bn.num_batches_tracked is real and int(real) == 1
