@@ -136,6 +136,8 @@ class TestPlanJson:
         assert p.recompute_segments == [Segment((0, 1)), Segment((4,))]
         assert p.recomputed_nodes == {0, 1, 4}
         assert p.describe() == "none: 3 segments, 2 recomputed"
+        p.options["replay_tails"] = {"2": [4, []]}
+        assert p.describe() == "none: 3 segments, 2 recomputed (1 with a shortened replay)"
 
 
 class TestSegmentsFromLowerSets:

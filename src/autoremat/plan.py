@@ -63,8 +63,10 @@ class Plan:
 
     def describe(self) -> str:
         k = len(self.recompute_segments)
+        tails = len(self.options.get("replay_tails") or ())
+        short = f" ({tails} with a shortened replay)" if tails else ""
         off = f", {len(self.offload)} offloaded" if self.offload else ""
-        return f"{self.solver}: {len(self.segments)} segments, {k} recomputed{off}"
+        return f"{self.solver}: {len(self.segments)} segments, {k} recomputed{short}{off}"
 
     # ------------------------------------------------------------------ JSON
     def to_dict(self) -> dict[str, Any]:

@@ -11,7 +11,9 @@ and who holds it:
 * inside a recomputed segment nothing is saved in forward; when backward reaches the last
   node of the segment that saved something, the segment's forward is replayed up to that
   node (PyTorch's early stop) and *new* copies of the saved tensors are held until each
-  node's backward has run;
+  node's backward has run; where the plan records a tail for the segment
+  (:mod:`autoremat.replay_tail`), the replay ends before it, holds the tail inputs until it
+  ends, and what the tail's nodes save is held for their backward;
 * backward runs in reverse execution order (the autograd engine's order for one graph task);
   each node allocates gradients for its inputs (none when it passes its gradient through,
   like ``add``), out-of-place accumulation when a buffer is shared, parameter gradients on
@@ -27,7 +29,7 @@ and who holds it:
   a prefetch still running when its first user's backward starts stalls the step.
 
 The step peak is relative to what was live when the step started (see DESIGN.md). Extra time
-is the forward time of every recomputed node plus offload stalls; the clock that times
+is the forward time of every replayed node plus offload stalls; the clock that times
 transfers advances by the nodes' measured forward and backward times.
 """
 
@@ -38,6 +40,7 @@ from typing import Hashable
 
 from .graph import Graph
 from .plan import Plan, Segment, validate_plan
+from .replay_tail import tails_of
 
 __all__ = ["Simulation", "simulate", "no_recompute_plan", "unoptimised_peak_bytes",
            "DEFAULT_BANDWIDTH_BYTES_PER_S", "StorageLedger"]
@@ -237,6 +240,7 @@ def simulate(graph: Graph, plan: Plan, *, check: bool = True, record: bool = Tru
 
     # ---------------------------------------------------------------- backward
     extra_time = 0.0
+    tails = tails_of(plan)
     off.start_backward()
     for si in range(len(plan.segments) - 1, -1, -1):
         seg = plan.segments[si]
@@ -250,7 +254,7 @@ def simulate(graph: Graph, plan: Plan, *, check: bool = True, record: bool = Tru
         for v in reversed(seg.nodes):
             off.advance()
             if v == stop:
-                spent = _recompute(s, g, nd, seg, members, stop, rroot)
+                spent = _recompute(s, g, nd, seg, members, stop, rroot, tails.get(si))
                 extra_time += spent
                 off.clock += spent
             if not seg.recompute and nd[v]["requires_grad"]:
@@ -351,10 +355,29 @@ def _rkey(g: Graph, nd: list[dict], members: set[int], rroot: dict[int, Hashable
 
 
 def _recompute(s: _Sim, g: Graph, nd: list[dict], seg: Segment, members: set[int], stop: int,
-               rroot: dict[int, Hashable]) -> float:
-    """Replay ``seg``'s forward up to ``stop``; keep new copies of what it saves."""
+               rroot: dict[int, Hashable], tail: tuple[int, list[int]] | None = None) -> float:
+    """Replay ``seg``'s forward up to ``stop``; keep new copies of what it saves. With a ``tail``
+    (:mod:`autoremat.replay_tail`: its first node and its inputs) the replay ends before the
+    tail, holds the tail inputs until it ends, and what the tail's nodes save is held for them."""
     spent = 0.0
-    todo = [v for v in seg.nodes if v <= stop]
+    tail_savers: dict[int, list[int]] = {}
+    held: set[int] = set()
+    if tail is None:
+        todo = [v for v in seg.nodes if v <= stop]
+    else:
+        first, held_list = tail
+        todo = [v for v in seg.nodes if v < first]
+        for w in seg.nodes:
+            if w >= first and nd[w]["requires_grad"]:
+                for u in nd[w]["saves"]:
+                    tail_savers.setdefault(u, []).append(w)
+        replayed = set(todo)
+        held = {u for u in held_list if u in replayed}
+        for u, savers in tail_savers.items():
+            if u not in replayed:  # an input of the segment: the forward's storage
+                for w in savers:
+                    s.addref(_rkey(g, nd, members, rroot, u), ("rs", w))
+    replay = set(todo)
     for v in todo:
         d = nd[v]
         spent += d["time_s"]
@@ -371,15 +394,21 @@ def _recompute(s: _Sim, g: Graph, nd: list[dict], seg: Segment, members: set[int
                 s.alloc(("rx", v), d["extra_saved_bytes"])
             for u in d["saves"]:
                 s.addref(_rkey(g, nd, members, rroot, u), ("rs", v))
+        for w in tail_savers.get(v, ()):
+            s.addref(key, ("rs", w))
+        if v in held:
+            s.addref(key, ("tail", v))
         for w in g.succ(v):
-            if w in members and w <= stop:
+            if w in replay:
                 s.addref(key, ("rf", w, v))
         for u in g.pred(v):
-            if u in members and u <= stop:  # also views of the segment's inputs (original storage)
+            if u in replay:  # also views of the segment's inputs (original storage)
                 s.decref(_rkey(g, nd, members, rroot, u), ("rf", v, u))
         if v in rroot:
             s.maybe_free(key)
         s.mark("recompute", v)
+    for u in held:  # the replay has returned its tail inputs
+        s.decref(_rkey(g, nd, members, rroot, u), ("tail", u))
     return spent
 
 

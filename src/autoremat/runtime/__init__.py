@@ -41,7 +41,8 @@ from ..errors import PlanMismatchError
 from ..plan import Plan
 from .offload import OffloadBegin, OffloadMark, Offloader
 from .region import REGION_MODES, CheckpointRegion, checkpoint_kwargs, may_draw_random, recomputed_call, trim_replay
-from .region import compiled_region, stateful_buffers
+from .region import compiled_region, stateful_buffers, tail_mark
+from ..replay_tail import tails_of
 
 __all__ = ["apply", "restore", "is_patched", "CheckpointRegion", "offloader_of", "REGION_MODES"]
 
@@ -235,6 +236,7 @@ def _build_forward(gm: torch.fx.GraphModule, ops: list[torch.fx.Node], plan: Pla
         raise AssertionError(f"node {n.name} used before it is computed; please report")
 
     output_node = next(n for n in gm.graph.nodes if n.op == "output")
+    tails = tails_of(plan)
     for si, seg in enumerate(plan.segments):
         members = [ops[v] for v in seg.nodes]
         member_set = set(members)
@@ -255,24 +257,47 @@ def _build_forward(gm: torch.fx.GraphModule, ops: list[torch.fx.Node], plan: Pla
         outputs = [n for n in members if any(w not in member_set for w in n.users)]
         sub = torch.fx.Graph()
         local: dict[torch.fx.Node, torch.fx.Node] = {}
+        tail = tails.get(si)
+        first = tail_inputs = None
+        if tail is not None:  # see autoremat.replay_tail
+            first, tail_inputs = ops[tail[0]], [ops[u] for u in tail[1]]
+            if first not in member_set or any(u not in member_set and u not in inputs for u in tail_inputs):
+                raise PlanMismatchError(f"segment {si}'s replay tail does not match the traced model; capture and "
+                                        "solve again")
         for u in inputs:
             local[u] = sub.placeholder(f"in_{u.name}")
         for n in members:
             for u in n.all_input_nodes:
                 if u not in local:
                     need(u, sub, local)
+            if n is first:
+                sub.call_function(tail_mark, tuple(local[u] for u in tail_inputs))  # type: ignore[union-attr]
             local[n] = sub.node_copy(n, lambda u: local[u])
         replay = torch.fx.Graph()
         replay.graph_copy(sub, {})
+        for n in [n for n in replay.nodes if n.op == "call_function" and n.target is tail_mark]:
+            replay.erase_node(n)
         replay.output(())  # see CheckpointRegion: the replay holds no outputs
         ends_at_save = trim_replay(gm, replay)
+        short = None
+        if first is not None:
+            short = torch.fx.Graph()
+            slocal: dict[torch.fx.Node, torch.fx.Node] = {u: short.placeholder(f"in_{u.name}") for u in inputs}
+            for n in members[:members.index(first)]:
+                for u in n.all_input_nodes:
+                    if u not in slocal:
+                        need(u, short, slocal)
+                slocal[n] = short.node_copy(n, lambda u: slocal[u])
+            short.output(tuple(slocal[u] for u in tail_inputs))  # type: ignore[union-attr]
         sub.output(tuple(local[n] for n in outputs))
         body = _flat_module(gm, sub, f"AutorematSegment{si}")
         modules = [gm.get_submodule(str(n.target)) for n in members if n.op == "call_module"]
         key = f"autoremat_segment_{si}"
         attrs[key] = CheckpointRegion(body, modules, preserve_rng=may_draw_random(gm, members), mode=regions,
                                       replay=_flat_module(gm, replay, f"AutorematReplay{si}"),
-                                      replay_ends_at_last_save=ends_at_save)
+                                      replay_ends_at_last_save=ends_at_save,
+                                      short_replay=None if short is None else
+                                      _flat_module(gm, short, f"AutorematShortReplay{si}"))
         for u in inputs:
             if u not in env:
                 need(u, new, env)

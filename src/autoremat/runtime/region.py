@@ -42,8 +42,10 @@ Decisions, each tested:
 from __future__ import annotations
 
 import contextlib
+import logging
 import operator
 import re
+import threading
 import weakref
 from typing import Any, Callable
 
@@ -55,7 +57,9 @@ from torch.nn.modules.batchnorm import _BatchNorm
 from torch.utils.checkpoint import checkpoint, get_device_states, set_device_states
 
 __all__ = ["CheckpointRegion", "REGION_MODES", "compiled_region", "recomputed_call", "RecomputationMismatchError",
-           "trim_replay"]
+           "trim_replay", "tail_mark"]
+
+logger = logging.getLogger(__name__)
 
 REGION_MODES = ("lean", "torch")
 """``apply(..., regions=)``: autoremat's :func:`recomputed_call` or ``torch.utils.checkpoint``."""
@@ -226,12 +230,23 @@ class _StopRecomputation(Exception):
 class _Frame:
     """One forward call of a region: its inputs and the state its recomputation replays."""
 
-    __slots__ = ("replay", "stateful", "args", "kwargs", "count", "by_task", "rng", "autocast", "stop")
+    __slots__ = ("replay", "stateful", "args", "kwargs", "count", "by_task", "rng", "autocast", "stop",
+                 "short", "tail", "tail_at", "sources", "whole")
 
     def __init__(self, replay: Callable[..., Any], stateful: list[tuple[nn.Module, str]], args: tuple[Any, ...],
-                 kwargs: dict[str, Any], preserve_rng: bool, stop: bool = True) -> None:
+                 kwargs: dict[str, Any], preserve_rng: bool, stop: bool = True,
+                 short: Callable[..., Any] | None = None) -> None:
         self.replay = replay
         self.stop = stop  # stop the replay by an exception once it saved all (else it ends there)
+        # the replay without the region's tail (autoremat.replay_tail), returning the tail inputs;
+        # while the tail runs in forward, ``tail`` holds those inputs and each tensor the tail saves
+        # is traced to one of them (its index) or to a parameter (the tensor itself) in ``sources``;
+        # a tensor traced to neither makes this forward's recomputation replay it all (``whole``)
+        self.short = short
+        self.tail: tuple[Any, ...] | None = None
+        self.tail_at = -1
+        self.sources: dict[int, Any] = {}
+        self.whole = False
         self.stateful = stateful
         self.args = [_make_saved_tensor(a, is_output=False) if isinstance(a, torch.Tensor) else a for a in args]
         self.kwargs = {k: _make_saved_tensor(a, is_output=False) if isinstance(a, torch.Tensor) else a
@@ -244,14 +259,52 @@ class _Frame:
             tensors = [a for a in (*args, *kwargs.values()) if isinstance(a, torch.Tensor)]
             self.rng = (torch.get_rng_state(), *get_device_states(*tensors))
 
-    def pack(self, _x: torch.Tensor) -> tuple["_Frame", int]:
+    def pack(self, x: torch.Tensor) -> tuple["_Frame", int]:
         i = self.count
         self.count = i + 1
+        if self.tail is not None:
+            self._trace(i, x)
         return (self, i)
 
+    def begin_tail(self, values: tuple[Any, ...]) -> None:
+        self.tail, self.tail_at = values, self.count
+
+    def _trace(self, i: int, x: torch.Tensor) -> None:
+        for j, t in enumerate(self.tail):  # type: ignore[arg-type]
+            if x is t:
+                self.sources[i] = j
+                return
+        base = x._base
+        if type(x) is nn.Parameter or (base is not None and type(base) is nn.Parameter):
+            self.sources[i] = x  # a parameter (or a view of one) is resident: hand out the same tensor
+            return
+        if not self.whole:
+            self.whole = True
+            logger.info("autoremat: a recomputed region's tail saved a tensor that is neither one of its inputs "
+                        "nor a parameter (%s %s); this step replays the region whole", tuple(x.shape), x.dtype)
+
     def recompute(self) -> list[torch.Tensor | None]:
+        if self.tail_at >= 0 and not self.whole:
+            return self._recompute_short()
+        return self._replayed(self.replay, self.count if self.stop else -1)[0]
+
+    def _recompute_short(self) -> list[torch.Tensor | None]:
+        """The replay without the tail; what the tail saved comes from its inputs (returned by
+        the short replay) and from parameters."""
+        got, values = self._replayed(self.short, -1, expect=self.tail_at)  # type: ignore[arg-type]
+        for i in range(self.tail_at, self.count):
+            src = self.sources[i]
+            t = values[src] if type(src) is int else src
+            got.append(t.detach() if t.requires_grad else t)
+        return got
+
+    def _replayed(self, replay: Callable[..., Any], need: int, expect: int | None = None
+                  ) -> tuple[list[torch.Tensor | None], Any]:
+        """Run ``replay`` on fresh inputs under the forward's RNG / autocast state, collecting
+        what it saves (stopping once ``need`` are collected; -1: let it return); checks that it
+        saved ``expect`` tensors (default: the forward's count)."""
         got: list[torch.Tensor | None] = []
-        need = self.count if self.stop else -1
+        result: Any = None
 
         def collect(x: torch.Tensor) -> None:
             got.append(x.detach() if x.requires_grad else x)
@@ -281,16 +334,17 @@ class _Frame:
             stack.enter_context(_RestoreBuffers(self.stateful))
             stack.enter_context(torch.autograd.graph.saved_tensors_hooks(collect, _identity))
             try:
-                self.replay(*args, **kwargs)
+                result = replay(*args, **kwargs)
             except _StopRecomputation:
                 pass
-        if len(got) != self.count:
+        want = self.count if expect is None else expect
+        if len(got) != want:
             raise RecomputationMismatchError(
-                f"autoremat: recomputing a region saved {len(got)} tensors where its forward saved {self.count}: the "
+                f"autoremat: recomputing a region saved {len(got)} tensors where its forward saved {want}: the "
                 "region does not run the same operations twice (data-dependent control flow, or state changed "
                 "between forward and backward); apply the plan with regions='torch' for PyTorch's checks, or "
                 "leave this part out of the plan")
-        return got  # type: ignore[return-value]
+        return got, result  # type: ignore[return-value]
 
 
 def _identity(x: Any) -> Any:
@@ -338,18 +392,45 @@ def recomputed_call(fn: Callable[..., Any], stateful: list[tuple[nn.Module, str]
     return _run(fn, fn, stateful, preserve_rng, args, kwargs)
 
 
+_ACTIVE = threading.local()
+"""``frame``: the :class:`_Frame` of the region whose forward is running in this thread, while
+it has a shortened replay (else unset or ``None``)."""
+
+
+def tail_mark(*values: Any) -> None:
+    """Called by a region's forward right before its tail (:mod:`autoremat.replay_tail`) with the
+    tail inputs: what the tail saves from here on is traced to them. A no-op outside autoremat's
+    own regions (``regions="torch"``, no-grad forwards) and while ``torch.compile`` traces."""
+    if torch.compiler.is_compiling():
+        return
+    frame = getattr(_ACTIVE, "frame", None)
+    if frame is not None:
+        frame.begin_tail(values)
+
+
 def _run(fn: Callable[..., Any], replay: Callable[..., Any], stateful: list[tuple[nn.Module, str]],
-         preserve_rng: bool, args: tuple[Any, ...], kwargs: dict[str, Any], stop: bool = True) -> Any:
+         preserve_rng: bool, args: tuple[Any, ...], kwargs: dict[str, Any], stop: bool = True,
+         short: Callable[..., Any] | None = None) -> Any:
     """:func:`recomputed_call`, with ``replay`` (same ops as ``fn``) run for recomputation; ``stop``:
     stop the replay by an exception once it saved what the forward saved (``False``: the replay
-    ends at its last saving op, see :class:`CheckpointRegion`)."""
+    ends at its last saving op, see :class:`CheckpointRegion`); ``short``: the replay without the
+    region's tail (``fn`` calls :func:`tail_mark` before it)."""
     if not torch.is_grad_enabled():
         return fn(*args, **kwargs)
     if torch.compiler.is_compiling():
         return compiled_region(fn, preserve_rng, args, kwargs)
-    frame = _Frame(replay, stateful, args, kwargs, preserve_rng, stop)
-    with torch.autograd.graph.saved_tensors_hooks(frame.pack, _unpack):
-        return fn(*args, **kwargs)
+    frame = _Frame(replay, stateful, args, kwargs, preserve_rng, stop, short)
+    if short is None:
+        with torch.autograd.graph.saved_tensors_hooks(frame.pack, _unpack):
+            return fn(*args, **kwargs)
+    outer = getattr(_ACTIVE, "frame", None)
+    _ACTIVE.frame = frame
+    try:
+        with torch.autograd.graph.saved_tensors_hooks(frame.pack, _unpack):
+            return fn(*args, **kwargs)
+    finally:
+        _ACTIVE.frame = outer
+        frame.tail = None  # the tail inputs are the region's to free, not the frame's to keep
 
 
 class CheckpointRegion(nn.Module):
@@ -371,15 +452,23 @@ class CheckpointRegion(nn.Module):
     tensor for backward (:func:`trim_replay`), so the lean recomputation lets it return instead of
     stopping it with an exception at the last saved tensor (the exception's way back through
     autograd cost ~60-80 µs per recomputation on the CPU-size ResNet-50); it still checks that the
-    replay saved exactly what the forward did."""
+    replay saved exactly what the forward did.
+
+    ``short_replay``: the replay without the region's tail (:mod:`autoremat.replay_tail`),
+    returning the tail inputs; ``body`` then calls :func:`tail_mark` with them before the tail.
+    The lean recomputation runs it where every tensor the tail saved in that forward was traced
+    to a tail input or a parameter, else ``replay``. PyTorch's checkpoint (``mode="torch"``)
+    always replays up to the last saved tensor."""
 
     def __init__(self, body: nn.Module, modules: list[nn.Module], preserve_rng: bool = True,
-                 mode: str = "lean", replay: nn.Module | None = None, replay_ends_at_last_save: bool = False) -> None:
+                 mode: str = "lean", replay: nn.Module | None = None, replay_ends_at_last_save: bool = False,
+                 short_replay: nn.Module | None = None) -> None:
         super().__init__()
         if mode not in REGION_MODES:
             raise ValueError(f"regions must be one of {REGION_MODES}, got {mode!r}")
         self.body = body
         self.replay = body if replay is None else replay
+        self.short_replay = short_replay
         self.stop = not (replay_ends_at_last_save and replay is not None)
         self.mode = mode
         self.preserve_rng = preserve_rng
@@ -392,7 +481,9 @@ class CheckpointRegion(nn.Module):
         if torch.compiler.is_compiling():
             return compiled_region(self.body.forward, self.preserve_rng, args, {})
         if self.mode == "lean":
-            return _run(self.body.forward, self.replay.forward, self.stateful, self.preserve_rng, args, {}, self.stop)
+            short = None if self.short_replay is None else self.short_replay.forward
+            return _run(self.body.forward, self.replay.forward, self.stateful, self.preserve_rng, args, {}, self.stop,
+                        short)
         return checkpoint(_FirstThenReplay(self.body.forward, self.replay.forward), *args, **self._kwargs)
 
 

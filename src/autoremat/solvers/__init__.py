@@ -16,6 +16,7 @@ from ..budget import parse_budget
 from ..errors import InfeasibleBudgetError
 from ..graph import Graph
 from ..plan import Plan, validate_plan
+from ..replay_tail import replay_tails
 from ..simulate import simulate, unoptimised_peak_bytes
 from .chen import solve_chen
 from .combined import offload_allowed, solve_combined
@@ -62,6 +63,8 @@ def finalize_plan(graph: Graph, plan: Plan, budget_bytes: int, solver: str,
     plan.options["node_names"] = [graph.node(v)["module_path"] if graph.meta.get("mode") == "module"
                                   else graph.node(v)["name"] for v in graph.nodes]
     validate_plan(graph, plan)
+    if graph.meta.get("mode") == "fx":  # module-level regions replay whole submodule calls
+        plan.options["replay_tails"] = replay_tails(graph, plan)
     sim = simulate(graph, plan, check=False, record=False,
                    bandwidth_bytes_per_s=plan.options.get("bandwidth_bytes_per_s"))
     plan.predicted_peak_bytes = sim.peak_bytes
