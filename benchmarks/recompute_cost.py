@@ -61,8 +61,9 @@ def _probes(clock: dict[str, float]) -> Iterator[None]:
             if torch.is_grad_enabled():
                 clock["region_forward_s"] += time.perf_counter() - t0
 
-    def timed_recompute(self: Any) -> Any:
-        replay: Callable[..., Any] = self.replay
+    def timed(replay: Callable[..., Any] | None) -> Callable[..., Any] | None:
+        if replay is None:
+            return None
 
         def timed_replay(*args: Any, **kwargs: Any) -> Any:
             t0 = time.perf_counter()
@@ -71,13 +72,17 @@ def _probes(clock: dict[str, float]) -> Iterator[None]:
             finally:  # the early stop leaves by an exception: counted too
                 clock["replay_s"] += time.perf_counter() - t0
 
-        self.replay = timed_replay
+        return timed_replay
+
+    def timed_recompute(self: Any) -> Any:
+        replay, short = self.replay, self.short  # the whole replay, or the one without the tail
+        self.replay, self.short = timed(replay), timed(short)
         t0 = time.perf_counter()
         try:
             return rec(self)
         finally:
             clock["recompute_s"] += time.perf_counter() - t0
-            self.replay = replay
+            self.replay, self.short = replay, short
 
     region.CheckpointRegion.forward = timed_forward  # type: ignore[method-assign]
     region._Frame.recompute = timed_recompute  # type: ignore[method-assign]
