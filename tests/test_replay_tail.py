@@ -236,3 +236,26 @@ def test_solve_records_tails_that_shorten_densenet_replays() -> None:
     a, b = simulate(graph, whole), simulate(graph, plan)
     assert b.extra_time_s < a.extra_time_s and b.peak_bytes <= a.peak_bytes
     assert plan.predicted_extra_time_s == pytest.approx(b.extra_time_s)
+
+
+def test_a_tail_reading_the_segments_input_replays_nothing(monkeypatch) -> None:
+    """A segment that is one 1x1 convolution: its tail is the whole segment and its tail input is
+    the segment's input, so the replay runs no op and hands out that input again."""
+    model, x, graph, plan = _dense_plan()
+    names = [graph.node(v)["name"] for v in graph.nodes]
+    conv = next(v for v, n in enumerate(names) if graph.node(v)["kind"] == "conv" and v > 0)
+    segs = [Segment(tuple(range(conv)), False), Segment((conv,), True),
+            Segment(tuple(range(conv + 1, len(names))), False)]
+    plan = finalize_plan(graph, Plan(segs, options={k: v for k, v in plan.options.items() if k != "replay_tails"}),
+                         10**12, "manual")
+    assert tails_of(plan) == {1: (conv, list(graph.pred(conv)))}
+    assert simulate(graph, plan).extra_time_s == 0.0
+    shorts = []
+    real = region._Frame._recompute_short
+    monkeypatch.setattr(region._Frame, "_recompute_short", lambda self: shorts.append(1) or real(self))
+    reference = gradients_after(copy.deepcopy(model), x)
+    patched = autoremat.apply(copy.deepcopy(model), plan)
+    assert gradients_equal(reference, gradients_after(patched, x))
+    assert shorts == [1]
+    measured = measure(patched, (x,), steps=1, warmup=1).peak_bytes
+    assert abs(measured - plan.predicted_peak_bytes) <= 0.005 * measured
