@@ -264,3 +264,38 @@ def test_generated_code_reaches_submodules_in_one_lookup_and_their_hooks_still_r
     assert gradients_equal(reference, grads)
     # the forward runs each hook once; the replay in backward runs the recomputed ones again
     assert sorted(calls) == sorted(["a.b_c", "a_b.c", "head.0", "head.2", "a.b_c", "a_b.c", "head.0"])
+
+
+@pytest.mark.parametrize("regions", ["lean", "torch"])
+def test_a_patched_model_pickles_and_trains_the_same_after_loading(regions: str) -> None:
+    """``torch.save`` of the whole patched module (zoo models annotate ``forward`` under
+    ``from __future__ import annotations``, which fx records as strings)."""
+    import io
+
+    model, (x,) = autoremat.zoo.build("resnet50", size="small")
+    reference = _grads_after_step(copy.deepcopy(model), (x,), None)
+    autoremat.apply(model, autoremat.solve(autoremat.capture(model, (x,)), "50%", solver="dp-approx"),
+                    regions=regions)
+    buf = io.BytesIO()
+    torch.save(model, buf)
+    buf.seek(0)
+    loaded = torch.load(buf, weights_only=False)
+    assert autoremat.is_patched(loaded)
+    assert gradients_equal(reference, _grads_after_step(loaded, (x,), None))
+    autoremat.restore(loaded)
+    assert not autoremat.is_patched(loaded) and "forward" not in loaded.__dict__
+    assert gradients_equal(reference, _grads_after_step(loaded, (x,), None))
+
+
+def test_a_module_level_patched_model_pickles() -> None:
+    import io
+
+    model, args, loss_fn = _gpt2()
+    reference = _grads_after_step(copy.deepcopy(model), args, loss_fn)
+    autoremat.apply(model, autoremat.solve(autoremat.capture(model, args, loss_fn=loss_fn), "50%", solver="chen"))
+    buf = io.BytesIO()
+    torch.save(model, buf)
+    buf.seek(0)
+    loaded = torch.load(buf, weights_only=False)
+    assert autoremat.is_patched(loaded)
+    assert gradients_equal(reference, _grads_after_step(loaded, args, loss_fn))

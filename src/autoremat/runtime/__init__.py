@@ -224,6 +224,9 @@ def _build_forward(gm: torch.fx.GraphModule, ops: list[torch.fx.Node], plan: Pla
     for n in gm.graph.nodes:
         if n.op == "placeholder":
             env[n] = new.node_copy(n)
+            # no annotation: under ``from __future__ import annotations`` fx records it as a string,
+            # which the generated module then cannot be pickled with (torch.save of the model)
+            env[n].type = None
 
     def need(n: torch.fx.Node, graph: torch.fx.Graph, local: dict[torch.fx.Node, torch.fx.Node]) -> torch.fx.Node:
         if n in local:

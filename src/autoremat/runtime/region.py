@@ -42,6 +42,7 @@ Decisions, each tested:
 from __future__ import annotations
 
 import contextlib
+import functools
 import logging
 import operator
 import re
@@ -151,9 +152,14 @@ def checkpoint_kwargs(stateful: list[tuple[nn.Module, str]], preserve_rng: bool 
     """Keyword arguments of a non-reentrant ``torch.utils.checkpoint`` leaving the buffers
     ``stateful`` (see :func:`stateful_buffers`) alone."""
     kw: dict[str, Any] = {"use_reentrant": False, "preserve_rng_state": preserve_rng}
-    if stateful:
-        kw["context_fn"] = lambda: (contextlib.nullcontext(), _RestoreBuffers(stateful))
+    if stateful:  # a partial, not a lambda: a patched model pickles (torch.save of the module)
+        kw["context_fn"] = functools.partial(_restoring_contexts, stateful)
     return kw
+
+
+def _restoring_contexts(stateful: list[tuple[nn.Module, str]]) -> tuple[Any, Any]:
+    """``context_fn`` of ``torch.utils.checkpoint``: plain forward, buffer-restoring recomputation."""
+    return contextlib.nullcontext(), _RestoreBuffers(stateful)
 
 
 _RANDOM_NAME = re.compile(r"dropout|rand|bernoulli|normal|multinomial|rrelu|poisson|exponential|uniform|"
