@@ -286,8 +286,13 @@ class _Frame:
             return
         if not self.whole:
             self.whole = True
-            logger.info("autoremat: a recomputed region's tail saved a tensor that is neither one of its inputs "
-                        "nor a parameter (%s %s); this step replays the region whole", tuple(x.shape), x.dtype)
+            owner = getattr(self.short, "__self__", None)  # the short replay's module: one message per region
+            if owner is None or owner not in _WHOLE_LOGGED:
+                if owner is not None:
+                    _WHOLE_LOGGED.add(owner)
+                logger.info("autoremat: a recomputed region's tail saved a tensor that is neither one of its "
+                            "inputs nor a parameter (%s %s); the region is replayed whole where this happens "
+                            "(said once per region)", tuple(x.shape), x.dtype)
 
     def recompute(self) -> list[torch.Tensor | None]:
         if self.tail_at >= 0 and not self.whole:
@@ -397,6 +402,9 @@ def recomputed_call(fn: Callable[..., Any], stateful: list[tuple[nn.Module, str]
     ``preserve_rng``: replay the RNG state (needed when ``fn`` may draw random numbers)."""
     return _run(fn, fn, stateful, preserve_rng, args, kwargs)
 
+
+_WHOLE_LOGGED: "weakref.WeakSet[nn.Module]" = weakref.WeakSet()
+"""Short replays whose region has logged that a forward's tail could not be traced."""
 
 _ACTIVE = threading.local()
 """``frame``: the :class:`_Frame` of the region whose forward is running in this thread, while
