@@ -29,7 +29,8 @@ the same model and the same batch:
 * ``autoremat:<solver>@<f>+compile``: the patched model under ``torch.compile`` (``--compile-backend``,
   ``activation_memory_budget`` 1.0): each recomputed region is traced as PyTorch's checkpoint
   operator and the compiled backward recomputes it; for ``--compiled-plans`` (default
-  ``dp-approx@0.5``; ``none`` leaves it out). Its peak is measured, not predicted: the simulator
+  ``dp-approx@0.5,dp-approx@0.3``: where the 30 % plan exists it shows how far below compile's own
+  lowest peak a plan takes a compiled model; ``none`` leaves it out). Its peak is measured, not predicted: the simulator
   models eager PyTorch.
 
 Metrics: the measured step peak (``autoremat.measure``: a live-storage counter on the CPU, the
@@ -659,7 +660,7 @@ class Options:
     """Only these config families ("pytorch", "compile", "autoremat"); None: all."""
     torch_regions: tuple[tuple[str, float], ...] = (("dp-approx", 0.5),)
     """(solver, budget fraction) rows repeated with ``regions="torch"`` (``+torch-regions``)."""
-    compiled_plans: tuple[tuple[str, float], ...] = (("dp-approx", 0.5),)
+    compiled_plans: tuple[tuple[str, float], ...] = (("dp-approx", 0.5), ("dp-approx", 0.3))
     """(solver, budget fraction) rows repeated under ``torch.compile`` (``+compile``)."""
 
 
@@ -1735,7 +1736,7 @@ def parser(description: str | None = None) -> argparse.ArgumentParser:
     p.add_argument("--torch-regions", default="dp-approx@0.5",
                    help="SOLVER@FRACTION,...: also run these autoremat rows on torch.utils.checkpoint regions "
                         "(apply(..., regions='torch')); 'none' for no such row")
-    p.add_argument("--compiled-plans", default="dp-approx@0.5",
+    p.add_argument("--compiled-plans", default="dp-approx@0.5,dp-approx@0.3",
                    help="SOLVER@FRACTION,...: also run these autoremat rows under torch.compile (the patched model "
                         "compiled with --compile-backend, activation_memory_budget 1.0); 'none' for no such row")
     p.add_argument("--render", type=Path, default=None, metavar="COMPARE_JSON",
