@@ -123,7 +123,7 @@ def test_compare_batch_sizes_override_the_models_batch(monkeypatch: pytest.Monke
     assert opts.batch == {"resnet50": 16, "gpt2": 2}
     _, quick = compare.options_from(compare.parser().parse_args(["--quick", "--batch-sizes", "mlp=64"]))
     assert quick.batch == {"mlp": 64}  # the override wins over the quick mode's own batch
-    assert opts.compiled_plans == (("dp-approx", 0.5),)
+    assert opts.compiled_plans == (("dp-approx", 0.5), ("dp-approx", 0.3))
     _, none = compare.options_from(compare.parser().parse_args(["--compiled-plans", "none"]))
     assert none.compiled_plans == ()
     with pytest.raises(SystemExit, match="--compiled-plans"):
