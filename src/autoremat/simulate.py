@@ -362,22 +362,18 @@ def _recompute(s: _Sim, g: Graph, nd: list[dict], seg: Segment, members: set[int
     spent = 0.0
     tail_savers: dict[int, list[int]] = {}
     held: set[int] = set()
-    if tail is None:
-        todo = [v for v in seg.nodes if v <= stop]
-    else:
-        first, held_list = tail
-        todo = [v for v in seg.nodes if v < first]
+    todo = [v for v in seg.nodes if (v <= stop if tail is None else v < tail[0])]
+    replay = set(todo)
+    if tail is not None:
         for w in seg.nodes:
-            if w >= first and nd[w]["requires_grad"]:
+            if w >= tail[0] and nd[w]["requires_grad"]:
                 for u in nd[w]["saves"]:
                     tail_savers.setdefault(u, []).append(w)
-        replayed = set(todo)
-        held = {u for u in held_list if u in replayed}
+        held = {u for u in tail[1] if u in replay}
         for u, savers in tail_savers.items():
-            if u not in replayed:  # an input of the segment: the forward's storage
+            if u not in replay:  # an input of the segment: the forward's storage
                 for w in savers:
                     s.addref(_rkey(g, nd, members, rroot, u), ("rs", w))
-    replay = set(todo)
     for v in todo:
         d = nd[v]
         spent += d["time_s"]

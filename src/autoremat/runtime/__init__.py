@@ -231,10 +231,8 @@ def _build_forward(gm: torch.fx.GraphModule, ops: list[torch.fx.Node], plan: Pla
     def need(n: torch.fx.Node, graph: torch.fx.Graph, local: dict[torch.fx.Node, torch.fx.Node]) -> torch.fx.Node:
         if n in local:
             return local[n]
-        if n.op == "get_attr":
+        if n.op == "get_attr":  # its target is looked up by _flat_module
             local[n] = graph.node_copy(n)
-            if graph is new:
-                attrs[str(n.target)] = _lookup_attr(gm, str(n.target))
             return local[n]
         raise AssertionError(f"node {n.name} used before it is computed; please report")
 
@@ -258,41 +256,39 @@ def _build_forward(gm: torch.fx.GraphModule, ops: list[torch.fx.Node], plan: Pla
                 if u not in member_set and u.op != "get_attr" and u not in inputs:
                     inputs.append(u)
         outputs = [n for n in members if any(w not in member_set for w in n.users)]
-        sub = torch.fx.Graph()
-        local: dict[torch.fx.Node, torch.fx.Node] = {}
         tail = tails.get(si)
-        first = tail_inputs = None
+        first: torch.fx.Node | None = None
+        tail_inputs: list[torch.fx.Node] = []
         if tail is not None:  # see autoremat.replay_tail
             first, tail_inputs = ops[tail[0]], [ops[u] for u in tail[1]]
             if first not in member_set or any(u not in member_set and u not in inputs for u in tail_inputs):
                 raise PlanMismatchError(f"segment {si}'s replay tail does not match the traced model; capture and "
                                         "solve again")
-        for u in inputs:
-            local[u] = sub.placeholder(f"in_{u.name}")
-        for n in members:
-            for u in n.all_input_nodes:
-                if u not in local:
-                    need(u, sub, local)
-            if n is first:
-                sub.call_function(tail_mark, tuple(local[u] for u in tail_inputs))  # type: ignore[union-attr]
-            local[n] = sub.node_copy(n, lambda u: local[u])
-        replay = torch.fx.Graph()
-        replay.graph_copy(sub, {})
-        for n in [n for n in replay.nodes if n.op == "call_function" and n.target is tail_mark]:
-            replay.erase_node(n)
+
+        def region_graph(nodes: list[torch.fx.Node], mark: torch.fx.Node | None = None
+                         ) -> tuple[torch.fx.Graph, dict[torch.fx.Node, torch.fx.Node]]:
+            """``nodes`` copied into a graph taking the segment's inputs (no output yet), with a
+            :func:`tail_mark` call before ``mark``."""
+            graph = torch.fx.Graph()
+            local = {u: graph.placeholder(f"in_{u.name}") for u in inputs}
+            for n in nodes:
+                for u in n.all_input_nodes:
+                    if u not in local:
+                        need(u, graph, local)
+                if n is mark:
+                    graph.call_function(tail_mark, tuple(local[u] for u in tail_inputs))
+                local[n] = graph.node_copy(n, lambda u: local[u])
+            return graph, local
+
+        sub, local = region_graph(members, first)
+        sub.output(tuple(local[n] for n in outputs))
+        replay, _ = region_graph(members)
         replay.output(())  # see CheckpointRegion: the replay holds no outputs
         ends_at_save = trim_replay(gm, replay)
         short = None
         if first is not None:
-            short = torch.fx.Graph()
-            slocal: dict[torch.fx.Node, torch.fx.Node] = {u: short.placeholder(f"in_{u.name}") for u in inputs}
-            for n in members[:members.index(first)]:
-                for u in n.all_input_nodes:
-                    if u not in slocal:
-                        need(u, short, slocal)
-                slocal[n] = short.node_copy(n, lambda u: slocal[u])
-            short.output(tuple(slocal[u] for u in tail_inputs))  # type: ignore[union-attr]
-        sub.output(tuple(local[n] for n in outputs))
+            short, slocal = region_graph(members[:members.index(first)])
+            short.output(tuple(slocal[u] for u in tail_inputs))
         body = _flat_module(gm, sub, f"AutorematSegment{si}")
         modules = [gm.get_submodule(str(n.target)) for n in members if n.op == "call_module"]
         key = f"autoremat_segment_{si}"

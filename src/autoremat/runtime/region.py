@@ -286,10 +286,9 @@ class _Frame:
             return
         if not self.whole:
             self.whole = True
-            owner = getattr(self.short, "__self__", None)  # the short replay's module: one message per region
-            if owner is None or owner not in _WHOLE_LOGGED:
-                if owner is not None:
-                    _WHOLE_LOGGED.add(owner)
+            region = getattr(self.short, "__self__", self.short)  # the short replay's module: once per region
+            if region not in _WHOLE_LOGGED:
+                _WHOLE_LOGGED.add(region)
                 logger.info("autoremat: a recomputed region's tail saved a tensor that is neither one of its "
                             "inputs nor a parameter (%s %s); the region is replayed whole where this happens "
                             "(said once per region)", tuple(x.shape), x.dtype)
@@ -403,7 +402,7 @@ def recomputed_call(fn: Callable[..., Any], stateful: list[tuple[nn.Module, str]
     return _run(fn, fn, stateful, preserve_rng, args, kwargs)
 
 
-_WHOLE_LOGGED: "weakref.WeakSet[nn.Module]" = weakref.WeakSet()
+_WHOLE_LOGGED: "weakref.WeakSet[Any]" = weakref.WeakSet()
 """Short replays whose region has logged that a forward's tail could not be traced."""
 
 _ACTIVE = threading.local()
