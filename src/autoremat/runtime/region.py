@@ -21,9 +21,10 @@ peak. ``apply(model, plan, regions="torch")`` uses PyTorch's checkpoint instead.
 
 Decisions, each tested:
 
-* inputs are kept as autograd ``SavedTensor`` objects, as PyTorch's checkpoint keeps them: an
-  in-place change of an input after the region ran is reported at backward instead of silently
-  recomputing from the changed value;
+* inputs are kept with their version counter (:class:`_SavedInput`), as autograd keeps a saved
+  tensor: an in-place change of an input after the region ran is reported at backward instead of
+  silently recomputing from the changed value (autograd's own ``_make_saved_tensor`` did this until
+  it turned out to be missing from torch 2.11, which the GPU machines we benchmark on have);
 * recomputed tensors are kept per backward call (``torch._C._current_graph_task_id``), so a
   second backward over a retained graph recomputes again, and a partial backward (e.g.
   ``torch.autograd.grad`` of an intermediate) does not hand out tensors another backward
@@ -53,7 +54,6 @@ from typing import Any, Callable
 import torch
 import torch.fx
 from torch import nn
-from torch._C._autograd import SavedTensor, _make_saved_tensor
 from torch.nn.modules.batchnorm import _BatchNorm
 from torch.utils.checkpoint import checkpoint, get_device_states, set_device_states
 
@@ -229,6 +229,28 @@ def _autocast_state() -> tuple[Any, ...]:
             torch.is_autocast_cache_enabled())
 
 
+class _SavedInput:
+    """An input of a region, kept for its recomputation with the version it had then: ``unpack``
+    raises, as autograd does for a saved tensor, if it was changed in place since."""
+
+    __slots__ = ("tensor", "version")
+
+    def __init__(self, tensor: torch.Tensor) -> None:
+        self.tensor = tensor
+        self.version = tensor._version
+
+    def unpack(self) -> torch.Tensor:
+        t = self.tensor
+        if t._version != self.version:
+            raise RuntimeError(
+                f"autoremat: one of the variables needed for gradient computation has been modified by an inplace "
+                f"operation: an input of a recomputed region ({tuple(t.shape)} {t.dtype}) is at version {t._version}; "
+                f"expected version {self.version} instead. The region recomputes from its inputs in backward: change "
+                "a clone of the tensor instead (x = x.clone() before the in-place op), or leave this part of the "
+                "model out of the plan")
+        return t
+
+
 class _StopRecomputation(Exception):
     """Raised by the collecting hook once the recomputation has saved all it needs."""
 
@@ -254,9 +276,8 @@ class _Frame:
         self.sources: dict[int, Any] = {}
         self.whole = False
         self.stateful = stateful
-        self.args = [_make_saved_tensor(a, is_output=False) if isinstance(a, torch.Tensor) else a for a in args]
-        self.kwargs = {k: _make_saved_tensor(a, is_output=False) if isinstance(a, torch.Tensor) else a
-                       for k, a in kwargs.items()}
+        self.args = [_SavedInput(a) if isinstance(a, torch.Tensor) else a for a in args]
+        self.kwargs = {k: _SavedInput(a) if isinstance(a, torch.Tensor) else a for k, a in kwargs.items()}
         self.count = 0
         self.by_task: dict[int, list[Any]] = {}
         self.autocast = _autocast_state()
@@ -322,7 +343,7 @@ class _Frame:
                 raise _StopRecomputation
 
         def fresh(a: Any) -> Any:
-            if not isinstance(a, SavedTensor):
+            if type(a) is not _SavedInput:
                 return a
             t = a.unpack()
             return t.detach().requires_grad_(t.requires_grad)
