@@ -1256,6 +1256,24 @@ def _pct(v: Any) -> str:
     return "" if v is None else f"{v:.0%}"
 
 
+def _command_lines(result: dict[str, Any]) -> list[str]:
+    """What was run: one command, or the runs a merged result joins (``merge_runs.py``); a note
+    when the run had not finished."""
+    runs = result.get("runs")
+    if runs:
+        lines = [f"Merged from {len(runs)} runs on the same machine kind (`benchmarks/merge_runs.py`); each model's "
+                 "rows come from one run, so its ratios compare configurations measured side by side:", ""]
+        lines += [f"* `{r['command']}` ({r['wall_s'] / 60:.1f} min{', stopped before it finished' if r['partial'] else ''}"
+                  f"): {', '.join(r['models']) or 'no model'}{'; largest-batch section' if r['largest_batch'] else ''}"
+                  for r in runs]
+        return lines + [""]
+    lines = [f"Command: `{result['command']}` ({result['wall_s'] / 60:.1f} min).", ""]
+    if result.get("partial"):
+        lines += [f"**Partial results**: written after each model; the run had not finished (models so far: "
+                  f"{', '.join(result['models']) or 'none'}; no largest-batch section yet).", ""]
+    return lines
+
+
 def to_markdown(result: dict[str, Any]) -> str:
     m = result["machine"]
     s = result["settings"]
@@ -1270,7 +1288,7 @@ def to_markdown(result: dict[str, Any]) -> str:
            ", CPU only (no GPU), shared with other jobs running at the same time"
            + ("" if m.get("load_avg_1m") is None else f" (1-minute load average {m['load_avg_1m']:.2f} at the start)"))
         + ".", "",
-        f"Command: `{result['command']}` ({result['wall_s'] / 60:.1f} min).", "",
+        *_command_lines(result),
     ]
     if m["device"] == "cpu":
         lines += [
@@ -1572,6 +1590,7 @@ def run(models: Sequence[str], opts: Options, out: Path, *, batch: bool = True, 
             result["rows"].extend(info["rows"])
             if device.type == "cuda":
                 torch.cuda.empty_cache()
+            _write_partial(result, out, t_start, log)
     if batch:
         result["largest_batch"] = run_batch_section(opts, quick=quick, batch_budgets=batch_budgets,
                                                     confirm_steps=confirm_steps, log=log)
@@ -1581,10 +1600,22 @@ def run(models: Sequence[str], opts: Options, out: Path, *, batch: bool = True, 
     result["failures"] += _batch_failures(result["largest_batch"])
     result["headline"] = headline(result["models"], result["largest_batch"])
     result["wall_s"] = time.perf_counter() - t_start
+    result["partial"] = False
     write_outputs(result, out)
     log(f"wrote {out / 'compare.json'}, {out / 'RESULTS.md'} and {len(result['plots'])} plots "
         f"in {result['wall_s'] / 60:.1f} min")
     return result
+
+
+def _write_partial(result: dict[str, Any], out: Path, t_start: float, log: Callable[[str], None]) -> None:
+    """The outputs with the models measured so far (``"partial": true``): a run stopped later (a
+    time limit, a crash) still leaves its finished models on disk, and ``merge_runs.py`` can join
+    them with another run's."""
+    done = {**result, "rows": list(result["rows"]), "failures": list(result["failures"]), "partial": True,
+            "wall_s": time.perf_counter() - t_start}
+    done["headline"] = headline(done["models"], [])
+    write_outputs(done, out)
+    log(f"wrote the {len(done['models'])} model(s) measured so far to {out / 'compare.json'} (partial)")
 
 
 def run_batch_section(opts: Options, *, quick: bool, batch_budgets: dict[str, int] | None, confirm_steps: int,
@@ -1739,6 +1770,9 @@ def parser(description: str | None = None) -> argparse.ArgumentParser:
     p.add_argument("--compiled-plans", default="dp-approx@0.5,dp-approx@0.3",
                    help="SOLVER@FRACTION,...: also run these autoremat rows under torch.compile (the patched model "
                         "compiled with --compile-backend, activation_memory_budget 1.0); 'none' for no such row")
+    p.add_argument("--batch-only", action="store_true",
+                   help="only the largest-batch comparison, merged into the existing compare.json under --out "
+                        "(the step-time tables are kept as they were measured)")
     p.add_argument("--render", type=Path, default=None, metavar="COMPARE_JSON",
                    help="only rewrite RESULTS.md and the plots from an existing compare.json")
     return p
@@ -1782,9 +1816,6 @@ def _solver_fractions(text: str | None, flag: str = "--torch-regions") -> tuple[
 
 def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     p = parser()
-    p.add_argument("--batch-only", action="store_true",
-                   help="only the largest-batch comparison, merged into the existing compare.json under --out "
-                        "(the step-time tables are kept as they were measured)")
     a = p.parse_args(argv)
     if a.render:
         return render(a.render)

@@ -4,6 +4,8 @@
     python benchmarks/compare_gpu.py --models resnet50 --configs pytorch,autoremat
     python benchmarks/compare_gpu.py --offload-only      # only the offload comparison at 50 %, ~10 min
     python benchmarks/compare_gpu.py --dry-run           # list the configurations; needs no GPU
+    python benchmarks/compare_gpu.py --models gpt2 --no-batch --out run2   # in pieces: see merge_runs.py
+    python benchmarks/compare_gpu.py --batch-only --out run2                # the largest-batch section alone
 
 Same models, configurations and metrics as ``compare.py`` (see its docstring), with what differs on a GPU:
 
@@ -201,6 +203,8 @@ def main(argv: Sequence[str] | None = None) -> Any:
     a = parser().parse_args(argv)
     if a.render:
         return compare.render(a.render)
+    if a.batch_only and (a.no_batch or a.offload_only or a.dry_run):
+        raise SystemExit("--batch-only excludes --no-batch, --offload-only and --dry-run")
     models, opts = compare.options_from(a, device="cuda", size=a.size)
     batch = dict(GPU_BATCH) if a.size == "paper" else {}
     for item in filter(None, (t.strip() for t in a.batch.split(","))):
@@ -236,6 +240,9 @@ def main(argv: Sequence[str] | None = None) -> Any:
     name = torch.cuda.get_device_name(0)
     out = a.out or RESULTS / device_slug(name)
     command = "python benchmarks/compare_gpu.py " + " ".join(sys.argv[1:] if argv is None else argv)
+    if a.batch_only:
+        return compare.run_batch_only(out, opts, quick=a.quick, command=command.strip(), batch_budgets=budgets,
+                                      log=lambda s: print(s, flush=True))
     link = measure_link()
     return run(models, opts, out, link, batch=not a.no_batch, quick=a.quick, command=command.strip(),
                batch_budgets=budgets, log=lambda s: print(s, flush=True))

@@ -19,7 +19,7 @@ BENCH = Path(__file__).resolve().parents[1] / "benchmarks"
 
 def _load(name: str, monkeypatch: pytest.MonkeyPatch) -> ModuleType:
     monkeypatch.syspath_prepend(str(BENCH))  # compare_gpu imports compare from its own folder
-    for mod in ("compare", "compare_gpu"):
+    for mod in ("compare", "compare_gpu", "merge_runs"):
         sys.modules.pop(mod, None)
     return importlib.import_module(name)
 
@@ -115,6 +115,59 @@ def test_compare_quick_writes_every_row_and_field(tmp_path: Path, monkeypatch: p
     assert [r["method"] for r in again["largest_batch"]] == list(compare.BATCH_METHODS)
     assert all(r["budget_bytes"] > 0 for r in again["largest_batch"])
     assert "## Largest batch under a fixed budget" in (tmp_path / "RESULTS.md").read_text()
+    _check_partial_and_merge(compare, again, tmp_path, monkeypatch)
+
+
+def _check_partial_and_merge(compare: ModuleType, data: dict, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A run stopped after its first model leaves that model on disk; ``merge_runs.py`` joins it
+    with another run's models (a measured run's model info, replayed without measuring)."""
+    info = data["models"]["mlp"]
+
+    def canned(name: str, opts: object, log: object) -> dict:
+        rows = [{**r, "model": name} for r in info["rows"]]
+        return {**info, "rows": rows}
+
+    def killed(*args: object, **kwargs: object) -> list:
+        raise KeyboardInterrupt  # e.g. the device's time limit, after the models were measured
+
+    monkeypatch.setattr(compare, "run_model", canned)
+    monkeypatch.setattr(compare, "run_batch_section", killed)
+    stopped = tmp_path / "stopped"
+    with pytest.raises(KeyboardInterrupt):
+        compare.main(["--quick", "--models", "mlp,other", "--out", str(stopped)])
+    part = json.loads((stopped / "compare.json").read_text())
+    assert part["partial"] is True and list(part["models"]) == ["mlp", "other"] and part["largest_batch"] == []
+    assert {r["model"] for r in part["rows"]} == {"mlp", "other"}
+    assert "Partial results" in (stopped / "RESULTS.md").read_text()
+    assert data["partial"] is False
+
+    merge_runs = _load("merge_runs", monkeypatch)
+    out = tmp_path / "merged"
+    merged = merge_runs.main([str(tmp_path / "compare.json"), str(stopped / "compare.json"), "--out", str(out)])
+    assert list(merged["models"]) == ["mlp", "other"]  # mlp from the later run, which also has it
+    assert merged["models"]["mlp"]["rows"] == part["models"]["mlp"]["rows"]
+    assert [r["model"] for r in merged["rows"]] == [r["model"] for r in part["rows"]]
+    assert merged["largest_batch"] == data["largest_batch"]  # only the first run has the batch section
+    assert merged["partial"] is False and [r["partial"] for r in merged["runs"]] == [False, True]
+    assert set(merged["headline"]["per_model"]) == {"mlp", "other"}
+    assert json.loads((out / "compare.json").read_text())["runs"][1]["models"] == ["mlp", "other"]
+    md = (out / "RESULTS.md").read_text()
+    assert "Merged from 2 runs" in md and "stopped before it finished" in md and "## other" in md
+    assert (out / "compare_other.png").is_file()
+
+    gpu = importlib.import_module("compare_gpu")  # offload.json beside each run (compare_gpu.py) is joined too
+    link = {"bytes_per_s": 1e9, "measured": False, "host_to_device_bytes_per_s": 1e9, "device_to_host_bytes_per_s": 1e9}
+    gpu.write_offload(gpu.offload_summary(data, link), tmp_path)
+    gpu.write_offload(gpu.offload_summary({**part, "models": {"other": part["models"]["other"]}}, link), stopped)
+    merge_runs.main([str(tmp_path / "compare.json"), str(stopped / "compare.json"), "--out", str(out)])
+    offload = json.loads((out / "offload.json").read_text())
+    assert list(offload["models"]) == ["mlp", "other"] and "## other" in (out / "OFFLOAD.md").read_text()
+
+    elsewhere = {**part, "machine": {**part["machine"], "cpu_count": part["machine"]["cpu_count"] + 1}}
+    with pytest.raises(SystemExit, match="different machines"):
+        merge_runs.merge([data, elsewhere])
+    with pytest.raises(SystemExit, match="does not exist"):
+        merge_runs.main([str(tmp_path / "nowhere.json"), "--out", str(out)])
 
 
 def test_compare_batch_sizes_override_the_models_batch(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -152,6 +205,8 @@ def test_compare_gpu_dry_run_lists_configurations(monkeypatch: pytest.MonkeyPatc
     assert len(out["batch_tasks"]) == 2
     assert "largest batch" in capsys.readouterr().out
     assert gpu.device_slug("NVIDIA H100 80GB HBM3") == "nvidia-h100-80gb-hbm3"
+    with pytest.raises(SystemExit, match="--batch-only excludes"):
+        gpu.main(["--batch-only", "--no-batch"])
 
 
 def test_recompute_cost_splits_the_patched_step(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

@@ -222,7 +222,9 @@ def test_unsupported_setups_rejected_in_setup(tmp_path: Path) -> None:
 
 @pytest.mark.slow
 def test_ddp_two_processes_share_one_plan(tmp_path: Path) -> None:
-    env = {**os.environ, "AUTOREMAT_TEST_OUT": str(tmp_path), "PYTHONPATH": str(HERE)}
+    # HERE first, then whatever the suite runs with (a source checkout on PYTHONPATH, e.g. on a GPU machine)
+    env = {**os.environ, "AUTOREMAT_TEST_OUT": str(tmp_path),
+           "PYTHONPATH": os.pathsep.join(filter(None, (str(HERE), os.environ.get("PYTHONPATH"))))}
     proc = subprocess.run([sys.executable, str(HERE / "ddp_script.py")], env=env, capture_output=True,
                           text=True, timeout=300, cwd=tmp_path)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]

@@ -1,0 +1,120 @@
+"""Join ``compare.json`` files of several runs of ``compare.py`` / ``compare_gpu.py`` into one result.
+
+    python benchmarks/merge_runs.py RUN1/compare.json RUN2/compare.json --out benchmarks/results/<machine>
+
+Why: a lent GPU runs one command for at most 10 minutes, so the GPU comparison is measured a few
+models per call (each call's ``$OUT`` comes back as its own ``compare.json``; a call stopped at its
+limit still leaves the models it finished, see ``compare._write_partial``). Every ratio in a
+result is taken within one model's rows, which one run measured side by side, so models from
+different runs on the same kind of machine sit in one table without mixing timings.
+
+Rules: every run must come from the same kind of machine (the GPU's name, or the CPU's
+architecture and core count) and the same torch; a model measured in several runs is taken from
+the last run that has it (said on the console), and so is each largest-batch row (per task and
+method); failures, the headline, ``RESULTS.md`` and the plots are recomputed; ``runs`` lists each
+run's command, wall time, models and whether it had finished. ``offload.json`` files beside the
+inputs (``compare_gpu.py``) are joined the same way, per model.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import compare  # noqa: E402
+
+
+def machine_kind(machine: dict[str, Any]) -> tuple[Any, ...]:
+    """What must agree between merged runs: the GPU (or CPU) and the torch build."""
+    if machine.get("device_name"):
+        return ("cuda", machine["device_name"], machine["torch"])
+    return ("cpu", machine["platform_machine"], machine["cpu_count"], machine["torch"])
+
+
+def merge(results: Sequence[dict[str, Any]], sources: Sequence[str] | None = None,
+          log: Callable[[str], None] = print) -> dict[str, Any]:
+    """One result holding every model and largest-batch row of ``results`` (later runs win)."""
+    if not results:
+        raise ValueError("merge needs at least one compare.json")
+    sources = list(sources or (f"run {i + 1}" for i in range(len(results))))
+    kinds = {machine_kind(r["machine"]) for r in results}
+    if len(kinds) > 1:
+        raise SystemExit("merge_runs: these runs come from different machines or torch builds, whose timings do not "
+                         "belong in one table: " + "; ".join(f"{s}: {machine_kind(r['machine'])}"
+                                                              for s, r in zip(sources, results)))
+    models: dict[str, dict[str, Any]] = {}
+    batch: dict[tuple[str, str], dict[str, Any]] = {}
+    model_failures: dict[str, list[dict[str, Any]]] = {}
+    runs = []
+    for src, r in zip(sources, results):
+        for name, info in r["models"].items():
+            if name in models:
+                log(f"merge_runs: {name} is in more than one run; taking it from {src}")
+            models[name] = info
+            model_failures.pop(name, None)
+        for f in r.get("failures", []):  # a model that failed as a whole has no rows to recompute them from
+            if f["config"] == "*" and f["model"] not in r["models"]:
+                model_failures.setdefault(f["model"], []).append(f)
+        for row in r.get("largest_batch", []):
+            batch[(row["task"], row["method"])] = row
+        runs.append({"source": src, "command": r["command"], "wall_s": r["wall_s"], "partial": bool(r.get("partial")),
+                     "models": list(r["models"]), "largest_batch": bool(r.get("largest_batch")),
+                     "machine": r["machine"], "settings": r["settings"]})
+    for name in list(model_failures):
+        if name in models:
+            del model_failures[name]
+    merged: dict[str, Any] = {
+        "schema": results[-1].get("schema", 1), "command": " && ".join(run["command"] for run in runs),
+        "machine": results[-1]["machine"], "settings": results[-1]["settings"], "runs": runs,
+        "wall_s": sum(run["wall_s"] for run in runs), "partial": False,
+        "models": models, "rows": [row for info in models.values() for row in info["rows"]],
+        "largest_batch": list(batch.values()),
+    }
+    merged["failures"] = ([f for fs in model_failures.values() for f in fs]
+                          + [{k: row[k] for k in ("model", "config", "status", "error", "note")}
+                             for row in merged["rows"] if row["status"] not in ("ok", "infeasible")]
+                          + compare._batch_failures(merged["largest_batch"]))
+    merged["headline"] = compare.headline(models, merged["largest_batch"])
+    return merged
+
+
+def merge_offload(summaries: Sequence[dict[str, Any]]) -> dict[str, Any] | None:
+    """``offload.json`` summaries joined per model (later wins); ``None`` when there are none."""
+    if not summaries:
+        return None
+    out = dict(summaries[-1])
+    out["models"] = {name: rows for s in summaries for name, rows in s["models"].items()}
+    return out
+
+
+def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("inputs", nargs="+", type=Path, metavar="COMPARE_JSON", help="compare.json files, in run order")
+    p.add_argument("--out", type=Path, required=True, help="folder for the merged compare.json, RESULTS.md and plots")
+    a = p.parse_args(argv)
+    results = []
+    for path in a.inputs:
+        if not path.is_file():
+            raise SystemExit(f"merge_runs: {path} does not exist (pass the compare.json files of the runs)")
+        results.append(json.loads(path.read_text()))
+    merged = merge(results, [str(x) for x in a.inputs])
+    a.out.mkdir(parents=True, exist_ok=True)
+    compare.write_outputs(merged, a.out)
+    offload = [json.loads(q.read_text()) for q in (x.parent / "offload.json" for x in a.inputs) if q.is_file()]
+    joined = merge_offload(offload)
+    if joined is not None:
+        import compare_gpu
+
+        compare_gpu.write_offload(joined, a.out)
+    print(f"merged {len(results)} runs ({', '.join(merged['models'])}) into {a.out / 'compare.json'}"
+          + ("" if joined is None else f" and {a.out / 'offload.json'}"))
+    return merged
+
+
+if __name__ == "__main__":
+    main()
