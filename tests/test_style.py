@@ -5,6 +5,7 @@
 * No bare ``except:`` anywhere in the library.
 * Every public module defines ``__all__``.
 * No ``print`` outside the CLI.
+* The private torch names the library uses are the listed ones, checked on torch 2.11 and 2.13.
 """
 
 from __future__ import annotations
@@ -203,3 +204,53 @@ def test_no_print_outside_cli(path):
     calls = [n.lineno for n in ast.walk(_tree(path))
              if isinstance(n, ast.Call) and isinstance(n.func, ast.Name) and n.func.id == "print"]
     assert calls == [], f"print() in {path.name} at lines {calls}: use logging or rich"
+
+
+PRIVATE_TORCH = {
+    "torch._C._current_graph_task_id", "torch._dynamo.eval_frame.OptimizedModule",
+    "torch.nn.modules.batchnorm._BatchNorm", "torch.utils._python_dispatch.TorchDispatchMode",
+    "torch.utils._pytree.tree_flatten", "torch.utils._pytree.tree_unflatten",
+}
+"""Private torch names the library uses, each checked to exist in torch 2.11 (the PyTorch of the GPU
+machines the GPU benchmark runs on) and in the pinned 2.13. A private name can vanish between
+releases (``torch._C._autograd._make_saved_tensor`` is missing from 2.11, and ``import autoremat``
+failed there): before adding one here, check it on both."""
+
+
+def _private_torch_names(tree: ast.AST) -> set[str]:
+    """Dotted torch names with a private (``_x``, not dunder) part: attribute chains on ``torch``
+    and ``from torch... import`` names."""
+    found = set()
+
+    def private(parts: list[str]) -> bool:
+        return any(p.startswith("_") and not p.startswith("__") for p in parts)
+
+    inner = {id(n.value) for n in ast.walk(tree) if isinstance(n, ast.Attribute)}  # part of a longer chain
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ImportFrom) and node.module and node.module.split(".")[0] == "torch":
+            for alias in node.names:
+                parts = [*node.module.split("."), alias.name]
+                if private(parts):
+                    found.add(".".join(parts))
+        elif isinstance(node, ast.Attribute) and id(node) not in inner:
+            parts, cur = [], node
+            while isinstance(cur, ast.Attribute):
+                parts.append(cur.attr)
+                cur = cur.value
+            if isinstance(cur, ast.Name) and cur.id == "torch":
+                parts = ["torch", *reversed(parts)]
+                if private(parts):
+                    found.add(".".join(parts))
+    return found
+
+
+def test_private_torch_names_are_the_checked_ones() -> None:
+    used = set()
+    for path in _modules():
+        used |= _private_torch_names(ast.parse(path.read_text()))
+    assert used == PRIVATE_TORCH, (
+        f"new private torch names {sorted(used - PRIVATE_TORCH)} (check each exists in torch 2.11 and 2.13, then "
+        f"add it to PRIVATE_TORCH); no longer used: {sorted(PRIVATE_TORCH - used)}")
+    assert _private_torch_names(ast.parse("from torch._C._autograd import _make_saved_tensor\n"
+                                          "torch._C._foo(); torch.nn.Linear; torch.__version__")) == {
+        "torch._C._autograd._make_saved_tensor", "torch._C._foo"}
