@@ -218,7 +218,7 @@ def main(argv: Sequence[str] | None = None) -> Any:
     if a.dry_run:
         plan = compare.planned_configurations(models, opts)
         tasks = [] if a.no_batch else [(t.name, t.capacity, t.description)
-                                       for t in compare.batch_tasks(False, budgets, size=a.size)]
+                                       for t in compare.batch_tasks(a.quick, budgets, size=a.size)]
         print(f"{len(plan)} configurations on {len(models)} models ({a.size} size, batches {batch}):")
         for c in plan:
             print(f"  {c['model']:12s} {c['family']:9s} {c['config']}")

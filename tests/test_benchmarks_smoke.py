@@ -205,6 +205,8 @@ def test_compare_gpu_dry_run_lists_configurations(monkeypatch: pytest.MonkeyPatc
     assert len(out["batch_tasks"]) == 2
     assert "largest batch" in capsys.readouterr().out
     assert gpu.device_slug("NVIDIA H100 80GB HBM3") == "nvidia-h100-80gb-hbm3"
+    quick = gpu.main(["--quick", "--size", "small", "--dry-run"])  # lists what --quick would run
+    assert {c["model"] for c in quick["configurations"]} == {"mlp"} and len(quick["batch_tasks"]) == 1
     with pytest.raises(SystemExit, match="--batch-only excludes"):
         gpu.main(["--batch-only", "--no-batch"])
 
@@ -231,3 +233,28 @@ def test_recompute_cost_splits_the_patched_step(tmp_path: Path, monkeypatch: pyt
     assert "measured ratio" in (tmp_path / "recompute_cost.md").read_text()
     with pytest.raises(SystemExit, match="pass --budget"):
         bench.main(["--model", "unet", "--budget", "0.05", "--rounds", "1", "--out", str(tmp_path)])
+
+
+@pytest.mark.gpu
+def test_compare_gpu_quick_runs_on_cuda(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The GPU script end to end in its smoke mode (the zoo mlp, one round; ~1 min): what a GPU
+    session runs first, before spending its limited time on the full comparison."""
+    gpu = _load("compare_gpu", monkeypatch)
+    gpu.main(["--quick", "--size", "small", "--batch-budgets", "resnet50=256MiB", "--out", str(tmp_path)])
+    data = json.loads((tmp_path / "compare.json").read_text())
+    assert data["partial"] is False and data["machine"]["device_name"] and data["machine"]["cuda_available"]
+    rows = {r["config"]: r for r in data["rows"]}
+    for key in ("none", "block-ac", "save-on-cpu"):
+        assert rows[key]["status"] == "ok", rows[key]["error"]
+        assert rows[key]["measured_peak_bytes"] > 0 and rows[key]["step_time_s"] > 0
+    eager = [r for r in data["rows"] if r["family"] == "autoremat" and r["status"] == "ok"
+             and not r["config"].endswith("+compile")]
+    assert eager, [(r["config"], r["status"], r["error"]) for r in data["rows"] if r["family"] == "autoremat"]
+    for r in eager:  # deterministic kernels: recomputation reproduces the gradients exactly
+        assert r["gradients_equal"] is True, r["config"]
+        assert r["predicted_peak_bytes"] > 0 and r["meets_budget"] is not None
+    offload = json.loads((tmp_path / "offload.json").read_text())
+    assert offload["bandwidth"]["measured"] is True and offload["bandwidth"]["bytes_per_s"] > 0
+    assert {r["method"] for r in data["largest_batch"]} == set(gpu.compare.BATCH_METHODS)
+    assert all(r["status"] == "ok" and r["batch_size"] >= 1 for r in data["largest_batch"]), data["largest_batch"]
+    assert "device_name" in data["machine"] and data["machine"]["device_name"] in (tmp_path / "RESULTS.md").read_text()
