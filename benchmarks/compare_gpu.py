@@ -1,8 +1,9 @@
 """The comparison of ``benchmarks/compare.py`` on a CUDA GPU (written for an H100 / H200).
 
-    python benchmarks/compare_gpu.py                     # everything, ~1 h on an H100
+    python benchmarks/compare_gpu.py                     # everything (not yet timed on a GPU)
     python benchmarks/compare_gpu.py --models resnet50 --configs pytorch,autoremat
-    python benchmarks/compare_gpu.py --offload-only      # only the offload comparison at 50 %, ~10 min
+    python benchmarks/compare_gpu.py --offload-only      # only the offload comparison at 50 %
+    python benchmarks/compare_gpu.py --quick --size small --batch-budgets resnet50=256MiB  # smoke run, one tiny model
     python benchmarks/compare_gpu.py --dry-run           # list the configurations; needs no GPU
     python benchmarks/compare_gpu.py --models gpt2 --no-batch --out run2   # in pieces: see merge_runs.py
     python benchmarks/compare_gpu.py --batch-only --out run2                # the largest-batch section alone
