@@ -1594,10 +1594,7 @@ def run(models: Sequence[str], opts: Options, out: Path, *, batch: bool = True, 
     if batch:
         result["largest_batch"] = run_batch_section(opts, quick=quick, batch_budgets=batch_budgets,
                                                     confirm_steps=confirm_steps, log=log)
-    for r in result["rows"]:
-        if r["status"] not in ("ok", "infeasible"):
-            result["failures"].append({k: r[k] for k in ("model", "config", "status", "error", "note")})
-    result["failures"] += _batch_failures(result["largest_batch"])
+    result["failures"] += row_failures(result["rows"]) + _batch_failures(result["largest_batch"])
     result["headline"] = headline(result["models"], result["largest_batch"])
     result["wall_s"] = time.perf_counter() - t_start
     result["partial"] = False
@@ -1611,8 +1608,8 @@ def _write_partial(result: dict[str, Any], out: Path, t_start: float, log: Calla
     """The outputs with the models measured so far (``"partial": true``): a run stopped later (a
     time limit, a crash) still leaves its finished models on disk, and ``merge_runs.py`` can join
     them with another run's."""
-    done = {**result, "rows": list(result["rows"]), "failures": list(result["failures"]), "partial": True,
-            "wall_s": time.perf_counter() - t_start}
+    done = {**result, "rows": list(result["rows"]), "failures": result["failures"] + row_failures(result["rows"]),
+            "partial": True, "wall_s": time.perf_counter() - t_start}
     done["headline"] = headline(done["models"], [])
     write_outputs(done, out)
     log(f"wrote the {len(done['models'])} model(s) measured so far to {out / 'compare.json'} (partial)")
@@ -1634,6 +1631,12 @@ def run_batch_section(opts: Options, *, quick: bool, batch_budgets: dict[str, in
                            budget_bytes=task.capacity)
                 rows.append(row)
     return rows
+
+
+def row_failures(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The ``failures`` entries of step-time rows that neither ran nor were infeasible."""
+    return [{k: r[k] for k in ("model", "config", "status", "error", "note")}
+            for r in rows if r["status"] not in ("ok", "infeasible")]
 
 
 def _batch_failures(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:

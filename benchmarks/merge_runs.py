@@ -75,9 +75,7 @@ def merge(results: Sequence[dict[str, Any]], sources: Sequence[str] | None = Non
         "models": models, "rows": [row for info in models.values() for row in info["rows"]],
         "largest_batch": list(batch.values()),
     }
-    merged["failures"] = ([f for fs in model_failures.values() for f in fs]
-                          + [{k: row[k] for k in ("model", "config", "status", "error", "note")}
-                             for row in merged["rows"] if row["status"] not in ("ok", "infeasible")]
+    merged["failures"] = ([f for fs in model_failures.values() for f in fs] + compare.row_failures(merged["rows"])
                           + compare._batch_failures(merged["largest_batch"]))
     merged["headline"] = compare.headline(models, merged["largest_batch"])
     return merged

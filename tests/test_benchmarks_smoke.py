@@ -138,6 +138,7 @@ def _check_partial_and_merge(compare: ModuleType, data: dict, tmp_path: Path, mo
     part = json.loads((stopped / "compare.json").read_text())
     assert part["partial"] is True and list(part["models"]) == ["mlp", "other"] and part["largest_batch"] == []
     assert {r["model"] for r in part["rows"]} == {"mlp", "other"}
+    assert part["failures"] == compare.row_failures(part["rows"])  # each row that did not run, as at the end
     assert "Partial results" in (stopped / "RESULTS.md").read_text()
     assert data["partial"] is False
 
