@@ -1263,9 +1263,9 @@ def _command_lines(result: dict[str, Any]) -> list[str]:
     if runs:
         lines = [f"Merged from {len(runs)} runs on the same machine kind (`benchmarks/merge_runs.py`); each model's "
                  "rows come from one run, so its ratios compare configurations measured side by side:", ""]
-        lines += [f"* `{r['command']}` ({r['wall_s'] / 60:.1f} min{', stopped before it finished' if r['partial'] else ''}"
-                  f"): {', '.join(r['models']) or 'no model'}{'; largest-batch section' if r['largest_batch'] else ''}"
-                  for r in runs]
+        lines += [f"* run {k + 1}: `{r['command']}` ({r['wall_s'] / 60:.1f} min"
+                  f"{', stopped before it finished' if r['partial'] else ''}): {', '.join(r['models']) or 'no model'}"
+                  f"{'; largest-batch section' if r['largest_batch'] else ''}" for k, r in enumerate(runs)]
         return lines + [""]
     lines = [f"Command: `{result['command']}` ({result['wall_s'] / 60:.1f} min).", ""]
     if result.get("partial"):
@@ -1381,6 +1381,12 @@ def to_markdown(result: dict[str, Any]) -> str:
                       f"{info['capture_s']:.1f} s; simulated unoptimised peak "
                       f"{_mib(info['simulated_unoptimised_peak_bytes'])} vs measured "
                       f"{_mib(info['unoptimised_peak_bytes'])}.", ""]
+        if len(info.get("runs", ())) > 1:  # joined row by row by merge_runs.py
+            lines += [f"Measured in {len(info['runs'])} runs (" + ", ".join(
+                f"run {i + 1}: {sum(r.get('run') == i for r in info['rows'])} rows" for i in info["runs"])
+                + "); every ratio is to the `none` of the row's own run, and a row from another run than this "
+                "table's `none` shows its ratio times this `none`'s step time (what it measured is "
+                "`measured_step_time_s` in `compare.json`).", ""]
         lines += ["| configuration | status | measured peak | vs none | step time | vs none | predicted peak | "
                   "pred. error | solver / compile time | gradients | notes |",
                   "|---|---|---|---|---|---|---|---|---|---|---|"]

@@ -2,16 +2,20 @@
 
     python benchmarks/merge_runs.py RUN1/compare.json RUN2/compare.json --out benchmarks/results/<machine>
 
-Why: a lent GPU runs one command for at most 10 minutes, so the GPU comparison is measured a few
-models per call (each call's ``$OUT`` comes back as its own ``compare.json``; a call stopped at its
-limit still leaves the models it finished, see ``compare._write_partial``). Every ratio in a
-result is taken within one model's rows, which one run measured side by side, so models from
-different runs on the same kind of machine sit in one table without mixing timings.
+Why: a GPU job often runs under a time limit (a scheduler's cap; a lent machine here runs one
+command for at most 10 minutes), so the GPU comparison is measured a few models, or a few
+configuration families, per job. Each job writes its own ``compare.json`` (a job stopped at its
+limit still leaves the models it finished, see ``compare._write_partial``). Every ratio is taken
+against a ``none`` row measured side by side in the same run, so runs on the same kind of machine
+can share one table.
 
 Rules: every run must come from the same kind of machine (the GPU's name, or the CPU's
-architecture and core count) and the same torch; a model measured in several runs is taken from
-the last run that has it (said on the console), and so is each largest-batch row (per task and
-method); failures, the headline, ``RESULTS.md`` and the plots are recomputed; ``runs`` lists each
+architecture and core count) and the same torch. A model measured in several runs (e.g. its
+``--configs pytorch,autoremat`` in one job and ``--configs compile`` in another: each run measures
+its own ``none``) is joined row by row: a configuration measured twice comes from the later run,
+and rows from another run than the table's ``none`` keep their ratios to their own ``none``, their
+step time being put on the table's scale (:func:`join_model`). Each largest-batch row (per task
+and method) comes from the last run that has it; failures, the headline, ``RESULTS.md`` and the plots are recomputed; ``runs`` lists each
 run's command, wall time, models and whether it had finished. ``offload.json`` files beside the
 inputs (``compare_gpu.py``) are joined the same way, per model.
 """
@@ -38,7 +42,8 @@ def machine_kind(machine: dict[str, Any]) -> tuple[Any, ...]:
 
 def merge(results: Sequence[dict[str, Any]], sources: Sequence[str] | None = None,
           log: Callable[[str], None] = print) -> dict[str, Any]:
-    """One result holding every model and largest-batch row of ``results`` (later runs win)."""
+    """One result holding every model and largest-batch row of ``results`` (later runs win; a
+    model measured in several runs is joined row by row, see :func:`join_model`)."""
     if not results:
         raise ValueError("merge needs at least one compare.json")
     sources = list(sources or (f"run {i + 1}" for i in range(len(results))))
@@ -51,11 +56,10 @@ def merge(results: Sequence[dict[str, Any]], sources: Sequence[str] | None = Non
     batch: dict[tuple[str, str], dict[str, Any]] = {}
     model_failures: dict[str, list[dict[str, Any]]] = {}
     runs = []
-    for src, r in zip(sources, results):
+    parts: dict[str, list[tuple[int, dict[str, Any]]]] = {}
+    for i, (src, r) in enumerate(zip(sources, results)):
         for name, info in r["models"].items():
-            if name in models:
-                log(f"merge_runs: {name} is in more than one run; taking it from {src}")
-            models[name] = info
+            parts.setdefault(name, []).append((i, info))
             model_failures.pop(name, None)
         for f in r.get("failures", []):  # a model that failed as a whole has no rows to recompute them from
             if f["config"] == "*" and f["model"] not in r["models"]:
@@ -65,6 +69,8 @@ def merge(results: Sequence[dict[str, Any]], sources: Sequence[str] | None = Non
         runs.append({"source": src, "command": r["command"], "wall_s": r["wall_s"], "partial": bool(r.get("partial")),
                      "models": list(r["models"]), "largest_batch": bool(r.get("largest_batch")),
                      "machine": r["machine"], "settings": r["settings"]})
+    for name, pieces in parts.items():
+        models[name] = join_model(name, pieces, sources, log)
     for name in list(model_failures):
         if name in models:
             del model_failures[name]
@@ -79,6 +85,36 @@ def merge(results: Sequence[dict[str, Any]], sources: Sequence[str] | None = Non
                           + compare._batch_failures(merged["largest_batch"]))
     merged["headline"] = compare.headline(models, merged["largest_batch"])
     return merged
+
+
+def join_model(name: str, pieces: Sequence[tuple[int, dict[str, Any]]], sources: Sequence[str],
+               log: Callable[[str], None] = print) -> dict[str, Any]:
+    """One model's info from the runs that measured it (``(run index, info)``, in run order).
+
+    A row measured in several runs comes from the last; the model's other fields and its ``none``
+    row come from the last run that has a ``none`` row. A row from another run keeps its ratios to
+    its own run's ``none``; its ``step_time_s`` is put on this table's scale (its ``time_ratio`` x
+    this ``none``'s step time, so that rows compare as their ratios do) and what it measured is
+    kept as ``measured_step_time_s``; every row records its run (``run``, an index into ``runs``)."""
+    if len(pieces) == 1:
+        i, info = pieces[0]
+        return {**info, "rows": [{**row, "run": i} for row in info["rows"]]}
+    log(f"merge_runs: {name} was measured in runs {', '.join(sources[i] for i, _ in pieces)}; a configuration "
+        "measured twice is taken from the later run")
+    rows: dict[str, dict[str, Any]] = {}
+    for i, info in pieces:
+        for row in info["rows"]:
+            rows[row["config"]] = {**row, "run": i}
+    base = rows.get("none")
+    if base is None or base["status"] != "ok":
+        raise SystemExit(f"merge_runs: {name} has no measured `none` row in these runs; its rows cannot be put on one "
+                         "scale")
+    own = next(info for i, info in reversed(pieces) if i == base["run"])
+    for key, row in rows.items():
+        if row["run"] != base["run"] and row.get("time_ratio") is not None:
+            rows[key] = {**row, "measured_step_time_s": row["step_time_s"],
+                         "step_time_s": row["time_ratio"] * base["step_time_s"]}
+    return {**own, "rows": list(rows.values()), "runs": [i for i, _ in pieces]}
 
 
 def merge_offload(summaries: Sequence[dict[str, Any]]) -> dict[str, Any] | None:

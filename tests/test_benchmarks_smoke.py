@@ -145,8 +145,10 @@ def _check_partial_and_merge(compare: ModuleType, data: dict, tmp_path: Path, mo
     merge_runs = _load("merge_runs", monkeypatch)
     out = tmp_path / "merged"
     merged = merge_runs.main([str(tmp_path / "compare.json"), str(stopped / "compare.json"), "--out", str(out)])
-    assert list(merged["models"]) == ["mlp", "other"]  # mlp from the later run, which also has it
-    assert merged["models"]["mlp"]["rows"] == part["models"]["mlp"]["rows"]
+    assert list(merged["models"]) == ["mlp", "other"]  # every mlp row from the later run, which also has it
+    assert [{k: v for k, v in r.items() if k != "run"} for r in merged["models"]["mlp"]["rows"]] == \
+        part["models"]["mlp"]["rows"]
+    assert {r["run"] for r in merged["rows"]} == {1} and merged["models"]["mlp"]["runs"] == [0, 1]
     assert [r["model"] for r in merged["rows"]] == [r["model"] for r in part["rows"]]
     assert merged["largest_batch"] == data["largest_batch"]  # only the first run has the batch section
     assert merged["partial"] is False and [r["partial"] for r in merged["runs"]] == [False, True]
@@ -163,6 +165,25 @@ def _check_partial_and_merge(compare: ModuleType, data: dict, tmp_path: Path, mo
     merge_runs.main([str(tmp_path / "compare.json"), str(stopped / "compare.json"), "--out", str(out)])
     offload = json.loads((out / "offload.json").read_text())
     assert list(offload["models"]) == ["mlp", "other"] and "## other" in (out / "OFFLOAD.md").read_text()
+
+    # one model's configuration families measured in two runs (e.g. compile rows in a job of their own):
+    # joined row by row, each row's ratio to its own run's none kept, its time put on the table's scale
+    slow = {r["config"]: {**r, "step_time_s": 2 * r["step_time_s"]} for r in info["rows"] if r["status"] == "ok"}
+    second = {**data, "models": {"mlp": {**info, "rows": [slow["none"], slow["block-ac"]]}},
+              "rows": [slow["none"], slow["block-ac"]], "largest_batch": [], "command": "second run"}
+    joined = merge_runs.merge([data, second])["models"]["mlp"]
+    by = {r["config"]: r for r in joined["rows"]}
+    assert [r["config"] for r in joined["rows"]] == [r["config"] for r in info["rows"]] and joined["runs"] == [0, 1]
+    assert by["none"]["run"] == by["block-ac"]["run"] == 1 and by["none"]["step_time_s"] == slow["none"]["step_time_s"]
+    first = {r["config"]: r for r in info["rows"]}
+    for key, r in by.items():
+        if r["run"] == 0 and first[key]["time_ratio"] is not None:
+            assert r["measured_step_time_s"] == first[key]["step_time_s"] and r["time_ratio"] == first[key]["time_ratio"]
+            assert r["step_time_s"] == pytest.approx(first[key]["time_ratio"] * slow["none"]["step_time_s"])
+    assert "Measured in 2 runs (run 1:" in compare.to_markdown({**merge_runs.merge([data, second]), "out": str(out)})
+    no_base = {**second, "models": {"mlp": {**info, "rows": [slow["block-ac"]]}}}
+    with pytest.raises(SystemExit, match="no measured `none`"):
+        merge_runs.merge([{**data, "models": {"mlp": {**info, "rows": [first["block-ac"]]}}}, no_base])
 
     elsewhere = {**part, "machine": {**part["machine"], "cpu_count": part["machine"]["cpu_count"] + 1}}
     with pytest.raises(SystemExit, match="different machines"):
