@@ -1261,8 +1261,8 @@ def _command_lines(result: dict[str, Any]) -> list[str]:
     when the run had not finished."""
     runs = result.get("runs")
     if runs:
-        lines = [f"Merged from {len(runs)} runs on the same machine kind (`benchmarks/merge_runs.py`); each model's "
-                 "rows come from one run, so its ratios compare configurations measured side by side:", ""]
+        lines = [f"Merged from {len(runs)} runs on the same machine kind (`benchmarks/merge_runs.py`); every ratio is "
+                 "to the `none` measured side by side with the row in its own run:", ""]
         lines += [f"* run {k + 1}: `{r['command']}` ({r['wall_s'] / 60:.1f} min"
                   f"{', stopped before it finished' if r['partial'] else ''}): {', '.join(r['models']) or 'no model'}"
                   f"{'; largest-batch section' if r['largest_batch'] else ''}" for k, r in enumerate(runs)]
