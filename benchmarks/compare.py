@@ -53,6 +53,7 @@ import argparse
 import contextlib
 import copy
 import gc
+import inspect
 import json
 import math
 import multiprocessing
@@ -1116,10 +1117,14 @@ def run_batch_task(task: BatchTask, method: str, log: Callable[[str], None], *, 
                                  max_batch_size=max_batch, loss_fn=task.loss_fn)
         limiter = limited_trial_steps(task.capacity) if not cuda else contextlib.nullcontext()
     else:
-        cb = BatchSizeFinder(mode="binsearch", init_val=row["initial_batch_size"], max_val=max_batch)
+        # max_val (the same ceiling as AutoRemat's) exists from Lightning 2.6; before, the search has none
+        capped = "max_val" in inspect.signature(BatchSizeFinder.__init__).parameters
+        cb = BatchSizeFinder(mode="binsearch", init_val=row["initial_batch_size"],
+                             **({"max_val": max_batch} if capped else {}))
         limiter = contextlib.nullcontext()
         row["note"] = ("BatchSizeFinder(mode='binsearch', steps_per_trial=3, margin=0.05 (default)); its trial steps "
-                       "(real training steps) run under the simulated device")
+                       "(real training steps) run under the simulated device"
+                       + ("" if capped else "; this Lightning's BatchSizeFinder has no max_val: no ceiling"))
     quiet = logging.getLogger("lightning.pytorch")
     level = quiet.level
     quiet.setLevel(logging.WARNING)
