@@ -68,3 +68,13 @@ def test_other_requirements_start_at_the_tested_version(name: str) -> None:
     assert len(pins) == 1 and spec.contains(pins[0]), (name, pins)
     after = f"{Version(pins[0]).major + 1}.0.0"
     assert not spec.contains(after), f"{name}{spec} admits {after}, a major version after the pinned {pins[0]}"
+
+
+def test_python_versions_are_the_tested_ones() -> None:
+    """3.11 is the lowest Python the pinned install resolves on (numpy, networkx, matplotlib and
+    transformers at their pins need it) and the suite has run on 3.11, 3.12 and 3.13."""
+    tomllib = pytest.importorskip("tomllib")
+    from packaging.specifiers import SpecifierSet
+
+    spec = SpecifierSet(tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["requires-python"])
+    assert not spec.contains("3.10.13") and all(spec.contains(v) for v in ("3.11.7", "3.12.1", "3.13.0"))
