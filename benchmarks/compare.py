@@ -1601,11 +1601,12 @@ def run(models: Sequence[str], opts: Options, out: Path, *, batch: bool = True, 
             result["rows"].extend(info["rows"])
             if device.type == "cuda":
                 torch.cuda.empty_cache()
-            _write_partial(result, out, t_start, log)
+            if batch or name != models[-1]:  # else the final outputs follow at once
+                _write_partial(result, out, t_start, log)
     if batch:
         result["largest_batch"] = run_batch_section(opts, quick=quick, batch_budgets=batch_budgets,
                                                     confirm_steps=confirm_steps, log=log)
-    result["failures"] += row_failures(result["rows"]) + _batch_failures(result["largest_batch"])
+    result["failures"] += row_failures(result["rows"]) + batch_failures(result["largest_batch"])
     result["headline"] = headline(result["models"], result["largest_batch"])
     result["wall_s"] = time.perf_counter() - t_start
     result["partial"] = False
@@ -1619,8 +1620,8 @@ def _write_partial(result: dict[str, Any], out: Path, t_start: float, log: Calla
     """The outputs with the models measured so far (``"partial": true``): a run stopped later (a
     time limit, a crash) still leaves its finished models on disk, and ``merge_runs.py`` can join
     them with another run's."""
-    done = {**result, "rows": list(result["rows"]), "failures": result["failures"] + row_failures(result["rows"]),
-            "partial": True, "wall_s": time.perf_counter() - t_start}
+    done = {**result, "failures": result["failures"] + row_failures(result["rows"]), "partial": True,
+            "wall_s": time.perf_counter() - t_start}
     done["headline"] = headline(done["models"], [])
     write_outputs(done, out)
     log(f"wrote the {len(done['models'])} model(s) measured so far to {out / 'compare.json'} (partial)")
@@ -1650,7 +1651,8 @@ def row_failures(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
             for r in rows if r["status"] not in ("ok", "infeasible")]
 
 
-def _batch_failures(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+def batch_failures(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The ``failures`` entries of largest-batch rows that did not finish."""
     return [{"model": r["task"], "config": r["method"], "status": r["status"], "error": r["error"], "note": None}
             for r in rows if r["status"] != "ok"]
 
@@ -1671,7 +1673,7 @@ def run_batch_only(out: Path, opts: Options, *, quick: bool = False, command: st
     old_tasks = {r["task"] for r in result.get("largest_batch", [])}
     rows = run_batch_section(opts, quick=quick, batch_budgets=batch_budgets, confirm_steps=confirm_steps, log=log)
     result["largest_batch"] = rows
-    result["failures"] = [f for f in result.get("failures", []) if f["model"] not in old_tasks] + _batch_failures(rows)
+    result["failures"] = [f for f in result.get("failures", []) if f["model"] not in old_tasks] + batch_failures(rows)
     result["settings"]["confirm_steps"] = confirm_steps
     result["batch_run"] = {"command": command, "wall_s": time.perf_counter() - t_start, "machine": machine}
     result["headline"] = headline(result["models"], rows)

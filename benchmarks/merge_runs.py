@@ -52,7 +52,6 @@ def merge(results: Sequence[dict[str, Any]], sources: Sequence[str] | None = Non
         raise SystemExit("merge_runs: these runs come from different machines or torch builds, whose timings do not "
                          "belong in one table: " + "; ".join(f"{s}: {machine_kind(r['machine'])}"
                                                               for s, r in zip(sources, results)))
-    models: dict[str, dict[str, Any]] = {}
     batch: dict[tuple[str, str], dict[str, Any]] = {}
     model_failures: dict[str, list[dict[str, Any]]] = {}
     runs = []
@@ -60,7 +59,6 @@ def merge(results: Sequence[dict[str, Any]], sources: Sequence[str] | None = Non
     for i, (src, r) in enumerate(zip(sources, results)):
         for name, info in r["models"].items():
             parts.setdefault(name, []).append((i, info))
-            model_failures.pop(name, None)
         for f in r.get("failures", []):  # a model that failed as a whole has no rows to recompute them from
             if f["config"] == "*" and f["model"] not in r["models"]:
                 model_failures.setdefault(f["model"], []).append(f)
@@ -69,11 +67,7 @@ def merge(results: Sequence[dict[str, Any]], sources: Sequence[str] | None = Non
         runs.append({"source": src, "command": r["command"], "wall_s": r["wall_s"], "partial": bool(r.get("partial")),
                      "models": list(r["models"]), "largest_batch": bool(r.get("largest_batch")),
                      "machine": r["machine"], "settings": r["settings"]})
-    for name, pieces in parts.items():
-        models[name] = join_model(name, pieces, sources, log)
-    for name in list(model_failures):
-        if name in models:
-            del model_failures[name]
+    models = {name: join_model(name, pieces, sources, log) for name, pieces in parts.items()}
     merged: dict[str, Any] = {
         "schema": results[-1].get("schema", 1), "command": " && ".join(run["command"] for run in runs),
         "machine": results[-1]["machine"], "settings": results[-1]["settings"], "runs": runs,
@@ -81,8 +75,8 @@ def merge(results: Sequence[dict[str, Any]], sources: Sequence[str] | None = Non
         "models": models, "rows": [row for info in models.values() for row in info["rows"]],
         "largest_batch": list(batch.values()),
     }
-    merged["failures"] = ([f for fs in model_failures.values() for f in fs] + compare.row_failures(merged["rows"])
-                          + compare._batch_failures(merged["largest_batch"]))
+    merged["failures"] = ([f for name, fs in model_failures.items() if name not in models for f in fs]
+                          + compare.row_failures(merged["rows"]) + compare.batch_failures(merged["largest_batch"]))
     merged["headline"] = compare.headline(models, merged["largest_batch"])
     return merged
 
