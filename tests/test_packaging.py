@@ -33,6 +33,12 @@ def _requirements() -> dict[str, str]:
     return {r.name: str(r.specifier) for r in map(Requirement, deps)}
 
 
+def _pins(name: str) -> list[str]:
+    """The versions ``constraints.txt`` pins ``name`` to (one, when it is pinned)."""
+    return [line.split("==", 1)[1].strip() for line in (ROOT / "constraints.txt").read_text().splitlines()
+            if line.split("==", 1)[0] == name]
+
+
 @pytest.mark.parametrize("name", sorted(TESTED))
 def test_required_as_the_tested_range(name: str) -> None:
     from packaging.specifiers import SpecifierSet
@@ -46,8 +52,7 @@ def test_required_as_the_tested_range(name: str) -> None:
 def test_installs_pin_one_version_inside_the_range(name: str) -> None:
     from packaging.specifiers import SpecifierSet
 
-    pins = [line.split("==", 1)[1].strip() for line in (ROOT / "constraints.txt").read_text().splitlines()
-            if line.startswith(f"{name}==")]
+    pins = _pins(name)
     assert pins == [TESTED[name][1]]
     assert SpecifierSet(_requirements()[name]).contains(pins[0])
     ci = (ROOT / ".ci" / "run").read_text()
@@ -63,8 +68,7 @@ def test_other_requirements_start_at_the_tested_version(name: str) -> None:
     low = Version(LOWEST[name])
     below = f"{low.major}.{low.minor}.{low.micro - 1}" if low.micro else f"{low.major}.{low.minor - 1}.99"
     assert spec.contains(LOWEST[name]) and not spec.contains(below), f"{name}{spec}"
-    pins = [line.split("==", 1)[1].strip() for line in (ROOT / "constraints.txt").read_text().splitlines()
-            if line.split("==", 1)[0] == name]
+    pins = _pins(name)
     assert len(pins) == 1 and spec.contains(pins[0]), (name, pins)
     after = f"{Version(pins[0]).major + 1}.0.0"
     assert not spec.contains(after), f"{name}{spec} admits {after}, a major version after the pinned {pins[0]}"
