@@ -26,7 +26,7 @@ def main(steps: int = 3) -> list[float]:
         accelerator.backward(loss)
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
-        losses.append(float(loss))
+        losses.append(loss.item())
         accelerator.print(f"step {step}: loss {losses[-1]:.4f}")
     return losses
 

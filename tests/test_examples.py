@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib.util
+import warnings
 from pathlib import Path
 
 import pytest
@@ -21,8 +22,12 @@ def _load(name: str):  # type: ignore[no-untyped-def]
 
 def test_accelerate_unet(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv("AUTOREMAT_BUDGET", raising=False)
-    losses = _load("accelerate_unet").main(steps=2)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        losses = _load("accelerate_unet").main(steps=2)
     assert len(losses) == 2
+    # the example is what users copy: it must not teach a pattern PyTorch warns about
+    assert not [w for w in caught if "to a scalar" in str(w.message)], [str(w.message) for w in caught]
 
 
 @pytest.mark.parametrize("name", ["lightning_cnn", "lightning_gpt2"])
