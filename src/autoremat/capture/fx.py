@@ -14,6 +14,7 @@ import torch
 import torch.fx
 
 from ._recorder import NodeRecord, Recorder, Timer, classify_function, classify_module
+from .signature import tensor_lines
 
 __all__ = ["trace", "fx_ops", "fx_fingerprint", "records_from_fx", "profile_fx"]
 
@@ -41,7 +42,8 @@ def _target_name(n: torch.fx.Node) -> str:
 
 
 def fx_fingerprint(gm: torch.fx.GraphModule) -> str:
-    """Structure hash of a traced module; equals ``Graph.fingerprint`` of its capture."""
+    """Hash of a traced module's structure and of its parameters' and buffers' shapes and dtypes
+    (:mod:`autoremat.capture.signature`); equals ``Graph.fingerprint`` of its capture."""
     ops = fx_ops(gm)
     ids = {n: i for i, n in enumerate(ops)}
     h = hashlib.sha256()
@@ -55,6 +57,8 @@ def fx_fingerprint(gm: torch.fx.GraphModule) -> str:
                 edges.append((ids[u], i))
     for u, v in sorted(set(edges)):
         h.update(f"{u}>{v};".encode())
+    for line in tensor_lines(gm):
+        h.update(line.encode())
     return h.hexdigest()[:16]
 
 
