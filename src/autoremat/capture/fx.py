@@ -6,6 +6,7 @@ parameters are resident for the whole step.
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
@@ -67,7 +68,7 @@ def records_from_fx(gm: torch.fx.GraphModule, param_names: Mapping[int, str]) ->
     ops = fx_ops(gm)
     ids = {n: i for i, n in enumerate(ops)}
     out_node = next(n for n in gm.graph.nodes if n.op == "output")
-    outputs = {ids[u] for u in out_node.all_input_nodes if u in ids}
+    outputs = {ids[u] for u in _output_nodes(out_node) if u in ids}
     recs: list[NodeRecord] = []
     for i, n in enumerate(ops):
         params: list[str] = []
@@ -87,6 +88,21 @@ def records_from_fx(gm: torch.fx.GraphModule, param_names: Mapping[int, str]) ->
             preds=preds, params=sorted(set(params)), is_output=i in outputs,
         ))
     return recs
+
+
+def _output_nodes(out_node: torch.fx.Node) -> list[torch.fx.Node]:
+    """The nodes whose values the model returns. A dataclass built in ``forward``
+    (``return Out(logits, aux)``) is a ``call_function`` node of the class: its fields, not
+    the instance, are the outputs that live until the loss."""
+    found: list[torch.fx.Node] = []
+    todo = list(out_node.all_input_nodes)
+    while todo:
+        u = todo.pop()
+        if u.op == "call_function" and isinstance(u.target, type) and dataclasses.is_dataclass(u.target):
+            todo.extend(u.all_input_nodes)
+        elif u not in found:
+            found.append(u)
+    return found
 
 
 def _get_attr(gm: torch.nn.Module, target: str) -> Any:
