@@ -103,6 +103,8 @@ def parse_budget(
     if not isinstance(budget, str):
         raise _bad(budget, f"type {type(budget).__name__}")
     text = budget.strip()
+    if text.startswith("-"):
+        raise _bad(budget, "a budget cannot be negative")
     if text.lower() == "auto":
         if margin is None:
             env = os.environ.get("AUTOREMAT_MARGIN")
