@@ -316,6 +316,8 @@ def preserved_state(model: torch.nn.Module, devices: list[torch.device]) -> Iter
     buffers = {id(b): (b, b.detach().clone(), b.requires_grad) for _m, bufs, _p, _t in held
                for b in bufs.values() if b is not None}
     params = {id(p): (p, p.grad, p.requires_grad) for _m, _b, ps, _t in held for p in ps.values() if p is not None}
+    for p, _grad, _rg in params.values():
+        p.grad = None  # backward would accumulate into the user's .grad tensors in place
     cuda_devices = [d for d in devices if d.type == "cuda"]
     with torch.random.fork_rng(devices=cuda_devices):
         try:
