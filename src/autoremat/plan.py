@@ -35,6 +35,8 @@ class Segment:
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "nodes", tuple(sorted(int(v) for v in self.nodes)))
+        if type(self.recompute).__name__ in ("bool_", "bool"):  # numpy booleans too; never a string
+            object.__setattr__(self, "recompute", bool(self.recompute))
 
 
 @dataclass

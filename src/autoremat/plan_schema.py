@@ -54,7 +54,7 @@ def _node_id(field: str, value: Any) -> int:
 
 
 def _node_list(field: str, value: Any) -> list[int]:
-    if not isinstance(value, list):
+    if not isinstance(value, (list, tuple)):  # tuples: an in-memory dict (Lightning state), not JSON
         raise PlanFormatError(field, f"expected a list of node ids, got {value!r} ({_kind(value)})")
     return [_node_id(f"{field}[{j}]", v) for j, v in enumerate(value)]
 
@@ -79,7 +79,7 @@ def _string(field: str, value: Any) -> None:
 
 
 def _segments(value: Any, num_nodes: int | None) -> None:
-    if not isinstance(value, list):
+    if not isinstance(value, (list, tuple)):
         raise PlanFormatError("segments", f"expected a list of {{'nodes': [...], 'recompute': true/false}} "
                                           f"objects, got {_kind(value)}")
     owner: dict[int, int] = {}
@@ -122,7 +122,7 @@ def _options(value: Any) -> int | None:
         _string("options.graph_mode", mode)
     names = value.get("node_names")
     if names is not None:
-        if not isinstance(names, list) or not all(isinstance(n, str) for n in names):
+        if not isinstance(names, (list, tuple)) or not all(isinstance(n, str) for n in names):
             raise PlanFormatError("options.node_names", "expected a list of node names (strings), one per graph node")
     tails = value.get("replay_tails")
     if tails is not None:
@@ -132,7 +132,7 @@ def _options(value: Any) -> int | None:
             field = f"options.replay_tails.{k}"
             if not str(k).isdigit():
                 raise PlanFormatError(field, "expected a segment index (digits) as the key")
-            if not isinstance(tail, list) or len(tail) != 2:
+            if not isinstance(tail, (list, tuple)) or len(tail) != 2:
                 raise PlanFormatError(field, "expected [first node of the tail, [tail input node ids]]")
             _node_id(f"{field}[0]", tail[0])
             _node_list(f"{field}[1]", tail[1])
@@ -143,13 +143,13 @@ def _options(value: Any) -> int | None:
                               "(written by autoremat.solve)")
     inputs = value.get("inputs")
     if inputs is not None:
-        if not isinstance(inputs, list):
+        if not isinstance(inputs, (list, tuple)):
             raise PlanFormatError("options.inputs", f"expected a list of input descriptions, got {_kind(inputs)}")
         for j, spec in enumerate(inputs):
             field = f"options.inputs[{j}]"
             if not isinstance(spec, Mapping) or not {"path", "shape", "dtype", "device"} <= set(spec):
                 raise PlanFormatError(field, "expected {'path', 'shape', 'dtype', 'device'} (written by autoremat.solve)")
-            if not isinstance(spec["shape"], list) or not all(isinstance(d, int) and not isinstance(d, bool)
+            if not isinstance(spec["shape"], (list, tuple)) or not all(isinstance(d, int) and not isinstance(d, bool)
                                                               for d in spec["shape"]):
                 raise PlanFormatError(f"{field}.shape", f"expected a list of integers, got {spec['shape']!r}")
             for key in ("path", "dtype", "device"):

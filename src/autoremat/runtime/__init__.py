@@ -195,7 +195,7 @@ def _check_fx_plan(plan: Plan, ops: list[torch.fx.Node]) -> None:
     for si, (first, tail_inputs) in tails_of(plan).items():
         if not (0 <= si < len(plan.segments) and plan.segments[si].recompute) or segment_of.get(first) != si \
                 or any(not 0 <= u < len(ops) for u in tail_inputs):
-            raise PlanMismatchError(f"options.replay_tails names segment {si} / node {first}, which does not "
+            raise PlanMismatchError(f"options.replay_tails: segment {si}'s replay tail (from node {first}) does not "
                                     "match the plan's recomputed segments; capture and solve again")
 
 
