@@ -2,8 +2,13 @@
 
 ``mode="fx"`` traces with ``torch.fx`` (op level); ``mode="module"`` records submodule calls
 (see :mod:`autoremat.capture.module`); ``mode="auto"`` tries fx and falls back to module level,
-logging why. The model is left exactly as it was: RNG state, buffers (batch-norm running
-statistics) and ``.grad`` are restored after profiling.
+logging why. The model is left exactly as it was, whether capture succeeds or raises: RNG
+state, buffers (batch-norm running statistics, counters a traced forward bumps, a ``grad_fn`` a
+traced in-place update attaches), ``.grad`` (set to ``None`` while profiling, so nothing is
+accumulated into it), ``requires_grad`` and ``training`` flags are restored
+(:func:`~autoremat.capture._recorder.preserved_state`). The graph's meta records the shapes and
+dtypes of parameters and buffers (``tensors``) and of the example batch (``inputs``), see
+:mod:`autoremat.capture.signature`.
 
 Times: CUDA events on a GPU, ``perf_counter`` on the CPU (median of ``repeats`` steps after
 ``warmup``). On the meta device nothing is allocated or run for real; times come from
