@@ -136,3 +136,20 @@ def test_auto_real_resident_lowers_budget(monkeypatch):
     a = parse_budget("auto", margin=0.0)
     b = parse_budget("auto", margin=0.0, resident_bytes=2**20)
     assert a == free and a - b == 2**20
+
+
+def test_numpy_scalars_are_numbers() -> None:
+    """Issue 29 item 12: np.float64(0.7) raised decimal.InvalidOperation (repr 'np.float64(0.7)')."""
+    np = pytest.importorskip("numpy")
+    assert parse_budget(np.float64(0.7), unoptimised_peak_bytes=1000) == 700
+    assert parse_budget(np.float32(0.5), unoptimised_peak_bytes=1000) == 500
+    assert parse_budget(np.int64(4096)) == 4096
+    with pytest.raises(ValueError, match="bool"):
+        parse_budget(np.bool_(True))
+    with pytest.raises(ValueError, match="give bytes as an int"):
+        parse_budget(np.float64(6e9), unoptimised_peak_bytes=1000)
+
+
+def test_negative_size_string_is_refused_as_negative() -> None:
+    with pytest.raises(ValueError, match="cannot be negative"):
+        parse_budget("-1GB")

@@ -41,3 +41,27 @@ def test_errors_have_exit_codes(capsys: pytest.CaptureFixture[str]) -> None:
     assert "not understood" in capsys.readouterr().out
     assert main(["plan", "--model", "mlp", "--budget", "1KB", "--solver", "chen"]) == 3
     assert "infeasible" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize(("argv", "match"), [
+    (["plan", "--model", "mlp", "--device", "banana"], "not a device"),
+    (["plan", "--model", "mlp", "--budget", "-1GB"], "cannot be negative"),
+    (["plan", "--model", "mlp", "--out", "/nonexistent-autoremat-dir/plan.json"], "does not exist; create it"),
+    (["profile", "--model", "mlp", "--top", "0"], "--top 0: must be >= 1"),
+])
+def test_arguments_checked_before_capture(argv: list[str], match: str, capsys: pytest.CaptureFixture[str],
+                                          monkeypatch: pytest.MonkeyPatch) -> None:
+    import autoremat.cli
+
+    monkeypatch.setattr(autoremat.cli, "capture", lambda *a, **k: pytest.fail("captured before checking"))
+    assert main(argv) == 2
+    out = capsys.readouterr().out
+    assert match in out and out.count("\n") == 1 and "Traceback" not in out
+
+
+def test_out_inside_a_file_is_refused(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    blocker = tmp_path / "file"
+    blocker.write_text("")
+    assert main(["plan", "--model", "mlp", "--out", str(blocker / "plan.json")]) == 2
+    assert "does not exist" in capsys.readouterr().out
+

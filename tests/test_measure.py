@@ -247,3 +247,17 @@ def test_measure_on_cuda():
     assert m.device.startswith("cuda")
     assert m.peak_bytes >= (256 * 256 + 256) * 4  # parameter gradients at least
     assert m.step_time_s > 0
+
+
+def test_default_loss_walks_dataclasses():
+    """Issue 29 item 11: the docstring promised dataclass-like objects; dataclasses were skipped."""
+    import dataclasses
+
+    @dataclasses.dataclass
+    class Out:
+        logits: torch.Tensor
+        extra: dict
+
+    a = torch.ones(2, 3, requires_grad=True)
+    b = torch.full((4,), 2.0, requires_grad=True)
+    assert default_loss(Out(a, {"b": b})).item() == 3.0

@@ -7,9 +7,9 @@ import json
 import networkx as nx
 import pytest
 
-from autoremat.errors import PlanMismatchError
+from autoremat.errors import PlanFormatError, PlanMismatchError
 from autoremat.graph import Graph
-from autoremat.plan import PLAN_FORMAT_VERSION, Plan, Segment, segments_from_lower_sets, validate_plan
+from autoremat.plan import PLAN_FORMAT_VERSION, Plan, Segment, check_segments, segments_from_lower_sets, validate_plan
 
 
 def diamond() -> Graph:
@@ -170,3 +170,78 @@ class TestSegmentsFromLowerSets:
         # multi-node segment: not recomputed; non-recomputable node: not recomputed
         assert segs == [Segment((0, 1), False), Segment((2,), False), Segment((3,), True)]
         validate_plan(g, Plan(segs))
+
+
+class TestPlanSchema:
+    """The strict schema of plan documents (autoremat.plan_schema): one error class naming the field."""
+
+    def _doc(self) -> dict:
+        return TestPlanJson()._plan().to_dict()
+
+    def test_recompute_must_be_a_json_boolean(self):
+        d = self._doc()
+        d["segments"][1]["recompute"] = "false"
+        with pytest.raises(PlanFormatError, match=r"segments\[1\]\.recompute.*got 'false'") as info:
+            Plan.from_dict(d)
+        assert info.value.field == "segments[1].recompute"
+        assert issubclass(PlanFormatError, ValueError)
+
+    def test_missing_key_names_the_field(self):
+        d = self._doc()
+        del d["segments"][0]["nodes"]
+        with pytest.raises(PlanFormatError, match=r"'segments\[0\]\.nodes': required key is missing"):
+            Plan.from_dict(d)
+
+    def test_node_ids_are_checked_against_the_plans_node_names(self):
+        d = self._doc()  # three node names
+        d["segments"][1]["nodes"] = [2, 3]
+        with pytest.raises(PlanFormatError, match=r"node 3 is out of range.*3 nodes"):
+            Plan.from_dict(d)
+        d["segments"][1]["nodes"] = [1]
+        with pytest.raises(PlanFormatError, match=r"node 1 is also in segments\[0\]"):
+            Plan.from_dict(d)
+
+    def test_json_list_and_text_that_is_not_a_path(self, tmp_path):
+        with pytest.raises(PlanFormatError, match="expected a JSON object"):
+            Plan.from_json("[1, 2, 3]")
+        with pytest.raises(PlanFormatError, match="neither JSON text"):
+            Plan.from_json("plan please")
+        with pytest.raises(PlanFormatError, match="neither JSON text"):
+            Plan.from_json(str(tmp_path))  # a directory
+
+    def test_truncated_file_names_the_file(self, tmp_path):
+        path = tmp_path / "plan.json"
+        path.write_text(self._plan_text()[:50])
+        with pytest.raises(PlanFormatError, match=r"plan\.json: plan: not valid JSON .*line") as info:
+            Plan.from_json(path)  # a PathLike is a path
+        assert info.value.source == str(path)
+
+    def test_error_in_a_file_names_file_and_field(self, tmp_path):
+        d = self._doc()
+        d["budget_bytes"] = "lots"
+        path = tmp_path / "plan.json"
+        path.write_text(json.dumps(d))
+        with pytest.raises(PlanFormatError, match=r"plan\.json: plan field 'budget_bytes'"):
+            Plan.from_json(str(path))
+
+    def test_optional_keys_default(self):
+        d = {"format": "autoremat.plan", "version": PLAN_FORMAT_VERSION,
+             "segments": [{"nodes": [0, 1], "recompute": False}]}
+        assert Plan.from_dict(d) == Plan([Segment((0, 1), recompute=False)])
+
+    def _plan_text(self) -> str:
+        return TestPlanJson()._plan().to_json()
+
+
+class TestCheckSegments:
+    def test_errors_say_what_is_wrong(self):
+        plan = Plan([Segment((0, 1)), Segment((1, 2), recompute=False)])
+        with pytest.raises(PlanFormatError, match="more than one segment"):
+            check_segments(plan, 3)
+        with pytest.raises(PlanMismatchError, match="graph has 2 nodes"):
+            check_segments(Plan([Segment((0, 1, 2))]), 2)
+        with pytest.raises(PlanMismatchError, match="lower set"):
+            check_segments(Plan([Segment((1,)), Segment((0,))]), 2, is_lower_set=lambda s: s != {1})
+        with pytest.raises(PlanMismatchError, match="offload names node 5"):
+            check_segments(Plan([Segment((0, 1))], offload=(5,)), 2)
+        check_segments(Plan([Segment((0,)), Segment((1,))]), 2, is_lower_set=lambda s: s != {1})

@@ -20,7 +20,7 @@ import pytest
 SRC = Path(__file__).resolve().parents[1] / "src"
 PKG = SRC / "autoremat"
 
-TORCH_FREE = ["graph.py", "plan.py", "simulate.py", "replay_tail.py", "errors.py", "_units.py", "_jsonio.py",
+TORCH_FREE = ["graph.py", "plan.py", "plan_schema.py", "simulate.py", "replay_tail.py", "errors.py", "_units.py", "_jsonio.py",
               "offload/chain.py", "offload/chain_sim.py", "offload/solvers.py"] + sorted(
     str(p.relative_to(PKG)) for p in (PKG / "solvers").glob("*.py")
 )
@@ -29,7 +29,7 @@ TORCH_FREE = ["graph.py", "plan.py", "simulate.py", "replay_tail.py", "errors.py
 TORCH_FREE_TOP_LEVEL = ["budget.py", "offload/__init__.py", "offload/bandwidth.py"]
 """Modules that may import torch lazily inside a function, never at import time."""
 
-ALLOWED_INTERNAL = {"autoremat.graph", "autoremat.plan", "autoremat.simulate", "autoremat.replay_tail",
+ALLOWED_INTERNAL = {"autoremat.graph", "autoremat.plan", "autoremat.plan_schema", "autoremat.simulate", "autoremat.replay_tail",
                     "autoremat.errors", "autoremat.budget", "autoremat._units", "autoremat._jsonio", "autoremat.solvers",
                     "autoremat.offload"}
 """What torch-free modules may import from autoremat (``autoremat/__init__`` imports torch)."""

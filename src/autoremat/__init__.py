@@ -14,7 +14,8 @@ from __future__ import annotations
 from . import zoo
 from .budget import parse_budget
 from .capture import capture
-from .errors import InfeasibleBudgetError, PlanMismatchError
+from .capture.signature import check_inputs
+from .errors import InfeasibleBudgetError, PlanFormatError, PlanMismatchError
 from .graph import Graph
 from .integrations.lightning import AutoRemat
 from .measure import Measurement, measure
@@ -29,5 +30,5 @@ __all__ = [
     "AutoRemat", "Graph", "Plan", "Segment", "Simulation", "Measurement",
     "capture", "solve", "simulate", "apply", "restore", "is_patched", "measure",
     "validate_plan", "parse_budget", "SOLVERS", "min_budget",
-    "InfeasibleBudgetError", "PlanMismatchError", "zoo", "__version__",
+    "InfeasibleBudgetError", "PlanMismatchError", "PlanFormatError", "check_inputs", "zoo", "__version__",
 ]

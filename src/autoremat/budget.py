@@ -2,7 +2,7 @@
 
 Accepted forms (anything else is a ``ValueError`` naming the value and these forms):
 
-* an ``int`` number of bytes (``>= 0``);
+* an ``int`` number of bytes (``>= 0``; numpy integers too);
 * a size string: ``"6GB"``, ``"6 GB"``, ``"512MiB"``, ``"1.5GiB"``, ``"800kB"``, ``"1000B"``
   (``kB/MB/GB/TB`` are powers of 1000, ``KiB/MiB/GiB/TiB`` powers of 1024);
 * a fraction of the graph's unoptimised step peak: ``"40%"`` or a float in ``(0, 1]``;
@@ -13,6 +13,7 @@ Accepted forms (anything else is a ``ValueError`` naming the value and these for
 from __future__ import annotations
 
 import logging
+import numbers
 import os
 import re
 from decimal import Decimal
@@ -85,19 +86,25 @@ def parse_budget(
     ``unoptimised_peak_bytes`` is needed for fractions; ``device``, ``resident_bytes`` and
     ``margin`` for ``"auto"``.
     """
-    if isinstance(budget, bool):
+    if isinstance(budget, bool) or type(budget).__name__ in ("bool", "bool_"):
         raise _bad(budget, "a bool is not a budget")
+    if isinstance(budget, numbers.Integral):  # numpy integers too
+        budget = int(budget)
+    elif isinstance(budget, numbers.Real):  # numpy floating scalars (np.float64 subclasses float)
+        budget = float(budget)
     if isinstance(budget, int):
         if budget < 0:
             raise _bad(budget, "bytes must be >= 0")
         return budget
     if isinstance(budget, float):
         if not 0.0 < budget <= 1.0:
-            raise _bad(budget, "a float budget is a fraction in (0, 1]")
+            raise _bad(budget, "a float budget is a fraction in (0, 1]; give bytes as an int or a size string")
         return _fraction(budget, budget, unoptimised_peak_bytes)
     if not isinstance(budget, str):
         raise _bad(budget, f"type {type(budget).__name__}")
     text = budget.strip()
+    if text.startswith("-"):
+        raise _bad(budget, "a budget cannot be negative")
     if text.lower() == "auto":
         if margin is None:
             env = os.environ.get("AUTOREMAT_MARGIN")

@@ -11,6 +11,7 @@ from rich.console import Console
 from rich.table import Table
 
 from . import zoo
+from ._cli_checks import check_args, normalise_argv
 from ._units import fmt_bytes
 from .capture import capture
 from .errors import InfeasibleBudgetError
@@ -50,18 +51,19 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    args = _parser().parse_args(argv)
+    args = _parser().parse_args(normalise_argv(sys.argv[1:] if argv is None else argv))
     logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING,
                         format="%(levelname)s %(name)s: %(message)s")
     console = Console(width=None if sys.stdout.isatty() else 120)
     try:
+        check_args(args)  # before any capture: bad budgets, devices and output paths fail in a second
         if args.command == "demo":
             return _demo(console, args)
         if args.command == "profile":
             return _profile(console, args)
         return _plan(console, args)
-    except (ValueError, TypeError) as err:
-        console.print(f"[red]error:[/red] {err}")
+    except (ValueError, TypeError, OSError) as err:
+        console.print(f"[red]error:[/red] {err}", highlight=False, soft_wrap=True)  # one line, no wrapping
         return 2
 
 

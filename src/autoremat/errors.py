@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-__all__ = ["InfeasibleBudgetError", "PlanMismatchError"]
+__all__ = ["InfeasibleBudgetError", "PlanMismatchError", "PlanFormatError"]
 
 
 def _fmt_bytes(n: int) -> str:
@@ -37,3 +37,21 @@ class InfeasibleBudgetError(ValueError):
 
 class PlanMismatchError(ValueError):
     """A plan was applied to a model (or simulated on a graph) it was not made for."""
+
+
+class PlanFormatError(ValueError):
+    """A plan (a dict, JSON text or a plan file) is malformed: a field is missing, has the wrong
+    type or is out of range, or the segments contradict each other.
+
+    ``field`` is the dotted path of the offending field (``"segments[2].recompute"``; ``""``
+    for the document as a whole). The message names the field, what was found and what is
+    expected.
+    """
+
+    def __init__(self, field: str, problem: str, *, source: str | None = None) -> None:
+        self.field = field
+        self.problem = problem
+        self.source = source
+        where = f"{source}: " if source else ""
+        what = f"plan field {field!r}: " if field else "plan: "
+        super().__init__(f"{where}{what}{problem}")

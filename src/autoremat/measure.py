@@ -9,6 +9,8 @@ finalised, so it sees forward, recomputation and backward alike.
 
 from __future__ import annotations
 
+import dataclasses
+
 import statistics
 import time
 import weakref
@@ -95,6 +97,8 @@ def _flatten(obj: Any) -> list[Any]:
         return [x for v in obj for x in _flatten(v)]
     if hasattr(obj, "to_tuple"):  # transformers ModelOutput
         return _flatten(obj.to_tuple())
+    if dataclasses.is_dataclass(obj) and not isinstance(obj, type):
+        return [x for f in dataclasses.fields(obj) for x in _flatten(getattr(obj, f.name))]
     return []
 
 

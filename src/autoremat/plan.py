@@ -10,15 +10,18 @@ usual. :func:`validate_plan` checks every invariant; every solver test calls it.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping, Sequence
+import os
+
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from .errors import PlanMismatchError
-from ._jsonio import dump_json, load_json
+from .errors import PlanFormatError, PlanMismatchError
+from ._jsonio import dump_json
 from .graph import Graph
+from .plan_schema import check_plan_dict, load_plan_json
 
-__all__ = ["Segment", "Plan", "validate_plan", "PLAN_FORMAT_VERSION", "segments_from_lower_sets", "offloadable_nodes"]
+__all__ = ["Segment", "Plan", "validate_plan", "check_segments", "PLAN_FORMAT_VERSION", "segments_from_lower_sets", "offloadable_nodes"]
 
 PLAN_FORMAT_VERSION = 1
 
@@ -32,6 +35,8 @@ class Segment:
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "nodes", tuple(sorted(int(v) for v in self.nodes)))
+        if type(self.recompute).__name__ in ("bool_", "bool"):  # numpy booleans too; never a string
+            object.__setattr__(self, "recompute", bool(self.recompute))
 
 
 @dataclass
@@ -77,14 +82,12 @@ class Plan:
         return d
 
     @classmethod
-    def from_dict(cls, data: Mapping[str, Any]) -> "Plan":
-        if data.get("format") != "autoremat.plan":
-            raise ValueError("not an autoremat plan (missing format='autoremat.plan')")
-        if data.get("version") != PLAN_FORMAT_VERSION:
-            raise ValueError(f"plan format version {data.get('version')!r} is not supported "
-                             f"(this autoremat reads version {PLAN_FORMAT_VERSION})")
+    def from_dict(cls, data: Mapping[str, Any], *, source: str | None = None) -> "Plan":
+        """A plan from its :meth:`to_dict` form, checked strictly (:mod:`autoremat.plan_schema`);
+        a malformed one raises :class:`~autoremat.errors.PlanFormatError` naming the field."""
+        check_plan_dict(data, source=source)
         return cls(
-            segments=[Segment(tuple(s["nodes"]), bool(s["recompute"])) for s in data["segments"]],
+            segments=[Segment(tuple(s["nodes"]), s["recompute"]) for s in data["segments"]],
             solver=data.get("solver", "none"),
             options=dict(data.get("options", {})),
             budget_bytes=data.get("budget_bytes"),
@@ -98,9 +101,11 @@ class Plan:
         return dump_json(self.to_dict(), path)
 
     @classmethod
-    def from_json(cls, text_or_path: str) -> "Plan":
-        """From JSON text, or from the file at ``text_or_path``."""
-        return cls.from_dict(load_json(text_or_path))
+    def from_json(cls, text_or_path: str | os.PathLike[str]) -> "Plan":
+        """From JSON text (starting with ``{``), or from the plan file at ``text_or_path``;
+        anything malformed raises :class:`~autoremat.errors.PlanFormatError`."""
+        data, source = load_plan_json(text_or_path)
+        return cls.from_dict(data, source=source)
 
 
 def segments_from_lower_sets(
@@ -129,8 +134,52 @@ def segments_from_lower_sets(
     return segs
 
 
+def check_segments(plan: Plan, num_nodes: int, *, is_lower_set: Callable[[set[int]], bool] | None = None,
+                   module_level: bool = False) -> None:
+    """The structural invariants of ``plan`` against a graph of ``num_nodes`` nodes: segments
+    non-empty, disjoint, covering ``0..num_nodes-1``, every prefix union a lower set (when
+    ``is_lower_set`` is given), one node per recomputed segment at module level, offloaded
+    node ids in range. Used by :func:`validate_plan` and by :func:`autoremat.apply` (which has
+    the traced model, not a :class:`Graph`).
+
+    A plan that contradicts itself raises :class:`PlanFormatError`; one that does not fit this
+    graph (a node id out of range, segments out of dependency order) :class:`PlanMismatchError`.
+    """
+    n = num_nodes
+    seen: set[int] = set()
+    for i, seg in enumerate(plan.segments):
+        field = f"segments[{i}].nodes"
+        if not seg.nodes:
+            raise PlanFormatError(field, f"segment {i} is empty; a segment must hold at least one node")
+        if len(set(seg.nodes)) != len(seg.nodes):
+            raise PlanFormatError(field, f"segment {i} names a node more than once: {list(seg.nodes)[:10]}")
+        for v in seg.nodes:
+            if not 0 <= v < n:
+                raise PlanMismatchError(f"segment {i} names node {v}, but the graph has {n} nodes (ids 0..{n - 1}); "
+                                        "the plan was made for another model: capture this one and solve again")
+            if v in seen:
+                raise PlanFormatError(field, f"node {v} appears in more than one segment; every node belongs "
+                                      "to exactly one segment")
+        seen.update(seg.nodes)
+        if is_lower_set is not None and not is_lower_set(seen):
+            raise PlanMismatchError(f"segments 0..{i} do not form a lower set: a node in them depends on a node "
+                                    "of a later segment (segments out of order, or a plan for another model)")
+        if module_level and seg.recompute and len(seg.nodes) != 1:
+            raise PlanFormatError(field, f"segment {i}: module-level graphs recompute one module call per "
+                                  f"segment, got {len(seg.nodes)} nodes")
+    if len(seen) != n:
+        missing = sorted(set(range(n)) - seen)
+        raise PlanFormatError("segments", f"segments do not cover the graph; missing nodes {missing[:10]} "
+                              f"of 0..{n - 1}")
+    for j, v in enumerate(plan.offload):
+        if not 0 <= v < n:
+            raise PlanMismatchError(f"offload names node {v}, but the graph has {n} nodes (ids 0..{n - 1}); "
+                                    "capture this model and solve again")
+
+
 def validate_plan(graph: Graph, plan: Plan) -> None:
-    """Raise ``ValueError`` (or :class:`PlanMismatchError`) unless ``plan`` is valid for ``graph``.
+    """Raise ``ValueError`` (:class:`PlanMismatchError`, :class:`PlanFormatError`) unless
+    ``plan`` is valid for ``graph``.
 
     Checks: the fingerprint matches; segments are non-empty, disjoint and cover V; every
     prefix union is a lower set; recomputed segments only hold recomputable nodes, and in
@@ -142,32 +191,12 @@ def validate_plan(graph: Graph, plan: Plan) -> None:
             f"plan was made for graph {plan.graph_fingerprint}, not this one ({fp}); "
             "capture the model again and re-solve"
         )
-    n = len(graph)
-    seen: set[int] = set()
+    check_segments(plan, len(graph), is_lower_set=graph.is_lower_set, module_level=graph.meta.get("mode") == "module")
     for i, seg in enumerate(plan.segments):
-        if not seg.nodes:
-            raise ValueError(f"segment {i} is empty")
-        if len(set(seg.nodes)) != len(seg.nodes):
-            raise ValueError(f"segment {i} names a node more than once: {list(seg.nodes)[:10]}")
-        for v in seg.nodes:
-            if not 0 <= v < n:
-                raise PlanMismatchError(f"segment {i} names node {v}, but the graph has {n} nodes")
-            if v in seen:
-                raise ValueError(f"node {v} appears in more than one segment")
-        seen.update(seg.nodes)
-        if not graph.is_lower_set(seen):
-            raise ValueError(f"segments 0..{i} do not form a lower set: a node in them depends "
-                             "on a node of a later segment")
         if seg.recompute:
             bad = [v for v in seg.nodes if not graph.node(v)["recomputable"]]
             if bad:
                 raise ValueError(f"segment {i} recomputes nodes the runtime cannot wrap: {bad[:5]}")
-            if graph.meta.get("mode") == "module" and len(seg.nodes) != 1:
-                raise ValueError(f"segment {i}: module-level graphs recompute one module call per "
-                                 f"segment, got {len(seg.nodes)} nodes")
-    if len(seen) != n:
-        missing = sorted(set(range(n)) - seen)
-        raise ValueError(f"segments do not cover the graph; missing nodes {missing[:10]}")
     if plan.offload:
         offloadable = offloadable_nodes(graph, plan)
         bad = [v for v in plan.offload if v not in offloadable

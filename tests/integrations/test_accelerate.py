@@ -139,3 +139,18 @@ def test_prepare_profiles_and_recomputes_under_bf16_autocast(monkeypatch: pytest
         run_step(model, (x,))
     assert gradients_equal(gradients(reference), gradients(model))
     autoremat.restore(model)
+
+
+def test_yaml_and_numeric_budgets_are_read_as_budgets(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Issue 29 item 12: ``budget: 0.5`` in YAML raised "'float' object has no attribute 'strip'"."""
+    np = pytest.importorskip("numpy")
+    cfg = tmp_path / "autoremat.yaml"
+    cfg.write_text("autoremat:\n  budget: 0.5\n")
+    assert ar.AutoRematConfig.from_yaml(str(cfg)).budget == "50.0%"
+    assert ar.AutoRematConfig(budget=np.float64(0.25)).budget == "25.00%"
+    assert ar.AutoRematConfig(budget=6_000_000_000).budget == "6000000000"
+    monkeypatch.setenv("AUTOREMAT_BUDGET", "6GB")  # an environment string overrides a numeric value
+    assert ar.AutoRematConfig(budget=0.5).budget == "6GB"
+    monkeypatch.delenv("AUTOREMAT_BUDGET")
+    with pytest.raises(ValueError, match=r"fraction in \(0, 1\]"):
+        ar.AutoRematConfig(budget=1.5)

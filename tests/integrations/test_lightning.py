@@ -199,6 +199,14 @@ def test_offload_false_excludes_the_combined_planner(tmp_path: Path) -> None:
         ({"max_batch_size": 0}, "max_batch_size"),
         ({"module": 3}, "dotted"),
         ({"regions": "fast"}, "regions"),
+        # numeric budgets and the other arguments are checked here, not at fit time (issue 29 item 12)
+        ({"budget": -0.5}, r"fraction in \(0, 1\]"),
+        ({"budget": 5.0}, r"fraction in \(0, 1\]"),
+        ({"budget": -3}, r"bytes must be >= 0"),
+        ({"raise_batch_size": "yes"}, "raise_batch_size='yes' must be True or False"),
+        ({"verbose": None}, "verbose=None must be True or False"),
+        ({"loss_fn": 3}, "loss_fn=3 must be callable"),
+        ({"batch_arg_name": ""}, "batch_arg_name"),
     ],
 )
 def test_bad_arguments_rejected(kwargs: dict, match: str) -> None:
@@ -263,3 +271,9 @@ def test_a_compiled_network_is_planned_and_recompiled_with_its_regions(tmp_path:
     assert len(cb.plan.recompute_segments) in counts  # the training steps ran the compiled regions
     assert len(model.step_losses) == 2 and all(torch.isfinite(torch.tensor(model.step_losses)))
     assert not autoremat.is_patched(model.model)
+
+
+def test_numpy_budget_is_a_plain_number() -> None:
+    np = pytest.importorskip("numpy")
+    assert autoremat.AutoRemat(budget=np.float64(0.5)).budget == 0.5
+    assert type(autoremat.AutoRemat(budget=np.int64(2**30)).budget) is int

@@ -2,8 +2,13 @@
 
 ``mode="fx"`` traces with ``torch.fx`` (op level); ``mode="module"`` records submodule calls
 (see :mod:`autoremat.capture.module`); ``mode="auto"`` tries fx and falls back to module level,
-logging why. The model is left exactly as it was: RNG state, buffers (batch-norm running
-statistics) and ``.grad`` are restored after profiling.
+logging why. The model is left exactly as it was, whether capture succeeds or raises: RNG
+state, buffers (batch-norm running statistics, counters a traced forward bumps, a ``grad_fn`` a
+traced in-place update attaches), ``.grad`` (set to ``None`` while profiling, so nothing is
+accumulated into it), ``requires_grad`` and ``training`` flags are restored
+(:func:`~autoremat.capture._recorder.preserved_state`). The graph's meta records the shapes and
+dtypes of parameters and buffers (``tensors``) and of the example batch (``inputs``), see
+:mod:`autoremat.capture.signature`.
 
 Times: CUDA events on a GPU, ``perf_counter`` on the CPU (median of ``repeats`` steps after
 ``warmup``). On the meta device nothing is allocated or run for real; times come from
@@ -27,6 +32,7 @@ from ..measure import default_loss
 from ._recorder import NodeRecord, Recorder, preserved_state, tensors_in
 from .fx import fx_fingerprint, profile_fx, records_from_fx, trace
 from .module import module_fingerprint, profile_modules
+from .signature import input_signature, tensor_signature
 
 __all__ = ["capture", "CAPTURE_MODES", "estimate_time", "DEFAULT_FLOPS_PER_S", "DEFAULT_BYTES_PER_S"]
 
@@ -98,32 +104,36 @@ def capture(
     time_fn = _flop_times(model, args, kwargs) if is_meta else None
 
     gm = None
-    if mode in ("auto", "fx"):
-        try:
-            gm = trace(model)
-        except Exception as exc:  # fx raises many types (TraceError, TypeError, NotImplementedError…)
-            if mode == "fx":
-                raise ValueError(f"torch.fx cannot trace {type(model).__name__}: {exc}. "
-                                 "Use mode='module' to capture at module level.") from exc
-            logger.info("torch.fx cannot trace %s (%s: %s); capturing at module level",
-                        type(model).__name__, type(exc).__name__, str(exc).splitlines()[0][:200])
+    # tracing runs the Python of forward on real attributes (a counter ``self.n += 1`` moves): it
+    # is inside the preserved state too, so a failed capture leaves the model as it was
     with preserved_state(model, [device]):
+        if mode in ("auto", "fx"):
+            try:
+                gm = trace(model)
+            except Exception as exc:  # fx raises many types (TraceError, TypeError, NotImplementedError…)
+                if mode == "fx":
+                    raise ValueError(f"torch.fx cannot trace {type(model).__name__}: {exc}. "
+                                     "Use mode='module' to capture at module level.") from exc
+                logger.info("torch.fx cannot trace %s (%s: %s); capturing at module level",
+                            type(model).__name__, type(exc).__name__, str(exc).splitlines()[0][:200])
         if gm is not None:
             recs = records_from_fx(gm, param_names)
             rec = profile_fx(gm, recs, args, kwargs, loss, resident, param_bytes, repeats=repeats,
                              warmup=warmup, device=device, time_fn=time_fn, count_flops=is_meta)
-            fingerprint = fx_fingerprint(gm)
+            fingerprint, tensors = fx_fingerprint(gm), tensor_signature(gm)
             cmode = "fx"
         else:
             rec = profile_modules(model, args, kwargs, loss, resident, param_names, param_bytes,
                                   repeats=repeats, warmup=warmup, device=device, time_fn=time_fn,
                                   count_flops=is_meta)
-            fingerprint = module_fingerprint(model)
+            fingerprint, tensors = module_fingerprint(model), tensor_signature(model)
             cmode = "module"
     time_source = ("flops" if is_meta else "cuda-events" if device.type == "cuda" else "perf_counter")
     meta = {
         "mode": cmode,
         "fingerprint": fingerprint,
+        "tensors": tensors,
+        "inputs": input_signature(args, kwargs),
         "model": type(model).__name__,
         "device": str(device),
         "time_source": time_source,

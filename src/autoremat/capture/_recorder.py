@@ -307,20 +307,37 @@ class Timer:
 
 @contextlib.contextmanager
 def preserved_state(model: torch.nn.Module, devices: list[torch.device]) -> Iterator[None]:
-    """Leave the model exactly as it was: RNG, buffers (running statistics), gradients."""
-    buffers = {n: b.detach().clone() for n, b in model.named_buffers()}
-    grads = {n: p.grad for n, p in model.named_parameters()}
+    """Leave the model exactly as it was, whether the block succeeds or raises: RNG, buffers
+    (the same objects, their values, ``requires_grad`` and no ``grad_fn``: a traced in-place
+    buffer update can attach one), parameters (the same objects, ``requires_grad``, ``.grad``)
+    and every module's ``training`` flag."""
+    modules = list(model.modules())
+    held = [(m, dict(m._buffers), dict(m._parameters), m.training) for m in modules]
+    buffers = {id(b): (b, b.detach().clone(), b.requires_grad) for _m, bufs, _p, _t in held
+               for b in bufs.values() if b is not None}
+    params = {id(p): (p, p.grad, p.requires_grad) for _m, _b, ps, _t in held for p in ps.values() if p is not None}
+    for p, _grad, _rg in params.values():
+        p.grad = None  # backward would accumulate into the user's .grad tensors in place
     cuda_devices = [d for d in devices if d.type == "cuda"]
     with torch.random.fork_rng(devices=cuda_devices):
         try:
             yield
         finally:
-            with torch.no_grad():
-                for n, b in model.named_buffers():
-                    if n in buffers:
-                        b.copy_(buffers[n])
-            for n, p in model.named_parameters():
-                p.grad = grads.get(n)
+            for m, bufs, ps, training in held:
+                m._buffers.clear()
+                m._buffers.update(bufs)
+                m._parameters.clear()
+                m._parameters.update(ps)
+                m.training = training
+            for b, value, requires_grad in buffers.values():
+                if b.grad_fn is not None or b.requires_grad != requires_grad:
+                    b.detach_()
+                    b.requires_grad_(requires_grad)
+                with torch.no_grad():
+                    b.copy_(value)
+            for p, grad, requires_grad in params.values():
+                p.requires_grad_(requires_grad)
+                p.grad = grad
 
 
 _MODULE_KINDS = {

@@ -6,6 +6,7 @@ parameters are resident for the whole step.
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
@@ -14,6 +15,7 @@ import torch
 import torch.fx
 
 from ._recorder import NodeRecord, Recorder, Timer, classify_function, classify_module
+from .signature import tensor_lines
 
 __all__ = ["trace", "fx_ops", "fx_fingerprint", "records_from_fx", "profile_fx"]
 
@@ -41,7 +43,8 @@ def _target_name(n: torch.fx.Node) -> str:
 
 
 def fx_fingerprint(gm: torch.fx.GraphModule) -> str:
-    """Structure hash of a traced module; equals ``Graph.fingerprint`` of its capture."""
+    """Hash of a traced module's structure and of its parameters' and buffers' shapes and dtypes
+    (:mod:`autoremat.capture.signature`); equals ``Graph.fingerprint`` of its capture."""
     ops = fx_ops(gm)
     ids = {n: i for i, n in enumerate(ops)}
     h = hashlib.sha256()
@@ -55,6 +58,8 @@ def fx_fingerprint(gm: torch.fx.GraphModule) -> str:
                 edges.append((ids[u], i))
     for u, v in sorted(set(edges)):
         h.update(f"{u}>{v};".encode())
+    for line in tensor_lines(gm):
+        h.update(line.encode())
     return h.hexdigest()[:16]
 
 
@@ -63,7 +68,7 @@ def records_from_fx(gm: torch.fx.GraphModule, param_names: Mapping[int, str]) ->
     ops = fx_ops(gm)
     ids = {n: i for i, n in enumerate(ops)}
     out_node = next(n for n in gm.graph.nodes if n.op == "output")
-    outputs = {ids[u] for u in out_node.all_input_nodes if u in ids}
+    outputs = {ids[u] for u in _output_nodes(out_node) if u in ids}
     recs: list[NodeRecord] = []
     for i, n in enumerate(ops):
         params: list[str] = []
@@ -83,6 +88,21 @@ def records_from_fx(gm: torch.fx.GraphModule, param_names: Mapping[int, str]) ->
             preds=preds, params=sorted(set(params)), is_output=i in outputs,
         ))
     return recs
+
+
+def _output_nodes(out_node: torch.fx.Node) -> list[torch.fx.Node]:
+    """The nodes whose values the model returns. A dataclass built in ``forward``
+    (``return Out(logits, aux)``) is a ``call_function`` node of the class: its fields, not
+    the instance, are the outputs that live until the loss."""
+    found: list[torch.fx.Node] = []
+    todo = list(out_node.all_input_nodes)
+    while todo:
+        u = todo.pop()
+        if u.op == "call_function" and isinstance(u.target, type) and dataclasses.is_dataclass(u.target):
+            todo.extend(u.all_input_nodes)
+        elif u not in found:
+            found.append(u)
+    return found
 
 
 def _get_attr(gm: torch.nn.Module, target: str) -> Any:

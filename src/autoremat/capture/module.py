@@ -23,6 +23,7 @@ import torch
 from torch import nn
 
 from ._recorder import NodeRecord, Recorder, Timer, classify_module, tensors_in
+from .signature import tensor_lines
 
 __all__ = ["node_modules", "module_fingerprint", "profile_modules"]
 
@@ -59,10 +60,13 @@ def node_modules(model: nn.Module) -> list[tuple[str, nn.Module]]:
 
 
 def module_fingerprint(model: nn.Module) -> str:
-    """Structure hash of the node modules; equals ``Graph.fingerprint`` of a module capture."""
+    """Hash of the node modules and of the model's parameters' and buffers' shapes and dtypes
+    (:mod:`autoremat.capture.signature`); equals ``Graph.fingerprint`` of a module capture."""
     h = hashlib.sha256(b"module")
     for path, mod in node_modules(model):
         h.update(f"{path}:{type(mod).__name__};".encode())
+    for line in tensor_lines(model):
+        h.update(line.encode())
     return h.hexdigest()[:16]
 
 

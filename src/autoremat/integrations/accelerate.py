@@ -24,9 +24,11 @@ structure; rank zero's plan is broadcast so all ranks run one plan.
 from __future__ import annotations
 
 import logging
+import numbers
 import os
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, fields
+from decimal import Decimal
 from typing import Any
 
 import torch
@@ -40,7 +42,7 @@ from ..runtime import apply
 from ..solvers import SOLVERS, solve
 from .lightning import optimizer_state_bytes
 
-__all__ = ["AutoRematConfig", "prepare"]
+__all__ = ["AutoRematConfig", "prepare", "budget_text"]
 
 logger = logging.getLogger(__name__)
 
@@ -52,7 +54,7 @@ class AutoRematConfig:
     """Settings of :func:`prepare`; environment variables ``AUTOREMAT_<FIELD>`` override them."""
 
     enabled: bool = field(default=True, metadata={"help": "Patch the model at all (AUTOREMAT_ENABLED=0 turns it off)."})
-    budget: str = field(default="auto", metadata={"help": 'Device budget: "auto", bytes, "6GB", "512MiB" or "50%".'})
+    budget: str = field(default="auto", metadata={"help": 'Device budget: "auto", bytes, "6GB", "512MiB", "50%" or 0.5.'})
     solver: str = field(default="auto", metadata={"help": "A name of autoremat.SOLVERS, or auto."})
     profile_steps: int = field(default=3, metadata={"help": "Timed repeats when profiling."})
 
@@ -60,11 +62,10 @@ class AutoRematConfig:
         for f in fields(self):
             raw = os.environ.get(_ENV_PREFIX + f.name.upper())
             if raw is not None:
-                setattr(self, f.name, _coerce(f.name, raw, type(getattr(self, f.name))))
-        if isinstance(self.budget, int):
-            self.budget = str(self.budget)
-        if self.budget.strip().lower() != "auto":
-            parse_budget(self.budget, unoptimised_peak_bytes=1)
+                # the field's declared kind (its default's type), not the value's: a YAML
+                # ``budget: 0.5`` is still overridden by AUTOREMAT_BUDGET="6GB"
+                setattr(self, f.name, _coerce(f.name, raw, type(f.default)))
+        self.budget = budget_text(self.budget)
         if self.solver != "auto" and self.solver not in SOLVERS:
             raise ValueError(f"solver={self.solver!r} is not registered; expected 'auto' or one of {sorted(SOLVERS)}")
         if self.profile_steps < 1:
@@ -96,6 +97,21 @@ class AutoRematConfig:
         return cls(**values)
 
 
+def budget_text(value: Any) -> str:
+    """A budget as the config keeps it (a string), checked now: YAML and Python numbers too
+    (``budget: 0.5`` is ``"50%"``, ``budget: 6000000000`` is bytes, numpy scalars are numbers).
+    Anything :func:`~autoremat.budget.parse_budget` refuses is a ``ValueError`` here, before
+    any capture."""
+    if isinstance(value, str):
+        if value.strip().lower() != "auto":
+            parse_budget(value, unoptimised_peak_bytes=1)
+        return value
+    parse_budget(value, unoptimised_peak_bytes=1)  # bools, None, negative or > 1 floats: ValueError
+    if isinstance(value, numbers.Integral):
+        return str(int(value))
+    return f"{Decimal(repr(float(value))) * 100:f}%"
+
+
 def _coerce(name: str, raw: str, typ: type) -> Any:
     if typ is bool:
         low = raw.strip().lower()
@@ -118,7 +134,7 @@ def prepare(
     example_args: Sequence[Any] | torch.Tensor,
     example_kwargs: Mapping[str, Any] | None = None,
     *,
-    budget: str | int | None = None,
+    budget: str | int | float | None = None,
     solver: str | None = None,
     loss_fn: Callable[[Any], torch.Tensor] | None = None,
     optimizer: torch.optim.Optimizer | None = None,
@@ -131,7 +147,7 @@ def prepare(
     ``budget`` is a device budget (resident parameters, optimizer state and the batch are
     subtracted) unless it is a percentage of the unoptimised step peak. Returns ``model``.
     """
-    cfg = AutoRematConfig.resolve(budget=None if budget is None else str(budget), solver=solver)
+    cfg = AutoRematConfig.resolve(budget=budget, solver=solver)
     if not cfg.enabled:
         logger.info("autoremat disabled (AUTOREMAT_ENABLED=0)")
         return model

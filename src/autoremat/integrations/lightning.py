@@ -38,6 +38,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import math
+import numbers
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -140,10 +141,12 @@ class AutoRemat(Callback):
         super().__init__()
         if regions not in REGION_MODES:
             raise ValueError(f"regions={regions!r} must be one of {REGION_MODES}")
-        if isinstance(budget, bool) or not isinstance(budget, (int, float, str)):
+        if isinstance(budget, bool) or not isinstance(budget, (numbers.Real, str)):
             raise ValueError(f"budget={budget!r} is not understood; expected {ACCEPTED_FORMS}")
-        if isinstance(budget, str) and budget.strip().lower() != "auto":
-            parse_budget(budget, unoptimised_peak_bytes=1)  # syntax check now, not mid-run
+        if isinstance(budget, numbers.Real):  # numpy scalars: plain Python numbers from here on
+            budget = int(budget) if isinstance(budget, numbers.Integral) else float(budget)
+        if not (isinstance(budget, str) and budget.strip().lower() == "auto"):
+            parse_budget(budget, unoptimised_peak_bytes=1)  # syntax and range check now, not mid-run
         if solver != "auto" and solver not in SOLVERS:
             raise ValueError(f"solver={solver!r} is not registered; expected 'auto' or one of {sorted(SOLVERS)}")
         if offload not in ("auto", True, False):
@@ -157,6 +160,14 @@ class AutoRemat(Callback):
             raise ValueError(f"max_batch_size={max_batch_size!r} must be an int >= 1")
         if module is not None and not isinstance(module, str):
             raise ValueError(f"module={module!r} must be a dotted attribute path such as 'model', or None")
+        for name, flag in (("raise_batch_size", raise_batch_size), ("verbose", verbose)):
+            if not isinstance(flag, bool):
+                raise ValueError(f"{name}={flag!r} must be True or False")
+        if not isinstance(batch_arg_name, str) or not batch_arg_name.replace(".", "_").isidentifier():
+            raise ValueError(f"batch_arg_name={batch_arg_name!r} must be the name of the batch-size attribute, "
+                             "e.g. 'batch_size'")
+        if loss_fn is not None and not callable(loss_fn):
+            raise ValueError(f"loss_fn={loss_fn!r} must be callable (outputs -> scalar tensor) or None")
         self.budget = budget
         self.solver = solver
         self.offload = offload

@@ -37,8 +37,11 @@ from torch.utils.checkpoint import checkpoint
 from .._compiled import uncompiled
 from ..capture.fx import fx_fingerprint, fx_ops, trace
 from ..capture.module import module_fingerprint, node_modules
+from ..capture._recorder import preserved_state
+from ..capture.signature import check_inputs, first_difference, tensor_signature
 from ..errors import PlanMismatchError
-from ..plan import Plan
+from ..plan import Plan, check_segments
+from ._rollback import PatchPoints
 from .offload import OffloadBegin, OffloadMark, Offloader
 from .region import REGION_MODES, CheckpointRegion, checkpoint_kwargs, may_draw_random, recomputed_call, trim_replay
 from .region import compiled_region, stateful_buffers, tail_mark
@@ -88,17 +91,23 @@ def is_patched(model: nn.Module) -> bool:
     return isinstance(uncompiled(model).__dict__.get(_STATE_ATTR), _PatchState)
 
 
-def apply(model: nn.Module, plan: Plan, *, regions: str = "lean") -> nn.Module:
+def apply(model: nn.Module, plan: Plan, *, regions: str = "lean", inputs: Any = None) -> nn.Module:
     """Patch ``model`` in place to run ``plan``; returns the same object.
 
     ``regions``: ``"lean"`` runs recomputed segments with autoremat's own checkpoint,
     ``"torch"`` with non-reentrant ``torch.utils.checkpoint`` (same memory and gradients, more
-    Python work per saved tensor; its error checks are more detailed).
+    Python work per saved tensor; its error checks are more detailed). ``inputs``: the
+    positional inputs of a batch the model will run (a tensor or a tuple); when given, the plan
+    is refused unless it was captured with the same input shapes, dtypes and device type
+    (:func:`~autoremat.capture.signature.check_inputs`).
 
     Raises ``TypeError`` for a non-module or non-plan, ``ValueError`` when the model is already
     patched, and :class:`~autoremat.errors.PlanMismatchError` when the plan was made for
-    another model or graph. On error nothing is changed. A ``torch.compile`` wrapper is patched
-    through the module it holds (:mod:`autoremat._compiled`) and returned as given.
+    another model or graph (other structure, parameter shapes or dtypes: the message names the
+    first difference) or its segments do not fit the model. Everything is checked before the
+    model is touched, and a failure part-way is rolled back: on error nothing is changed. A
+    ``torch.compile`` wrapper is patched through the module it holds
+    (:mod:`autoremat._compiled`) and returned as given.
     """
     if not isinstance(model, nn.Module):
         raise TypeError(f"model must be a torch.nn.Module, got {type(model).__name__}")
@@ -115,11 +124,18 @@ def apply(model: nn.Module, plan: Plan, *, regions: str = "lean") -> nn.Module:
     if mode not in ("fx", "module") or names is None:
         raise PlanMismatchError("this plan does not come from a captured model (no graph_mode / node_names);"
                                 " solve a graph returned by autoremat.capture")
-    if mode == "fx":
-        state = _apply_fx(model, plan, names, regions)
-    else:
-        state = _apply_module(model, plan, names, regions)
-    model.__dict__[_STATE_ATTR] = state
+    if inputs is not None:
+        check_inputs(plan, inputs)
+    points = PatchPoints(model, _STATE_ATTR)
+    try:
+        if mode == "fx":
+            state = _apply_fx(model, plan, names, regions)
+        else:
+            state = _apply_module(model, plan, names, regions)
+        model.__dict__[_STATE_ATTR] = state
+    except BaseException:
+        points.roll_back()
+        raise
     logger.info("autoremat: applied %s", plan.describe())
     return given
 
@@ -147,14 +163,19 @@ def restore(model: nn.Module) -> nn.Module:
 
 # ---------------------------------------------------------------------- fx
 def _apply_fx(model: nn.Module, plan: Plan, names: list[str], regions: str) -> _PatchState:
-    gm = trace(model)
+    with preserved_state(model, []):  # tracing runs forward's Python on the real attributes
+        gm = trace(model)
+    ops = fx_ops(gm)
     fp = fx_fingerprint(gm)
     if plan.graph_fingerprint and fp != plan.graph_fingerprint:
+        why = (first_difference(list(names), [n.name for n in ops], "node")
+               or first_difference(plan.options.get("tensors") or {}, tensor_signature(gm), "tensor"))
         raise PlanMismatchError(f"plan was made for graph {plan.graph_fingerprint} but {type(model).__name__} "
-                                f"traces to {fp}; capture this model and solve again")
-    ops = fx_ops(gm)
+                                f"traces to {fp}{f' ({why})' if why else ''}; capture this model and solve again")
     if [n.name for n in ops] != list(names):
-        raise PlanMismatchError("plan node names do not match the traced model; capture and solve again")
+        why = first_difference(list(names), [n.name for n in ops], "node")
+        raise PlanMismatchError(f"plan node names do not match the traced model ({why}); capture and solve again")
+    _check_fx_plan(plan, ops)
     offloader = Offloader() if plan.offload else None
     forward_module = _build_forward(gm, ops, plan, offloader, regions)
     had = "forward" in model.__dict__
@@ -163,6 +184,19 @@ def _apply_fx(model: nn.Module, plan: Plan, names: list[str], regions: str) -> _
     forward = forward_module.forward
     model.__dict__["forward"] = forward if offloader is None else _offloading_forward(forward, offloader)
     return state
+
+
+def _check_fx_plan(plan: Plan, ops: list[torch.fx.Node]) -> None:
+    """The plan's segments, offloads and replay tails against the traced ops (before any patching)."""
+    index = {n: i for i, n in enumerate(ops)}
+    preds = [{index[u] for u in n.all_input_nodes if u in index} for n in ops]
+    check_segments(plan, len(ops), is_lower_set=lambda seen: all(preds[v] <= seen for v in seen))
+    segment_of = {v: i for i, seg in enumerate(plan.segments) for v in seg.nodes}
+    for si, (first, tail_inputs) in tails_of(plan).items():
+        if not (0 <= si < len(plan.segments) and plan.segments[si].recompute) or segment_of.get(first) != si \
+                or any(not 0 <= u < len(ops) for u in tail_inputs):
+            raise PlanMismatchError(f"options.replay_tails: segment {si}'s replay tail (from node {first}) does not "
+                                    "match the plan's recomputed segments; capture and solve again")
 
 
 def _lookup_attr(gm: nn.Module, target: str) -> Any:
@@ -312,9 +346,15 @@ def _build_forward(gm: torch.fx.GraphModule, ops: list[torch.fx.Node], plan: Pla
 def _apply_module(model: nn.Module, plan: Plan, names: list[str], regions: str) -> _PatchState:
     fp = module_fingerprint(model)
     if plan.graph_fingerprint and fp != plan.graph_fingerprint:
+        why = first_difference(plan.options.get("tensors") or {}, tensor_signature(model), "tensor")
         raise PlanMismatchError(f"plan was made for graph {plan.graph_fingerprint} but {type(model).__name__} "
-                                f"has module structure {fp}; capture this model and solve again")
+                                f"has module structure {fp}{f' ({why})' if why else ''}; capture this model and "
+                                "solve again")
+    check_segments(plan, len(names), module_level=True)
     mods = dict(node_modules(model))
+    for v in plan.offload:
+        if names[v] not in mods:
+            raise PlanMismatchError(f"plan offloads {names[v]!r}, which is not a module call of {type(model).__name__}")
     targets: list[nn.Module] = []
     for seg in plan.recompute_segments:
         if len(seg.nodes) != 1:

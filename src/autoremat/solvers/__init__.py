@@ -62,6 +62,9 @@ def finalize_plan(graph: Graph, plan: Plan, budget_bytes: int, solver: str,
     plan.options["graph_mode"] = graph.meta.get("mode")
     plan.options["node_names"] = [graph.node(v)["module_path"] if graph.meta.get("mode") == "module"
                                   else graph.node(v)["name"] for v in graph.nodes]
+    for key in ("tensors", "inputs"):  # what apply / check_inputs compare (autoremat.capture.signature)
+        if graph.meta.get(key) is not None:
+            plan.options[key] = graph.meta[key]
     validate_plan(graph, plan)
     if graph.meta.get("mode") == "fx":  # module-level regions replay whole submodule calls
         plan.options["replay_tails"] = replay_tails(graph, plan)

@@ -1,0 +1,109 @@
+"""What a plan was made for, beyond the graph's structure: the shapes and dtypes of the model's
+parameters and buffers, and the shapes, dtypes and devices of the example inputs.
+
+A plan's memory predictions hold only for the tensor sizes it was captured with: a plan made
+for an MLP of width 128 must not run silently on width 256, nor a plan made at batch 8 on
+batch 64. So:
+
+* the graph fingerprint (:func:`~autoremat.capture.fx.fx_fingerprint`,
+  :func:`~autoremat.capture.module.module_fingerprint`) hashes the shape and dtype of every
+  parameter and buffer, and :func:`autoremat.apply` refuses a plan whose fingerprint differs,
+  naming the first differing node or tensor (:func:`first_difference`); the plan carries the
+  tensor signature (``options["tensors"]``) so that the message can say what changed;
+* the example inputs' signature (``options["inputs"]``) is recorded by
+  :func:`autoremat.solve` from the graph. ``apply`` sees only the model, not a batch, so the
+  input check (:func:`check_inputs`) runs where a batch is known: ``apply(model, plan,
+  inputs=...)`` and the integrations that reuse a plan. Device *type* is compared (``cuda:0``
+  and ``cuda:1`` are the same kind of memory), shapes and dtypes exactly. A plan made on
+  another batch size is refused, not re-scaled: solve again (capture is the only source of
+  the byte counts the plan relies on).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Any
+
+import torch
+from torch import nn
+
+from ..errors import PlanMismatchError
+
+__all__ = ["tensor_signature", "input_signature", "tensor_lines", "first_difference", "check_inputs"]
+
+
+def _sig(t: torch.Tensor) -> str:
+    return f"{str(t.dtype).removeprefix('torch.')}{list(t.shape)}"
+
+
+def tensor_signature(module: nn.Module) -> dict[str, str]:
+    """``{name: "float32[128, 64]"}`` for every parameter and buffer, in registration order."""
+    out = {f"param:{n}": _sig(p) for n, p in module.named_parameters()}
+    out.update({f"buffer:{n}": _sig(b) for n, b in module.named_buffers()})
+    return out
+
+
+def tensor_lines(module: nn.Module) -> Iterable[str]:
+    """The lines a fingerprint hashes for the module's tensors."""
+    return (f"{k}={v};" for k, v in tensor_signature(module).items())
+
+
+def input_signature(args: Sequence[Any], kwargs: Mapping[str, Any]) -> list[dict[str, Any]]:
+    """Shape, dtype and device of every tensor in the example batch, with its place in it."""
+    out: list[dict[str, Any]] = []
+
+    def walk(path: str, obj: Any) -> None:
+        if isinstance(obj, torch.Tensor):
+            out.append({"path": path, "shape": list(obj.shape), "dtype": str(obj.dtype).removeprefix("torch."),
+                        "device": obj.device.type})
+        elif isinstance(obj, Mapping):
+            for k, v in obj.items():
+                walk(f"{path}[{k!r}]", v)
+        elif isinstance(obj, (list, tuple)):
+            for i, v in enumerate(obj):
+                walk(f"{path}[{i}]", v)
+
+    walk("args", tuple(args))
+    walk("kwargs", dict(kwargs))
+    return out
+
+
+def first_difference(plan_items: Mapping[str, str] | Sequence[str], model_items: Mapping[str, str] | Sequence[str],
+                     what: str) -> str | None:
+    """A sentence naming the first entry where the plan and the model differ, or ``None``."""
+    if isinstance(plan_items, Mapping) and isinstance(model_items, Mapping):
+        for key in list(plan_items) + [k for k in model_items if k not in plan_items]:
+            a, b = plan_items.get(key), model_items.get(key)
+            if a != b:
+                kind, _, name = key.partition(":")
+                return (f"{kind} {name!r}: the plan was made for {a or 'no such tensor'}, the model has "
+                        f"{b or 'no such tensor'}")
+        return None
+    plan_list, model_list = list(plan_items), list(model_items)
+    for i, (a, b) in enumerate(zip(plan_list, model_list)):
+        if a != b:
+            return f"{what} {i}: the plan has {a!r}, the model has {b!r}"
+    if len(plan_list) != len(model_list):
+        return f"the plan has {len(plan_list)} {what}s, the model {len(model_list)}"
+    return None
+
+
+def check_inputs(plan: Any, args: Sequence[Any] | torch.Tensor, kwargs: Mapping[str, Any] | None = None) -> None:
+    """Raise :class:`PlanMismatchError` unless the batch ``args`` / ``kwargs`` has the shapes,
+    dtypes and device types the plan was captured with (a plan without a recorded input
+    signature, e.g. one written by an older autoremat, passes)."""
+    recorded = (getattr(plan, "options", None) or {}).get("inputs")
+    if recorded is None:
+        return
+    if isinstance(args, torch.Tensor):
+        args = (args,)
+    given = input_signature(tuple(args), dict(kwargs or {}))
+    for old, new in zip(recorded, given):
+        if old != new:
+            raise PlanMismatchError(
+                f"input {new['path']} is {new['dtype']}{new['shape']} on {new['device']}, but the plan was made "
+                f"for {old['path']} = {old['dtype']}{old['shape']} on {old['device']}; its memory predictions do "
+                "not hold for this batch: capture and solve again with this batch (autoremat does not re-scale plans)")
+    if len(recorded) != len(given):
+        raise PlanMismatchError(f"the batch holds {len(given)} tensors, the plan was made for {len(recorded)} "
+                                f"({[r['path'] for r in recorded]}); capture and solve again with this batch")

@@ -1,0 +1,229 @@
+"""The strict schema of a plan document: the dict of :meth:`Plan.to_dict` and its JSON file.
+
+A plan file is something a user may edit by hand, truncate, or copy from another machine, so
+:meth:`Plan.from_dict` / :meth:`Plan.from_json` check every field before a :class:`Plan` is
+built, and refuse with one error class, :class:`~autoremat.errors.PlanFormatError`, whose
+message names the field (``segments[2].recompute``), what was found and what is expected.
+
+Decisions (tested in ``tests/test_plan.py`` and ``tests/test_bad_inputs.py``):
+
+* Required keys: ``format`` (``"autoremat.plan"``), ``version`` and ``segments``; each segment
+  needs ``nodes`` and ``recompute``. Every other key is optional with the :class:`Plan` default.
+* Unknown top-level keys and unknown segment keys are refused (a misspelt ``"recompue"`` would
+  otherwise be silently dropped). Unknown keys inside ``options`` are kept: solvers record
+  their own options there.
+* Booleans are JSON booleans: ``"recompute": "false"`` or ``0`` is refused, never read as true.
+* Node ids are non-negative integers (not bools, not ``1.0``); byte counts are non-negative
+  integers; times are finite non-negative numbers.
+* Segments must be non-empty and disjoint; when the plan names its graph's nodes
+  (``options.node_names``), every node id must be below their number and the segments must
+  cover them all. Whether segments are lower sets of the model's graph is checked against the
+  model by :func:`autoremat.apply` / :func:`autoremat.validate_plan`.
+* :func:`load_plan_json` reads JSON text when the first non-blank character is ``{`` or ``[``,
+  and a file otherwise; text that is neither valid JSON nor an existing file is refused with
+  both readings named.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+from collections.abc import Mapping
+from typing import Any
+
+from .errors import PlanFormatError
+
+__all__ = ["check_plan_dict", "load_plan_json", "PLAN_KEYS", "SEGMENT_KEYS"]
+
+PLAN_KEYS = frozenset({"format", "version", "segments", "solver", "options", "budget_bytes",
+                       "graph_fingerprint", "predicted_peak_bytes", "predicted_extra_time_s", "offload"})
+SEGMENT_KEYS = frozenset({"nodes", "recompute"})
+
+
+def _kind(value: Any) -> str:
+    return "null" if value is None else type(value).__name__
+
+
+def _node_id(field: str, value: Any) -> int:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise PlanFormatError(field, f"expected a node id (an integer >= 0), got {value!r} ({_kind(value)})")
+    if value < 0:
+        raise PlanFormatError(field, f"expected a node id (an integer >= 0), got {value}")
+    return value
+
+
+def _node_list(field: str, value: Any) -> list[int]:
+    if not isinstance(value, (list, tuple)):  # tuples: an in-memory dict (Lightning state), not JSON
+        raise PlanFormatError(field, f"expected a list of node ids, got {value!r} ({_kind(value)})")
+    return [_node_id(f"{field}[{j}]", v) for j, v in enumerate(value)]
+
+
+def _opt_bytes(field: str, value: Any) -> None:
+    if value is None:
+        return
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise PlanFormatError(field, f"expected a number of bytes (an integer >= 0) or null, got {value!r}")
+
+
+def _opt_seconds(field: str, value: Any) -> None:
+    if value is None:
+        return
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value < 0:
+        raise PlanFormatError(field, f"expected a time in seconds (a finite number >= 0) or null, got {value!r}")
+
+
+def _string(field: str, value: Any) -> None:
+    if not isinstance(value, str):
+        raise PlanFormatError(field, f"expected a string, got {value!r} ({_kind(value)})")
+
+
+def _segments(value: Any, num_nodes: int | None) -> None:
+    if not isinstance(value, (list, tuple)):
+        raise PlanFormatError("segments", f"expected a list of {{'nodes': [...], 'recompute': true/false}} "
+                                          f"objects, got {_kind(value)}")
+    owner: dict[int, int] = {}
+    for i, seg in enumerate(value):
+        field = f"segments[{i}]"
+        if not isinstance(seg, Mapping):
+            raise PlanFormatError(field, f"expected an object with keys 'nodes' and 'recompute', got {_kind(seg)}")
+        for key in sorted(SEGMENT_KEYS - set(seg)):
+            raise PlanFormatError(f"{field}.{key}", "required key is missing "
+                                  "(a segment is {'nodes': [node ids], 'recompute': true or false})")
+        for key in sorted(set(seg) - SEGMENT_KEYS):
+            raise PlanFormatError(f"{field}.{key}", f"unknown key; a segment has only {sorted(SEGMENT_KEYS)}")
+        if not isinstance(seg["recompute"], bool):
+            raise PlanFormatError(f"{field}.recompute", f"expected a JSON boolean (true or false), got "
+                                  f"{seg['recompute']!r} ({_kind(seg['recompute'])})")
+        nodes = _node_list(f"{field}.nodes", seg["nodes"])
+        if not nodes:
+            raise PlanFormatError(f"{field}.nodes", "a segment must hold at least one node")
+        for v in nodes:
+            if num_nodes is not None and v >= num_nodes:
+                raise PlanFormatError(f"{field}.nodes", f"node {v} is out of range: the plan's graph has "
+                                      f"{num_nodes} nodes (options.node_names), ids 0..{num_nodes - 1}")
+            if v in owner:
+                where = "twice in this segment" if owner[v] == i else f"also in segments[{owner[v]}]"
+                raise PlanFormatError(f"{field}.nodes", f"node {v} is {where}; every node belongs to exactly "
+                                      "one segment")
+            owner[v] = i
+    if num_nodes is not None and len(owner) != num_nodes:
+        missing = sorted(set(range(num_nodes)) - set(owner))
+        raise PlanFormatError("segments", f"the segments do not cover the graph's {num_nodes} nodes; missing "
+                              f"{missing[:10]}{' …' if len(missing) > 10 else ''}")
+
+
+def _options(value: Any) -> int | None:
+    """Check ``options``; returns the number of graph nodes when the plan names them."""
+    if not isinstance(value, Mapping):
+        raise PlanFormatError("options", f"expected an object (solver options and graph identity), got {_kind(value)}")
+    mode = value.get("graph_mode")
+    if mode is not None:
+        _string("options.graph_mode", mode)
+    names = value.get("node_names")
+    if names is not None:
+        if not isinstance(names, (list, tuple)) or not all(isinstance(n, str) for n in names):
+            raise PlanFormatError("options.node_names", "expected a list of node names (strings), one per graph node")
+    tails = value.get("replay_tails")
+    if tails is not None:
+        if not isinstance(tails, Mapping):
+            raise PlanFormatError("options.replay_tails", f"expected an object, got {_kind(tails)}")
+        for k, tail in tails.items():
+            field = f"options.replay_tails.{k}"
+            if not str(k).isdigit():
+                raise PlanFormatError(field, "expected a segment index (digits) as the key")
+            if not isinstance(tail, (list, tuple)) or len(tail) != 2:
+                raise PlanFormatError(field, "expected [first node of the tail, [tail input node ids]]")
+            _node_id(f"{field}[0]", tail[0])
+            _node_list(f"{field}[1]", tail[1])
+    tensors = value.get("tensors")
+    if tensors is not None and (not isinstance(tensors, Mapping)
+                                or not all(isinstance(k, str) and isinstance(v, str) for k, v in tensors.items())):
+        raise PlanFormatError("options.tensors", "expected an object of tensor name -> 'dtype[shape]' strings "
+                              "(written by autoremat.solve)")
+    inputs = value.get("inputs")
+    if inputs is not None:
+        if not isinstance(inputs, (list, tuple)):
+            raise PlanFormatError("options.inputs", f"expected a list of input descriptions, got {_kind(inputs)}")
+        for j, spec in enumerate(inputs):
+            field = f"options.inputs[{j}]"
+            if not isinstance(spec, Mapping) or not {"path", "shape", "dtype", "device"} <= set(spec):
+                raise PlanFormatError(field, "expected {'path', 'shape', 'dtype', 'device'} (written by autoremat.solve)")
+            if not isinstance(spec["shape"], (list, tuple)) or not all(isinstance(d, int) and not isinstance(d, bool)
+                                                              for d in spec["shape"]):
+                raise PlanFormatError(f"{field}.shape", f"expected a list of integers, got {spec['shape']!r}")
+            for key in ("path", "dtype", "device"):
+                _string(f"{field}.{key}", spec[key])
+    return None if names is None else len(names)
+
+
+def check_plan_dict(data: Any, *, source: str | None = None) -> None:
+    """Raise :class:`PlanFormatError` unless ``data`` is a well-formed plan document."""
+    try:
+        _check(data)
+    except PlanFormatError as err:
+        if source is None:
+            raise
+        raise PlanFormatError(err.field, err.problem, source=source) from None
+
+
+def _check(data: Any) -> None:
+    from .plan import PLAN_FORMAT_VERSION
+
+    if not isinstance(data, Mapping):
+        raise PlanFormatError("", f"expected a JSON object with format='autoremat.plan', got {_kind(data)}")
+    if data.get("format") != "autoremat.plan":
+        raise PlanFormatError("format", f"not an autoremat plan: expected 'autoremat.plan', got "
+                              f"{data.get('format')!r} (a file written by Plan.to_json)")
+    if "version" not in data:
+        raise PlanFormatError("version", f"required key is missing (this autoremat reads version {PLAN_FORMAT_VERSION})")
+    if data["version"] != PLAN_FORMAT_VERSION or isinstance(data["version"], bool):
+        raise PlanFormatError("version", f"plan format version {data['version']!r} is not supported "
+                              f"(this autoremat reads version {PLAN_FORMAT_VERSION}); solve the model again")
+    if "segments" not in data:
+        raise PlanFormatError("segments", "required key is missing (a list of {'nodes': [...], 'recompute': bool})")
+    for key in sorted(set(data) - PLAN_KEYS):
+        raise PlanFormatError(str(key), f"unknown key; a plan has only {sorted(PLAN_KEYS)}")
+    for key in ("solver", "graph_fingerprint"):
+        if key in data:
+            _string(key, data[key])
+    num_nodes = _options(data["options"]) if "options" in data else None
+    _segments(data["segments"], num_nodes)
+    _opt_bytes("budget_bytes", data.get("budget_bytes"))
+    _opt_bytes("predicted_peak_bytes", data.get("predicted_peak_bytes"))
+    _opt_seconds("predicted_extra_time_s", data.get("predicted_extra_time_s"))
+    offload = _node_list("offload", data.get("offload", []))
+    if num_nodes is not None:
+        for j, v in enumerate(offload):
+            if v >= num_nodes:
+                raise PlanFormatError(f"offload[{j}]", f"node {v} is out of range: the plan's graph has {num_nodes} nodes")
+
+
+def load_plan_json(text_or_path: Any) -> tuple[Any, str | None]:
+    """Parse a plan from JSON text or a file; returns ``(data, source)`` where ``source`` is the
+    file path (``None`` for text). Errors are :class:`PlanFormatError`."""
+    if isinstance(text_or_path, os.PathLike):
+        text_or_path = os.fspath(text_or_path)
+    if not isinstance(text_or_path, str):
+        raise PlanFormatError("", f"expected JSON text or a path to a plan file, got {_kind(text_or_path)}")
+    head = text_or_path.lstrip()[:1]
+    source: str | None = None
+    text = text_or_path
+    if head not in ("{", "["):
+        source = text_or_path
+        try:
+            with open(text_or_path, encoding="utf-8") as f:
+                text = f.read()
+        except (FileNotFoundError, IsADirectoryError, NotADirectoryError):
+            shown = text_or_path if len(text_or_path) <= 80 else text_or_path[:77] + "..."
+            raise PlanFormatError("", f"{shown!r} is neither JSON text (which starts with '{{') nor an existing "
+                                  "plan file; give the path of a file written by Plan.to_json or "
+                                  "`autoremat plan --out`") from None
+        except (OSError, UnicodeDecodeError) as exc:
+            raise PlanFormatError("", f"cannot read the plan file {text_or_path!r}: {exc}") from None
+    try:
+        return json.loads(text), source
+    except json.JSONDecodeError as exc:
+        raise PlanFormatError("", f"not valid JSON ({exc.msg} at line {exc.lineno}, column {exc.colno}); "
+                              "a truncated or hand-edited file? write it again with Plan.to_json",
+                              source=source) from None
