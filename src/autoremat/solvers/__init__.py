@@ -26,7 +26,7 @@ from .offload_chain import solve_offload_dp, solve_offload_greedy, solve_vdnn
 from .reforward import solve_reforward
 from .xla_greedy import solve_xla_greedy
 
-__all__ = ["SOLVERS", "OFFLOAD_ONLY", "SolverFn", "solve", "finalize_plan", "min_budget"]
+__all__ = ["SOLVERS", "OFFLOAD_ONLY", "SolverFn", "solve", "finalize_plan", "min_budget", "check_solver"]
 
 logger = logging.getLogger(__name__)
 
@@ -50,6 +50,14 @@ _AUTO_ORDER = ("none", "chen", "dp-approx", "combined")
 
 OFFLOAD_ONLY = ("offload-greedy", "offload-dp", "vdnn")
 """Registered solvers that only offload (no recomputation)."""
+
+
+def check_solver(name: str, *, allow_auto: bool = True) -> str:
+    """``name`` if it is registered (or ``"auto"`` where allowed); else a ``ValueError`` listing them."""
+    if (allow_auto and name == "auto") or name in SOLVERS:
+        return name
+    expected = f"'auto' or one of {sorted(SOLVERS)}" if allow_auto else f"one of {sorted(SOLVERS)}"
+    raise ValueError(f"solver={name!r} is not registered; expected {expected}")
 
 
 def finalize_plan(graph: Graph, plan: Plan, budget_bytes: int, solver: str,
@@ -87,8 +95,7 @@ def solve(graph: Graph, budget: Any, *, solver: str = "auto", auto_solvers: Sequ
     """
     if not isinstance(graph, Graph):
         raise TypeError(f"graph must be an autoremat.Graph (from autoremat.capture), got {type(graph).__name__}")
-    if solver != "auto" and solver not in SOLVERS:
-        raise ValueError(f"solver={solver!r} is not registered; expected 'auto' or one of {sorted(SOLVERS)}")
+    check_solver(solver)
     budget_bytes = parse_budget(
         budget,
         unoptimised_peak_bytes=unoptimised_peak_bytes(graph) if _needs_peak(budget) else None,
