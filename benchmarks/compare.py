@@ -78,6 +78,8 @@ from torch import nn
 
 import autoremat
 from autoremat.measure import LiveStorageCounter, measure
+from autoremat.resident import resident_bytes as _resident_bytes
+from autoremat.resident import storage_bytes
 
 ROOT = Path(__file__).resolve().parents[1]
 DEFAULT_OUT = ROOT / "benchmarks" / "results" / "cpu"
@@ -915,22 +917,10 @@ class SimulatedOOMCounter(LiveStorageCounter):
         return out
 
 
-def _storage_bytes(tensors: Any) -> int:
-    from autoremat.capture._recorder import tensors_in
-
-    seen: dict[int, int] = {}
-    for t in tensors_in(tensors):
-        st = t.untyped_storage()
-        seen[st._cdata] = st.nbytes()
-    return sum(seen.values())
-
-
 def resident_bytes(pl_module: nn.Module, optimizers: Sequence[torch.optim.Optimizer]) -> int:
-    """What is allocated before a step: parameters, their gradients, buffers and optimizer state."""
-    params = list(pl_module.parameters())
-    items: list[Any] = [params, [p.grad for p in params if p.grad is not None], list(pl_module.buffers())]
-    items += [list(opt.state.values()) for opt in optimizers]
-    return _storage_bytes(items)
+    """What is allocated before a step: parameters, their gradients, buffers and optimizer state
+    (:func:`autoremat.resident.resident_bytes`, counting what exists now)."""
+    return _resident_bytes(pl_module, optimizers=optimizers, grads="present", optimizer_state="present")
 
 
 class SimulatedDevice:
@@ -975,7 +965,7 @@ class SimulatedDevice:
         def training_step(batch: Any, *args: Any, **kwargs: Any) -> Any:
             c = self.counter
             if c is not None and torch.is_grad_enabled():
-                nb = _storage_bytes(batch)
+                nb = storage_bytes(batch)
                 c.batch_bytes += nb  # type: ignore[attr-defined]
                 c.limit -= nb
                 self.batch_rows = _rows(batch)
@@ -1011,7 +1001,7 @@ def limited_trial_steps(capacity: int) -> Iterator[None]:
     original = lit._trial_step
 
     def trial(target: nn.Module, args: tuple, kwargs: dict, loss_fn: Callable, trainer: Any) -> int | None:
-        base = resident_bytes(trainer.lightning_module, trainer.optimizers) + _storage_bytes((args, kwargs))
+        base = resident_bytes(trainer.lightning_module, trainer.optimizers) + storage_bytes((args, kwargs))
         with SimulatedOOMCounter(capacity - base):
             return original(target, args, kwargs, loss_fn, trainer)
 
