@@ -931,8 +931,8 @@ class SimulatedDevice:
     under a :class:`SimulatedOOMCounter` whose limit is ``capacity`` minus what was resident when the
     step began (parameters, gradients, buffers, optimizer state: :func:`resident_bytes`) minus the
     batch (``training_step`` lowers the limit by the bytes of its batch). Above the limit it raises
-    the CPU allocator's out-of-memory message, which Lightning's ``is_oom_error`` and autoremat's
-    ``is_oom`` both recognise. ``training_step`` alone would not do: backward runs after it returns.
+    the CPU allocator's out-of-memory message, which Lightning's ``is_oom_error`` (used by both
+    ``BatchSizeFinder`` and ``AutoRemat``) recognises. ``training_step`` alone would not do: backward runs after it returns.
     """
 
     def __init__(self, capacity: int) -> None:
@@ -1443,7 +1443,7 @@ def to_markdown(result: dict[str, Any]) -> str:
                   "Both methods start from the module's `batch_size` and see the same simulated device. On the CPU a "
                   "device of B bytes is simulated by a live-storage counter that raises the CPU allocator's "
                   "out-of-memory error (`DefaultCPUAllocator: can't allocate memory`, which Lightning's "
-                  "`is_oom_error` and autoremat's `is_oom` recognise) once the bytes created in a step pass B minus "
+                  "`is_oom_error`, used by both, recognises) once the bytes created in a step pass B minus "
                   "what was resident when the step began (parameters, gradients, buffers, optimizer state) minus the "
                   "batch. *BatchSizeFinder*: the counter wraps the LightningModule's `optimizer_step` (in automatic "
                   "optimisation it runs the closure: `training_step`, `backward`, the optimizer update; wrapping "

@@ -38,9 +38,8 @@ the same plan. Everything user-facing is printed on rank zero only.
 
 from __future__ import annotations
 
-import contextlib
 import logging
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -60,6 +59,7 @@ from ..runtime import REGION_MODES, apply, is_patched, restore
 from ..simulate import simulate, unoptimised_peak_bytes
 from ..solvers import OFFLOAD_ONLY, SOLVERS, check_solver, solve
 from ._common import step_budget_bytes
+from ._lightning_trainer import batch_of, dataset_length, reset_dataloaders, silenced_logging
 from .batch_size import confirmed_largest, predicted_largest
 
 try:
@@ -228,7 +228,7 @@ class AutoRemat(Callback):
             if self.batch_size is not None and lightning_hasattr(pl_module, self.batch_arg_name):
                 if lightning_getattr(pl_module, self.batch_arg_name) != self.batch_size:
                     lightning_setattr(pl_module, self.batch_arg_name, self.batch_size)
-                    _reset_dataloaders(trainer)
+                    reset_dataloaders(trainer)
             apply(self._target, self.plan, regions=self.regions)
             size = "" if self.batch_size is None else f" (batch size {self.batch_size})"
             rank_zero_info(f"AutoRemat: resumed {self.plan.describe()}{size}")
@@ -243,7 +243,7 @@ class AutoRemat(Callback):
         if payload["batch_size"] is not None and lightning_hasattr(pl_module, self.batch_arg_name):
             if lightning_getattr(pl_module, self.batch_arg_name) != payload["batch_size"]:
                 lightning_setattr(pl_module, self.batch_arg_name, payload["batch_size"])
-                _reset_dataloaders(trainer)
+                reset_dataloaders(trainer)
         if not is_patched(self._target):
             apply(self._target, plan, regions=self.regions)
         self.plan = plan
@@ -320,7 +320,7 @@ class AutoRemat(Callback):
                        size: int | None = None) -> tuple[tuple, dict, int]:
         """Inputs of the target module in ``training_step`` on a real batch (of ``size`` rows)."""
         assert self._target is not None, "please report"
-        batch = _batch_of(trainer, size)
+        batch = batch_of(trainer, size)
         batch_bytes = storage_bytes(batch)
         seen: dict[str, Any] = {}
 
@@ -331,7 +331,7 @@ class AutoRemat(Callback):
         handle = self._target.register_forward_pre_hook(hook, with_kwargs=True)
         device = device_of(self._target)
         try:
-            with preserved_state(pl_module, [device]), torch.no_grad(), _silenced_logging(pl_module), \
+            with preserved_state(pl_module, [device]), torch.no_grad(), silenced_logging(pl_module), \
                     trainer.precision_plugin.forward_context():
                 pl_module.training_step(batch, 0)
         finally:
@@ -362,7 +362,7 @@ class AutoRemat(Callback):
         The prediction and the confirmation both solve with :meth:`_plan_at`, so they solve the
         same problem (solver, offload handling, budget net of the larger batch)."""
         limit = self.max_batch_size
-        length = _dataset_length(trainer)
+        length = dataset_length(trainer)
         if length is not None:
             limit = min(limit, length)
 
@@ -455,22 +455,6 @@ def _batch_size_row(summary: dict[str, Any]) -> str:
     return f"{before} -> {after} (raised)"
 
 
-@contextlib.contextmanager
-def _silenced_logging(pl_module: nn.Module) -> Iterator[None]:
-    """``self.log`` outside a loop raises in Lightning; silence it for the recording call."""
-    saved = {k: pl_module.__dict__.get(k) for k in ("log", "log_dict")}
-    pl_module.__dict__["log"] = lambda *a, **k: None
-    pl_module.__dict__["log_dict"] = lambda *a, **k: None
-    try:
-        yield
-    finally:
-        for k, v in saved.items():
-            if v is None:
-                del pl_module.__dict__[k]
-            else:
-                pl_module.__dict__[k] = v
-
-
 def _trial_step(target: nn.Module, args: tuple, kwargs: dict, loss_fn: Callable[[Any], torch.Tensor],
                 trainer: "pl.Trainer") -> int | None:
     """One forward+backward of ``target``; returns its step peak. RNG, buffers and gradients
@@ -489,50 +473,3 @@ def _trial_step(target: nn.Module, args: tuple, kwargs: dict, loss_fn: Callable[
         with counter, trainer.precision_plugin.forward_context():
             run_step(target, args, kwargs, loss_fn)
         return int(counter.peak)
-
-
-def _batch_of(trainer: "pl.Trainer", size: int | None) -> Any:
-    """A real training batch, on the device; with ``size``, built from as many batches of the
-    training dataloader as needed (tensors concatenated along the first dimension)."""
-    from torch.utils._pytree import tree_flatten, tree_unflatten
-
-    dataloader = trainer.train_dataloader
-    if dataloader is None:
-        raise ValueError("AutoRemat needs a training dataloader to profile on")
-    it = iter(dataloader)
-    first = next(it)
-    if size is None:
-        return trainer.strategy.batch_to_device(first)
-    leaves, spec = tree_flatten(first)
-    columns = [[leaf] for leaf in leaves]
-    rows = next((leaf.shape[0] for leaf in leaves if isinstance(leaf, torch.Tensor) and leaf.dim()), 0)
-    while rows < size:
-        try:
-            more, _ = tree_flatten(next(it))
-        except StopIteration:
-            break
-        for col, leaf in zip(columns, more):
-            col.append(leaf)
-        rows += next((leaf.shape[0] for leaf in more if isinstance(leaf, torch.Tensor) and leaf.dim()), 0)
-    merged = [torch.cat(col)[:size] if isinstance(col[0], torch.Tensor) and col[0].dim() else col[0]
-              for col in columns]
-    return trainer.strategy.batch_to_device(tree_unflatten(merged, spec))
-
-
-def _dataset_length(trainer: "pl.Trainer") -> int | None:
-    loader = trainer.fit_loop._combined_loader
-    if loader is None:
-        return None
-    try:
-        return int(loader._dataset_length())
-    except (NotImplementedError, TypeError):
-        return None
-
-
-def _reset_dataloaders(trainer: "pl.Trainer") -> None:
-    loop = trainer.fit_loop
-    loop._combined_loader = None
-    loop.setup_data()
-    val = loop.epoch_loop.val_loop
-    val._combined_loader = None
-    val.setup_data()
