@@ -66,7 +66,7 @@ def dataset_length(trainer: "pl.Trainer") -> int | None:
     if loader is None:
         return None
     try:
-        return int(loader.dataset_length())
+        return int(loader._dataset_length())
     except (NotImplementedError, TypeError):
         return None
 
