@@ -27,8 +27,9 @@ What it does in ``on_fit_start``:
    does, offload handling included), sets it the
    way Lightning does (``batch_size`` on the model, its ``hparams`` or the datamodule), rebuilds
    the dataloaders and confirms with a trial step of the patched module on a real batch of the
-   new size (its measured step peak must meet the budget); on out-of-memory (CUDA OOM, or the CPU allocator's "can't allocate memory") or a
-   measured peak above the budget it backs off by bisection toward the last size that fitted.
+   new size (its measured step peak must meet the budget); on out-of-memory (Lightning's
+   ``is_oom_error``: CUDA OOM, or the CPU allocator's "can't allocate memory") or a measured
+   peak above the budget it backs off by bisection toward the last size that fitted.
    Model and optimizer state are never changed by any of this (capture restores RNG, buffers
    and gradients; no optimizer step is taken).
 
@@ -191,7 +192,8 @@ class AutoRemat(Callback):
         if is_patched(target):
             raise ValueError(f"module {self.module or type(pl_module).__name__} is already patched by autoremat; "
                              "use one AutoRemat callback per module")
-        if self.raise_batch_size is True and self.plan is None and not lightning_hasattr(pl_module, self.batch_arg_name):
+        if (self.raise_batch_size is True and self.plan is None
+                and not lightning_hasattr(pl_module, self.batch_arg_name)):
             raise ValueError(f"raise_batch_size=True needs a `{self.batch_arg_name}` attribute on the model, its "
                              "hparams or the datamodule (as Lightning's BatchSizeFinder does); add one or pass "
                              "raise_batch_size='auto' (skip when there is none) or False")

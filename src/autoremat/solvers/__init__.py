@@ -25,7 +25,8 @@ from .kusumoto import solve_dp_approx, solve_dp_exact
 from .kusumoto_config import DPApproxConfig, DPExactConfig
 from .minimum import min_budget
 from .none import NoneConfig, solve_none
-from .offload_chain import OffloadDPConfig, OffloadGreedyConfig, VdnnConfig, solve_offload_dp, solve_offload_greedy, solve_vdnn
+from .offload_chain import (OffloadDPConfig, OffloadGreedyConfig, VdnnConfig, solve_offload_dp, solve_offload_greedy,
+                            solve_vdnn)
 from .reforward import ReforwardConfig, solve_reforward
 from .xla_greedy import XlaGreedyConfig, solve_xla_greedy
 

@@ -89,7 +89,8 @@ Method.
   (default 128), the quarter with the least Eqn.-1 cost (tight budgets) and an even
   spread over the rest of the family (the time-memory trade-off) are simulated.
 
-Config (:class:`ReforwardConfig`, or a dict of its fields; an unknown key is a ``ValueError``): ``multi_input`` (``"both"``, ``"store"`` or ``"merge"``),
+Config (:class:`ReforwardConfig`, or a dict of its fields; an unknown key is a ``ValueError``):
+``multi_input`` (``"both"``, ``"store"`` or ``"merge"``),
 ``max_candidates`` (int ≥ 1), ``method`` (``"auto"``: Algorithm 5, which reduces to
 Algorithm 1 on chains; ``"linear"``: Algorithm 1 itself, only for chains).
 
