@@ -78,6 +78,8 @@ from torch import nn
 
 import autoremat
 from autoremat.measure import LiveStorageCounter, measure
+from autoremat.resident import resident_bytes as _resident_bytes
+from autoremat.resident import storage_bytes
 
 ROOT = Path(__file__).resolve().parents[1]
 DEFAULT_OUT = ROOT / "benchmarks" / "results" / "cpu"
@@ -915,22 +917,10 @@ class SimulatedOOMCounter(LiveStorageCounter):
         return out
 
 
-def _storage_bytes(tensors: Any) -> int:
-    from autoremat.capture._recorder import tensors_in
-
-    seen: dict[int, int] = {}
-    for t in tensors_in(tensors):
-        st = t.untyped_storage()
-        seen[st._cdata] = st.nbytes()
-    return sum(seen.values())
-
-
 def resident_bytes(pl_module: nn.Module, optimizers: Sequence[torch.optim.Optimizer]) -> int:
-    """What is allocated before a step: parameters, their gradients, buffers and optimizer state."""
-    params = list(pl_module.parameters())
-    items: list[Any] = [params, [p.grad for p in params if p.grad is not None], list(pl_module.buffers())]
-    items += [list(opt.state.values()) for opt in optimizers]
-    return _storage_bytes(items)
+    """What is allocated before a step: parameters, their gradients, buffers and optimizer state
+    (:func:`autoremat.resident.resident_bytes`, counting what exists now)."""
+    return _resident_bytes(pl_module, optimizers=optimizers, grads="present", optimizer_state="present")
 
 
 class SimulatedDevice:
@@ -941,8 +931,8 @@ class SimulatedDevice:
     under a :class:`SimulatedOOMCounter` whose limit is ``capacity`` minus what was resident when the
     step began (parameters, gradients, buffers, optimizer state: :func:`resident_bytes`) minus the
     batch (``training_step`` lowers the limit by the bytes of its batch). Above the limit it raises
-    the CPU allocator's out-of-memory message, which Lightning's ``is_oom_error`` and autoremat's
-    ``is_oom`` both recognise. ``training_step`` alone would not do: backward runs after it returns.
+    the CPU allocator's out-of-memory message, which Lightning's ``is_oom_error`` (used by both
+    ``BatchSizeFinder`` and ``AutoRemat``) recognises. ``training_step`` alone would not do: backward runs after it returns.
     """
 
     def __init__(self, capacity: int) -> None:
@@ -975,7 +965,7 @@ class SimulatedDevice:
         def training_step(batch: Any, *args: Any, **kwargs: Any) -> Any:
             c = self.counter
             if c is not None and torch.is_grad_enabled():
-                nb = _storage_bytes(batch)
+                nb = storage_bytes(batch)
                 c.batch_bytes += nb  # type: ignore[attr-defined]
                 c.limit -= nb
                 self.batch_rows = _rows(batch)
@@ -1011,7 +1001,7 @@ def limited_trial_steps(capacity: int) -> Iterator[None]:
     original = lit._trial_step
 
     def trial(target: nn.Module, args: tuple, kwargs: dict, loss_fn: Callable, trainer: Any) -> int | None:
-        base = resident_bytes(trainer.lightning_module, trainer.optimizers) + _storage_bytes((args, kwargs))
+        base = resident_bytes(trainer.lightning_module, trainer.optimizers) + storage_bytes((args, kwargs))
         with SimulatedOOMCounter(capacity - base):
             return original(target, args, kwargs, loss_fn, trainer)
 
@@ -1453,7 +1443,7 @@ def to_markdown(result: dict[str, Any]) -> str:
                   "Both methods start from the module's `batch_size` and see the same simulated device. On the CPU a "
                   "device of B bytes is simulated by a live-storage counter that raises the CPU allocator's "
                   "out-of-memory error (`DefaultCPUAllocator: can't allocate memory`, which Lightning's "
-                  "`is_oom_error` and autoremat's `is_oom` recognise) once the bytes created in a step pass B minus "
+                  "`is_oom_error`, used by both, recognises) once the bytes created in a step pass B minus "
                   "what was resident when the step began (parameters, gradients, buffers, optimizer state) minus the "
                   "batch. *BatchSizeFinder*: the counter wraps the LightningModule's `optimizer_step` (in automatic "
                   "optimisation it runs the closure: `training_step`, `backward`, the optimizer update; wrapping "

@@ -204,7 +204,7 @@ CASES = [
          r"fraction in \(0, 1\]"),
     Case("lightning-negative-bytes", None, lambda _m: autoremat.AutoRemat(budget=-3), "ValueError", r">= 0"),
     Case("lightning-raise-batch-size-str", None, lambda _m: autoremat.AutoRemat(raise_batch_size="yes"),
-         "ValueError", r"raise_batch_size='yes' must be True or False"),
+         "ValueError", r"raise_batch_size='yes' must be 'auto'"),
     Case("lightning-loss-fn-not-callable", None, lambda _m: autoremat.AutoRemat(loss_fn=3), "ValueError",
          r"loss_fn=3 must be callable"),
     Case("lightning-batch-arg-name", None, lambda _m: autoremat.AutoRemat(batch_arg_name=""), "ValueError",

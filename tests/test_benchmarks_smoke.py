@@ -280,3 +280,15 @@ def test_compare_gpu_quick_runs_on_cuda(tmp_path: Path, monkeypatch: pytest.Monk
     assert {r["method"] for r in data["largest_batch"]} == set(gpu.compare.BATCH_METHODS)
     assert all(r["status"] == "ok" and r["batch_size"] >= 1 for r in data["largest_batch"]), data["largest_batch"]
     assert "device_name" in data["machine"] and data["machine"]["device_name"] in (tmp_path / "RESULTS.md").read_text()
+
+
+def test_solver_speed_reports_every_solver(monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    """The speed benchmark runs and reports (the target itself is the benchmark's, not a test's)."""
+    monkeypatch.syspath_prepend(str(BENCH))
+    sys.modules.pop("solver_speed", None)
+    speed = importlib.import_module("solver_speed")
+    assert speed.main(["--nodes", "60", "--solvers", "dp-approx,chen", "--repeats", "1"]) == 0
+    out = capsys.readouterr().out
+    assert "| dp-approx |" in out and "| chen |" in out and "60 nodes" in out
+    with pytest.raises(SystemExit):
+        speed.main(["--solvers", "magic"])

@@ -299,3 +299,18 @@ def test_with_paper_times():
     assert "time_source" not in g.meta
     assert p.fingerprint == g.fingerprint
     assert [p.node(v)["out_bytes"] for v in p] == [400] * 4
+
+
+def test_scaled_multiplies_batch_quantities_only() -> None:
+    g = Graph.chain([100, 201], [1.0, 2.0])
+    g.node(0)["params"] = ("w",)
+    g.node(0)["param_grad_bytes"] = 64
+    g.meta["loss_extra_bytes"] = 3
+    s = g.scaled(2.5)
+    assert [s.node(v)["out_bytes"] for v in s.nodes] == [250, 503]  # rounded up
+    assert [s.node(v)["saved_bytes"] for v in s.nodes] == [250, 503]  # derived totals refreshed
+    assert [s.node(v)["time_s"] for v in s.nodes] == [2.5, 5.0]
+    assert s.node(0)["param_grad_bytes"] == 64 and s.meta["loss_extra_bytes"] == 8
+    assert g.node(0)["out_bytes"] == 100  # the original is untouched
+    with pytest.raises(ValueError, match="factor"):
+        g.scaled(0)

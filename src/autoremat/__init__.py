@@ -11,18 +11,22 @@ patch the model in place; gradients stay bit-for-bit what they were::
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING, Any
+
 from . import zoo
 from .budget import parse_budget
 from .capture import capture
 from .capture.signature import check_inputs
 from .errors import InfeasibleBudgetError, PlanFormatError, PlanMismatchError
 from .graph import Graph
-from .integrations.lightning import AutoRemat
 from .measure import Measurement, measure
 from .plan import Plan, Segment, validate_plan
 from .runtime import apply, is_patched, restore
 from .simulate import Simulation, simulate
 from .solvers import SOLVERS, min_budget, solve
+
+if TYPE_CHECKING:
+    from .integrations.lightning import AutoRemat
 
 __version__ = "0.1.0"
 
@@ -32,3 +36,17 @@ __all__ = [
     "validate_plan", "parse_budget", "SOLVERS", "min_budget",
     "InfeasibleBudgetError", "PlanMismatchError", "PlanFormatError", "check_inputs", "zoo", "__version__",
 ]
+
+
+def __getattr__(name: str) -> Any:
+    """``autoremat.AutoRemat`` imports Lightning on first use, so ``import autoremat`` stays light."""
+    if name == "AutoRemat":
+        from .integrations.lightning import AutoRemat
+
+        globals()["AutoRemat"] = AutoRemat
+        return AutoRemat
+    raise AttributeError(f"module 'autoremat' has no attribute {name!r}")
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | {"AutoRemat"})

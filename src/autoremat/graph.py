@@ -52,12 +52,16 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 from collections.abc import Iterable, Iterator, Mapping
 from typing import Any
 
 import networkx as nx
 
 from ._jsonio import dump_json, load_json
+
+_BATCH_BYTES = ("out_bytes", "alloc_bytes", "extra_saved_bytes", "fwd_temp_bytes", "bwd_temp_bytes")
+_BATCH_META_BYTES = ("loss_extra_bytes", "loss_fwd_temp_bytes", "loss_bwd_temp_bytes")
 
 __all__ = ["Graph", "NODE_DEFAULTS", "GRAPH_FORMAT_VERSION"]
 
@@ -291,6 +295,27 @@ class Graph:
 
     def copy(self) -> "Graph":
         return Graph.from_dict(self.to_dict())
+
+    def scaled(self, factor: float) -> "Graph":
+        """A copy with every batch-proportional quantity multiplied by ``factor``.
+
+        Outputs, saved tensors, workspace and times (forward and backward) scale with the batch
+        and are multiplied (bytes rounded up); parameter bytes, parameter gradients and the
+        structure do not change. Used to predict a step at another batch size.
+        """
+        if not factor > 0:
+            raise ValueError(f"factor={factor!r} must be > 0")
+        g = self.copy()
+        for v in g.nodes:
+            d = g.nx.nodes[v]
+            for key in _BATCH_BYTES:
+                d[key] = int(math.ceil(d[key] * factor))
+            d["time_s"] *= factor
+            d["bwd_time_s"] *= factor
+        for key in _BATCH_META_BYTES:
+            g.meta[key] = int(math.ceil(g.meta[key] * factor))
+        g._refresh()
+        return g
 
     # ------------------------------------------------------------------ identity and JSON
     def compute_fingerprint(self) -> str:

@@ -22,6 +22,8 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten
 
+from .resident import device_of
+
 __all__ = ["LiveStorageCounter", "Measurement", "measure", "default_loss", "run_step",
            "gradients", "gradients_equal"]
 
@@ -140,7 +142,7 @@ def measure(
         raise TypeError(f"model must be a torch.nn.Module, got {type(model).__name__}")
     if steps < 1 or warmup < 0:
         raise ValueError(f"steps must be >= 1 and warmup >= 0, got steps={steps}, warmup={warmup}")
-    device = _device_of(model, args)
+    device = device_of(model, args)
     for _ in range(warmup):
         run_step(model, args, kwargs, loss_fn)
     times: list[float] = []
@@ -171,15 +173,6 @@ def measure(
     model.zero_grad(set_to_none=True)
     return Measurement(peak_bytes=int(peak), step_time_s=statistics.median(times), step_times_s=times,
                        device=str(device))
-
-
-def _device_of(model: torch.nn.Module, args: Sequence[Any]) -> torch.device:
-    for p in model.parameters():
-        return p.device
-    for a in args:
-        if isinstance(a, torch.Tensor):
-            return a.device
-    return torch.device("cpu")
 
 
 def gradients(model: torch.nn.Module) -> dict[str, torch.Tensor | None]:

@@ -89,7 +89,7 @@ def test_byte_budget_subtracts_optimizer_state() -> None:
     model, x = _model()
     opt = torch.optim.AdamW(model.parameters())
     params = sum(p.numel() * 4 for p in model.parameters())
-    from autoremat.integrations.lightning import optimizer_state_bytes
+    from autoremat.resident import optimizer_state_bytes
 
     assert optimizer_state_bytes(opt) == 2 * params  # estimated before the first step
     with pytest.raises(ValueError, match="resident"):

@@ -203,7 +203,7 @@ def test_offload_false_excludes_the_combined_planner(tmp_path: Path) -> None:
         ({"budget": -0.5}, r"fraction in \(0, 1\]"),
         ({"budget": 5.0}, r"fraction in \(0, 1\]"),
         ({"budget": -3}, r"bytes must be >= 0"),
-        ({"raise_batch_size": "yes"}, "raise_batch_size='yes' must be True or False"),
+        ({"raise_batch_size": "yes"}, "raise_batch_size='yes' must be 'auto'"),
         ({"verbose": None}, "verbose=None must be True or False"),
         ({"loss_fn": 3}, "loss_fn=3 must be callable"),
         ({"batch_arg_name": ""}, "batch_arg_name"),
@@ -220,7 +220,7 @@ def test_unsupported_setups_rejected_in_setup(tmp_path: Path) -> None:
         _trainer(cb, tmp_path).fit(LitClassifier())
     model = LitClassifier()
     del model.batch_size
-    cb = autoremat.AutoRemat(module="model", verbose=False)
+    cb = autoremat.AutoRemat(module="model", raise_batch_size=True, verbose=False)
     with pytest.raises((ValueError, AttributeError), match="batch_size"):
         _trainer(cb, tmp_path).fit(model)
     cb = autoremat.AutoRemat(budget=1000, module="model", raise_batch_size=False, verbose=False)
@@ -277,3 +277,91 @@ def test_numpy_budget_is_a_plain_number() -> None:
     np = pytest.importorskip("numpy")
     assert autoremat.AutoRemat(budget=np.float64(0.5)).budget == 0.5
     assert type(autoremat.AutoRemat(budget=np.int64(2**30)).budget) is int
+
+
+class _Plain(pl.LightningModule):
+    """An ordinary LightningModule: no ``batch_size`` attribute, no hparams."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.net = torch.nn.Sequential(torch.nn.Linear(16, 64), torch.nn.ReLU(), torch.nn.Linear(64, 64),
+                                       torch.nn.ReLU(), torch.nn.Linear(64, 1))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.net(x)
+
+    def training_step(self, batch, batch_idx):  # type: ignore[no-untyped-def]
+        x, y = batch
+        return torch.nn.functional.mse_loss(self(x), y)
+
+    def configure_optimizers(self) -> torch.optim.Optimizer:
+        return torch.optim.SGD(self.parameters(), lr=0.01)
+
+    def train_dataloader(self) -> torch.utils.data.DataLoader:
+        g = torch.Generator().manual_seed(0)
+        data = torch.utils.data.TensorDataset(torch.randn(32, 16, generator=g), torch.randn(32, 1, generator=g))
+        return torch.utils.data.DataLoader(data, batch_size=8)
+
+
+def test_ordinary_module_skips_batch_size_raising_with_one_line(
+        tmp_path: Path, caplog: pytest.LogCaptureFixture, capsys: pytest.CaptureFixture[str]) -> None:
+    cb = autoremat.AutoRemat(budget="auto")  # the README snippet: defaults only
+    with caplog.at_level("INFO"):
+        _trainer(cb, tmp_path, max_steps=1).fit(_Plain())
+    assert cb.plan is not None
+    assert cb.batch_size is None and "batch_size" in cb.summary["batch_size_not_raised"]
+    lines = [r.getMessage() for r in caplog.records if "batch size not raised" in r.getMessage()]
+    assert len(lines) == 1 and "add one" in lines[0]
+    table = capsys.readouterr().out
+    assert "not raised" in table and "None" not in table
+
+
+def test_explicit_raise_batch_size_still_needs_the_attribute(tmp_path: Path) -> None:
+    cb = autoremat.AutoRemat(budget="auto", raise_batch_size=True, verbose=False)
+    with pytest.raises(ValueError, match="needs a `batch_size` attribute"):
+        _trainer(cb, tmp_path, max_steps=1).fit(_Plain())
+    with pytest.raises(ValueError, match="raise_batch_size"):
+        autoremat.AutoRemat(raise_batch_size="yes")
+
+
+def test_summary_says_when_raising_was_turned_off(tmp_path: Path) -> None:
+    model = LitClassifier()
+    cb = autoremat.AutoRemat(budget="50%", module="model", raise_batch_size=False, verbose=False)
+    _trainer(cb, tmp_path, max_steps=1).fit(model)
+    assert cb.summary["batch_size_before"] == cb.summary["batch_size_after"] == 4
+    assert cb.summary["batch_size_not_raised"] == "raise_batch_size=False"
+    assert lit._batch_size_row(cb.summary) == "4 (not raised: raise_batch_size=False)"
+
+
+def test_batch_search_probes_with_the_same_solve_as_the_confirmation(tmp_path: Path) -> None:
+    """The prediction must solve exactly as the confirmation does (``_solve``: solver, offload
+    handling): a size the callback's own solve rejects must never reach a trial step."""
+    rejected_in_trial: list[int] = []
+
+    class Restricted(autoremat.AutoRemat):
+        """A solve that rejects graphs over twice the original activation bytes."""
+
+        base: int | None = None
+        trying: bool = False
+
+        def _solve(self, graph, step_budget):  # type: ignore[no-untyped-def]
+            size = graph.total("out_bytes")
+            self.base = self.base or size
+            if size > 2.2 * self.base:
+                if self.trying:
+                    rejected_in_trial.append(size)
+                raise autoremat.InfeasibleBudgetError(step_budget, None, solver="restricted")
+            return super()._solve(graph, step_budget)
+
+        def _try_size(self, *args, **kwargs):  # type: ignore[no-untyped-def]
+            self.trying = True
+            try:
+                return super()._try_size(*args, **kwargs)
+            finally:
+                self.trying = False
+
+    model = LitClassifier(samples=64)
+    cb = Restricted(budget=2**40, module="model", verbose=False, max_batch_size=32)
+    _trainer(cb, tmp_path, max_steps=1).fit(model)
+    assert cb.batch_size == 8  # twice the original 4: the largest the restricted solve accepts
+    assert rejected_in_trial == []

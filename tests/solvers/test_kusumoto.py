@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import logging
 import random
-import time
 
 import networkx as nx
 import pytest
@@ -291,11 +290,9 @@ def test_options_recorded_and_validated(name):
         min_budget(g, "chen")
 
 
-def test_unknown_options_are_ignored_with_a_warning(caplog):
-    with caplog.at_level(logging.WARNING, logger="autoremat.solvers.kusumoto"):
-        plan = solve_dp_approx(Graph.chain([100] * 12), 800, config={"grid": 4})
-    assert simulate(Graph.chain([100] * 12), plan).peak_bytes <= 800
-    assert "ignores unknown options ['grid']" in caplog.text
+def test_unknown_options_are_a_value_error():
+    with pytest.raises(ValueError, match=r"dp-approx: unknown option\(s\) \['grid'\]; it accepts: objective"):
+        solve_dp_approx(Graph.chain([100] * 12), 800, config={"grid": 4})
 
 
 def test_exact_falls_back_or_raises_on_large_families(caplog):
@@ -329,8 +326,9 @@ def test_module_level_graphs_recompute_single_module_calls():
 # ---------------------------------------------------------------------------------------- registry
 def test_registered_and_usable_through_solve():
     assert SOLVERS["dp-exact"] is solve_dp_exact and SOLVERS["dp-approx"] is solve_dp_approx
-    assert exported_min_budget is min_budget is autoremat.min_budget  # issue 3: autoremat.min_budget(g, solver)
+    assert exported_min_budget is autoremat.min_budget  # issue 3: autoremat.min_budget(g, solver)
     g = Graph.chain([100] * 12)
+    assert all(exported_min_budget(g, name) == min_budget(g, name) for name in DP)  # the DP's own search
     for name in DP:
         plan = solve(g, "60%", solver=name)
         assert plan.solver == name and plan.predicted_peak_bytes <= plan.budget_bytes
@@ -354,16 +352,16 @@ def test_zoo_graph_on_meta():
         solve_dp_approx(g, need - 1)
 
 
-def test_dp_approx_speed_on_a_600_node_graph():
-    """A loose regression guard for the 0.5 s target (measured ~0.2-0.5 s; shared CI cores)."""
+def test_dp_approx_on_a_600_node_graph():
+    """dp-approx on 600 nodes gives a valid plan within budget; its 0.5 s speed target is
+    measured by ``benchmarks/solver_speed.py``, not asserted here (wall clock on shared cores)."""
     n = 600
     edges = [(v - 1, v) for v in range(1, n)] + [(v - 3, v) for v in range(3, n, 3)]
     g = Graph.from_edges(n, edges, out_bytes=[100 + (v * 37) % 400 for v in range(n)],
                          time_s=[10.0 if v % 3 == 1 else 1.0 for v in range(n)])
     peak = unoptimised_peak_bytes(g)
-    start = time.perf_counter()
     need = min_budget(g, "dp-approx")
+    assert 0 < need < peak
     plan = solve_dp_approx(g, (need + peak) // 2)
-    elapsed = time.perf_counter() - start
+    validate_plan(g, plan)
     assert simulate(g, plan).peak_bytes <= (need + peak) // 2
-    assert elapsed < 5.0

@@ -201,8 +201,9 @@ def test_config_validation():
         reforward_arbitrary(g, multi_input="both")
     with pytest.raises(TypeError, match="autoremat.Graph"):
         solve_reforward(nx.DiGraph(), 10**9)
-    # unknown keys (meant for other solvers) are ignored
-    check(g, solve(g, 10**9, solver="reforward", grid=4), 10**9)
+    # an unknown key is an error naming the accepted ones (solver="auto" hands each solver only its own)
+    with pytest.raises(ValueError, match=r"unknown option\(s\) \['grid'\]; it accepts: multi_input"):
+        solve(g, 10**9, solver="reforward", grid=4)
 
 
 # ---------------------------------------------------------------------- golden cases

@@ -29,6 +29,7 @@ from torch import nn
 from .._compiled import uncompiled
 from ..graph import Graph
 from ..measure import default_loss
+from ..resident import device_of, resident_bytes
 from ._recorder import NodeRecord, Recorder, preserved_state, tensors_in
 from .fx import fx_fingerprint, profile_fx, records_from_fx, trace
 from .module import module_fingerprint, profile_modules
@@ -90,7 +91,7 @@ def capture(
     if repeats < 1 or warmup < 0:
         raise ValueError(f"repeats must be >= 1 and warmup >= 0, got {repeats}, {warmup}")
     loss = loss_fn or default_loss
-    device = _device(model, args, kwargs)
+    device = device_of(model, args, kwargs)
     is_meta = device.type == "meta"
     param_names: dict[int, str] = {}
     param_bytes: dict[str, int] = {}
@@ -138,8 +139,7 @@ def capture(
         "device": str(device),
         "time_source": time_source,
         "param_bytes": param_bytes,
-        "resident_bytes": int(sum(param_bytes.values()) + input_bytes
-                              + sum(b.numel() * b.element_size() for b in model.buffers())),
+        "resident_bytes": resident_bytes(model, inputs=(args, kwargs)),
         "input_bytes": int(input_bytes),
         "loss_saves": sorted(rec.loss_saves),
         "loss_extra_bytes": int(rec.loss_extra_bytes),
@@ -163,14 +163,6 @@ def _to_graph(rec: Recorder, meta: dict[str, Any]) -> Graph:
         for u in r.preds:
             g.add_edge(u, v)
     return Graph(g, meta)
-
-
-def _device(model: nn.Module, args: tuple, kwargs: dict) -> torch.device:
-    for p in model.parameters():
-        return p.device
-    for t in tensors_in((args, kwargs)):
-        return t.device
-    return torch.device("cpu")
 
 
 def _flop_times(model: nn.Module, args: tuple, kwargs: dict) -> Callable[[list[NodeRecord]], None]:

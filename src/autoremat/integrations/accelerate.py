@@ -38,9 +38,10 @@ from ..budget import parse_budget
 from ..capture import capture
 from ..measure import default_loss
 from ..plan import Plan
+from ..resident import resident_bytes
 from ..runtime import apply
-from ..solvers import SOLVERS, solve
-from .lightning import optimizer_state_bytes
+from ..solvers import check_solver, solve
+from ._common import step_budget_bytes
 
 __all__ = ["AutoRematConfig", "prepare", "budget_text"]
 
@@ -66,8 +67,7 @@ class AutoRematConfig:
                 # ``budget: 0.5`` is still overridden by AUTOREMAT_BUDGET="6GB"
                 setattr(self, f.name, _coerce(f.name, raw, type(f.default)))
         self.budget = budget_text(self.budget)
-        if self.solver != "auto" and self.solver not in SOLVERS:
-            raise ValueError(f"solver={self.solver!r} is not registered; expected 'auto' or one of {sorted(SOLVERS)}")
+        check_solver(self.solver)
         if self.profile_steps < 1:
             raise ValueError(f"profile_steps={self.profile_steps!r} must be >= 1")
 
@@ -161,18 +161,8 @@ def prepare(
         model.to(device)
         with accelerator.autocast():
             graph = capture(model, args, kwargs, loss_fn=loss_fn or default_loss, repeats=cfg.profile_steps)
-        resident = graph.meta["resident_bytes"]
-        if optimizer is not None:
-            resident += optimizer_state_bytes(optimizer)
-        b = cfg.budget.strip()
-        if b.lower() == "auto":
-            step_budget = parse_budget("auto", device=device, resident_bytes=0)
-        elif b.endswith("%"):
-            step_budget = b  # solve() takes percentages of the graph's unoptimised peak
-        else:
-            step_budget = parse_budget(b) - resident
-            if step_budget <= 0:
-                raise ValueError(f"budget={b!r} is below the {resident} bytes resident before a step; raise it")
+        resident = resident_bytes(model, inputs=(args, kwargs), optimizers=[] if optimizer is None else [optimizer])
+        step_budget = step_budget_bytes(cfg.budget.strip(), graph, device, resident)
         plan_dict = solve(graph, step_budget, solver=cfg.solver).to_dict()
     plan_dict = _broadcast(accelerator, plan_dict)
     plan = Plan.from_dict(plan_dict)

@@ -19,13 +19,17 @@ What it does in ``on_fit_start``:
 3. converts the device budget to a step-peak budget (``"auto"``: free device memory, or
    available host memory on a CPU, minus a margin, minus the resident bytes; a size or byte
    count: minus the resident bytes; a percentage: of the unoptimised step peak), solves, applies;
-4. with ``raise_batch_size``: scales the graph's activation bytes with the batch size (they are
-   proportional to it; parameter bytes are not), finds the largest batch whose plan fits
-   (doubling, then bisection, capped by ``max_batch_size`` and the dataset length), sets it the
+4. with ``raise_batch_size`` (``"auto"``, the default: only where a ``batch_size`` attribute
+   exists, else one info line says it was skipped): scales the graph's activation bytes with the
+   batch size (:meth:`autoremat.Graph.scaled`; parameter bytes do not scale), finds the largest batch whose plan fits
+   (:mod:`autoremat.integrations.batch_size`: doubling, then bisection, capped by
+   ``max_batch_size`` and the dataset length; every probe solves exactly as the final plan
+   does, offload handling included), sets it the
    way Lightning does (``batch_size`` on the model, its ``hparams`` or the datamodule), rebuilds
    the dataloaders and confirms with a trial step of the patched module on a real batch of the
-   new size (its measured step peak must meet the budget); on out-of-memory (CUDA OOM, or the CPU allocator's "can't allocate memory") or a
-   measured peak above the budget it backs off by bisection toward the last size that fitted.
+   new size (its measured step peak must meet the budget); on out-of-memory (Lightning's
+   ``is_oom_error``: CUDA OOM, or the CPU allocator's "can't allocate memory") or a measured
+   peak above the budget it backs off by bisection toward the last size that fitted.
    Model and optimizer state are never changed by any of this (capture restores RNG, buffers
    and gradients; no optimizer step is taken).
 
@@ -35,11 +39,9 @@ the same plan. Everything user-facing is printed on rank zero only.
 
 from __future__ import annotations
 
-import contextlib
 import logging
-import math
 import numbers
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -48,55 +50,35 @@ from torch import nn
 from .._units import fmt_bytes
 from ..budget import ACCEPTED_FORMS, parse_budget
 from ..capture import capture
-from ..capture._recorder import preserved_state, tensors_in
+from ..capture._recorder import preserved_state
 from ..errors import InfeasibleBudgetError
 from ..graph import Graph
 from ..measure import LiveStorageCounter, default_loss, run_step
 from ..offload.bandwidth import measure_bandwidth
 from ..plan import Plan
+from ..resident import device_of, resident_bytes, storage_bytes
 from ..runtime import REGION_MODES, apply, is_patched, restore
 from ..simulate import simulate, unoptimised_peak_bytes
-from ..solvers import OFFLOAD_ONLY, SOLVERS, solve
+from ..solvers import OFFLOAD_ONLY, SOLVERS, check_solver, solve
+from ._common import step_budget_bytes
+from ._lightning_trainer import batch_of, dataset_length, reset_dataloaders, silenced_logging
+from .batch_size import confirmed_largest, predicted_largest
 
 try:
     import lightning.pytorch as pl
     from lightning.pytorch.callbacks import Callback
+    from lightning.pytorch.utilities.memory import garbage_collection_cuda, is_oom_error
     from lightning.pytorch.utilities.parsing import lightning_getattr, lightning_hasattr, lightning_setattr
     from lightning.pytorch.utilities.rank_zero import rank_zero_info
 except ImportError as exc:  # pragma: no cover - lightning is a hard dependency
     raise ImportError("autoremat.AutoRemat needs lightning (pip install lightning)") from exc
 
-__all__ = ["AutoRemat", "scale_graph", "is_oom", "optimizer_state_bytes"]
+__all__ = ["AutoRemat"]
 
 logger = logging.getLogger(__name__)
 
-_OOM_MARKERS = ("out of memory", "can't allocate memory", "cannot allocate memory")
 _STATE_VERSION = 1
-
-
-def is_oom(err: BaseException) -> bool:
-    """Whether ``err`` is an out-of-memory error (CUDA, or the CPU allocator's)."""
-    if isinstance(err, torch.OutOfMemoryError):
-        return True
-    return isinstance(err, RuntimeError) and any(m in str(err).lower() for m in _OOM_MARKERS)
-
-
-def scale_graph(graph: Graph, factor: float) -> Graph:
-    """A copy of ``graph`` with every activation-sized quantity multiplied by ``factor``.
-
-    Outputs, saved tensors, workspace and times scale with the batch; parameters do not.
-    """
-    g = graph.copy()
-    for v in g.nodes:
-        d = g.node(v)
-        for key in ("out_bytes", "alloc_bytes", "extra_saved_bytes", "fwd_temp_bytes", "bwd_temp_bytes"):
-            d[key] = int(math.ceil(d[key] * factor))
-        d["time_s"] *= factor
-        d["bwd_time_s"] *= factor
-    for key in ("loss_extra_bytes", "loss_fwd_temp_bytes", "loss_bwd_temp_bytes"):
-        g.meta[key] = int(math.ceil(g.meta[key] * factor))
-    g._refresh()
-    return g
+_RAISE_MODES = ("auto", True, False)
 
 
 class AutoRemat(Callback):
@@ -111,7 +93,10 @@ class AutoRemat(Callback):
             memory) takes part when the module runs on CUDA; ``True``: always plan with it;
             ``False``: recomputation only.
         profile_steps: timed repeats when profiling the first batch (``>= 1``).
-        raise_batch_size: raise the batch size to the largest whose plan fits.
+        raise_batch_size: raise the batch size to the largest whose plan fits: ``"auto"`` (the
+            default) where the model, its ``hparams`` or the datamodule has a ``batch_arg_name``
+            attribute, else skipped with one info line; ``True``: required (an error without
+            the attribute); ``False``: never.
         max_batch_size: upper bound when raising (default 8192, as Lightning's tuner).
         batch_arg_name: the attribute holding the batch size (model, hparams or datamodule).
         module: dotted path of the submodule to optimise, e.g. ``"model"``; default the
@@ -130,7 +115,7 @@ class AutoRemat(Callback):
         solver: str = "auto",
         offload: bool | str = "auto",
         profile_steps: int = 3,
-        raise_batch_size: bool = True,
+        raise_batch_size: bool | str = "auto",
         max_batch_size: int = 8192,
         batch_arg_name: str = "batch_size",
         module: str | None = None,
@@ -147,8 +132,11 @@ class AutoRemat(Callback):
             budget = int(budget) if isinstance(budget, numbers.Integral) else float(budget)
         if not (isinstance(budget, str) and budget.strip().lower() == "auto"):
             parse_budget(budget, unoptimised_peak_bytes=1)  # syntax and range check now, not mid-run
-        if solver != "auto" and solver not in SOLVERS:
-            raise ValueError(f"solver={solver!r} is not registered; expected 'auto' or one of {sorted(SOLVERS)}")
+        check_solver(solver)
+        if raise_batch_size not in _RAISE_MODES or isinstance(raise_batch_size, int) and not isinstance(
+                raise_batch_size, bool):
+            raise ValueError(f"raise_batch_size={raise_batch_size!r} must be 'auto' (raise where the model has a "
+                             f"`{batch_arg_name}` attribute), True or False")
         if offload not in ("auto", True, False):
             raise ValueError(f"offload={offload!r} must be 'auto' (offload where a GPU makes it pay), True or False")
         if offload is False and solver in OFFLOAD_ONLY:
@@ -160,9 +148,8 @@ class AutoRemat(Callback):
             raise ValueError(f"max_batch_size={max_batch_size!r} must be an int >= 1")
         if module is not None and not isinstance(module, str):
             raise ValueError(f"module={module!r} must be a dotted attribute path such as 'model', or None")
-        for name, flag in (("raise_batch_size", raise_batch_size), ("verbose", verbose)):
-            if not isinstance(flag, bool):
-                raise ValueError(f"{name}={flag!r} must be True or False")
+        if not isinstance(verbose, bool):
+            raise ValueError(f"verbose={verbose!r} must be True or False")
         if not isinstance(batch_arg_name, str) or not batch_arg_name.replace(".", "_").isidentifier():
             raise ValueError(f"batch_arg_name={batch_arg_name!r} must be the name of the batch-size attribute, "
                              "e.g. 'batch_size'")
@@ -215,13 +202,25 @@ class AutoRemat(Callback):
         if is_patched(target):
             raise ValueError(f"module {self.module or type(pl_module).__name__} is already patched by autoremat; "
                              "use one AutoRemat callback per module")
-        if self.raise_batch_size and self.plan is None and not lightning_hasattr(pl_module, self.batch_arg_name):
+        if (self.raise_batch_size is True and self.plan is None
+                and not lightning_hasattr(pl_module, self.batch_arg_name)):
             raise ValueError(f"raise_batch_size=True needs a `{self.batch_arg_name}` attribute on the model, its "
                              "hparams or the datamodule (as Lightning's BatchSizeFinder does); add one or pass "
-                             "raise_batch_size=False")
-        if trainer.accumulate_grad_batches != 1 and self.raise_batch_size:
+                             "raise_batch_size='auto' (skip when there is none) or False")
+        if trainer.accumulate_grad_batches != 1 and self.raise_batch_size is True:
             raise ValueError("raise_batch_size=True with accumulate_grad_batches > 1 is not supported; "
                              "pass raise_batch_size=False")
+
+    def _raise_skipped(self, trainer: "pl.Trainer", pl_module: "pl.LightningModule") -> str | None:
+        """Why the batch size is not raised in this run (``None``: it is raised)."""
+        if self.raise_batch_size is False:
+            return "raise_batch_size=False"
+        if not lightning_hasattr(pl_module, self.batch_arg_name):
+            return (f"no `{self.batch_arg_name}` attribute on the model, its hparams or the datamodule "
+                    "(add one to let AutoRemat raise it)")
+        if trainer.accumulate_grad_batches != 1:
+            return "accumulate_grad_batches > 1"
+        return None
 
     def _resolve(self, pl_module: nn.Module) -> nn.Module:
         if self.module is None:
@@ -241,9 +240,10 @@ class AutoRemat(Callback):
             if self.batch_size is not None and lightning_hasattr(pl_module, self.batch_arg_name):
                 if lightning_getattr(pl_module, self.batch_arg_name) != self.batch_size:
                     lightning_setattr(pl_module, self.batch_arg_name, self.batch_size)
-                    _reset_dataloaders(trainer)
+                    reset_dataloaders(trainer)
             apply(self._target, self.plan, regions=self.regions)
-            rank_zero_info(f"AutoRemat: resumed {self.plan.describe()} (batch size {self.batch_size})")
+            size = "" if self.batch_size is None else f" (batch size {self.batch_size})"
+            rank_zero_info(f"AutoRemat: resumed {self.plan.describe()}{size}")
             return
         if trainer.fit_loop._combined_loader is None:
             trainer.fit_loop.setup_data()  # every rank: it synchronises under DDP
@@ -255,7 +255,7 @@ class AutoRemat(Callback):
         if payload["batch_size"] is not None and lightning_hasattr(pl_module, self.batch_arg_name):
             if lightning_getattr(pl_module, self.batch_arg_name) != payload["batch_size"]:
                 lightning_setattr(pl_module, self.batch_arg_name, payload["batch_size"])
-                _reset_dataloaders(trainer)
+                reset_dataloaders(trainer)
         if not is_patched(self._target):
             apply(self._target, plan, regions=self.regions)
         self.plan = plan
@@ -282,18 +282,24 @@ class AutoRemat(Callback):
         loss_fn = self.loss_fn or default_loss
         with trainer.precision_plugin.forward_context():
             graph = capture(target, args, kwargs, loss_fn=loss_fn, repeats=self.profile_steps, warmup=1)
-        resident = _resident_bytes(pl_module, trainer) + batch_bytes
-        device = _device_of(target, args, kwargs)
+        # Lightning's automatic optimisation zeroes gradients inside the closure *after*
+        # training_step, so the previous step's gradients are still allocated during the forward.
+        grads = "expected" if getattr(pl_module, "automatic_optimization", False) else "none"
+        resident = resident_bytes(pl_module, optimizers=trainer.optimizers, grads=grads) + batch_bytes
+        device = device_of(target, args, kwargs)
         if device.type == "cuda" and self.offload is not False:
             # offload plans are simulated (and solved) at this machine's host<->device link
             graph.meta["bandwidth_bytes_per_s"] = measure_bandwidth(device)
-        step_budget = self._step_budget(graph, device, resident)
+        step_budget = step_budget_bytes(self.budget, graph, device, resident)
         plan = self._solve(graph, step_budget)
         batch_size = original = (lightning_getattr(pl_module, self.batch_arg_name)
                                  if lightning_hasattr(pl_module, self.batch_arg_name) else None)
-        if self.raise_batch_size and original is not None:
+        skipped = self._raise_skipped(trainer, pl_module)
+        if skipped is None:
             batch_size, plan, graph = self._raise(trainer, pl_module, graph, plan, int(original), step_budget,
-                                                  loss_fn, resident, batch_bytes)
+                                                  loss_fn, batch_bytes)
+        elif self.raise_batch_size == "auto":
+            rank_zero_info(f"AutoRemat: batch size not raised: {skipped}")
         sim = simulate(graph, plan, check=False, record=False)
         vanilla = unoptimised_peak_bytes(graph)  # at the final batch size
         measured = self._measure_patched(target, trainer, pl_module, plan, loss_fn, batch_size)
@@ -303,7 +309,7 @@ class AutoRemat(Callback):
             "step_budget_bytes": step_budget, "resident_bytes": resident,
             "unoptimised_peak_bytes": vanilla, "predicted_peak_bytes": sim.peak_bytes,
             "measured_peak_bytes": measured, "predicted_overhead": sim.extra_time_s / max(sim.step_time_s - sim.extra_time_s, 1e-12),
-            "batch_size_before": original, "batch_size_after": batch_size,
+            "batch_size_before": original, "batch_size_after": batch_size, "batch_size_not_raised": skipped,
         }
         return {"plan": plan.to_dict(), "batch_size": batch_size, "original_batch_size": original,
                 "step_budget_bytes": step_budget, "summary": summary}
@@ -322,24 +328,12 @@ class AutoRemat(Callback):
         except InfeasibleBudgetError as err:
             raise InfeasibleBudgetError(step_budget, err.min_budget_bytes, solver=f"AutoRemat/{self.solver}") from err
 
-    def _step_budget(self, graph: Graph, device: torch.device, resident: int) -> int:
-        b = self.budget
-        if isinstance(b, str) and b.strip().lower() == "auto":
-            return parse_budget("auto", device=device, resident_bytes=0)  # free memory already excludes resident
-        if isinstance(b, float) or (isinstance(b, str) and b.strip().endswith("%")):
-            return parse_budget(b, unoptimised_peak_bytes=unoptimised_peak_bytes(graph))
-        step = parse_budget(b) - resident
-        if step <= 0:
-            raise ValueError(f"budget={b!r} is below what is resident before a step ({fmt_bytes(resident)}: "
-                             "parameters, optimizer state, the batch); raise it")
-        return step
-
     def _record_inputs(self, trainer: "pl.Trainer", pl_module: "pl.LightningModule",
                        size: int | None = None) -> tuple[tuple, dict, int]:
         """Inputs of the target module in ``training_step`` on a real batch (of ``size`` rows)."""
         assert self._target is not None, "please report"
-        batch = _batch_of(trainer, size)
-        batch_bytes = sum(t.untyped_storage().nbytes() for t in tensors_in(batch))
+        batch = batch_of(trainer, size)
+        batch_bytes = storage_bytes(batch)
         seen: dict[str, Any] = {}
 
         def hook(module: nn.Module, args: tuple, kwargs: dict) -> None:
@@ -347,9 +341,9 @@ class AutoRemat(Callback):
                 seen["args"], seen["kwargs"] = args, dict(kwargs)
 
         handle = self._target.register_forward_pre_hook(hook, with_kwargs=True)
-        device = _device_of(self._target, (), {})
+        device = device_of(self._target)
         try:
-            with preserved_state(pl_module, [device]), torch.no_grad(), _silenced_logging(pl_module), \
+            with preserved_state(pl_module, [device]), torch.no_grad(), silenced_logging(pl_module), \
                     trainer.precision_plugin.forward_context():
                 pl_module.training_step(batch, 0)
         finally:
@@ -373,65 +367,48 @@ class AutoRemat(Callback):
                 restore(target)
 
     def _raise(self, trainer: "pl.Trainer", pl_module: "pl.LightningModule", graph: Graph, plan: Plan,
-               original: int, step_budget: int, loss_fn: Callable[[Any], torch.Tensor], resident: int,
+               original: int, step_budget: int, loss_fn: Callable[[Any], torch.Tensor],
                batch_bytes: int) -> tuple[int, Plan, Graph]:
-        """Largest batch size whose plan fits, confirmed by a trial step; backs off on OOM."""
+        """Largest batch size whose plan fits, confirmed by a trial step; backs off on OOM.
+
+        The prediction and the confirmation both solve with :meth:`_plan_at`, so they solve the
+        same problem (solver, offload handling, budget net of the larger batch)."""
         limit = self.max_batch_size
-        length = _dataset_length(trainer)
+        length = dataset_length(trainer)
         if length is not None:
             limit = min(limit, length)
 
         def fits(size: int) -> bool:
-            g = scale_graph(graph, size / original)
-            extra_batch = batch_bytes * (size / original - 1)
             try:
-                solve(g, int(step_budget - max(0.0, extra_batch)), solver=self.solver)
+                self._plan_at(graph, size, original, step_budget, batch_bytes)
                 return True
             except InfeasibleBudgetError:
                 return False
 
-        best = original
-        size = original
-        while size < limit:  # doubling
-            nxt = min(limit, size * 2)
-            if not fits(nxt):
-                break
-            best = size = nxt
-        lo, hi = best, min(limit, size * 2) if best < limit else best
-        while hi - lo > 1:  # bisection between the last fit and the first miss
-            mid = (lo + hi) // 2
-            if fits(mid):
-                lo = mid
-            else:
-                hi = mid
-        # Confirm with real trial steps: bisection between the last confirmed size and the
-        # first size that failed (out of memory, or a measured peak over the budget).
-        confirmed: tuple[int, Plan, Graph] | None = None
-        good, bad = original, lo + 1
-        candidate = lo
-        while candidate > good:
-            outcome = self._try_size(trainer, pl_module, graph, candidate, original, step_budget, loss_fn,
-                                     batch_bytes)
-            if outcome is not None:
-                confirmed = (candidate, outcome[0], outcome[1])
-                good = candidate
-            else:
-                bad = candidate
-            candidate = (good + bad) // 2
-        if confirmed is not None:
-            return confirmed
-        return original, plan, graph
+        candidate = predicted_largest(original, max(limit, original), fits)
+        confirmed = confirmed_largest(original, candidate, lambda size: self._try_size(
+            trainer, pl_module, graph, size, original, step_budget, loss_fn, batch_bytes))
+        if confirmed is None:
+            return original, plan, graph
+        size, (plan_at_size, scaled) = confirmed
+        return size, plan_at_size, scaled
+
+    def _plan_at(self, graph: Graph, size: int, original: int, step_budget: int,
+                 batch_bytes: int) -> tuple[Plan, Graph, int]:
+        """The plan for batch ``size``: the graph scaled from ``original``, under the step budget
+        less the extra batch bytes. Raises :class:`InfeasibleBudgetError` when none fits."""
+        budget = int(step_budget - max(0.0, batch_bytes * (size / original - 1)))
+        scaled = graph.scaled(size / original)
+        return self._solve(scaled, budget), scaled, budget
 
     def _try_size(self, trainer: "pl.Trainer", pl_module: "pl.LightningModule", graph: Graph, size: int,
                   original: int, step_budget: int, loss_fn: Callable[[Any], torch.Tensor],
                   batch_bytes: int) -> tuple[Plan, Graph] | None:
-        """Set the batch size, solve the scaled graph, and confirm with a patched trial step."""
+        """Solve at ``size`` and confirm with a patched trial step on a real batch of that size."""
         assert self._target is not None, "please report"
         target = self._target
-        budget = int(step_budget - max(0.0, batch_bytes * (size / original - 1)))
-        scaled = scale_graph(graph, size / original)
         try:
-            plan = self._solve(scaled, budget)
+            plan, scaled, budget = self._plan_at(graph, size, original, step_budget, batch_bytes)
             args, kwargs, _ = self._record_inputs(trainer, pl_module, size)
             apply(target, plan, regions=self.regions)
             try:
@@ -441,11 +418,12 @@ class AutoRemat(Callback):
         except InfeasibleBudgetError as err:
             logger.info("AutoRemat: batch size %d does not fit (%s); backing off", size, err)
             return None
-        except (RuntimeError, torch.OutOfMemoryError) as err:
-            if not is_oom(err):
+        except RuntimeError as err:  # torch.OutOfMemoryError is a RuntimeError
+            if not is_oom_error(err):
                 raise
             logger.info("AutoRemat: batch size %d ran out of memory in the trial step; backing off", size)
-            _empty_cache()
+            if torch.cuda.is_available():
+                garbage_collection_cuda()
             return None
         if peak is not None and peak > budget:
             logger.info("AutoRemat: batch size %d measured %d bytes over a %d-byte step budget; backing off",
@@ -467,38 +445,33 @@ class AutoRemat(Callback):
             ("segments (recomputed)", f"{s['segments']} ({s['recomputed']})"),
             ("resident before a step", fmt_bytes(s["resident_bytes"])),
             ("step-peak budget", fmt_bytes(s["step_budget_bytes"])),
-            (f"unoptimised step peak (batch {s['batch_size_after']})", fmt_bytes(s["unoptimised_peak_bytes"])),
+            ("unoptimised step peak" + ("" if s["batch_size_after"] is None else f" (batch {s['batch_size_after']})"),
+             fmt_bytes(s["unoptimised_peak_bytes"])),
             ("predicted step peak", fmt_bytes(s["predicted_peak_bytes"])),
             ("measured step peak", "n/a" if s["measured_peak_bytes"] is None else fmt_bytes(s["measured_peak_bytes"])),
             ("predicted time overhead", f"{s['predicted_overhead']:.1%}"),
-            ("batch size", f"{s['batch_size_before']} -> {s['batch_size_after']}"),
+            ("batch size", _batch_size_row(s)),
         ]
         for k, v in rows:
             table.add_row(k, str(v))
         Console().print(table)
 
 
-@contextlib.contextmanager
-def _silenced_logging(pl_module: nn.Module) -> Iterator[None]:
-    """``self.log`` outside a loop raises in Lightning; silence it for the recording call."""
-    saved = {k: pl_module.__dict__.get(k) for k in ("log", "log_dict")}
-    pl_module.__dict__["log"] = lambda *a, **k: None
-    pl_module.__dict__["log_dict"] = lambda *a, **k: None
-    try:
-        yield
-    finally:
-        for k, v in saved.items():
-            if v is None:
-                del pl_module.__dict__[k]
-            else:
-                pl_module.__dict__[k] = v
+def _batch_size_row(summary: dict[str, Any]) -> str:
+    """What the batch-size step did, or why it did not run."""
+    before, after, why = summary["batch_size_before"], summary["batch_size_after"], summary["batch_size_not_raised"]
+    if why is not None:
+        return f"not raised: {why}" if before is None else f"{before} (not raised: {why})"
+    if after == before:
+        return f"{before} (already the largest that fits)"
+    return f"{before} -> {after} (raised)"
 
 
 def _trial_step(target: nn.Module, args: tuple, kwargs: dict, loss_fn: Callable[[Any], torch.Tensor],
                 trainer: "pl.Trainer") -> int | None:
     """One forward+backward of ``target``; returns its step peak. RNG, buffers and gradients
     are put back, so training is unaffected."""
-    device = _device_of(target, args, kwargs)
+    device = device_of(target, args, kwargs)
     with preserved_state(target, [device]):
         if device.type == "cuda":
             torch.cuda.synchronize(device)
@@ -512,95 +485,3 @@ def _trial_step(target: nn.Module, args: tuple, kwargs: dict, loss_fn: Callable[
         with counter, trainer.precision_plugin.forward_context():
             run_step(target, args, kwargs, loss_fn)
         return int(counter.peak)
-
-
-def _batch_of(trainer: "pl.Trainer", size: int | None) -> Any:
-    """A real training batch, on the device; with ``size``, built from as many batches of the
-    training dataloader as needed (tensors concatenated along the first dimension)."""
-    from torch.utils._pytree import tree_flatten, tree_unflatten
-
-    dataloader = trainer.train_dataloader
-    if dataloader is None:
-        raise ValueError("AutoRemat needs a training dataloader to profile on")
-    it = iter(dataloader)
-    first = next(it)
-    if size is None:
-        return trainer.strategy.batch_to_device(first)
-    leaves, spec = tree_flatten(first)
-    columns = [[leaf] for leaf in leaves]
-    rows = next((leaf.shape[0] for leaf in leaves if isinstance(leaf, torch.Tensor) and leaf.dim()), 0)
-    while rows < size:
-        try:
-            more, _ = tree_flatten(next(it))
-        except StopIteration:
-            break
-        for col, leaf in zip(columns, more):
-            col.append(leaf)
-        rows += next((leaf.shape[0] for leaf in more if isinstance(leaf, torch.Tensor) and leaf.dim()), 0)
-    merged = [torch.cat(col)[:size] if isinstance(col[0], torch.Tensor) and col[0].dim() else col[0]
-              for col in columns]
-    return trainer.strategy.batch_to_device(tree_unflatten(merged, spec))
-
-
-def _resident_bytes(pl_module: nn.Module, trainer: "pl.Trainer") -> int:
-    params = sum(p.untyped_storage().nbytes() for p in pl_module.parameters())
-    buffers = sum(b.untyped_storage().nbytes() for b in pl_module.buffers())
-    opt_state = sum(optimizer_state_bytes(opt) for opt in trainer.optimizers)
-    # Lightning's automatic optimisation zeroes gradients inside the closure *after*
-    # training_step, so the previous step's gradients are still allocated during the forward.
-    grads = 0
-    if getattr(pl_module, "automatic_optimization", False):
-        grads = sum(p.numel() * p.element_size() for p in pl_module.parameters() if p.requires_grad)
-    return int(params + buffers + opt_state + grads)
-
-
-_LAZY_STATE_SLOTS = {"Adam": 2, "AdamW": 2, "Adamax": 2, "NAdam": 2, "RAdam": 2, "Adadelta": 2, "Rprop": 2}
-
-
-def optimizer_state_bytes(opt: torch.optim.Optimizer) -> int:
-    """Bytes of ``opt``'s state; before its first step (state is created lazily) an estimate from
-    its type: Adam-family two tensors per parameter, SGD with momentum one, RMSprop one to three."""
-    present = sum(t.untyped_storage().nbytes() for st in opt.state.values() for t in tensors_in(st))
-    if present or not opt.param_groups:
-        return int(present)
-    total = 0
-    for group in opt.param_groups:
-        slots = _LAZY_STATE_SLOTS.get(type(opt).__name__, 0)
-        if type(opt).__name__ == "SGD" and group.get("momentum", 0):
-            slots = 1
-        if type(opt).__name__ == "RMSprop":
-            slots = 1 + bool(group.get("momentum", 0)) + bool(group.get("centered", False))
-        total += slots * sum(p.numel() * p.element_size() for p in group["params"] if p.requires_grad)
-    return int(total)
-
-
-def _device_of(module: nn.Module, args: tuple, kwargs: dict) -> torch.device:
-    for p in module.parameters():
-        return p.device
-    for t in tensors_in((args, kwargs)):
-        return t.device
-    return torch.device("cpu")
-
-
-def _dataset_length(trainer: "pl.Trainer") -> int | None:
-    loader = trainer.fit_loop._combined_loader
-    if loader is None:
-        return None
-    try:
-        return int(loader._dataset_length())
-    except (NotImplementedError, TypeError):
-        return None
-
-
-def _reset_dataloaders(trainer: "pl.Trainer") -> None:
-    loop = trainer.fit_loop
-    loop._combined_loader = None
-    loop.setup_data()
-    val = loop.epoch_loop.val_loop
-    val._combined_loader = None
-    val.setup_data()
-
-
-def _empty_cache() -> None:
-    if torch.cuda.is_available():
-        torch.cuda.empty_cache()

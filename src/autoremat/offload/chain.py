@@ -76,14 +76,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..graph import Graph
-from ..simulate import StorageLedger
+from ..simulate import DEFAULT_BANDWIDTH_BYTES_PER_S, StorageLedger
 
 __all__ = ["Chain", "chain_from_graph", "split_points", "layer_cuts", "GROUPINGS", "DEFAULT_BANDWIDTH_BYTES_PER_S"]
-
-DEFAULT_BANDWIDTH_BYTES_PER_S = 12e9
-"""Default host<->device bandwidth: about what pinned copies reach on PCIe 4.0 x16 (and what
-the paper measured on PCIe 3 with a V100, 12.2 GB/s). A default, not a measurement of this
-machine; pass the measured value where one exists."""
 
 
 @dataclass(frozen=True)

@@ -18,15 +18,20 @@ from ..graph import Graph
 from ..plan import Plan, validate_plan
 from ..replay_tail import replay_tails
 from ..simulate import simulate, unoptimised_peak_bytes
-from .chen import solve_chen
-from .combined import offload_allowed, solve_combined
-from .kusumoto import min_budget, solve_dp_approx, solve_dp_exact
-from .none import solve_none
-from .offload_chain import solve_offload_dp, solve_offload_greedy, solve_vdnn
-from .reforward import solve_reforward
-from .xla_greedy import solve_xla_greedy
+from ._config import SolverConfig, option_names
+from .chen import ChenConfig, solve_chen
+from .combined import CombinedConfig, offload_allowed, solve_combined
+from .kusumoto import solve_dp_approx, solve_dp_exact
+from .kusumoto_config import DPApproxConfig, DPExactConfig
+from .minimum import min_budget
+from .none import NoneConfig, solve_none
+from .offload_chain import (OffloadDPConfig, OffloadGreedyConfig, VdnnConfig, solve_offload_dp, solve_offload_greedy,
+                            solve_vdnn)
+from .reforward import ReforwardConfig, solve_reforward
+from .xla_greedy import XlaGreedyConfig, solve_xla_greedy
 
-__all__ = ["SOLVERS", "OFFLOAD_ONLY", "SolverFn", "solve", "finalize_plan", "min_budget"]
+__all__ = ["SOLVERS", "CONFIGS", "OFFLOAD_ONLY", "SolverFn", "SolverConfig", "solve", "finalize_plan", "min_budget",
+           "check_solver"]
 
 logger = logging.getLogger(__name__)
 
@@ -46,10 +51,32 @@ SOLVERS: dict[str, SolverFn] = {
 }
 """Registry: solver name -> ``solve(graph, budget_bytes, *, config=None) -> Plan``."""
 
+CONFIGS: dict[str, type[SolverConfig]] = {
+    "none": NoneConfig,
+    "chen": ChenConfig,
+    "dp-exact": DPExactConfig,
+    "dp-approx": DPApproxConfig,
+    "xla-greedy": XlaGreedyConfig,
+    "reforward": ReforwardConfig,
+    "combined": CombinedConfig,
+    "offload-greedy": OffloadGreedyConfig,
+    "offload-dp": OffloadDPConfig,
+    "vdnn": VdnnConfig,
+}
+"""Solver name -> its typed options (``config``); an option it does not list is a ``ValueError``."""
+
 _AUTO_ORDER = ("none", "chen", "dp-approx", "combined")
 
 OFFLOAD_ONLY = ("offload-greedy", "offload-dp", "vdnn")
 """Registered solvers that only offload (no recomputation)."""
+
+
+def check_solver(name: str, *, allow_auto: bool = True) -> str:
+    """``name`` if it is registered (or ``"auto"`` where allowed); else a ``ValueError`` listing them."""
+    if (allow_auto and name == "auto") or name in SOLVERS:
+        return name
+    expected = f"'auto' or one of {sorted(SOLVERS)}" if allow_auto else f"one of {sorted(SOLVERS)}"
+    raise ValueError(f"solver={name!r} is not registered; expected {expected}")
 
 
 def finalize_plan(graph: Graph, plan: Plan, budget_bytes: int, solver: str,
@@ -86,12 +113,13 @@ def solve(graph: Graph, budget: Any, *, solver: str = "auto", auto_solvers: Sequ
     ``budget``: see :func:`autoremat.budget.parse_budget`. ``solver``: a key of
     :data:`SOLVERS`, or ``"auto"`` (no recomputation when it fits, else the best plan of the
     registered solvers that fits; ``auto_solvers`` narrows the solvers ``"auto"`` tries).
-    Extra keyword options go to the solver as its ``config``.
+    Extra keyword options go to the solver as its ``config`` (see :data:`CONFIGS`; an unknown
+    option is a ``ValueError`` naming the accepted ones). Under ``"auto"`` each solver tried gets
+    the options it accepts, and an option that none of them accepts is a ``ValueError``.
     """
     if not isinstance(graph, Graph):
         raise TypeError(f"graph must be an autoremat.Graph (from autoremat.capture), got {type(graph).__name__}")
-    if solver != "auto" and solver not in SOLVERS:
-        raise ValueError(f"solver={solver!r} is not registered; expected 'auto' or one of {sorted(SOLVERS)}")
+    check_solver(solver)
     budget_bytes = parse_budget(
         budget,
         unoptimised_peak_bytes=unoptimised_peak_bytes(graph) if _needs_peak(budget) else None,
@@ -104,12 +132,13 @@ def solve(graph: Graph, budget: Any, *, solver: str = "auto", auto_solvers: Sequ
     best: Plan | None = None
     least_min: int | None = None
     order = _AUTO_ORDER if auto_solvers is None else tuple(n for n in _AUTO_ORDER if n in auto_solvers or n == "none")
+    _check_auto_options(options, order)
     if not offload_allowed(graph, dict(options)):
         order = tuple(n for n in order if n != "combined")  # it would only repeat the others
     for name in order:
+        mine = _accepted(name, options)
         try:
-            plan = finalize_plan(graph, SOLVERS[name](graph, budget_bytes, config=dict(options)),
-                                 budget_bytes, name, options)
+            plan = finalize_plan(graph, SOLVERS[name](graph, budget_bytes, config=mine), budget_bytes, name, mine)
         except InfeasibleBudgetError as err:
             if err.min_budget_bytes is not None:
                 least_min = err.min_budget_bytes if least_min is None else min(least_min, err.min_budget_bytes)
@@ -122,6 +151,20 @@ def solve(graph: Graph, budget: Any, *, solver: str = "auto", auto_solvers: Sequ
         raise InfeasibleBudgetError(budget_bytes, least_min, solver="auto")
     logger.info("solver='auto' chose %s", best.solver)
     return best
+
+
+def _accepted(solver: str, options: Mapping[str, Any]) -> dict[str, Any]:
+    """The options ``solver`` accepts (all of them for a solver registered without a config)."""
+    cls = CONFIGS.get(solver)
+    return dict(options) if cls is None else {k: v for k, v in options.items() if k in option_names(cls)}
+
+
+def _check_auto_options(options: Mapping[str, Any], order: Sequence[str]) -> None:
+    accepted = {k for name in order for k in (option_names(CONFIGS[name]) if name in CONFIGS else options)}
+    unknown = sorted(set(options) - accepted)
+    if unknown:
+        raise ValueError(f"solver='auto': option(s) {unknown} are accepted by none of the solvers it tries "
+                         f"({', '.join(order)}); they accept: {', '.join(sorted(accepted)) or 'none'}")
 
 
 def _needs_peak(budget: Any) -> bool:

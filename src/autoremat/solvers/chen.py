@@ -32,14 +32,16 @@ plans tried.
 from __future__ import annotations
 
 import math
-from typing import Any
+from dataclasses import dataclass, field
+from typing import Any, ClassVar
 
 from ..errors import InfeasibleBudgetError
 from ..graph import Graph
 from ..plan import Plan, Segment, segments_from_lower_sets
 from ..simulate import no_recompute_plan, simulate
+from ._config import SolverConfig
 
-__all__ = ["solve_chen", "split_candidates", "segment_by_threshold"]
+__all__ = ["solve_chen", "split_candidates", "segment_by_threshold", "ChenConfig"]
 
 
 def split_candidates(graph: Graph) -> list[int]:
@@ -72,9 +74,19 @@ def segment_by_threshold(graph: Graph, threshold: float, candidates: set[int]) -
     return lower_sets
 
 
-def solve_chen(graph: Graph, budget_bytes: int, *, config: dict[str, Any] | None = None) -> Plan:
-    cfg = dict(config or {})
-    grid = int(cfg.pop("grid", 48))
+@dataclass(frozen=True)
+class ChenConfig(SolverConfig):
+    """Options of ``chen``."""
+
+    solver: ClassVar[str] = "chen"
+    grid: int = field(default=48, metadata={"help": "thresholds tried on a geometric grid between the least "
+                                                    "saved bytes of a node and the total (Algorithm 3's b)"})
+
+
+def solve_chen(graph: Graph, budget_bytes: int, *, config: dict[str, Any] | ChenConfig | None = None) -> Plan:
+    grid = ChenConfig.parse(config).grid
+    if isinstance(grid, bool) or not isinstance(grid, int):
+        raise ValueError(f"grid={grid!r} must be an int >= 1")
     if grid < 1:
         raise ValueError(f"grid={grid} must be >= 1")
     if graph.meta.get("mode") == "module":

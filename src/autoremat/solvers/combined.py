@@ -32,14 +32,31 @@ Time: O(grid · |bases| · (solve + offload_grid · simulate)); space O(n). Infe
 
 from __future__ import annotations
 
-from typing import Any
+from dataclasses import dataclass, field
+from typing import Any, ClassVar
 
 from ..errors import InfeasibleBudgetError
 from ..graph import Graph
 from ..plan import Plan, offloadable_nodes
 from ..simulate import no_recompute_plan, simulate, unoptimised_peak_bytes
+from ._config import SolverConfig
 
-__all__ = ["solve_combined", "offload_allowed"]
+__all__ = ["solve_combined", "offload_allowed", "CombinedConfig"]
+
+
+@dataclass(frozen=True)
+class CombinedConfig(SolverConfig):
+    """Options of ``combined`` (see the module docstring)."""
+
+    solver: ClassVar[str] = "combined"
+    bases: tuple[str, ...] = field(default=("chen", "dp-approx"), metadata={
+        "help": "recomputation solvers whose plans are completed with offloads (registered ones are used)"})
+    grid: int = field(default=8, metadata={"help": "budgets per base solver, geometric from the target to the peak"})
+    offload_grid: int = field(default=48, metadata={"help": "offload prefix lengths simulated per candidate"})
+    bandwidth_bytes_per_s: float | None = field(default=None, metadata={
+        "help": "host<->device bandwidth (default graph.meta's, else the simulator's default)"})
+    offload: bool | str = field(default="auto", metadata={
+        "help": "True, False, or 'auto' (offload on CUDA and meta captures)"})
 
 
 def offload_allowed(graph: Graph, config: dict[str, Any]) -> bool:
@@ -50,13 +67,14 @@ def offload_allowed(graph: Graph, config: dict[str, Any]) -> bool:
     return device.startswith("cuda") or device == "meta"
 
 
-def solve_combined(graph: Graph, budget_bytes: int, *, config: dict[str, Any] | None = None) -> Plan:
+def solve_combined(graph: Graph, budget_bytes: int, *, config: dict[str, Any] | CombinedConfig | None = None
+                   ) -> Plan:
     from . import SOLVERS  # the registry imports this module
 
-    cfg = dict(config or {})
-    bases = [b for b in cfg.get("bases", ("chen", "dp-approx")) if b in SOLVERS]
-    grid = int(cfg.get("grid", 8))
-    bandwidth = cfg.get("bandwidth_bytes_per_s")
+    cfg = CombinedConfig.parse(config).as_dict()
+    bases = [b for b in cfg["bases"] if b in SOLVERS]
+    grid = int(cfg["grid"])
+    bandwidth = cfg["bandwidth_bytes_per_s"]
     allow = offload_allowed(graph, cfg)
     vanilla = unoptimised_peak_bytes(graph)
     tried: list[tuple[int, float, Plan]] = []
@@ -102,7 +120,7 @@ def solve_combined(graph: Graph, budget_bytes: int, *, config: dict[str, Any] | 
         # can form a narrow window: scan an even grid of lengths, then every length around the
         # grid point with the lowest peak and around the first one that fits.
         n = len(order)
-        points = min(n, int(cfg.get("offload_grid", 48)))
+        points = min(n, int(cfg["offload_grid"]))
         step = max(1, n // points)
         grid = sorted({min(n, 1 + i * step) for i in range(points)} | {n})
         peaks = {k: judge(with_offload(k))[0] for k in grid}

@@ -220,7 +220,7 @@ replays; :data:`.kusumoto_exact.PROGRESS_EVERY_S`).
 
 Options (``config``): ``objective`` (``"time"`` | ``"memory"``), ``time_slots`` (int),
 ``max_lower_sets`` (int, dp-exact), ``fallback`` (bool, dp-exact), ``max_tightenings`` (int);
-other keys are ignored with a warning (``solve(solver="auto")`` passes one set to all solvers).
+(:class:`~.kusumoto_config.DPConfig`; an unknown key is a ``ValueError``).
 """
 
 from __future__ import annotations
@@ -238,6 +238,7 @@ from ..graph import Graph
 from ..plan import Plan, segments_from_lower_sets
 from ..simulate import no_recompute_plan, simulate
 from .kusumoto_closed import _closed_peak
+from .kusumoto_config import DPApproxConfig, DPConfig, DPExactConfig
 from .kusumoto_dp import _DP, _time_quantum
 from .kusumoto_replay import _bookkeeping, _exact_transition, _model_peak  # noqa: F401 (tests use them)
 from .kusumoto_sets import _all_lower_sets, _bits, _Prep, _pruned_lower_sets
@@ -248,15 +249,7 @@ logger = logging.getLogger(__name__)
 
 
 # ---------------------------------------------------------------------------------------- solving
-_OBJECTIVES = ("time", "memory")
 _LEAST_KEPT_LABELS = 20_000  # dp-exact's minimum also tries the least-kept sequence up to this many labels
-_DEFAULTS: dict[str, Any] = {
-    "objective": "time",
-    "time_slots": 500,
-    "max_lower_sets": 500,
-    "fallback": True,
-    "max_tightenings": 24,
-}
 
 
 class _Search:
@@ -503,20 +496,11 @@ def _search(graph: Graph, solver: str, cfg: dict[str, Any]) -> _Search:
     return search
 
 
-def _config(config: dict[str, Any] | None, solver: str) -> dict[str, Any]:
-    given = dict(config or {})
-    unknown = sorted(set(given) - set(_DEFAULTS))
-    if unknown:  # solve(solver="auto", **options) hands every solver the same options
-        logger.warning("%s ignores unknown options %s (it accepts %s)", solver, unknown, sorted(_DEFAULTS))
-        for key in unknown:
-            del given[key]
-    cfg = {**_DEFAULTS, **given}
-    if cfg["objective"] not in _OBJECTIVES:
-        raise ValueError(f"objective={cfg['objective']!r} is not supported; expected one of {_OBJECTIVES}")
-    for key, least in (("time_slots", 1), ("max_lower_sets", 1), ("max_tightenings", 0)):
-        value = cfg[key]
-        if isinstance(value, bool) or not isinstance(value, int) or value < least:
-            raise ValueError(f"{key}={value!r} must be an int >= {least}")
+def _config(config: dict[str, Any] | DPConfig | None, solver: str) -> dict[str, Any]:
+    cls = DPExactConfig if solver == "dp-exact" else DPApproxConfig
+    if isinstance(config, DPConfig) and not isinstance(config, cls):
+        config = config.as_dict()  # the shared options suit either DP
+    cfg = cls.parse(config).as_dict()
     cfg["fallback"] = bool(cfg["fallback"])
     return cfg
 

@@ -6,17 +6,27 @@ budget; ``min_budget_bytes`` is then that peak.
 
 from __future__ import annotations
 
-from typing import Any
+from dataclasses import dataclass
+from typing import Any, ClassVar
 
 from ..errors import InfeasibleBudgetError
 from ..graph import Graph
 from ..plan import Plan
 from ..simulate import no_recompute_plan, simulate
+from ._config import SolverConfig
 
-__all__ = ["solve_none"]
+__all__ = ["solve_none", "NoneConfig"]
 
 
-def solve_none(graph: Graph, budget_bytes: int, *, config: dict[str, Any] | None = None) -> Plan:
+@dataclass(frozen=True)
+class NoneConfig(SolverConfig):
+    """``none`` takes no options."""
+
+    solver: ClassVar[str] = "none"
+
+
+def solve_none(graph: Graph, budget_bytes: int, *, config: dict[str, Any] | NoneConfig | None = None) -> Plan:
+    NoneConfig.parse(config)
     plan = no_recompute_plan(graph)
     peak = simulate(graph, plan, check=False, record=False).peak_bytes
     if peak > budget_bytes:

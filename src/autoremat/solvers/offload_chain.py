@@ -88,7 +88,8 @@ import bisect
 import logging
 import math
 from collections.abc import Callable, Iterable, Sequence
-from typing import Any
+from dataclasses import dataclass, field
+from typing import Any, ClassVar
 
 from ..errors import InfeasibleBudgetError
 from ..graph import Graph
@@ -97,10 +98,11 @@ from ..offload.chain_sim import OffloadSchedule
 from ..offload.solvers import DEFAULT_SLOTS, ROUNDINGS, VDNN_MODES, lower_bound, offload_dp, offload_greedy, vdnn
 from ..plan import Plan, offloadable_nodes
 from ..simulate import DEFAULT_BANDWIDTH_BYTES_PER_S, no_recompute_plan, simulate
+from ._config import SolverConfig
 from .combined import offload_allowed
 
 __all__ = ["solve_offload_greedy", "solve_offload_dp", "solve_vdnn", "offload_candidates", "offloadable_chain",
-           "layer_offload_nodes"]
+           "layer_offload_nodes", "OffloadGreedyConfig", "OffloadDPConfig", "VdnnConfig"]
 
 logger = logging.getLogger(__name__)
 
@@ -240,7 +242,7 @@ class _Judge:
 def _solve(graph: Graph, budget_bytes: int, config: dict[str, Any] | None, name: str,
            choose: Callable[[Chain, int], OffloadSchedule] | None) -> Plan:
     """Steps 1-7 of the module docstring; ``choose=None`` offloads every candidate (vDNN_all)."""
-    cfg = dict(config or {})
+    cfg = dict(config or {})  # the registered solvers parsed it with their config class
     bandwidth = _bandwidth(graph, cfg)
     grouping = _grouping(cfg)
     allow = _allowed(graph, cfg)
@@ -302,18 +304,51 @@ def _solve(graph: Graph, budget_bytes: int, config: dict[str, Any] | None, name:
     raise InfeasibleBudgetError(budget, least, solver=name)
 
 
+# ---------------------------------------------------------------------- options
+@dataclass(frozen=True)
+class OffloadGreedyConfig(SolverConfig):
+    """Options of ``offload-greedy`` (shared by the other chain offload solvers)."""
+
+    solver: ClassVar[str] = "offload-greedy"
+    bandwidth_bytes_per_s: float | None = field(default=None, metadata={
+        "help": "host<->device bandwidth (default graph.meta's, else the simulator's default)"})
+    grouping: str = field(default="fine", metadata={"help": f"the chain's virtual layers: one of {GROUPINGS}"})
+    offload: bool | str | None = field(default="auto", metadata={
+        "help": "True, False, or 'auto' (offload on CUDA and meta captures)"})
+
+
+@dataclass(frozen=True)
+class OffloadDPConfig(OffloadGreedyConfig):
+    """Options of ``offload-dp``."""
+
+    solver: ClassVar[str] = "offload-dp"
+    slots: int = field(default=DEFAULT_SLOTS, metadata={"help": "memory slots of DYNPROG (the paper uses 500)"})
+    rounding: str = field(default="up", metadata={"help": f"how activation sizes become slots: one of {ROUNDINGS}"})
+
+
+@dataclass(frozen=True)
+class VdnnConfig(OffloadGreedyConfig):
+    """Options of ``vdnn``."""
+
+    solver: ClassVar[str] = "vdnn"
+    mode: str = field(default="conv", metadata={"help": f"one of {VDNN_MODES}: thresholds, or offload everything"})
+
+
 # ---------------------------------------------------------------------- registered solvers
-def solve_offload_greedy(graph: Graph, budget_bytes: int, *, config: dict[str, Any] | None = None) -> Plan:
+def solve_offload_greedy(graph: Graph, budget_bytes: int, *,
+                         config: dict[str, Any] | OffloadGreedyConfig | None = None) -> Plan:
     """GREEDY (integral, §4.2 of [1]) mapped to a plan; see the module docstring."""
-    return _solve(graph, budget_bytes, config, "offload-greedy", lambda c, m: offload_greedy(c, m))
+    cfg = OffloadGreedyConfig.parse(config).as_dict()
+    return _solve(graph, budget_bytes, cfg, "offload-greedy", lambda c, m: offload_greedy(c, m))
 
 
-def solve_offload_dp(graph: Graph, budget_bytes: int, *, config: dict[str, Any] | None = None) -> Plan:
+def solve_offload_dp(graph: Graph, budget_bytes: int, *, config: dict[str, Any] | OffloadDPConfig | None = None
+                     ) -> Plan:
     """DYNPROG (§5.3 of [1]) mapped to a plan; ``slots`` (default 500) and ``rounding`` as in
     :func:`~autoremat.offload.offload_dp`."""
-    cfg = dict(config or {})
-    slots = cfg.get("slots", DEFAULT_SLOTS)
-    rounding = cfg.get("rounding", "up")
+    cfg = OffloadDPConfig.parse(config).as_dict()
+    slots = cfg["slots"]
+    rounding = cfg["rounding"]
     if isinstance(slots, bool) or not isinstance(slots, int) or slots < 1:
         raise ValueError(f"slots={slots!r} must be an int >= 1 (memory slots of DYNPROG; the paper uses 500)")
     if rounding not in ROUNDINGS:
@@ -321,11 +356,11 @@ def solve_offload_dp(graph: Graph, budget_bytes: int, *, config: dict[str, Any] 
     return _solve(graph, budget_bytes, cfg, "offload-dp", lambda c, m: offload_dp(c, m, slots=slots, rounding=rounding))
 
 
-def solve_vdnn(graph: Graph, budget_bytes: int, *, config: dict[str, Any] | None = None) -> Plan:
+def solve_vdnn(graph: Graph, budget_bytes: int, *, config: dict[str, Any] | VdnnConfig | None = None) -> Plan:
     """vDNN++ (§6.1 of [1]) mapped to a plan; ``mode="conv"`` (thresholds, default) or ``"all"``
     (vDNN_all: offload every candidate, whatever the budget)."""
-    cfg = dict(config or {})
-    mode = cfg.get("mode", "conv")
+    cfg = VdnnConfig.parse(config).as_dict()
+    mode = cfg["mode"]
     if mode not in VDNN_MODES:
         raise ValueError(f"mode={mode!r} is not a vDNN mode; expected one of {VDNN_MODES}")
     choose = None if mode == "all" else (lambda c, m: vdnn(c, m, mode="conv"))

@@ -89,7 +89,8 @@ Method.
   (default 128), the quarter with the least Eqn.-1 cost (tight budgets) and an even
   spread over the rest of the family (the time-memory trade-off) are simulated.
 
-Config (``config`` dict): ``multi_input`` (``"both"``, ``"store"`` or ``"merge"``),
+Config (:class:`ReforwardConfig`, or a dict of its fields; an unknown key is a ``ValueError``):
+``multi_input`` (``"both"``, ``"store"`` or ``"merge"``),
 ``max_candidates`` (int ≥ 1), ``method`` (``"auto"``: Algorithm 5, which reduces to
 Algorithm 1 on chains; ``"linear"``: Algorithm 1 itself, only for chains).
 
@@ -134,12 +135,13 @@ import heapq
 import logging
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, ClassVar
 
 from ..errors import InfeasibleBudgetError
 from ..graph import Graph
 from ..plan import Plan, Segment, segments_from_lower_sets
 from ..simulate import no_recompute_plan, simulate
+from ._config import SolverConfig
 from .reforward_search import ReforwardSolution, _chain_pre, _family, _max_terms
 from .reforward_tree import _build_tree, _Closed, _Model, breaks_multi_input_assumption
 
@@ -375,26 +377,31 @@ def _plan_segments(graph: Graph, M: _Model, groups: Sequence[Sequence[int]]) -> 
     return [Segment(s.nodes, recompute=s.recompute and f) for s, f in zip(segs, flags)]
 
 
-def _option(cfg: dict[str, Any], key: str, default: Any) -> Any:
-    return cfg.pop(key) if key in cfg else default
+@dataclass(frozen=True)
+class ReforwardConfig(SolverConfig):
+    """Options of ``reforward`` (see the module docstring)."""
+
+    solver: ClassVar[str] = "reforward"
+    multi_input: str = field(default="both", metadata={"help": f"multi-input vertices: one of {MULTI_INPUT_MODES}"})
+    max_candidates: int = field(default=_DEFAULT_MAX_CANDIDATES,
+                                metadata={"help": "candidate plans simulated when the family is larger"})
+    method: str = field(default="auto", metadata={"help": f"one of {_METHODS}: Algorithm 5, or Algorithm 1 (chains)"})
 
 
-def solve_reforward(graph: Graph, budget_bytes: int, *, config: dict[str, Any] | None = None) -> Plan:
+def solve_reforward(graph: Graph, budget_bytes: int, *, config: dict[str, Any] | ReforwardConfig | None = None
+                    ) -> Plan:
     """Re-forwarding under a step-peak budget (see the module docstring)."""
     _check_graph(graph)
-    cfg = dict(config or {})
-    multi_input = _option(cfg, "multi_input", "both")
+    cfg = ReforwardConfig.parse(config)
+    multi_input = cfg.multi_input
     if multi_input not in MULTI_INPUT_MODES:
         raise ValueError(f"multi_input={multi_input!r} is not accepted; expected one of {list(MULTI_INPUT_MODES)}")
-    max_candidates = _option(cfg, "max_candidates", _DEFAULT_MAX_CANDIDATES)
+    max_candidates = cfg.max_candidates
     if isinstance(max_candidates, bool) or not isinstance(max_candidates, int) or max_candidates < 1:
         raise ValueError(f"max_candidates={max_candidates!r} must be an int >= 1")
-    method = _option(cfg, "method", "auto")
+    method = cfg.method
     if method not in _METHODS:
         raise ValueError(f"method={method!r} is not accepted; expected one of {list(_METHODS)}")
-    if cfg:
-        logger.warning("reforward ignores unknown options %s (it accepts multi_input, max_candidates, "
-                       "method)", sorted(cfg))
 
     if method == "linear":
         family = reforward_linear(graph)

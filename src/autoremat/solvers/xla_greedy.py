@@ -67,15 +67,17 @@ its input) neither alone frees anything, so on a plain MLP the greedy stops almo
 from __future__ import annotations
 
 import logging
-from typing import Any
+from dataclasses import dataclass
+from typing import Any, ClassVar
 
 from ..errors import InfeasibleBudgetError
 from ..graph import Graph
 from ..plan import Plan, Segment
 from ..simulate import no_recompute_plan, simulate
+from ._config import SolverConfig
 from .schedule import JointGraph, Schedule, with_liveness_frees
 
-__all__ = ["xla_greedy_schedule", "solve_xla_greedy", "plan_from_recomputed"]
+__all__ = ["xla_greedy_schedule", "solve_xla_greedy", "plan_from_recomputed", "XlaGreedyConfig"]
 
 logger = logging.getLogger(__name__)
 
@@ -270,14 +272,20 @@ class _Scorer:
         return reduced
 
 
-def solve_xla_greedy(graph: Graph, budget_bytes: int, *, config: dict[str, Any] | None = None) -> Plan:
+@dataclass(frozen=True)
+class XlaGreedyConfig(SolverConfig):
+    """``xla-greedy`` takes no options."""
+
+    solver: ClassVar[str] = "xla-greedy"
+
+
+def solve_xla_greedy(graph: Graph, budget_bytes: int, *, config: dict[str, Any] | XlaGreedyConfig | None = None
+                     ) -> Plan:
     """GreedyRemat mapped to a canonical plan (module docstring); judged by :func:`simulate`.
 
     ``config`` takes no options (an unknown key is a ``ValueError``).
     """
-    cfg = dict(config or {})
-    if cfg:
-        raise ValueError(f"xla-greedy takes no options, got {sorted(cfg)}")
+    XlaGreedyConfig.parse(config)
     plan = no_recompute_plan(graph)
     plan.solver = "xla-greedy"
     sim = simulate(graph, plan, check=False, record=False)

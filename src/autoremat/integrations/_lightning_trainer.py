@@ -1,0 +1,80 @@
+"""What :class:`~autoremat.integrations.lightning.AutoRemat` needs from a Lightning ``Trainer``:
+real training batches of a given size, the dataset length, dataloaders rebuilt after the batch
+size changed, and ``self.log`` silenced for a call of ``training_step`` outside the loop."""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+from typing import TYPE_CHECKING, Any
+
+import torch
+from torch import nn
+
+if TYPE_CHECKING:
+    import lightning.pytorch as pl
+
+__all__ = ["batch_of", "dataset_length", "reset_dataloaders", "silenced_logging"]
+
+
+@contextlib.contextmanager
+def silenced_logging(pl_module: nn.Module) -> Iterator[None]:
+    """``self.log`` outside a loop raises in Lightning; silence it for the recording call."""
+    saved = {k: pl_module.__dict__.get(k) for k in ("log", "log_dict")}
+    pl_module.__dict__["log"] = lambda *a, **k: None
+    pl_module.__dict__["log_dict"] = lambda *a, **k: None
+    try:
+        yield
+    finally:
+        for k, v in saved.items():
+            if v is None:
+                del pl_module.__dict__[k]
+            else:
+                pl_module.__dict__[k] = v
+
+
+def batch_of(trainer: "pl.Trainer", size: int | None) -> Any:
+    """A real training batch, on the device; with ``size``, built from as many batches of the
+    training dataloader as needed (tensors concatenated along the first dimension)."""
+    from torch.utils._pytree import tree_flatten, tree_unflatten
+
+    dataloader = trainer.train_dataloader
+    if dataloader is None:
+        raise ValueError("AutoRemat needs a training dataloader to profile on")
+    it = iter(dataloader)
+    first = next(it)
+    if size is None:
+        return trainer.strategy.batch_to_device(first)
+    leaves, spec = tree_flatten(first)
+    columns = [[leaf] for leaf in leaves]
+    rows = next((leaf.shape[0] for leaf in leaves if isinstance(leaf, torch.Tensor) and leaf.dim()), 0)
+    while rows < size:
+        try:
+            more, _ = tree_flatten(next(it))
+        except StopIteration:
+            break
+        for col, leaf in zip(columns, more):
+            col.append(leaf)
+        rows += next((leaf.shape[0] for leaf in more if isinstance(leaf, torch.Tensor) and leaf.dim()), 0)
+    merged = [torch.cat(col)[:size] if isinstance(col[0], torch.Tensor) and col[0].dim() else col[0]
+              for col in columns]
+    return trainer.strategy.batch_to_device(tree_unflatten(merged, spec))
+
+
+def dataset_length(trainer: "pl.Trainer") -> int | None:
+    loader = trainer.fit_loop._combined_loader
+    if loader is None:
+        return None
+    try:
+        return int(loader._dataset_length())
+    except (NotImplementedError, TypeError):
+        return None
+
+
+def reset_dataloaders(trainer: "pl.Trainer") -> None:
+    loop = trainer.fit_loop
+    loop._combined_loader = None
+    loop.setup_data()
+    val = loop.epoch_loop.val_loop
+    val._combined_loader = None
+    val.setup_data()

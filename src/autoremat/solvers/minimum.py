@@ -1,0 +1,96 @@
+"""``min_budget(graph, solver)``: the least step-peak budget a registered solver meets.
+
+* ``dp-approx`` and ``dp-exact``: their own search (:func:`.kusumoto.min_budget`), exact for
+  the DP's family (see :mod:`.kusumoto`).
+* ``none``: the unoptimised step peak (its one plan).
+* Every other registered solver (no closed form): a search over budgets with the solver's own
+  feasibility. It starts from a budget the solver fails (0, unless it meets 0) and one it meets
+  (the unoptimised peak, which every registered solver meets by returning the plan without
+  recomputation; if it does not, the budget is doubled up to 64 times the peak), probes the
+  ``min_budget_bytes`` that each :class:`~autoremat.errors.InfeasibleBudgetError` reports
+  first (for solvers that pick the best of a budget-independent candidate set, such as
+  ``chen``, that is the answer, found in two or three solves), and otherwise bisects.
+
+Decision: the result ``b`` always satisfies "the solver meets ``b`` and fails ``b - 1``" (both
+were run). It is the least budget the solver meets when feasibility is monotone in the budget
+(a larger budget never makes it fail); a solver that is not monotone may meet some budget below
+a failing one, which this search cannot see without trying every budget. Cost: two solves plus
+one per bisection step, at most ``log2(peak)`` (about 30 for a GB-sized peak).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Mapping
+from typing import Any
+
+from ..errors import InfeasibleBudgetError
+from ..graph import Graph
+from ..simulate import no_recompute_plan, simulate
+from . import kusumoto
+
+__all__ = ["min_budget"]
+
+logger = logging.getLogger(__name__)
+
+_MAX_DOUBLINGS = 6
+
+
+def min_budget(graph: Graph, solver: str = "dp-approx", *, config: Mapping[str, Any] | None = None) -> int:
+    """The least step-peak budget ``solver`` meets on ``graph`` (see the module docstring).
+
+    ``config``: the solver's options (:data:`autoremat.solvers.CONFIGS`), as for ``solve``.
+    """
+    from . import SOLVERS, check_solver  # the registry imports this module
+
+    check_solver(solver, allow_auto=False)
+    if not isinstance(graph, Graph):
+        raise TypeError(f"graph must be an autoremat.Graph (from autoremat.capture), got {type(graph).__name__}")
+    if solver in ("dp-approx", "dp-exact"):
+        return kusumoto.min_budget(graph, solver, config=None if config is None else dict(config))
+    if solver == "none":
+        return simulate(graph, no_recompute_plan(graph), check=False, record=False).peak_bytes
+    fn = SOLVERS[solver]
+    return _searched(graph, lambda b: fn(graph, b, config=None if config is None else dict(config)), solver)
+
+
+def _searched(graph: Graph, run: Any, solver: str) -> int:
+    """Least ``b`` with ``run(b)`` succeeding and ``run(b - 1)`` raising InfeasibleBudgetError."""
+    hints: list[int] = []
+
+    def meets(budget: int) -> bool:
+        try:
+            run(budget)
+            return True
+        except InfeasibleBudgetError as err:
+            if err.min_budget_bytes is not None:
+                hints.append(int(err.min_budget_bytes))
+            return False
+
+    if meets(0):
+        return 0
+    bad = 0
+    good = simulate(graph, no_recompute_plan(graph), check=False, record=False).peak_bytes
+    for _ in range(_MAX_DOUBLINGS):
+        if meets(good):
+            break
+        bad, good = good, 2 * max(good, 1)
+    else:
+        raise AssertionError(f"solver {solver!r} meets no budget up to {good} bytes, 64x the unoptimised peak; "
+                             "please report")
+    tried: set[int] = set()
+    while good - bad > 1:
+        hint = next((h for h in reversed(hints) if bad < h < good and h not in tried), None)
+        if hint is None:
+            mid = (bad + good) // 2
+            good, bad = (mid, bad) if meets(mid) else (good, mid)
+            continue
+        tried.add(hint)
+        if not meets(hint):
+            bad = hint
+        elif hint - 1 > bad and not meets(hint - 1):  # the hint is the answer: two solves
+            good, bad = hint, hint - 1
+        else:
+            good = hint
+    logger.info("min_budget(%s): %d bytes", solver, good)
+    return good

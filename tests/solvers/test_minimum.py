@@ -1,0 +1,53 @@
+"""``min_budget(graph, solver)`` for every registered solver (autoremat.solvers.minimum)."""
+
+from __future__ import annotations
+
+import pytest
+
+import autoremat
+from autoremat import SOLVERS, Graph, InfeasibleBudgetError, min_budget, simulate, solve
+from autoremat.simulate import unoptimised_peak_bytes
+
+
+def _skip_chain(n: int = 24) -> Graph:
+    edges = [(v - 1, v) for v in range(1, n)] + [(v - 3, v) for v in range(3, n, 3)]
+    return Graph.from_edges(n, edges, out_bytes=[100 + (v * 37) % 400 for v in range(n)],
+                            time_s=[10.0 if v % 3 == 1 else 1.0 for v in range(n)])
+
+
+@pytest.mark.parametrize("name", sorted(SOLVERS))
+def test_min_budget_is_met_and_one_byte_less_is_not(name: str) -> None:
+    g = _skip_chain()
+    need = min_budget(g, name)
+    assert 0 < need <= unoptimised_peak_bytes(g)
+    plan = solve(g, need, solver=name)
+    assert simulate(g, plan).peak_bytes <= need
+    with pytest.raises(InfeasibleBudgetError):
+        solve(g, need - 1, solver=name)
+
+
+def test_min_budget_orders_the_solvers() -> None:
+    g = _skip_chain()
+    peak = unoptimised_peak_bytes(g)
+    assert min_budget(g, "none") == peak
+    assert min_budget(g, "dp-exact") <= min_budget(g, "dp-approx") < peak
+    assert min_budget(g, "chen") < peak  # recomputation helps on this graph
+    assert min_budget(g, "offload-greedy") == peak  # a CPU graph: nothing to offload to
+
+
+def test_min_budget_passes_the_solver_options() -> None:
+    g = _skip_chain()
+    g.meta["device"] = "cuda:0"  # offloading now pays in the model
+    assert min_budget(g, "offload-greedy", config={"offload": False}) == unoptimised_peak_bytes(g)
+    assert min_budget(g, "offload-greedy") < unoptimised_peak_bytes(g)
+    with pytest.raises(ValueError, match="unknown option"):
+        min_budget(g, "chen", config={"no_such_option": 1})
+
+
+def test_min_budget_rejects_unregistered_names_and_empty_graphs_need_nothing() -> None:
+    with pytest.raises(ValueError, match="not registered"):
+        min_budget(_skip_chain(), "magic")
+    with pytest.raises(ValueError, match="not registered"):
+        min_budget(_skip_chain(), "auto")
+    assert min_budget(Graph.chain([]), "chen") == 0
+    assert autoremat.min_budget is min_budget
