@@ -4,7 +4,9 @@ stream as the unpatched model in every mode, or a clear refusal.
 The table (:data:`semantics_cases.CASES`) is trained 3 steps, evaluated, trained again and run
 under ``no_grad``, patched and unpatched side by side, at fx and module level, under ``none``,
 two real solvers and two hand-made plans that recompute (tiny graphs fit any budget without
-recomputation), with both region kinds.
+recomputation: ``prefix`` puts the first half of the graph in one region, ``each`` makes every
+node its own region), with both region kinds; the real solvers and the other region kind of each
+hand-made plan are marked slow.
 """
 
 from __future__ import annotations
@@ -23,12 +25,15 @@ from autoremat.runtime import CheckpointRegion, InstanceForwardError, StateGuard
 
 from semantics_cases import CASES, W, Blocks, Case, ControlFlow, EMANet, compare, plan_for, _x
 
-PLANS = [("none", None, "lean"), ("chen", "20%", "lean"), ("dp-approx", "40%", "torch"),
-         ("prefix", None, "lean"), ("prefix", None, "torch"), ("each", None, "lean"), ("each", None, "torch")]
+_SLOW = pytest.mark.slow
+PLANS = [("none", None, "lean"), ("prefix", None, "lean"), ("each", None, "torch"),
+         pytest.param("chen", "20%", "lean", marks=_SLOW), pytest.param("dp-approx", "40%", "torch", marks=_SLOW),
+         pytest.param("prefix", None, "torch", marks=_SLOW), pytest.param("each", None, "lean", marks=_SLOW)]
+_PLAN_IDS = ["none", "prefix-lean", "each-torch", "chen-20%", "dp-approx-40%", "prefix-torch", "each-lean"]
 REFUSED_FX = {"counter_buffer": "assigns buffer calls", "self_checkpoint_reentrant": "gradients disabled"}
 
 
-@pytest.mark.parametrize("solver,budget,regions", PLANS, ids=[f"{s}-{b or ''}-{r}" for s, b, r in PLANS])
+@pytest.mark.parametrize("solver,budget,regions", PLANS, ids=_PLAN_IDS)
 @pytest.mark.parametrize("mode", ["fx", "module"])
 @pytest.mark.parametrize("case", CASES, ids=[c.name for c in CASES])
 def test_patched_model_trains_evaluates_and_draws_like_the_unpatched_one(case: Case, mode: str, solver: str,

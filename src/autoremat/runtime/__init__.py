@@ -32,7 +32,6 @@ from typing import Any
 import torch
 import torch.fx
 from torch import nn
-from torch.utils.checkpoint import checkpoint
 
 from .._compiled import uncompiled
 from ..capture.fx import fx_fingerprint, fx_ops, trace
@@ -43,7 +42,7 @@ from .buffers import buffer_slot, dynamic_buffer_reads
 from .guard import GuardedForward, StateGuardWarning, op_structure
 from .offload import OffloadBegin, OffloadMark, Offloader
 from .region import REGION_MODES, CheckpointRegion, may_draw_random, trim_replay
-from .region import ProbedCall, compiled_region, is_recomputing, stateful_buffers, tail_mark
+from .region import ProbedCall, is_recomputing, stateful_buffers, tail_mark
 from ..replay_tail import tails_of
 
 __all__ = ["apply", "restore", "is_patched", "CheckpointRegion", "offloader_of", "REGION_MODES", "is_recomputing",
@@ -316,7 +315,8 @@ def _build_forward(gm: torch.fx.GraphModule, ops: list[torch.fx.Node], plan: Pla
             short.output(tuple(slocal[u] for u in tail_inputs))
         body = _flat_module(gm, sub, f"AutorematSegment{si}", model=model)
         modules = [gm.get_submodule(str(n.target)) for n in members if n.op == "call_module"]
-        read = [buffer_slot(gm if model is None else model, str(u.target)) for n in members for u in n.all_input_nodes if u.op == "get_attr"]
+        owner = gm if model is None else model
+        read = [buffer_slot(owner, str(u.target)) for n in members for u in n.all_input_nodes if u.op == "get_attr"]
         key = f"autoremat_segment_{si}"
         attrs[key] = CheckpointRegion(body, modules, preserve_rng=True if may_draw_random(gm, members) else None,
                                       mode=regions,

@@ -33,11 +33,11 @@ Decisions, each tested:
   random numbers, and the global RNG stream is left where it was. Random ops are recognised by
   what they are, not by name: a region :func:`may_draw_random` does not flag (e.g.
   ``F.scaled_dot_product_attention(..., dropout_p=0.2)``, whose name says nothing) runs its first
-  forward with the RNG saved and under :class:`_SeededProbe`, which sees every ATen op; it
+  forward with the RNG saved and under :class:`SeededProbe`, which sees every ATen op; it
   replays the RNG from then on exactly when an op tagged ``torch.Tag.nondeterministic_seeded``
   ran (a region rebuilt by the state guard, :mod:`autoremat.runtime.guard`, finds out again);
 * autocast state (CPU and CUDA) is the forward's (entered only where the backward's differs);
-  batch-norm running statistics are restored after the recomputation (:class:`_RestoreBuffers`;
+  batch-norm running statistics are restored after the recomputation (:class:`RestoreBuffers`;
   a plain batch norm in training mode writes a scratch copy instead, whose values it never reads);
   every other buffer the region may touch (those of its modules, and those its ops read or update,
   e.g. a custom module's ``self.mean.copy_(...)``) is recomputed from a copy taken when the region's
@@ -59,7 +59,6 @@ Decisions, each tested:
 from __future__ import annotations
 
 import contextlib
-import functools
 import logging
 import operator
 import re
@@ -71,8 +70,10 @@ import torch
 import torch.fx
 from torch import nn
 from torch.nn.modules.batchnorm import _BatchNorm
-from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils.checkpoint import checkpoint, get_device_states, set_device_states
+
+from .recompute_state import (SeededProbe, RestoreBuffers, check_params, checkpoint_kwargs, is_recomputing,
+                              param_versions, snapshot_buffers, stateful_buffers)
 
 __all__ = ["CheckpointRegion", "REGION_MODES", "compiled_region", "recomputed_call", "RecomputationMismatchError",
            "trim_replay", "tail_mark", "is_recomputing", "snapshot_buffers"]
@@ -87,218 +88,6 @@ class RecomputationMismatchError(RuntimeError):
     """The recomputation of a region saved other tensors than its forward did."""
 
 
-_BN_TYPES = (nn.BatchNorm1d, nn.BatchNorm2d, nn.BatchNorm3d)
-_BN_STATS = frozenset({"running_mean", "running_var", "num_batches_tracked"})
-# per batch-norm module: the tensors its recomputations update in place of its statistics
-_SCRATCH: weakref.WeakKeyDictionary[nn.Module, dict[str, torch.Tensor]] = weakref.WeakKeyDictionary()
-
-
-def _scratch(module: nn.Module, name: str, like: torch.Tensor) -> torch.Tensor:
-    """The module's scratch tensor for buffer ``name``, made (a copy of ``like``) when missing or
-    when ``like`` changed shape, dtype or device (``module.to()``)."""
-    per = _SCRATCH.get(module)
-    if per is None:
-        per = _SCRATCH[module] = {}
-    got = per.get(name)
-    if got is None or got.shape != like.shape or got.dtype != like.dtype or got.device != like.device:
-        got = per[name] = like.detach().clone()
-    return got
-
-
-_RECOMPUTING = threading.local()
-
-
-def is_recomputing() -> bool:
-    """Whether this thread is running the recomputation of an autoremat region (either region
-    kind): a module hook can test it to run its side effects once per step."""
-    return getattr(_RECOMPUTING, "depth", 0) > 0
-
-
-def _scratch_slot(m: nn.Module, name: str) -> bool:
-    """A statistic of a plain batch norm in training mode: written, never read (see _RestoreBuffers)."""
-    return m.training and name in _BN_STATS and type(m) in _BN_TYPES
-
-
-def snapshot_buffers(slots: list[tuple[nn.Module, str]]) -> list[torch.Tensor | None]:
-    """A copy of each buffer of ``slots`` as it is now (``None`` for a missing one or a batch-norm
-    statistic in training mode, whose value nothing reads), for the recomputation to start from."""
-    out: list[torch.Tensor | None] = []
-    for m, name in slots:
-        b = m._buffers.get(name)
-        out.append(None if b is None or _scratch_slot(m, name) else b.detach().clone())
-    return out
-
-
-class _Snapshot:
-    """``torch.utils.checkpoint``'s forward context (``context_fn``): takes the snapshot the
-    recomputation context of the same call starts from."""
-
-    __slots__ = ("slots", "values")
-
-    def __init__(self, slots: list[tuple[nn.Module, str]]) -> None:
-        self.slots = slots
-        self.values: list[torch.Tensor | None] | None = None
-
-    def __enter__(self) -> "_Snapshot":
-        self.values = snapshot_buffers(self.slots)
-        return self
-
-    def __exit__(self, *exc: Any) -> None:
-        return None
-
-
-class _Both:
-    """Two context managers entered in order, exited in reverse."""
-
-    __slots__ = ("first", "second")
-
-    def __init__(self, first: Any, second: Any) -> None:
-        self.first, self.second = first, second
-
-    def __enter__(self) -> "_Both":
-        self.first.__enter__()
-        try:
-            self.second.__enter__()
-        except BaseException:
-            self.first.__exit__(None, None, None)
-            raise
-        return self
-
-    def __exit__(self, *exc: Any) -> None:
-        try:
-            self.second.__exit__(*exc)
-        finally:
-            self.first.__exit__(*exc)
-
-
-class _RestoreBuffers:
-    """Runs the recomputation on other tensors than the buffers (batch-norm statistics), so the
-    real ones stay as the forward left them.
-
-    Each buffer is swapped for a clone while the context is open and the original tensor is
-    put back on exit (the optimizer, ``state_dict`` and user references keep seeing the
-    original). Switching batch norm's ``track_running_stats`` off instead would change which
-    tensors its kernel saves (the recomputation would then not match the forward), and
-    ``momentum=0`` still counts ``num_batches_tracked``. ``slots`` are ``(module, name)``
-    pairs, looked up on entry: ``module.to()`` replaces buffer tensors.
-
-    The statistics of a ``BatchNorm1d/2d/3d`` (exactly those types) in training mode get a
-    scratch tensor kept per module instead of a fresh clone: in training mode batch norm
-    normalises with the batch's statistics and only writes the running ones (its output and
-    what it saves do not depend on their values), so their content does not matter, and the
-    recomputation spares one clone per buffer (on the CPU-size ResNet-50, ~85 -> ~25 µs per
-    recomputed region). The scratch starts as a copy, so ``num_batches_tracked`` stays a count
-    (``momentum=None`` divides by it). With a momentum nothing but its own increment reads the
-    count, so the replay sees ``None`` there and batch norm skips the increment (one op less per
-    replayed batch norm).
-
-    ``snapshot``: the buffers' values when the forward began (:func:`snapshot_buffers`, or the
-    :class:`_Snapshot` of the same checkpoint call); the recomputation gets a copy of those
-    instead of the current values. While the context is open :func:`is_recomputing` is true."""
-
-    __slots__ = ("slots", "saved", "snapshot")
-
-    def __init__(self, slots: list[tuple[nn.Module, str]], snapshot: Any = None) -> None:
-        self.slots = slots
-        self.snapshot = snapshot
-        self.saved: list[tuple[dict[str, Any], str, torch.Tensor]] = []
-
-    def __enter__(self) -> "_RestoreBuffers":
-        saved = []
-        snap = self.snapshot.values if isinstance(self.snapshot, _Snapshot) else self.snapshot
-        for i, (m, name) in enumerate(self.slots):
-            table = m._buffers
-            b = table.get(name)
-            if b is not None:
-                saved.append((table, name, b))
-                if _scratch_slot(m, name):
-                    # with a momentum, the count is read by nothing but its own increment
-                    table[name] = (None if name == "num_batches_tracked" and m.momentum is not None
-                                   else _scratch(m, name, b))
-                else:
-                    src = b if snap is None or snap[i] is None else snap[i]
-                    table[name] = src.detach().clone()
-        self.saved = saved
-        _RECOMPUTING.depth = getattr(_RECOMPUTING, "depth", 0) + 1
-        return self
-
-    def __exit__(self, *exc: Any) -> None:
-        _RECOMPUTING.depth -= 1
-        for table, name, b in self.saved:
-            table[name] = b
-        self.saved = []
-
-
-def stateful_buffers(modules: list[nn.Module]) -> list[tuple[nn.Module, str]]:
-    """``(module, buffer name)`` of every buffer that ``modules`` (submodules included, each once)
-    own, that a forward could update."""
-    seen: dict[int, nn.Module] = {}
-    for root in modules:
-        for m in root.modules():
-            if id(m) not in seen and m._buffers:
-                seen[id(m)] = m
-    return [(m, name) for m in seen.values() for name, b in m._buffers.items() if b is not None]
-
-
-def param_versions(params: tuple[torch.Tensor, ...]) -> tuple[int, ...] | None:
-    """The version counters of ``params`` now (``None`` for none), for :func:`check_params`."""
-    return tuple(p._version for p in params) if params else None
-
-
-def check_params(params: tuple[torch.Tensor, ...], versions: tuple[int, ...] | None) -> None:
-    """Raise as autograd does for a saved tensor when a parameter changed in place since
-    :func:`param_versions` took ``versions``."""
-    if versions is None:
-        return
-    for p, v in zip(params, versions):
-        if p._version != v:
-            raise RuntimeError(
-                f"autoremat: one of the variables needed for gradient computation has been modified by an inplace "
-                f"operation: a parameter of a recomputed region ({tuple(p.shape)} {p.dtype}) is at version "
-                f"{p._version}; expected version {v} instead. Change parameters after backward (e.g. "
-                "optimizer.step() after loss.backward()), as without autoremat")
-
-
-class _ParamCheck:
-    """``torch.utils.checkpoint``'s recomputation context part checking the parameters."""
-
-    __slots__ = ("params", "versions")
-
-    def __init__(self, params: tuple[torch.Tensor, ...]) -> None:
-        self.params = params
-        self.versions = param_versions(params)
-
-    def __enter__(self) -> "_ParamCheck":
-        check_params(self.params, self.versions)
-        return self
-
-    def __exit__(self, *exc: Any) -> None:
-        return None
-
-
-def checkpoint_kwargs(stateful: list[tuple[nn.Module, str]], preserve_rng: bool = True,
-                      params: tuple[torch.Tensor, ...] = ()) -> dict[str, Any]:
-    """Keyword arguments of a non-reentrant ``torch.utils.checkpoint`` leaving the buffers
-    ``stateful`` (see :func:`stateful_buffers`) alone."""
-    # a partial, not a lambda: a patched model pickles (torch.save of the module); also without
-    # buffers, for is_recomputing()
-    kw: dict[str, Any] = {"use_reentrant": False, "preserve_rng_state": preserve_rng,
-                          "context_fn": functools.partial(_restoring_contexts, stateful, params)}
-    return kw
-
-
-def _restoring_contexts(stateful: list[tuple[nn.Module, str]], params: tuple[torch.Tensor, ...] = ()
-                        ) -> tuple[Any, Any]:
-    """``context_fn`` of ``torch.utils.checkpoint``: a forward taking a snapshot of the buffers
-    (and the parameters' versions: called at the forward), a recomputation checking the versions,
-    starting from the snapshot and leaving the real buffers alone."""
-    snap = _Snapshot(stateful) if stateful else None
-    restore = _RestoreBuffers(stateful, snap)
-    if not params:
-        return snap or contextlib.nullcontext(), restore
-    return snap or contextlib.nullcontext(), _Both(_ParamCheck(params), restore)
-
-
 _RANDOM_NAME = re.compile(r"dropout|rand|bernoulli|normal|multinomial|rrelu|poisson|exponential|uniform|"
                           r"geometric|cauchy|random|shuffle", re.IGNORECASE)
 _DETERMINISTIC_LEAVES = (nn.Conv1d, nn.Conv2d, nn.Conv3d, nn.ConvTranspose1d, nn.ConvTranspose2d,
@@ -310,40 +99,17 @@ _DETERMINISTIC_LEAVES = (nn.Conv1d, nn.Conv2d, nn.Conv3d, nn.ConvTranspose1d, nn
                          nn.Hardsigmoid, nn.Mish, nn.ReLU6, nn.LocalResponseNorm)
 
 
-_FILLS_SAVED = frozenset({"rrelu_with_noise", "rrelu_with_noise_"})
-"""ATen ops that save for backward a tensor they fill themselves (RReLU's noise): a replay stopped
-at its last saved tensor stops before the op fills it (PyTorch's own early-stopping checkpoint
-then gives wrong gradients), so a region running one replays to its end."""
-
-
-class _SeededProbe(TorchDispatchMode):
-    """Notes whether an ATen op tagged ``nondeterministic_seeded`` (one that draws from the RNG:
-    dropout's ``bernoulli_``, ``rrelu_with_noise``, ``randn``…) runs while it is active
-    (``seen``), and whether one of :data:`_FILLS_SAVED` does (``fills_saved``)."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.seen = False
-        self.fills_saved = False
-
-    def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
-        if torch.Tag.nondeterministic_seeded in func.tags:
-            self.seen = True
-            self.fills_saved = self.fills_saved or func.overloadpacket.__name__ in _FILLS_SAVED
-        return func(*args, **(kwargs or {}))
-
-
 class ProbedCall:
     """A module-level recomputed call (``apply`` wraps a module's ``forward`` with it): ``fn`` as
     one region, of autoremat's own kind (``mode="lean"``) or ``torch.utils.checkpoint``. Its first
-    forward with gradients runs under :class:`_SeededProbe` (RNG replayed, replay run to its end);
+    forward with gradients runs under :class:`SeededProbe` (RNG replayed, replay run to its end);
     later ones replay the RNG only if a seeded op ran, and stop the replay early unless an op of
     :data:`_FILLS_SAVED` ran."""
 
     def __init__(self, fn: Callable[..., Any], stateful: list[tuple[nn.Module, str]], mode: str,
                  params: tuple[torch.Tensor, ...] = ()) -> None:
         self.fn, self.stateful, self.mode, self.params = fn, stateful, mode, params
-        self.probed: _SeededProbe | None = None
+        self.probed: SeededProbe | None = None
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         if not torch.is_grad_enabled():
@@ -351,7 +117,7 @@ class ProbedCall:
         if torch.compiler.is_compiling():  # the buffer guard (context_fn) is eager code
             return compiled_region(self.fn, True, args, kwargs)
         if self.probed is None:
-            with _SeededProbe() as probe:
+            with SeededProbe() as probe:
                 out = self._call(True, False, args, kwargs)
             self.probed = probe
             return out
@@ -449,7 +215,8 @@ class _StopRecomputation(Exception):
 class _Frame:
     """One forward call of a region: its inputs and the state its recomputation replays."""
 
-    __slots__ = ("replay", "stateful", "snapshot", "params", "versions", "args", "kwargs", "count", "by_task", "rng", "autocast", "stop",
+    __slots__ = ("replay", "stateful", "snapshot", "params", "versions", "args", "kwargs", "count", "by_task", "rng",
+                 "autocast", "stop",
                  "short", "tail", "tail_at", "sources", "whole")
 
     def __init__(self, replay: Callable[..., Any], stateful: list[tuple[nn.Module, str]], args: tuple[Any, ...],
@@ -556,7 +323,7 @@ class _Frame:
                 if (mine != theirs or (mine[0] and cache != now[-1])) and (dev == "cpu" or torch.cuda.is_available()):
                     stack.enter_context(torch.autocast(dev, enabled=mine[0], dtype=mine[1], cache_enabled=cache))
             stack.enter_context(torch.enable_grad())
-            stack.enter_context(_RestoreBuffers(self.stateful, self.snapshot))
+            stack.enter_context(RestoreBuffers(self.stateful, self.snapshot))
             stack.enter_context(torch.autograd.graph.saved_tensors_hooks(collect, _identity))
             try:
                 result = replay(*args, **kwargs)
@@ -668,8 +435,9 @@ class CheckpointRegion(nn.Module):
     ``modules``: the modules whose buffers the recomputation must leave untouched (``buffers``:
     more ``(module, name)`` buffers, those the body's ops read or update);
     ``preserve_rng``: replay the RNG state on recomputation (needed only when ``body`` draws
-    random numbers; ``None``: find out on the first forward with gradients, see :class:`_SeededProbe`); ``mode``: ``"lean"`` (:func:`recomputed_call`) or ``"torch"``
-    (``torch.utils.checkpoint``); ``replay``: the body with an empty output, run for
+    random numbers; ``None``: find out on the first forward with gradients, see
+    :class:`~autoremat.runtime.recompute_state.SeededProbe`); ``mode``: ``"lean"``
+    (:func:`recomputed_call`) or ``"torch"`` (``torch.utils.checkpoint``); ``replay``: the body with an empty output, run for
     recomputation (default ``body``). A generated forward holds the values it returns until it
     returns, and an early-stopped recomputation never does: the region's outputs computed before
     its last saving node would stay alive through the whole replay, which the simulator does not
@@ -711,7 +479,7 @@ class CheckpointRegion(nn.Module):
         self.params = tuple(p for p in (*(q for m in modules for q in m.parameters()), *params)
                             if not (id(p) in seen or seen.add(id(p))))  # type: ignore[func-returns-value]
         self._kwargs = checkpoint_kwargs(self.stateful, bool(preserve_rng), self.params)
-        self._probed = False  # see _SeededProbe: the first forward with gradients finds out more
+        self._probed = False  # see SeededProbe: the first forward with gradients finds out more
         self._early_stop = True
 
     def forward(self, *args: Any) -> Any:
@@ -720,7 +488,7 @@ class CheckpointRegion(nn.Module):
         if torch.compiler.is_compiling():
             return compiled_region(self.body.forward, self.preserve_rng is not False, args, {})
         if not self._probed:  # the first forward: replay the RNG and to the end this time, and find out
-            with _SeededProbe() as probe:
+            with SeededProbe() as probe:
                 out = self._region(True, False, args)
             self._probed = True
             if self.preserve_rng is None:
