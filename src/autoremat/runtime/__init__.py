@@ -13,6 +13,19 @@ autocast state is the one of the first forward, and running statistics of batch-
 are put back after each recomputation, so a recomputed segment does not update them a second
 time.
 
+The patched model is the user's model (issue 29). At fx level the installed forward is a
+:class:`~autoremat.runtime.guard.GuardedForward`: with gradients off (``no_grad``,
+``inference_mode``) or in eval mode it runs the model's own ``forward``; in training it runs the
+generated forward while the Python state the trace specialised on (``training`` flags and plain
+attributes of the modules whose code was traced, hooks on them) is unchanged, re-traces when it
+changed and the plan still maps, and otherwise runs the model's own forward with one
+:class:`StateGuardWarning`. Buffers are read live and recomputed from a snapshot (a buffer update
+in forward runs once per step), random ops are recognised by their ATen tag, a parameter changed
+in place between forward and backward raises, and hooks of modules inside a recomputed region run
+again during recomputation, as under ``torch.utils.checkpoint`` (:func:`is_recomputing` tells
+them). A model with an instance-level ``forward`` is refused at fx level
+(:class:`InstanceForwardError`); a ``forward`` set after ``apply`` is left in place by ``restore``.
+
 ``torch.compile`` of a patched model: each region is traced as PyTorch's checkpoint higher-order
 op (:func:`~autoremat.runtime.region.compiled_region`), so the compiled backward recomputes the
 plan's segments and the model compiles without graph breaks. An offload plan's forward runs

@@ -65,19 +65,22 @@ def traced_through(model: nn.Module, gm: torch.fx.GraphModule) -> list[nn.Module
 
 
 class _Key:
-    """Computes the guard key of a model's current state (see the module docstring)."""
+    """Computes the guard key of a model's current state (see the module docstring). A module's
+    hook dictionaries are kept (registering a hook adds to them), so the check is a few C calls."""
 
-    __slots__ = ("modules", "slots")
+    __slots__ = ("hooks", "dicts", "names")
 
     def __init__(self, modules: list[nn.Module], root: nn.Module) -> None:
-        self.modules = [m for m in modules if m is not root]  # the root's hooks run in its __call__
-        self.slots = [(m.__dict__, k) for m in modules for k, v in m.__dict__.items()
-                      if isinstance(v, _PLAIN) and not k.startswith("__")]
+        # the root's hooks run in its own __call__, around the patched forward
+        self.hooks = [m.__dict__[h] for m in modules if m is not root for h in _HOOKS if h in m.__dict__]
+        slots = [(m.__dict__, k) for m in modules for k, v in m.__dict__.items()
+                 if isinstance(v, _PLAIN) and not k.startswith("__")]
+        self.dicts = [d for d, _ in slots]
+        self.names = [k for _, k in slots]
 
     def __call__(self) -> tuple[Any, ...]:
-        hooked = any(m.__dict__.get(h) for m in self.modules for h in _HOOKS)
-        hooked = hooked or any(getattr(_module_mod, h, None) for h in _GLOBAL_HOOKS)
-        return (hooked, tuple(d.get(k) for d, k in self.slots))
+        hooked = any(self.hooks) or any(getattr(_module_mod, h) for h in _GLOBAL_HOOKS)
+        return (hooked, tuple(map(dict.get, self.dicts, self.names)))
 
 
 class GuardedForward:
