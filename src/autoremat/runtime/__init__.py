@@ -183,19 +183,37 @@ def _apply_fx(model: nn.Module, plan: Plan, names: list[str], regions: str) -> _
     offloader = Offloader() if plan.offload else None
     forward_module = _build_forward(gm, ops, plan, offloader, regions, model)
     state = _PatchState(plan=plan, had_instance_forward=False, forward_module=forward_module, offloader=offloader)
-    structure = op_structure(gm, ops)
-
-    def build(again: torch.fx.GraphModule) -> Any:
-        again_ops = fx_ops(again)
-        if op_structure(again, again_ops) != structure:
-            return None
-        return _build_forward(again, again_ops, plan, offloader, regions, model).forward
-
-    guarded = GuardedForward(model, gm, forward_module.forward, build, lambda: trace(model),
-                             lambda: model.__dict__.get(_STATE_ATTR) is state)
+    build = _Rebuild(model, plan, offloader, regions, op_structure(gm, ops))
+    guarded = GuardedForward(model, gm, forward_module.forward, build, functools.partial(trace, model),
+                             _Active(model, state))
     state.installed = guarded if offloader is None else _offloading_forward(guarded, offloader)
     model.__dict__["forward"] = state.installed
     return state
+
+
+class _Rebuild:
+    """The generated forward of a fresh trace, when the plan still maps onto it (same op names
+    and edges), else ``None``; a class, not a closure: a patched model pickles."""
+
+    def __init__(self, model: nn.Module, plan: Plan, offloader: Offloader | None, regions: str,
+                 structure: list[Any]) -> None:
+        self.model, self.plan, self.offloader, self.regions, self.structure = model, plan, offloader, regions, structure
+
+    def __call__(self, gm: torch.fx.GraphModule) -> Any:
+        ops = fx_ops(gm)
+        if op_structure(gm, ops) != self.structure:
+            return None
+        return _build_forward(gm, ops, self.plan, self.offloader, self.regions, self.model).forward
+
+
+class _Active:
+    """Whether ``state`` is still the model's patch (not restored)."""
+
+    def __init__(self, model: nn.Module, state: Any) -> None:
+        self.model, self.state = model, state
+
+    def __call__(self) -> bool:
+        return self.model.__dict__.get(_STATE_ATTR) is self.state
 
 
 def _lookup_attr(gm: nn.Module, target: str) -> Any:

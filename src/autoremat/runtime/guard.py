@@ -93,12 +93,12 @@ class GuardedForward:
     def __init__(self, model: nn.Module, gm: torch.fx.GraphModule, first: Callable[..., Any],
                  build: Callable[[torch.fx.GraphModule], Callable[..., Any] | None],
                  trace: Callable[[], torch.fx.GraphModule], active: Callable[[], bool]) -> None:
-        self.own = type(model).forward.__get__(model)
         # like a bound method's: the generated forward module (code that inspects the regions)
         self.__self__ = getattr(first, "__self__", None)
         self._model = model
         self._build, self._trace, self._active = build, trace, active
-        self._keyfn = _Key(traced_through(model, gm), model)
+        self._modules = traced_through(model, gm)
+        self._keyfn: _Key | None = _Key(self._modules, model)
         self._key = self._keyfn()
         self._fast: Callable[..., Any] | None = None if self._key[0] else first
         self._variants: dict[tuple[Any, ...], Callable[..., Any] | None] = {self._key: self._fast}
@@ -107,9 +107,19 @@ class GuardedForward:
             self._warn("a module whose code the trace ran through has hooks, which the generated forward would not "
                        "call")
 
+    def own(self, *args: Any, **kwargs: Any) -> Any:
+        """The model's own (class) forward."""
+        return type(self._model).forward(self._model, *args, **kwargs)
+
+    def __getstate__(self) -> dict[str, Any]:
+        # the key reads the modules' own dictionaries: made again after unpickling (torch.save)
+        return {k: (None if k == "_keyfn" else v) for k, v in self.__dict__.items()}
+
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         if not torch.is_grad_enabled() or not self._model.training or not self._active():
             return self.own(*args, **kwargs)
+        if self._keyfn is None:
+            self._keyfn = _Key(self._modules, self._model)
         key = self._keyfn()
         if key == self._key and self._fast is not None:
             return self._fast(*args, **kwargs)

@@ -437,8 +437,8 @@ class CheckpointRegion(nn.Module):
     ``preserve_rng``: replay the RNG state on recomputation (needed only when ``body`` draws
     random numbers; ``None``: find out on the first forward with gradients, see
     :class:`~autoremat.runtime.recompute_state.SeededProbe`); ``mode``: ``"lean"``
-    (:func:`recomputed_call`) or ``"torch"`` (``torch.utils.checkpoint``); ``replay``: the body with an empty output, run for
-    recomputation (default ``body``). A generated forward holds the values it returns until it
+    (:func:`recomputed_call`) or ``"torch"`` (``torch.utils.checkpoint``); ``replay``: the body
+    with an empty output, run for recomputation (default ``body``). A generated forward holds the values it returns until it
     returns, and an early-stopped recomputation never does: the region's outputs computed before
     its last saving node would stay alive through the whole replay, which the simulator does not
     count (on ResNet-50 a downsample branch recomputed before its block's main branch measured
