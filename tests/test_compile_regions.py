@@ -75,7 +75,7 @@ def test_a_patched_model_compiles_in_one_graph_and_trains_like_the_unpatched_one
 
 
 def test_a_module_level_plan_compiles_too() -> None:
-    """Module-level graphs wrap submodule calls (``recomputed_call`` / ``_checkpointed_call``)."""
+    """Module-level graphs wrap submodule calls (``ProbedCall``)."""
     torch._dynamo.reset()
     model, x = _cnn(), torch.randn(4, 3, 16, 16)
     graph = autoremat.capture(model, (x,), mode="module")

@@ -16,6 +16,7 @@ import torch.fx
 
 from ._recorder import NodeRecord, Recorder, Timer, classify_function, classify_module
 from .signature import tensor_lines
+from ._tracing import semantic_trace
 
 __all__ = ["trace", "fx_ops", "fx_fingerprint", "records_from_fx", "profile_fx"]
 
@@ -23,8 +24,11 @@ _OPS = ("call_module", "call_function", "call_method")
 
 
 def trace(model: torch.nn.Module) -> torch.fx.GraphModule:
-    """``torch.fx.symbolic_trace`` (raises whatever fx raises when the model is not traceable)."""
-    return torch.fx.symbolic_trace(model)
+    """``torch.fx.symbolic_trace`` with buffers proxied, user hooks silenced and no-grad blocks
+    refused (:mod:`autoremat.capture._tracing`); raises whatever fx raises when the model is not
+    traceable."""
+    gm = semantic_trace(model)
+    return gm
 
 
 def fx_ops(gm: torch.fx.GraphModule) -> list[torch.fx.Node]:

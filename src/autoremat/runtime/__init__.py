@@ -13,6 +13,19 @@ autocast state is the one of the first forward, and running statistics of batch-
 are put back after each recomputation, so a recomputed segment does not update them a second
 time.
 
+The patched model is the user's model (issue 29). At fx level the installed forward is a
+:class:`~autoremat.runtime.guard.GuardedForward`: with gradients off (``no_grad``,
+``inference_mode``) or in eval mode it runs the model's own ``forward``; in training it runs the
+generated forward while the Python state the trace specialised on (``training`` flags and plain
+attributes of the modules whose code was traced, hooks on them) is unchanged, re-traces when it
+changed and the plan still maps, and otherwise runs the model's own forward with one
+:class:`StateGuardWarning`. Buffers are read live and recomputed from a snapshot (a buffer update
+in forward runs once per step), random ops are recognised by their ATen tag, a parameter changed
+in place between forward and backward raises, and hooks of modules inside a recomputed region run
+again during recomputation, as under ``torch.utils.checkpoint`` (:func:`is_recomputing` tells
+them). A model with an instance-level ``forward`` is refused at fx level
+(:class:`InstanceForwardError`); a ``forward`` set after ``apply`` is left in place by ``restore``.
+
 ``torch.compile`` of a patched model: each region is traced as PyTorch's checkpoint higher-order
 op (:func:`~autoremat.runtime.region.compiled_region`), so the compiled backward recomputes the
 plan's segments and the model compiles without graph breaks. An offload plan's forward runs
@@ -32,7 +45,6 @@ from typing import Any
 import torch
 import torch.fx
 from torch import nn
-from torch.utils.checkpoint import checkpoint
 
 from .._compiled import uncompiled
 from ..capture.fx import fx_fingerprint, fx_ops, trace
@@ -42,16 +54,23 @@ from ..capture.signature import check_inputs, first_difference, tensor_signature
 from ..errors import PlanMismatchError
 from ..plan import Plan, check_segments
 from ._rollback import PatchPoints
+from .buffers import buffer_slot, dynamic_buffer_reads
+from .guard import GuardedForward, StateGuardWarning, op_structure
 from .offload import OffloadBegin, OffloadMark, Offloader
-from .region import REGION_MODES, CheckpointRegion, checkpoint_kwargs, may_draw_random, recomputed_call, trim_replay
-from .region import compiled_region, stateful_buffers, tail_mark
+from .region import REGION_MODES, CheckpointRegion, may_draw_random, trim_replay
+from .region import ProbedCall, is_recomputing, stateful_buffers, tail_mark
 from ..replay_tail import tails_of
 
-__all__ = ["apply", "restore", "is_patched", "CheckpointRegion", "offloader_of", "REGION_MODES"]
+__all__ = ["apply", "restore", "is_patched", "CheckpointRegion", "offloader_of", "REGION_MODES", "is_recomputing",
+           "StateGuardWarning", "InstanceForwardError"]
 
 logger = logging.getLogger(__name__)
 
 _STATE_ATTR = "_autoremat_patch"
+
+
+class InstanceForwardError(TypeError):
+    """The model has an instance-level ``forward`` (``model.forward = ...``) an fx plan cannot honour."""
 
 
 @dataclass
@@ -63,6 +82,7 @@ class _PatchState:
     forward_module: Any = None
     offloader: Offloader | None = None
     hooks: list[Any] = field(default_factory=list)
+    installed: Any = None
 
 
 def offloader_of(model: nn.Module) -> Offloader | None:
@@ -149,10 +169,10 @@ def restore(model: nn.Module) -> nn.Module:
         return given
     for h in state.hooks:
         h.remove()
-    if "forward" in model.__dict__ and (state.forward_module is not None or state.offloader is not None):
-        del model.__dict__["forward"]
-    if state.had_instance_forward:
-        model.__dict__["forward"] = state.instance_forward
+    if state.installed is not None and model.__dict__.get("forward") is state.installed:
+        del model.__dict__["forward"]  # a forward the user set after apply stays
+        if state.had_instance_forward:
+            model.__dict__["forward"] = state.instance_forward
     for mod, had, fwd in state.wrapped:
         del mod.__dict__["forward"]
         if had:
@@ -163,6 +183,11 @@ def restore(model: nn.Module) -> nn.Module:
 
 # ---------------------------------------------------------------------- fx
 def _apply_fx(model: nn.Module, plan: Plan, names: list[str], regions: str) -> _PatchState:
+    if "forward" in model.__dict__:
+        raise InstanceForwardError(
+            f"{type(model).__name__} has an instance-level forward (model.forward = ...), which a torch.fx trace does "
+            "not see and an fx plan would replace: remove it (del model.forward) and wrap the model in a module "
+            "instead, or capture with mode='module'")
     with preserved_state(model, []):  # tracing runs forward's Python on the real attributes
         gm = trace(model)
     ops = fx_ops(gm)
@@ -177,12 +202,13 @@ def _apply_fx(model: nn.Module, plan: Plan, names: list[str], regions: str) -> _
         raise PlanMismatchError(f"plan node names do not match the traced model ({why}); capture and solve again")
     _check_fx_plan(plan, ops)
     offloader = Offloader() if plan.offload else None
-    forward_module = _build_forward(gm, ops, plan, offloader, regions)
-    had = "forward" in model.__dict__
-    state = _PatchState(plan=plan, had_instance_forward=had, instance_forward=model.__dict__.get("forward"),
-                        forward_module=forward_module, offloader=offloader)
-    forward = forward_module.forward
-    model.__dict__["forward"] = forward if offloader is None else _offloading_forward(forward, offloader)
+    forward_module = _build_forward(gm, ops, plan, offloader, regions, model)
+    state = _PatchState(plan=plan, had_instance_forward=False, forward_module=forward_module, offloader=offloader)
+    build = _Rebuild(model, plan, offloader, regions, op_structure(gm, ops))
+    guarded = GuardedForward(model, gm, forward_module.forward, build, functools.partial(trace, model),
+                             _Active(model, state))
+    state.installed = guarded if offloader is None else _offloading_forward(guarded, offloader)
+    model.__dict__["forward"] = state.installed
     return state
 
 
@@ -199,6 +225,31 @@ def _check_fx_plan(plan: Plan, ops: list[torch.fx.Node]) -> None:
                                     "match the plan's recomputed segments; capture and solve again")
 
 
+class _Rebuild:
+    """The generated forward of a fresh trace, when the plan still maps onto it (same op names
+    and edges), else ``None``; a class, not a closure: a patched model pickles."""
+
+    def __init__(self, model: nn.Module, plan: Plan, offloader: Offloader | None, regions: str,
+                 structure: list[Any]) -> None:
+        self.model, self.plan, self.offloader, self.regions, self.structure = model, plan, offloader, regions, structure
+
+    def __call__(self, gm: torch.fx.GraphModule) -> Any:
+        ops = fx_ops(gm)
+        if op_structure(gm, ops) != self.structure:
+            return None
+        return _build_forward(gm, ops, self.plan, self.offloader, self.regions, self.model).forward
+
+
+class _Active:
+    """Whether ``state`` is still the model's patch (not restored)."""
+
+    def __init__(self, model: nn.Module, state: Any) -> None:
+        self.model, self.state = model, state
+
+    def __call__(self) -> bool:
+        return self.model.__dict__.get(_STATE_ATTR) is self.state
+
+
 def _lookup_attr(gm: nn.Module, target: str) -> Any:
     obj: Any = gm
     for part in target.split("."):
@@ -207,7 +258,7 @@ def _lookup_attr(gm: nn.Module, target: str) -> Any:
 
 
 def _flat_module(gm: torch.fx.GraphModule, graph: torch.fx.Graph, class_name: str,
-                 attrs: dict[str, Any] | None = None) -> torch.fx.GraphModule:
+                 attrs: dict[str, Any] | None = None, model: nn.Module | None = None) -> torch.fx.GraphModule:
     """A ``GraphModule`` running ``graph`` whose submodule calls each reach their module in one
     attribute lookup.
 
@@ -216,8 +267,11 @@ def _flat_module(gm: torch.fx.GraphModule, graph: torch.fx.Graph, class_name: st
     makes about one (measured on the CPU-size ResNet-50: 0.14 ms of a 3.1 ms forward). Every
     ``call_module`` target is renamed to a flat, unique attribute holding the same module object
     (nothing is copied; hooks on it still run), ``get_attr`` targets are looked up in ``gm``.
-    ``attrs``: attributes the graph's own targets already name (kept as they are)."""
+    ``attrs``: attributes the graph's own targets already name (kept as they are). Buffer reads
+    become reads of ``model``'s current buffers (:mod:`autoremat.runtime.buffers`; a traced
+    ``GraphModule`` holds placeholder modules, not the buffers' owners)."""
     root: dict[str, Any] = dict(attrs or {})
+    dynamic_buffer_reads(gm if model is None else model, graph, root)  # buffer reads stay reads of the current buffer
     flat: dict[str, str] = {}
     for n in graph.nodes:
         if n.op == "call_module" and str(n.target) not in root:
@@ -236,7 +290,8 @@ def _flat_module(gm: torch.fx.GraphModule, graph: torch.fx.Graph, class_name: st
 
 
 def _build_forward(gm: torch.fx.GraphModule, ops: list[torch.fx.Node], plan: Plan,
-                   offloader: Offloader | None = None, regions: str = "lean") -> torch.fx.GraphModule:
+                   offloader: Offloader | None = None, regions: str = "lean",
+                   model: nn.Module | None = None) -> torch.fx.GraphModule:
     """A GraphModule running the traced graph segment by segment, recomputed ones as regions;
     outputs of offloaded nodes pass through an :class:`OffloadMark`."""
     new = torch.fx.Graph()
@@ -323,14 +378,21 @@ def _build_forward(gm: torch.fx.GraphModule, ops: list[torch.fx.Node], plan: Pla
         if first is not None:
             short, slocal = region_graph(members[:members.index(first)])
             short.output(tuple(slocal[u] for u in tail_inputs))
-        body = _flat_module(gm, sub, f"AutorematSegment{si}")
+        body = _flat_module(gm, sub, f"AutorematSegment{si}", model=model)
         modules = [gm.get_submodule(str(n.target)) for n in members if n.op == "call_module"]
+        owner = gm if model is None else model
+        read = [buffer_slot(owner, str(u.target)) for n in members for u in n.all_input_nodes if u.op == "get_attr"]
         key = f"autoremat_segment_{si}"
-        attrs[key] = CheckpointRegion(body, modules, preserve_rng=may_draw_random(gm, members), mode=regions,
-                                      replay=_flat_module(gm, replay, f"AutorematReplay{si}"),
+        attrs[key] = CheckpointRegion(body, modules, preserve_rng=True if may_draw_random(gm, members) else None,
+                                      mode=regions,
+                                      buffers=[slot for slot in read if slot is not None],
+                                      params=tuple(p for n in members for u in n.all_input_nodes if u.op == "get_attr"
+                                                   for p in [_lookup_attr(gm, str(u.target))]
+                                                   if isinstance(p, nn.Parameter)),
+                                      replay=_flat_module(gm, replay, f"AutorematReplay{si}", model=model),
                                       replay_ends_at_last_save=ends_at_save,
                                       short_replay=None if short is None else
-                                      _flat_module(gm, short, f"AutorematShortReplay{si}"))
+                                      _flat_module(gm, short, f"AutorematShortReplay{si}", model=model))
         for u in inputs:
             if u not in env:
                 need(u, new, env)
@@ -339,7 +401,7 @@ def _build_forward(gm: torch.fx.GraphModule, ops: list[torch.fx.Node], plan: Pla
             env[n] = new.call_function(operator.getitem, (call, i))
             marked(n)
     new.output(torch.fx.map_arg(output_node.args[0], lambda u: env[u] if u in env else need(u, new, env)))
-    return _flat_module(gm, new, "AutorematForward", attrs)
+    return _flat_module(gm, new, "AutorematForward", attrs, model)
 
 
 # ---------------------------------------------------------------------- module level
@@ -375,26 +437,15 @@ def _apply_module(model: nn.Module, plan: Plan, names: list[str], regions: str) 
                 lambda _m, _a, v=v: offloader.begin_node(v)))
             state.hooks.append(mods[path].register_forward_hook(
                 lambda _m, _a, out, v=v: offloader.mark(out, v)))
-        model.__dict__["forward"] = _offloading_forward(model.forward, offloader)
+        state.installed = _offloading_forward(model.forward, offloader)
+        model.__dict__["forward"] = state.installed
     for mod in targets:
         had = "forward" in mod.__dict__
         orig = mod.forward
         state.wrapped.append((mod, had, mod.__dict__.get("forward")))
-        stateful = stateful_buffers([mod])
-        # module level: arbitrary user code may call functional dropout, so the RNG is always replayed
-        if regions == "lean":
-            mod.__dict__["forward"] = functools.partial(recomputed_call, orig, stateful, True)
-        else:
-            mod.__dict__["forward"] = functools.partial(_checkpointed_call, orig, checkpoint_kwargs(stateful))
+        # module level: arbitrary user code; its first forward finds out what it draws (see ProbedCall)
+        mod.__dict__["forward"] = ProbedCall(orig, stateful_buffers([mod]), regions, tuple(mod.parameters()))
     return state
-
-
-def _checkpointed_call(fn: Any, ckpt_kwargs: dict[str, Any], *args: Any, **kwargs: Any) -> Any:
-    if not torch.is_grad_enabled():
-        return fn(*args, **kwargs)
-    if torch.compiler.is_compiling():  # the buffer guard (context_fn) is eager code
-        return compiled_region(fn, ckpt_kwargs["preserve_rng_state"], args, kwargs)
-    return checkpoint(fn, *args, **ckpt_kwargs, **kwargs)
 
 
 @contextlib.contextmanager

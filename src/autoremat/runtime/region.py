@@ -30,10 +30,26 @@ Decisions, each tested:
   ``torch.autograd.grad`` of an intermediate) does not hand out tensors another backward
   needs; a recomputation that saves a different number of tensors than the forward raises;
 * the RNG state (CPU, and the devices of the inputs) is replayed only when the region may draw
-  random numbers (:func:`may_draw_random`), and the global RNG stream is left where it was;
+  random numbers, and the global RNG stream is left where it was. Random ops are recognised by
+  what they are, not by name: a region :func:`may_draw_random` does not flag (e.g.
+  ``F.scaled_dot_product_attention(..., dropout_p=0.2)``, whose name says nothing) runs its first
+  forward with the RNG saved and under :class:`SeededProbe`, which sees every ATen op; it
+  replays the RNG from then on exactly when an op tagged ``torch.Tag.nondeterministic_seeded``
+  ran (a region rebuilt by the state guard, :mod:`autoremat.runtime.guard`, finds out again);
 * autocast state (CPU and CUDA) is the forward's (entered only where the backward's differs);
-  batch-norm running statistics are restored after the recomputation (:class:`_RestoreBuffers`;
+  batch-norm running statistics are restored after the recomputation (:class:`RestoreBuffers`;
   a plain batch norm in training mode writes a scratch copy instead, whose values it never reads);
+  every other buffer the region may touch (those of its modules, and those its ops read or update,
+  e.g. a custom module's ``self.mean.copy_(...)``) is recomputed from a copy taken when the region's
+  forward began (:func:`snapshot_buffers`): the replay reads what the forward read, and its writes
+  go to that copy, so a buffer update in forward runs once per step;
+* forward hooks and pre-hooks of modules called inside a region run again during its
+  recomputation, as under ``torch.utils.checkpoint`` (whose recomputation calls the same modules);
+  :func:`is_recomputing` is ``True`` while they do, so a hook with side effects can skip them;
+* parameters are checked like saved tensors: a parameter of a region's modules (or read by its ops)
+  changed in place between the region's forward and its recomputation raises at backward, as
+  PyTorch does for a saved parameter, instead of recomputing with the new values
+  (:func:`param_versions`; any parameter of the region counts, also one its ops do not save);
 * the replay of an applied region ends at its last op that may save (:func:`trim_replay`) and
   returns: no exception, and a replay that saves more tensors than the forward is reported;
 * under ``torch.compile`` a region (either mode) is traced as PyTorch's checkpoint higher-order
@@ -43,7 +59,6 @@ Decisions, each tested:
 from __future__ import annotations
 
 import contextlib
-import functools
 import logging
 import operator
 import re
@@ -57,8 +72,11 @@ from torch import nn
 from torch.nn.modules.batchnorm import _BatchNorm
 from torch.utils.checkpoint import checkpoint, get_device_states, set_device_states
 
+from .recompute_state import (SeededProbe, RestoreBuffers, check_params, checkpoint_kwargs, is_recomputing,
+                              param_versions, snapshot_buffers, stateful_buffers)
+
 __all__ = ["CheckpointRegion", "REGION_MODES", "compiled_region", "recomputed_call", "RecomputationMismatchError",
-           "trim_replay", "tail_mark"]
+           "trim_replay", "tail_mark", "is_recomputing", "snapshot_buffers"]
 
 logger = logging.getLogger(__name__)
 
@@ -70,98 +88,6 @@ class RecomputationMismatchError(RuntimeError):
     """The recomputation of a region saved other tensors than its forward did."""
 
 
-_BN_TYPES = (nn.BatchNorm1d, nn.BatchNorm2d, nn.BatchNorm3d)
-_BN_STATS = frozenset({"running_mean", "running_var", "num_batches_tracked"})
-# per batch-norm module: the tensors its recomputations update in place of its statistics
-_SCRATCH: weakref.WeakKeyDictionary[nn.Module, dict[str, torch.Tensor]] = weakref.WeakKeyDictionary()
-
-
-def _scratch(module: nn.Module, name: str, like: torch.Tensor) -> torch.Tensor:
-    """The module's scratch tensor for buffer ``name``, made (a copy of ``like``) when missing or
-    when ``like`` changed shape, dtype or device (``module.to()``)."""
-    per = _SCRATCH.get(module)
-    if per is None:
-        per = _SCRATCH[module] = {}
-    got = per.get(name)
-    if got is None or got.shape != like.shape or got.dtype != like.dtype or got.device != like.device:
-        got = per[name] = like.detach().clone()
-    return got
-
-
-class _RestoreBuffers:
-    """Runs the recomputation on other tensors than the buffers (batch-norm statistics), so the
-    real ones stay as the forward left them.
-
-    Each buffer is swapped for a clone while the context is open and the original tensor is
-    put back on exit (the optimizer, ``state_dict`` and user references keep seeing the
-    original). Switching batch norm's ``track_running_stats`` off instead would change which
-    tensors its kernel saves (the recomputation would then not match the forward), and
-    ``momentum=0`` still counts ``num_batches_tracked``. ``slots`` are ``(module, name)``
-    pairs, looked up on entry: ``module.to()`` replaces buffer tensors.
-
-    The statistics of a ``BatchNorm1d/2d/3d`` (exactly those types) in training mode get a
-    scratch tensor kept per module instead of a fresh clone: in training mode batch norm
-    normalises with the batch's statistics and only writes the running ones (its output and
-    what it saves do not depend on their values), so their content does not matter, and the
-    recomputation spares one clone per buffer (on the CPU-size ResNet-50, ~85 -> ~25 µs per
-    recomputed region). The scratch starts as a copy, so ``num_batches_tracked`` stays a count
-    (``momentum=None`` divides by it). With a momentum nothing but its own increment reads the
-    count, so the replay sees ``None`` there and batch norm skips the increment (one op less per
-    replayed batch norm)."""
-
-    __slots__ = ("slots", "saved")
-
-    def __init__(self, slots: list[tuple[nn.Module, str]]) -> None:
-        self.slots = slots
-        self.saved: list[tuple[dict[str, Any], str, torch.Tensor]] = []
-
-    def __enter__(self) -> "_RestoreBuffers":
-        saved = []
-        for m, name in self.slots:
-            table = m._buffers
-            b = table.get(name)
-            if b is not None:
-                saved.append((table, name, b))
-                if m.training and name in _BN_STATS and type(m) in _BN_TYPES:
-                    # with a momentum, the count is read by nothing but its own increment
-                    table[name] = (None if name == "num_batches_tracked" and m.momentum is not None
-                                   else _scratch(m, name, b))
-                else:
-                    table[name] = b.detach().clone()
-        self.saved = saved
-        return self
-
-    def __exit__(self, *exc: Any) -> None:
-        for table, name, b in self.saved:
-            table[name] = b
-        self.saved = []
-
-
-def stateful_buffers(modules: list[nn.Module]) -> list[tuple[nn.Module, str]]:
-    """``(module, buffer name)`` of every buffer that ``modules`` (submodules included, each once)
-    own, that a forward could update."""
-    seen: dict[int, nn.Module] = {}
-    for root in modules:
-        for m in root.modules():
-            if id(m) not in seen and m._buffers:
-                seen[id(m)] = m
-    return [(m, name) for m in seen.values() for name, b in m._buffers.items() if b is not None]
-
-
-def checkpoint_kwargs(stateful: list[tuple[nn.Module, str]], preserve_rng: bool = True) -> dict[str, Any]:
-    """Keyword arguments of a non-reentrant ``torch.utils.checkpoint`` leaving the buffers
-    ``stateful`` (see :func:`stateful_buffers`) alone."""
-    kw: dict[str, Any] = {"use_reentrant": False, "preserve_rng_state": preserve_rng}
-    if stateful:  # a partial, not a lambda: a patched model pickles (torch.save of the module)
-        kw["context_fn"] = functools.partial(_restoring_contexts, stateful)
-    return kw
-
-
-def _restoring_contexts(stateful: list[tuple[nn.Module, str]]) -> tuple[Any, Any]:
-    """``context_fn`` of ``torch.utils.checkpoint``: plain forward, buffer-restoring recomputation."""
-    return contextlib.nullcontext(), _RestoreBuffers(stateful)
-
-
 _RANDOM_NAME = re.compile(r"dropout|rand|bernoulli|normal|multinomial|rrelu|poisson|exponential|uniform|"
                           r"geometric|cauchy|random|shuffle", re.IGNORECASE)
 _DETERMINISTIC_LEAVES = (nn.Conv1d, nn.Conv2d, nn.Conv3d, nn.ConvTranspose1d, nn.ConvTranspose2d,
@@ -171,6 +97,37 @@ _DETERMINISTIC_LEAVES = (nn.Conv1d, nn.Conv2d, nn.Conv3d, nn.ConvTranspose1d, nn
                          nn.AdaptiveAvgPool2d, nn.AdaptiveAvgPool3d, nn.AdaptiveMaxPool2d, nn.Embedding,
                          nn.Flatten, nn.Upsample, nn.Softmax, nn.LogSoftmax, nn.LeakyReLU, nn.ELU, nn.Hardswish,
                          nn.Hardsigmoid, nn.Mish, nn.ReLU6, nn.LocalResponseNorm)
+
+
+class ProbedCall:
+    """A module-level recomputed call (``apply`` wraps a module's ``forward`` with it): ``fn`` as
+    one region, of autoremat's own kind (``mode="lean"``) or ``torch.utils.checkpoint``. Its first
+    forward with gradients runs under :class:`SeededProbe` (RNG replayed, replay run to its end);
+    later ones replay the RNG only if a seeded op ran, and stop the replay early unless an op of
+    :data:`_FILLS_SAVED` ran."""
+
+    def __init__(self, fn: Callable[..., Any], stateful: list[tuple[nn.Module, str]], mode: str,
+                 params: tuple[torch.Tensor, ...] = ()) -> None:
+        self.fn, self.stateful, self.mode, self.params = fn, stateful, mode, params
+        self.probed: SeededProbe | None = None
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        if not torch.is_grad_enabled():
+            return self.fn(*args, **kwargs)
+        if torch.compiler.is_compiling():  # the buffer guard (context_fn) is eager code
+            return compiled_region(self.fn, True, args, kwargs)
+        if self.probed is None:
+            with SeededProbe() as probe:
+                out = self._call(True, False, args, kwargs)
+            self.probed = probe
+            return out
+        return self._call(self.probed.seen, not self.probed.fills_saved, args, kwargs)
+
+    def _call(self, rng: bool, stop: bool, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+        if self.mode == "lean":
+            return _run(self.fn, self.fn, self.stateful, rng, args, kwargs, stop, params=self.params)
+        return checkpoint(self.fn, *args, **checkpoint_kwargs(self.stateful, rng, self.params), early_stop=stop,
+                          **kwargs)
 
 
 def may_draw_random(gm: torch.fx.GraphModule, nodes: list[torch.fx.Node]) -> bool:
@@ -258,12 +215,13 @@ class _StopRecomputation(Exception):
 class _Frame:
     """One forward call of a region: its inputs and the state its recomputation replays."""
 
-    __slots__ = ("replay", "stateful", "args", "kwargs", "count", "by_task", "rng", "autocast", "stop",
+    __slots__ = ("replay", "stateful", "snapshot", "params", "versions", "args", "kwargs", "count", "by_task", "rng",
+                 "autocast", "stop",
                  "short", "tail", "tail_at", "sources", "whole")
 
     def __init__(self, replay: Callable[..., Any], stateful: list[tuple[nn.Module, str]], args: tuple[Any, ...],
                  kwargs: dict[str, Any], preserve_rng: bool, stop: bool = True,
-                 short: Callable[..., Any] | None = None) -> None:
+                 short: Callable[..., Any] | None = None, params: tuple[torch.Tensor, ...] = ()) -> None:
         self.replay = replay
         self.stop = stop  # stop the replay by an exception once it saved all (else it ends there)
         # the replay without the region's tail (autoremat.replay_tail), returning the tail inputs;
@@ -276,6 +234,8 @@ class _Frame:
         self.sources: dict[int, Any] = {}
         self.whole = False
         self.stateful = stateful
+        self.snapshot = snapshot_buffers(stateful) if stateful else None
+        self.params, self.versions = params, param_versions(params)
         self.args = [_SavedInput(a) if isinstance(a, torch.Tensor) else a for a in args]
         self.kwargs = {k: _SavedInput(a) if isinstance(a, torch.Tensor) else a for k, a in kwargs.items()}
         self.count = 0
@@ -334,6 +294,7 @@ class _Frame:
         """Run ``replay`` on fresh inputs under the forward's RNG / autocast state, collecting
         what it saves (stopping once ``need`` are collected; -1: let it return); checks that it
         saved ``expect`` tensors (default: the forward's count)."""
+        check_params(self.params, self.versions)
         got: list[torch.Tensor | None] = []
         result: Any = None
 
@@ -362,7 +323,7 @@ class _Frame:
                 if (mine != theirs or (mine[0] and cache != now[-1])) and (dev == "cpu" or torch.cuda.is_available()):
                     stack.enter_context(torch.autocast(dev, enabled=mine[0], dtype=mine[1], cache_enabled=cache))
             stack.enter_context(torch.enable_grad())
-            stack.enter_context(_RestoreBuffers(self.stateful))
+            stack.enter_context(RestoreBuffers(self.stateful, self.snapshot))
             stack.enter_context(torch.autograd.graph.saved_tensors_hooks(collect, _identity))
             try:
                 result = replay(*args, **kwargs)
@@ -444,16 +405,17 @@ def tail_mark(*values: Any) -> None:
 
 def _run(fn: Callable[..., Any], replay: Callable[..., Any], stateful: list[tuple[nn.Module, str]],
          preserve_rng: bool, args: tuple[Any, ...], kwargs: dict[str, Any], stop: bool = True,
-         short: Callable[..., Any] | None = None) -> Any:
+         short: Callable[..., Any] | None = None, params: tuple[torch.Tensor, ...] = ()) -> Any:
     """:func:`recomputed_call`, with ``replay`` (same ops as ``fn``) run for recomputation; ``stop``:
     stop the replay by an exception once it saved what the forward saved (``False``: the replay
     ends at its last saving op, see :class:`CheckpointRegion`); ``short``: the replay without the
-    region's tail (``fn`` calls :func:`tail_mark` before it)."""
+    region's tail (``fn`` calls :func:`tail_mark` before it); ``params``: the parameters checked
+    for in-place changes before recomputation (:func:`check_params`)."""
     if not torch.is_grad_enabled():
         return fn(*args, **kwargs)
     if torch.compiler.is_compiling():
         return compiled_region(fn, preserve_rng, args, kwargs)
-    frame = _Frame(replay, stateful, args, kwargs, preserve_rng, stop, short)
+    frame = _Frame(replay, stateful, args, kwargs, preserve_rng, stop, short, params)
     if short is None:
         with torch.autograd.graph.saved_tensors_hooks(frame.pack, _unpack):
             return fn(*args, **kwargs)
@@ -470,11 +432,13 @@ def _run(fn: Callable[..., Any], replay: Callable[..., Any], stateful: list[tupl
 class CheckpointRegion(nn.Module):
     """Runs ``body`` as one recomputed region (a segment of the plan).
 
-    ``modules``: the modules whose buffers the recomputation must leave untouched;
+    ``modules``: the modules whose buffers the recomputation must leave untouched (``buffers``:
+    more ``(module, name)`` buffers, those the body's ops read or update);
     ``preserve_rng``: replay the RNG state on recomputation (needed only when ``body`` draws
-    random numbers); ``mode``: ``"lean"`` (:func:`recomputed_call`) or ``"torch"``
-    (``torch.utils.checkpoint``); ``replay``: the body with an empty output, run for
-    recomputation (default ``body``). A generated forward holds the values it returns until it
+    random numbers; ``None``: find out on the first forward with gradients, see
+    :class:`~autoremat.runtime.recompute_state.SeededProbe`); ``mode``: ``"lean"``
+    (:func:`recomputed_call`) or ``"torch"`` (``torch.utils.checkpoint``); ``replay``: the body
+    with an empty output, run for recomputation (default ``body``). A generated forward holds the values it returns until it
     returns, and an early-stopped recomputation never does: the region's outputs computed before
     its last saving node would stay alive through the whole replay, which the simulator does not
     count (on ResNet-50 a downsample branch recomputed before its block's main branch measured
@@ -496,7 +460,8 @@ class CheckpointRegion(nn.Module):
 
     def __init__(self, body: nn.Module, modules: list[nn.Module], preserve_rng: bool = True,
                  mode: str = "lean", replay: nn.Module | None = None, replay_ends_at_last_save: bool = False,
-                 short_replay: nn.Module | None = None) -> None:
+                 short_replay: nn.Module | None = None, buffers: list[tuple[nn.Module, str]] | None = None,
+                 params: tuple[torch.Tensor, ...] = ()) -> None:
         super().__init__()
         if mode not in REGION_MODES:
             raise ValueError(f"regions must be one of {REGION_MODES}, got {mode!r}")
@@ -507,18 +472,42 @@ class CheckpointRegion(nn.Module):
         self.mode = mode
         self.preserve_rng = preserve_rng
         self.stateful = stateful_buffers(modules)
-        self._kwargs = checkpoint_kwargs(self.stateful, preserve_rng)
+        for slot in buffers or ():  # buffers the region's ops read or update (fx get_attr)
+            if not any(slot[0] is m and slot[1] == n for m, n in self.stateful):
+                self.stateful.append(slot)
+        seen: set[int] = set()
+        self.params = tuple(p for p in (*(q for m in modules for q in m.parameters()), *params)
+                            if not (id(p) in seen or seen.add(id(p))))  # type: ignore[func-returns-value]
+        self._kwargs = checkpoint_kwargs(self.stateful, bool(preserve_rng), self.params)
+        self._probed = False  # see SeededProbe: the first forward with gradients finds out more
+        self._early_stop = True
 
     def forward(self, *args: Any) -> Any:
         if not torch.is_grad_enabled():
             return self.body.forward(*args)
         if torch.compiler.is_compiling():
-            return compiled_region(self.body.forward, self.preserve_rng, args, {})
+            return compiled_region(self.body.forward, self.preserve_rng is not False, args, {})
+        if not self._probed:  # the first forward: replay the RNG and to the end this time, and find out
+            with SeededProbe() as probe:
+                out = self._region(True, False, args)
+            self._probed = True
+            if self.preserve_rng is None:
+                self.preserve_rng = probe.seen
+                self._kwargs = checkpoint_kwargs(self.stateful, probe.seen, self.params)
+            if probe.fills_saved:
+                self.stop, self._early_stop = False, False
+            return out
+        return self._region(self.preserve_rng, self._early_stop, args)
+
+    def _region(self, preserve_rng: bool, early_stop: bool, args: tuple[Any, ...]) -> Any:
         if self.mode == "lean":
             short = None if self.short_replay is None else self.short_replay.forward
-            return _run(self.body.forward, self.replay.forward, self.stateful, self.preserve_rng, args, {}, self.stop,
-                        short)
-        return checkpoint(_FirstThenReplay(self.body.forward, self.replay.forward), *args, **self._kwargs)
+            return _run(self.body.forward, self.replay.forward, self.stateful, preserve_rng, args, {},
+                        self.stop and early_stop, short, self.params)
+        kwargs = self._kwargs if preserve_rng == self._kwargs["preserve_rng_state"] else \
+            checkpoint_kwargs(self.stateful, preserve_rng, self.params)
+        return checkpoint(_FirstThenReplay(self.body.forward, self.replay.forward), *args, **kwargs,
+                          early_stop=early_stop)
 
 
 class _FirstThenReplay:

@@ -1,0 +1,383 @@
+"""Small models and the equivalence harness of ``tests/test_semantics.py`` (issue 29).
+
+:func:`compare` trains a model and a deep copy of it side by side for a few steps, the copy
+patched by autoremat, through train -> eval -> train, and reports the first difference in
+outputs, gradients, buffers or RNG state (``torch.equal``), or ``None``.
+"""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+from collections.abc import Callable
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+from torch.utils.checkpoint import checkpoint
+
+import autoremat
+from autoremat.plan import Plan, Segment
+
+W = 16
+
+
+def _x(*shape: int, seed: int = 7) -> torch.Tensor:
+    return torch.randn(*shape, generator=torch.Generator().manual_seed(seed))
+
+
+class ModDropout(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.l = nn.ModuleList(nn.Linear(W, W) for _ in range(3))
+        self.d = nn.Dropout(0.3)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        for lin in self.l:
+            x = self.d(torch.relu(lin(x)))
+        return x
+
+
+class FuncDropout(nn.Module):
+    """The issue's example: functional dropout reading ``self.training`` (frozen by fx)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.l = nn.ModuleList(nn.Linear(W, W) for _ in range(3))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        for lin in self.l:
+            x = F.dropout(torch.relu(lin(x)), 0.3, self.training)
+        return x
+
+
+class Dropout2dAlpha(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.c = nn.Conv2d(3, 4, 3, padding=1)
+        self.d2 = nn.Dropout2d(0.25)
+        self.a = nn.AlphaDropout(0.2)
+        self.c2 = nn.Conv2d(4, 4, 3, padding=1)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.c2(self.a(self.d2(torch.tanh(self.c(x)))))
+
+
+class RReLUNet(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.a, self.b = nn.Linear(W, W), nn.Linear(W, W)
+        self.r = nn.RReLU()
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.b(self.r(self.a(x)))
+
+
+class BatchNormNet(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.a, self.bn, self.b = nn.Linear(W, W), nn.BatchNorm1d(W), nn.Linear(W, W)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.b(torch.relu(self.bn(self.a(x))))
+
+
+class InstanceNormNet(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.c = nn.Conv2d(3, 4, 3, padding=1)
+        self.n = nn.InstanceNorm2d(4, affine=True, track_running_stats=True)
+        self.c2 = nn.Conv2d(4, 4, 3, padding=1)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.c2(torch.relu(self.n(self.c(x))))
+
+
+class LSTMNet(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.inp = nn.Linear(W, W)
+        self.rnn = nn.LSTM(W, W, batch_first=True, dropout=0.2, num_layers=2)
+        self.out = nn.Linear(W, W)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y, _ = self.rnn(torch.tanh(self.inp(x)))
+        return self.out(y)
+
+
+class SDPA(nn.Module):
+    def __init__(self, dropout: float, train_only: bool = False) -> None:
+        super().__init__()
+        self.q, self.k, self.v, self.o = (nn.Linear(W, W) for _ in range(4))
+        self.p, self.train_only = dropout, train_only
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        p = self.p if (self.training or not self.train_only) else 0.0
+        a = F.scaled_dot_product_attention(self.q(x), self.k(x), self.v(x), dropout_p=p)
+        return self.o(torch.relu(a))
+
+
+class Tied(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.emb = nn.Embedding(20, W)
+        self.mid = nn.Linear(W, W)
+        self.head = nn.Linear(W, 20, bias=False)
+        self.head.weight = self.emb.weight
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        return self.head(torch.tanh(self.mid(self.emb(ids))))
+
+
+class DictOut(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.a, self.b = nn.Linear(W, W), nn.Linear(W, W)
+
+    def forward(self, x: torch.Tensor) -> dict[str, torch.Tensor]:
+        h = torch.relu(self.a(x))
+        return {"h": h, "y": self.b(h)}
+
+
+class TupleOut(DictOut):
+    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:  # type: ignore[override]
+        h = torch.relu(self.a(x))
+        return h, torch.sigmoid(self.b(h))
+
+
+class Kwargs(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.a, self.b = nn.Linear(W, W), nn.Linear(W, W)
+
+    def forward(self, x: torch.Tensor, *, bias: torch.Tensor, scale: float = 2.0) -> torch.Tensor:
+        return self.b(torch.relu(self.a(x) * scale + bias))
+
+
+class ControlFlow(nn.Module):
+    """Python branches on ``self.training`` and on a plain attribute (frozen by an fx trace)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.a, self.b, self.c = nn.Linear(W, W), nn.Linear(W, W), nn.Linear(W, W)
+        self.extra = True
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = torch.relu(self.a(x))
+        if self.training:
+            h = h * 0.5 + torch.tanh(self.c(h))
+        return self.b(h)
+
+
+class SelfCheckpoint(nn.Module):
+    """A model checkpointing its own block (reentrant); ``self.frozen`` gets no gradient."""
+
+    def __init__(self, reentrant: bool = True) -> None:
+        super().__init__()
+        self.a, self.blk, self.b = nn.Linear(W, W), nn.Linear(W, W), nn.Linear(W, W)
+        self.reentrant = reentrant
+
+    def _block(self, h: torch.Tensor) -> torch.Tensor:
+        return torch.tanh(self.blk(h))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = torch.relu(self.a(x))
+        h = checkpoint(self._block, h, use_reentrant=self.reentrant)
+        return self.b(h)
+
+
+class EMA(nn.Module):
+    """Custom module updating its own buffer in forward and reading it in arithmetic."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.register_buffer("mean", torch.zeros(W))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.training:
+            self.mean.copy_(0.9 * self.mean + 0.1 * x.detach().mean(0))
+        return x - self.mean
+
+
+class EMANet(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.a, self.ema, self.b = nn.Linear(W, W), EMA(), nn.Linear(W, W)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.b(torch.relu(self.ema(torch.tanh(self.a(x)))))
+
+
+class Counter(nn.Module):
+    """A buffer counting forward calls (an in-place add in forward)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.a, self.b = nn.Linear(W, W), nn.Linear(W, W)
+        self.register_buffer("calls", torch.zeros((), dtype=torch.long))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        self.calls += 1
+        return self.b(torch.relu(self.a(x)))
+
+
+class Block(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.l = nn.Linear(W, W)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.tanh(self.l(x)) + x
+
+
+class Blocks(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.seq = nn.Sequential(Block(), Block(), Block())
+        self.head = nn.Linear(W, W)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.head(self.seq(x))
+
+
+@dataclasses.dataclass
+class Case:
+    name: str
+    make: Callable[[], nn.Module]
+    args: Callable[[], tuple[Any, ...]]
+    kwargs: Callable[[], dict[str, Any]] = dict
+    modes: tuple[str, ...] = ("fx", "module")
+
+
+def _ids() -> tuple[torch.Tensor]:
+    return (torch.randint(0, 20, (4, 6), generator=torch.Generator().manual_seed(3)),)
+
+
+CASES = [
+    Case("dropout_module", ModDropout, lambda: (_x(8, W),)),
+    Case("dropout_functional_training", FuncDropout, lambda: (_x(8, W),)),
+    Case("dropout2d_alpha", Dropout2dAlpha, lambda: (_x(2, 3, 6, 6),)),
+    Case("rrelu", RReLUNet, lambda: (_x(8, W),)),
+    Case("batchnorm", BatchNormNet, lambda: (_x(8, W),)),
+    Case("instancenorm", InstanceNormNet, lambda: (_x(2, 3, 6, 6),)),
+    Case("lstm", LSTMNet, lambda: (_x(2, 5, W),)),
+    Case("sdpa", lambda: SDPA(0.0), lambda: (_x(2, 5, W),)),
+    Case("sdpa_dropout", lambda: SDPA(0.2), lambda: (_x(2, 5, W),)),
+    Case("sdpa_dropout_train_only", lambda: SDPA(0.2, train_only=True), lambda: (_x(2, 5, W),)),
+    Case("tied_weights", Tied, _ids),
+    Case("dict_output", DictOut, lambda: (_x(8, W),)),
+    Case("tuple_output", TupleOut, lambda: (_x(8, W),)),
+    Case("kwargs", Kwargs, lambda: (_x(8, W),), lambda: {"bias": _x(W, seed=9)}),
+    Case("control_flow_training", ControlFlow, lambda: (_x(8, W),)),
+    Case("self_checkpoint_reentrant", SelfCheckpoint, lambda: (_x(8, W),)),
+    Case("self_checkpoint_nonreentrant", lambda: SelfCheckpoint(False), lambda: (_x(8, W),)),
+    Case("ema_buffer", EMANet, lambda: (_x(8, W),)),
+    Case("counter_buffer", Counter, lambda: (_x(8, W),)),
+    Case("blocks", Blocks, lambda: (_x(8, W),)),
+]
+
+
+def _handmade(graph: autoremat.Graph, kind: str) -> autoremat.Plan:
+    """``prefix``: the first half of the nodes (a lower set: ids are topological) in one recomputed
+    segment; ``each``: every recomputable node its own recomputed segment."""
+    base = autoremat.solve(graph, "100%", solver="none")
+    nodes = sorted(graph.nodes)
+    ok = {v for v in nodes if graph.node(v)["recomputable"]}
+    if kind == "prefix" and graph.meta["mode"] == "fx":
+        half = max(1, len(nodes) // 2)
+        segs = [Segment(tuple(nodes[:half]), True), Segment(tuple(nodes[half:]), False)]
+    else:
+        segs = [Segment((v,), v in ok) for v in nodes]
+    return Plan(segs, solver=f"test-{kind}", options={**base.options, "replay_tails": []},
+                graph_fingerprint=graph.fingerprint)
+
+
+def plan_for(graph: autoremat.Graph, solver: str, budget: Any) -> autoremat.Plan:
+    if solver == "none":
+        return autoremat.solve(graph, "100%", solver="none")
+    if solver in ("prefix", "each"):
+        return _handmade(graph, solver)
+    try:
+        return autoremat.solve(graph, budget, solver=solver)
+    except autoremat.InfeasibleBudgetError as err:
+        return autoremat.solve(graph, err.min_budget_bytes, solver=solver)
+
+
+def _flat(out: Any) -> list[torch.Tensor]:
+    if isinstance(out, torch.Tensor):
+        return [out]
+    if isinstance(out, dict):
+        return [t for k in sorted(out) for t in _flat(out[k])]
+    if isinstance(out, (tuple, list)):
+        return [t for o in out for t in _flat(o)]
+    return []
+
+
+def _loss(out: Any) -> torch.Tensor:
+    return sum((t.float().sin().mean() for t in _flat(out) if t.is_floating_point()), torch.zeros(()))
+
+
+def _state(model: nn.Module) -> dict[str, Any]:
+    d: dict[str, Any] = {f"buf:{n}": b.clone() for n, b in model.named_buffers()}
+    d.update({f"param:{n}": p.detach().clone() for n, p in model.named_parameters()})
+    d.update({f"grad:{n}": None if p.grad is None else p.grad.clone() for n, p in model.named_parameters()})
+    return d
+
+
+def _diff(a: dict[str, Any], b: dict[str, Any]) -> str | None:
+    for k in a:
+        x, y = a[k], b.get(k)
+        if (x is None) != (y is None):
+            return f"{k}: {'None' if x is None else 'tensor'} vs {'None' if y is None else 'tensor'}"
+        if x is not None and not torch.equal(x, y):
+            return f"{k} differs (max {(x.float() - y.float()).abs().max().item():.3g})"
+    return None
+
+
+PHASES = ("train", "train", "eval", "train", "no_grad")
+
+
+def run_phases(model: nn.Module, case: Case, steps: int = 3) -> list[Any]:
+    """Per phase: outputs, then state after the step; RNG state at the end of each phase."""
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    torch.manual_seed(1234)
+    record: list[Any] = []
+    args, kwargs = case.args(), case.kwargs()
+    for phase in PHASES:
+        model.train(phase == "train")
+        for _ in range(steps if phase == "train" else 1):
+            if phase == "no_grad":
+                with torch.no_grad():
+                    out = model(*args, **kwargs)
+            else:
+                opt.zero_grad(set_to_none=True)
+                out = model(*args, **kwargs)
+                if phase == "train":
+                    _loss(out).backward()
+                    opt.step()
+            record.append((phase, [o.detach().clone() for o in _flat(out)], _state(model), torch.get_rng_state()))
+    return record
+
+
+def compare(case: Case, mode: str, solver: str, budget: Any = None, regions: str = "lean") -> str | None:
+    """The first difference between the unpatched and the patched model, or ``None``."""
+    torch.manual_seed(0)
+    ref = case.make()
+    pat = copy.deepcopy(ref)
+    graph = autoremat.capture(pat, case.args(), case.kwargs(), mode=mode, repeats=1, warmup=0)
+    plan = plan_for(graph, solver, budget)
+    autoremat.apply(pat, plan, regions=regions)
+    try:
+        want, got = run_phases(ref, case), run_phases(pat, case)
+    finally:
+        autoremat.restore(pat)
+    for i, ((phase, wo, ws, wr), (_, go, gs, gr)) in enumerate(zip(want, got)):
+        if len(wo) != len(go) or any(not torch.equal(a, b) for a, b in zip(wo, go)):
+            return f"step {i} ({phase}): outputs differ"
+        d = _diff(ws, gs)
+        if d:
+            return f"step {i} ({phase}): {d}"
+        if not torch.equal(wr, gr):
+            return f"step {i} ({phase}): RNG state differs"
+    return None

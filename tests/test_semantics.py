@@ -1,0 +1,358 @@
+"""The patched model is the user's model (issue 29): same outputs, gradients, buffers and RNG
+stream as the unpatched model in every mode, or a clear refusal.
+
+The table (:data:`semantics_cases.CASES`) is trained 3 steps, evaluated, trained again and run
+under ``no_grad``, patched and unpatched side by side, at fx and module level, under ``none``,
+two real solvers and two hand-made plans that recompute (tiny graphs fit any budget without
+recomputation: ``prefix`` puts the first half of the graph in one region, ``each`` makes every
+node its own region), with both region kinds; the real solvers and the other region kind of each
+hand-made plan are marked slow.
+"""
+
+from __future__ import annotations
+
+import copy
+import warnings
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
+from torch.utils.checkpoint import checkpoint
+
+import autoremat
+from autoremat.runtime import CheckpointRegion, InstanceForwardError, StateGuardWarning, is_recomputing
+
+from semantics_cases import CASES, W, Blocks, Case, ControlFlow, EMANet, compare, plan_for, _x
+
+_SLOW = pytest.mark.slow
+PLANS = [("none", None, "lean"), ("prefix", None, "lean"), ("each", None, "torch"),
+         pytest.param("chen", "20%", "lean", marks=_SLOW), pytest.param("dp-approx", "40%", "torch", marks=_SLOW),
+         pytest.param("prefix", None, "torch", marks=_SLOW), pytest.param("each", None, "lean", marks=_SLOW)]
+_PLAN_IDS = ["none", "prefix-lean", "each-torch", "chen-20%", "dp-approx-40%", "prefix-torch", "each-lean"]
+REFUSED_FX = {"counter_buffer": "assigns buffer calls", "self_checkpoint_reentrant": "gradients disabled"}
+
+
+@pytest.mark.parametrize("solver,budget,regions", PLANS, ids=_PLAN_IDS)
+@pytest.mark.parametrize("mode", ["fx", "module"])
+@pytest.mark.parametrize("case", CASES, ids=[c.name for c in CASES])
+def test_patched_model_trains_evaluates_and_draws_like_the_unpatched_one(case: Case, mode: str, solver: str,
+                                                                         budget: object, regions: str) -> None:
+    if mode == "fx" and case.name in REFUSED_FX:
+        with pytest.raises(ValueError, match=REFUSED_FX[case.name]) as err:
+            compare(case, mode, solver, budget, regions)
+        assert "mode='module'" in str(err.value)
+        return
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", StateGuardWarning)
+        assert compare(case, mode, solver, budget, regions) is None
+
+
+def _patched(model: nn.Module, args: tuple, solver: str = "prefix", mode: str = "fx",
+             regions: str = "lean") -> nn.Module:
+    graph = autoremat.capture(model, args, mode=mode, repeats=1, warmup=0)
+    return autoremat.apply(model, plan_for(graph, solver, None), regions=regions)
+
+
+def _grads(model: nn.Module, x: torch.Tensor, seed: int = 3) -> dict[str, torch.Tensor | None]:
+    torch.manual_seed(seed)
+    model.zero_grad(set_to_none=True)
+    model(x).sin().mean().backward()
+    return {n: p.grad for n, p in model.named_parameters()}
+
+
+def test_functional_dropout_follows_eval_after_apply() -> None:
+    """The issue's first example: ``F.dropout(x, p, self.training)`` traced in training mode."""
+    case = next(c for c in CASES if c.name == "dropout_functional_training")
+    model = case.make()
+    x = case.args()[0]
+    _patched(model, (x,), "none")
+    model.eval()
+    assert torch.equal(model(x), type(model).forward(model, x))  # no dropout in eval mode
+    model.train()
+    torch.manual_seed(0)
+    a = model(x)
+    torch.manual_seed(0)
+    assert torch.equal(a, type(model).forward(model, x))
+
+
+class _Flag(nn.Module):
+    """Branches on a plain attribute: a state change in training re-traces (same ops) or falls back."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.a, self.b = nn.Linear(W, W), nn.Linear(W, W)
+        self.scale = 1.0
+        self.skip = False
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = torch.tanh(self.a(x)) * self.scale
+        if not self.skip:
+            h = torch.relu(self.b(h))
+        return h.sum(-1, keepdim=True) + h
+
+
+@pytest.mark.parametrize("regions", ["lean", "torch"])
+def test_changed_attribute_retraces_when_the_plan_still_maps(regions: str) -> None:
+    ref = _Flag()
+    model = copy.deepcopy(ref)
+    x = _x(8, W)
+    _patched(model, (x,), "prefix", regions=regions)
+    for m in (ref, model):
+        m.scale = 3.0
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", StateGuardWarning)  # same ops: rebuilt, no fallback
+        got, want = _grads(model, x), _grads(ref, x)
+    assert all(torch.equal(got[k], want[k]) for k in want)
+    state = model.__dict__["_autoremat_patch"]
+    assert len(state.installed._variants) == 2
+
+
+def test_changed_branch_falls_back_to_the_users_forward_with_one_warning() -> None:
+    ref = _Flag()
+    model = copy.deepcopy(ref)
+    x = _x(8, W)
+    _patched(model, (x,), "prefix")
+    for m in (ref, model):
+        m.skip = True
+    with pytest.warns(StateGuardWarning, match="traces to other ops"):
+        got = _grads(model, x)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", StateGuardWarning)  # said once
+        got = _grads(model, x)
+    want = _grads(ref, x)
+    assert all(torch.equal(got[k], want[k]) for k in ("a.weight", "a.bias"))
+    assert got["b.weight"] is None and want["b.weight"] is None
+
+
+def test_submodule_in_eval_mode_while_training() -> None:
+    """A custom block switched to eval inside a training model (frozen branch): re-traced."""
+
+    class Outer(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.inner = ControlFlow()
+            self.head = nn.Linear(W, W)
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return self.head(self.inner(x))
+
+    ref = Outer()
+    model = copy.deepcopy(ref)
+    x = _x(8, W)
+    _patched(model, (x,), "each")
+    for m in (ref, model):
+        m.inner.eval()
+    with pytest.warns(StateGuardWarning):  # the eval branch has fewer ops: the plan does not map
+        got = _grads(model, x)
+    want = _grads(ref, x)
+    assert all((a is None and b is None) or torch.equal(a, b) for a, b in zip(got.values(), want.values()))
+
+
+def test_inference_mode_runs_the_users_forward() -> None:
+    model = EMANet()
+    x = _x(8, W)
+    _patched(model, (x,), "each")
+    with torch.inference_mode():
+        out = model(x)
+    assert out.is_inference()
+    assert torch.equal(model.ema.mean, torch.zeros(W) * 0 + model.ema.mean)
+
+
+class _SDPAFunctionalDropout(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.q = nn.Linear(W, W)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        q = torch.tanh(self.q(x))
+        return F.scaled_dot_product_attention(q, q, q, dropout_p=0.2) * 2
+
+
+@pytest.mark.parametrize("regions", ["lean", "torch"])
+def test_sdpa_dropout_is_recognised_as_random(regions: str) -> None:
+    """``scaled_dot_product_attention`` says nothing random in its name; its dropout draws
+    (``bernoulli_`` is tagged nondeterministic_seeded), so the region replays the RNG."""
+    ref = _SDPAFunctionalDropout()
+    model = copy.deepcopy(ref)
+    x = _x(2, 5, W)
+    _patched(model, (x,), "each", regions=regions)
+    state = model.__dict__["_autoremat_patch"]
+    regions_ = [m for m in state.forward_module.modules() if isinstance(m, CheckpointRegion)]
+    for _ in range(2):
+        got, want = _grads(model, x), _grads(ref, x)
+        assert all(torch.equal(got[k], want[k]) for k in want)
+        after = torch.rand(3)
+        torch.manual_seed(3)
+        ref(x)
+        assert torch.equal(after, torch.rand(3))  # the RNG stream ends where the unpatched one does
+    assert [r.preserve_rng for r in regions_].count(True) == 1  # only the SDPA region draws
+
+
+def test_buffer_updated_in_forward_is_updated_once_and_read_live() -> None:
+    ref = EMANet()
+    model = copy.deepcopy(ref)
+    x = _x(8, W)
+    _patched(model, (x,), "each")
+    for _ in range(3):
+        got, want = _grads(model, x), _grads(ref, x)
+        assert all(torch.equal(got[k], want[k]) for k in want)
+        assert torch.equal(model.ema.mean, ref.ema.mean)
+    model.double()  # replaces buffer tensors: the generated forward reads the new ones
+    ref.double()
+    assert torch.equal(model(x.double()), ref(x.double()))
+
+
+def test_no_grad_block_in_forward_is_refused_at_fx_level_and_captured_at_module_level() -> None:
+    class NoGrad(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.a = nn.Linear(W, W)
+            self.register_buffer("peak", torch.zeros(()))
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            h = self.a(x)
+            with torch.no_grad():
+                self.peak.copy_(torch.maximum(self.peak, h.abs().max()))
+            return h
+
+    model = NoGrad()
+    before = copy.deepcopy(model.state_dict())
+    with pytest.raises(ValueError, match="no_grad"):
+        autoremat.capture(model, (_x(8, W),), mode="fx")
+    assert not model.peak.requires_grad and model.peak.grad_fn is None
+    assert all(torch.equal(before[k], v) for k, v in model.state_dict().items())
+    assert autoremat.capture(model, (_x(8, W),)).meta["mode"] == "module"
+
+
+# ---------------------------------------------------------------------- hooks
+def test_capture_never_hands_a_hook_a_proxy() -> None:
+    model = Blocks()
+    seen: list[type] = []
+    model.seq.register_forward_hook(lambda m, a, out: seen.append(type(out)))
+    model.seq[0].register_forward_pre_hook(lambda m, a: seen.append(type(a[0])))
+    model.seq[0].l.register_forward_hook(lambda m, a, out: seen.append(type(out)))  # a leaf: runs in profiling
+    graph = autoremat.capture(model, (_x(8, W),), mode="fx", repeats=1, warmup=0)
+    assert graph.meta["mode"] == "fx"
+    assert seen and all(t is torch.Tensor for t in seen), seen
+    assert len(model.seq._forward_hooks) == 1 and len(model.seq[0]._forward_pre_hooks) == 1  # put back
+
+
+def test_hook_registered_after_apply_on_a_container_fires() -> None:
+    model = Blocks()
+    x = _x(8, W)
+    _patched(model, (x,), "each")
+    calls: list[int] = []
+    model.seq.register_forward_hook(lambda m, a, out: calls.append(1))
+    with pytest.warns(StateGuardWarning, match="hooks"):
+        model(x).sum().backward()
+    assert calls == [1]
+
+
+def test_hook_added_between_capture_and_apply_does_not_break_apply() -> None:
+    model = Blocks()
+    x = _x(8, W)
+    graph = autoremat.capture(model, (x,), mode="fx", repeats=1, warmup=0)
+    model.seq[1].l.register_forward_hook(lambda m, a, out: None)  # a leaf: the plan still applies
+    autoremat.apply(model, plan_for(graph, "each", None))
+    model(x).sum().backward()
+
+
+@pytest.mark.parametrize("regions", ["lean", "torch"])
+def test_leaf_hooks_fire_during_recomputation_like_torch_checkpoint(regions: str) -> None:
+    """Decision (runtime/region.py): a leaf module's forward hook inside a recomputed region
+    fires again during recomputation, as under ``torch.utils.checkpoint``; ``is_recomputing()``
+    tells it so. A hook counting only first forwards counts as in the unpatched model."""
+
+    def run(model: nn.Module, patched: str | None) -> tuple[list[bool], dict]:
+        flags: list[bool] = []
+        x = _x(8, W)
+        if patched == "autoremat":
+            _patched(model, (x,), "each", regions=regions)
+        model.seq[0].l.register_forward_hook(lambda m, a, out: flags.append(is_recomputing()))
+        if patched == "autoremat":
+            out = model(x)
+        elif patched == "checkpoint":
+            out = model.head(checkpoint(model.seq, x, use_reentrant=False))
+        else:
+            out = model(x)
+        out.sum().backward()
+        return flags, {n: p.grad for n, p in model.named_parameters()}
+
+    torch.manual_seed(0)
+    base = Blocks()
+    plain, want = run(copy.deepcopy(base), None)
+    ckpt, _ = run(copy.deepcopy(base), "checkpoint")
+    ours, got = run(copy.deepcopy(base), "autoremat")
+    assert plain == [False]
+    assert ckpt == [False, False]  # torch.utils.checkpoint: the hook runs again, not told so
+    assert ours == [False, True]  # ours: runs again, told so
+    assert all(torch.equal(got[k], want[k]) for k in want)
+
+
+# ---------------------------------------------------------------------- forward, checkpoint, in-place
+def test_instance_forward_is_refused_at_fx_level() -> None:
+    model = Blocks()
+    x = _x(8, W)
+    graph = autoremat.capture(model, (x,), mode="fx", repeats=1, warmup=0)
+    plan = plan_for(graph, "each", None)
+    model.forward = lambda t: type(model).forward(model, t) * 2  # type: ignore[method-assign]
+    with pytest.raises(InstanceForwardError, match="del model.forward"):
+        autoremat.apply(model, plan)
+    assert not autoremat.is_patched(model)
+
+
+def test_forward_set_after_apply_is_kept_and_runs_unpatched_code_after_restore() -> None:
+    model = Blocks()
+    x = _x(8, W)
+    _patched(model, (x,), "each")
+    inner = model.forward
+    model.forward = lambda t: inner(t) * 2  # type: ignore[method-assign]
+    autoremat.restore(model)
+    assert "forward" in model.__dict__  # the user's wrapper stays
+    assert not autoremat.is_patched(model)
+    assert torch.equal(model(x), type(model).forward(model, x) * 2)
+
+
+def test_reentrant_self_checkpoint_keeps_none_gradients() -> None:
+    """A model checkpointing (reentrant) a block on an input that does not require grad: the
+    block's parameters get no gradient; fx refuses (the checkpoint runs under no_grad), module
+    level keeps the user's region."""
+
+    class Self(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.blk, self.b = nn.Linear(W, W), nn.Linear(W, W)
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return self.b(checkpoint(self.blk, x, use_reentrant=True))
+
+    ref = Self()
+    model = copy.deepcopy(ref)
+    x = _x(8, W)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", UserWarning)  # PyTorch: no input requires grad
+        graph = autoremat.capture(model, (x,))
+        assert graph.meta["mode"] == "module"
+        autoremat.apply(model, plan_for(graph, "each", None))
+        got, want = _grads(model, x), _grads(ref, x)
+    assert want["blk.weight"] is None and got["blk.weight"] is None
+    assert torch.equal(got["b.weight"], want["b.weight"])
+
+
+@pytest.mark.parametrize("mode,regions", [("fx", "lean"), ("fx", "torch"), ("module", "lean"), ("module", "torch")])
+def test_parameter_changed_between_forward_and_backward_raises(mode: str, regions: str) -> None:
+    ref = Blocks()
+    x = _x(8, W)
+    out = ref(x)
+    with torch.no_grad():
+        ref.seq[1].l.weight.add_(1.0)
+    with pytest.raises(RuntimeError, match="inplace"):
+        out.sum().backward()
+    model = Blocks()
+    _patched(model, (x,), "each", mode=mode, regions=regions)
+    out = model(x)
+    with torch.no_grad():
+        model.seq[1].l.weight.add_(1.0)
+    with pytest.raises(RuntimeError, match="inplace"):
+        out.sum().backward()
