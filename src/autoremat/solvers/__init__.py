@@ -21,6 +21,7 @@ from ..simulate import simulate, unoptimised_peak_bytes
 from .chen import solve_chen
 from .combined import offload_allowed, solve_combined
 from .kusumoto import min_budget, solve_dp_approx, solve_dp_exact
+from .milp import solve_milp
 from .none import solve_none
 from .offload_chain import solve_offload_dp, solve_offload_greedy, solve_vdnn
 from .reforward import solve_reforward
@@ -43,6 +44,7 @@ SOLVERS: dict[str, SolverFn] = {
     "offload-greedy": solve_offload_greedy,
     "offload-dp": solve_offload_dp,
     "vdnn": solve_vdnn,
+    "milp": solve_milp,
 }
 """Registry: solver name -> ``solve(graph, budget_bytes, *, config=None) -> Plan``."""
 

@@ -542,13 +542,17 @@ def solve_dp_approx(graph: Graph, budget_bytes: int, *, config: dict[str, Any] |
 
 
 def min_budget(graph: Graph, solver: str = "dp-approx", *, config: dict[str, Any] | None = None) -> int:
-    """The smallest step-peak budget for which ``solver`` (``"dp-approx"`` or ``"dp-exact"``) finds a plan.
+    """The smallest step-peak budget for which ``solver`` (``"dp-approx"``, ``"dp-exact"`` or ``"milp"``) finds a plan.
 
     ``solver(graph, b)`` returns a plan for every ``b >= min_budget(graph, solver)`` and raises
     :class:`~autoremat.errors.InfeasibleBudgetError` below it (see the module docstring).
     """
+    if solver == "milp":  # the memory-centric mixed-integer program (autoremat.solvers.milp)
+        from .milp import min_budget_milp
+
+        return min_budget_milp(graph, config=config)
     if solver not in ("dp-approx", "dp-exact"):
-        raise ValueError(f"solver={solver!r} is not a Kusumoto DP; expected 'dp-approx' or 'dp-exact'")
+        raise ValueError(f"solver={solver!r} has no least-budget search; expected 'dp-approx', 'dp-exact' or 'milp'")
     if len(graph) == 0:
         return 0
     search = _search(graph, solver, _config(config, solver))
