@@ -64,7 +64,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         if args.command == "profile":
             return _profile(console, args)
         return _plan(console, args)
-    except (ValueError, TypeError, ImportError) as err:
+    except (ValueError, TypeError) as err:
         console.print(f"[red]error:[/red] {err}")
         return 2
 
@@ -134,9 +134,13 @@ def _plan(console: Console, args: argparse.Namespace) -> int:
     if args.gap:
         from .solvers.milp import optimality_gap
 
-        with console.status(f"bounding the optimum (up to {args.gap_time_limit:g} s)…"):
-            gap = optimality_gap(g, plan, plan.budget_bytes or 0, time_limit_s=args.gap_time_limit)
-        console.print(gap.describe())
+        try:
+            with console.status(f"bounding the optimum (up to {args.gap_time_limit:g} s)…"):
+                gap = optimality_gap(g, plan, plan.budget_bytes or 0, time_limit_s=args.gap_time_limit)
+        except ImportError as err:  # highspy missing: the message names the extra to install
+            console.print(f"error: {err}", markup=False)
+            return 2
+        console.print(gap.describe(), markup=False)
     if args.out:
         plan.to_json(args.out)
         console.print(f"wrote {args.out}")

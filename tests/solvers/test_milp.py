@@ -126,8 +126,29 @@ def test_missing_highspy_names_the_extra(monkeypatch):
     monkeypatch.setattr(builtins, "__import__", fake)
     with pytest.raises(ImportError, match=r'pip install "autoremat\[milp\]"'):
         solve_milp(random_dag(1, 4), 10)
-    assert autoremat.cli.main(["plan", "--model", "vgg19", "--size", "tiny", "--device", "meta",
-                               "--solver", "milp", "--budget", "50%"]) == 2 if hasattr(autoremat, "cli") else True
+    with pytest.raises(ImportError, match=r'pip install "autoremat\[milp\]"'):
+        autoremat.min_budget(random_dag(1, 4), "milp")
+
+
+def test_cli_plan_reports_the_gap(capsys, monkeypatch):
+    from autoremat import cli
+
+    argv = ["plan", "--model", "vgg19", "--device", "meta", "--solver", "chen", "--budget", "98%",
+            "--gap", "--gap-time-limit", "5"]
+    assert cli.main(argv) == 0
+    out = capsys.readouterr().out
+    assert "extra time" in out and "(proven)" in out
+
+    real = builtins.__import__
+
+    def fake(name, *args, **kwargs):
+        if name == "highspy":
+            raise ImportError("No module named 'highspy'")
+        return real(name, *args, **kwargs)
+
+    monkeypatch.setattr(builtins, "__import__", fake)
+    assert cli.main(argv) == 2
+    assert 'pip install "autoremat[milp]"' in capsys.readouterr().out.replace("\n", "")
 
 
 def test_options_are_checked():

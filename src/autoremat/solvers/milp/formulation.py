@@ -124,7 +124,10 @@ class Formulation:
     y: dict[tuple[int, int], int] = field(default_factory=dict)
     mem_rows: list[tuple[int, float]] = field(default_factory=list)  # (row, constant on its left side)
     peak_var: int | None = None
-    max_checks: int = 32
+    max_checks: int | None = None
+    """Backward rows: every node with a gradient up to 40 nodes, else the 8 highest (see :meth:`_pick_checks`)."""
+    max_terms: int | None = None
+    """Per backward row, the heaviest storages, gradients and extras kept (all up to 40 nodes, else 48)."""
     checks: list[int] = field(default_factory=list)
     """Nodes whose backward gets a memory row (see :meth:`_backward_rows`)."""
     cin: dict[tuple[int, int], int] = field(default_factory=dict)
@@ -223,6 +226,7 @@ class Formulation:
         g, k, b = self.graph, self.k, self.b
         n = len(g)
         holders = [v for v in g.nodes if _holder(g.node(v))]
+        hset = set(holders)
         hs: dict[tuple[int, int], int] = {}
         for i in range(k):
             for v in reversed(range(n)):
@@ -239,6 +243,9 @@ class Formulation:
             if t <= 0 or not any((v, i) in self.y for i in range(k)):
                 continue
             z = b.var(cost=cost * t * self.time_scale, integer=False)
+            if v in hset:  # a holder is always replayed when recomputed: z = rec(v), tight in the LP
+                self.ge(z, (self.rec(v), 1.0))
+                continue
             for i in range(k):
                 if (v, i) in self.y:
                     b.row({z: 1.0, self.y[v, i]: -1.0, hs[v, i]: -1.0}, -1.0, float("inf"))
@@ -359,6 +366,10 @@ class Formulation:
         g = self.graph
         grad = has_grad(g)
         cands = [v for v in g.nodes if grad[v]]
+        if self.max_checks is None:
+            self.max_checks = len(g) if len(g) <= 40 else 8
+        if self.max_terms is None:
+            self.max_terms = len(g) if len(g) <= 40 else 48
         if len(cands) <= self.max_checks:
             return cands
         sim = simulate(g, no_recompute_plan(g), check=False, record=True)
@@ -424,12 +435,17 @@ class Formulation:
                     if alloc[r] > 0:
                         savers.setdefault(r, []).append(w)
         puse = [(p, w) for w in g.nodes if grad[w] for p in set(g.node(w)["params"]) if p in pb]
+        top = self.max_terms or n
+        roots = sorted(set(savers) | {r for r, _ in self.cin}, key=lambda r: -alloc[r])[:top]
+        own = set(sorted(own, key=lambda u: -g.node(u)["out_bytes"])[:top])
+        extras = sorted((w for w in g.nodes if g.node(w)["requires_grad"] and g.node(w)["extra_saved_bytes"]),
+                        key=lambda w: -g.node(w)["extra_saved_bytes"])[:top]
         for v in self.checks:
             dv = g.node(v)
             mine = {g.root(u) for u in dv["saves"]} if dv["requires_grad"] else set()
             terms: Expr = {}
             const = float(_backward_need(g, v, pb) + (dv["out_bytes"] if v in own else 0))
-            for r in set(savers) | {r for r, _ in self.cin}:
+            for r in roots:
                 if r in mine:
                     continue
                 parts = []
@@ -451,9 +467,9 @@ class Formulation:
                     used = True
                 if used:
                     terms[h] = float(alloc[r])
-            for w in g.nodes:
+            for w in extras:
                 dw = g.node(w)
-                if w == v or not (dw["requires_grad"] and dw["extra_saved_bytes"]):
+                if w == v:
                     continue
                 var, c = self._order_var(w, v, False, anc)
                 xv = b.var(integer=False)

@@ -23,8 +23,10 @@ from __future__ import annotations
 
 import logging
 import math
+import threading
 import time
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 
 from ...graph import Graph
@@ -79,6 +81,28 @@ def judge(graph: Graph, plan: Plan) -> tuple[int, float]:
         if bare.options["replay_tails"]:
             peak = max(peak, simulate(graph, bare, check=False, record=False).peak_bytes)
     return peak, sim.extra_time_s
+
+
+@contextmanager
+def _reporting(out: Outcome, start: float, what: str, unit: str) -> Iterator[None]:
+    """While one HiGHS run is in progress, log the search's incumbent, bound and gap every
+    :data:`PROGRESS_EVERY_S` seconds (the bound is the one proven before this run)."""
+    done = threading.Event()
+
+    def report() -> None:
+        while not done.wait(max(0.01, PROGRESS_EVERY_S)):
+            logger.info("milp%s: round %d running, %.1f s: incumbent %s, bound %.6g %s, gap %s, %d cuts", what,
+                        out.rounds + 1, time.monotonic() - start,
+                        "none" if out.cost is None else f"{out.cost:.6g} {unit}", max(out.bound, 0.0), unit,
+                        "-" if out.gap is None else f"{out.gap:.2%}", out.cuts)
+
+    thread = threading.Thread(target=report, daemon=True, name="autoremat-milp-progress")
+    thread.start()
+    try:
+        yield
+    finally:
+        done.set()
+        thread.join()
 
 
 class Search:
@@ -142,7 +166,9 @@ class Search:
                 break
             self.f.set_budget(self.h, budget)
             cutoff = None if out.cost is None else out.cost * ts * (1 - 1e-6) - 1e-9
-            res = run(self.h, self.highspy, left, cutoff)
+            out.cuts = self.cuts
+            with _reporting(out, start, "", "s"):
+                res = run(self.h, self.highspy, left, cutoff)
             out.rounds += 1
             if res.status == "infeasible":
                 out.bound = math.inf if out.cost is None else max(out.bound, out.cost)
@@ -208,7 +234,9 @@ class Search:
             if left <= 0:
                 break
             cutoff = None if out.cost is None else (out.cost - 0.5) * ms
-            res = run(self.h, self.highspy, left, cutoff)
+            out.cuts = self.cuts
+            with _reporting(out, start, " (least budget)", "bytes"):
+                res = run(self.h, self.highspy, left, cutoff)
             out.rounds += 1
             if res.status == "infeasible":
                 out.bound = max(out.bound, out.cost if out.cost is not None else math.inf)
