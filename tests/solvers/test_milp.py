@@ -192,7 +192,9 @@ def test_time_limit_returns_the_best_plan_with_a_gap(caplog, monkeypatch):
 
 def test_optimality_gap_of_another_solvers_plan():
     g = random_dag(3, 6)
-    budget = sorted({p for p, _, _ in space_table(g)})[2]
+    with pytest.raises(InfeasibleBudgetError) as info:
+        autoremat.solve(g, 0, solver="chen")
+    budget = info.value.min_budget_bytes  # where Chen's plan binds
     chen = autoremat.solve(g, budget, solver="chen")
     gap = optimality_gap(g, chen, budget, time_limit_s=30)
     best = best_within(space_table(g), budget)
