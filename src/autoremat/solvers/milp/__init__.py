@@ -27,8 +27,9 @@ What is modelled and what is checked after (see :mod:`.formulation` and :mod:`.s
 The answer is exact (gap 0, ``milp_status="optimal"``) when the loop closes within
 ``time_limit_s``; else the best plan found and its proven gap (``milp_status="time_limit"``).
 Plans of other solvers (Chen, dp-approx, dp-exact where the graph has at most its
-``max_lower_sets`` lower sets, and the plan :func:`min_budget_milp` found) seed the incumbent
-when they have at most ``k`` segments.
+``max_lower_sets`` lower sets, xla-greedy, reforward, and the plan :func:`min_budget_milp`
+found) seed the incumbent when they have at most ``k`` segments (their run time is not counted
+in ``time_limit_s``).
 
 Decisions: ``k`` defaults to 12 (capped at the node count): the program grows as ``n * k``,
 and the zoo's plans at 50 % use fewer segments; the bound holds for plans of at most ``k``
@@ -40,7 +41,7 @@ proven infeasible then).
 
 Options (``config``): ``k`` (int >= 1), ``time_limit_s`` (float > 0, default 60),
 ``objective`` (``"time"`` | ``"memory"``), ``threads`` (int, HiGHS threads; default HiGHS's),
-``seeds`` (bool, default True: try Chen, dp-approx and dp-exact for a first incumbent); other keys are
+``seeds`` (bool, default True: try the other recomputation solvers for a first incumbent); other keys are
 ignored with a warning (``solve(solver="auto")`` passes one set to all solvers). Progress
 (incumbent, bound, gap) is logged at INFO on ``autoremat.solvers.milp`` every
 :data:`.search.PROGRESS_EVERY_S` seconds of a long search. Needs ``highspy`` (``pip install
@@ -112,9 +113,13 @@ def _seeds(graph: Graph, budget: int | None, use: bool) -> list[Plan]:
     from ..chen import solve_chen
     from ..kusumoto import min_budget, solve_dp_approx, solve_dp_exact
 
+    from ..reforward import solve_reforward
+    from ..xla_greedy import solve_xla_greedy
+
     exact = {"fallback": False}  # dp-exact only where it runs on every lower set (else a ValueError)
     for name, fn, cfg in (("chen", solve_chen, None), ("dp-approx", solve_dp_approx, None),
-                          ("dp-exact", solve_dp_exact, exact)):
+                          ("dp-exact", solve_dp_exact, exact), ("xla-greedy", solve_xla_greedy, None),
+                          ("reforward", solve_reforward, None)):
         try:
             b = budget
             if b is None:
