@@ -201,3 +201,13 @@ def test_optimality_gap_of_another_solvers_plan():
     assert gap.proven_optimal and gap.bound_s == pytest.approx(best)
     assert gap.gap == pytest.approx(0.0 if gap.extra_time_s == 0 else (gap.extra_time_s - best) / gap.extra_time_s)
     assert "optimum" in gap.describe() or "optimal" in gap.describe()
+
+
+@pytest.mark.parametrize("k", [1, 2, 3])
+def test_at_most_k_segments(k):
+    g = random_dag(21, 5)
+    table = space_table(g, k)
+    for budget in sorted({p for p, _, _ in table})[:3]:
+        plan = solve_milp(g, budget, config={**FAST, "k": k})
+        assert len(plan.segments) <= k and plan.options["k"] == k
+        assert simulate(g, plan).extra_time_s == pytest.approx(best_within(table, budget))
