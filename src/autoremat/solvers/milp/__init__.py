@@ -31,15 +31,16 @@ Plans of other solvers (Chen, dp-approx, dp-exact where the graph has at most it
 found) seed the incumbent when they have at most ``k`` segments (their run time is not counted
 in ``time_limit_s``).
 
-Decisions: ``k`` defaults to 12 (capped at the node count): the program grows as ``n * k``,
-and the zoo's plans at 50 % use fewer segments; the bound holds for plans of at most ``k``
-segments. Offload is not chosen (``milp`` plans never offload). A budget the relaxation proves
+Decisions: ``k`` defaults to 12, or to the most segments of a seed plan when that is more
+(so every seed lies in the program's space and the answer is never worse than the other
+solvers'), capped at the node count: the program grows as ``n * k``; the bound holds for plans
+of at most ``k`` segments. An explicit ``k`` leaves out the seeds with more segments. Offload is not chosen (``milp`` plans never offload). A budget the relaxation proves
 infeasible raises :class:`~autoremat.errors.InfeasibleBudgetError` with the least budget the
 memory-centric search found in the time left (or the relaxation's bound when it found none);
 a time limit reached with no plan at all is a ``RuntimeError`` that says so (the budget is not
 proven infeasible then).
 
-Options (``config``): ``k`` (int >= 1), ``time_limit_s`` (float > 0, default 60),
+Options (``config``): ``k`` (int >= 1, or None: see above), ``time_limit_s`` (float > 0, default 60),
 ``objective`` (``"time"`` | ``"memory"``), ``threads`` (int, HiGHS threads; default HiGHS's),
 ``seeds`` (bool, default True: try the other recomputation solvers for a first incumbent); other keys are
 ignored with a warning (``solve(solver="auto")`` passes one set to all solvers). Progress
@@ -71,7 +72,8 @@ __all__ = ["solve_milp", "min_budget_milp", "optimality_gap", "Gap", "MISSING_HI
 
 logger = logging.getLogger("autoremat.solvers.milp")
 
-_DEFAULTS: dict[str, Any] = {"k": 12, "time_limit_s": 60.0, "objective": "time", "threads": None, "seeds": True}
+_DEFAULTS: dict[str, Any] = {"k": None, "time_limit_s": 60.0, "objective": "time", "threads": None, "seeds": True}
+_K = 12  # k when not given: 12, or the most segments of a seed plan (see the module docstring)
 _known: weakref.WeakKeyDictionary[Graph, list[Plan]] = weakref.WeakKeyDictionary()
 
 
@@ -84,8 +86,8 @@ def _config(config: dict[str, Any] | None) -> dict[str, Any]:
             del given[key]
     cfg = {**_DEFAULTS, **given}
     k = cfg["k"]
-    if isinstance(k, bool) or not isinstance(k, int) or k < 1:
-        raise ValueError(f"k={k!r} must be an int >= 1 (the most segments a plan may have)")
+    if k is not None and (isinstance(k, bool) or not isinstance(k, int) or k < 1):
+        raise ValueError(f"k={k!r} must be None or an int >= 1 (the most segments a plan may have)")
     t = cfg["time_limit_s"]
     if isinstance(t, bool) or not isinstance(t, (int, float)) or not t > 0 or not math.isfinite(t):
         raise ValueError(f"time_limit_s={t!r} must be a positive number of seconds")
@@ -170,16 +172,16 @@ def solve_milp(graph: Graph, budget_bytes: int, *, config: dict[str, Any] | None
     load_highspy()
     n = len(graph)
     if n == 0 or (cfg["objective"] == "time" and unoptimised_peak_bytes(graph) <= budget):
-        out = Outcome(no_recompute_plan(graph), 0.0, 0.0, "optimal", k=min(cfg["k"], max(n, 1)))
+        out = Outcome(no_recompute_plan(graph), 0.0, 0.0, "optimal", k=min(cfg["k"] or _K, max(n, 1)))
         return _stamp(out.plan, out, cfg, budget)  # type: ignore[arg-type]
-    k = min(cfg["k"], n)
     if cfg["objective"] == "memory":
         out = _least_peak(graph, cfg)
         if out.plan is None or out.cost is None or out.cost > budget:
             raise InfeasibleBudgetError(budget, None if out.cost is None else int(out.cost), solver="milp")
         return _stamp(out.plan, out, cfg, budget)
-    search = Search(graph, k, "time", cfg["threads"])
-    out = search.minimise_time(budget, float(cfg["time_limit_s"]), _seeds(graph, budget, cfg["seeds"]))
+    seeds = _seeds(graph, budget, cfg["seeds"])
+    search = Search(graph, _k(cfg["k"], seeds, n), "time", cfg["threads"])
+    out = search.minimise_time(budget, float(cfg["time_limit_s"]), seeds)
     if out.plan is None:
         if out.status == "infeasible":
             least = _least_peak(graph, {**cfg, "time_limit_s": max(1.0, float(cfg["time_limit_s"]) / 2)})
@@ -193,10 +195,18 @@ def solve_milp(graph: Graph, budget_bytes: int, *, config: dict[str, Any] | None
     return _stamp(out.plan, out, cfg, budget)
 
 
+def _k(k: int | None, seeds: list[Plan], n: int) -> int:
+    """``k`` as given, else 12 or the most segments of a seed plan (so that every seed is in the
+    program's space and the answer is never worse than theirs), at most ``n``."""
+    if k is None:
+        k = max([_K, *(len(p.segments) for p in seeds)])
+    return max(1, min(k, n))
+
+
 def _least_peak(graph: Graph, cfg: dict[str, Any]) -> Outcome:
-    k = min(cfg["k"], max(1, len(graph)))
-    search = Search(graph, k, "memory", cfg["threads"])
-    out = search.minimise_peak(float(cfg["time_limit_s"]), _seeds(graph, None, cfg["seeds"]))
+    seeds = _seeds(graph, None, cfg["seeds"])
+    search = Search(graph, _k(cfg["k"], seeds, len(graph)), "memory", cfg["threads"])
+    out = search.minimise_peak(float(cfg["time_limit_s"]), seeds)
     if out.plan is not None:
         _known.setdefault(graph, []).append(out.plan)
     return out
@@ -228,6 +238,8 @@ class Gap:
     proven_optimal: bool
     optimum_plan: Plan | None
     optimum_extra_time_s: float | None
+    k: int = 0
+    """The most segments of the plans the bound covers."""
 
     def describe(self) -> str:
         """E.g. "extra time 0.41 s, within 3 % of the optimum (proven)"."""
@@ -240,16 +252,16 @@ class Gap:
 def optimality_gap(graph: Graph, plan: Plan, budget_bytes: int, *, time_limit_s: float = 60.0,
                    k: int | None = None, threads: int | None = None) -> Gap:
     """How far ``plan``'s extra time (without replay tails) is from the least over canonical strategies of
-    at most ``k`` segments (default: 12, or the plan's segment count when larger) within ``budget_bytes``."""
+    at most ``k`` segments (default: 12, or the most segments of ``plan`` and the seed plans) within
+    ``budget_bytes``."""
     budget = _check_budget(budget_bytes)
     _, extra = judge(graph, plan)
-    k = max(k or _DEFAULTS["k"], len(plan.segments))
     cfg = _config({"k": k, "time_limit_s": time_limit_s, "threads": threads})
     if extra <= 0:
-        return Gap(0.0, 0.0, 0.0, True, plan, 0.0)
-    k = min(k, len(graph))
-    search = Search(graph, k, "time", cfg["threads"])
-    out = search.minimise_time(budget, float(cfg["time_limit_s"]), [Plan(list(plan.segments)), *_seeds(graph, budget, True)])
+        return Gap(0.0, 0.0, 0.0, True, plan, 0.0, len(plan.segments))
+    seeds = [Plan(list(plan.segments)), *_seeds(graph, budget, True)]
+    search = Search(graph, _k(k if k is None else max(k, len(plan.segments)), seeds, len(graph)), "time", cfg["threads"])
+    out = search.minimise_time(budget, float(cfg["time_limit_s"]), seeds)
     bound = min(max(out.bound, 0.0), extra)
     gap = 0.0 if extra <= 0 else (extra - bound) / extra
-    return Gap(extra, bound, gap, out.status == "optimal", out.plan, out.cost)
+    return Gap(extra, bound, gap, out.status == "optimal", out.plan, out.cost, search.k)
