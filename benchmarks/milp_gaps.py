@@ -159,7 +159,7 @@ def run_graph(name: str, graph: Graph, time_limit: float) -> dict[str, Any]:
 
 def _fmt_gap(row: dict[str, Any]) -> str:
     if "error" in row:
-        return "error"
+        return "not run (no other plan)" if "no solver found" in str(row["error"]) else "error"
     if row.get("infeasible"):
         return "infeasible"
     gap = row.get("gap_to_bound")
@@ -176,8 +176,8 @@ def write_markdown(data: dict[str, Any], path: Path) -> None:
              "percentage is the gap to the optimum's proven lower bound, `(extra - bound) / extra`, "
              "over canonical strategies of at most k segments (k = 12, or the most segments of a plan "
              "compared; † : the plan has more, so the bound does not cover it). The `milp` row is the milp search seeded with every other "
-             "solver's plan at that budget, within the time limit; its least budget is the memory-centric "
-             "search's (with its proven lower bound).", ""]
+             "solver's plan at that budget, within the time limit (not run where no solver found a plan); "
+             "its least budget is the memory-centric search's (with its proven lower bound).", ""]
     for res in data["graphs"]:
         lines += [f"## {res['graph']} ({res['nodes']} nodes, unoptimised peak {res['unoptimised_peak_bytes']} bytes)",
                   "", "| solver | least budget (bytes) | " + " | ".join(
@@ -205,7 +205,12 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     ap.add_argument("--time-limit", type=float, default=60.0)
     ap.add_argument("--quick", action="store_true")
     ap.add_argument("--out", default=str(OUT))
+    ap.add_argument("--markdown-only", action="store_true", help="rewrite RESULTS.md from gaps.json")
     opts = ap.parse_args(argv)
+    if opts.markdown_only:
+        data = json.loads((Path(opts.out) / "gaps.json").read_text())
+        write_markdown(data, Path(opts.out) / "RESULTS.md")
+        return data
     logging.basicConfig(level=logging.WARNING)
     graphs: list[tuple[str, Any]] = []
     if opts.quick:
