@@ -45,6 +45,10 @@ def _parser() -> argparse.ArgumentParser:
             s.add_argument("--solver", default="auto", choices=solvers)
             s.add_argument("--out", default=None, help="write the plan JSON here")
             s.add_argument("--plot", default=None, help="write a PNG of the memory timeline, unpatched vs planned")
+            s.add_argument("--gap", action="store_true",
+                           help='compare the plan\'s extra time with the proven optimum (the "milp" solver; '
+                                'pip install "autoremat[milp]")')
+            s.add_argument("--gap-time-limit", type=float, default=60.0, help="seconds for --gap (default 60)")
         else:
             s.add_argument("--top", type=int, default=10, help="how many nodes to list")
     return p
@@ -129,6 +133,16 @@ def _plan(console: Console, args: argparse.Namespace) -> int:
     console.print(table)
     console.print(f"budget {fmt_bytes(plan.budget_bytes or 0)}; predicted step peak {fmt_bytes(sim.peak_bytes)} "
                   f"(unoptimised {fmt_bytes(unoptimised_peak_bytes(g))}); extra time {sim.extra_time_s * 1e3:.2f} ms")
+    if args.gap:
+        from .solvers.milp import optimality_gap
+
+        try:
+            with console.status(f"bounding the optimum (up to {args.gap_time_limit:g} s)…"):
+                gap = optimality_gap(g, plan, plan.budget_bytes or 0, time_limit_s=args.gap_time_limit)
+        except ImportError as err:  # highspy missing: the message names the extra to install
+            console.print(f"error: {err}", markup=False)
+            return 2
+        console.print(gap.describe(), markup=False)
     if args.out:
         plan.to_json(args.out)
         console.print(f"wrote {args.out}")

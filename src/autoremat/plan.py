@@ -71,7 +71,10 @@ class Plan:
         tails = len(self.options.get("replay_tails") or ())
         short = f" ({tails} with a shortened replay)" if tails else ""
         off = f", {len(self.offload)} offloaded" if self.offload else ""
-        return f"{self.solver}: {len(self.segments)} segments, {k} recomputed{short}{off}"
+        gap = self.options.get("optimality_gap")  # "milp": proven distance from the optimum
+        opt = "" if gap is None else (", optimal (proven)" if gap <= 1e-9
+                                      else f", within {100 * gap:.3g} % of the optimum (proven)")
+        return f"{self.solver}: {len(self.segments)} segments, {k} recomputed{short}{off}{opt}"
 
     # ------------------------------------------------------------------ JSON
     def to_dict(self) -> dict[str, Any]:

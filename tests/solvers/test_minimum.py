@@ -22,7 +22,9 @@ def test_min_budget_is_met_and_one_byte_less_is_not(name: str) -> None:
     assert 0 < need <= unoptimised_peak_bytes(g)
     plan = solve(g, need, solver=name)
     assert simulate(g, plan).peak_bytes <= need
-    with pytest.raises(InfeasibleBudgetError):
+    # milp's least budget is the least plan its time-limited search found: one byte less is
+    # either proven infeasible or reported as not found within the time limit (RuntimeError)
+    with pytest.raises((InfeasibleBudgetError, RuntimeError) if name == "milp" else InfeasibleBudgetError):
         solve(g, need - 1, solver=name)
 
 

@@ -23,6 +23,8 @@ from .chen import ChenConfig, solve_chen
 from .combined import CombinedConfig, offload_allowed, solve_combined
 from .kusumoto import solve_dp_approx, solve_dp_exact
 from .kusumoto_config import DPApproxConfig, DPExactConfig
+from .milp import solve_milp
+from .milp.config import MilpConfig
 from .minimum import min_budget
 from .none import NoneConfig, solve_none
 from .offload_chain import (OffloadDPConfig, OffloadGreedyConfig, VdnnConfig, solve_offload_dp, solve_offload_greedy,
@@ -48,6 +50,7 @@ SOLVERS: dict[str, SolverFn] = {
     "offload-greedy": solve_offload_greedy,
     "offload-dp": solve_offload_dp,
     "vdnn": solve_vdnn,
+    "milp": solve_milp,
 }
 """Registry: solver name -> ``solve(graph, budget_bytes, *, config=None) -> Plan``."""
 
@@ -62,6 +65,7 @@ CONFIGS: dict[str, type[SolverConfig]] = {
     "offload-greedy": OffloadGreedyConfig,
     "offload-dp": OffloadDPConfig,
     "vdnn": VdnnConfig,
+    "milp": MilpConfig,
 }
 """Solver name -> its typed options (``config``); an option it does not list is a ``ValueError``."""
 

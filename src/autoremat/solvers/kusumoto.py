@@ -532,7 +532,7 @@ def min_budget(graph: Graph, solver: str = "dp-approx", *, config: dict[str, Any
     :class:`~autoremat.errors.InfeasibleBudgetError` below it (see the module docstring).
     """
     if solver not in ("dp-approx", "dp-exact"):
-        raise ValueError(f"solver={solver!r} is not a Kusumoto DP; expected 'dp-approx' or 'dp-exact'")
+        raise ValueError(f"solver={solver!r} has no least-budget search here; expected 'dp-approx' or 'dp-exact' (autoremat.min_budget takes every solver)")
     if len(graph) == 0:
         return 0
     search = _search(graph, solver, _config(config, solver))

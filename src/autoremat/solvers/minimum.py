@@ -2,6 +2,7 @@
 
 * ``dp-approx`` and ``dp-exact``: their own search (:func:`.kusumoto.min_budget`), exact for
   the DP's family (see :mod:`.kusumoto`).
+* ``milp``: its memory-centric program (:func:`.milp.min_budget_milp`).
 * ``none``: the unoptimised step peak (its one plan).
 * Every other registered solver (no closed form): a search over budgets with the solver's own
   feasibility. It starts from a budget the solver fails (0, unless it meets 0) and one it meets
@@ -48,6 +49,10 @@ def min_budget(graph: Graph, solver: str = "dp-approx", *, config: Mapping[str, 
         raise TypeError(f"graph must be an autoremat.Graph (from autoremat.capture), got {type(graph).__name__}")
     if solver in ("dp-approx", "dp-exact"):
         return kusumoto.min_budget(graph, solver, config=None if config is None else dict(config))
+    if solver == "milp":  # its own memory-centric mixed-integer program (autoremat.solvers.milp)
+        from .milp import min_budget_milp
+
+        return min_budget_milp(graph, config=None if config is None else dict(config))
     if solver == "none":
         return simulate(graph, no_recompute_plan(graph), check=False, record=False).peak_bytes
     fn = SOLVERS[solver]

@@ -1,0 +1,34 @@
+"""Brute force over the ``milp`` plan space (test oracle): every lower-set chain, every choice of
+which of its segments (of recomputable nodes only) are recomputed."""
+
+from __future__ import annotations
+
+import itertools
+
+from autoremat.graph import Graph
+from autoremat.plan import Plan, Segment
+from autoremat.simulate import simulate
+from autoremat.solvers.bruteforce import lower_set_chains
+
+
+def space_table(graph: Graph, k: int | None = None) -> list[tuple[int, float, Plan]]:
+    """``(peak, extra time, plan)`` of every plan of at most ``k`` segments in the milp space."""
+    out = []
+    for chain in lower_set_chains(graph):
+        if k is not None and len(chain) > k:
+            continue
+        parts, prev = [], frozenset()
+        for lower in chain:
+            parts.append(tuple(sorted(lower - prev)))
+            prev = lower
+        options = [(False, True) if all(graph.node(v)["recomputable"] for v in p) else (False,) for p in parts]
+        for flags in itertools.product(*options):
+            plan = Plan([Segment(p, f) for p, f in zip(parts, flags)])
+            sim = simulate(graph, plan, check=False, record=False)
+            out.append((sim.peak_bytes, sim.extra_time_s, plan))
+    return out
+
+
+def best_within(table: list[tuple[int, float, Plan]], budget: int) -> float | None:
+    fits = [t for p, t, _ in table if p <= budget]
+    return min(fits) if fits else None
