@@ -14,6 +14,7 @@ import torch
 import torch.fx
 
 from ._recorder import NodeRecord, Recorder, Timer, classify_function, classify_module
+from .inplace import out_of_place
 
 __all__ = ["trace", "fx_ops", "fx_fingerprint", "records_from_fx", "profile_fx"]
 
@@ -21,8 +22,11 @@ _OPS = ("call_module", "call_function", "call_method")
 
 
 def trace(model: torch.nn.Module) -> torch.fx.GraphModule:
-    """``torch.fx.symbolic_trace`` (raises whatever fx raises when the model is not traceable)."""
-    return torch.fx.symbolic_trace(model)
+    """``torch.fx.symbolic_trace`` (raises whatever fx raises when the model is not traceable),
+    with in-place ops run out of place where that is exact (:mod:`autoremat.capture.inplace`)."""
+    gm = torch.fx.symbolic_trace(model)
+    out_of_place(gm)
+    return gm
 
 
 def fx_ops(gm: torch.fx.GraphModule) -> list[torch.fx.Node]:
@@ -140,6 +144,7 @@ def profile_fx(
 ) -> Recorder:
     """One recorded step (memory) and ``warmup + repeats`` timed steps."""
     rec = Recorder(resident, count_flops=count_flops)
+    rec.mutations.watch_state([*gm.parameters(), *gm.buffers()])
     for r in recs:
         rec.add_node(r)
     interp = _Interp(gm, rec)
