@@ -160,7 +160,8 @@ def _fresh(gm: torch.fx.GraphModule, n: torch.fx.Node) -> bool:
 
 def _alias_classes(gm: torch.fx.GraphModule) -> dict[torch.fx.Node, torch.fx.Node]:
     """Union-find over possible aliasing: a node that may not return fresh storage joins the
-    class of every node it takes (placeholders and ``get_attr`` included)."""
+    class of every node it takes (placeholders and ``get_attr`` included); an in-place op joins
+    the class of the node it writes."""
     parent: dict[torch.fx.Node, torch.fx.Node] = {}
 
     def find(x: torch.fx.Node) -> torch.fx.Node:
@@ -173,20 +174,21 @@ def _alias_classes(gm: torch.fx.GraphModule) -> dict[torch.fx.Node, torch.fx.Nod
 
     for n in gm.graph.nodes:
         if n.op in _OPS and not _fresh(gm, n):
-            for u in n.all_input_nodes:
+            written = mutated_input(gm, n)  # an in-place op returns the tensor it writes, nothing else
+            for u in ([written] if written is not None else n.all_input_nodes):
                 parent[find(n)] = find(u)
     return {n: find(n) for n in gm.graph.nodes}
 
 
-def _exact(gm: torch.fx.GraphModule, k: torch.fx.Node, m: torch.fx.Node, pos: dict[torch.fx.Node, int]) -> bool:
-    """Whether writing ``m`` in place at ``k`` is unobservable except through ``m``'s later users."""
+def _exact(k: torch.fx.Node, m: torch.fx.Node, cls: list[torch.fx.Node], pos: dict[torch.fx.Node, int]) -> bool:
+    """Whether writing ``m`` in place at ``k`` is unobservable except through ``m``'s later users;
+    ``cls``: the nodes that may alias ``m``."""
     if m.op not in _OPS:
         return False
-    classes = _alias_classes(gm)
-    cls = [a for a in gm.graph.nodes if classes[a] is classes[m]]
     if any(a.op in ("placeholder", "get_attr") for a in cls):
         return False
-    if any(u is not m and classes.get(u) is classes[m] for u in k.all_input_nodes):
+    members = set(cls)
+    if any(u is not m and u in members for u in k.all_input_nodes):
         return False
     for a in cls:
         if a is m or a is k or pos[a] > pos[k]:
@@ -242,23 +244,21 @@ def _rewrite_module(gm: torch.fx.GraphModule, k: torch.fx.Node) -> bool:
 def out_of_place(gm: torch.fx.GraphModule) -> list[str]:
     """Rewrite, in ``gm``'s graph, the in-place ops whose out-of-place form is exact (see the
     module docstring); returns the names of the rewritten nodes (also in
-    ``gm.meta["autoremat_out_of_place"]``) and recompiles ``gm`` if any."""
+    ``gm.meta["autoremat_out_of_place"]``) and recompiles ``gm`` if any.
+
+    One pass in graph order. The alias classes are computed once, before any rewrite: a rewrite
+    only removes aliasing (the rewritten op returns fresh storage), so the classes stay a
+    coarser, conservative partition for the later checks."""
+    nodes = list(gm.graph.nodes)
+    pos = {n: i for i, n in enumerate(nodes)}
+    root = _alias_classes(gm)
+    classes: dict[torch.fx.Node, list[torch.fx.Node]] = {}
+    for n in nodes:
+        classes.setdefault(root[n], []).append(n)
     done: list[str] = []
-    skipped: set[torch.fx.Node] = set()
-    while True:
-        pos = {n: i for i, n in enumerate(gm.graph.nodes)}
-        found = None
-        for n in gm.graph.nodes:
-            if n.op in _OPS and n not in skipped:
-                m = mutated_input(gm, n)
-                if m is not None:
-                    found = (n, m)
-                    break
-        if found is None:
-            break
-        k, m = found
-        if not (_exact(gm, k, m, pos) and _rewrite(gm, k)):
-            skipped.add(k)
+    for k in nodes:
+        m = mutated_input(gm, k) if k.op in _OPS else None
+        if m is None or not _exact(k, m, classes[root[m]], pos) or not _rewrite(gm, k):
             continue
         for u in list(m.users):
             if u is not k and pos[u] > pos[k]:
@@ -269,7 +269,6 @@ def out_of_place(gm: torch.fx.GraphModule) -> list[str]:
         logger.debug("autoremat: ran %d in-place ops out of place: %s", len(done), ", ".join(done))
     gm.meta["autoremat_out_of_place"] = done
     return done
-
 
 # --------------------------------------------------------------------------- recorded writes
 _WRITES: dict[Any, tuple[tuple[int, str], ...]] = {}
