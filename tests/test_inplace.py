@@ -312,37 +312,50 @@ def resnets() -> dict[bool, tuple[nn.Module, torch.Tensor, autoremat.Graph]]:
     return out
 
 
+def _memory(graph: autoremat.Graph) -> list[tuple]:
+    keys = ("kind", "out_bytes", "alloc_bytes", "saved_bytes", "extra_saved_bytes", "recomputable")
+    return sorted(tuple(graph.node(v)[k] for k in keys) for v in graph.nodes)
+
+
 @pytest.mark.slow
 def test_in_place_resnet_graph_has_the_out_of_place_memory(resnets: dict) -> None:
-    """Same nodes, edges and bytes as the network written out of place: no constraint is added."""
+    """The same nodes and bytes as the network written out of place (torchvision computes the
+    down-sampling branch after the main one, so node ids differ): no constraint is added."""
     a, b = resnets[True][2], resnets[False][2]
-    keys = ("out_bytes", "alloc_bytes", "alias_of", "saves", "extra_saved_bytes", "params", "recomputable")
-    assert sorted(a.nx.edges) == sorted(b.nx.edges)
-    for v in a.nodes:
-        assert {k: a.node(v)[k] for k in keys} == {k: b.node(v)[k] for k in keys}, a.node(v)["name"]
+    assert _memory(a) == _memory(b)
+    assert a.nx.number_of_edges() == b.nx.number_of_edges()
+    assert a.meta["pinned_by_mutation"] == {}
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("solver", SOLVERS)
 def test_every_solver_trains_the_in_place_resnet(resnets: dict, solver: str) -> None:
+    """50 % and least budget train; the least budget within 5 % of the out-of-place network's,
+    both graphs on the papers' times (measured times make time-driven heuristics such as
+    xla-greedy pick different plans from run to run, in- or out-of-place alike)."""
     model, x, graph = resnets[True]
-    oop_graph = resnets[False][2]
     name = "dp-approx" if solver == "auto" else solver
+    least = _budgets(graph.with_paper_times(), name)["least"]
+    oop_least = _budgets(resnets[False][2].with_paper_times(), name)["least"]
+    assert least <= 1.05 * oop_least, (solver, least, oop_least)
     budgets = _budgets(graph, name)
-    oop_least = _budgets(oop_graph, name)["least"]
-    assert budgets["least"] <= 1.05 * oop_least, (solver, budgets["least"], oop_least)
     for label in ("50%", "least"):
         plan = autoremat.solve(graph, budgets[label], solver=solver)
         _check_plan_trains(model, x, graph, plan, f"resnet {solver} {label}")
 
 
-@pytest.mark.slow
-def test_every_solver_trains_the_in_place_resnet_at_module_level() -> None:
+@pytest.fixture(scope="module")
+def module_resnet() -> tuple[nn.Module, torch.Tensor, autoremat.Graph]:
     model, x = _resnet(True), torch.randn(4, 3, 64, 64, generator=torch.Generator().manual_seed(0))
-    graph = autoremat.capture(model, (x,), mode="module", repeats=1, warmup=0)
-    assert graph.meta["pinned_by_mutation"] == {"stem.2": "stem.2"}
-    for solver in SOLVERS:
-        budgets = _budgets(graph, "dp-approx" if solver == "auto" else solver)
-        for label in ("50%", "least"):
-            plan = autoremat.solve(graph, budgets[label], solver=solver)
-            _check_plan_trains(model, x, graph, plan, f"resnet module {solver} {label}")
+    return model, x, autoremat.capture(model, (x,), mode="module", repeats=1, warmup=0)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("solver", SOLVERS)
+def test_every_solver_trains_the_in_place_resnet_at_module_level(module_resnet: tuple, solver: str) -> None:
+    model, x, graph = module_resnet
+    assert graph.meta["pinned_by_mutation"] == {"stem.2": "stem.2"}  # the stem's ReLU writes bn1's output
+    budgets = _budgets(graph, "dp-approx" if solver == "auto" else solver)
+    for label in ("50%", "least"):
+        plan = autoremat.solve(graph, budgets[label], solver=solver)
+        _check_plan_trains(model, x, graph, plan, f"resnet module {solver} {label}")
