@@ -56,8 +56,9 @@ of issue 26):
    the zoo's in-place ResNet-50 (``size="small"`` shapes, batch 4, CPU), the rewrite leaves
    nothing to pin at op level (all 49 in-place ops run out of place; the captured graph has the
    out-of-place network's nodes, edges and bytes, and the solvers' least budgets are that
-   network's, up to the solvers that break ties by measured times: chen +2.9 %, reforward
-   +2.0 % in one run), and at module level only the stem's ``ReLU(inplace=True)`` is pinned,
+   network's except chen +2.9 % and reforward +2.0 %, on measured and on the papers' times
+   alike: both follow the node order, and torchvision computes the down-sampling branch after
+   the main one), and at module level only the stem's ``ReLU(inplace=True)`` is pinned,
    while the least budgets come out 3-10 % *below* the out-of-place network's (the blocks'
    in-place ReLUs really share storage). A copy would cost a whole activation per pinned node
    for a gain these graphs do not offer.
