@@ -145,6 +145,9 @@ def capture(
         "loss_extra_bytes": int(rec.loss_extra_bytes),
         "loss_fwd_temp_bytes": int(rec.loss_fwd_temp_bytes),
         "loss_bwd_temp_bytes": int(rec.loss_bwd_temp_bytes),
+        # issue 26 (autoremat.capture.inplace): in-place ops run out of place; nodes pinned by one
+        "out_of_place": list(gm.meta.get("autoremat_out_of_place", ())) if gm is not None else [],
+        "pinned_by_mutation": dict(rec.pinned),
     }
     return _to_graph(rec, meta)
 

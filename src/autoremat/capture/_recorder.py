@@ -21,6 +21,7 @@ from typing import Any
 import torch
 
 from ..measure import LiveStorageCounter, _flatten
+from .inplace import MutationLog
 
 __all__ = ["NodeRecord", "Recorder", "Timer", "preserved_state", "classify_module", "classify_function"]
 
@@ -81,6 +82,9 @@ class Recorder:
         self._grad_ref: dict[int, tuple[int, weakref.ref]] = {}
         self.on_pack: Callable[[int | str | None, int, int], None] | None = None
         self.succs: dict[int, list[int]] = {}
+        self.pinned: dict[str, str] = {}
+        """Nodes made non-recomputable because an input was written in place: name -> writer."""
+        self.mutations = MutationLog(lambda: self.current, lambda v: bool(self.nodes[v].module_path))
 
     def own(self, t: torch.Tensor, v: int) -> None:
         """Record ``v`` as the producer of ``t``'s storage until the storage dies."""
@@ -105,8 +109,21 @@ class Recorder:
 
     @contextlib.contextmanager
     def recording(self) -> Iterator[None]:
+        self._watch_mutations()
         with self.counter, torch.autograd.graph.saved_tensors_hooks(self._pack, lambda t: t):
             yield
+
+    def _watch_mutations(self) -> None:
+        """Feed every op of the forward and loss to :attr:`mutations` (until :meth:`run_backward`)."""
+        log, then = self.mutations, self.counter.on_op
+
+        def on_op(func: Any, args: tuple, kwargs: dict, out: Any) -> None:
+            log.on_op(func, args, kwargs, out)
+            if then is not None:
+                then(func, args, kwargs, out)
+
+        self.counter.on_op = on_op
+        log.active = True
 
     # ------------------------------------------------------------------ forward
     def begin(self, v: int) -> None:
@@ -211,6 +228,7 @@ class Recorder:
             self._regions.append((who, start, self.counter.peak))
 
     def run_backward(self, loss: torch.Tensor) -> None:
+        self.mutations.active = False
         self._open = ("loss", self.counter.live)
         self.counter.reset_peak()
         loss.backward()
@@ -225,7 +243,12 @@ class Recorder:
         return v
 
     def finish(self, param_bytes: dict[str, int]) -> None:
-        """Derive backward workspace from the recorded regions."""
+        """Derive backward workspace from the recorded regions; pin the nodes whose inputs were
+        written in place (:mod:`autoremat.capture.inplace`)."""
+        for v, writer in self.mutations.pinned().items():
+            self.nodes[v].recomputable = False
+            self.pinned[self.nodes[v].name] = (self.nodes[writer].name if isinstance(writer, int)
+                                                 else writer or "code between nodes")
         seen_params: set[str] = set()
         for who, start, peak in self._regions:
             delta = peak - start

@@ -17,6 +17,7 @@ import torch.fx
 from ._recorder import NodeRecord, Recorder, Timer, classify_function, classify_module
 from .signature import tensor_lines
 from ._tracing import semantic_trace
+from .inplace import out_of_place
 
 __all__ = ["trace", "fx_ops", "fx_fingerprint", "records_from_fx", "profile_fx"]
 
@@ -25,9 +26,11 @@ _OPS = ("call_module", "call_function", "call_method")
 
 def trace(model: torch.nn.Module) -> torch.fx.GraphModule:
     """``torch.fx.symbolic_trace`` with buffers proxied, user hooks silenced and no-grad blocks
-    refused (:mod:`autoremat.capture._tracing`); raises whatever fx raises when the model is not
+    refused (:mod:`autoremat.capture._tracing`), and in-place ops run out of place where that is
+    exact (:mod:`autoremat.capture.inplace`); raises whatever fx raises when the model is not
     traceable."""
     gm = semantic_trace(model)
+    out_of_place(gm)
     return gm
 
 
@@ -164,6 +167,7 @@ def profile_fx(
 ) -> Recorder:
     """One recorded step (memory) and ``warmup + repeats`` timed steps."""
     rec = Recorder(resident, count_flops=count_flops)
+    rec.mutations.watch_state([*gm.parameters(), *gm.buffers()])
     for r in recs:
         rec.add_node(r)
     interp = _Interp(gm, rec)

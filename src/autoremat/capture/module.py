@@ -172,6 +172,7 @@ def profile_modules(
 ) -> Recorder:
     """One recorded step (structure, memory) and ``warmup + repeats`` timed steps."""
     rec = _ModuleRecorder(resident, model, param_names, count_flops=count_flops)
+    rec.mutations.watch_state([*model.parameters(), *model.buffers()])
     mods = node_modules(model)
     handles = []
     try:

@@ -22,7 +22,9 @@ Design rules shared by every model:
   In-place activations make an output alias its input's storage, which would
   complicate the memory model of the recomputation planner (a tensor's memory
   would no longer be freed when the tensor dies); without them every node
-  owns the storage it produces.
+  owns the storage it produces. The one exception is opt-in:
+  ``resnet50(inplace=True)`` / ``resnet152(inplace=True)`` build torchvision's
+  in-place form, the test model of in-place support (issue 26).
 * **Width multiplier, real depth.** ``width`` scales channel counts and hidden
   sizes (never below 4 channels); the number of layers and blocks and the
   graph topology are the published ones at every width, so small models have

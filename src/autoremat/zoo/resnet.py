@@ -10,6 +10,12 @@ columns. The stride of a down-sampling bottleneck sits on its 3x3 convolution
 The :class:`ResNet` class also supports dilated stages and a deep
 (three 3x3 convolutions) stem, which :mod:`autoremat.zoo.pspnet` uses for its
 dilated ResNet-50 backbone.
+
+``inplace=True`` writes the network as torchvision does: one shared
+``nn.ReLU(inplace=True)`` per block (called three times), ``out += identity``,
+in-place stem ReLU. Same parameters (same names, same initialisation for a
+given seed) and the same values as the default out-of-place form; it is the
+test model of in-place support (issue 26, :mod:`autoremat.capture.inplace`).
 """
 
 from __future__ import annotations
@@ -29,20 +35,27 @@ class Bottleneck(nn.Module):
 
     expansion: int = 4
 
-    def __init__(self, in_channels: int, planes: int, stride: int = 1, dilation: int = 1) -> None:
+    def __init__(self, in_channels: int, planes: int, stride: int = 1, dilation: int = 1,
+                 inplace: bool = False) -> None:
         super().__init__()
+        self.in_place = inplace
         out_channels = planes * self.expansion
         self.conv1 = nn.Conv2d(in_channels, planes, kernel_size=1, bias=False)
         self.bn1 = nn.BatchNorm2d(planes)
-        self.relu1 = nn.ReLU(inplace=False)
+        if inplace:  # torchvision's layout: one in-place ReLU, called three times
+            self.relu = nn.ReLU(inplace=True)
+        else:
+            self.relu1 = nn.ReLU(inplace=False)
         self.conv2 = nn.Conv2d(
             planes, planes, kernel_size=3, stride=stride, padding=dilation, dilation=dilation, bias=False
         )
         self.bn2 = nn.BatchNorm2d(planes)
-        self.relu2 = nn.ReLU(inplace=False)
+        if not inplace:
+            self.relu2 = nn.ReLU(inplace=False)
         self.conv3 = nn.Conv2d(planes, out_channels, kernel_size=1, bias=False)
         self.bn3 = nn.BatchNorm2d(out_channels)
-        self.relu3 = nn.ReLU(inplace=False)
+        if not inplace:
+            self.relu3 = nn.ReLU(inplace=False)
         self.downsample: nn.Module | None = None
         if stride != 1 or in_channels != out_channels:
             self.downsample = nn.Sequential(
@@ -51,11 +64,24 @@ class Bottleneck(nn.Module):
             )
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.in_place:
+            return self._forward_inplace(x)
         identity = x if self.downsample is None else self.downsample(x)
         out = self.relu1(self.bn1(self.conv1(x)))
         out = self.relu2(self.bn2(self.conv2(out)))
         out = self.bn3(self.conv3(out))
         return self.relu3(out + identity)
+
+    def _forward_inplace(self, x: torch.Tensor) -> torch.Tensor:
+        """torchvision's ``Bottleneck.forward``."""
+        identity = x
+        out = self.relu(self.bn1(self.conv1(x)))
+        out = self.relu(self.bn2(self.conv2(out)))
+        out = self.bn3(self.conv3(out))
+        if self.downsample is not None:
+            identity = self.downsample(x)
+        out += identity
+        return self.relu(out)
 
 
 class ResNet(nn.Module):
@@ -71,6 +97,8 @@ class ResNet(nn.Module):
             stride 1 (dilated / atrous ResNet, as in PSPNet and DeepLab).
         deep_stem: replace the 7x7 stem convolution by three 3x3 convolutions
             (64, 64, 128 channels) as in the PSPNet backbone.
+        inplace: in-place ReLUs and ``out += identity`` (torchvision's form;
+            see the module docstring).
     """
 
     def __init__(
@@ -82,6 +110,7 @@ class ResNet(nn.Module):
         in_channels: int = 3,
         dilations: Sequence[int] = (1, 1, 1),
         deep_stem: bool = False,
+        inplace: bool = False,
     ) -> None:
         super().__init__()
         width = check_width(width)
@@ -108,7 +137,7 @@ class ResNet(nn.Module):
             self.stem = nn.Sequential(
                 nn.Conv2d(in_channels, c1, kernel_size=7, stride=2, padding=3, bias=False),
                 nn.BatchNorm2d(c1),
-                nn.ReLU(inplace=False),
+                nn.ReLU(inplace=inplace),
                 nn.MaxPool2d(kernel_size=3, stride=2, padding=1),
             )
             channels = c1
@@ -120,7 +149,7 @@ class ResNet(nn.Module):
             blocks: list[nn.Module] = []
             for j in range(depth):
                 block_stride = stride if (j == 0 and dilation == 1) else 1
-                blocks.append(Bottleneck(channels, planes, stride=block_stride, dilation=dilation))
+                blocks.append(Bottleneck(channels, planes, stride=block_stride, dilation=dilation, inplace=inplace))
                 channels = planes * Bottleneck.expansion
             stages.append(nn.Sequential(*blocks))
         self.layer1, self.layer2, self.layer3, self.layer4 = stages
@@ -157,16 +186,20 @@ class ResNet(nn.Module):
 
 
 def resnet50(
-    *, width: float = 1.0, input_shape: tuple[int, ...] = (3, 224, 224), num_classes: int = 1000
+    *, width: float = 1.0, input_shape: tuple[int, ...] = (3, 224, 224), num_classes: int = 1000,
+    inplace: bool = False,
 ) -> ResNet:
-    """ResNet-50 (He et al. 2016): bottleneck stages of 3, 4, 6, 3 blocks."""
+    """ResNet-50 (He et al. 2016): bottleneck stages of 3, 4, 6, 3 blocks;
+    ``inplace=True``: torchvision's in-place form (see the module docstring)."""
     c, _, _ = image_shape(input_shape, "resnet50")
-    return ResNet((3, 4, 6, 3), num_classes, width=width, in_channels=c)
+    return ResNet((3, 4, 6, 3), num_classes, width=width, in_channels=c, inplace=inplace)
 
 
 def resnet152(
-    *, width: float = 1.0, input_shape: tuple[int, ...] = (3, 224, 224), num_classes: int = 1000
+    *, width: float = 1.0, input_shape: tuple[int, ...] = (3, 224, 224), num_classes: int = 1000,
+    inplace: bool = False,
 ) -> ResNet:
-    """ResNet-152 (He et al. 2016): bottleneck stages of 3, 8, 36, 3 blocks."""
+    """ResNet-152 (He et al. 2016): bottleneck stages of 3, 8, 36, 3 blocks;
+    ``inplace=True``: torchvision's in-place form (see the module docstring)."""
     c, _, _ = image_shape(input_shape, "resnet152")
-    return ResNet((3, 8, 36, 3), num_classes, width=width, in_channels=c)
+    return ResNet((3, 8, 36, 3), num_classes, width=width, in_channels=c, inplace=inplace)
