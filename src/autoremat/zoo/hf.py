@@ -5,8 +5,8 @@ Every builder returns the model in train mode with the global RNG left as it was
 returns a model with an example batch and the scalar to backpropagate, for each architecture
 family a user is likely to train: an encoder (BERT), a decoder with rotary embeddings and
 grouped-query attention (Llama), an encoder-decoder (T5), a vision transformer (ViT), a
-convolutional net (ResNet) and a speech model (Wav2Vec2). Dropout stays at each config's
-default (on in BERT, T5, ViT-free configs have it off) unless a builder says otherwise.
+convolutional net (ResNet) and a speech model (Wav2Vec2). Dropout is on (p=0.1) in BERT and T5
+and at each config's default elsewhere.
 """
 
 from __future__ import annotations
@@ -98,14 +98,18 @@ def resnet(*, widths: tuple[int, ...] = (16, 32, 64), depths: tuple[int, ...] = 
 
 
 def wav2vec2(*, layers: int = 2, hidden: int = 64, heads: int = 4, seed: int = 0) -> nn.Module:
-    """A ``Wav2Vec2Model`` (two small conv feature layers, ``layers`` transformer layers) on raw audio."""
+    """A ``Wav2Vec2Model`` (two small conv feature layers, ``layers`` transformer layers) on raw audio.
+
+    LayerDrop is off: with it on, each training step skips a random subset of layers, so the
+    step a capture records is one draw of several different graphs (a plan made for one draw
+    mis-predicts the others; the zoo keeps steps deterministic)."""
     import transformers
 
     cfg = transformers.Wav2Vec2Config(hidden_size=hidden, num_hidden_layers=layers, num_attention_heads=heads,
                                       intermediate_size=2 * hidden, conv_dim=(32, 32), conv_stride=(5, 2),
                                       conv_kernel=(10, 3), num_conv_pos_embeddings=16,
                                       num_conv_pos_embedding_groups=4, mask_time_prob=0.0,
-                                      do_stable_layer_norm=True, feat_extract_norm="layer")
+                                      do_stable_layer_norm=True, feat_extract_norm="layer", layerdrop=0.0)
     return _build("Wav2Vec2Model", cfg, seed)
 
 
