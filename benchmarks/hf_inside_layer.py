@@ -11,8 +11,13 @@ Configurations, each on a fresh deepcopy of the same model and batch:
 * ``autoremat@least``: the module-level plan at autoremat's least feasible budget;
 * ``autoremat@hf``: the module-level plan at the step peak ``hf-ckpt`` measured (equal-peak
   comparison: fewer layers recomputed where the budget allows);
-* ``autoremat@hf+sac``: the layers ``autoremat@hf`` recomputes, run under selective checkpointing
-  that keeps their matmul outputs (:mod:`autoremat.runtime.selective`; peak measured, not predicted).
+* ``autoremat@hf+sac``: the layers ``autoremat@hf`` recomputes (``autoremat@least``'s where the HF peak is
+  below autoremat's least budget), run under selective checkpointing
+  that keeps their matmul outputs (:mod:`autoremat.runtime.selective`; peak measured, not predicted);
+* ``autoremat@hf+knapsack``: the same layers keeping the op outputs a per-region knapsack
+  (:mod:`autoremat.solvers.selective_saves`, op costs from :func:`autoremat.capture.ops.record_ops`)
+  picks within the bytes between the plan's predicted peak and the budget; its predicted peak is
+  the plan's plus the kept bytes (all live at the start of backward, an upper bound).
 
 Step peak: the live-storage counter (:func:`autoremat.measure.measure`); step time: medians over
 ``--rounds`` rounds in which every configuration runs once (interleaved, so machine drift hits all
@@ -34,7 +39,9 @@ import torch
 
 import autoremat
 from autoremat.measure import LiveStorageCounter, gradients, gradients_equal, run_step
-from autoremat.runtime.selective import apply_selective, layer_paths, restore_selective
+from autoremat.capture.ops import record_ops
+from autoremat.runtime.selective import apply_selective, layer_paths
+from autoremat.solvers.selective_saves import region_policies
 
 DEFAULT_OUT = Path(__file__).parent / "results" / "cpu" / "hf_inside_layer"
 
@@ -117,10 +124,21 @@ def _configs(name: str, rounds: int) -> dict[str, Any]:
         m = copy.deepcopy(base)
         autoremat.apply(m, at_hf)
         add("autoremat@hf", m, predicted_peak_bytes=at_hf.predicted_peak_bytes)
-        m = copy.deepcopy(base)
-        names = at_hf.options["node_names"]
-        apply_selective(m, {names[seg.nodes[0]]: "matmuls" for seg in at_hf.recompute_segments})
-        add("autoremat@hf+sac", m)
+    plan = at_hf or least  # below the least budget, the least plan's layers
+    names = plan.options["node_names"]
+    paths = [names[seg.nodes[0]] for seg in plan.recompute_segments]
+    m = copy.deepcopy(base)
+    apply_selective(m, {p: "matmuls" for p in paths})
+    add("autoremat@hf+sac", m)
+    # knapsack: keep the op outputs that save the most replay time within the bytes left
+    # between the plan's predicted peak and the budget
+    ops = record_ops(base, paths, args, kwargs, loss_fn=loss_fn)
+    allowance = max(0, hf_peak - plan.predicted_peak_bytes)
+    keep = region_policies({p: [(o.out_bytes, o.time_s) for o in ops[p]] for p in paths}, allowance)
+    m = copy.deepcopy(base)
+    apply_selective(m, {p: set(k) for p, k in keep.items()})
+    kept = sum(ops[p][i].out_bytes for p, k in keep.items() for i in k)
+    add("autoremat@hf+knapsack", m, predicted_peak_bytes=plan.predicted_peak_bytes + kept, kept_bytes=kept)
     reference = _grads(configs["none"]["model"], args, kwargs, loss_fn)
     for label, c in configs.items():
         c["peak_bytes"] = _peak(c["model"], args, kwargs, loss_fn)
@@ -136,7 +154,7 @@ def _configs(name: str, rounds: int) -> dict[str, Any]:
     for label, c in configs.items():
         rows[label] = {"peak_bytes": int(c["peak_bytes"]), "step_time_s": statistics.median(c["times"]),
                        "grads_equal": bool(c["grads_equal"]),
-                       "predicted_peak_bytes": c.get("predicted_peak_bytes")}
+                       "predicted_peak_bytes": c.get("predicted_peak_bytes"), "kept_bytes": c.get("kept_bytes")}
     return {"model": name, "capture_s": capture_s, "hf_peak_bytes": hf_peak, "rows": rows,
             "least_plan": least.describe(), "hf_plan": at_hf.describe() if at_hf else None}
 
