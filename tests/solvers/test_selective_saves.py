@@ -65,3 +65,13 @@ def test_bad_input_is_named() -> None:
         choose_saves([(1, 1.0)], 10, unit_bytes=0)
     with pytest.raises(ValueError, match="non-negative"):
         choose_saves([(-1, 1.0)], 10)
+
+
+def test_identical_regions_share_one_answer() -> None:
+    """Two identical layers whose measured times differ by noise get the same kept ops, chosen on
+    the median times; a different layer is solved on its own."""
+    costs = {"l0": [(50, 1.0), (50, 0.9)], "l1": [(50, 0.8), (50, 1.1)], "l2": [(50, 0.8), (50, 1.1)],
+             "other": [(30, 1.0), (70, 2.0)]}
+    kept = region_policies(costs, 4 * 50)
+    assert kept["l0"] == kept["l1"] == kept["l2"] == [1]  # medians 0.8 vs 1.0: the second op
+    assert kept["other"] == [0]  # 50 bytes per region: only the 30-byte op fits

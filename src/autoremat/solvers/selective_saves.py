@@ -19,6 +19,7 @@ model of a segment does not capture either.
 
 from __future__ import annotations
 
+import statistics
 from collections.abc import Sequence
 
 __all__ = ["choose_saves", "region_policies", "DEFAULT_UNITS"]
@@ -65,8 +66,20 @@ def region_policies(costs: dict[str, Sequence[tuple[int, float]]], allowance_byt
 
     Every region's kept outputs live from its forward to its backward, so at the start of
     backward all of them are live at once: an even split keeps the sum within ``allowance_bytes``.
+    Repeated blocks (regions whose ops have the same byte sequence: identical layers) are solved
+    once, on the per-op median of their measured times, and share the answer, so timing noise
+    does not give identical layers different policies.
     """
     if not costs:
         return {}
     share = max(0, allowance_bytes) // len(costs)
-    return {path: choose_saves(c, share, unit_bytes=unit_bytes) for path, c in costs.items()}
+    groups: dict[tuple[int, ...], list[str]] = {}
+    for path, c in costs.items():
+        groups.setdefault(tuple(b for b, _ in c), []).append(path)
+    out: dict[str, list[int]] = {}
+    for sizes, paths in groups.items():
+        times = [statistics.median(costs[p][i][1] for p in paths) for i in range(len(sizes))]
+        kept = choose_saves(list(zip(sizes, times)), share, unit_bytes=unit_bytes)
+        for p in paths:
+            out[p] = list(kept)
+    return {p: out[p] for p in costs}
