@@ -16,11 +16,17 @@ Policies, per module path:
   (forward and recomputation dispatch the same sequence), as chosen per region by a knapsack
   over measured op costs.
 
-Decision (issue 24, option a against option b): Hugging Face models are not traceable by fx, and
-``torch.export`` of a training step gives a functional graph whose execution is not the eager
-model's (no module ``forward`` to patch, no eager hooks, dropout as functional RNG); keeping the
-eager modules and choosing saves inside their regions keeps gradients bit-for-bit (tested) and
-the model object unchanged. Measured numbers are in ``benchmarks/results/cpu/hf_inside_layer``.
+Decision (issue 24, option a against option b), by measurement (x86_64, 2 cores, CPU only,
+shared): ``torch.export.export(model, ..., strict=False)`` of the zoo's Llama (RoPE, grouped-query
+attention) and BERT succeeds (354 and 222 graph nodes, 1-2 s), but the exported module's
+gradients differ from the eager model's on Llama (31 of 39 parameters, by up to 5e-9: the
+exported graph does not run the eager kernels in the eager order), while they are equal on BERT.
+Bit-for-bit gradients are a promise of this project, so Hugging Face models stay eager and
+module-level, and choices inside a layer are selective saves in its region (option a): gradients
+``torch.equal`` on both (tested). On the CPU sizes of ``benchmarks/hf_inside_layer.py``, keeping
+every matmul output costs 2.0-2.5x HF checkpointing's peak for 0.88-0.93x its time, and at HF
+checkpointing's peak the knapsack has under 1 MiB to spend (that peak already equals autoremat's
+least one), so it changes nothing there (results under ``benchmarks/results/cpu/hf_inside_layer``).
 
 Modules with running statistics (batch norm) are refused: selective checkpointing takes
 ``context_fn`` for itself, so the buffer-restoring recomputation of :mod:`.region` cannot run.
