@@ -16,12 +16,14 @@ call. Glue nodes are never recomputed.
 from __future__ import annotations
 
 import hashlib
+import weakref
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import torch
 from torch import nn
 
+from ._loss_reach import outputs_fed_by_loss
 from ._recorder import NodeRecord, Recorder, Timer, classify_module, tensors_in
 from .signature import tensor_lines
 
@@ -83,6 +85,20 @@ class _ModuleRecorder(Recorder):
         self._stack: list[int] = []
         self.counter.on_op = self._on_op
         self._param_names = param_names
+        self._glue_marks: list[tuple[int, weakref.ref]] = []
+
+    def mark_glue(self) -> None:
+        """Register backward markers on the glue outputs recorded so far.
+
+        Autograd attaches a tensor's history only after the dispatch mode returns, so a glue
+        node's output is marked at the next op or module call. With its own marker, a glue
+        node's backward (the cross-entropy of a loss computed in ``forward``, say) is a backward
+        region of its own instead of workspace of the module whose backward ran before it."""
+        for v, ref in self._glue_marks:
+            t = ref()
+            if t is not None and t.requires_grad:
+                t.register_hook(self._marker(v))
+        self._glue_marks.clear()
 
     def _pack(self, t: torch.Tensor) -> torch.Tensor:
         st = t.untyped_storage()
@@ -99,6 +115,7 @@ class _ModuleRecorder(Recorder):
     def pre_hook(self, path: str, mod: nn.Module) -> Callable[..., None]:
         def hook(module: nn.Module, args: tuple, kwargs: dict) -> None:
             if self.depth == 0 and self.glue_enabled:
+                self.mark_glue()
                 ins = tensors_in((args, kwargs))
                 preds = sorted({self.owner[t.untyped_storage()._cdata] for t in ins
                                 if t.untyped_storage()._cdata in self.owner})
@@ -126,6 +143,7 @@ class _ModuleRecorder(Recorder):
     def _on_op(self, func: Any, args: tuple, kwargs: dict, out: Any) -> None:
         if self.depth > 0 or not self.glue_enabled or self.current is not None:
             return
+        self.mark_glue()
         outs = tensors_in(out)
         if not outs:
             return
@@ -149,6 +167,9 @@ class _ModuleRecorder(Recorder):
         if not fresh and len(roots) == 1:
             rec.alias_of = next(iter(roots))
         rec.requires_grad = any(t.requires_grad for t in ins) and any(t.is_floating_point() for t in outs)
+        if rec.requires_grad:
+            first = next(t for t in outs if t.is_floating_point())
+            self._glue_marks.append((v, weakref.ref(first)))
         for k, nb in self._pending_glue:
             self._packed.append((v, k, nb))
         self._pending_glue.clear()
@@ -181,15 +202,23 @@ def profile_modules(
             handles.append(mod.register_forward_hook(rec.post_hook(path)))
         with rec.recording():
             out = model(*args, **kwargs)
+            rec.mark_glue()
             rec.glue_enabled = False
             rec.settle_saves()
             outs = tensors_in(out)
+            producers: dict[Any, set[int]] = {}
             for t in outs:
                 k = t.untyped_storage()._cdata
                 if k in rec.owner:
                     rec.nodes[rec.owner[k]].is_output = True
+                    if t.grad_fn is not None:
+                        producers.setdefault(t.grad_fn, set()).add(rec.owner[k])
             loss = rec.run_loss(loss_fn, out)
-            del out, outs
+            fed = outputs_fed_by_loss(loss, producers)
+            for vs in producers.values():  # outputs the loss does not read get no gradient seed
+                for v in vs - fed:
+                    rec.nodes[v].is_output = False
+            del out, outs, producers
             rec.run_backward(loss)
             del loss
     finally:

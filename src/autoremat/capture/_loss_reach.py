@@ -1,0 +1,42 @@
+"""Which model outputs the loss reads: the outputs whose gradient the loss seeds.
+
+A Hugging Face model given ``labels`` computes its loss inside ``forward`` and returns it beside
+the logits; the user's loss function picks ``out.loss``. The logits are then an output that the
+loss does not read: no gradient is seeded into them at the loss, theirs arrives through the
+cross-entropy ops recorded as glue nodes, and the output object that holds them is dropped
+before backward (as in :func:`autoremat.measure.run_step`). Capture therefore marks as graph
+outputs (``is_output``: kept until the loss, gradient seeded there) only the outputs the loss
+reaches directly. An output it does not reach is freed after its last forward consumer, not at
+the loss; the difference is the few ops between that consumer and the end of forward, which
+allocate little where it matters (a loss computed inside ``forward``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+import torch
+
+__all__ = ["outputs_fed_by_loss"]
+
+
+def outputs_fed_by_loss(loss: torch.Tensor, producers: Mapping[Any, set[int]]) -> set[int]:
+    """The nodes of ``producers`` (autograd node of output tensors -> their graph nodes) that the
+    loss's autograd graph reaches without passing through another output's autograd node."""
+    fed: set[int] = set()
+    start = loss.grad_fn
+    if start is None:
+        return fed
+    seen = {start}
+    stack = [start]
+    while stack:
+        fn = stack.pop()
+        if fn in producers:
+            fed.update(producers[fn])
+            continue
+        for nxt, _ in fn.next_functions:
+            if nxt is not None and nxt not in seen:
+                seen.add(nxt)
+                stack.append(nxt)
+    return fed
