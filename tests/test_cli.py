@@ -41,3 +41,18 @@ def test_errors_have_exit_codes(capsys: pytest.CaptureFixture[str]) -> None:
     assert "not understood" in capsys.readouterr().out
     assert main(["plan", "--model", "mlp", "--budget", "1KB", "--solver", "chen"]) == 3
     assert "infeasible" in capsys.readouterr().out
+
+
+def test_profile_within_a_memory_limit_never_runs_the_full_step(capsys: pytest.CaptureFixture[str]) -> None:
+    from autoremat.capture.scaled import resident_bytes_of
+    from autoremat.simulate import unoptimised_peak_bytes
+
+    model, inputs = autoremat.zoo.build("resnet50", size="small", batch_size=8)
+    g = autoremat.capture(model, inputs, repeats=1)
+    fixed = g.param_grad_bytes
+    resident = resident_bytes_of(model, inputs)
+    limit = resident + fixed + int(0.6 * (unoptimised_peak_bytes(g) - fixed))
+    assert main(["profile", "--model", "resnet50", "--batch-size", "8", "--memory-limit", str(limit)]) == 0
+    assert "perf_counter, scaled" in capsys.readouterr().out
+    assert main(["profile", "--model", "resnet50", "--batch-size", "8", "--memory-limit", str(resident + 1000)]) == 2
+    assert "batch of 1 (of 8)" in capsys.readouterr().out.replace("\n", " ")

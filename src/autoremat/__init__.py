@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from . import zoo
 from .budget import parse_budget
-from .capture import capture
+from .capture import CaptureDoesNotFitError, capture, capture_within
 from .errors import InfeasibleBudgetError, PlanMismatchError
 from .graph import Graph
 from .integrations.lightning import AutoRemat
@@ -27,7 +27,7 @@ __version__ = "0.1.0"
 
 __all__ = [
     "AutoRemat", "Graph", "Plan", "Segment", "Simulation", "Measurement",
-    "capture", "solve", "simulate", "apply", "restore", "is_patched", "measure",
+    "capture", "capture_within", "CaptureDoesNotFitError", "solve", "simulate", "apply", "restore", "is_patched", "measure",
     "validate_plan", "parse_budget", "SOLVERS", "min_budget",
     "InfeasibleBudgetError", "PlanMismatchError", "zoo", "__version__",
 ]

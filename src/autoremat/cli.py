@@ -12,7 +12,7 @@ from rich.table import Table
 
 from . import zoo
 from ._units import fmt_bytes
-from .capture import capture
+from .capture.scaled import CaptureDoesNotFitError, capture_within, profile_limit_bytes, resident_bytes_of
 from .errors import InfeasibleBudgetError
 from .simulate import simulate, unoptimised_peak_bytes
 from .solvers import SOLVERS, solve
@@ -39,6 +39,9 @@ def _parser() -> argparse.ArgumentParser:
         s.add_argument("--size", default="small", choices=list(zoo.SIZES))
         s.add_argument("--device", default="cpu", help='"cpu", "cuda" or "meta" (meta: nothing allocated)')
         s.add_argument("--batch-size", type=int, default=None)
+        s.add_argument("--memory-limit", default="auto",
+                       help='device memory profiling may use: "auto" (free device memory; host memory on a CPU), '
+                            'bytes or "6GB"; a step predicted above it is profiled at smaller batches and scaled')
         if name == "plan":
             s.add_argument("--budget", default="50%")
             s.add_argument("--solver", default="auto", choices=solvers)
@@ -60,7 +63,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         if args.command == "profile":
             return _profile(console, args)
         return _plan(console, args)
-    except (ValueError, TypeError) as err:
+    except (ValueError, TypeError, CaptureDoesNotFitError) as err:
         console.print(f"[red]error:[/red] {err}")
         return 2
 
@@ -89,7 +92,9 @@ def _demo(console: Console, args: argparse.Namespace) -> int:
 def _captured(console: Console, args: argparse.Namespace):  # type: ignore[no-untyped-def]
     with console.status(f"capturing {args.model} ({args.size}, {args.device})…"):
         model, inputs = zoo.build(args.model, size=args.size, batch_size=args.batch_size, device=args.device)
-        return capture(model, inputs)
+        limit = None if args.device == "meta" else profile_limit_bytes(
+            args.memory_limit, device=args.device, resident_bytes=resident_bytes_of(model, inputs))
+        return capture_within(model, inputs, limit_bytes=limit)
 
 
 def _profile(console: Console, args: argparse.Namespace) -> int:

@@ -307,9 +307,14 @@ class Timer:
 
 @contextlib.contextmanager
 def preserved_state(model: torch.nn.Module, devices: list[torch.device]) -> Iterator[None]:
-    """Leave the model exactly as it was: RNG, buffers (running statistics), gradients."""
+    """Leave the model exactly as it was: RNG, buffers (running statistics), gradients.
+
+    Gradients are set aside (``None`` inside), so profiling steps start as a step after
+    ``zero_grad(set_to_none=True)`` and never accumulate into the user's gradients."""
     buffers = {n: b.detach().clone() for n, b in model.named_buffers()}
     grads = {n: p.grad for n, p in model.named_parameters()}
+    for p in model.parameters():
+        p.grad = None
     cuda_devices = [d for d in devices if d.type == "cuda"]
     with torch.random.fork_rng(devices=cuda_devices):
         try:

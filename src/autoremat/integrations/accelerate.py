@@ -33,7 +33,7 @@ import torch
 from torch import nn
 
 from ..budget import parse_budget
-from ..capture import capture
+from ..capture.scaled import capture_within, profile_limit_bytes, resident_bytes_of
 from ..measure import default_loss
 from ..plan import Plan
 from ..runtime import apply
@@ -143,11 +143,13 @@ def prepare(
         args = tuple(a.to(device) if isinstance(a, torch.Tensor) else a for a in example_args)
         kwargs = {k: (v.to(device) if isinstance(v, torch.Tensor) else v) for k, v in (example_kwargs or {}).items()}
         model.to(device)
-        with accelerator.autocast():
-            graph = capture(model, args, kwargs, loss_fn=loss_fn or default_loss, repeats=cfg.profile_steps)
-        resident = graph.meta["resident_bytes"]
+        resident = resident_bytes_of(model, args, kwargs)
         if optimizer is not None:
             resident += optimizer_state_bytes(optimizer)
+        limit = profile_limit_bytes(cfg.budget, device=device, resident_bytes=resident)
+        with accelerator.autocast():  # never an unpatched step above the device budget
+            graph = capture_within(model, args, kwargs, limit_bytes=limit, loss_fn=loss_fn or default_loss,
+                                   repeats=cfg.profile_steps)
         b = cfg.budget.strip()
         if b.lower() == "auto":
             step_budget = parse_budget("auto", device=device, resident_bytes=0)
