@@ -180,8 +180,8 @@ def test_fallback_when_the_model_cannot_run_on_meta(caplog: pytest.LogCaptureFix
     peak, ref = unoptimised_peak_bytes(g), unoptimised_peak_bytes(full)
     assert abs(peak - ref) <= 0.10 * ref
     assert all(p.grad is None for p in model.parameters())
-    # the whole batch is never tried without a meta prediction, even under a generous limit
-    assert capture_within(model, (x,), limit_bytes=10**12, repeats=1).meta["scaled"]["sizes"] == [16, 32]
+    # predicted (from the small captures) to need at most half the limit: a plain capture
+    assert "scaled" not in capture_within(model, (x,), limit_bytes=10**12, repeats=1).meta
 
 
 def test_a_step_that_fits_is_a_plain_capture() -> None:

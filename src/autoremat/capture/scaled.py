@@ -36,9 +36,11 @@ How it works (decisions, tested in ``tests/test_capture_scaled.py``):
    from ``max(1, B // 8)`` upwards, doubling while the peak predicted from the captures so far
    fits, and bytes are fitted per node with the same ``a + b * B`` rule (clamped at zero). The
    log says so (``INFO``), and ``graph.meta["scaled"]["bytes_from"]`` is ``"linear fit"``
-   instead of ``"meta"``. The whole batch is never tried on this path, even where the small
-   captures predict it fits: that prediction misses workspace a small size hides (below), so
-   it could run an unpatched step above the limit. The fit is approximate where a small size hides a workspace (the
+   instead of ``"meta"``. This path starts at 2 rows where the batch allows (models such as
+   transformers' take other paths at batch 1, so the graph would differ). The whole batch is
+   captured instead (a plain capture) only where the small captures predict it needs at most
+   half the limit: that prediction misses workspace a small size hides (below), and the factor
+   two keeps it from running an unpatched step above the limit. The fit is approximate where a small size hides a workspace (the
    recorder clamps a negative workspace at zero): a GPT-2 measured -0.3 %, a toy MLP dominated
    by gradients and workspace -8.6 %. ``FakeTensorMode`` was tried for transformers (it counts
    as tracing there): bytes matched, but transformers then takes another mask path whose glue
@@ -329,7 +331,6 @@ def _meta_capture(model: nn.Module, args: tuple, kwargs: dict, opts: dict) -> Gr
 
 def _tensors(args: tuple, kwargs: dict) -> list[torch.Tensor]:
     from ._recorder import tensors_in
-
     return tensors_in((args, kwargs))
 
 
@@ -377,18 +378,17 @@ def _try_capture(model: nn.Module, args: tuple, kwargs: dict, opts: dict, batch:
     it ran out of memory (state restored)."""
     from . import capture
 
-    small_args: Any = None
-    small_kwargs: Any = None
+    small_args: Any = (None, None)
     try:
-        small_args, small_kwargs = _rows(args, kwargs, batch, size, batch_dim)
+        small_args = _rows(args, kwargs, batch, size, batch_dim)
         if base is not None:
-            return _timed_copy(model, small_args, small_kwargs, opts, base)
-        return capture(model, small_args, small_kwargs, **opts)
+            return _timed_copy(model, *small_args, opts, base)
+        return capture(model, *small_args, **opts)
     except (RuntimeError, torch.OutOfMemoryError) as err:
         if not is_oom(err):
             raise
         logger.info("autoremat: profiling at batch size %d ran out of memory; trying smaller", size)
-    del small_args, small_kwargs
+    del small_args
     _free()
     return None
 
@@ -423,7 +423,8 @@ class _Trial:
 
     def up(self, size: int) -> dict[int, Graph]:
         """From ``size`` (halved on out of memory), doubling while the peak fitted through the real
-        captures so far predicts the next size fits, up to ``batch // 2``."""
+        captures so far predicts the next size fits, up to ``batch // 2``; the whole batch alone
+        where it is predicted to need at most half the limit."""
         got: dict[int, Graph] = {}
         while True:
             g = self.run(size)
@@ -435,6 +436,10 @@ class _Trial:
                 size //= 2
                 continue
             got[size] = g
+            if self._guess(got, self.batch) <= self.limit / 2:  # ample room: the whole batch
+                whole = self.run(self.batch)
+                if whole is not None:
+                    return {self.batch: whole}
             nxt = size * 2
             if nxt > self.batch // 2 or self._guess(got, nxt) > self.limit:
                 return got
@@ -468,7 +473,9 @@ def _ladder(model: nn.Module, args: tuple, kwargs: dict, opts: dict, base: Graph
             top *= 2
         got = trial.down(top)
     else:
-        got = trial.up(top)
+        got = trial.up(max(top, min(2, batch // 2)))  # batch 1 often takes other paths (squeezes)
+        if batch in got:
+            return got[batch]
     sizes = sorted(got)
     s_hi = sizes[-1]
     s_lo = sizes[-2] if len(sizes) > 1 else s_hi
