@@ -235,7 +235,7 @@ def test_bad_input(case: Case, capsys: pytest.CaptureFixture[str], monkeypatch: 
     if case.id.startswith("cli-"):  # the CLI must refuse before any capture
         import autoremat.cli
 
-        monkeypatch.setattr(autoremat.cli, "capture", lambda *a, **k: pytest.fail("captured before checking"))
+        monkeypatch.setattr(autoremat.cli, "capture_within", lambda *a, **k: pytest.fail("captured before checking"))
         if "cuda-on-cpu" in case.id and torch.cuda.is_available():
             pytest.skip("this machine has CUDA")
     model = case.model() if case.model is not None else None

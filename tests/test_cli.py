@@ -53,7 +53,7 @@ def test_arguments_checked_before_capture(argv: list[str], match: str, capsys: p
                                           monkeypatch: pytest.MonkeyPatch) -> None:
     import autoremat.cli
 
-    monkeypatch.setattr(autoremat.cli, "capture", lambda *a, **k: pytest.fail("captured before checking"))
+    monkeypatch.setattr(autoremat.cli, "capture_within", lambda *a, **k: pytest.fail("captured before checking"))
     assert main(argv) == 2
     out = capsys.readouterr().out
     assert match in out and out.count("\n") == 1 and "Traceback" not in out
@@ -65,3 +65,17 @@ def test_out_inside_a_file_is_refused(tmp_path: Path, capsys: pytest.CaptureFixt
     assert main(["plan", "--model", "mlp", "--out", str(blocker / "plan.json")]) == 2
     assert "does not exist" in capsys.readouterr().out
 
+
+def test_profile_within_a_memory_limit_never_runs_the_full_step(capsys: pytest.CaptureFixture[str]) -> None:
+    from autoremat.capture.scaled import resident_bytes_of
+    from autoremat.simulate import unoptimised_peak_bytes
+
+    model, inputs = autoremat.zoo.build("resnet50", size="small", batch_size=8)
+    g = autoremat.capture(model, inputs, repeats=1)
+    fixed = g.param_grad_bytes
+    resident = resident_bytes_of(model, inputs)
+    limit = resident + fixed + int(0.6 * (unoptimised_peak_bytes(g) - fixed))
+    assert main(["profile", "--model", "resnet50", "--batch-size", "8", "--memory-limit", str(limit)]) == 0
+    assert "perf_counter, scaled" in " ".join(capsys.readouterr().out.split())  # rich wraps lines
+    assert main(["profile", "--model", "resnet50", "--batch-size", "8", "--memory-limit", str(resident + 1000)]) == 2
+    assert "batch of 1 (of 8)" in " ".join(capsys.readouterr().out.split())

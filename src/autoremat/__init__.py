@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any
 
 from . import zoo
 from .budget import parse_budget
-from .capture import capture
+from .capture import CaptureDoesNotFitError, capture, capture_within
 from .capture.signature import check_inputs
 from .errors import InfeasibleBudgetError, PlanFormatError, PlanMismatchError
 from .graph import Graph
@@ -32,7 +32,7 @@ __version__ = "0.1.0"
 
 __all__ = [
     "AutoRemat", "Graph", "Plan", "Segment", "Simulation", "Measurement",
-    "capture", "solve", "simulate", "apply", "restore", "is_patched", "measure",
+    "capture", "capture_within", "CaptureDoesNotFitError", "solve", "simulate", "apply", "restore", "is_patched", "measure",
     "validate_plan", "parse_budget", "SOLVERS", "min_budget",
     "InfeasibleBudgetError", "PlanMismatchError", "PlanFormatError", "check_inputs", "zoo", "__version__",
 ]

@@ -13,7 +13,7 @@ from rich.table import Table
 from . import zoo
 from ._cli_checks import check_args, normalise_argv
 from ._units import fmt_bytes
-from .capture import capture
+from .capture.scaled import CaptureDoesNotFitError, capture_within, profile_limit_bytes, resident_bytes_of
 from .errors import InfeasibleBudgetError
 from .simulate import simulate, unoptimised_peak_bytes
 from .solvers import SOLVERS, solve
@@ -40,6 +40,9 @@ def _parser() -> argparse.ArgumentParser:
         s.add_argument("--size", default="small", choices=list(zoo.SIZES))
         s.add_argument("--device", default="cpu", help='"cpu", "cuda" or "meta" (meta: nothing allocated)')
         s.add_argument("--batch-size", type=int, default=None)
+        s.add_argument("--memory-limit", default="auto",
+                       help='device memory profiling may use: "auto" (free device memory; host memory on a CPU), '
+                            'bytes or "6GB"; a step predicted above it is profiled at smaller batches and scaled')
         if name == "plan":
             s.add_argument("--budget", default="50%")
             s.add_argument("--solver", default="auto", choices=solvers)
@@ -66,7 +69,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         if args.command == "profile":
             return _profile(console, args)
         return _plan(console, args)
-    except (ValueError, TypeError, OSError) as err:
+    except (ValueError, TypeError, OSError, CaptureDoesNotFitError) as err:
         console.print(f"[red]error:[/red] {err}", highlight=False, soft_wrap=True)  # one line, no wrapping
         return 2
 
@@ -95,7 +98,9 @@ def _demo(console: Console, args: argparse.Namespace) -> int:
 def _captured(console: Console, args: argparse.Namespace):  # type: ignore[no-untyped-def]
     with console.status(f"capturing {args.model} ({args.size}, {args.device})…"):
         model, inputs = zoo.build(args.model, size=args.size, batch_size=args.batch_size, device=args.device)
-        return capture(model, inputs)
+        limit = None if args.device == "meta" else profile_limit_bytes(
+            args.memory_limit, device=args.device, resident_bytes=resident_bytes_of(model, inputs))
+        return capture_within(model, inputs, limit_bytes=limit)
 
 
 def _profile(console: Console, args: argparse.Namespace) -> int:

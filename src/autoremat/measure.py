@@ -32,8 +32,12 @@ class LiveStorageCounter(TorchDispatchMode):
     """Counts the bytes of live storages created while the mode is active.
 
     ``live`` is the current total, ``peak`` the highest since the last :meth:`reset_peak`.
-    Storages that existed before the mode was entered are never counted.
+    Storages that existed before the mode was entered are never counted; meta-device storages
+    are counted unless ``count_meta`` is false (a simulated device sets it false: meta tensors
+    occupy no memory).
     """
+
+    count_meta = True
 
     def __init__(self) -> None:
         super().__init__()
@@ -58,7 +62,7 @@ class LiveStorageCounter(TorchDispatchMode):
             if isinstance(t, torch.Tensor):
                 st = t.untyped_storage()
                 key = st._cdata
-                if key in self._seen:
+                if key in self._seen or (not self.count_meta and st.device.type == "meta"):
                     continue
                 if inputs is None:  # views and in-place results share an input's storage
                     inputs = {a.untyped_storage()._cdata for a in tree_flatten((args, kwargs))[0]

@@ -114,14 +114,14 @@ def test_prepare_profiles_and_recomputes_under_bf16_autocast(monkeypatch: pytest
     (Accelerate runs ``"fp16"`` on the CPU without autocast, so bf16 is the CPU case.)"""
     accelerator = Accelerator(cpu=True, mixed_precision="bf16")
     seen: dict[str, Any] = {}
-    real_capture = ar.capture
+    real_capture = ar.capture_within
 
     def spy(*args: Any, **kwargs: Any) -> autoremat.Graph:
         seen["autocast"] = (torch.is_autocast_enabled("cpu"), torch.get_autocast_dtype("cpu"))
         seen["graph"] = real_capture(*args, **kwargs)
         return seen["graph"]
 
-    monkeypatch.setattr(ar, "capture", spy)
+    monkeypatch.setattr(ar, "capture_within", spy)
     model, x = _model()
     reference = copy.deepcopy(model)
     fp32 = autoremat.capture(model, (x,), repeats=1)

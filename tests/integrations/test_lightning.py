@@ -161,7 +161,7 @@ def test_resume_reuses_plan_without_profiling(tmp_path: Path, monkeypatch: pytes
     def no_capture(*a, **k):  # type: ignore[no-untyped-def]
         raise AssertionError("resumed run profiled again")
 
-    monkeypatch.setattr(lit, "capture", no_capture)
+    monkeypatch.setattr(lit, "capture_within", no_capture)
     cb2 = autoremat.AutoRemat(budget="50%", module="model", raise_batch_size=False, verbose=False)
     seen = {}
 

@@ -86,14 +86,14 @@ class _StepPeaks:
 def test_fit_under_mixed_precision(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, precision: str) -> None:
     dtype = DTYPES[precision]
     captured: dict[str, Any] = {}
-    real_capture = lit.capture
+    real_capture = lit.capture_within
 
     def spy(*args: Any, **kwargs: Any) -> autoremat.Graph:
         captured["autocast"] = (torch.is_autocast_enabled("cpu"), torch.get_autocast_dtype("cpu"))
         captured["graph"] = real_capture(*args, **kwargs)
         return captured["graph"]
 
-    monkeypatch.setattr(lit, "capture", spy)
+    monkeypatch.setattr(lit, "capture_within", spy)
     model = LitClassifier()
     steps = _StepPeaks(model)
     patched: list[bool] = []

@@ -34,8 +34,9 @@ from ._recorder import NodeRecord, Recorder, preserved_state, tensors_in
 from .fx import fx_fingerprint, profile_fx, records_from_fx, trace
 from .module import module_fingerprint, profile_modules
 from .signature import input_signature, tensor_signature
+from .scaled import CaptureDoesNotFitError, capture_within
 
-__all__ = ["capture", "CAPTURE_MODES", "estimate_time", "DEFAULT_FLOPS_PER_S", "DEFAULT_BYTES_PER_S"]
+__all__ = ["capture", "capture_within", "CaptureDoesNotFitError", "CAPTURE_MODES", "estimate_time", "DEFAULT_FLOPS_PER_S", "DEFAULT_BYTES_PER_S"]
 
 logger = logging.getLogger(__name__)
 
@@ -85,7 +86,24 @@ def capture(
 
     ``loss_fn`` maps the model's output to the scalar to backpropagate; the default
     (:func:`autoremat.measure.default_loss`) sums the means of every floating-point output.
+    For a step that may not fit the device, see :func:`autoremat.capture.scaled.capture_within`.
     """
+    return _capture(model, args, kwargs, loss_fn=loss_fn, mode=mode, repeats=repeats, warmup=warmup)
+
+
+def _capture(
+    model: nn.Module,
+    args: Sequence[Any] | torch.Tensor,
+    kwargs: Mapping[str, Any] | None,
+    *,
+    loss_fn: Callable[[Any], torch.Tensor] | None,
+    mode: str,
+    repeats: int,
+    warmup: int,
+    flop_times: bool = True,
+) -> Graph:
+    """:func:`capture`; ``flop_times=False`` skips counting FLOPs on the meta device (times 0),
+    for a caller that takes times from elsewhere (:mod:`autoremat.capture.scaled`)."""
     model = uncompiled(model)  # a torch.compile wrapper: the module it holds (see autoremat._compiled)
     args, kwargs = _validate(model, args, kwargs, mode, loss_fn)
     if repeats < 1 or warmup < 0:
@@ -102,7 +120,8 @@ def capture(
     resident = [p for p in model.parameters()] + [b for b in model.buffers()]
     resident += tensors_in((args, kwargs))
     input_bytes = sum(t.untyped_storage().nbytes() for t in tensors_in((args, kwargs)))
-    time_fn = _flop_times(model, args, kwargs) if is_meta else None
+    count_flops = is_meta and flop_times
+    time_fn = _flop_times(model, args, kwargs) if count_flops else _zero_times if is_meta else None
 
     gm = None
     # tracing runs the Python of forward on real attributes (a counter ``self.n += 1`` moves): it
@@ -120,16 +139,17 @@ def capture(
         if gm is not None:
             recs = records_from_fx(gm, param_names)
             rec = profile_fx(gm, recs, args, kwargs, loss, resident, param_bytes, repeats=repeats,
-                             warmup=warmup, device=device, time_fn=time_fn, count_flops=is_meta)
+                             warmup=warmup, device=device, time_fn=time_fn, count_flops=count_flops)
             fingerprint, tensors = fx_fingerprint(gm), tensor_signature(gm)
             cmode = "fx"
         else:
             rec = profile_modules(model, args, kwargs, loss, resident, param_names, param_bytes,
                                   repeats=repeats, warmup=warmup, device=device, time_fn=time_fn,
-                                  count_flops=is_meta)
+                                  count_flops=count_flops)
             fingerprint, tensors = module_fingerprint(model), tensor_signature(model)
             cmode = "module"
-    time_source = ("flops" if is_meta else "cuda-events" if device.type == "cuda" else "perf_counter")
+    time_source = ("flops" if count_flops else "none" if is_meta
+                   else "cuda-events" if device.type == "cuda" else "perf_counter")
     meta = {
         "mode": cmode,
         "fingerprint": fingerprint,
@@ -166,6 +186,10 @@ def _to_graph(rec: Recorder, meta: dict[str, Any]) -> Graph:
         for u in r.preds:
             g.add_edge(u, v)
     return Graph(g, meta)
+
+
+def _zero_times(recs: list[NodeRecord]) -> None:
+    """Meta-device capture without FLOP counting: times stay 0 (the caller supplies them)."""
 
 
 def _flop_times(model: nn.Module, args: tuple, kwargs: dict) -> Callable[[list[NodeRecord]], None]:

@@ -19,7 +19,7 @@ from .signature import tensor_lines
 from ._tracing import semantic_trace
 from .inplace import out_of_place
 
-__all__ = ["trace", "fx_ops", "fx_fingerprint", "records_from_fx", "profile_fx"]
+__all__ = ["trace", "fx_ops", "fx_fingerprint", "records_from_fx", "profile_fx", "time_fx"]
 
 _OPS = ("call_module", "call_function", "call_method")
 
@@ -181,9 +181,28 @@ def profile_fx(
     if time_fn is not None:
         time_fn(recs)
         return rec
-    timer = Timer(len(recs), device)
+    fwd, bwd = time_fx(gm, args, kwargs, loss_fn, repeats=repeats, warmup=warmup, device=device)
+    for r, f, b in zip(recs, fwd, bwd):
+        r.time_s, r.bwd_time_s = f, b
+    return rec
+
+
+def time_fx(
+    gm: torch.fx.GraphModule,
+    args: Sequence[Any],
+    kwargs: Mapping[str, Any],
+    loss_fn: Callable[[Any], torch.Tensor],
+    *,
+    repeats: int,
+    warmup: int,
+    device: torch.device,
+) -> tuple[list[float], list[float]]:
+    """Median forward and backward time of every node over ``repeats`` steps after ``warmup``."""
+    n = len(fx_ops(gm))
+    timer = Timer(n, device)
     tinterp = _Interp(gm, timer)
     for i in range(warmup + repeats):
+        gm.zero_grad(set_to_none=True)  # each step from no gradients, as the recorded one
         timer.start_step()
         out = _run_kwargs(tinterp, gm, args, kwargs)
         loss = loss_fn(out)
@@ -191,12 +210,9 @@ def profile_fx(
         timer.backward(loss)
         del loss
         if i < warmup:
-            timer.fwd = [[] for _ in recs]
-            timer.bwd = [[] for _ in recs]
-    fwd, bwd = timer.medians()
-    for r, f, b in zip(recs, fwd, bwd):
-        r.time_s, r.bwd_time_s = f, b
-    return rec
+            timer.fwd = [[] for _ in range(n)]
+            timer.bwd = [[] for _ in range(n)]
+    return timer.medians()
 
 
 def _run_kwargs(interp: torch.fx.Interpreter, gm: torch.fx.GraphModule, args: Sequence[Any],

@@ -27,7 +27,7 @@ from ._loss_reach import outputs_fed_by_loss
 from ._recorder import NodeRecord, Recorder, Timer, classify_module, tensors_in
 from .signature import tensor_lines
 
-__all__ = ["node_modules", "module_fingerprint", "profile_modules"]
+__all__ = ["node_modules", "module_fingerprint", "profile_modules", "time_modules"]
 
 _CONTAINERS = (nn.ModuleList, nn.Sequential, nn.ModuleDict)
 
@@ -231,8 +231,29 @@ def profile_modules(
     if time_fn is not None:
         time_fn(rec.nodes)
         return rec
-    timer = Timer(len(rec.nodes), device)
-    order = rec.call_order
+    fwd, bwd = time_modules(model, rec.call_order, len(rec.nodes), args, kwargs, loss_fn, repeats=repeats,
+                            warmup=warmup, device=device)
+    for r, f, b in zip(rec.nodes, fwd, bwd):
+        r.time_s, r.bwd_time_s = f, b
+    return rec
+
+
+def time_modules(
+    model: nn.Module,
+    order: Sequence[int],
+    n: int,
+    args: Sequence[Any],
+    kwargs: Mapping[str, Any],
+    loss_fn: Callable[[Any], torch.Tensor],
+    *,
+    repeats: int,
+    warmup: int,
+    device: torch.device,
+) -> tuple[list[float], list[float]]:
+    """Median forward and backward time of the ``n`` nodes over ``repeats`` steps after ``warmup``;
+    ``order`` lists the node of each top-level node-module call of a step, in call order."""
+    timer = Timer(n, device)
+    mods = node_modules(model)
     state = {"k": 0, "depth": 0, "stack": []}
 
     def tpre(module: nn.Module, a: tuple, kw: dict) -> None:
@@ -254,6 +275,7 @@ def profile_modules(
             handles.append(mod.register_forward_pre_hook(tpre, with_kwargs=True))
             handles.append(mod.register_forward_hook(tpost))
         for i in range(warmup + repeats):
+            model.zero_grad(set_to_none=True)  # each step from no gradients, as the recorded one
             state["k"] = 0
             timer.start_step()
             out = model(*args, **kwargs)
@@ -262,12 +284,9 @@ def profile_modules(
             timer.backward(loss)
             del loss
             if i < warmup:
-                timer.fwd = [[] for _ in rec.nodes]
-                timer.bwd = [[] for _ in rec.nodes]
+                timer.fwd = [[] for _ in range(n)]
+                timer.bwd = [[] for _ in range(n)]
     finally:
         for h in handles:
             h.remove()
-    fwd, bwd = timer.medians()
-    for r, f, b in zip(rec.nodes, fwd, bwd):
-        r.time_s, r.bwd_time_s = f, b
-    return rec
+    return timer.medians()

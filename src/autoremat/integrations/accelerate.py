@@ -35,7 +35,7 @@ import torch
 from torch import nn
 
 from ..budget import parse_budget
-from ..capture import capture
+from ..capture.scaled import capture_within, profile_limit_bytes
 from ..measure import default_loss
 from ..plan import Plan
 from ..resident import resident_bytes
@@ -159,9 +159,11 @@ def prepare(
         args = tuple(a.to(device) if isinstance(a, torch.Tensor) else a for a in example_args)
         kwargs = {k: (v.to(device) if isinstance(v, torch.Tensor) else v) for k, v in (example_kwargs or {}).items()}
         model.to(device)
-        with accelerator.autocast():
-            graph = capture(model, args, kwargs, loss_fn=loss_fn or default_loss, repeats=cfg.profile_steps)
         resident = resident_bytes(model, inputs=(args, kwargs), optimizers=[] if optimizer is None else [optimizer])
+        limit = profile_limit_bytes(cfg.budget, device=device, resident_bytes=resident)
+        with accelerator.autocast():  # never an unpatched step above the device budget
+            graph = capture_within(model, args, kwargs, limit_bytes=limit, loss_fn=loss_fn or default_loss,
+                                   repeats=cfg.profile_steps)
         step_budget = step_budget_bytes(cfg.budget.strip(), graph, device, resident)
         plan_dict = solve(graph, step_budget, solver=cfg.solver).to_dict()
     plan_dict = _broadcast(accelerator, plan_dict)

@@ -49,8 +49,8 @@ from torch import nn
 
 from .._units import fmt_bytes
 from ..budget import ACCEPTED_FORMS, parse_budget
-from ..capture import capture
 from ..capture._recorder import preserved_state
+from ..capture.scaled import capture_within, profile_limit_bytes
 from ..errors import InfeasibleBudgetError
 from ..graph import Graph
 from ..measure import LiveStorageCounter, default_loss, run_step
@@ -280,13 +280,15 @@ class AutoRemat(Callback):
         target = self._target
         args, kwargs, batch_bytes = self._record_inputs(trainer, pl_module)
         loss_fn = self.loss_fn or default_loss
-        with trainer.precision_plugin.forward_context():
-            graph = capture(target, args, kwargs, loss_fn=loss_fn, repeats=self.profile_steps, warmup=1)
         # Lightning's automatic optimisation zeroes gradients inside the closure *after*
         # training_step, so the previous step's gradients are still allocated during the forward.
         grads = "expected" if getattr(pl_module, "automatic_optimization", False) else "none"
         resident = resident_bytes(pl_module, optimizers=trainer.optimizers, grads=grads) + batch_bytes
         device = device_of(target, args, kwargs)
+        limit = profile_limit_bytes(self.budget, device=device, resident_bytes=resident)
+        with trainer.precision_plugin.forward_context():  # never an unpatched step above the device budget
+            graph = capture_within(target, args, kwargs, limit_bytes=limit, loss_fn=loss_fn,
+                                   repeats=self.profile_steps, warmup=1)
         if device.type == "cuda" and self.offload is not False:
             # offload plans are simulated (and solved) at this machine's host<->device link
             graph.meta["bandwidth_bytes_per_s"] = measure_bandwidth(device)

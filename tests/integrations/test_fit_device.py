@@ -1,0 +1,246 @@
+"""The step that does not fit: Lightning and Accelerate on a simulated device (tests/_oom.py) whose
+capacity leaves the unpatched step 1.5-2x too little room. Profiling never runs a step above it,
+training runs to the end with every step under it, and the trained weights (so every gradient)
+equal an unpatched run's on a machine where it fits. GPU variants use the real CUDA allocator."""
+
+from __future__ import annotations
+
+import copy
+import logging
+from pathlib import Path
+from typing import Any
+
+import lightning.pytorch as pl
+import pytest
+import torch
+from _oom import SimulatedDevice, storage_bytes
+from accelerate import Accelerator
+from torch import nn
+from torch.utils.data import DataLoader, TensorDataset
+
+import autoremat
+import autoremat.integrations.accelerate as ar
+from autoremat.measure import default_loss, gradients, gradients_equal, measure
+from autoremat.zoo.lightning import LitClassifier, LitGPT2
+
+RATIO = 1.7
+"""Unpatched step peak over the room the device leaves for a step."""
+
+
+class _LitSegmentation(pl.LightningModule):
+    """A zoo U-Net (fx level) on random tiles; loss: the mean of the logits."""
+
+    def __init__(self, batch_size: int = 2, samples: int = 8) -> None:
+        super().__init__()
+        self.model, (x,) = autoremat.zoo.build("unet", size="small", batch_size=1)
+        self.batch_size = batch_size
+        self.images = torch.randn((samples, *x.shape[1:]), generator=torch.Generator().manual_seed(0))
+
+    def training_step(self, batch, batch_idx):  # type: ignore[no-untyped-def]
+        (x,) = batch
+        return self.model(x).float().mean()
+
+    def configure_optimizers(self):  # type: ignore[no-untyped-def]
+        return torch.optim.SGD(self.parameters(), lr=0.05, momentum=0.9)
+
+    def train_dataloader(self) -> DataLoader:
+        return DataLoader(TensorDataset(self.images), batch_size=self.batch_size)
+
+
+def _cnn() -> pl.LightningModule:
+    return LitClassifier(batch_size=8, samples=32)
+
+
+def _unet() -> pl.LightningModule:
+    return _LitSegmentation()
+
+
+def _gpt2() -> pl.LightningModule:
+    """Dropout off: with dropout, a patched transformers GPT-2 trains to different weights than
+    the unpatched one under AutoRemat even with no memory limit (seen on main before this test
+    existed; reported), which is not what this test is about."""
+    pytest.importorskip("transformers")
+    lit = LitGPT2(batch_size=8, samples=32, n_layer=2)
+    for mod in lit.modules():
+        if isinstance(mod, nn.Dropout):
+            mod.p = 0.0
+    return lit
+
+
+def _first_batch(lit: pl.LightningModule) -> tuple[tuple, dict, Any]:
+    """Inputs of ``lit.model`` in a training step, their bytes, and the loss that step takes."""
+    if isinstance(lit, LitGPT2):
+        ids = lit.tokens[: lit.batch_size]
+        return (), {"input_ids": ids, "labels": ids}, lambda out: out.loss
+    if isinstance(lit, LitClassifier):
+        x, y = lit.images[: lit.batch_size], lit.labels[: lit.batch_size]
+        return (x,), {}, None
+    return (lit.images[: lit.batch_size],), {}, None
+
+
+def _capacity(lit: pl.LightningModule, slots: int) -> int:
+    """Parameters, buffers, ``slots`` optimizer tensors and the gradients per parameter, the batch,
+    and a step allowance of the unpatched step peak / RATIO."""
+    args, kwargs, loss = _first_batch(lit)
+    peak = measure(lit.model, args, kwargs, loss_fn=loss, steps=1, warmup=0).peak_bytes
+    params = sum(p.numel() * p.element_size() for p in lit.parameters())
+    batch = sum(t.numel() * t.element_size() for t in (*args, *kwargs.values()))
+    if isinstance(lit, LitClassifier):
+        batch += lit.labels[: lit.batch_size].numel() * 8
+    return storage_bytes([*lit.parameters(), *lit.buffers()]) + (slots + 1) * params + batch + int(peak / RATIO)
+
+
+def _trainer(callbacks: list[pl.Callback], tmp_path: Path, steps: int = 2) -> pl.Trainer:
+    return pl.Trainer(max_steps=steps, accelerator="cpu", devices=1, logger=False, enable_checkpointing=False,
+                      enable_progress_bar=False, enable_model_summary=False, default_root_dir=tmp_path,
+                      callbacks=callbacks)
+
+
+class _StepPeaks(pl.Callback):
+    def __init__(self, device: SimulatedDevice) -> None:
+        self.device = device
+        self.peaks: list[int] = []
+
+    def on_train_batch_start(self, trainer, pl_module, batch, batch_idx):  # type: ignore[no-untyped-def]
+        self.device.reset_peak()
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):  # type: ignore[no-untyped-def]
+        self.peaks.append(self.device.peak)
+
+
+def _fit_on_device(make: Any, slots: int, tmp_path: Path, caplog: pytest.LogCaptureFixture,
+                   loss_fn: Any = None, check_baseline: bool = False) -> None:
+    torch.manual_seed(0)
+    reference = make()
+    _trainer([], tmp_path).fit(reference)  # unpatched, no limit: fits on this machine
+    capacity = _capacity(make(), slots)  # a throwaway instance: measuring updates batch-norm statistics
+    torch.manual_seed(0)
+    lit = make()
+    if check_baseline:  # the unpatched step does not fit the simulated device
+        torch.manual_seed(0)
+        plain = make()
+        with pytest.raises(torch.OutOfMemoryError), \
+                SimulatedDevice(capacity, [*plain.parameters(), *plain.buffers()]):
+            _trainer([], tmp_path).fit(plain)
+    device = SimulatedDevice(capacity, [*lit.parameters(), *lit.buffers()])
+    probe = _StepPeaks(device)
+    cb = autoremat.AutoRemat(budget=capacity, module="model", raise_batch_size=False, verbose=False,
+                             loss_fn=loss_fn)
+    torch.manual_seed(0)
+    with caplog.at_level(logging.INFO, logger="autoremat.capture.scaled"), device:
+        _trainer([cb, probe], tmp_path).fit(lit)
+    assert device.ooms == 0, device.failed_ops
+    assert "profiled at batch sizes" in caplog.text  # the full-size unpatched step never ran
+    assert cb.plan is not None and cb.plan.recompute_segments
+    assert len(probe.peaks) == 2 and all(p <= capacity for p in probe.peaks)
+    for (k, a), (_, b) in zip(reference.state_dict().items(), lit.state_dict().items()):
+        assert torch.equal(a, b), k
+
+
+def test_lightning_fx_cnn_fits_a_device_the_unpatched_step_does_not(tmp_path: Path,
+                                                                    caplog: pytest.LogCaptureFixture) -> None:
+    _fit_on_device(_cnn, 1, tmp_path, caplog, check_baseline=True)
+
+
+@pytest.mark.slow
+def test_lightning_fx_unet_fits_the_device(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    _fit_on_device(_unet, 1, tmp_path, caplog)
+
+
+def test_lightning_module_level_gpt2_fits_the_device(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    _fit_on_device(_gpt2, 2, tmp_path, caplog, loss_fn=lambda out: out.loss)
+
+
+def _accelerate_on_device(model: nn.Module, args: tuple, kwargs: dict, loss_fn: Any) -> None:
+    reference = copy.deepcopy(model)
+    opt = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
+    ref_opt = torch.optim.SGD(reference.parameters(), lr=0.05, momentum=0.9)
+    loss_fn = loss_fn or default_loss
+    peak = measure(copy.deepcopy(model), args, kwargs, loss_fn=loss_fn, steps=1, warmup=0).peak_bytes
+    inputs = [*args, *kwargs.values()]
+    params = sum(p.numel() * p.element_size() for p in model.parameters())
+    capacity = storage_bytes([*model.parameters(), *model.buffers(), *inputs]) + params + int(peak / RATIO)
+    device = SimulatedDevice(capacity, [*model.parameters(), *model.buffers(), *inputs])
+    accelerator = Accelerator(cpu=True)
+    peaks = []
+    with device:
+        ar.prepare(accelerator, model, args, kwargs, budget=capacity, optimizer=opt)
+        model, opt = accelerator.prepare(model, opt)
+        for _ in range(2):
+            opt.zero_grad(set_to_none=True)
+            device.reset_peak()
+            torch.manual_seed(1)
+            accelerator.backward(loss_fn(model(*args, **kwargs)))
+            peaks.append(device.peak)
+            opt.step()
+    assert device.ooms == 0, device.failed_ops
+    assert autoremat.is_patched(model) and all(p <= capacity for p in peaks)
+    for _ in range(2):
+        ref_opt.zero_grad(set_to_none=True)
+        torch.manual_seed(1)
+        loss_fn(reference(*args, **kwargs)).backward()
+        ref_opt.step()
+    assert gradients_equal(gradients(reference), gradients(model))  # the last step's
+    for (k, a), (_, b) in zip(reference.state_dict().items(), model.state_dict().items()):
+        assert torch.equal(a, b), k
+    autoremat.restore(model)
+
+
+def test_accelerate_fx_cnn_fits_the_device() -> None:
+    model, (x,) = autoremat.zoo.build("resnet50", size="small", batch_size=8)
+    _accelerate_on_device(model, (x,), {}, None)
+
+
+@pytest.mark.slow
+def test_accelerate_module_level_gpt2_fits_the_device() -> None:
+    pytest.importorskip("transformers")
+    from autoremat.zoo.hf import gpt2, logits_mean
+
+    ids = torch.randint(0, 256, (8, 64), generator=torch.Generator().manual_seed(0))
+    _accelerate_on_device(gpt2(n_layer=2), (), {"input_ids": ids}, logits_mean)
+
+
+# ---------------------------------------------------------------------- the real CUDA allocator
+def _cuda_fraction(step_bytes: int) -> float:
+    total = torch.cuda.get_device_properties(0).total_memory
+    return (torch.cuda.memory_allocated() + step_bytes) / total
+
+
+@pytest.mark.gpu
+def test_gpu_lightning_cnn_under_a_memory_fraction(tmp_path: Path) -> None:
+    """``set_per_process_memory_fraction`` leaves the unpatched step RATIO x too little room;
+    AutoRemat(budget="auto") profiles within it, and training ends with no out-of-memory error."""
+    torch.manual_seed(0)
+    lit = LitClassifier(batch_size=64, samples=256).cuda()
+    x = lit.images[:64].cuda()
+    peak = measure(lit.model, (x,), steps=1, warmup=0).peak_bytes
+    params = sum(p.numel() * p.element_size() for p in lit.parameters())
+    torch.cuda.empty_cache()
+    torch.cuda.set_per_process_memory_fraction(_cuda_fraction(2 * params + int(peak / RATIO)))
+    try:
+        cb = autoremat.AutoRemat(budget="auto", module="model", raise_batch_size=False, verbose=False)
+        pl.Trainer(max_steps=2, accelerator="gpu", devices=1, logger=False, enable_checkpointing=False,
+                   enable_progress_bar=False, callbacks=[cb], default_root_dir=tmp_path).fit(lit)
+        assert cb.plan is not None
+    finally:
+        torch.cuda.set_per_process_memory_fraction(1.0)
+
+
+@pytest.mark.gpu
+def test_gpu_accelerate_cnn_under_a_memory_fraction() -> None:
+    model, (x,) = autoremat.zoo.build("resnet50", size="small", batch_size=64, device="cuda")
+    peak = measure(model, (x,), steps=1, warmup=0).peak_bytes
+    params = sum(p.numel() * p.element_size() for p in model.parameters())
+    torch.cuda.empty_cache()
+    torch.cuda.set_per_process_memory_fraction(_cuda_fraction(params + int(peak / RATIO)))
+    try:
+        opt = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
+        ar.prepare(Accelerator(), model, (x,), budget="auto", optimizer=opt)
+        for _ in range(2):
+            opt.zero_grad(set_to_none=True)
+            default_loss(model(x)).backward()
+            opt.step()
+        assert autoremat.is_patched(model)
+    finally:
+        torch.cuda.set_per_process_memory_fraction(1.0)
+        autoremat.restore(model)

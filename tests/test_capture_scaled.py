@@ -1,0 +1,239 @@
+"""capture_within: bytes from the meta device at full size, times scaled from sizes that fit,
+never a step above the limit, out-of-memory safe (a simulated device, tests/_oom.py)."""
+
+from __future__ import annotations
+
+import copy
+import logging
+
+import pytest
+import torch
+from _oom import SimulatedDevice, storage_bytes
+from torch import nn
+
+import autoremat
+from autoremat.capture.scaled import (
+    CaptureDoesNotFitError,
+    capture_within,
+    on_meta,
+    profile_limit_bytes,
+    resident_bytes_of,
+    scale_to,
+)
+from autoremat.graph import Graph
+from autoremat.measure import run_step
+from autoremat.simulate import unoptimised_peak_bytes
+
+_BYTES = ("out_bytes", "alloc_bytes", "saves", "extra_saved_bytes", "fwd_temp_bytes", "bwd_temp_bytes",
+          "param_grad_bytes", "alias_of", "name", "kind")
+
+
+class _DataDependent(nn.Module):
+    """Runs on real tensors only: ``bool(x.sum() > ...)`` has no value on the meta device."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.blocks = nn.ModuleList(nn.Sequential(nn.Linear(32, 256), nn.Tanh(), nn.Linear(256, 32))
+                                    for _ in range(3))
+        self.head = nn.Linear(32, 4)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        for block in self.blocks:
+            if x.sum() > -1e9:
+                x = block(x) + x
+        return self.head(x)
+
+
+def _resnet(batch: int = 8) -> tuple[nn.Module, torch.Tensor]:
+    model, (x,) = autoremat.zoo.build("resnet50", size="small", batch_size=batch)
+    return model, x
+
+
+def _limit(g: Graph, frac: float = 0.6) -> int:
+    """A step limit that the full step does not meet: the gradients plus ``frac`` of the rest."""
+    peak = unoptimised_peak_bytes(g)
+    return int(g.param_grad_bytes + frac * (peak - g.param_grad_bytes))
+
+
+def _state(model: nn.Module, opt: torch.optim.Optimizer) -> dict:
+    return {"params": {k: v.detach().clone() for k, v in model.named_parameters()},
+            "buffers": {k: v.clone() for k, v in model.named_buffers()},
+            "grads": {k: None if p.grad is None else p.grad.clone() for k, p in model.named_parameters()},
+            "opt": copy.deepcopy(opt.state_dict()), "rng": torch.get_rng_state()}
+
+
+def _assert_same_state(a: dict, b: dict) -> None:
+    for part in ("params", "buffers", "grads"):
+        assert a[part].keys() == b[part].keys()
+        for k in a[part]:
+            x, y = a[part][k], b[part][k]
+            assert (x is None) == (y is None) and (x is None or torch.equal(x, y)), f"{part} {k} changed"
+    assert torch.equal(a["rng"], b["rng"])
+    sa, sb = a["opt"]["state"], b["opt"]["state"]
+    assert sa.keys() == sb.keys() and all(torch.equal(sa[k]["momentum_buffer"], sb[k]["momentum_buffer"]) for k in sa)
+
+
+def test_bytes_from_meta_equal_a_full_capture_and_the_graph_is_the_same() -> None:
+    model, x = _resnet()
+    full = autoremat.capture(model, (x,), repeats=1)
+    g = capture_within(model, (x,), limit_bytes=_limit(full), repeats=1)
+    assert g.meta["scaled"]["bytes_from"] == "meta"
+    assert max(g.meta["scaled"]["sizes"]) < 8
+    assert g.fingerprint == full.fingerprint and len(g) == len(full)
+    assert list(g.nx.edges) == list(full.nx.edges)
+    for v in full.nodes:
+        for key in _BYTES:
+            assert g.node(v)[key] == full.node(v)[key], (v, key)
+    assert unoptimised_peak_bytes(g) == unoptimised_peak_bytes(full)
+    for key in ("resident_bytes", "input_bytes", "param_bytes", "loss_saves", "mode", "device"):
+        assert g.meta[key] == full.meta[key], key
+    assert all(g.node(v)["time_s"] >= 0 and g.node(v)["bwd_time_s"] >= 0 for v in g.nodes)
+    assert g.total("time_s") > 0 and g.total("bwd_time_s") > 0
+    plan = autoremat.solve(g, "50%")  # a plan for the scaled graph applies to the real model
+    autoremat.apply(model, plan)
+    autoremat.restore(model)
+
+
+def test_module_level_gpt2_falls_back_to_a_linear_fit_within_five_percent(caplog: pytest.LogCaptureFixture) -> None:
+    """transformers' mask code calls ``.item()``, which the meta device cannot answer: real
+    captures at two sizes, bytes fitted per node; same nodes, peak within the 5 % target."""
+    pytest.importorskip("transformers")
+    from autoremat.zoo.hf import gpt2, logits_mean
+
+    model = gpt2(n_layer=2)
+    ids = torch.randint(0, 256, (8, 64), generator=torch.Generator().manual_seed(0))
+    full = autoremat.capture(model, (), {"input_ids": ids}, loss_fn=logits_mean, repeats=1)
+    with caplog.at_level(logging.INFO, logger="autoremat.capture.scaled"):
+        g = capture_within(model, (), {"input_ids": ids}, loss_fn=logits_mean, limit_bytes=_limit(full), repeats=1)
+    assert "cannot run on meta tensors" in caplog.text
+    assert g.meta["mode"] == "module" and g.meta["scaled"]["bytes_from"] == "linear fit"
+    assert len(g.meta["scaled"]["sizes"]) == 2 and max(g.meta["scaled"]["sizes"]) < 8
+    assert [g.node(v)["name"] for v in g.nodes] == [full.node(v)["name"] for v in full.nodes]
+    assert g.fingerprint == full.fingerprint
+    assert abs(unoptimised_peak_bytes(g) - unoptimised_peak_bytes(full)) <= 0.05 * unoptimised_peak_bytes(full)
+
+
+def test_never_runs_a_step_above_the_limit_where_a_plain_capture_runs_out_of_memory() -> None:
+    model, x = _resnet()
+    full = autoremat.capture(model, (x,), repeats=1)
+    limit = _limit(full)
+    resident = [*model.parameters(), *model.buffers(), x]
+    capacity = storage_bytes(resident) + limit
+    with pytest.raises(torch.OutOfMemoryError), SimulatedDevice(capacity, resident):
+        autoremat.capture(model, (x,), repeats=1)
+    device = SimulatedDevice(capacity, resident)
+    with device:
+        g = capture_within(model, (x,), limit_bytes=limit, repeats=1)
+    assert device.ooms == 0 and device.peak <= capacity
+    assert unoptimised_peak_bytes(g) == unoptimised_peak_bytes(full)
+
+
+def test_out_of_memory_is_caught_state_kept_and_retried_smaller() -> None:
+    model, x = _resnet(16)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+    run_step(model, (x,))
+    opt.step()  # momentum state and gradients exist: both must survive profiling untouched
+    full = autoremat.capture(model, (x,), repeats=1)
+    before = _state(model, opt)
+    resident = [*model.parameters(), *model.buffers(), x, *(p.grad for p in model.parameters()),
+                *(s["momentum_buffer"] for s in opt.state.values())]
+    # the device is smaller than the limit claims: the first size predicted to fit runs out of memory
+    small = int(0.2 * (unoptimised_peak_bytes(full) - full.param_grad_bytes)) + full.param_grad_bytes
+    device = SimulatedDevice(storage_bytes(resident) + small, resident)
+    with device:
+        g = capture_within(model, (x,), limit_bytes=unoptimised_peak_bytes(full) - 1, repeats=1)
+    assert device.ooms >= 1
+    assert max(g.meta["scaled"]["sizes"]) < 8 and g.meta["scaled"]["smallest_tried"] < 8
+    assert unoptimised_peak_bytes(g) == unoptimised_peak_bytes(full)
+    _assert_same_state(before, _state(model, opt))
+
+
+def test_nothing_fits_names_the_smallest_size_and_leaves_state() -> None:
+    model, x = _resnet()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+    run_step(model, (x,))
+    opt.step()
+    before = _state(model, opt)
+    resident = [*model.parameters(), *model.buffers(), x, *(p.grad for p in model.parameters()),
+                *(s["momentum_buffer"] for s in opt.state.values())]
+    with SimulatedDevice(storage_bytes(resident) + 4096, resident), pytest.raises(CaptureDoesNotFitError) as err:
+        capture_within(model, (x,), limit_bytes=10**12, repeats=1)
+    assert err.value.smallest_size == 1 and "batch of 1 (of 8)" in str(err.value)
+    assert "budget" in str(err.value) and "meta" in str(err.value)
+    _assert_same_state(before, _state(model, opt))
+    with pytest.raises(CaptureDoesNotFitError, match="batch of 1"):  # predicted: nothing runs at all
+        capture_within(model, (x,), limit_bytes=1000, repeats=1)
+
+
+def test_fallback_when_the_model_cannot_run_on_meta(caplog: pytest.LogCaptureFixture) -> None:
+    torch.manual_seed(0)
+    model = _DataDependent()
+    x = torch.randn(64, 32)
+    full = autoremat.capture(model, (x,), repeats=1)
+    with caplog.at_level(logging.INFO, logger="autoremat.capture.scaled"):
+        g = capture_within(model, (x,), limit_bytes=_limit(full), repeats=1)
+    assert "cannot run on meta tensors" in caplog.text
+    assert g.meta["scaled"]["bytes_from"] == "linear fit" and max(g.meta["scaled"]["sizes"]) <= 32
+    assert g.fingerprint == full.fingerprint and len(g) == len(full)
+    # bytes are fitted, not exact: backward workspace that small sizes clamp at zero is
+    # underestimated (this toy, dominated by gradients and workspace, measured -8.6 %)
+    peak, ref = unoptimised_peak_bytes(g), unoptimised_peak_bytes(full)
+    assert abs(peak - ref) <= 0.10 * ref
+    assert all(p.grad is None for p in model.parameters())
+    # predicted (from the small captures) to need at most half the limit: a plain capture
+    assert "scaled" not in capture_within(model, (x,), limit_bytes=10**12, repeats=1).meta
+
+
+def test_a_step_that_fits_is_a_plain_capture() -> None:
+    model, x = _resnet(4)
+    g = capture_within(model, (x,), limit_bytes=10**12, repeats=1)
+    assert "scaled" not in g.meta and g.meta["time_source"] == "perf_counter"
+    assert capture_within(model, (x,), limit_bytes=None, repeats=1).fingerprint == g.fingerprint
+
+
+def test_times_are_fitted_per_node_as_documented() -> None:
+    base = Graph.chain([10, 10, 10, 10])
+    lo, hi = base.copy(), base.copy()
+    # node 0: linear 1 + 0.5 b; node 1: negative slope (noise): the mean; node 2: negative
+    # intercept: proportional to the larger size; node 3: proportional already
+    for v, (a, b) in enumerate([(2.0, 3.0), (2.0, 1.0), (0.5, 3.0), (1.0, 2.0)]):
+        lo.node(v)["time_s"], hi.node(v)["time_s"] = a, b
+        lo.node(v)["bwd_time_s"], hi.node(v)["bwd_time_s"] = 2 * a, 2 * b
+    g = scale_to(base, lo, hi, 2, 4, 16, bytes_too=False)
+    assert [g.node(v)["time_s"] for v in g.nodes] == pytest.approx([9.0, 1.5, 12.0, 8.0])
+    assert [g.node(v)["bwd_time_s"] for v in g.nodes] == pytest.approx([18.0, 3.0, 24.0, 16.0])
+    assert [g.node(v)["out_bytes"] for v in g.nodes] == [10, 10, 10, 10]  # bytes are base's
+    lo.node(0)["out_bytes"], hi.node(0)["out_bytes"] = 20, 40
+    assert scale_to(base, lo, hi, 2, 4, 16, bytes_too=True).node(0)["out_bytes"] == 160
+
+
+def test_profile_limit_from_the_device_budget(monkeypatch: pytest.MonkeyPatch) -> None:
+    import autoremat.budget as budget
+
+    monkeypatch.setattr(budget, "device_free_bytes", lambda device=None: 10_000)
+    monkeypatch.delenv("AUTOREMAT_MARGIN", raising=False)
+    assert profile_limit_bytes("auto", device="cpu", resident_bytes=500) == 9_000  # free excludes resident
+    assert profile_limit_bytes("50%", device="cpu", resident_bytes=500) == 9_000  # unknown peak: capacity
+    assert profile_limit_bytes(0.5, device="cpu", resident_bytes=500) == 9_000
+    assert profile_limit_bytes(4000, device="cpu", resident_bytes=500) == 3_500
+    assert profile_limit_bytes("4kB", device="cpu", resident_bytes=500) == 3_500
+    with pytest.raises(ValueError, match="below the 5000 bytes resident"):
+        profile_limit_bytes(4000, device="cpu", resident_bytes=5000)
+    model, x = _resnet(2)
+    assert resident_bytes_of(model, (x,)) == autoremat.capture(model, (x,), repeats=1).meta["resident_bytes"]
+    with pytest.raises(ValueError, match="limit_bytes"):
+        capture_within(model, (x,), limit_bytes=-1)
+
+
+def test_on_meta_swaps_in_place_keeps_ties_and_restores_on_error() -> None:
+    lin = nn.Linear(4, 4)
+    model = nn.Sequential(lin, nn.BatchNorm1d(4), nn.Linear(4, 4))
+    model[2].weight = lin.weight  # tied
+    lin.weight.grad = torch.ones(4, 4)
+    originals = [id(t) for t in (*model.parameters(), *model.buffers())]
+    with pytest.raises(RuntimeError, match="boom"), on_meta(model):
+        assert all(t.device.type == "meta" for t in (*model.parameters(), *model.buffers()))
+        assert model[2].weight is model[0].weight and lin.weight.grad is None
+        raise RuntimeError("boom")
+    assert [id(t) for t in (*model.parameters(), *model.buffers())] == originals
+    assert torch.equal(lin.weight.grad, torch.ones(4, 4))
