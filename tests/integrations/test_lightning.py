@@ -228,7 +228,6 @@ def test_unsupported_setups_rejected_in_setup(tmp_path: Path) -> None:
         _trainer(cb, tmp_path).fit(LitClassifier())
 
 
-@pytest.mark.slow
 def test_ddp_two_processes_share_one_plan(tmp_path: Path) -> None:
     # HERE first, then whatever the suite runs with (a source checkout on PYTHONPATH, e.g. on a GPU machine)
     env = {**os.environ, "AUTOREMAT_TEST_OUT": str(tmp_path),

@@ -167,7 +167,7 @@ class _ModuleRecorder(Recorder):
         if not fresh and len(roots) == 1:
             rec.alias_of = next(iter(roots))
         rec.requires_grad = any(t.requires_grad for t in ins) and any(t.is_floating_point() for t in outs)
-        if rec.requires_grad:
+        if rec.requires_grad and fresh:  # a view or an in-place write: its backward is its owner's
             first = next(t for t in outs if t.is_floating_point())
             self._glue_marks.append((v, weakref.ref(first)))
         for k, nb in self._pending_glue:
