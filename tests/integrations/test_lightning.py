@@ -364,3 +364,26 @@ def test_batch_search_probes_with_the_same_solve_as_the_confirmation(tmp_path: P
     _trainer(cb, tmp_path, max_steps=1).fit(model)
     assert cb.batch_size == 8  # twice the original 4: the largest the restricted solve accepts
     assert rejected_in_trial == []
+
+
+def test_dropout_training_is_unchanged_by_the_callback(tmp_path: Path) -> None:
+    """With dropout on, a fit with AutoRemat trains to exactly the weights of a fit without it:
+    profiling must leave the global RNG where it was (starting a dataloader iterator draws a seed
+    from it, which once moved every dropout mask of the run)."""
+    pytest.importorskip("transformers")
+    from autoremat.zoo.lightning import LitGPT2
+
+    def fit(callbacks: list) -> pl.LightningModule:
+        torch.manual_seed(0)
+        lit = LitGPT2(batch_size=8, samples=32, n_layer=2)
+        assert any(isinstance(m, torch.nn.Dropout) and m.p > 0 for m in lit.modules())
+        pl.Trainer(max_steps=2, accelerator="cpu", devices=1, logger=False, enable_checkpointing=False,
+                   enable_progress_bar=False, enable_model_summary=False, default_root_dir=tmp_path,
+                   callbacks=callbacks).fit(lit)
+        return lit
+
+    reference = fit([])
+    patched = fit([autoremat.AutoRemat(budget="60%", module="model", raise_batch_size=False, verbose=False,
+                                       loss_fn=lambda out: out.loss)])
+    for (k, a), (_, b) in zip(reference.state_dict().items(), patched.state_dict().items()):
+        assert torch.equal(a, b), k

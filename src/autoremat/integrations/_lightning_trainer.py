@@ -35,7 +35,15 @@ def silenced_logging(pl_module: nn.Module) -> Iterator[None]:
 
 def batch_of(trainer: "pl.Trainer", size: int | None) -> Any:
     """A real training batch, on the device; with ``size``, built from as many batches of the
-    training dataloader as needed (tensors concatenated along the first dimension)."""
+    training dataloader as needed (tensors concatenated along the first dimension).
+
+    The global RNG is left as it was: starting a dataloader iterator draws its base seed (and a
+    shuffling sampler its own seed) from it, which moved every dropout mask of the run after."""
+    with torch.random.fork_rng(devices=[]):
+        return _batch_of(trainer, size)
+
+
+def _batch_of(trainer: "pl.Trainer", size: int | None) -> Any:
     from torch.utils._pytree import tree_flatten, tree_unflatten
 
     dataloader = trainer.train_dataloader
