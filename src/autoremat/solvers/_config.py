@@ -16,7 +16,7 @@ from collections.abc import Mapping
 from dataclasses import MISSING, asdict, dataclass, fields
 from typing import Any, ClassVar, TypeVar
 
-__all__ = ["SolverConfig", "option_names"]
+__all__ = ["SolverConfig", "option_names", "check_budget"]
 
 C = TypeVar("C", bound="SolverConfig")
 
@@ -60,3 +60,10 @@ class SolverConfig:
 def option_names(cls: type[SolverConfig]) -> list[str]:
     """The options ``cls`` accepts, in declaration order."""
     return [f.name for f in fields(cls)]
+
+
+def check_budget(budget_bytes: Any) -> int:
+    """A solver's ``budget_bytes`` argument, checked: an int of step-peak bytes, at least 0."""
+    if isinstance(budget_bytes, bool) or not isinstance(budget_bytes, int) or budget_bytes < 0:
+        raise ValueError(f"budget_bytes={budget_bytes!r} must be an int >= 0 (bytes of step peak)")
+    return int(budget_bytes)

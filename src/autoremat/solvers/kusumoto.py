@@ -237,6 +237,7 @@ from ..errors import InfeasibleBudgetError
 from ..graph import Graph
 from ..plan import Plan, segments_from_lower_sets
 from ..simulate import no_recompute_plan, simulate
+from ._config import check_budget as _check_budget
 from .kusumoto_closed import _closed_peak
 from .kusumoto_config import DPApproxConfig, DPConfig, DPExactConfig
 from .kusumoto_dp import _DP, _time_quantum
@@ -503,12 +504,6 @@ def _config(config: dict[str, Any] | DPConfig | None, solver: str) -> dict[str, 
     cfg = cls.parse(config).as_dict()
     cfg["fallback"] = bool(cfg["fallback"])
     return cfg
-
-
-def _check_budget(budget_bytes: Any) -> int:
-    if isinstance(budget_bytes, bool) or not isinstance(budget_bytes, int) or budget_bytes < 0:
-        raise ValueError(f"budget_bytes={budget_bytes!r} must be an int >= 0 (bytes of step peak)")
-    return int(budget_bytes)
 
 
 def solve_dp_exact(graph: Graph, budget_bytes: int, *, config: dict[str, Any] | None = None) -> Plan:

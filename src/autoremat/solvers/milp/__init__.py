@@ -68,6 +68,7 @@ from ...simulate import no_recompute_plan, unoptimised_peak_bytes
 from .config import MilpConfig
 from .highs import MISSING_HIGHSPY, load_highspy
 from .search import Outcome, Search, judge
+from .._config import check_budget as _check_budget
 
 __all__ = ["solve_milp", "min_budget_milp", "optimality_gap", "Gap", "MISSING_HIGHSPY"]
 
@@ -92,12 +93,6 @@ def _config(config: dict[str, Any] | None) -> dict[str, Any]:
         raise ValueError(f"threads={th!r} must be None or an int >= 1")
     cfg["seeds"] = bool(cfg["seeds"])
     return cfg
-
-
-def _check_budget(budget_bytes: Any) -> int:
-    if isinstance(budget_bytes, bool) or not isinstance(budget_bytes, int) or budget_bytes < 0:
-        raise ValueError(f"budget_bytes={budget_bytes!r} must be an int >= 0 (bytes of step peak)")
-    return int(budget_bytes)
 
 
 def _seeds(graph: Graph, budget: int | None, use: bool) -> list[Plan]:
