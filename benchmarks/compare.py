@@ -801,7 +801,7 @@ def run_model(name: str, opts: Options, log: Callable[[str], None]) -> dict[str,
         info["capture_s"] = time.perf_counter() - t0
         info["graph_nodes"] = len(graph)
         info["graph_mode"] = graph.meta.get("mode")
-        from autoremat.simulate import unoptimised_peak_bytes
+        from autoremat.cost import unoptimised_peak_bytes
 
         info["simulated_unoptimised_peak_bytes"] = int(unoptimised_peak_bytes(graph))
         log(f"   captured {len(graph)} nodes ({info['graph_mode']}) in {info['capture_s']:.1f} s")

@@ -41,7 +41,7 @@ from autoremat import zoo
 from autoremat.errors import InfeasibleBudgetError
 from autoremat.graph import Graph
 from autoremat.plan import Plan
-from autoremat.simulate import unoptimised_peak_bytes
+from autoremat.cost import unoptimised_peak_bytes
 from autoremat.solvers.milp import min_budget_milp, optimality_gap
 from autoremat.solvers.milp.search import judge
 

@@ -41,7 +41,7 @@ from autoremat.offload import (
     validate_schedule,
     vdnn,
 )
-from autoremat.simulate import unoptimised_peak_bytes
+from autoremat.cost import unoptimised_peak_bytes
 
 NETS = ["resnet50", "densenet121", "inception_v3"]
 

@@ -42,7 +42,7 @@ from typing import Any
 import torch
 
 import autoremat
-from autoremat.simulate import simulate, unoptimised_peak_bytes
+from autoremat.cost import simulate, unoptimised_peak_bytes
 
 # Kusumoto et al. 2019, Table 1 (GB; reduction vs vanilla in parentheses in the paper).
 KUSUMOTO = {

@@ -42,7 +42,7 @@ import torch
 import autoremat
 from autoremat.measure import default_loss
 from autoremat.runtime import region
-from autoremat.simulate import simulate, unoptimised_peak_bytes
+from autoremat.cost import simulate, unoptimised_peak_bytes
 from compare import machine_info  # this folder's comparison script
 
 OUT = Path(__file__).resolve().parent / "results" / "cpu"

@@ -38,7 +38,7 @@ import torch
 import autoremat
 from autoremat.capture.scaled import capture_within
 from autoremat.graph import Graph
-from autoremat.simulate import unoptimised_peak_bytes
+from autoremat.cost import unoptimised_peak_bytes
 from compare import machine_info  # this folder's comparison script
 
 OUT = Path(__file__).resolve().parent / "results" / "cpu" / "scaled_capture"

@@ -22,7 +22,7 @@ import torch
 
 import autoremat
 from autoremat.measure import gradients, gradients_equal, measure, run_step
-from autoremat.simulate import no_recompute_plan, simulate
+from autoremat.cost import no_recompute_plan, simulate
 
 
 def _gpt2():  # type: ignore[no-untyped-def]

@@ -25,7 +25,7 @@ import time
 from collections.abc import Sequence
 
 from autoremat.graph import Graph
-from autoremat.simulate import simulate, unoptimised_peak_bytes
+from autoremat.cost import simulate, unoptimised_peak_bytes
 from autoremat.solvers import SOLVERS, min_budget, solve
 
 __all__ = ["TARGETS_S", "skip_chain", "time_solver", "main"]

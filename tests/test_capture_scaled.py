@@ -22,7 +22,7 @@ from autoremat.capture.scaled import (
 )
 from autoremat.graph import Graph
 from autoremat.measure import run_step
-from autoremat.simulate import unoptimised_peak_bytes
+from autoremat.cost import unoptimised_peak_bytes
 
 _BYTES = ("out_bytes", "alloc_bytes", "saves", "extra_saved_bytes", "fwd_temp_bytes", "bwd_temp_bytes",
           "param_grad_bytes", "alias_of", "name", "kind")

@@ -68,7 +68,7 @@ def test_out_inside_a_file_is_refused(tmp_path: Path, capsys: pytest.CaptureFixt
 
 def test_profile_within_a_memory_limit_never_runs_the_full_step(capsys: pytest.CaptureFixture[str]) -> None:
     from autoremat.capture.scaled import resident_bytes_of
-    from autoremat.simulate import unoptimised_peak_bytes
+    from autoremat.cost import unoptimised_peak_bytes
 
     model, inputs = autoremat.zoo.build("resnet50", size="small", batch_size=8)
     g = autoremat.capture(model, inputs, repeats=1)

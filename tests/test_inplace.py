@@ -22,7 +22,7 @@ from autoremat.capture.fx import trace
 from autoremat.capture.inplace import mutated_input, out_of_place
 from autoremat.measure import gradients, gradients_equal, measure, run_step
 from autoremat.plan import validate_plan
-from autoremat.simulate import no_recompute_plan, simulate
+from autoremat.cost import no_recompute_plan, simulate
 from autoremat.zoo.resnet import resnet50
 
 TOLERANCE = 0.10  # predicted vs measured CPU step peak, as in test_runtime

@@ -16,7 +16,7 @@ from autoremat.plan import Plan, offloadable_nodes
 from autoremat.runtime import offloader_of
 from autoremat.offload.bandwidth import measure_bandwidth
 from autoremat.runtime.offload import Offloader
-from autoremat.simulate import no_recompute_plan, simulate, unoptimised_peak_bytes
+from autoremat.cost import no_recompute_plan, simulate, unoptimised_peak_bytes
 from autoremat.solvers.offload_chain import offload_candidates
 
 

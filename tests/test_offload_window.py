@@ -12,7 +12,7 @@ import autoremat
 from autoremat.measure import gradients, gradients_equal, run_step
 from autoremat.plan import Plan, offloadable_nodes
 from autoremat.runtime import offloader_of
-from autoremat.simulate import no_recompute_plan
+from autoremat.cost import no_recompute_plan
 
 
 class _Net(nn.Module):

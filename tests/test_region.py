@@ -175,7 +175,7 @@ def test_a_region_output_computed_early_is_not_held_through_the_replay(regions: 
     layer3.0 from its downsample branch, a region output read by the add after the region, to
     bn3. The replay must not keep that output alive until its last saving node: it did, and the
     measured peak was 3 % above the simulator's (998256 vs 966984 bytes)."""
-    from autoremat.simulate import unoptimised_peak_bytes
+    from autoremat.cost import unoptimised_peak_bytes
 
     model, args = autoremat.zoo.build("resnet50", size="small")
     graph = autoremat.capture(model, args).with_paper_times()

@@ -19,7 +19,7 @@ from autoremat.measure import gradients, gradients_equal, measure, run_step
 from autoremat.plan import Plan, Segment
 from autoremat.replay_tail import replay_tail, replay_tails, tail_inputs, tails_of
 from autoremat.runtime import region
-from autoremat.simulate import simulate
+from autoremat.cost import simulate
 from autoremat.solvers import finalize_plan
 
 

@@ -16,7 +16,7 @@ import pytest
 from autoremat.errors import PlanMismatchError
 from autoremat.graph import Graph
 from autoremat.plan import Plan, Segment, segments_from_lower_sets
-from autoremat.simulate import Simulation, no_recompute_plan, simulate, unoptimised_peak_bytes
+from autoremat.cost import Simulation, no_recompute_plan, simulate, unoptimised_peak_bytes
 
 
 def chain_formula(sizes: list[int]) -> int:

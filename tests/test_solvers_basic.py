@@ -15,7 +15,7 @@ import pytest
 
 import autoremat
 from autoremat import SOLVERS, Graph, InfeasibleBudgetError, Plan, simulate, solve, validate_plan
-from autoremat.simulate import no_recompute_plan, unoptimised_peak_bytes
+from autoremat.cost import no_recompute_plan, unoptimised_peak_bytes
 from autoremat.solvers.chen import segment_by_threshold, split_candidates
 
 N = 20
@@ -354,7 +354,7 @@ def test_no_recompute_plan_is_the_none_solution():
 def test_a_solver_plan_over_budget_is_never_returned(monkeypatch):
     """Whatever a solver returns, solve() rejects a plan that simulates over the budget."""
     import autoremat.solvers as solvers
-    from autoremat.simulate import no_recompute_plan
+    from autoremat.cost import no_recompute_plan
 
     g = long_chain()
     peak = unoptimised_peak_bytes(g)

@@ -20,16 +20,16 @@ import pytest
 SRC = Path(__file__).resolve().parents[1] / "src"
 PKG = SRC / "autoremat"
 
-TORCH_FREE = ["graph.py", "plan.py", "plan_schema.py", "simulate.py", "replay_tail.py", "errors.py", "_units.py", "_jsonio.py",
+TORCH_FREE = ["graph.py", "plan.py", "plan_schema.py", "replay_tail.py", "errors.py", "_units.py", "_jsonio.py",
               "offload/chain.py", "offload/chain_sim.py", "offload/solvers.py"] + sorted(
-    str(p.relative_to(PKG)) for p in (PKG / "solvers").glob("*.py")
+    str(p.relative_to(PKG)) for folder in ("cost", "solvers") for p in (PKG / folder).rglob("*.py")
 )
 """Modules that must not import torch anywhere (not even inside a function)."""
 
 TORCH_FREE_TOP_LEVEL = ["budget.py", "offload/__init__.py", "offload/bandwidth.py"]
 """Modules that may import torch lazily inside a function, never at import time."""
 
-ALLOWED_INTERNAL = {"autoremat.graph", "autoremat.plan", "autoremat.plan_schema", "autoremat.simulate", "autoremat.replay_tail",
+ALLOWED_INTERNAL = {"autoremat.graph", "autoremat.plan", "autoremat.plan_schema", "autoremat.cost", "autoremat.replay_tail",
                     "autoremat.errors", "autoremat.budget", "autoremat._units", "autoremat._jsonio", "autoremat.solvers",
                     "autoremat.offload"}
 """What torch-free modules may import from autoremat (``autoremat/__init__`` imports torch)."""
@@ -135,12 +135,12 @@ sys.meta_path.insert(0, Block())
 pkg = types.ModuleType("autoremat")
 pkg.__path__ = [{str(PKG)!r}]
 sys.modules["autoremat"] = pkg
-import autoremat.graph, autoremat.plan, autoremat.simulate, autoremat.budget, autoremat.errors
+import autoremat.graph, autoremat.plan, autoremat.cost, autoremat.budget, autoremat.errors
 import autoremat.solvers, autoremat.solvers.chen, autoremat.solvers.none
 g = autoremat.graph.Graph.chain([100] * 12)
 plan = autoremat.solvers.solve(g, "70%", solver="chen")
 assert plan.recompute_segments, plan
-assert autoremat.simulate.simulate(g, plan).peak_bytes <= plan.budget_bytes
+assert autoremat.cost.simulate(g, plan).peak_bytes <= plan.budget_bytes
 leaked = sorted(m for m in sys.modules if m.split(".")[0] in {sorted(FORBIDDEN_THIRD_PARTY)!r})
 assert not leaked, leaked
 print("ok")
@@ -200,7 +200,7 @@ def test_public_modules_define_all(path):
 
 def test_public_module_list_is_not_empty():
     public = {str(p.relative_to(PKG)) for p in _modules() if _public(p)}
-    assert {"graph.py", "plan.py", "simulate.py", "budget.py", "solvers/chen.py"} <= public
+    assert {"graph.py", "plan.py", "cost/simulator.py", "budget.py", "solvers/chen.py"} <= public
     assert "_units.py" not in public and "capture/_recorder.py" not in public
 
 

@@ -22,7 +22,7 @@ from .graph import Graph
 from .measure import Measurement, measure
 from .plan import Plan, Segment, validate_plan
 from .runtime import apply, is_patched, restore
-from .simulate import Simulation, simulate
+from .cost import Simulation, simulate
 from .solvers import SOLVERS, min_budget, solve
 
 if TYPE_CHECKING:

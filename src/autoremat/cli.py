@@ -15,7 +15,7 @@ from ._cli_checks import check_args, normalise_argv
 from ._units import fmt_bytes
 from .capture.scaled import CaptureDoesNotFitError, capture_within, profile_limit_bytes, resident_bytes_of
 from .errors import InfeasibleBudgetError
-from .simulate import simulate, unoptimised_peak_bytes
+from .cost import simulate, unoptimised_peak_bytes
 from .solvers import SOLVERS, solve
 
 __all__ = ["main"]
@@ -153,7 +153,7 @@ def _plan(console: Console, args: argparse.Namespace) -> int:
         console.print(f"wrote {args.out}")
     if args.plot:
         from .plot import plot_timelines
-        from .simulate import no_recompute_plan
+        from .cost import no_recompute_plan
 
         plot_timelines(g, {"no recomputation": no_recompute_plan(g), f"{plan.solver} plan": plan}, args.plot,
                        title=f"{args.model} ({args.size}): simulated memory during one step")

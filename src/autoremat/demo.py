@@ -19,7 +19,7 @@ from .errors import InfeasibleBudgetError
 from .measure import LiveStorageCounter, gradients, gradients_equal, measure, run_step
 from .plan import Plan
 from .runtime import apply, restore
-from .simulate import no_recompute_plan, simulate
+from .cost import no_recompute_plan, simulate
 from .solvers import solve
 
 __all__ = ["DemoRow", "DemoReport", "run_demo"]

@@ -6,7 +6,7 @@ from collections.abc import Mapping
 
 from .graph import Graph
 from .plan import Plan
-from .simulate import simulate
+from .cost import simulate
 
 __all__ = ["plot_timelines"]
 

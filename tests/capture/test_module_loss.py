@@ -11,7 +11,7 @@ from torch import nn
 
 import autoremat
 from autoremat.measure import measure
-from autoremat.simulate import no_recompute_plan, simulate
+from autoremat.cost import no_recompute_plan, simulate
 
 # Before glue markers and loss-read outputs, the predictions were off by a gradient of the
 # logits (+67 % on the second test's model); both are exact now, up to a few bytes.

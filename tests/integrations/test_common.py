@@ -6,7 +6,7 @@ import pytest
 
 from autoremat import Graph
 from autoremat.integrations._common import is_percentage, step_budget_bytes
-from autoremat.simulate import unoptimised_peak_bytes
+from autoremat.cost import unoptimised_peak_bytes
 
 
 def test_step_budget_forms() -> None:

@@ -23,7 +23,7 @@ from lightning.pytorch.plugins.precision import MixedPrecision
 import autoremat
 from autoremat.integrations import lightning as lit
 from autoremat.measure import LiveStorageCounter, gradients, gradients_equal, measure, run_step
-from autoremat.simulate import simulate, unoptimised_peak_bytes
+from autoremat.cost import simulate, unoptimised_peak_bytes
 from autoremat.zoo.lightning import LitClassifier
 
 PRECISIONS = ("bf16-mixed", "16-mixed")

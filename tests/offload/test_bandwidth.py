@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from autoremat.offload import DEFAULT_BANDWIDTH_BYTES_PER_S, LinkBandwidth, measure_bandwidth, measure_link
-from autoremat.simulate import DEFAULT_BANDWIDTH_BYTES_PER_S as SIMULATE_DEFAULT
+from autoremat.cost import DEFAULT_BANDWIDTH_BYTES_PER_S as SIMULATE_DEFAULT
 
 no_cuda = pytest.mark.skipif(torch.cuda.is_available(), reason="checks the path taken without CUDA")
 

@@ -367,7 +367,7 @@ def _kept_bytes(g) -> int:
 @pytest.mark.parametrize("name", ["resnet50", "densenet121", "inception_v3"])
 def test_chain_from_zoo_graph(name):
     import autoremat
-    from autoremat.simulate import unoptimised_peak_bytes
+    from autoremat.cost import unoptimised_peak_bytes
 
     model, args = autoremat.zoo.build(name, size="small", device="meta")
     g = autoremat.capture(model, args)

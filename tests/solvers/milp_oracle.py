@@ -7,7 +7,7 @@ import itertools
 
 from autoremat.graph import Graph
 from autoremat.plan import Plan, Segment
-from autoremat.simulate import simulate
+from autoremat.cost import simulate
 from autoremat.solvers.bruteforce import lower_set_chains
 
 

@@ -17,7 +17,7 @@ import pytest
 
 import autoremat
 from autoremat import SOLVERS, Graph, InfeasibleBudgetError, Plan, simulate, solve, validate_plan
-from autoremat.simulate import unoptimised_peak_bytes
+from autoremat.cost import unoptimised_peak_bytes
 from autoremat.solvers import min_budget as exported_min_budget
 from autoremat.solvers.bruteforce import lower_set_chains, solve_bruteforce
 from autoremat.solvers.chen import solve_chen

@@ -22,7 +22,7 @@ import pytest
 import autoremat.solvers.kusumoto as fast
 from autoremat.solvers import kusumoto_dp
 from autoremat import Graph, simulate
-from autoremat.simulate import unoptimised_peak_bytes
+from autoremat.cost import unoptimised_peak_bytes
 
 from . import test_kusumoto_reference as ref
 from .test_kusumoto import random_dag

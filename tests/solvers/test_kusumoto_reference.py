@@ -34,7 +34,7 @@ unit when ``T(V) / unit <= time_slots`` (then the DP is exact in time: paper tim
 times), else ``T(V) / time_slots``; ``time_slots`` (default 500) and ``time_quantum_s`` are
 recorded in ``plan.options``.
 
-Memory model. The step peak is the one :func:`autoremat.simulate.simulate` predicts (eager
+Memory model. The step peak is the one :func:`autoremat.cost.simulate` predicts (eager
 PyTorch, non-reentrant checkpoint), not the paper's ``M_v`` (every output kept, twice). Eq. (2)
 becomes "kept bytes + the segment's own peak":
 
@@ -114,7 +114,7 @@ from typing import Any
 from autoremat.errors import InfeasibleBudgetError
 from autoremat.graph import Graph
 from autoremat.plan import Plan, segments_from_lower_sets
-from autoremat.simulate import no_recompute_plan, simulate
+from autoremat.cost import no_recompute_plan, simulate
 
 __all__ = ["solve_dp_exact", "solve_dp_approx", "min_budget"]
 

@@ -13,7 +13,7 @@ import autoremat
 from autoremat.errors import InfeasibleBudgetError
 from autoremat.graph import Graph
 from autoremat.plan import Plan, validate_plan
-from autoremat.simulate import simulate, unoptimised_peak_bytes
+from autoremat.cost import simulate, unoptimised_peak_bytes
 from autoremat.solvers.bruteforce import solve_bruteforce
 from autoremat.solvers.kusumoto import solve_dp_exact
 

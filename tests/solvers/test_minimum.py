@@ -6,7 +6,7 @@ import pytest
 
 import autoremat
 from autoremat import SOLVERS, Graph, InfeasibleBudgetError, min_budget, simulate, solve
-from autoremat.simulate import unoptimised_peak_bytes
+from autoremat.cost import unoptimised_peak_bytes
 
 
 def _skip_chain(n: int = 24) -> Graph:

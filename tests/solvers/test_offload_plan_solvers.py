@@ -16,7 +16,7 @@ import autoremat
 from autoremat import SOLVERS, Graph, InfeasibleBudgetError, Plan, simulate, solve, validate_plan
 from autoremat.offload import chain_from_graph, lower_bound
 from autoremat.plan import offloadable_nodes
-from autoremat.simulate import no_recompute_plan, unoptimised_peak_bytes
+from autoremat.cost import no_recompute_plan, unoptimised_peak_bytes
 from autoremat.solvers import _AUTO_ORDER
 from autoremat.solvers.offload_chain import (
     layer_offload_nodes,

@@ -16,7 +16,7 @@ import pytest
 
 import autoremat
 from autoremat import Graph, InfeasibleBudgetError, Plan, simulate, solve, validate_plan
-from autoremat.simulate import unoptimised_peak_bytes
+from autoremat.cost import unoptimised_peak_bytes
 from autoremat.solvers import SOLVERS
 from autoremat.solvers.schedule import (
     COMPUTE,

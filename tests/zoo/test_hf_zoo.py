@@ -9,7 +9,7 @@ import torch
 
 import autoremat
 from autoremat.measure import gradients, gradients_equal, measure, run_step
-from autoremat.simulate import no_recompute_plan, simulate
+from autoremat.cost import no_recompute_plan, simulate
 
 pytest.importorskip("transformers")
 from autoremat.zoo import hf  # noqa: E402  (needs transformers)

@@ -290,7 +290,7 @@ def capture_within(
     batch = batch_size_of(args, kwargs, batch_dim)
     base = _meta_capture(model, args, kwargs, opts)
     if base is not None:
-        from ..simulate import unoptimised_peak_bytes
+        from ..cost import unoptimised_peak_bytes
 
         full = unoptimised_peak_bytes(base)
         if full <= limit_bytes:
@@ -451,7 +451,7 @@ class _Trial:
     def _guess(got: dict[int, Graph], size: int) -> float:
         """Unoptimised peak at ``size``: linear through the two largest captures; from one, the
         gradients stay and the rest is proportional."""
-        from ..simulate import unoptimised_peak_bytes
+        from ..cost import unoptimised_peak_bytes
 
         sizes = sorted(got)[-2:]
         peaks = [unoptimised_peak_bytes(got[s]) for s in sizes]

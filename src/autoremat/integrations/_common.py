@@ -14,7 +14,7 @@ import torch
 from .._units import fmt_bytes
 from ..budget import parse_budget
 from ..graph import Graph
-from ..simulate import unoptimised_peak_bytes
+from ..cost import unoptimised_peak_bytes
 
 __all__ = ["step_budget_bytes", "is_percentage"]
 

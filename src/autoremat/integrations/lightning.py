@@ -58,7 +58,7 @@ from ..offload.bandwidth import measure_bandwidth
 from ..plan import Plan
 from ..resident import device_of, resident_bytes, storage_bytes
 from ..runtime import REGION_MODES, apply, is_patched, restore
-from ..simulate import simulate, unoptimised_peak_bytes
+from ..cost import simulate, unoptimised_peak_bytes
 from ..solvers import OFFLOAD_ONLY, SOLVERS, check_solver, solve
 from ._common import step_budget_bytes
 from ._lightning_trainer import batch_of, dataset_length, reset_dataloaders, silenced_logging

@@ -7,7 +7,7 @@ events, and timed by ``Event.elapsed_time`` after synchronising. Each direction 
 median of its repeats (one stray slow copy does not move it).
 
 :func:`measure_bandwidth` returns one number, the *smaller* of the two medians: the transfer
-model (:mod:`autoremat.simulate`, :class:`~autoremat.offload.chain.Chain`) has a single link with
+model (:mod:`autoremat.cost`, :class:`~autoremat.offload.chain.Chain`) has a single link with
 one ``B`` for offloads (device to host) and prefetches (host to device), and the slower direction
 is the conservative choice (predicted transfers are never shorter than the slower real ones). On
 PCIe the two directions usually agree within ~10 %; ``measure_link`` gives both.

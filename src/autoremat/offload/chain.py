@@ -48,8 +48,8 @@ operation ``i``:
     of ``G_i``'s inputs. ``y_{L+1} = 0``: the loss is folded into the last layer (its forward
     into ``F_L``, its backward into ``B_L``).
 ``fwd_extra_bytes[i]`` (``ex^F_i``), ``bwd_extra_bytes[i]`` (``ex^B_i``)
-    From a replay of the step with nothing recomputed (the semantics of
-    :func:`autoremat.simulate.simulate`, which a test checks): the highest live level at any
+    From the simulator's levels of the step with nothing recomputed
+    (:func:`autoremat.cost.step_levels`): the highest live level at any
     node of ``G_i`` in forward (resp. backward), *including* each node's transient
     ``fwd_temp_bytes`` / ``bwd_temp_bytes``, the layer's non-kept tensors and gradients and,
     in backward, the parameter gradients allocated so far (autograd keeps them to the end of
@@ -71,12 +71,12 @@ DESIGN.md), like every budget in autoremat.
 
 from __future__ import annotations
 
-from collections.abc import Hashable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 from ..graph import Graph
-from ..simulate import DEFAULT_BANDWIDTH_BYTES_PER_S, StorageLedger
+from ..cost import DEFAULT_BANDWIDTH_BYTES_PER_S, step_levels
 
 __all__ = ["Chain", "chain_from_graph", "split_points", "layer_cuts", "GROUPINGS", "DEFAULT_BANDWIDTH_BYTES_PER_S"]
 
@@ -317,118 +317,6 @@ def layer_cuts(graph: Graph, grouping: str = "fine") -> list[int]:
         cuts = [c for k, c in enumerate(cuts) if not lo <= k < hi]
 
 
-@dataclass
-class _StepLevels:
-    fwd_touch: list[int | None]
-    bwd_touch: list[int | None]
-    bwd_after: list[int]
-    pgrad_after: list[int]
-    loss_fwd_touch: int
-    loss_bwd_touch: int
-    peak: int
-
-
-def _replay_step(graph: Graph) -> _StepLevels:
-    """The live level at each node's forward and backward, as :func:`simulate` models them."""
-    g = graph
-    s = StorageLedger()  # simulate's own bookkeeping, nothing recomputed
-    nd = [g.node(v) for v in g.nodes]
-    okey = [("o", g.root(v)) for v in g.nodes]
-    param_bytes: dict[str, int] = g.meta.get("param_bytes", {})
-    fwd: list[int | None] = [None] * len(g)
-    bwd: list[int | None] = [None] * len(g)
-    after: list[int] = [0] * len(g)
-    pgrad_after: list[int] = [0] * len(g)
-    pgrad_bytes = 0
-    for v in g.nodes:
-        d = nd[v]
-        if d["alias_of"] is None:
-            s.alloc(("o", v), d["alloc_bytes"])
-        fwd[v] = s.live + d["extra_saved_bytes"] + d["fwd_temp_bytes"]
-        if d["requires_grad"] and d["extra_saved_bytes"]:
-            s.alloc(("x", v), d["extra_saved_bytes"])
-        for w in g.succ(v):
-            s.addref(okey[v], ("f", w, v))
-        if d["is_output"]:
-            s.addref(okey[v], ("out", v))
-        if d["requires_grad"]:
-            for u in d["saves"]:
-                s.addref(okey[u], ("s", v))
-        for u in g.pred(v):
-            s.decref(okey[u], ("f", v, u))
-        s.maybe_free(okey[v])
-    meta = g.meta
-    loss_fwd = s.live + meta["loss_extra_bytes"] + meta["loss_fwd_temp_bytes"]
-    s.alloc(("x", "loss"), meta["loss_extra_bytes"])
-    for u in meta["loss_saves"]:
-        s.addref(okey[u], ("s", "loss"))
-    for v in g.nodes:
-        if nd[v]["is_output"]:
-            s.decref(okey[v], ("out", v))
-    grad: dict[int, Hashable] = {}
-    for v in g.nodes:
-        if nd[v]["is_output"] and nd[v]["requires_grad"]:
-            key = s.new_grad(nd[v]["out_bytes"])
-            s.addref(key, ("gb", v))
-            grad[v] = key
-    loss_bwd = s.live + meta["loss_bwd_temp_bytes"]
-    for u in meta["loss_saves"]:
-        s.decref(okey[u], ("s", "loss"))
-    s.free(("x", "loss"))
-    pgrad: set[str] = set()
-    for v in reversed(range(len(g))):
-        d = nd[v]
-        gv = grad.pop(v, None)
-        if gv is not None:
-            transient = 0
-            for u in g.pred(v):
-                du = nd[u]
-                if not du["requires_grad"]:
-                    continue
-                old = grad.get(u)
-                if d["grad_passthrough"]:
-                    if old is None:
-                        s.addref(gv, ("gb", u))
-                        grad[u] = gv
-                    else:
-                        new = s.new_grad(du["out_bytes"])
-                        s.addref(new, ("gb", u))
-                        grad[u] = new
-                        s.decref(old, ("gb", u))
-                elif old is None:
-                    new = s.new_grad(du["out_bytes"])
-                    s.addref(new, ("gb", u))
-                    grad[u] = new
-                elif len(s.refs[old]) == 1:
-                    transient += du["out_bytes"]
-                else:
-                    transient += du["out_bytes"]
-                    new = s.new_grad(du["out_bytes"])
-                    s.addref(new, ("gb", u))
-                    grad[u] = new
-                    s.decref(old, ("gb", u))
-            for p in d["params"]:
-                if p not in param_bytes:
-                    continue
-                if p in pgrad:
-                    transient += param_bytes[p]
-                else:
-                    pgrad.add(p)
-                    s.alloc(("p", p), param_bytes[p])
-                    pgrad_bytes += int(param_bytes[p])
-            bwd[v] = s.live + transient + d["bwd_temp_bytes"]
-            s.decref(gv, ("gb", v))
-        if d["requires_grad"]:
-            for u in d["saves"]:
-                s.decref(okey[u], ("s", v))
-            if ("x", v) in s.size:
-                s.free(("x", v))
-        after[v] = s.live
-        pgrad_after[v] = pgrad_bytes
-    peak = max([0, loss_fwd, loss_bwd] + [t for t in fwd + bwd if t is not None])
-    return _StepLevels(fwd, bwd, after, pgrad_after, loss_fwd, loss_bwd, int(peak))
-
-
 def chain_from_graph(
     graph: Graph,
     *,
@@ -463,7 +351,7 @@ def chain_from_graph(
     prefix = [sum(x[: j + 1]) for j in range(k_layers + 1)]  # prefix[j] = sum(|x_i|, i <= j)
 
     # y and the extras from the replayed live levels
-    lv = _replay_step(graph)
+    lv = step_levels(graph)
     y = [0] * (k_layers + 1)
     for k in range(k_layers):
         a = starts[k]  # live once B_k (G_k's first node) is over, parameter gradients aside

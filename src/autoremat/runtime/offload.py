@@ -1,5 +1,5 @@
 """The offload runtime: saved activations of chosen nodes live in pinned host memory between
-forward and backward (Beaumont et al.'s model, see :mod:`autoremat.simulate`).
+forward and backward (Beaumont et al.'s model, see :mod:`autoremat.cost`).
 
 Built on ``torch.autograd.graph.saved_tensors_hooks``. Outputs of the plan's offloaded nodes are
 *marked* as they are produced; when autograd saves a tensor living in a marked storage:

@@ -17,7 +17,7 @@ from ..errors import InfeasibleBudgetError
 from ..graph import Graph
 from ..plan import Plan, validate_plan
 from ..replay_tail import replay_tails
-from ..simulate import simulate, unoptimised_peak_bytes
+from ..cost import simulate, unoptimised_peak_bytes
 from ._config import SolverConfig, option_names
 from .chen import ChenConfig, solve_chen
 from .combined import CombinedConfig, offload_allowed, solve_combined

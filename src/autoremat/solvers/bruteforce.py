@@ -7,7 +7,7 @@ peak fits the budget with the least extra (recomputation) time.
 
 Method: the naive exhaustive search of [1]_ §4.1. Every lower set is enumerated, every chain
 from ∅ to V is walked depth-first, and every plan is judged by
-:func:`autoremat.simulate.simulate` (no model of its own, so it shares no code, and no
+:func:`autoremat.cost.simulate` (no model of its own, so it shares no code, and no
 approximation, with the DP solvers it checks). Ties on extra time go to the lower peak, then to
 fewer segments.
 
@@ -32,7 +32,7 @@ from typing import Any
 from ..errors import InfeasibleBudgetError
 from ..graph import Graph
 from ..plan import Plan, segments_from_lower_sets
-from ..simulate import simulate
+from ..cost import simulate
 
 __all__ = ["solve_bruteforce", "lower_set_chains"]
 

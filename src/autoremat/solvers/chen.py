@@ -38,7 +38,7 @@ from typing import Any, ClassVar
 from ..errors import InfeasibleBudgetError
 from ..graph import Graph
 from ..plan import Plan, Segment, segments_from_lower_sets
-from ..simulate import no_recompute_plan, simulate
+from ..cost import no_recompute_plan, simulate
 from ._config import SolverConfig
 
 __all__ = ["solve_chen", "split_candidates", "segment_by_threshold", "ChenConfig"]

@@ -5,7 +5,7 @@ segments save, find one whose simulated step peak fits the budget with the least
 step time (forward + backward + recomputation + time backward waits for prefetches).
 
 Method (a heuristic; the papers solve each half, not the mix — Kusumoto et al. and Beaumont
-et al., see :mod:`autoremat.simulate` for the transfer model):
+et al., see :mod:`autoremat.cost` for the transfer model):
 
 1. *Recomputation candidates*: the plan without recomputation, and the plans of the base
    recomputation solvers (``bases``, default ``("chen", "dp-approx")`` where registered) solved
@@ -38,7 +38,7 @@ from typing import Any, ClassVar
 from ..errors import InfeasibleBudgetError
 from ..graph import Graph
 from ..plan import Plan, offloadable_nodes
-from ..simulate import no_recompute_plan, simulate, unoptimised_peak_bytes
+from ..cost import no_recompute_plan, simulate, unoptimised_peak_bytes
 from ._config import SolverConfig
 
 __all__ = ["solve_combined", "offload_allowed", "CombinedConfig"]

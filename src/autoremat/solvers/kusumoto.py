@@ -67,7 +67,7 @@ unit when ``T(V) / unit <= time_slots`` (then the DP is exact in time: paper tim
 times), else ``T(V) / time_slots``; ``time_slots`` (default 500) and ``time_quantum_s`` are
 recorded in ``plan.options``.
 
-Memory model. The step peak is the one :func:`autoremat.simulate.simulate` predicts (eager
+Memory model. The step peak is the one :func:`autoremat.cost.simulate` predicts (eager
 PyTorch, non-reentrant checkpoint), not the paper's ``M_v`` (every output kept, twice). Eq. (2)
 becomes "kept bytes + the segment's own peak":
 
@@ -236,7 +236,7 @@ from typing import Any
 from ..errors import InfeasibleBudgetError
 from ..graph import Graph
 from ..plan import Plan, segments_from_lower_sets
-from ..simulate import no_recompute_plan, simulate
+from ..cost import no_recompute_plan, simulate
 from ._config import check_budget as _check_budget
 from .kusumoto_closed import _closed_peak
 from .kusumoto_config import DPApproxConfig, DPConfig, DPExactConfig

@@ -27,7 +27,7 @@ from typing import Any
 
 from ..errors import InfeasibleBudgetError
 from ..graph import Graph
-from ..simulate import no_recompute_plan, simulate
+from ..cost import no_recompute_plan, simulate
 from . import kusumoto
 
 __all__ = ["min_budget"]

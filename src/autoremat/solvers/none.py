@@ -12,7 +12,7 @@ from typing import Any, ClassVar
 from ..errors import InfeasibleBudgetError
 from ..graph import Graph
 from ..plan import Plan
-from ..simulate import no_recompute_plan, simulate
+from ..cost import no_recompute_plan, simulate
 from ._config import SolverConfig
 
 __all__ = ["solve_none", "NoneConfig"]

@@ -2,7 +2,7 @@
 
 Problem: without recomputing anything, choose the stored activations to copy to host memory
 after they are produced and to prefetch back for backward (``Plan.offload``) so that the step
-peak that :func:`autoremat.simulate.simulate` predicts fits the budget, at little extra time.
+peak that :func:`autoremat.cost.simulate` predicts fits the budget, at little extra time.
 
 Paper: .. [1] O. Beaumont, L. Eyraud-Dubois, A. Shilova, "Optimal GPU-CPU Offloading Strategies
    for Deep Neural Network Training", hal-02316266, 2019 (GREEDY §4.2, DYNPROG §5.3, VDNN §6.1;
@@ -60,8 +60,8 @@ recomputation solver). An error, not a fallback to recomputation, because the so
 asked for an offload plan; ``"combined"`` is the one that mixes both.
 
 Options (``config``): ``bandwidth_bytes_per_s`` (default ``graph.meta["bandwidth_bytes_per_s"]``,
-else :data:`~autoremat.simulate.DEFAULT_BANDWIDTH_BYTES_PER_S`: the simulator's own default, so
-pass the same value to :func:`~autoremat.simulate.simulate` or set it in ``graph.meta``; measure
+else :data:`~autoremat.cost.DEFAULT_BANDWIDTH_BYTES_PER_S`: the simulator's own default, so
+pass the same value to :func:`~autoremat.cost.simulate` or set it in ``graph.meta``; measure
 it with :func:`autoremat.offload.bandwidth.measure_bandwidth`), ``grouping`` (``"fine"`` or
 ``"split-points"``, the chain's virtual layers), ``offload`` (``True``, ``False`` or ``"auto"``),
 ``slots`` and ``rounding`` (``offload-dp``), ``mode`` (``vdnn``: ``"conv"`` or ``"all"``).
@@ -97,7 +97,7 @@ from ..offload.chain import GROUPINGS, Chain, chain_from_graph
 from ..offload.chain_sim import OffloadSchedule
 from ..offload.solvers import DEFAULT_SLOTS, ROUNDINGS, VDNN_MODES, lower_bound, offload_dp, offload_greedy, vdnn
 from ..plan import Plan, offloadable_nodes
-from ..simulate import DEFAULT_BANDWIDTH_BYTES_PER_S, no_recompute_plan, simulate
+from ..cost import DEFAULT_BANDWIDTH_BYTES_PER_S, no_recompute_plan, simulate
 from ._config import SolverConfig
 from .combined import offload_allowed
 

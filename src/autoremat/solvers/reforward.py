@@ -140,7 +140,7 @@ from typing import Any, ClassVar
 from ..errors import InfeasibleBudgetError
 from ..graph import Graph
 from ..plan import Plan, Segment, segments_from_lower_sets
-from ..simulate import no_recompute_plan, simulate
+from ..cost import no_recompute_plan, simulate
 from ._config import SolverConfig
 from .reforward_search import ReforwardSolution, _chain_pre, _family, _max_terms
 from .reforward_tree import _build_tree, _Closed, _Model, breaks_multi_input_assumption

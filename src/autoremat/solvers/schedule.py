@@ -52,7 +52,7 @@ among them) plus ``v``'s tensor plus its workspace; the peak is the largest such
 is the paper's ``M(σ, i)`` (with workspace added) when the frees are the liveness frees.
 
 Limitations. The joint graph is the papers' model, not the simulator's
-(:mod:`autoremat.simulate`): parameter gradients (a constant that every schedule keeps to the
+(:mod:`autoremat.cost`): parameter gradients (a constant that every schedule keeps to the
 end of the step) are left out, a gradient that an ``add`` passes through is counted as a new
 tensor of its ``bwd`` node, gradient accumulation is part of the consumer's inputs, and a
 recomputed backward node is treated as a pure function (as the paper's TensorFlow graphs are),

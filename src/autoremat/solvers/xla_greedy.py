@@ -73,7 +73,7 @@ from typing import Any, ClassVar
 from ..errors import InfeasibleBudgetError
 from ..graph import Graph
 from ..plan import Plan, Segment
-from ..simulate import no_recompute_plan, simulate
+from ..cost import no_recompute_plan, simulate
 from ._config import SolverConfig
 from .schedule import JointGraph, Schedule, with_liveness_frees
 

@@ -13,7 +13,7 @@ budget; memory-centric (:func:`min_budget_milp`): the least simulated step peak.
 What is modelled and what is checked after (see :mod:`.formulation` and :mod:`.search`):
 
 * the extra time is exact: the program's objective at a plan equals
-  :func:`~autoremat.simulate.simulate`'s extra time of that plan *without* replay tails (the
+  :func:`~autoremat.cost.simulate`'s extra time of that plan *without* replay tails (the
   cost every solver optimises; :func:`~autoremat.solvers.finalize_plan` then shortens the
   replays of fx plans, and the plan's ``predicted_extra_time_s`` is the simulator's, tails in);
 * the step peak is not linear in full (gradient buffers shared through pass-through ops, the
@@ -64,7 +64,7 @@ from typing import Any
 from ...errors import InfeasibleBudgetError
 from ...graph import Graph
 from ...plan import Plan
-from ...simulate import no_recompute_plan, unoptimised_peak_bytes
+from ...cost import no_recompute_plan, unoptimised_peak_bytes
 from .config import MilpConfig
 from .highs import MISSING_HIGHSPY, load_highspy
 from .search import Outcome, Search, judge

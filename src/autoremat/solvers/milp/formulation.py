@@ -18,7 +18,7 @@ its last *holder* (a node that saves a tensor or extras and requires grad), so n
 (``hs[v,i]``, chained down the node ids). The objective is ``sum time_s(v) * z[v]``.
 
 Memory (a *relaxation*: for every plan and the aux values the solver can pick, each row's
-left side is at most what :func:`autoremat.simulate.simulate` has live at one of its peak
+left side is at most what :func:`autoremat.cost.simulate` has live at one of its peak
 checks, so every plan that fits the budget in simulation is feasible here):
 
 * at the loss forward: every storage held for backward (saved by a node outside recomputed

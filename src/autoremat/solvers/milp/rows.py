@@ -9,7 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from ...simulate import no_recompute_plan, simulate
+from ...cost import no_recompute_plan, simulate
 from .facts import Expr, backward_need, has_grad, holder
 
 if TYPE_CHECKING:

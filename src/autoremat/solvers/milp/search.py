@@ -32,7 +32,7 @@ from dataclasses import dataclass, field
 from ...graph import Graph
 from ...plan import Plan
 from ...replay_tail import replay_tails
-from ...simulate import simulate, unoptimised_peak_bytes
+from ...cost import simulate, unoptimised_peak_bytes
 from .formulation import Formulation, constant_floor
 from .highs import load_highspy, run
 

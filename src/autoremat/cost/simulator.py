@@ -1,0 +1,377 @@
+"""The cost model every plan is judged by: step peak, extra time and a memory timeline.
+
+The simulator replays one training step (forward, loss, backward) of eager PyTorch on a
+:class:`~autoremat.graph.Graph` under a :class:`~autoremat.plan.Plan`, tracking every storage
+and who holds it:
+
+* a node's output storage lives while a later node still has to read it in forward, while
+  the backward of some node that saved it is pending, or while a checkpoint region that takes
+  it as input has not finished its backward (non-reentrant checkpoint keeps its inputs);
+* a node's own saved extras (batch-norm statistics, dropout masks…) live until its backward;
+* inside a recomputed segment nothing is saved in forward; when backward reaches the last
+  node of the segment that saved something, the segment's forward is replayed up to that
+  node (PyTorch's early stop) and *new* copies of the saved tensors are held until each
+  node's backward has run; where the plan records a tail for the segment
+  (:mod:`autoremat.replay_tail`), the replay ends before it, holds the tail inputs until it
+  ends, and what the tail's nodes save is held for their backward;
+* backward runs in reverse execution order (the autograd engine's order for one graph task);
+  each node allocates gradients for its inputs (none when it passes its gradient through,
+  like ``add``), out-of-place accumulation when a buffer is shared, parameter gradients on
+  first use (they stay until the step ends), and frees its output gradient and saved tensors
+  when it is done;
+* the measured transient workspace of each node (``fwd_temp_bytes``/``bwd_temp_bytes``) is
+  added on top while it runs.
+
+* offloaded storages (``plan.offload``) follow Beaumont et al.'s model: a copy to host starts
+  when the storage is first saved, on a link that carries one transfer at a time; its device
+  memory is released once the copy is complete and forward no longer reads it; in backward the
+  copies come back in order of need, one prefetch ahead, memory reserved when a prefetch starts;
+  a prefetch still running when its first user's backward starts stalls the step.
+
+The step peak is relative to what was live when the step started (see DESIGN.md). Extra time
+is the forward time of every replayed node plus offload stalls; the clock that times
+transfers advances by the nodes' measured forward and backward times.
+
+Every specialised model a solver uses for speed lives beside this one in :mod:`autoremat.cost`
+and is held to it by a property test on seeded random graphs (see the package docstring).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Hashable
+from dataclasses import dataclass, field
+
+from ..graph import Graph
+from ..plan import Plan, Segment, validate_plan
+from ..replay_tail import tails_of
+from .ledger import PEAK_PLACES, StepState
+from .offload_link import Link, Offload
+
+__all__ = ["Simulation", "simulate", "no_recompute_plan", "unoptimised_peak_bytes",
+           "DEFAULT_BANDWIDTH_BYTES_PER_S", "StepLevels", "step_levels"]
+
+DEFAULT_BANDWIDTH_BYTES_PER_S = 12e9
+"""Default host<->device bandwidth for offload (pinned copies over PCIe 4 x16 reach about this);
+a default, not a measurement: capture on a GPU measures it, or set it in ``graph.meta``."""
+
+
+@dataclass
+class Simulation:
+    """What :func:`simulate` predicts for one training step."""
+
+    peak_bytes: int
+    extra_time_s: float
+    fwd_time_s: float
+    bwd_time_s: float
+    peak_at: str
+    timeline: list[tuple[str, int, int]] = field(default_factory=list)
+    """``(phase, node, live_bytes)`` after each event; phase is fwd, loss, recompute or bwd."""
+    offload_stall_s: float = 0.0
+    """Time backward waits for prefetches (included in ``extra_time_s``)."""
+    offloaded_bytes: int = 0
+
+    @property
+    def step_time_s(self) -> float:
+        return self.fwd_time_s + self.bwd_time_s + self.extra_time_s
+
+
+def no_recompute_plan(graph: Graph) -> Plan:
+    """The plan that recomputes nothing (one plain segment)."""
+    segs = [Segment(tuple(graph.nodes), recompute=False)] if len(graph) else []
+    return Plan(segs, solver="none", graph_fingerprint=graph.fingerprint)
+
+
+def unoptimised_peak_bytes(graph: Graph) -> int:
+    """Predicted step peak with no recomputation."""
+    return simulate(graph, no_recompute_plan(graph), check=False).peak_bytes
+
+
+def _okey(g: Graph, v: int) -> Hashable:
+    return ("o", g.root(v))
+
+
+def simulate(graph: Graph, plan: Plan, *, check: bool = True, record: bool = True,
+             bandwidth_bytes_per_s: float | None = None) -> Simulation:
+    """Predict the step peak, extra time and memory timeline of ``plan`` on ``graph``.
+
+    ``check`` runs :func:`~autoremat.plan.validate_plan` first. ``bandwidth_bytes_per_s`` is the
+    host<->device link used for ``plan.offload`` (default: ``graph.meta["bandwidth_bytes_per_s"]``,
+    else :data:`DEFAULT_BANDWIDTH_BYTES_PER_S`).
+    """
+    if check:
+        validate_plan(graph, plan)
+    return _run(graph, plan, StepState(graph, record), bandwidth_bytes_per_s)
+
+
+def _run(g: Graph, plan: Plan, s: StepState, bandwidth_bytes_per_s: float | None) -> Simulation:
+    """The step: forward of every segment, the loss, backward of every segment in reverse."""
+    nd = [g.node(v) for v in g.nodes]
+    offloaded = {g.root(v) for v in plan.offload}
+    link = Link(bandwidth_bytes_per_s or g.meta.get("bandwidth_bytes_per_s") or DEFAULT_BANDWIDTH_BYTES_PER_S)
+    off = Offload(s, offloaded, link)
+    seg_inputs = [_forward(s, g, nd, si, seg, off, offloaded) for si, seg in enumerate(plan.segments)]
+    _loss(s, g, nd)
+    extra_time = _backward(s, g, nd, plan, seg_inputs, off, offloaded)
+    fwd = float(g.total("time_s"))
+    bwd = float(g.total("bwd_time_s"))
+    return Simulation(peak_bytes=int(s.peak), extra_time_s=float(extra_time + off.stall_s), fwd_time_s=fwd,
+                      bwd_time_s=bwd, peak_at=s.peak_at, timeline=s.timeline, offload_stall_s=off.stall_s,
+                      offloaded_bytes=off.offloaded_bytes)
+
+
+def _forward(s: StepState, g: Graph, nd: list[dict], si: int, seg: Segment, off: Offload,
+             offloaded: set[int]) -> set[int]:
+    """The forward of segment ``si``; returns its inputs (held by a recomputed segment until its
+    backward is over: non-reentrant checkpoint keeps its inputs)."""
+    members = set(seg.nodes)
+    inputs = {u for v in seg.nodes for u in g.pred(v) if u not in members}
+    if seg.recompute:
+        for u in inputs:
+            s.addref(_okey(g, u), ("seg", si))
+    for v in seg.nodes:
+        d = nd[v]
+        off.advance()
+        if d["alias_of"] is None:
+            s.alloc(("o", v), d["alloc_bytes"])
+        ok = _okey(g, v)
+        s.touch(d["extra_saved_bytes"] + d["fwd_temp_bytes"], "fwd", v)
+        off.clock += d["time_s"]
+        saving = not seg.recompute and d["requires_grad"]
+        if saving and d["extra_saved_bytes"]:
+            s.alloc(("x", v), d["extra_saved_bytes"])
+        for w in g.succ(v):
+            s.addref(ok, ("f", w, v))
+        if d["is_output"]:
+            s.addref(ok, ("out", v))
+        if saving:
+            for u in d["saves"]:
+                if g.root(u) in offloaded:
+                    off.pack(g.root(u), v)
+                else:
+                    s.addref(_okey(g, u), ("s", v))
+        for u in g.pred(v):
+            s.decref(_okey(g, u), ("f", v, u))
+        s.maybe_free(ok)
+        s.mark("fwd", v)
+    return inputs
+
+
+def _loss(s: StepState, g: Graph, nd: list[dict]) -> None:
+    """The loss: its forward and backward, the gradients of the outputs allocated."""
+    meta = g.meta
+    s.touch(meta["loss_extra_bytes"] + meta["loss_fwd_temp_bytes"], "loss fwd")
+    s.alloc(("x", "loss"), meta["loss_extra_bytes"])
+    for u in meta["loss_saves"]:
+        s.addref(_okey(g, u), ("s", "loss"))
+    for v in g.nodes:
+        if nd[v]["is_output"]:
+            s.decref(_okey(g, v), ("out", v))
+    s.mark("loss", -1)
+    outputs = [v for v in g.nodes if nd[v]["is_output"] and nd[v]["requires_grad"]]
+    for v in outputs:
+        key = s.new_grad(nd[v]["out_bytes"])
+        s.addref(key, ("gb", v))
+        s.grad[v] = key
+    s.touch(meta["loss_bwd_temp_bytes"], "loss bwd")
+    for u in meta["loss_saves"]:
+        s.decref(_okey(g, u), ("s", "loss"))
+    s.free(("x", "loss"))
+    s.mark("loss", -1)
+
+
+def _backward(s: StepState, g: Graph, nd: list[dict], plan: Plan, seg_inputs: list[set[int]], off: Offload,
+              offloaded: set[int]) -> float:
+    """Backward of every segment in reverse order, replaying the recomputed ones; returns the
+    replayed forward time."""
+    extra_time = 0.0
+    tails = tails_of(plan)
+    param_bytes: dict[str, int] = g.meta.get("param_bytes", {})
+    off.start_backward()
+    for si in range(len(plan.segments) - 1, -1, -1):
+        seg = plan.segments[si]
+        stop = -1
+        if seg.recompute:
+            holders = [v for v in seg.nodes if (nd[v]["saves"] or nd[v]["extra_saved_bytes"])
+                       and nd[v]["requires_grad"]]
+            stop = max(holders) if holders else -1
+        rroot: dict[int, Hashable] = {}
+        for v in reversed(seg.nodes):
+            off.advance()
+            if v == stop:
+                spent = _recompute(s, g, nd, seg, stop, rroot, tails.get(si))
+                extra_time += spent
+                off.clock += spent
+            if not seg.recompute and nd[v]["requires_grad"]:
+                for u in nd[v]["saves"]:
+                    if g.root(u) in offloaded:
+                        off.need(g.root(u))
+            _backward_node(s, g, nd, v, recomputed=seg.recompute, rroot=rroot, param_bytes=param_bytes,
+                           offloaded=offloaded)
+            off.clock += nd[v]["bwd_time_s"]
+        if seg.recompute:
+            for u in seg_inputs[si]:
+                s.decref(_okey(g, u), ("seg", si))
+    return extra_time
+
+
+def _rkey(g: Graph, rroot: dict[int, Hashable], v: int) -> Hashable:
+    """Storage key of ``v``'s value during the recomputation of a segment."""
+    if v in rroot:
+        return rroot[v]
+    return _okey(g, v)
+
+
+def _recompute(s: StepState, g: Graph, nd: list[dict], seg: Segment, stop: int,
+               rroot: dict[int, Hashable], tail: tuple[int, list[int]] | None = None) -> float:
+    """Replay ``seg``'s forward up to ``stop``; keep new copies of what it saves. With a ``tail``
+    (:mod:`autoremat.replay_tail`: its first node and its inputs) the replay ends before the
+    tail, holds the tail inputs until it ends, and what the tail's nodes save is held for them."""
+    spent = 0.0
+    tail_savers: dict[int, list[int]] = {}
+    held: set[int] = set()
+    todo = [v for v in seg.nodes if (v <= stop if tail is None else v < tail[0])]
+    replay = set(todo)
+    if tail is not None:
+        for w in seg.nodes:
+            if w >= tail[0] and nd[w]["requires_grad"]:
+                for u in nd[w]["saves"]:
+                    tail_savers.setdefault(u, []).append(w)
+        held = {u for u in tail[1] if u in replay}
+        for u, savers in tail_savers.items():
+            if u not in replay:  # an input of the segment: the forward's storage
+                for w in savers:
+                    s.addref(_rkey(g, rroot, u), ("rs", w))
+    for v in todo:
+        d = nd[v]
+        spent += d["time_s"]
+        a = d["alias_of"]
+        if a is None:
+            rroot[v] = ("r", v)
+            s.alloc(("r", v), d["alloc_bytes"])
+        elif a in rroot:
+            rroot[v] = rroot[a]
+        key = _rkey(g, rroot, v)
+        s.touch(d["extra_saved_bytes"] + d["fwd_temp_bytes"], "recompute", v)
+        if d["requires_grad"]:
+            if d["extra_saved_bytes"]:
+                s.alloc(("rx", v), d["extra_saved_bytes"])
+            for u in d["saves"]:
+                s.addref(_rkey(g, rroot, u), ("rs", v))
+        for w in tail_savers.get(v, ()):
+            s.addref(key, ("rs", w))
+        if v in held:
+            s.addref(key, ("tail", v))
+        for w in g.succ(v):
+            if w in replay:
+                s.addref(key, ("rf", w, v))
+        for u in g.pred(v):
+            if u in replay:  # also views of the segment's inputs (original storage)
+                s.decref(_rkey(g, rroot, u), ("rf", v, u))
+        if v in rroot:
+            s.maybe_free(key)
+        s.mark("recompute", v)
+    for u in held:  # the replay has returned its tail inputs
+        s.decref(_rkey(g, rroot, u), ("tail", u))
+    return spent
+
+
+def _backward_node(s: StepState, g: Graph, nd: list[dict], v: int, *, recomputed: bool,
+                   rroot: dict[int, Hashable], param_bytes: dict[str, int], offloaded: set[int]) -> None:
+    """Node ``v``'s backward: its inputs' gradients (new, shared by a pass-through, or
+    accumulated), its parameters' gradients on first use, its workspace; then what it saved is
+    released."""
+    d = nd[v]
+    gv = s.grad.pop(v, None)
+    if gv is not None:
+        transient = _input_grads(s, g, nd, v, gv)
+        for p in d["params"]:
+            if p not in param_bytes:
+                continue
+            if p in s.pgrad:
+                transient += param_bytes[p]
+            else:
+                s.pgrad.add(p)
+                s.pgrad_bytes += int(param_bytes[p])
+                s.alloc(("p", p), param_bytes[p])
+        s.touch(transient + d["bwd_temp_bytes"], "bwd", v)
+        s.decref(gv, ("gb", v))
+    if d["requires_grad"]:
+        tag = "rs" if recomputed else "s"
+        for u in d["saves"]:
+            if recomputed:
+                key = _rkey(g, rroot, u)
+            elif g.root(u) in offloaded:
+                key = ("pf", g.root(u))
+            else:
+                key = _okey(g, u)
+            s.decref(key, (tag, v))
+        xkey = ("rx", v) if recomputed else ("x", v)
+        if xkey in s.size:
+            s.free(xkey)
+    s.mark("bwd", v)
+
+
+def _input_grads(s: StepState, g: Graph, nd: list[dict], v: int, gv: Hashable) -> int:
+    """The gradients node ``v``'s backward hands its inputs; returns the transient bytes (new
+    gradients added in place into a buffer that is not shared)."""
+    d = nd[v]
+    transient = 0
+    for u in g.pred(v):
+        du = nd[u]
+        if not du["requires_grad"]:
+            continue
+        old = s.grad.get(u)
+        if d["grad_passthrough"]:
+            if old is None:
+                s.addref(gv, ("gb", u))
+                s.grad[u] = gv
+            else:
+                new = s.new_grad(du["out_bytes"])
+                s.addref(new, ("gb", u))
+                s.grad[u] = new
+                s.decref(old, ("gb", u))
+        elif old is None:
+            new = s.new_grad(du["out_bytes"])
+            s.addref(new, ("gb", u))
+            s.grad[u] = new
+        elif len(s.refs[old]) == 1:
+            transient += du["out_bytes"]  # new gradient, added in place, freed
+        else:
+            transient += du["out_bytes"]
+            new = s.new_grad(du["out_bytes"])
+            s.addref(new, ("gb", u))
+            s.grad[u] = new
+            s.decref(old, ("gb", u))
+    return transient
+
+
+# ------------------------------------------------------------------------ per-node levels
+@dataclass
+class StepLevels:
+    """The live level at each event of the step with nothing recomputed (:func:`step_levels`)."""
+
+    fwd_touch: list[int | None]
+    """Per node: live bytes plus its saved extras and workspace during its forward."""
+    bwd_touch: list[int | None]
+    """Per node: live bytes plus its transients and workspace during its backward (``None``
+    where no gradient reaches it)."""
+    bwd_after: list[int]
+    """Per node: live bytes once its backward is over."""
+    pgrad_after: list[int]
+    """Per node: bytes of the parameter gradients allocated once its backward is over."""
+    loss_fwd_touch: int
+    loss_bwd_touch: int
+    peak: int
+
+
+def step_levels(graph: Graph) -> StepLevels:
+    """The levels :func:`simulate` sees at each node's forward and backward, nothing recomputed
+    (what :func:`autoremat.cost.chain.chain_from_graph` turns into the chain's terms)."""
+    levels: dict[str, dict[int, int]] = {phase: {} for phase in (*PEAK_PLACES, "after bwd", "pgrad after bwd")}
+    sim = _run(graph, no_recompute_plan(graph), StepState(graph, record=False, levels=levels), None)
+    n = len(graph)
+    return StepLevels(fwd_touch=[levels["fwd"].get(v) for v in range(n)],
+                      bwd_touch=[levels["bwd"].get(v) for v in range(n)], bwd_after=[levels["after bwd"][v] for v in range(n)],
+                      pgrad_after=[levels["pgrad after bwd"][v] for v in range(n)],
+                      loss_fwd_touch=levels["loss fwd"][-1], loss_bwd_touch=levels["loss bwd"][-1],
+                      peak=sim.peak_bytes)
