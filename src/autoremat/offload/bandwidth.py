@@ -7,13 +7,13 @@ events, and timed by ``Event.elapsed_time`` after synchronising. Each direction 
 median of its repeats (one stray slow copy does not move it).
 
 :func:`measure_bandwidth` returns one number, the *smaller* of the two medians: the transfer
-model (:mod:`autoremat.cost`, :class:`~autoremat.offload.chain.Chain`) has a single link with
+model (:mod:`autoremat.cost`, :class:`~autoremat.cost.chain.Chain`) has a single link with
 one ``B`` for offloads (device to host) and prefetches (host to device), and the slower direction
 is the conservative choice (predicted transfers are never shorter than the slower real ones). On
 PCIe the two directions usually agree within ~10 %; ``measure_link`` gives both.
 
 Without CUDA (no device, or ``device`` not a CUDA device) nothing is measured: the functions
-return :data:`~autoremat.offload.chain.DEFAULT_BANDWIDTH_BYTES_PER_S` (12e9, the simulator's
+return :data:`~autoremat.cost.DEFAULT_BANDWIDTH_BYTES_PER_S` (12e9, the simulator's
 default) and log that they did (INFO; WARNING when a CUDA device was asked for and none is
 available). torch is imported inside the functions, so ``autoremat.offload`` stays importable
 without torch.
@@ -29,7 +29,7 @@ import statistics
 from dataclasses import dataclass
 from typing import Any
 
-from .chain import DEFAULT_BANDWIDTH_BYTES_PER_S
+from ..cost import DEFAULT_BANDWIDTH_BYTES_PER_S
 
 __all__ = ["measure_bandwidth", "measure_link", "LinkBandwidth", "DEFAULT_NBYTES", "DEFAULT_REPEATS"]
 

@@ -21,13 +21,12 @@ from ..cost import simulate, unoptimised_peak_bytes
 from ._config import SolverConfig, option_names
 from .chen import ChenConfig, solve_chen
 from .combined import CombinedConfig, offload_allowed, solve_combined
-from .kusumoto import solve_dp_approx, solve_dp_exact
-from .kusumoto_config import DPApproxConfig, DPExactConfig
+from .kusumoto import DPApproxConfig, DPExactConfig, solve_dp_approx, solve_dp_exact
 from .milp import solve_milp
 from .milp.config import MilpConfig
 from .minimum import min_budget
 from .none import NoneConfig, solve_none
-from .offload_chain import (OffloadDPConfig, OffloadGreedyConfig, VdnnConfig, solve_offload_dp, solve_offload_greedy,
+from .beaumont import (OffloadDPConfig, OffloadGreedyConfig, VdnnConfig, solve_offload_dp, solve_offload_greedy,
                             solve_vdnn)
 from .reforward import ReforwardConfig, solve_reforward
 from .xla_greedy import XlaGreedyConfig, solve_xla_greedy

@@ -16,7 +16,7 @@ Paper: .. [1] R. Kumar, M. Purohit, Z. Svitkina, E. Vee, J. R. Wang, "Efficient
 Two forms.
 
 :func:`xla_greedy_schedule` (the paper's baseline) works on the joint forward+backward graph
-(:class:`~autoremat.solvers.schedule.JointGraph`, the papers' memory model). It walks the
+(:class:`~autoremat.cost.schedule.JointGraph`, the papers' memory model). It walks the
 NoRemat order; after placing each operation, while the tracked memory (tensors with a pending
 use) exceeds ``memory_limit_bytes`` it picks, among resident tensors with a pending use, the
 one with XLA's least cost: 0 when none of its users has been placed since it was computed (a
@@ -27,7 +27,7 @@ dropped and a copy of its operation is inserted right before its next use; copie
 rematerialized again (XLA blacklists them), so every node is computed at most twice. An
 operation whose inputs are not all computed yet (a moved one) is no candidate. The frees of
 the result are re-derived from its computations
-(:func:`~autoremat.solvers.schedule.with_liveness_frees`), so the measured peak is exact on
+(:func:`~autoremat.cost.schedule.with_liveness_frees`), so the measured peak is exact on
 the joint model even where XLA's running estimate is not.
 
 :func:`solve_xla_greedy` (registered as ``"xla-greedy"``) maps the same decisions to
@@ -75,7 +75,7 @@ from ..graph import Graph
 from ..plan import Plan, Segment
 from ..cost import no_recompute_plan, simulate
 from ._config import SolverConfig
-from .schedule import JointGraph, Schedule, with_liveness_frees
+from ..cost.schedule import JointGraph, Schedule, with_liveness_frees
 
 __all__ = ["xla_greedy_schedule", "solve_xla_greedy", "plan_from_recomputed", "XlaGreedyConfig"]
 
@@ -86,7 +86,7 @@ logger = logging.getLogger(__name__)
 def xla_greedy_schedule(graph: Graph | JointGraph, memory_limit_bytes: int = 0) -> Schedule:
     """XLA's GreedyRemat on the joint graph under ``memory_limit_bytes`` (0: as low as it goes).
 
-    Returns a :class:`~autoremat.solvers.schedule.Schedule` with liveness frees; its
+    Returns a :class:`~autoremat.cost.schedule.Schedule` with liveness frees; its
     ``options`` record the limit and the numbers of rematerializations and moves.
     """
     if isinstance(graph, Graph):

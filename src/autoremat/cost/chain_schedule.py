@@ -1,4 +1,4 @@
-"""Schedules of offloads and prefetches on a :class:`~autoremat.offload.chain.Chain`, replayed.
+"""Schedules of offloads and prefetches on a :class:`~autoremat.cost.chain.Chain`: their types, memory and checks.
 
 Paper: .. [1] O. Beaumont, L. Eyraud-Dubois, A. Shilova, "Optimal GPU-CPU Offloading Strategies
    for Deep Neural Network Training", hal-02316266, 2019 (§3, §4, §5.2).
@@ -7,7 +7,7 @@ Two models, both for *ordered* schedules (offloads in increasing, prefetches in 
 order; every offload before every prefetch, since the last offloaded activation is the first one
 fetched back) and *no-wait* (every action as early as it can, Proposition 1):
 
-``"integral"`` (:func:`simulate_offload`), the paper's assumptions (A)-(D)
+``"integral"`` (:func:`.chain_replay.simulate_offload`), the paper's assumptions (A)-(D)
     (A) one transfer at a time on the link; (B) a transfer of ``x`` takes ``|x| / B`` s;
     (C) transfers overlap computation freely; (D) an offloaded activation's memory is released
     only when its whole transfer has completed, and a prefetch reserves the whole activation
@@ -22,7 +22,7 @@ fetched back) and *no-wait* (every action as early as it can, Proposition 1):
     ``B_{i+1}`` has ended and ``x_i``, ``x_{i+1}`` are back. For a fixed set and order this gives
     every operation its earliest start: no prefetch ever delays a computation.
 
-``"fractional"`` (:func:`simulate_relaxed`), the relaxations of §4 and §5
+``"fractional"`` (:func:`.chain_replay.simulate_relaxed`), the relaxations of §4 and §5
     Memory is released progressively as an offload proceeds and reserved progressively as a
     prefetch proceeds, and an activation may be offloaded partially (``fractions``). Forward
     runs as above (``F_i`` may not start on memory freed from ``x_i`` itself); backward is
@@ -31,6 +31,15 @@ fetched back) and *no-wait* (every action as early as it can, Proposition 1):
     keeps the link sequential and memory within the limit where offloads run into backward or
     prefetches into forward (the paper's equations (9) and (10)). With fractions in {0, 1} this
     is the model Algorithm 1 optimises; with an eager prefix it is Theorem 2's schedule.
+
+The two replays (:func:`.chain_replay.simulate_offload`, :func:`.chain_replay.simulate_relaxed`)
+are different rules on purpose (the paper's model and its relaxation), not two copies of one.
+Both work on the chain, not on the graph: the offload solvers
+(:mod:`autoremat.solvers.beaumont`) choose activations on the chain, and
+:func:`autoremat.cost.simulate` judges the plan they map back to the graph (it is the one whose
+budget is checked). With nothing offloaded, the integral replay's peak is the chain's
+``M_peak``, which equals the simulator's unoptimised peak whenever no clamp acts (tested in
+``tests/cost/test_chain_replay.py`` on seeded random graphs, and on the zoo).
 
 Memory between operations (both models, what :func:`memory_profile` integrates): ``x_j`` is
 allocated when ``F_{j-1}`` starts and freed when ``B_{j-1}`` ends (``x_0`` lives all step);
@@ -45,7 +54,7 @@ test calls it. Time O(L log L) per check; simulation O(L^2) worst case.
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -53,8 +62,8 @@ from ..errors import InfeasibleBudgetError
 from .chain import Chain
 
 __all__ = [
-    "Transfer", "OffloadSchedule", "simulate_offload", "simulate_relaxed", "memory_profile",
-    "validate_schedule", "offload_set_min_memory_bytes", "MODELS",
+    "Transfer", "OffloadSchedule", "memory_profile", "validate_schedule", "offload_set_min_memory_bytes", "MODELS",
+    "check_limit", "check_chain", "check_fractions", "raise_if_infeasible", "tolerance",
 ]
 
 MODELS = ("integral", "fractional")
@@ -132,7 +141,7 @@ class OffloadSchedule:
 
 
 # ---------------------------------------------------------------------- helpers
-def _check_limit(memory_limit_bytes: Any) -> int:
+def check_limit(memory_limit_bytes: Any) -> int:
     if isinstance(memory_limit_bytes, bool) or not isinstance(memory_limit_bytes, (int, float)):
         raise ValueError(f"memory_limit_bytes={memory_limit_bytes!r} must be a number of bytes (int >= 0)")
     if not memory_limit_bytes >= 0 or math.isinf(memory_limit_bytes):
@@ -140,13 +149,13 @@ def _check_limit(memory_limit_bytes: Any) -> int:
     return int(memory_limit_bytes)
 
 
-def _check_chain(chain: Any) -> Chain:
+def check_chain(chain: Any) -> Chain:
     if not isinstance(chain, Chain):
-        raise TypeError(f"chain must be an autoremat.offload.Chain, got {type(chain).__name__}")
+        raise TypeError(f"chain must be an autoremat.cost.chain.Chain (autoremat.offload.Chain), got {type(chain).__name__}")
     return chain
 
 
-def _fractions(chain: Chain, fractions: Sequence[float]) -> list[float]:
+def check_fractions(chain: Chain, fractions: Sequence[float]) -> list[float]:
     if len(fractions) != chain.n_ops + 1:
         raise ValueError(f"fractions has {len(fractions)} entries; expected {chain.n_ops + 1} (x_0..x_L+1)")
     out = [float(f) for f in fractions]
@@ -172,273 +181,15 @@ def offload_set_min_memory_bytes(chain: Chain, offloaded_bytes: Sequence[float])
     return best
 
 
-def _raise_if_infeasible(chain: Chain, limit: int, amounts: Sequence[float], solver: str,
+def raise_if_infeasible(chain: Chain, limit: int, amounts: Sequence[float], solver: str,
                          tol: float = 0.0) -> None:
     need = offload_set_min_memory_bytes(chain, amounts)
     if need > limit + tol:
         raise InfeasibleBudgetError(limit, math.ceil(need), solver=solver)
 
 
-def _tol(limit: float) -> float:
+def tolerance(limit: float) -> float:
     return max(1e-6, 1e-9 * abs(limit))
-
-
-# ---------------------------------------------------------------------- integral model
-def simulate_offload(
-    chain: Chain,
-    memory_limit_bytes: int,
-    offloaded: Iterable[int],
-    *,
-    solver: str = "simulate",
-    options: dict[str, Any] | None = None,
-) -> OffloadSchedule:
-    """The no-wait ordered schedule offloading the whole activations ``offloaded`` (integral model).
-
-    Raises :class:`~autoremat.errors.InfeasibleBudgetError` when some operation cannot fit
-    even with every chosen activation before it on the host (``min_budget_bytes`` is what this
-    set needs).
-    """
-    chain = _check_chain(chain)
-    limit = _check_limit(memory_limit_bytes)
-    n, L = chain.n_ops, chain.L
-    chosen = sorted({int(j) for j in offloaded})
-    for j in chosen:
-        if not 0 <= j <= L:
-            raise ValueError(f"activation {j} cannot be offloaded: expected indices 0..{L} (x_{L + 1} is never offloaded)")
-    x = chain.x_bytes
-    O = [j for j in chosen if x[j] > 0]
-    amounts = [float(x[j]) if j in set(O) else 0.0 for j in range(n + 1)]
-    _raise_if_infeasible(chain, limit, amounts, solver)
-    bw = chain.bandwidth_bytes_per_s
-    uf, ub = chain.fwd_time_s, chain.bwd_time_s
-    mf, mb = chain.fwd_memory_bytes, chain.bwd_memory_bytes
-
-    # ---------------------------------------------------------------- forward
-    fs, fe = [0.0] * n, [0.0] * n
-    off_s: dict[int, float] = {}
-    off_e: dict[int, float] = {}
-    link, nxt, prev_end = 0.0, 0, 0.0
-    for i in range(n):
-        while nxt < len(O) and O[nxt] <= i:
-            j = O[nxt]
-            st = max(link, fe[j - 1] if j > 0 else 0.0)
-            off_s[j], off_e[j] = st, st + x[j] / bw
-            link = off_e[j]
-            nxt += 1
-        start = prev_end
-        need = mf[i] - limit
-        if need > 0:
-            acc, done = 0, False
-            for j in O:
-                if j >= i:
-                    break
-                acc += x[j]
-                if acc >= need:
-                    start = max(start, off_e[j], fe[j])  # released once copied and F_j is over
-                    done = True
-                    break
-            assert done, "forward op cannot fit though the set was checked feasible, please report"
-        fs[i], fe[i] = start, start + uf[i]
-        prev_end = fe[i]
-    release = {j: max(off_e[j], fe[j]) for j in O}
-
-    # ---------------------------------------------------------------- backward
-    # operations in execution order: F_0..F_L, B_L..B_0; B_i sits at position 2n-1-i
-    mem = list(mf) + [mb[i] for i in range(L, -1, -1)]
-    end_at: list[float | None] = list(fe) + [None] * n
-    below: dict[int, int] = {}
-    acc = 0
-    for j in O:
-        below[j] = acc
-        acc += x[j]
-    pf_s: dict[int, float] = {}
-    pf_e: dict[int, float] = {}
-    desc = sorted(O, reverse=True)
-    ptr = 0
-    bs, be = [0.0] * n, [0.0] * n
-    prev_end = fe[L]
-    for i in range(L, -1, -1):
-        while ptr < len(desc) and desc[ptr] >= i:
-            k = desc[ptr]
-            thr = limit + below[k]
-            pk = 2 * n - 1 - k
-            assert mem[pk] <= thr, "B_k cannot fit with x_k back though the set was checked, please report"
-            p = pk
-            while p > 0 and mem[p - 1] <= thr:
-                p -= 1
-            earliest = 0.0
-            if p > 0:
-                e = end_at[p - 1]
-                assert e is not None, "prefetch waits on an operation not yet timed, please report"
-                earliest = e
-            st = max(link, release[k], earliest)
-            pf_s[k], pf_e[k] = st, st + x[k] / bw
-            link = pf_e[k]
-            ptr += 1
-        start = prev_end
-        for j in (i, i + 1):
-            if j in pf_e:
-                start = max(start, pf_e[j])
-        need = mb[i] - limit
-        if need > 0:  # offloads may still run into backward: wait for enough releases
-            acc = 0
-            for j in O:
-                if j >= i:
-                    break
-                acc += x[j]
-                if acc >= need:
-                    start = max(start, release[j])
-                    break
-        bs[i], be[i] = start, start + ub[i]
-        end_at[2 * n - 1 - i] = be[i]
-        prev_end = be[i]
-
-    transfers = [Transfer(j, "offload", off_s[j], off_e[j], float(x[j]), 1.0) for j in O]
-    transfers += [Transfer(k, "prefetch", pf_s[k], pf_e[k], float(x[k]), 1.0) for k in desc]
-    fractions = tuple(1.0 if j in set(O) else 0.0 for j in range(n + 1))
-    sched = OffloadSchedule(
-        solver=solver, model="integral", memory_limit_bytes=limit, fractions=fractions,
-        fwd_start_s=tuple(fs), fwd_end_s=tuple(fe), bwd_start_s=tuple(bs), bwd_end_s=tuple(be),
-        transfers=tuple(transfers), makespan_s=be[0], idle_s=max(0.0, be[0] - chain.compute_time_s),
-        peak_bytes=0, bandwidth_bytes_per_s=bw, options=dict(options or {}),
-    )
-    sched.peak_bytes = memory_profile(chain, sched)[0]
-    assert sched.peak_bytes <= limit, (
-        f"simulated peak {sched.peak_bytes} exceeds the limit {limit}, please report")
-    return sched
-
-
-# ---------------------------------------------------------------------- fractional model
-def _stream(items: Sequence[tuple[int, float]], avail: dict[int, float]) -> tuple[dict[int, float], dict[int, float], float]:
-    """Work-conserving FIFO link: item ``j`` (amount in seconds) starts at max(link free, avail[j])."""
-    s: dict[int, float] = {}
-    e: dict[int, float] = {}
-    link = 0.0
-    for j, dur in items:
-        s[j] = max(link, avail[j])
-        e[j] = s[j] + dur
-        link = e[j]
-    return s, e, link
-
-
-def _first_time(items: Sequence[tuple[int, float]], s: dict[int, float], amount: dict[int, float],
-                need: float, bw: float, upto: int | None = None) -> float | None:
-    """First time the stream has moved ``need`` bytes (items with index < ``upto`` only)."""
-    acc = 0.0
-    for j, _ in items:
-        if upto is not None and j >= upto:
-            break
-        a = amount[j]
-        if acc + a >= need - _tol(need):
-            return s[j] + max(0.0, need - acc) / bw
-        acc += a
-    return None
-
-
-def simulate_relaxed(
-    chain: Chain,
-    memory_limit_bytes: int,
-    fractions: Sequence[float],
-    *,
-    solver: str = "relaxed",
-    options: dict[str, Any] | None = None,
-) -> OffloadSchedule:
-    """The best ordered schedule offloading ``fractions[j] * |x_j|`` of each ``x_j``, fractional model.
-
-    With ``fractions`` in {0, 1} this is the makespan Algorithm 1 minimises (fractional
-    communications, §5); with the eager prefix of ``M_peak - M`` bytes it is Theorem 2's optimum
-    of the fractional relaxation (§4). Raises
-    :class:`~autoremat.errors.InfeasibleBudgetError` when some operation cannot fit.
-    """
-    chain = _check_chain(chain)
-    limit = _check_limit(memory_limit_bytes)
-    f = _fractions(chain, fractions)
-    n, L = chain.n_ops, chain.L
-    x = chain.x_bytes
-    amount = {j: f[j] * x[j] for j in range(n) if f[j] > 0}
-    _raise_if_infeasible(chain, limit, [amount.get(j, 0.0) for j in range(n + 1)], solver, _tol(limit))
-    bw = chain.bandwidth_bytes_per_s
-    uf, ub = chain.fwd_time_s, chain.bwd_time_s
-    mf, mb = chain.fwd_memory_bytes, chain.bwd_memory_bytes
-    items = [(j, amount[j] / bw) for j in sorted(amount)]
-
-    # forward: offload ASAP; F_i waits until data of x_0..x_{i-1} frees enough memory
-    fs, fe = [0.0] * n, [0.0] * n
-    off_s: dict[int, float] = {}
-    avail: dict[int, float] = {}
-    prev_end = 0.0
-    for i in range(n):
-        if i in amount:
-            avail[i] = prev_end  # x_i is produced by F_{i-1}
-        done = [(j, d) for j, d in items if j <= i]
-        off_s, _, _ = _stream(done, avail)
-        start = prev_end
-        need = mf[i] - limit
-        if need > 0:
-            t = _first_time(done, off_s, amount, need, bw, upto=i)
-            assert t is not None, "forward op cannot fit though the set was checked feasible, please report"
-            start = max(start, t)
-        fs[i], fe[i] = start, start + uf[i]
-        prev_end = fe[i]
-    off_s, off_e, off_end = _stream(items, avail)
-
-    # backward in reversed time: B_0 first; x_k can be "un-prefetched" once reversed B_k is over
-    rs, re_ = [0.0] * n, [0.0] * n
-    ravail: dict[int, float] = {}
-    rev_items = items  # increasing index = reversed prefetch order
-    prev_end = 0.0
-    for i in range(n):
-        done = [(j, d) for j, d in rev_items if j < i]
-        r_s, _, _ = _stream(done, ravail)
-        start = prev_end
-        need = mb[i] - limit
-        if need > 0:
-            t = _first_time(done, r_s, amount, need, bw, upto=i)
-            assert t is not None, "backward op cannot fit though the set was checked feasible, please report"
-            start = max(start, t)
-        rs[i], re_[i] = start, start + ub[i]
-        prev_end = re_[i]
-        if i in amount:
-            ravail[i] = re_[i]
-    r_s, r_e, r_end = _stream(rev_items, ravail)
-    d_b = re_[L]
-
-    # idle time between the phases
-    t_f = fe[L]
-    g = 0.0
-    if items:
-        g = max(g, off_end - t_f - (d_b - r_end))  # the link: offloads end before prefetches start
-        for j in range(n):  # backward ops while offloads still run: enough must be released
-            need = mb[j] - limit
-            if need > 0:
-                t = _first_time(items, off_s, amount, need, bw)
-                assert t is not None, "please report"
-                g = max(g, t - t_f - (d_b - re_[j]))
-        for j in range(n):  # forward ops while prefetches already run: enough must stay out
-            need = mf[j] - limit
-            if need > 0:
-                r = _first_time(rev_items, r_s, amount, need, bw)
-                assert r is not None, "please report"
-                g = max(g, r - d_b - (t_f - fe[j]))
-    t_b0 = t_f + g
-
-    def fwd_time(r: float) -> float:  # reversed time -> time
-        return t_b0 + (d_b - r)
-
-    bs = [fwd_time(re_[i]) for i in range(n)]
-    be = [fwd_time(rs[i]) for i in range(n)]
-    end = be[0]
-    transfers = [Transfer(j, "offload", off_s[j], off_e[j], amount[j], f[j]) for j, _ in items]
-    transfers += [Transfer(j, "prefetch", fwd_time(r_e[j]), fwd_time(r_s[j]), amount[j], f[j])
-                  for j, _ in reversed(items)]
-    sched = OffloadSchedule(
-        solver=solver, model="fractional", memory_limit_bytes=limit, fractions=tuple(f),
-        fwd_start_s=tuple(fs), fwd_end_s=tuple(fe), bwd_start_s=tuple(bs), bwd_end_s=tuple(be),
-        transfers=tuple(transfers), makespan_s=end, idle_s=max(0.0, end - chain.compute_time_s),
-        peak_bytes=0, bandwidth_bytes_per_s=bw, options=dict(options or {}),
-    )
-    sched.peak_bytes = memory_profile(chain, sched)[0]
-    return sched
 
 
 # ---------------------------------------------------------------------- memory and validation
@@ -521,7 +272,7 @@ def validate_schedule(chain: Chain, schedule: OffloadSchedule, *, tol_s: float =
     the same share offloaded and prefetched; the makespan and idle time; memory within
     ``memory_limit_bytes`` at every instant. Raises ``ValueError`` naming the first violation.
     """
-    chain = _check_chain(chain)
+    chain = check_chain(chain)
     if schedule.model not in MODELS:
         raise ValueError(f"schedule.model={schedule.model!r}; expected one of {MODELS}")
     n = chain.n_ops

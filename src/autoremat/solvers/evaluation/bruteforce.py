@@ -29,10 +29,10 @@ from __future__ import annotations
 from collections.abc import Iterator
 from typing import Any
 
-from ..errors import InfeasibleBudgetError
-from ..graph import Graph
-from ..plan import Plan, segments_from_lower_sets
-from ..cost import simulate
+from ...errors import InfeasibleBudgetError
+from ...graph import Graph
+from ...plan import Plan, segments_from_lower_sets
+from ...cost import simulate
 
 __all__ = ["solve_bruteforce", "lower_set_chains"]
 

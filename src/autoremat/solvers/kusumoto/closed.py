@@ -1,151 +1,45 @@
-"""Algorithm 1 of Kusumoto et al. over a family of lower sets, for both memory models.
+"""``dp-approx``'s searches: Algorithm 1 with the closed-form memory model.
 
-See :mod:`.kusumoto` ("Algorithm", "Speed"). :class:`_DP` holds the family, its successor
-lists (priced lazily, by key), and the searches (the exact model's in :mod:`.kusumoto_exact`): feasibility (dp-approx: least kept bytes per
-set; dp-exact: a depth-first dive, and the least-kept sequence for the minimum), time-centric
-(label-setting in increasing time; dp-exact's on numpy chunks of candidate labels, priced a
-state at a time by :mod:`.kusumoto_batch`) and memory-centric (dp-approx: the table of
-Algorithm 1 with max; dp-exact: the time-centric search on the time left out).
+:class:`ClosedDP` prices a set's successors with :class:`~autoremat.cost.closed_form.ClosedForm`
+(O(1) plus the boundary each) and keeps them, in key order, as ``(key, j, need, dt_s, add)``;
+on them run the feasibility table (least kept bytes per set), the time-centric label-setting
+search (a dense ``(time bucket, set)`` table relaxed with numpy, or dict buckets for time grids
+too fine for it) and the memory-centric table of Algorithm 1 (with max for min). See the
+package docstring ("Algorithm", "Speed").
 """
 
 from __future__ import annotations
 
-import math
-from array import array
-from bisect import bisect_left, bisect_right
+from collections.abc import Sequence
+from bisect import bisect_right
 from heapq import heappop, heappush
 from typing import Any
 
 import numpy as np
 
-from .kusumoto_batch import _BatchPricer, _Interner
-from .kusumoto_closed import _Closed
-from .kusumoto_exact import _INF, _ExactSearches
-from .kusumoto_floor import _BackwardFloor
-from .kusumoto_replay import _exact_transition, _grad_floor, _Seg
-from .kusumoto_sets import _bit_list, _Prep
+from ...cost.bitsets import GraphBits
+from ...cost.closed_form import ClosedForm, closed_peak
+from .dp import LowerSetDP
 
-__all__: list[str] = []
+__all__ = ["ClosedDP", "cell_front", "DENSE_CELLS", "SPARE_ROWS"]
 
-_DENSE_CELLS = 1 << 23  # (time bucket, set) cells of the dense label table; beyond it, dicts
-_SPARE_ROWS = 2  # dense table rows beyond T(V) / quantum (float sums may round past it; it grows)
-_LOST_SPLIT = 16  # the memory-centric search's buckets per table quantum, for times without a unit
+DENSE_CELLS = 1 << 23  # (time bucket, set) cells of the dense label table; beyond it, dicts
+SPARE_ROWS = 2  # dense table rows beyond T(V) / quantum (float sums may round past it; it grows)
+_INF = 1 << 62  # "no label" in the int64 tables (budgets and byte counts stay far below)
 
 
-def _time_unit(p: _Prep) -> float | None:
-    """The nodes' common time unit (the gcd of integer times), or ``None`` when they have none."""
-    ints = [round(t) for t in p.time]
-    if not all(abs(t - i) <= 1e-9 * max(1.0, abs(t)) for t, i in zip(p.time, ints)):
-        return None
-    unit = 0
-    for i in ints:
-        unit = math.gcd(unit, i)
-    return float(unit) if unit else None
+class ClosedDP(LowerSetDP):
+    """Algorithm 1 with :class:`~autoremat.cost.closed_form.ClosedForm` (``dp-approx``)."""
 
+    def __init__(self, p: GraphBits, family: list[int], quantum: float) -> None:
+        self.closed = ClosedForm(p)
+        self.terms = [self.closed.terms(m) for m in family]
+        super().__init__(p, family, quantum, [t.rho for t in self.terms], [[] for _ in family])
+        self._arr: list[tuple | None] = [None] * len(family)
 
-def _time_quantum(p: _Prep, slots: int) -> float:
-    """Seconds per DP time unit: the nodes' common unit when it gives ≤ ``slots`` units, else T(V)/slots."""
-    total = sum(p.time)
-    if total <= 0:
-        return 1.0
-    unit = _time_unit(p)
-    if unit is not None and total / unit <= slots:
-        return unit
-    return total / slots
-
-
-class _DP(_ExactSearches):
-    """Algorithm 1 of Kusumoto et al. on a family of lower sets, with sparse dict tables.
-
-    ``cells[k][D][t] = (m, back)``: the least kept bytes ``m`` over sequences ending in the
-    ``k``-th set with (quantised) recomputation time ``t`` whose every transition fits the
-    budget; ``D`` is the set of dangling roots (always 0 for the closed-form model). Entries
-    dominated in ``(t, m)`` are skipped (§4.2). The successors of a set are visited in order of
-    a lower bound of their cost (the model's key), and stop once that bound alone exceeds
-    what the budget leaves; their transition terms are computed once and kept.
-    """
-
-    def __init__(self, p: _Prep, family: list[int], quantum: float, exact: bool) -> None:
-        self.p = p
-        self.fam = family
-        self.quantum = quantum
-        # the memory-centric search's buckets (of time left out): the nodes' common unit where the
-        # times have one, else a sixteenth of the table's quantum (only the buckets it reaches
-        # exist, however many T(V) would span; see kusumoto "Algorithm")
-        self.lost_quantum = _time_unit(p) or quantum / _LOST_SPLIT
-        self.exact = exact
-        n = len(family)
-        if exact:
-            # held from the end of S's replay (or forward) to its own backward: saved outputs, extras
-            lb = [0] * p.n
-            for v in range(p.n):
-                if p.rg[v]:
-                    lb[v] = (p.alloc[v] if p.root[v] == v and v in p.saves[v] else 0) + p.extra[v]
-            keys = [sum(lb[v] for v in _bit_list(m)) for m in family]
-            self._seg: dict[tuple[int, int, int], _Seg] = {}
-            self._step: dict[tuple[int, int], tuple[int, float, int, int]] = {}
-            # per state, aligned with its successor list: lower bounds of the need (-1: none yet)
-            # and the transitions priced so far, as columns (see _columns); dangling sets interned
-            self._moves: dict[tuple[int, int], tuple[array, array, array, array]] = {}
-            # rooms from which V is known not to be reached / to be reached (see _feasible_exact)
-            self._fail_room: dict[tuple[int, int], int] = {}
-            self._ok: dict[tuple[int, int], tuple[int, list[int]]] = {}
-            # the backward of a segment ending in L' starts with L''s boundary gradients and the
-            # parameter gradients of the nodes after L' alive: a lower bound of its need
-            closed = _Closed(p)
-            pg = [closed.terms(m)[1] for m in family]
-            self.floor = [_grad_floor(p, m) + pg[k] for k, m in enumerate(family)]
-            # a recomputed segment S = L' \\ L, when its replay reaches its last saving node, holds
-            # the copies of the storages of S that its own nodes save, their extras and the
-            # parameter gradients of the nodes after L': rec_hi[L'] - rec_lo[L] bounds its need
-            # from below (roots of L whose savers all lie after L' make it a bound, not an equality)
-            copy_saved = [0] * p.n  # rg nodes x that save u = x or a predecessor of x
-            for x in range(p.n):
-                if p.rg[x]:
-                    for u in p.saves[x]:
-                        if u == x or u in p.pred[x]:
-                            copy_saved[u] |= p.bit[x]
-            copyable = [p.alias_of[v] is None and copy_saved[v] != 0 for v in range(p.n)]
-            rg_extra = [p.extra[v] if p.rg[v] else 0 for v in range(p.n)]
-            self.pg = pg
-            self._bwd = _BackwardFloor(p)  # the tighter bound's sweep (tight_need)
-            self._floors: dict[int, int] = {}
-            self._tight: dict[tuple[int, int], int] = {}
-            self.rec_hi, self.rec_lo = [], []
-            for k, m in enumerate(family):
-                ext = sum(rg_extra[v] for v in _bit_list(m))
-                own = sum(p.alloc[v] for v in _bit_list(m) if copyable[v] and copy_saved[v] & m)
-                held = sum(p.alloc[v] for v in _bit_list(m) if copyable[v])
-                self.rec_hi.append(pg[k] + ext + own)
-                self.rec_lo.append(ext + held)
-            # prices a state's successors at once for the searches that visit them all
-            self._rows = _BatchPricer(p, family, self.floor, self.rec_hi, self.rec_lo, self._bwd)
-            self._pricer: _BatchPricer | None = self._rows if self._rows.ok else None
-            # dangling sets and states (set, dangling set) by dense index (see _Interner)
-            self._ix = _Interner(self._rows.words)
-            self._merged: list[Any] | None = None  # the current bucket's chunks merged (_next_label)
-        else:
-            self.closed = _Closed(p)
-            self.terms = [self.closed.terms(m) for m in family]
-            keys = [t[0] for t in self.terms]
-        self.keys = keys
-        self.order = sorted(range(n), key=keys.__getitem__)
-        ordered = [keys[k] for k in self.order]
-        self.scan = [bisect_left(ordered, keys[k]) for k in range(n)]
-        self.scanned = [-1] * n
-        self._ordered = ordered
-        self._order_np = np.asarray(self.order, dtype=np.intp)
-        # successor lists in key order: (key, j, need, dt_s, add) (closed form), j (exact model)
-        self.succ: list[Any] = [array("i") if exact else [] for _ in range(n)]
-        self._arr: list[tuple | None] = [None] * n
-        self.runs = 0
-        self.transitions = 0
-
-    # -------------------------------------------------------------- transitions
-    def successors(self, i: int, limit: int) -> Any:
-        """Successors of set ``i`` with key ``<= limit`` (and maybe more), by key: a list of
-        ``(key, j, need, dt_s, add)`` (closed-form model) or an ``array`` of ``j`` (exact model,
-        priced per state by :meth:`_columns`; a GoogLeNet search holds tens of millions)."""
+    def successors(self, i: int, limit: int) -> list[tuple[int, int, int, float, int]]:
+        """Successors of set ``i`` with key ``<= limit`` (and maybe more), by key, priced:
+        ``(key, j, need, dt_s, add)``."""
         lst = self.succ[i]
         if limit <= self.scanned[i]:
             return lst
@@ -154,66 +48,34 @@ class _DP(_ExactSearches):
         order = self.order
         pos = self.scan[i]
         n = len(fam)
-        if self.exact:  # supersets of L_i among the sets of the next keys, at once
-            end = bisect_right(self._ordered, limit, lo=pos)
-            cand = self._order_np[pos:end]
-            rows = self._rows.members
-            mine = rows[i]
-            sup = ((rows[cand] & mine) == mine).all(axis=1) & (cand != i)
-            found = cand[sup].tolist()
-            pos = end
-        else:
-            found = []
-            while pos < n:
-                j = order[pos]
-                if keys[j] > limit:
-                    break
-                pos += 1
-                if j != i and not lower & ~fam[j]:
-                    found.append(j)
+        found = []
+        while pos < n:
+            j = order[pos]
+            if keys[j] > limit:
+                break
+            pos += 1
+            if j != i and not lower & ~fam[j]:
+                found.append(j)
         self.scan[i] = pos
         self.scanned[i] = limit if pos < n else 1 << 62
         self.transitions += len(found)
-        if self.exact:
-            lst.extend(found)
-        else:
-            terms = self.terms
-            priced = self.closed.extend(lower, terms[i], [(fam[j], terms[j]) for j in found])
-            lst.extend((keys[j], j, need, dt, add) for j, (need, dt, add) in zip(found, priced))
+        terms = self.terms
+        priced = self.closed.extend(lower, terms[i], [(fam[j], terms[j]) for j in found])
+        lst.extend((keys[j], j, need, dt, add) for j, (need, dt, add) in zip(found, priced))
         return lst
 
-    def exact_step(self, i: int, j: int, dang: int) -> tuple[int, float, int, int]:
-        """:func:`_exact_transition` of ``L_i -> L_j`` from the dangling roots ``dang`` (cached)."""
-        key = (i * len(self.fam) + j, dang)
-        got = self._step.get(key)
-        if got is None:
-            got = self._step[key] = _exact_transition(self.p, self.fam[i], self.fam[j], dang, self._seg)
-        return got
-
     def vanilla_need(self) -> int:
-        """The model's peak of the plan without recomputation (one segment ``V``)."""
         last = len(self.fam) - 1
-        if self.exact:
-            return self.exact_step(0, last, 0)[0]
         return self.closed.extend(0, self.terms[0], [(self.fam[last], self.terms[last])])[0][0]
 
-    # -------------------------------------------------------------- the table
-    def run(self, budget: int, mode: str) -> tuple[list[int], float] | None:
-        """``(lower-set sequence ending in V, its recomputation time)`` the DP picks, or ``None``.
+    def model_peak(self, seq: Sequence[int]) -> tuple[int, float]:
+        return closed_peak(self.p, seq, self.closed)
 
-        ``mode``: ``"time"`` (least recomputation time), ``"memory"`` (most, §4.4) or
-        ``"feasible"`` (any; least kept bytes per state). The exact model runs its searches
-        (:mod:`.kusumoto_exact`; memory-centric: the time-centric search on the time left out);
-        the closed-form model's memory-centric run is the table below. Times are exact sums; a
-        table cell is indexed by ``floor(t / quantum)`` and keeps its least ``m`` (ties: least ``t``).
-        """
-        self.runs += 1
-        if mode == "time":
-            return self._search_exact(budget) if self.exact else self._search_closed(budget)
-        if mode == "feasible":
-            return self._feasible_exact(budget) if self.exact else self._feasible_closed(budget)
-        if self.exact:
-            return self._search_exact(budget, most=True)
+    def most_time(self, budget: int) -> tuple[list[int], float] | None:
+        """The memory-centric table of Algorithm 1 (max for min, §4.4): ``cells[k][tq] = (m, t,
+        back)``, the least kept bytes ``m`` per (set, quantised time) cell (ties: least ``t``),
+        expanded over each cell's front of non-dominated entries (§4.2); the sequence with the
+        most recomputation time that fits."""
         fam, keys = self.fam, self.keys
         nsets = len(fam)
         last = nsets - 1
@@ -225,7 +87,7 @@ class _DP(_ExactSearches):
             entries = cells[i]
             if not entries:
                 continue
-            front = _front(entries)
+            front = cell_front(entries)
             m_min = front[-1][1]
             limit = keys[i] + budget - m_min
             for key, j, need, dt, add in self.successors(i, limit):
@@ -278,7 +140,7 @@ class _DP(_ExactSearches):
         got = self._arr[i] = (len(lst), *new, [item[0] for item in lst])
         return got
 
-    def _feasible_closed(self, budget: int) -> tuple[list[int], float] | None:
+    def feasible(self, budget: int) -> tuple[list[int], float] | None:
         """``"feasible"`` :meth:`run` for the closed-form model: least kept bytes per set."""
         fam, keys = self.fam, self.keys
         last = len(fam) - 1
@@ -308,14 +170,14 @@ class _DP(_ExactSearches):
         seq.reverse()
         return seq, 0.0
 
-    def _search_closed(self, budget: int) -> tuple[list[int], float] | None:
+    def least_time(self, budget: int) -> tuple[list[int], float] | None:
         """Time-centric :meth:`run` for the closed-form model as a label-setting search.
 
         Times only grow along a sequence, so labels ``(set, t, m)`` are expanded in increasing
         ``floor(t / quantum)`` (bucket ``q``; sets in order within a bucket); a label whose
         ``m`` is not below the least ``m`` already expanded for its set is dominated (§4.2) and
         dropped, and the first label of ``V`` is the answer. It finds what the table of
-        :meth:`run` would, but only expands labels up to the answer. The pending labels are a
+        :meth:`most_time` (with min for max) would, but only expands labels up to the answer. The pending labels are a
         dense ``(bucket, set)`` table (least ``m``, then least ``t``; the first such label keeps
         its place) and each expanded label is relaxed into it with numpy.
         """
@@ -325,9 +187,9 @@ class _DP(_ExactSearches):
         last = nsets - 1
         inf = _INF
         # a bucket index never exceeds T(V) / quantum (each node is recomputed at most once)
-        rows = max(1, int(sum(self.p.time) // quantum) + _SPARE_ROWS)
-        if rows * nsets > _DENSE_CELLS:
-            return self._search_closed_sparse(budget)
+        rows = max(1, int(sum(self.p.time) // quantum) + SPARE_ROWS)
+        if rows * nsets > DENSE_CELLS:
+            return self.least_time_sparse(budget)
         budget = min(budget, _INF)  # the int64 comparisons below; needs stay far below
         # flat (bucket * nsets + set) tables: one-dimensional fancy indexing is the cheaper kind
         pm = np.full(rows * nsets, inf, dtype=np.int64)  # pending m
@@ -420,15 +282,14 @@ class _DP(_ExactSearches):
                         heappush(pending, q)
         return None
 
-
-    def _search_closed_sparse(self, budget: int) -> tuple[list[int], float] | None:
-        """:meth:`_search_closed` with sparse dict buckets (for time grids too fine for a dense table).
+    def least_time_sparse(self, budget: int) -> tuple[list[int], float] | None:
+        """:meth:`least_time` with sparse dict buckets (for time grids too fine for a dense table).
 
         Times only grow along a sequence, so labels ``(set, t, m)`` are expanded in increasing
         ``floor(t / quantum)`` (a bucket queue; sets in order within a bucket); a label whose
         ``m`` is not below the least ``m`` already expanded for its set is dominated (§4.2) and
         dropped, and the first label of ``V`` is the answer. It finds what the table of
-        :meth:`run` would, but only expands labels up to the answer.
+        :meth:`most_time` (with min for max) would, but only expands labels up to the answer.
         """
         fam, keys = self.fam, self.keys
         quantum = self.quantum
@@ -483,7 +344,7 @@ class _DP(_ExactSearches):
         return None
 
 
-def _front(entries: dict[int, tuple]) -> list[tuple[int, int, float]]:
+def cell_front(entries: dict[int, tuple]) -> list[tuple[int, int, float]]:
     """Non-dominated ``(tq, m, t)`` of one memory-centric DP cell (§4.2: skip ``t' < t`` with
     ``m' >= m``), ``tq`` descending, so that ``m`` strictly decreases."""
     out: list[tuple[int, int, float]] = []

@@ -1,9 +1,9 @@
 """The exact model's transitions out of one state, priced for many successors at once (numpy).
 
-:meth:`.kusumoto_dp._DP._move` prices one transition ``L_i -> L_j`` from the dangling roots
-``D`` with set operations on Python ints (:func:`.kusumoto_replay._bookkeeping`), a few
+:meth:`autoremat.solvers.kusumoto.exact.ExactDP.move` prices one transition ``L_i -> L_j`` from the dangling roots
+``D`` with set operations on Python ints (:func:`.segment_replay.bookkeeping`), a few
 microseconds each; the time- and memory-centric searches of ``dp-exact`` price millions of
-them on GoogLeNet. :class:`_BatchPricer` prices every successor ``j`` of one state in one pass
+them on GoogLeNet. :class:`BatchPricer` prices every successor ``j`` of one state in one pass
 over bitsets held as rows of 64-bit words (one row per lower set), with the same results, bit
 for bit:
 
@@ -18,34 +18,34 @@ for bit:
   that its own nodes save. A node saves only its own storage or its inputs' (and a view's
   root, an ancestor), so a root ``r`` of ``S = L_j \\ L_i`` saved by a node of ``L_j`` is
   saved by a node of ``S`` (a node of ``L_i`` is not a descendant of ``r``): those roots are
-  ``saved(L_j) & S``, with ``saved(L_j)`` a row kept per set. :class:`_BatchPricer` checks this
+  ``saved(L_j) & S``, with ``saved(L_j)`` a row kept per set. :class:`BatchPricer` checks this
   on the graph (``ok``); where it does not hold, the searches price one transition at a time;
 - the dangling roots a transition holds (the roots of ``D`` the segment reads when
   recomputed, saves otherwise), and the gradient buffers a recomputed segment keeps alive
-  (:meth:`.kusumoto_dp._DP._kept_grads`), are taken per root of ``D`` and per node of the
+  (:meth:`.backward_floor.TransitionBounds.kept_grads`), are taken per root of ``D`` and per node of the
   boundary of ``L_i`` (a few columns), not per successor;
 - the level at a recomputed segment's last holding node that needs no sweep
-  (:meth:`.kusumoto_floor._BackwardFloor.at_stop`): that node is the top bit of the bits up to
+  (:meth:`.backward_floor.BackwardFloor.at_stop`): that node is the top bit of the bits up to
   it (a popcount), its own backward a table lookup, and the own gradient buffers alive there a
   byte sum over ``own_after(L_j) & S & bits up to it``.
 
 Rows of the per-set tables (alive roots, saved roots, gradient owners) are filled when a set
-first appears as a successor. The tests compare every priced transition with the scalar code.
+first appears as a successor. ``tests/cost/test_batch_pricing.py`` compares every priced transition with the scalar code.
 """
 
 from __future__ import annotations
 
 import numpy as np
 
-from .kusumoto_floor import _BackwardFloor
-from .kusumoto_sets import _bit_list, _bits, _Prep
+from .backward_floor import TransitionBounds
+from .bitsets import GraphBits, bit_list, bits
 
-__all__: list[str] = []
+__all__ = ["BatchPricer", "any_bit"]
 
 _ALL = np.uint64(0xFFFFFFFFFFFFFFFF)
 
 
-def _any_bit(words: np.ndarray) -> np.ndarray:
+def any_bit(words: np.ndarray) -> np.ndarray:
     """Whether each row of words (the last axis) has a bit set: the words OR-ed one by one (a
     reduction over a short last axis costs more per row)."""
     acc = words[..., 0]
@@ -54,11 +54,12 @@ def _any_bit(words: np.ndarray) -> np.ndarray:
     return acc != 0
 
 
-class _BatchPricer:
-    """``price(i, dang, js)``: :meth:`.kusumoto_dp._DP._move` of ``L_i -> L_j`` for each ``j``."""
+class BatchPricer:
+    """``price(i, dang, js)``: :meth:`autoremat.solvers.kusumoto.exact.ExactDP.move` of ``L_i -> L_j``
+    for each ``j``, on bitset rows (see the module docstring)."""
 
-    def __init__(self, p: _Prep, family: list[int], floor: list[int], rec_hi: list[int],
-                 rec_lo: list[int], bwd: _BackwardFloor) -> None:
+    def __init__(self, p: GraphBits, bounds: TransitionBounds) -> None:
+        family, floor, rec_hi, rec_lo, bwd = bounds.family, bounds.floor, bounds.rec_hi, bounds.rec_lo, bounds.sweep
         n, sets = p.n, len(family)
         self.p = p
         self.fam = family
@@ -88,21 +89,21 @@ class _BatchPricer:
         savers = [0] * n  # rg nodes saving each root
         for v in range(n):
             if p.rg[v]:
-                for r in _bits(p.saves_roots[v]):
+                for r in bits(p.saves_roots[v]):
                     savers[r] |= 1 << v
         self.savers = self.rows(savers)
         anc = [0] * n  # ancestors of each node (nodes are in topological order)
         for v in range(n):
             for u in p.pred[v]:
                 anc[v] |= anc[u] | (1 << u)
-        self.ok = all(r == v or anc[v] >> r & 1 for v in range(n) for r in _bits(p.saves_roots[v]))
+        self.ok = all(r == v or anc[v] >> r & 1 for v in range(n) for r in bits(p.saves_roots[v]))
         # per set, filled on first use: roots alive after it, roots its rg nodes save, and the
         # owner of each node's gradient buffer alive after it (-1: none)
         self.filled = np.zeros(sets, dtype=bool)
         self.alive = np.zeros((sets, self.words), dtype=np.uint64)
         self.saved = np.zeros((sets, self.words), dtype=np.uint64)
         self.owner = np.full((sets, n), -1, dtype=np.int32)
-        self.own_after = np.zeros((sets, self.words), dtype=np.uint64)  # see _BackwardFloor.own_after
+        self.own_after = np.zeros((sets, self.words), dtype=np.uint64)  # see BackwardFloor.own_after
 
     # -------------------------------------------------------------- bitset rows
     def rows(self, masks: list[int]) -> np.ndarray:
@@ -129,12 +130,12 @@ class _BatchPricer:
     @staticmethod
     def hits(rows: np.ndarray, mask: np.ndarray) -> np.ndarray:
         """Whether each row shares a bit with ``mask`` (one row of words)."""
-        return _any_bit(rows & mask)
+        return any_bit(rows & mask)
 
     @staticmethod
     def hits_each(rows: np.ndarray, masks: np.ndarray) -> np.ndarray:
         """``[k, c]``: whether row ``k`` shares a bit with ``masks[c]``."""
-        return _any_bit(rows[:, None, :] & masks[None])
+        return any_bit(rows[:, None, :] & masks[None])
 
     def _fill(self, js: np.ndarray) -> None:
         p, fam = self.p, self.fam
@@ -144,13 +145,13 @@ class _BatchPricer:
         alive, saved, own = [], [], []
         for j in new.tolist():
             upper = fam[j]
-            alive.append(p.info(upper)[1])
+            alive.append(p.info(upper).alive)
             own.append(sum(1 << u for u in self.bwd.own_after(upper)))
             kept = 0
-            for v in _bits(upper & p.rg_mask):
+            for v in bits(upper & p.rg_mask):
                 kept |= p.saves_roots[v]
             saved.append(kept)
-            for u, owner in p.after(upper)[0]:
+            for u, owner in p.after(upper).grads:
                 self.owner[j, u] = owner
         self.alive[new] = self.rows(alive)
         self.saved[new] = self.rows(saved)
@@ -160,7 +161,7 @@ class _BatchPricer:
     # -------------------------------------------------------------- pricing
     def segments(self, i: int, js: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """``(S rows, recompute flags)`` of ``L_j \\ L_i`` for each ``j`` (the flags are
-        :meth:`.kusumoto_sets._Prep.recompute_flag`'s)."""
+        :meth:`.bitsets.GraphBits.recompute_flag`'s)."""
         seg = self.members[js] & ~self.members[i]
         rec = self.hits(seg, self.saver) & ~self.hits(seg, self.nonrecomp) & (js != self.last)
         if self.p.module_mode:
@@ -201,8 +202,8 @@ class _BatchPricer:
         # the dangling roots the segment holds (reads when recomputed, saves otherwise)
         held = np.zeros_like(seg)
         if dang:
-            roots = _bit_list(dang)
-            readers = [u for u in _bits(p.info(lower)[0]) if dang >> p.root[u] & 1]
+            roots = bit_list(dang)
+            readers = [u for u in bits(p.info(lower).boundary) if dang >> p.root[u] & 1]
             reads = self.hits_each(seg, self.succ[readers]) if readers else None
             saves = self.hits_each(seg, self.savers[roots])
             for c, r in enumerate(roots):
@@ -218,7 +219,7 @@ class _BatchPricer:
         low = add + self.floor[js]
         if rec.any():
             # gradient owners kept through the segment, per node of L_i (-1: none)
-            lower_grads = _bit_list((p.info(lower)[0] | (p.out_mask & lower)) & p.rg_mask)
+            lower_grads = bit_list((p.info(lower).boundary | (p.out_mask & lower)) & p.rg_mask)
             grads = np.zeros(len(js), dtype=np.int64)
             if lower_grads:
                 own = self.owner[js[:, None], lower_grads]
@@ -228,7 +229,7 @@ class _BatchPricer:
                 first[:, 1:] = table[:, 1:] != table[:, :-1]
                 counted = first & (table >= 0)
                 grads = np.where(counted, self.out[np.maximum(table, 0)], 0).sum(axis=1)
-            # the level at the last holding node s (_BackwardFloor.at_stop): s is the top bit of
+            # the level at the last holding node s (BackwardFloor.at_stop): s is the top bit of
             # `below`, which holds the bits up to it
             stop = self.weigh(below, self.ones) - 1
             local = np.where(stop >= 0, self.local[np.maximum(stop, 0)], -1)
@@ -240,117 +241,3 @@ class _BatchPricer:
         dang2[final] = 0
         low[final] = self.floor[self.last]
         return dt, add, np.ascontiguousarray(dang2).view(np.uint8), low
-
-
-class _Ids:
-    """Dense ids for 64-bit keys, looked up and added many at a time (a sorted key array)."""
-
-    def __init__(self) -> None:
-        self.keys = np.zeros(0, dtype=np.uint64)
-        self.ids = np.zeros(0, dtype=np.int64)
-        self.count = 0
-
-    def get(self, keys: np.ndarray) -> np.ndarray:
-        """The id of each key (-1 where it has none)."""
-        if not len(self.keys):
-            return np.full(len(keys), -1, dtype=np.int64)
-        at = np.minimum(np.searchsorted(self.keys, keys), len(self.keys) - 1)
-        return np.where(self.keys[at] == keys, self.ids[at], -1)
-
-    def add(self, keys: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """The id of each key, new keys numbered in order of value: ``(ids, new keys, their ids)``."""
-        ids = self.get(keys)
-        missing = ids < 0
-        if not missing.any():
-            return ids, keys[:0], ids[:0]
-        new, inverse = np.unique(keys[missing], return_inverse=True)
-        new_ids = self.count + np.arange(len(new), dtype=np.int64)
-        ids[missing] = new_ids[inverse.ravel()]
-        self.put(new, new_ids)
-        return ids, new, new_ids
-
-    def put(self, keys: np.ndarray, ids: np.ndarray) -> None:
-        """Record ``keys -> ids`` (keys absent so far, sorted; ids from :attr:`count` on)."""
-        at = np.searchsorted(self.keys, keys)
-        self.keys = np.insert(self.keys, at, keys)
-        self.ids = np.insert(self.ids, at, ids)
-        self.count = max(self.count, int(ids.max()) + 1) if len(ids) else self.count
-
-
-class _Interner:
-    """Indices of dangling sets and of states ``(set, dangling set)`` for dp-exact's searches,
-    both from Python ints (one at a time) and from rows of packed bits (many at a time).
-
-    A row of packed bits is found by a 64-bit hash of its words, then checked word for word
-    against the set the hash points to; a row whose hash belongs to another set (a collision)
-    is interned by its exact value in :attr:`index`, like the one-at-a-time path. A state is
-    the key ``set << 32 | dangling index`` (exact).
-    """
-
-    def __init__(self, words: int, seed: int = 0x5DEECE66D) -> None:
-        self.words = words
-        rng = np.random.default_rng(seed)
-        self.mult = rng.integers(1, 2**63, size=words, dtype=np.uint64) | np.uint64(1)
-        self.sets: list[int] = []  # dangling index -> set
-        self.index: dict[int, int] = {}  # set -> dangling index
-        self.rows = np.zeros((0, words), dtype=np.uint64)  # dangling index -> words
-        self.hashed = _Ids()
-        self.states = _Ids()
-        self.state_set = np.zeros(0, dtype=np.int64)  # state id -> set index
-        self.state_dang = np.zeros(0, dtype=np.int64)  # state id -> dangling index
-
-    def _hash(self, rows: np.ndarray) -> np.ndarray:
-        return (rows * self.mult).sum(axis=1, dtype=np.uint64)
-
-    def _new(self, masks: list[int], rows: np.ndarray) -> list[int]:
-        start = len(self.sets)
-        for k, mask in enumerate(masks):
-            self.index[mask] = start + k
-        self.sets.extend(masks)
-        self.rows = np.concatenate([self.rows, rows])
-        return list(range(start, start + len(masks)))
-
-    def dangling(self, mask: int) -> int:
-        """The index of the dangling set ``mask`` (added when new)."""
-        k = self.index.get(mask)
-        if k is None:
-            row = np.frombuffer(mask.to_bytes(8 * self.words, "little"), dtype="<u8").astype(np.uint64)[None]
-            k = self._new([mask], row)[0]
-            h = self._hash(row)
-            if self.hashed.get(h)[0] < 0:  # else a collision: found through index
-                self.hashed.put(h, np.array([k]))
-        return k
-
-    def dangling_rows(self, packed: np.ndarray) -> np.ndarray:
-        """The index of each row of packed bits (rows of :meth:`_BatchPricer.price`)."""
-        rows = np.ascontiguousarray(packed).view(np.uint64)
-        hashes = self._hash(rows)
-        ks = self.hashed.get(hashes)
-        missing = ks < 0
-        if missing.any():
-            new, first, inverse = np.unique(hashes[missing], return_index=True, return_inverse=True)
-            fresh_rows = rows[np.flatnonzero(missing)[first]]
-            masks = [int.from_bytes(r.tobytes(), "little") for r in fresh_rows]
-            known = [self.index.get(m) for m in masks]  # added one at a time, hash taken
-            ids = np.array([k if k is not None else -1 for k in known], dtype=np.int64)
-            add = ids < 0
-            if add.any():
-                ids[add] = self._new([m for m, k in zip(masks, known) if k is None], fresh_rows[add])
-                self.hashed.put(new[add], ids[add])
-            ks[missing] = ids[inverse.ravel()]
-        wrong = np.flatnonzero((self.rows[ks] != rows).any(axis=1))
-        for at in wrong.tolist():  # hash collisions: by exact value
-            ks[at] = self.dangling(int.from_bytes(rows[at].tobytes(), "little"))
-        return ks
-
-    def state_ids(self, sets: np.ndarray, dangs: np.ndarray) -> np.ndarray:
-        """The id of each state ``(sets[k], dangs[k])`` (added when new)."""
-        keys = (sets.astype(np.uint64) << np.uint64(32)) | dangs.astype(np.uint64)
-        ids, new, new_ids = self.states.add(keys)
-        if len(new):
-            size = self.states.count
-            self.state_set = np.resize(self.state_set, size)
-            self.state_dang = np.resize(self.state_dang, size)
-            self.state_set[new_ids] = (new >> np.uint64(32)).astype(np.int64)
-            self.state_dang[new_ids] = (new & np.uint64(0xFFFFFFFF)).astype(np.int64)
-        return ids

@@ -11,9 +11,9 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from ..graph import Graph
+from ...graph import Graph
 
-__all__: list[str] = []
+__all__ = ["TreeModel", "ClosedSet", "build_tree", "breaks_multi_input_assumption"]
 
 _INF = math.inf
 
@@ -37,7 +37,7 @@ def _bits(x: int) -> list[int]:
     return out
 
 
-class _Model:
+class TreeModel:
     """The graph with a virtual source 0 and sink N-1; node ``v`` is vertex ``v + 1``."""
 
     def __init__(self, graph: Graph, pins_multi_input: bool) -> None:
@@ -154,7 +154,7 @@ def breaks_multi_input_assumption(graph: Graph) -> list[int]:
 
 
 # ====================================================================== division tree
-class _Closed:
+class ClosedSet:
     """A closed set ``[s_ij]``: head, tail, interior bitset (internal vertex ids)."""
 
     __slots__ = ("head", "tail", "mask", "verts", "has_edge", "kind", "children", "chain",
@@ -167,16 +167,16 @@ class _Closed:
         self.verts = verts
         self.has_edge = has_edge
         self.kind = 0
-        self.children: list[_Closed] = []
+        self.children: list[ClosedSet] = []
         self.chain: list[int] = []
-        self.members: list[_Closed | None] = []
+        self.members: list[ClosedSet | None] = []
         self.ends_mask = 0
         self.ends_keep = 0
         self.cost: float = 0
         self._pre: Any = None
 
 
-def _components(M: _Model, mask: int, verts: list[int]) -> list[list[int]]:
+def _components(M: TreeModel, mask: int, verts: list[int]) -> list[list[int]]:
     """Connected components (undirected) of the subgraph induced on ``mask``."""
     seen = 0
     comps: list[list[int]] = []
@@ -198,7 +198,7 @@ def _components(M: _Model, mask: int, verts: list[int]) -> list[list[int]]:
     return comps
 
 
-def _splitting_vertices(M: _Model, node: _Closed) -> list[int]:
+def _splitting_vertices(M: TreeModel, node: ClosedSet) -> list[int]:
     """Algorithm 2 for every vertex at once: ``t`` splits ``[s_ij]`` iff no edge jumps over it."""
     mask = node.mask
     pending: dict[int, int] = {}
@@ -219,7 +219,7 @@ def _splitting_vertices(M: _Model, node: _Closed) -> list[int]:
     return out
 
 
-def _maximal_split(M: _Model, node: _Closed) -> list[_Closed]:
+def _maximal_split(M: TreeModel, node: ClosedSet) -> list[ClosedSet]:
     """Algorithm 4: the members with an interior of the maximal split of a type-3 set.
 
     For every vertex pair ``(k, t)`` of ``[s_ij]`` the largest closed set ``s_kt`` is the
@@ -287,21 +287,21 @@ def _maximal_split(M: _Model, node: _Closed) -> list[_Closed]:
             cands.append((-B.bit_count(), k, t, B))
     cands.sort()
     owned = 0
-    members: list[_Closed] = []
+    members: list[ClosedSet] = []
     for _, k, t, B in cands:
         if B & owned:
             continue
         owned |= B
-        members.append(_Closed(k, t, B, list(_bits(B)), M.has_edge(k, t)))
+        members.append(ClosedSet(k, t, B, list(_bits(B)), M.has_edge(k, t)))
     return members
 
 
-def _build_tree(M: _Model) -> _Closed:
+def build_tree(M: TreeModel) -> ClosedSet:
     """The division tree (Definition 9), top-down from the whole graph."""
     full = sum(1 << x for x in range(1, M.N - 1))
-    root = _Closed(0, M.N - 1, full, list(range(1, M.N - 1)), M.has_edge(0, M.N - 1))
+    root = ClosedSet(0, M.N - 1, full, list(range(1, M.N - 1)), M.has_edge(0, M.N - 1))
     stack = [root]
-    order: list[_Closed] = []
+    order: list[ClosedSet] = []
     while stack:
         node = stack.pop()
         order.append(node)
@@ -312,13 +312,13 @@ def _build_tree(M: _Model) -> _Closed:
     return root
 
 
-def _divide(M: _Model, node: _Closed) -> None:
+def _divide(M: TreeModel, node: ClosedSet) -> None:
     if not node.verts:
         node.kind = 0
         return
     if node.has_edge:
         node.kind = 2
-        node.children = [_Closed(node.head, node.tail, sum(1 << x for x in c), c, False)
+        node.children = [ClosedSet(node.head, node.tail, sum(1 << x for x in c), c, False)
                          for c in _components(M, node.mask, node.verts)]
         return
     splits = _splitting_vertices(M, node)
@@ -331,7 +331,7 @@ def _divide(M: _Model, node: _Closed) -> None:
         for a in range(len(chain) - 1):
             part = node.verts[bounds[a] + 1:bounds[a + 1]]
             if part:
-                child = _Closed(chain[a], chain[a + 1], sum(1 << x for x in part), part,
+                child = ClosedSet(chain[a], chain[a + 1], sum(1 << x for x in part), part,
                                 M.has_edge(chain[a], chain[a + 1]))
                 node.members.append(child)
                 node.children.append(child)
@@ -341,7 +341,7 @@ def _divide(M: _Model, node: _Closed) -> None:
     comps = _components(M, node.mask, node.verts)
     if len(comps) > 1:
         node.kind = 2
-        node.children = [_Closed(node.head, node.tail, sum(1 << x for x in c), c, False) for c in comps]
+        node.children = [ClosedSet(node.head, node.tail, sum(1 << x for x in c), c, False) for c in comps]
         return
     node.kind = 3
     node.children = _maximal_split(M, node)

@@ -1,23 +1,41 @@
-"""The exact memory model of ``dp-exact``: a replay of the simulator on one segment.
+"""The exact model of ``dp-exact``: the simulator's rules replayed on one segment.
 
-See :mod:`.kusumoto` ("Memory model"). :func:`_segment` replays the simulator's bookkeeping
-(storages with sets of holders) on ``S = L' \\ L``; :func:`_exact_transition` turns it into
-the DP's ``(need, time, added kept bytes, dangling roots)``; :func:`_pair_bookkeeping` and
-:func:`_bookkeeping` give everything but the need from set operations alone (the replay is the
-DP's cost, so the search defers it and prunes it with lower bounds, see
-:meth:`.kusumoto_dp._DP._move`). O(|S| + edges of S) per replay, O(|∂L| + |S|) per bookkeeping.
+A lower-set sequence ``L1 ⊂ … ⊂ Lk = V`` (Kusumoto et al.'s canonical strategy) is priced one
+transition ``L -> L'`` at a time: :func:`replay_segment` runs the events of
+:func:`autoremat.cost.simulate` (storages with sets of holders, the same rules) for the segment
+``S = L' \\ L`` alone: its forward; then, once everything after ``L'`` has run its backward, the
+gradients alive at ``L'``'s boundary and the parameter gradients of the nodes after ``L'``; the
+replay of ``S`` up to its last saving node and its backward. The state between transitions is
+``m``, the bytes of ``L`` held for some later backward, plus the *dangling* roots: boundary
+storages alive in forward that no backward holds yet. :func:`exact_transition` turns a replay
+into the DP's ``(need, time, added kept bytes, dangling roots)``; :func:`bookkeeping` gives all
+but the need from set operations alone (the replay is the DP's cost, so the search defers it
+and prunes it with the bounds of :mod:`.backward_floor`). :func:`exact_peak` chains the
+transitions of a whole sequence.
+
+Held to the simulator (``tests/cost/test_segment_replay.py``, seeded random DAGs with views,
+extras, workspace, parameters, non-recomputable nodes, module mode): :func:`exact_peak` equals
+:func:`~autoremat.cost.simulate`'s peak and extra time of the same plan, with two documented
+exceptions: a boundary node whose gradient arrives through a pass-through op (``add``, views)
+*and* other consumers may hold another buffer, which depends on the order later segments run
+backward (a forward DP cannot know it; the model assumes its own buffer); and the simulator's
+replay keeps a storage alive when a recomputed segment takes a view of its input. Where they
+apply the test holds the model within the bound stated there.
+
+O(|S| + edges of S) per replay, O(|∂L| + |S|) per bookkeeping.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 
-from .kusumoto_sets import _bit_list, _bits, _Prep
+from .bitsets import GraphBits, bit_list, bits
 
-__all__: list[str] = []
+__all__ = ["SegmentCost", "replay_segment", "exact_transition", "pair_bookkeeping", "bookkeeping", "exact_peak",
+           "grad_floor"]
 
 
-class _Seg:
+class SegmentCost:
     """What one transition ``L -> L'`` costs, from a replay of the simulator on ``S = L' \\ L``."""
 
     __slots__ = ("recompute", "dt_s", "fwd_peak", "bwd_peak", "held_ext", "kept_new", "kept_add")
@@ -33,7 +51,7 @@ class _Seg:
         self.kept_add = kept_add    # bytes that join the kept set
 
 
-def _segment(p: _Prep, lower: int, upper: int, dangling: int, recompute: bool) -> _Seg:
+def replay_segment(p: GraphBits, lower: int, upper: int, dangling: int, recompute: bool) -> SegmentCost:
     """Replay the simulator's events for segment ``S = upper \\ lower``.
 
     ``dangling`` holds the roots of ``lower`` that are alive in forward but held by no
@@ -47,21 +65,20 @@ def _segment(p: _Prep, lower: int, upper: int, dangling: int, recompute: bool) -
     n = p.n
     final = upper == p.full
     seg = upper & ~lower
-    nodes = _bit_list(seg)
+    nodes = bit_list(seg)
     inseg = bytearray(n)  # membership tests on ints of a few hundred bits are the replay's cost
     for v in nodes:
         inseg[v] = 1
     beyond_of = p.beyond_flags(upper)  # node's storage is read after upper
     root, succ, pred, saves, alloc_b = p.root, p.succ, p.pred, p.saves, p.alloc
-    rg, extra, ftemp, need, is_out = p.rg, p.extra, p.ftemp, p.need, p.is_out
+    rg, extra, ftemp, is_out = p.rg, p.extra, p.ftemp, p.is_out
     nn = n * n
     beyond, seg_ref = -1, -2 - 2 * n          # holders; ("out", v) is -2 - v
     s_base, rs_base, rf_base, gb_base = nn, nn + n + 1, 2 * nn + 2 * n + 2, 3 * nn + 3 * n + 3
     size: dict[int, int] = {}
     refs: dict[int, set[int]] = {}
     live = peak = 0
-    outside = ~upper
-    for r in _bits(dangling):
+    for r in bits(dangling):
         size[r] = alloc_b[r]
         live += alloc_b[r]
         held = refs[r] = set()
@@ -135,7 +152,7 @@ def _segment(p: _Prep, lower: int, upper: int, dangling: int, recompute: bool) -
             got = refs.get(root[u])
             if got is not None:
                 got.add(s_base + n)
-        for v in _bits(p.out_mask):
+        for v in bits(p.out_mask):
             key = root[v]
             got = refs.get(key)
             if got is not None:
@@ -143,7 +160,7 @@ def _segment(p: _Prep, lower: int, upper: int, dangling: int, recompute: bool) -
                 if not got:
                     live -= size.pop(key)
                     del refs[key]
-        for v in _bits(p.out_mask):
+        for v in bits(p.out_mask):
             if rg[v]:
                 size[next_gid] = p.out[v]
                 refs[next_gid] = {gb_base + v}
@@ -181,7 +198,8 @@ def _segment(p: _Prep, lower: int, upper: int, dangling: int, recompute: bool) -
         # backward of everything after upper has run: gradients of upper's boundary are alive
         peak = live
         shared: dict[int, int] = {}
-        grads_after, pg_after, pg_bytes = p.after(upper)
+        after = p.after(upper)
+        grads_after, pg_after, pg_bytes = after.grads, after.params, after.param_bytes
         for u, owner in grads_after:
             key = shared.get(owner)
             if key is None:
@@ -311,11 +329,11 @@ def _segment(p: _Prep, lower: int, upper: int, dangling: int, recompute: bool) -
     bwd_peak = peak
     if final:
         fwd_peak = bwd_peak = max(fwd_peak, bwd_peak)
-    return _Seg(recompute, spent, fwd_peak, bwd_peak, held_ext, kept_new, kept_add)
+    return SegmentCost(recompute, spent, fwd_peak, bwd_peak, held_ext, kept_new, kept_add)
 
 
-def _exact_transition(p: _Prep, lower: int, upper: int, dangling: int,
-                      cache: dict[tuple[int, int, int], _Seg]) -> tuple[int, float, int, int]:
+def exact_transition(p: GraphBits, lower: int, upper: int, dangling: int,
+                      cache: dict[tuple[int, int, int], SegmentCost]) -> tuple[int, float, int, int]:
     """``(need, dt_s, add, dangling')`` of ``lower -> upper`` in the exact model.
 
     The transition fits when ``m + need <= B``; then ``m += add`` and the dangling roots
@@ -326,28 +344,28 @@ def _exact_transition(p: _Prep, lower: int, upper: int, dangling: int,
     key = (lower, upper, held)
     seg = cache.get(key)
     if seg is None:
-        seg = cache[key] = _segment(p, lower, upper, held, p.recompute_flag(lower, upper))
+        seg = cache[key] = replay_segment(p, lower, upper, held, p.recompute_flag(lower, upper))
     if final:
         return seg.bwd_peak, seg.dt_s, 0, 0
     need = max(p.nbytes(dangling & ~held) + seg.fwd_peak, seg.bwd_peak)
-    _, alive = p.info(upper)
+    alive = p.info(upper).alive
     fresh = upper & ~lower
     dangling = ((dangling & ~seg.held_ext) & alive) | (alive & fresh & ~seg.kept_new)
     return need, seg.dt_s, seg.kept_add, dangling
 
 
-def _pair_bookkeeping(p: _Prep, lower: int, upper: int,
+def pair_bookkeeping(p: GraphBits, lower: int, upper: int,
                       recompute: bool | None = None) -> tuple[float, int, int, int, int]:
-    """The part of :func:`_bookkeeping` that does not depend on the dangling roots.
+    """The part of :func:`bookkeeping` that does not depend on the dangling roots.
 
     ``(dt_s, reach, add, alive, fresh)``: the recomputation time; the roots of ``lower`` the
     segment holds if they dangle (those it reads when recomputed, those it saves otherwise);
     the kept bytes it adds by itself; the roots alive after ``upper``; and the segment's roots
-    that dangle after it. ``recompute``: :meth:`_Prep.recompute_flag` of the pair, when the
+    that dangle after it. ``recompute``: :meth:`GraphBits.recompute_flag` of the pair, when the
     caller has it.
     """
     seg = upper & ~lower
-    _, alive = p.info(upper)
+    alive = p.info(upper).alive
     if recompute is None:
         recompute = p.recompute_flag(lower, upper)
     if recompute:
@@ -362,7 +380,7 @@ def _pair_bookkeeping(p: _Prep, lower: int, upper: int,
                 dt = float(total)
             else:
                 time = p.time
-                for v in _bit_list(part):
+                for v in bit_list(part):
                     dt += time[v]
         reads = 0  # the nodes of lower that the segment reads (all in the boundary of lower)
         for u, succ in p.boundary_succ(lower):
@@ -371,38 +389,38 @@ def _pair_bookkeeping(p: _Prep, lower: int, upper: int,
         return dt, p.roots(reads), 0, alive, alive & seg
     saved = 0
     add = 0
-    for v in _bit_list(seg & p.rg_mask):
+    for v in bit_list(seg & p.rg_mask):
         saved |= p.saves_roots[v]
         add += p.extra[v]
     kept_new = saved & seg
     return 0.0, saved, add + p.nbytes(kept_new), alive, alive & seg & ~kept_new
 
 
-def _bookkeeping(p: _Prep, lower: int, upper: int, dangling: int,
+def bookkeeping(p: GraphBits, lower: int, upper: int, dangling: int,
                  pair: tuple[float, int, int, int, int] | None = None,
                  recompute: bool | None = None) -> tuple[float, int, int]:
     """``(dt_s, add, dangling')`` of ``lower -> upper`` without the replay (set operations only).
 
-    Equal to what :func:`_exact_transition` returns; only the peak needs the replay. ``pair``:
-    :func:`_pair_bookkeeping` of the transition, when the caller keeps it; ``recompute``: the
-    pair's :meth:`_Prep.recompute_flag`, when the caller has it.
+    Equal to what :func:`exact_transition` returns; only the peak needs the replay. ``pair``:
+    :func:`pair_bookkeeping` of the transition, when the caller keeps it; ``recompute``: the
+    pair's :meth:`GraphBits.recompute_flag`, when the caller has it.
     """
     if upper == p.full:
         return 0.0, 0, 0
-    dt, reach, add, alive, fresh = pair or _pair_bookkeeping(p, lower, upper, recompute)
+    dt, reach, add, alive, fresh = pair or pair_bookkeeping(p, lower, upper, recompute)
     held = dangling & reach
     if held:
         add += p.nbytes(held)
     return dt, add, ((dangling & ~held) & alive) | fresh
 
 
-def _model_peak(p: _Prep, seq: Sequence[int]) -> tuple[int, float]:
+def exact_peak(p: GraphBits, seq: Sequence[int]) -> tuple[int, float]:
     """The exact model's step peak and extra time of a lower-set sequence (bitsets, ending in V)."""
-    cache: dict[tuple[int, int, int], _Seg] = {}
+    cache: dict[tuple[int, int, int], SegmentCost] = {}
     lower = dangling = m = peak = 0
     t = 0.0
     for upper in seq:
-        need, dt, add, dangling = _exact_transition(p, lower, upper, dangling, cache)
+        need, dt, add, dangling = exact_transition(p, lower, upper, dangling, cache)
         peak = max(peak, m + need)
         m += add
         t += dt
@@ -410,12 +428,12 @@ def _model_peak(p: _Prep, seq: Sequence[int]) -> tuple[int, float]:
     return peak, t
 
 
-def _grad_floor(p: _Prep, lower: int) -> int:
+def grad_floor(p: GraphBits, lower: int) -> int:
     """Bytes of the gradient buffers alive when the backward of a segment ending in ``L`` starts."""
     if lower == p.full:
         return 0
     owners: set[int] = set()
-    for u in _bits(p.boundary(lower) | (p.out_mask & lower)):
+    for u in bits(p.boundary(lower) | (p.out_mask & lower)):
         if not p.rg[u]:
             continue
         outside = p.succmask[u] & ~lower

@@ -1,23 +1,49 @@
-"""Per-graph arrays and lower-set families for the Kusumoto DP solvers (:mod:`.kusumoto`).
+"""A graph as bitsets: the per-graph arrays every specialised Kusumoto model reads.
 
 Lower sets are Python ints used as bitsets over the node ids (ids are a topological order).
-:class:`_Prep` reads a :class:`~autoremat.graph.Graph` once into plain lists and masks and
+:class:`GraphBits` reads a :class:`~autoremat.graph.Graph` once into plain lists and masks and
 caches per-set quantities (boundary, what stays alive after a set, who reads a node from
-outside it) that both memory models use; :func:`_all_lower_sets` enumerates every lower set
-(dp-exact, Kusumoto et al. §4.2) and :func:`_pruned_lower_sets` the pruned family
-``{L^v} ∪ {∅, V}`` (dp-approx, §4.3).
+outside it) that the exact model (:mod:`.segment_replay`), the closed form (:mod:`.closed_form`),
+their bounds (:mod:`.backward_floor`, :mod:`.batch_pricing`) and the DP
+(:mod:`autoremat.solvers.kusumoto`) use. It holds no rule of its own: each quantity is named
+after the simulator's event it stands for (who holds a storage, whose gradient buffer a node
+uses), and the models built on it are tested against :func:`autoremat.cost.simulate`.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterator
+from dataclasses import dataclass
 
 from ..graph import Graph
 
-__all__: list[str] = []
+__all__ = ["bits", "bit_list", "GraphBits", "SetInfo", "After"]
 
 
-def _bits(mask: int) -> Iterator[int]:
+@dataclass(slots=True)
+class SetInfo:
+    """What a lower set ``L`` leaves for the rest of the step (:meth:`GraphBits.info`)."""
+
+    boundary: int
+    """``∂(L)``: nodes of ``L`` whose storage a node outside it reads (plus saved-by)."""
+    alive: int
+    """``R(L)``: storage roots alive in forward after ``L`` (its boundary and its outputs)."""
+
+
+@dataclass(slots=True)
+class After:
+    """What the backward of everything after a lower set leaves alive (:meth:`GraphBits.after`)."""
+
+    grads: tuple[tuple[int, int], ...]
+    """``(u, owner)`` for each node ``u`` of the set whose gradient buffer is alive (``owner``:
+    the node whose buffer it shares, along pass-through chains), in increasing ``u``."""
+    params: frozenset[str]
+    """The parameters some node outside the set uses (their gradients are allocated)."""
+    param_bytes: int
+    """Their bytes."""
+
+
+def bits(mask: int) -> Iterator[int]:
     """Indices of the set bits of ``mask``, lowest first."""
     while mask:
         low = mask & -mask
@@ -25,16 +51,16 @@ def _bits(mask: int) -> Iterator[int]:
         mask ^= low
 
 
-def _bit_list(mask: int) -> list[int]:
-    """:func:`_bits` as a list; decoded from the binary string when there are many bits."""
+def bit_list(mask: int) -> list[int]:
+    """:func:`bits` as a list; decoded from the binary string when there are many bits."""
     if mask.bit_count() <= 8:
-        return list(_bits(mask))
+        return list(bits(mask))
     text = bin(mask)[:1:-1]
     return [i for i, c in enumerate(text) if c == "1"]
 
 
-class _Prep:
-    """Per-graph arrays and bitsets the DP reads (built once per solve)."""
+class GraphBits:
+    """Per-graph arrays and bitsets the Kusumoto models and DP read (built once per search)."""
 
     def __init__(self, graph: Graph) -> None:
         n = len(graph)
@@ -108,7 +134,7 @@ class _Prep:
             if not self.is_out[v] and len(self.succ[v]) == 1 and self.passthru[self.succ[v][0]]:
                 owner[v] = owner[self.succ[v][0]]
         self.buf_owner = owner
-        self._info: dict[int, tuple[int, int]] = {}
+        self._info: dict[int, SetInfo] = {}
         self._nbytes: dict[int, int] = {}
         self._bsucc: dict[int, tuple[tuple[int, int], ...]] = {}
         self._touched: dict[tuple[int, int], int] = {}
@@ -128,7 +154,7 @@ class _Prep:
                     self.view_saves_roots[x] |= bit[self.root[u]]
         self.view_saver_mask = sum(bit[x] for x in range(n) if self.view_saves_roots[x])
         self.rg_mask = sum(bit[v] for v in range(n) if self.rg[v])
-        self._after: dict[int, tuple[tuple[tuple[int, int], ...], frozenset[str], int]] = {}
+        self._after: dict[int, After] = {}
         self._sweeps()
 
     # -------------------------------------------------------------- set helpers
@@ -136,7 +162,7 @@ class _Prep:
         """Storage roots of the nodes in ``mask``."""
         views = mask & self.view_mask
         out = mask & ~self.view_mask
-        for v in _bits(views):
+        for v in bits(views):
             out |= self.bit[self.root[v]]
         return out
 
@@ -146,7 +172,7 @@ class _Prep:
         got = self._nbytes.get(root_mask)
         if got is None:
             alloc = self.alloc
-            got = self._nbytes[root_mask] = sum(alloc[r] for r in _bits(root_mask))
+            got = self._nbytes[root_mask] = sum(alloc[r] for r in bits(root_mask))
         return got
 
     def boundary_succ(self, lower: int) -> tuple[tuple[int, int], ...]:
@@ -154,7 +180,7 @@ class _Prep:
         got = self._bsucc.get(lower)
         if got is None:
             succ = self.succmask
-            got = self._bsucc[lower] = tuple((u, succ[u]) for u in _bits(self.info(lower)[0]))
+            got = self._bsucc[lower] = tuple((u, succ[u]) for u in bits(self.info(lower).boundary))
         return got
 
     def recompute_flag(self, lower: int, upper: int) -> bool:
@@ -181,24 +207,24 @@ class _Prep:
             seg = upper & ~lower
             need = self.need
             out = 0
-            for u in _bits(self.info(lower)[0]):
+            for u in bits(self.info(lower).boundary):
                 if need[u] & seg:
                     out |= 1 << u
             got = self.roots(out)
-            for x in _bits(seg & self.view_saver_mask):
+            for x in bits(seg & self.view_saver_mask):
                 got |= self.view_saves_roots[x] & lower
             self._touched[key] = got
         return got
 
-    def info(self, lower: int) -> tuple[int, int]:
+    def info(self, lower: int) -> SetInfo:
         """``(∂(L), R(L))``: boundary nodes, and roots alive in forward after ``L`` (boundary, outputs)."""
         got = self._info.get(lower)
         if got is None:
             bnd = self.boundary(lower)
-            got = self._info[lower] = (bnd, self.roots(bnd | (self.out_mask & lower)))
+            got = self._info[lower] = SetInfo(bnd, self.roots(bnd | (self.out_mask & lower)))
         return got
 
-    def after(self, upper: int) -> tuple[tuple[tuple[int, int], ...], frozenset[str], int]:
+    def after(self, upper: int) -> After:
         """What the backward of everything after ``upper`` leaves alive (cached per set).
 
         ``(grads, params, param_bytes)``: ``(u, owner)`` for each node of ``upper`` whose gradient
@@ -211,7 +237,7 @@ class _Prep:
             outside = ~upper
             grads = []
             cand = (self.boundary(upper) | (self.out_mask & upper)) if upper else 0
-            for u in _bits(cand):
+            for u in bits(cand):
                 if not self.rg[u]:
                     continue
                 out_succ = self.succmask[u] & outside
@@ -224,7 +250,7 @@ class _Prep:
                         owner = self.buf_owner[w]
                 grads.append((u, owner))
             params = frozenset(q for q, users in self.param_users.items() if users & outside)
-            got = self._after[upper] = (tuple(grads), params, sum(self.param_size[q] for q in params))
+            got = self._after[upper] = After(tuple(grads), params, sum(self.param_size[q] for q in params))
         return got
 
     def beyond_flags(self, upper: int) -> bytes:
@@ -246,7 +272,7 @@ class _Prep:
         hi = lower.bit_length() - 1
         out = self.open_at[hi] & lower
         reads = self.reads
-        for w in _bits(((1 << (hi + 1)) - 1) & ~lower):
+        for w in bits(((1 << (hi + 1)) - 1) & ~lower):
             out |= reads[w] & lower
         return out
 
@@ -256,7 +282,7 @@ class _Prep:
         reads = [0] * n
         last = [-1] * n
         for u in range(n):
-            for w in _bits(self.need[u]):
+            for w in bits(self.need[u]):
                 reads[w] |= self.bit[u]
             last[u] = self.need[u].bit_length() - 1
         closing = [0] * n
@@ -272,41 +298,3 @@ class _Prep:
             open_at[h] = cur
         self.reads = reads
         self.open_at = open_at
-
-
-# ---------------------------------------------------------------------------------------- families
-def _all_lower_sets(p: _Prep, limit: int) -> list[int] | None:
-    """Every lower set as a bitset, in order of size; ``None`` when there are more than ``limit``."""
-    sources = sum(p.bit[v] for v in range(p.n) if not p.pred[v])
-    out = [0]
-    frontier: list[tuple[int, int]] = [(0, sources)]  # (lower set, nodes that can join it)
-    seen = {0}
-    while frontier:
-        nxt: list[tuple[int, int]] = []
-        for mask, addable in frontier:
-            for v in _bits(addable):
-                child = mask | p.bit[v]
-                if child in seen:
-                    continue
-                seen.add(child)
-                if len(seen) > limit:
-                    return None
-                grow = addable & ~p.bit[v]
-                for w in p.succ[v]:
-                    if p.predmask[w] & ~child == 0:
-                        grow |= p.bit[w]
-                nxt.append((child, grow))
-                out.append(child)
-        frontier = nxt
-    return out
-
-
-def _pruned_lower_sets(p: _Prep) -> list[int]:
-    """Kusumoto §4.3: ``{L^v : v ∈ V} ∪ {∅, V}`` where ``L^v`` is ``v`` and its ancestors."""
-    anc = [0] * p.n
-    for v in range(p.n):
-        mask = p.bit[v]
-        for u in p.pred[v]:
-            mask |= anc[u]
-        anc[v] = mask
-    return sorted(set(anc) | {0, p.full}, key=lambda m: m.bit_count())

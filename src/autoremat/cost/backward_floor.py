@@ -1,11 +1,14 @@
-"""The tighter lower bound of ``dp-exact``'s transition need: a sweep of a recomputed segment's backward.
+"""Lower bounds of an exact-model transition's need, cheaper than its replay.
 
-See :mod:`.kusumoto` ("Speed") and :meth:`.kusumoto_dp._DP.tight_need`, which adds the kept bytes
-the transition adds, the gradient buffers kept through it and the parameter gradients of the
-nodes after it to :meth:`_BackwardFloor.floor`. The replay (:func:`.kusumoto_replay._segment`)
-tracks every storage with its holders; this sweep only counts, in decreasing node order, the
-buffers that are certainly alive at each node's backward, so it is a lower bound of the replay's
-peak at a fraction of its cost. O(|S| + edges of S) per segment.
+The replay (:func:`.segment_replay.replay_segment`) tracks every storage with its holders; the
+DP (:mod:`autoremat.solvers.kusumoto`) pays it only for transitions whose bounds fit what the
+budget leaves. :class:`BackwardFloor` sweeps a recomputed segment's backward counting, in
+decreasing node order, only the buffers that are certainly alive at each node's backward;
+:meth:`BackwardFloor.at_stop` is the part of that level at the last holding node that set
+operations give. Each term is a distinct buffer of the replay at that node, so a bound never
+exceeds the replay's need (held to it in ``tests/cost/test_backward_floor.py`` on every
+transition of seeded random DAGs with views, pass-through nodes and shared gradient buffers).
+O(|S| + edges of S) per segment.
 """
 
 from __future__ import annotations
@@ -13,15 +16,101 @@ from __future__ import annotations
 from collections.abc import Sequence
 from heapq import heapify, heappop, heappush
 
-from .kusumoto_sets import _bit_list, _Prep
+from .bitsets import GraphBits, bit_list
+from .closed_form import ClosedForm
+from .segment_replay import grad_floor
 
-__all__: list[str] = []
+__all__ = ["BackwardFloor", "TransitionBounds"]
 
 
-class _BackwardFloor:
-    """Per-node terms of the sweep, and :meth:`floor` (uncached; :class:`._DP` caches it per pair)."""
+class TransitionBounds:
+    """Lower bounds of the need of the exact model's transitions ``L_i -> L_j`` over a family of
+    lower sets (``family[k]``: a bitset), cheapest first:
 
-    def __init__(self, p: _Prep) -> None:
+    * :attr:`keys`: ``keys[j] - keys[i]`` (the saved outputs and extras held from the end of the
+      segment's replay, or forward, to its own backward) orders a set's successors and bounds
+      the need from below;
+    * :attr:`floor` (:meth:`move_bound`): the backward of a segment ending in ``L'`` starts
+      with ``L'``'s boundary gradients and the parameter gradients of the nodes after ``L'``;
+    * for a recomputed segment ``S = L' \\ L``, when its replay reaches its last saving node,
+      it holds the copies of the storages of ``S`` that its own nodes save, their extras and the
+      parameter gradients of the nodes after ``L'``: ``rec_hi[L'] - rec_lo[L]`` (roots of ``L``
+      whose savers all lie after ``L'`` make it a bound, not an equality); plus the gradient
+      buffers kept through it (:meth:`kept_grads`) and :meth:`BackwardFloor.at_stop`;
+    * :meth:`tight_bound`: the sweep of :class:`BackwardFloor` (dearer; cached per pair).
+    """
+
+    def __init__(self, p: GraphBits, family: list[int]) -> None:
+        self.p = p
+        self.family = family
+        held = [0] * p.n  # held from the end of S's replay (or forward) to its own backward
+        for v in range(p.n):
+            if p.rg[v]:
+                held[v] = (p.alloc[v] if p.root[v] == v and v in p.saves[v] else 0) + p.extra[v]
+        self.keys = [sum(held[v] for v in bit_list(m)) for m in family]
+        closed = ClosedForm(p)
+        pg = [closed.terms(m).pg for m in family]
+        self.pg = pg
+        self.floor = [grad_floor(p, m) + pg[k] for k, m in enumerate(family)]
+        copy_saved = [0] * p.n  # rg nodes x that save u = x or a predecessor of x
+        for x in range(p.n):
+            if p.rg[x]:
+                for u in p.saves[x]:
+                    if u == x or u in p.pred[x]:
+                        copy_saved[u] |= p.bit[x]
+        copyable = [p.alias_of[v] is None and copy_saved[v] != 0 for v in range(p.n)]
+        rg_extra = [p.extra[v] if p.rg[v] else 0 for v in range(p.n)]
+        self.rec_hi: list[int] = []
+        self.rec_lo: list[int] = []
+        for k, m in enumerate(family):
+            ext = sum(rg_extra[v] for v in bit_list(m))
+            own = sum(p.alloc[v] for v in bit_list(m) if copyable[v] and copy_saved[v] & m)
+            kept = sum(p.alloc[v] for v in bit_list(m) if copyable[v])
+            self.rec_hi.append(pg[k] + ext + own)
+            self.rec_lo.append(ext + kept)
+        self.sweep = BackwardFloor(p)
+        self._floors: dict[int, int] = {}
+
+    def cheap_bound(self, i: int, j: int, recompute: bool) -> int:
+        """The bound that needs no bookkeeping (:attr:`floor`, and ``rec_hi - rec_lo``)."""
+        bound = self.floor[j]
+        if recompute:
+            bound = max(bound, self.rec_hi[j] - self.rec_lo[i])
+        return bound
+
+    def move_bound(self, i: int, j: int, add: int, recompute: bool) -> int:
+        """The bound of a transition whose bookkeeping added ``add`` kept bytes."""
+        low = add + self.floor[j]
+        if recompute:  # the dangling roots it holds stay too; and the level at its last holder
+            low = max(low, add + self.rec_hi[j] - self.rec_lo[i] + self.kept_grads(i, j)
+                      + self.sweep.at_stop(self.family[i], self.family[j]))
+        return low
+
+    def tight_bound(self, i: int, j: int, add: int) -> int:
+        """The sweep's bound of a recomputed transition: the kept bytes it adds, the gradient
+        buffers kept through it, the parameter gradients of the nodes after ``L_j`` and
+        :meth:`BackwardFloor.floor` (cached per pair)."""
+        key = i * len(self.family) + j
+        swept = self._floors.get(key)
+        if swept is None:
+            swept = self._floors[key] = self.sweep.floor(self.family[i], self.family[j])
+        return add + self.kept_grads(i, j) + self.pg[j] + swept
+
+    def kept_grads(self, i: int, j: int) -> int:
+        """Bytes of the gradient buffers that stay alive through the whole backward of the
+        segment ``L_j \\ L_i``: those of nodes of ``L_i`` read after ``L_j`` and by no node of
+        the segment (no backward of the segment releases or replaces them)."""
+        p = self.p
+        lower, upper = self.family[i], self.family[j]
+        seg = upper & ~lower
+        owners = {owner for u, owner in p.after(upper).grads if lower >> u & 1 and not p.succmask[u] & seg}
+        return sum(p.out[o] for o in owners)
+
+
+class BackwardFloor:
+    """Per-node terms of the sweep, and :meth:`floor` (uncached; :class:`TransitionBounds` caches it per pair)."""
+
+    def __init__(self, p: GraphBits) -> None:
         self.p = p
         # the backward of a node v that receives a gradient allocates (or holds as a transient)
         # its inputs' gradients unless it passes its own through, its parameters' gradients,
@@ -52,7 +141,7 @@ class _BackwardFloor:
           ``S`` after ``v`` reads, and of the nodes of ``lower`` that ``S`` reads and a node after
           ``upper`` or a node of ``S`` after ``v`` reads;
         * for each buffer that pass-through readers after ``upper`` share (not one that
-          :meth:`._DP._kept_grads` counts), the least of its bytes and those of the sharing nodes
+          :meth:`TransitionBounds.kept_grads` counts), the least of its bytes and those of the sharing nodes
           whose backward has not run (each one's gradient is in the shared buffer or, once a
           reader in ``S`` has replaced it, in a buffer of its own), and alike for the own
           buffer of a pass-through node of ``S`` after its backward, which its inputs that had
@@ -60,12 +149,12 @@ class _BackwardFloor:
         * once the replay has run (``v`` at or before the last saving node), the recomputed
           storages of ``S`` that nodes up to ``v`` save, and their extras.
 
-        Each term is a distinct buffer of the replay (:func:`._segment`) at ``v``'s backward, so
+        Each term is a distinct buffer of the replay (:func:`.segment_replay.replay_segment`) at ``v``'s backward, so
         the sum never exceeds its peak (also checked against replays in the tests).
         """
         p = self.p
         seg = upper & ~lower
-        nodes = _bit_list(seg)
+        nodes = bit_list(seg)
         stop = (seg & p.holder_mask).bit_length() - 1
         root, saves, alloc, extra, rg = p.root, p.saves, p.alloc, p.extra, p.rg
         succmask, pred, out, own = p.succmask, p.pred, p.out, self.own_grad
@@ -91,7 +180,7 @@ class _BackwardFloor:
                 opened |= 1 << u
                 live += out[u]
         # buffers that pass-through readers share (see _share): those after upper from the start
-        # of S's backward (not those _DP._kept_grads counts), and a pass-through node's own buffer
+        # of S's backward (not those TransitionBounds.kept_grads counts), and a pass-through node's own buffer
         # after its backward, shared by its inputs that had none
         groups: list[list[int]] = []  # [shared bytes, pending bytes, counted, whole from v >=]
         events: list[tuple[int, int, int]] = []  # (-v, group, bytes leaving) as v goes below
@@ -148,9 +237,9 @@ class _BackwardFloor:
         buffers of the nodes of ``S`` up to ``s`` whose buffer is their own and is alive after
         ``upper`` (opened at the start of ``S``'s backward, closed only at their own). 0 when
         ``S`` holds nothing or no gradient reaches ``s``. The copies and extras held at ``s`` are
-        bounded by ``rec_hi - rec_lo`` (see :class:`.kusumoto_dp._DP`), so their sum with this is
-        a lower bound of the replay's need that set operations give (:meth:`._DP._move`, and per
-        row in :meth:`.kusumoto_batch._BatchPricer.price`)."""
+        bounded by ``rec_hi - rec_lo`` (see :class:`TransitionBounds`), so their sum with this is
+        a lower bound of the replay's need that set operations give (:meth:`TransitionBounds.move_bound`,
+        and per row in :meth:`.batch_pricing.BatchPricer.price`)."""
         seg = upper & ~lower
         stop = (seg & self.p.holder_mask).bit_length() - 1
         if stop < 0 or self.local[stop] < 0:
@@ -205,18 +294,17 @@ class _BackwardFloor:
         return counted
 
     def _after_split(self, upper: int) -> tuple[list[int], list[tuple[int, tuple[int, ...]]]]:
-        """:meth:`._Prep.after`'s gradient buffers of ``upper`` for :meth:`floor` (cached per
+        """:meth:`.bitsets.GraphBits.after`'s gradient buffers of ``upper`` for :meth:`floor` (cached per
         set): the nodes whose buffer is their own, and the buffers that pass-through readers
         outside ``upper`` share, as ``(bytes, sharing nodes)``."""
         got = self._split.get(upper)
         if got is None:
             p = self.p
-            own = [u for u, owner in p.after(upper)[0] if owner == u and self.own_grad[u]]
+            own = [u for u, owner in p.after(upper).grads if owner == u and self.own_grad[u]]
             groups: dict[int, list[int]] = {}
-            for u, owner in p.after(upper)[0]:
+            for u, owner in p.after(upper).grads:
                 if owner != u and not upper >> owner & 1:
                     groups.setdefault(owner, []).append(u)
             shared = [(p.out[owner], tuple(group)) for owner, group in groups.items()]
             got = self._split[upper] = (own, shared)
         return got
-

@@ -48,9 +48,9 @@ starts; for a recomputed segment also, when its replay reaches its last saving n
 the storages its own nodes save, their extras, the parameter gradients of the nodes after ``L'``,
 the dangling roots it holds and the gradient buffers no backward of the segment touches, and at
 its last holding node that node's own backward and the own gradient buffers of the segment's
-nodes up to it still alive (:meth:`.kusumoto_floor._BackwardFloor.at_stop`). When
-that bound fits, a tighter one is tried before the replay (:meth:`.kusumoto_dp._DP.tight_need`,
-a sweep of the segment's backward without the replay's bookkeeping, :mod:`.kusumoto_floor`,
+nodes up to it still alive (:meth:`autoremat.cost.backward_floor.BackwardFloor.at_stop`). When
+that bound fits, a tighter one is tried before the replay (:meth:`.exact.ExactDP.tight_need`,
+a sweep of the segment's backward without the replay's bookkeeping, :mod:`autoremat.cost.backward_floor`,
 cached per pair): at each node's backward, its inputs' and parameters' gradients and workspace,
 the gradient buffers alive then (own or shared by pass-through readers) and the recomputed
 storages still saved. Finding
@@ -87,7 +87,7 @@ becomes "kept bytes + the segment's own peak":
   forward DP cannot know it; the model assumes its own buffer); and the simulator's replay keeps
   a storage alive when a recomputed segment takes a view of its input (a quirk of the simulator,
   reported).
-* ``dp-approx`` uses a closed form (:class:`_Closed`) so that a transition costs O(1): the state
+* ``dp-approx`` uses a closed form (:class:`autoremat.cost.closed_form.ClosedForm`) so that a transition costs O(1): the state
   is the paper's ``M(U)`` (every boundary storage charged when its segment ends) and the segment's
   peak is a sparse-table range maximum, per run of consecutive node ids of ``S``, of "copies of the
   storages saved up to ``v`` + gradients whose last reader is at or after ``v`` + transients +
@@ -100,7 +100,7 @@ budget, the DP budget is lowered by the excess and the DP re-solved (``max_tight
 24); when that runs out, the plan found at the least DP budget is returned (it fits, see next).
 
 Feasibility. dp-approx fills the table with the least kept bytes per set. dp-exact searches
-depth first (:meth:`.kusumoto_dp._DP._feasible_exact`): from a state it follows the first
+depth first (:meth:`.dive.Dive.run`): from a state it follows the first
 transition that fits, largest lower set first, and backtracks; a state is expanded again only
 when reached with fewer kept bytes, so a ``None`` proves that no sequence fits. Whether ``V``
 can be reached from a state depends on the budget only through the room ``B - m``, so the
@@ -125,7 +125,7 @@ solver's minimum is the smaller of the unoptimised peak and the simulated peak o
 found at ``B*``. For dp-exact two sequences are found there and the one that simulates lower is
 kept (the least-kept one on ties): the depth-first dive's (the first that fits) and, when it
 takes at most 20k labels (``_LEAST_KEPT_LABELS``), the one with the least kept bytes
-(:meth:`.kusumoto_dp._DP.least_kept`, what the search before the dive returned). Either may
+(:meth:`.dive.Dive.least_kept`, what the search before the dive returned). Either may
 simulate lower: on 300 seeded random DAGs of 12-15 nodes the dive's alone simulated higher on 6
 (by up to 23 %) and lower on 11; with both, never higher. On the zoo at paper size the
 least-kept search completes on ResNet-50, ResNet-152 and U-Net and gives up at the limit on the
@@ -174,9 +174,9 @@ transitions Dijkstra priced), 2.0 / 2.0 s -> 1.7 / 1.7 s (time-centric, then mem
 rounds each, the order of old and new flipped between them). GoogLeNet (8838 lower sets) now
 gets an answer: its least budget in 0.8 s, the time-centric plan at it in ~2 min (peak RSS 3.6
 GB) and the memory-centric one in ~5 min (2.6 GB); both price ~7-10 million transitions, a few
-microseconds of Python each. Pricing a state's successors at once (:mod:`.kusumoto_batch`) and
+microseconds of Python each. Pricing a state's successors at once (:mod:`autoremat.cost.batch_pricing`) and
 keeping the time-centric search's candidate labels in numpy chunks (see
-:meth:`.kusumoto_dp._DP._search_exact`) then took the time-centric solve at the least budget,
+:meth:`.labels.LabelSearch.run`) then took the time-centric solve at the least budget,
 side by side with the code before (fresh processes, interleaved, two rounds, papers' times):
 GoogLeNet 152 / 148 s -> 30 / 25 s (peak RSS 3.5 -> 2.4 GB), GoogLeNet without batch norm (140
 nodes, 2715 lower sets, near the papers' 134 nodes) 16.6 / 13.9 s -> 4.6 / 4.1 s, PSPNet 0.39 /
@@ -216,321 +216,56 @@ non-recomputable node, runs plainly), so only single module calls are recomputed
 Progress: a dp-exact search (a least-budget probe, the least-kept search, the time- or
 memory-centric search) that runs longer than 10 s logs where it is every 10 s at INFO on
 ``autoremat.solvers.kusumoto`` (its phase and budget, states priced, transitions listed,
-replays; :data:`.kusumoto_exact.PROGRESS_EVERY_S`).
+replays; :data:`.dive.PROGRESS_EVERY_S`).
 
 Options (``config``): ``objective`` (``"time"`` | ``"memory"``), ``time_slots`` (int),
 ``max_lower_sets`` (int, dp-exact), ``fallback`` (bool, dp-exact), ``max_tightenings`` (int);
-(:class:`~.kusumoto_config.DPConfig`; an unknown key is a ``ValueError``).
+(:class:`~.config.DPConfig`; an unknown key is a ``ValueError``).
 """
 
 from __future__ import annotations
 
 import logging
-import threading
-import weakref
-from collections import OrderedDict
-from collections.abc import Iterator, Sequence
-from contextlib import contextmanager
+from collections.abc import Mapping
 from typing import Any
 
-from ..errors import InfeasibleBudgetError
-from ..graph import Graph
-from ..plan import Plan, segments_from_lower_sets
-from ..cost import no_recompute_plan, simulate
-from ._config import check_budget as _check_budget
-from .kusumoto_closed import _closed_peak
-from .kusumoto_config import DPApproxConfig, DPConfig, DPExactConfig
-from .kusumoto_dp import _DP, _time_quantum
-from .kusumoto_replay import _bookkeeping, _exact_transition, _model_peak  # noqa: F401 (tests use them)
-from .kusumoto_sets import _all_lower_sets, _bits, _Prep, _pruned_lower_sets
+from ...graph import Graph
+from ...plan import Plan
+from .._config import check_budget
+from .config import DPApproxConfig, DPConfig, DPExactConfig
+from .search import parse_config, search_for
 
-__all__ = ["solve_dp_exact", "solve_dp_approx", "min_budget"]
+__all__ = ["solve_dp_exact", "solve_dp_approx", "min_budget", "DPConfig", "DPExactConfig", "DPApproxConfig"]
 
 logger = logging.getLogger(__name__)
 
 
-# ---------------------------------------------------------------------------------------- solving
-_LEAST_KEPT_LABELS = 20_000  # dp-exact's minimum also tries the least-kept sequence up to this many labels
+def solve_dp_exact(graph: Graph, budget_bytes: int, *, config: Mapping[str, Any] | DPConfig | None = None) -> Plan:
+    """Kusumoto et al.'s exact DP (all lower sets) under a step-peak budget; see the package docstring."""
+    budget = check_budget(budget_bytes)
+    cfg = parse_config(config, "dp-exact")
+    return search_for(graph, "dp-exact", cfg).solve(budget, cfg)
 
 
-class _Search:
-    """One graph, one family, one model: the DP plus the simulator checks around it."""
-
-    def __init__(self, graph: Graph, solver: str, cfg: dict[str, Any]) -> None:
-        self._graph = weakref.ref(graph)  # the cache must not keep the graph alive
-        self.solver = solver
-        self.cfg = cfg
-        p = self.p = _Prep(graph)
-        self.quantum = _time_quantum(p, cfg["time_slots"])
-        self.fallback_reason = self.fallback_message = ""
-        self.lock = threading.RLock()  # one search at a time (its tables are shared across calls)
-        self.broken = False  # set when a call was interrupted: never reused
-        family: list[int] | None = None
-        exact = solver == "dp-exact"
-        if exact:
-            limit = cfg["max_lower_sets"]
-            family = _all_lower_sets(p, limit)
-            if family is None:
-                msg = (f"dp-exact: the graph has more than max_lower_sets={limit} lower sets "
-                       "(the exact DP is quadratic in their number)")
-                if not cfg["fallback"]:
-                    raise ValueError(msg + "; raise max_lower_sets, or pass fallback=True to use dp-approx")
-                self.fallback_message = f"{msg}; falling back to dp-approx (pruned family, closed-form model)"
-                self.fallback_reason = f"more than {limit} lower sets"
-                exact = False
-        if exact:
-            assert family is not None, "please report"
-            self.family_name = "all lower sets"
-            self.model_name = "segment replay"
-        else:
-            family = _pruned_lower_sets(p)
-            self.family_name = "pruned: {L^v} + {∅, V}"
-            self.model_name = "closed form"
-        self.dp = _DP(p, family, self.quantum, exact)
-        self._vanilla: tuple[Plan, int] | None = None
-        self._min: tuple[int, int, Plan | None] | None = None
-
-    @property
-    def graph(self) -> Graph:
-        graph = self._graph()
-        assert graph is not None, "the graph of a search was collected during a call; please report"
-        return graph
-
-    # -------------------------------------------------------------- plans and the simulator
-    def plan_of(self, seq: Sequence[int]) -> Plan:
-        lists = [list(_bits(m)) for m in seq]
-        return Plan(segments_from_lower_sets(self.graph, lists), solver=self.solver)
-
-    def peak(self, plan: Plan) -> int:
-        return simulate(self.graph, plan, check=False, record=False).peak_bytes
-
-    def vanilla(self) -> tuple[Plan, int]:
-        if self._vanilla is None:
-            plan = no_recompute_plan(self.graph)
-            plan.solver = self.solver
-            self._vanilla = (plan, self.peak(plan))
-        return self._vanilla
-
-    # -------------------------------------------------------------- the least budget
-    def least_dp_budget(self) -> tuple[int, list[int]]:
-        """The least budget at which the DP's model admits a sequence, and that sequence.
-
-        Binary search over bytes (Kusumoto §5.1) on the DP's feasibility. It gallops up from
-        1/64 of the unoptimised need so that probes stay near the answer, where the DP is
-        cheap; a probe that succeeds lowers the upper end to its sequence's model peak, and
-        halving probes alternate with probes one byte below the upper end (the answer is the
-        peak of some sequence, so such a probe often closes the search at once).
-        """
-        seq = [self.p.full]
-        hi = self.model_peak(seq)  # the one-segment sequence always fits its own need
-        lo = -1
-        probe = hi >> 6
-        # a probe above the answer prices every transition its budget admits (replays for the
-        # exact DP), so both climb in small steps (see the module docstring)
-        growth = 1.1 if self.dp.exact else 1.25
-        while lo + 1 < probe < hi:
-            found = self.dp.run(probe, "feasible")
-            if found is not None:
-                seq = found[0]
-                hi = self.model_peak(seq)
-                break
-            lo = probe
-            probe = max(probe + 1, int(probe * growth))
-        below = True  # alternate "just below hi" (proves hi least when it fails) and halving probes
-        while hi - lo > 1:
-            mid = hi - 1 if below else (lo + hi) // 2
-            below = not below
-            found = self.dp.run(mid, "feasible")
-            if found is not None:
-                seq = found[0]
-                hi = self.model_peak(seq)
-            else:
-                lo = mid
-        return hi, seq
-
-    def model_peak(self, seq: Sequence[int]) -> int:
-        """The DP model's peak of a sequence (the least budget at which the DP accepts it)."""
-        return (_model_peak(self.p, seq) if self.dp.exact else _closed_peak(self.p, seq, self.dp.closed))[0]
-
-    def minimum(self) -> tuple[int, int, Plan | None]:
-        """``(min_budget_bytes, least DP budget, the DP's plan there or None)`` (cached).
-
-        The solver's minimum is the smaller of the unoptimised peak and the simulated peak of
-        the sequence the DP finds at the least budget its model accepts.
-        """
-        with self.lock, self._guard():
-            return self._minimum()
-
-    @contextmanager
-    def _guard(self) -> Iterator[None]:
-        """Marks the search broken when a call is interrupted (KeyboardInterrupt, a timeout
-        signal…) mid-way: its tables may then be half-updated, so the cache drops it. An
-        infeasible budget is an answer, not an interruption: the search stays usable."""
-        try:
-            yield
-        except InfeasibleBudgetError:
-            raise
-        except BaseException:
-            self.broken = True
-            raise
-
-    def _minimum(self) -> tuple[int, int, Plan | None]:
-        if self._min is not None:
-            return self._min
-        _, van_peak = self.vanilla()
-        dp_min, seq = self.least_dp_budget()
-        candidates = [seq]
-        if self.dp.exact:  # the least-kept sequence too, first (kept on ties), when it is cheap
-            alt = self.dp.least_kept(dp_min, _LEAST_KEPT_LABELS)
-            if alt is not None and alt != seq:
-                candidates.insert(0, alt)
-        plans = [self.plan_of(c) for c in candidates]
-        peaks = [self.peak(p) for p in plans]
-        at = peaks.index(min(peaks))
-        plan, peak = plans[at], peaks[at]
-        self._min = (peak, dp_min, plan) if peak < van_peak else (van_peak, dp_min, None)
-        return self._min
-
-    # -------------------------------------------------------------- solve
-    def solve(self, budget: int, cfg: dict[str, Any]) -> Plan:
-        """The plan for ``budget`` under ``cfg``'s objective and tightenings (the search's own
-        options, family and time grid, are fixed at construction)."""
-        with self.lock, self._guard():
-            if self.fallback_reason:
-                logger.warning("%s", self.fallback_message)
-            return self._solve(budget, cfg)
-
-    def _solve(self, budget: int, cfg: dict[str, Any]) -> Plan:
-        van_plan, van_peak = self.vanilla()
-        if len(self.graph) == 0:
-            return self._stamp(cfg, van_plan, "no nodes")
-        objective = cfg["objective"]
-        if objective == "time" and van_peak <= budget:
-            return self._stamp(cfg, van_plan, "no recomputation: the budget does not bind")
-        need, dp_min, min_plan = self._minimum()
-        if budget < need:
-            raise InfeasibleBudgetError(budget, need, solver=self.solver)
-        fallback = min_plan or van_plan
-        if objective == "memory":
-            found = self.dp.run(dp_min, "memory")
-            if found is not None:
-                plan = self.plan_of(found[0])
-                if self.peak(plan) <= budget:
-                    return self._stamp(cfg, plan, "memory-centric: most recomputation at the least DP budget",
-                                       dp_budget=dp_min)
-            logger.warning("%s: the memory-centric plan does not fit %d bytes in simulation; using "
-                           "the sequence found at the least DP budget (%d bytes)", self.solver, budget, dp_min)
-            return self._stamp(cfg, fallback, "the sequence found at the least DP budget", dp_budget=dp_min)
-        dp_budget = budget
-        for attempt in range(cfg["max_tightenings"] + 1):
-            if dp_budget < dp_min:
-                break
-            found = self.dp.run(dp_budget, "time")
-            if found is None:
-                break
-            plan = self.plan_of(found[0])
-            peak = self.peak(plan)
-            if peak <= budget:
-                return self._stamp(cfg, plan, "time-centric", dp_budget=dp_budget, tightenings=attempt)
-            logger.info("%s: the DP's plan for %d bytes simulates to %d bytes; tightening the DP budget",
-                        self.solver, dp_budget, peak)
-            dp_budget -= max(peak - budget, 1)
-        logger.warning("%s: no DP plan for %d bytes passed the simulator check; using the sequence "
-                       "found at the least DP budget (%d bytes)", self.solver, budget, dp_min)
-        return self._stamp(cfg, fallback, "the sequence found at the least DP budget", dp_budget=dp_min)
-
-    def _stamp(self, cfg: dict[str, Any], plan: Plan, why: str, *, dp_budget: int | None = None, tightenings: int = 0) -> Plan:
-        """A copy of ``plan`` with the solver's options recorded."""
-        plan = Plan(list(plan.segments), solver=self.solver, options=dict(plan.options))
-        plan.options.update({
-            "objective": cfg["objective"],
-            "family": self.family_name,
-            "family_size": len(self.dp.fam),
-            "memory_model": self.model_name,
-            "time_slots": self.cfg["time_slots"],
-            "time_quantum_s": self.quantum,
-            "dp_budget_bytes": dp_budget,
-            "tightenings": tightenings,
-            "chosen": why,
-        })
-        if self.fallback_reason:
-            plan.options["fallback"] = f"dp-approx ({self.fallback_reason})"
-        return plan
+def solve_dp_approx(graph: Graph, budget_bytes: int, *, config: Mapping[str, Any] | DPConfig | None = None) -> Plan:
+    """Kusumoto et al.'s approximate DP (pruned family) under a step-peak budget; see the package docstring."""
+    budget = check_budget(budget_bytes)
+    cfg = parse_config(config, "dp-approx")
+    return search_for(graph, "dp-approx", cfg).solve(budget, cfg)
 
 
-# Each live graph keeps the searches of its last few option sets, so that the usual sequence
-# "min_budget(g) (or a solve that raises InfeasibleBudgetError) then solve(g, b)" finds the least
-# budget once: a search holds its DP tables (priced transitions, replays) and its minimum. The
-# cache holds graphs weakly and a search holds its graph weakly, so a search (dp-exact's tables
-# reach a gigabyte on PSPNet) goes when its graph does. A graph edited in place is recognised by
-# a signature of its content and gets a new search.
-_CACHE_SIZE = 3  # option sets kept per graph
-_cache: weakref.WeakKeyDictionary[Graph, OrderedDict[tuple[str, int, int, bool], tuple[int, _Search]]] = (
-    weakref.WeakKeyDictionary())
-_cache_lock = threading.Lock()
-
-
-def _signature(graph: Graph) -> int:
-    """A hash of the graph's nodes, edges and meta (not the lazily added fingerprint)."""
-    meta = sorted((k, v) for k, v in graph.meta.items() if k != "fingerprint")
-    text = repr([tuple(d.items()) for _, d in graph.nx.nodes(data=True)]) + repr(list(graph.nx.edges)) + repr(meta)
-    return hash(text)
-
-
-def _search(graph: Graph, solver: str, cfg: dict[str, Any]) -> _Search:
-    """The (cached) search for ``graph`` under the options that shape it."""
-    key = (solver, cfg["time_slots"], cfg["max_lower_sets"], cfg["fallback"])
-    sig = _signature(graph)
-    with _cache_lock:
-        mine = _cache.get(graph)
-        got = None if mine is None else mine.get(key)
-        if got is not None and got[0] == sig and not got[1].broken:
-            mine.move_to_end(key)  # type: ignore[union-attr]
-            return got[1]
-    search = _Search(graph, solver, cfg)
-    with _cache_lock:
-        mine = _cache.setdefault(graph, OrderedDict())
-        mine[key] = (sig, search)
-        mine.move_to_end(key)
-        while len(mine) > _CACHE_SIZE:
-            mine.popitem(last=False)
-    return search
-
-
-def _config(config: dict[str, Any] | DPConfig | None, solver: str) -> dict[str, Any]:
-    cls = DPExactConfig if solver == "dp-exact" else DPApproxConfig
-    if isinstance(config, DPConfig) and not isinstance(config, cls):
-        config = config.as_dict()  # the shared options suit either DP
-    cfg = cls.parse(config).as_dict()
-    cfg["fallback"] = bool(cfg["fallback"])
-    return cfg
-
-
-def solve_dp_exact(graph: Graph, budget_bytes: int, *, config: dict[str, Any] | None = None) -> Plan:
-    """Kusumoto et al.'s exact DP (all lower sets) under a step-peak budget; see the module docstring."""
-    budget = _check_budget(budget_bytes)
-    cfg = _config(config, "dp-exact")
-    return _search(graph, "dp-exact", cfg).solve(budget, cfg)
-
-
-def solve_dp_approx(graph: Graph, budget_bytes: int, *, config: dict[str, Any] | None = None) -> Plan:
-    """Kusumoto et al.'s approximate DP (pruned family) under a step-peak budget; see the module docstring."""
-    budget = _check_budget(budget_bytes)
-    cfg = _config(config, "dp-approx")
-    return _search(graph, "dp-approx", cfg).solve(budget, cfg)
-
-
-def min_budget(graph: Graph, solver: str = "dp-approx", *, config: dict[str, Any] | None = None) -> int:
+def min_budget(graph: Graph, solver: str = "dp-approx", *, config: Mapping[str, Any] | DPConfig | None = None) -> int:
     """The smallest step-peak budget for which ``solver`` (``"dp-approx"`` or ``"dp-exact"``) finds a plan.
 
     ``solver(graph, b)`` returns a plan for every ``b >= min_budget(graph, solver)`` and raises
-    :class:`~autoremat.errors.InfeasibleBudgetError` below it (see the module docstring).
+    :class:`~autoremat.errors.InfeasibleBudgetError` below it (see the package docstring).
     """
     if solver not in ("dp-approx", "dp-exact"):
-        raise ValueError(f"solver={solver!r} has no least-budget search here; expected 'dp-approx' or 'dp-exact' (autoremat.min_budget takes every solver)")
+        raise ValueError(f"solver={solver!r} has no least-budget search here; expected 'dp-approx' or "
+                         "'dp-exact' (autoremat.min_budget takes every solver)")
     if len(graph) == 0:
         return 0
-    search = _search(graph, solver, _config(config, solver))
+    search = search_for(graph, solver, parse_config(config, solver))
     if search.fallback_reason:
         logger.warning("%s", search.fallback_message)
-    return search.minimum()[0]
+    return search.minimum().budget_bytes

@@ -76,7 +76,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..graph import Graph
-from ..cost import DEFAULT_BANDWIDTH_BYTES_PER_S, step_levels
+from .simulator import DEFAULT_BANDWIDTH_BYTES_PER_S, step_levels
 
 __all__ = ["Chain", "chain_from_graph", "split_points", "layer_cuts", "GROUPINGS", "DEFAULT_BANDWIDTH_BYTES_PER_S"]
 

@@ -5,8 +5,8 @@ missing ones segment by segment during backward, minimising the paper's memory c
 (Eqn. 1 of [1]): ``Σ_{v ∈ V_R} l(v) + max_segment l(segment)``, the bytes kept plus the
 largest re-forward.
 
-Code: :mod:`.reforward_tree` (the vertex model, closed sets and the division tree,
-Algorithms 2-4), :mod:`.reforward_search` (Algorithms 1 and 5), this module (entry points,
+Code: :mod:`.tree` (the vertex model, closed sets and the division tree,
+Algorithms 2-4), :mod:`.search` (Algorithms 1 and 5), this package (entry points,
 solutions as plans, the budgeted solver).
 
 Paper: .. [1] J. Feng, D. Huang, "Cutting Down Training Memory by Re-forwarding",
@@ -137,13 +137,13 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
-from ..errors import InfeasibleBudgetError
-from ..graph import Graph
-from ..plan import Plan, Segment, segments_from_lower_sets
-from ..cost import no_recompute_plan, simulate
-from ._config import SolverConfig
-from .reforward_search import ReforwardSolution, _chain_pre, _family, _max_terms
-from .reforward_tree import _build_tree, _Closed, _Model, breaks_multi_input_assumption
+from ...errors import InfeasibleBudgetError
+from ...graph import Graph
+from ...plan import Plan, Segment, segments_from_lower_sets
+from ...cost import no_recompute_plan, simulate
+from .._config import SolverConfig
+from .search import ReforwardSolution, chain_pre, max_terms, solution_family
+from .tree import ClosedSet, TreeModel, breaks_multi_input_assumption, build_tree
 
 __all__ = [
     "solve_reforward",
@@ -213,15 +213,15 @@ def reforward_linear(graph: Graph) -> list[ReforwardSolution]:
     if not _is_chain(graph):
         raise ValueError("graph must be a chain 0 -> 1 -> ... -> n-1 for the linear solver "
                          "(method='linear'); use method='auto' for arbitrary graphs")
-    M = _Model(graph, pins_multi_input=True)
+    M = TreeModel(graph, pins_multi_input=True)
     # the chain S*, 0, …, n-1, T* as a type-1 closed set whose members are all edges
     full = sum(1 << x for x in range(1, M.N - 1))
-    node = _Closed(0, M.N - 1, full, list(range(1, M.N - 1)), M.has_edge(0, M.N - 1))
+    node = ClosedSet(0, M.N - 1, full, list(range(1, M.N - 1)), M.has_edge(0, M.N - 1))
     node.kind = 1
     node.chain = [0] + node.verts + [M.N - 1]
     node.members = [None] * (len(node.chain) - 1)
     node.cost = M.cost(full)
-    pre = _chain_pre(M, node)
+    pre = chain_pre(M, node)
     # line 1-2: every vertex pair (v_i, v_j) gives a candidate max term l(v_i, v_j)
     terms: set[int] = {0}
     for a in range(pre.p):
@@ -229,7 +229,7 @@ def reforward_linear(graph: Graph) -> list[ReforwardSolution]:
             if b > a + 1 and pre.pinned[b - 1]:
                 break
             terms.add(pre.run_cost(a, b))
-    return _family(M, node, sorted(terms, reverse=True), "store")
+    return solution_family(M, node, sorted(terms, reverse=True), "store")
 
 
 def reforward_arbitrary(graph: Graph, *, multi_input: str = "store") -> list[ReforwardSolution]:
@@ -241,9 +241,9 @@ def reforward_arbitrary(graph: Graph, *, multi_input: str = "store") -> list[Ref
     _check_graph(graph)
     if multi_input not in ("store", "merge"):
         raise ValueError(f"multi_input={multi_input!r} is not accepted here; expected 'store' or 'merge'")
-    M = _Model(graph, pins_multi_input=multi_input == "store")
-    root = _build_tree(M)
-    return _family(M, root, _max_terms(M, root), multi_input)
+    M = TreeModel(graph, pins_multi_input=multi_input == "store")
+    root = build_tree(M)
+    return solution_family(M, root, max_terms(M, root), multi_input)
 
 
 def division_tree(graph: Graph, *, multi_input: str = "store") -> DivisionNode:
@@ -251,13 +251,13 @@ def division_tree(graph: Graph, *, multi_input: str = "store") -> DivisionNode:
     _check_graph(graph)
     if multi_input not in ("store", "merge"):
         raise ValueError(f"multi_input={multi_input!r} is not accepted here; expected 'store' or 'merge'")
-    M = _Model(graph, pins_multi_input=multi_input == "store")
-    root = _build_tree(M)
+    M = TreeModel(graph, pins_multi_input=multi_input == "store")
+    root = build_tree(M)
 
     def end(x: int) -> int | None:
         return None if x in (0, M.N - 1) else x - 1
 
-    def conv(node: _Closed) -> DivisionNode:
+    def conv(node: ClosedSet) -> DivisionNode:
         return DivisionNode(
             head=end(node.head), tail=end(node.tail), interior=M.nodes_of(node.mask), kind=node.kind,
             has_edge=node.has_edge, splits=tuple(x - 1 for x in node.chain[1:-1]),
@@ -269,7 +269,7 @@ def division_tree(graph: Graph, *, multi_input: str = "store") -> DivisionNode:
 def solution_plan(graph: Graph, solution: ReforwardSolution) -> Plan:
     """The executable plan of one solution (see "Executable form" in the module docstring)."""
     _check_graph(graph)
-    segs = _plan_segments(graph, _Model(graph, pins_multi_input=False), solution.groups)
+    segs = _plan_segments(graph, TreeModel(graph, pins_multi_input=False), solution.groups)
     if segs is None:
         raise ValueError("the solution's segments cannot be ordered as lower sets (a kept node saves "
                          "a tensor of a segment it does not close); please report")
@@ -277,7 +277,7 @@ def solution_plan(graph: Graph, solution: ReforwardSolution) -> Plan:
                 options={"max_term_bytes": solution.max_term_bytes, "multi_input": solution.multi_input})
 
 
-def _plan_segments(graph: Graph, M: _Model, groups: Sequence[Sequence[int]]) -> list[Segment] | None:
+def _plan_segments(graph: Graph, M: TreeModel, groups: Sequence[Sequence[int]]) -> list[Segment] | None:
     """Map re-forwarded interiors to segments of an increasing lower-set sequence."""
     n = len(graph)
     if n == 0:
@@ -421,7 +421,7 @@ def solve_reforward(graph: Graph, budget_bytes: int, *, config: dict[str, Any] |
     sim = simulate(graph, base, check=False, record=False)
     tried: list[tuple[float, int, int, Plan]] = [(sim.extra_time_s, sim.peak_bytes, 0, base)]
     seen: set[tuple[tuple[tuple[int, ...], bool], ...]] = {tuple((s.nodes, s.recompute) for s in base.segments)}
-    M_plain = _Model(graph, pins_multi_input=False)
+    M_plain = TreeModel(graph, pins_multi_input=False)
     for sol in chosen:
         segs = _plan_segments(graph, M_plain, sol.groups)
         if segs is None:

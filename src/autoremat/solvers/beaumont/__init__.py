@@ -6,14 +6,14 @@ peak that :func:`autoremat.cost.simulate` predicts fits the budget, at little ex
 
 Paper: .. [1] O. Beaumont, L. Eyraud-Dubois, A. Shilova, "Optimal GPU-CPU Offloading Strategies
    for Deep Neural Network Training", hal-02316266, 2019 (GREEDY §4.2, DYNPROG §5.3, VDNN §6.1;
-   the chain solvers live in :mod:`autoremat.offload.solvers`).
+   the chain solvers live in :mod:`.chain_solvers`).
 
 Method (a heuristic: the chain solvers are the paper's, the mapping and repair are ours):
 
 1. *Not binding*: when the plan without recomputation or offloading fits, it is returned with an
    empty ``offload`` (except ``vdnn`` with ``mode="all"``, vDNN_all, which offloads everything
    by definition).
-2. *Chain*: :func:`~autoremat.offload.chain_from_graph` with the same bandwidth ``B`` the plan
+2. *Chain*: :func:`~autoremat.cost.chain.chain_from_graph` with the same bandwidth ``B`` the plan
    is simulated with, then :func:`offloadable_chain`: each activation ``x_j`` keeps only the
    bytes the runtime can offload, the storages of :func:`offload_candidates` created in layer
    ``G_{j-1}``; the rest of ``x_j`` (saved extras such as batch-norm statistics, storages
@@ -24,9 +24,9 @@ Method (a heuristic: the chain solvers are the paper's, the mapping and repair a
    step peak of DESIGN.md (bytes above what is live when the step starts), and ``M_peak`` of a
    chain from a graph equals the simulated step peak without offloading (``>=`` where
    :func:`chain_from_graph`'s clamp acts, i.e. conservative). So ``M = budget_bytes``.
-4. *Chain solver*: :func:`~autoremat.offload.offload_greedy` (integral GREEDY),
-   :func:`~autoremat.offload.offload_dp` (DYNPROG, ``slots``, ``rounding``) or
-   :func:`~autoremat.offload.vdnn` (``mode``) at ``M``; if it finds ``M`` infeasible (below the
+4. *Chain solver*: :func:`~.chain_solvers.offload_greedy` (integral GREEDY),
+   :func:`~.chain_solvers.offload_dp` (DYNPROG, ``slots``, ``rounding``) or
+   :func:`~.chain_solvers.vdnn` (``mode``) at ``M``; if it finds ``M`` infeasible (below the
    chain's ``min_memory_bytes``) the set is empty and step 6 decides.
 5. *Layers -> nodes*: every offloaded activation ``x_j`` becomes the offload candidates created
    in ``G_{j-1}`` (``chain.layer_nodes[j - 1]``), see :func:`layer_offload_nodes`.
@@ -75,7 +75,7 @@ link, and must offload at least ``M_peak - M`` bytes to fit); their stalls diffe
 chain waits in forward for memory where the simulator instead exceeds the budget (and repairs).
 
 Time: O(n) for the chain, the chain solver's time (GREEDY O(L^2), VDNN O(L^3), DYNPROG
-pseudo-polynomial, see :mod:`autoremat.offload.solvers`), and at most ``2 |C|`` simulations of
+pseudo-polynomial, see :mod:`.chain_solvers`), and at most ``2 |C|`` simulations of
 O(n) each for ``|C|`` offload candidates. Space O(n + |C|) plus the solver's. Not exact: the
 chain problem is NP-complete (Theorem 1 of [1]) and the graph's model is not the chain's.
 Limitations: no recomputation (``"combined"`` mixes both); the repair only adds candidates; the
@@ -91,15 +91,15 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
-from ..errors import InfeasibleBudgetError
-from ..graph import Graph
-from ..offload.chain import GROUPINGS, Chain, chain_from_graph
-from ..offload.chain_sim import OffloadSchedule
-from ..offload.solvers import DEFAULT_SLOTS, ROUNDINGS, VDNN_MODES, lower_bound, offload_dp, offload_greedy, vdnn
-from ..plan import Plan, offloadable_nodes
-from ..cost import DEFAULT_BANDWIDTH_BYTES_PER_S, no_recompute_plan, simulate
-from ._config import SolverConfig
-from .combined import offload_allowed
+from ...cost import DEFAULT_BANDWIDTH_BYTES_PER_S, no_recompute_plan, simulate
+from ...cost.chain import GROUPINGS, Chain, chain_from_graph
+from ...cost.chain_schedule import OffloadSchedule
+from ...errors import InfeasibleBudgetError
+from ...graph import Graph
+from ...plan import Plan, offloadable_nodes
+from .._config import SolverConfig
+from ..combined import offload_allowed
+from .chain_solvers import DEFAULT_SLOTS, ROUNDINGS, VDNN_MODES, lower_bound, offload_dp, offload_greedy, vdnn
 
 __all__ = ["solve_offload_greedy", "solve_offload_dp", "solve_vdnn", "offload_candidates", "offloadable_chain",
            "layer_offload_nodes", "OffloadGreedyConfig", "OffloadDPConfig", "VdnnConfig"]
@@ -124,7 +124,7 @@ def offloadable_chain(chain: Chain, graph: Graph, candidates: Iterable[int]) -> 
     ``x_{L+1}`` (never offloaded) is kept as it is.
     """
     if not chain.layer_nodes:
-        raise ValueError("the chain has no layer_nodes: build it with autoremat.offload.chain_from_graph(graph)")
+        raise ValueError("the chain has no layer_nodes: build it with autoremat.cost.chain.chain_from_graph(graph)")
     firsts = [f for f, _ in chain.layer_nodes]
     x = [0] * (chain.n_ops + 1)
     for v in candidates:
@@ -345,7 +345,7 @@ def solve_offload_greedy(graph: Graph, budget_bytes: int, *,
 def solve_offload_dp(graph: Graph, budget_bytes: int, *, config: dict[str, Any] | OffloadDPConfig | None = None
                      ) -> Plan:
     """DYNPROG (§5.3 of [1]) mapped to a plan; ``slots`` (default 500) and ``rounding`` as in
-    :func:`~autoremat.offload.offload_dp`."""
+    :func:`~.chain_solvers.offload_dp`."""
     cfg = OffloadDPConfig.parse(config).as_dict()
     slots = cfg["slots"]
     rounding = cfg["rounding"]

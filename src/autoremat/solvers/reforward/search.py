@@ -12,9 +12,9 @@ import bisect
 import math
 from dataclasses import dataclass
 
-from .reforward_tree import _Closed, _Model
+from .tree import ClosedSet, TreeModel
 
-__all__ = ["ReforwardSolution"]
+__all__ = ["ReforwardSolution", "ChainPre", "chain_pre", "max_terms", "solution_family"]
 
 _INF = math.inf
 
@@ -43,12 +43,12 @@ class ReforwardSolution:
 
 
 # ====================================================================== Algorithm 1 / 5
-class _ChainPre:
+class ChainPre:
     """Per type-1 node: prefix sums over the chain of splitting vertices."""
 
     __slots__ = ("p", "mcost", "pm", "ps", "keep", "pinned", "masks")
 
-    def __init__(self, M: _Model, node: _Closed) -> None:
+    def __init__(self, M: TreeModel, node: ClosedSet) -> None:
         chain = node.chain
         p = self.p = len(chain) - 1
         self.mcost = [0.0] + [0 if m is None else m.cost for m in node.members]
@@ -73,13 +73,13 @@ class _ChainPre:
         return self.pm[b] - self.pm[a] + self.ps[b - 1] - self.ps[a]
 
 
-def _chain_pre(M: _Model, node: _Closed) -> _ChainPre:
+def chain_pre(M: TreeModel, node: ClosedSet) -> ChainPre:
     if node._pre is None:
-        node._pre = _ChainPre(M, node)
+        node._pre = ChainPre(M, node)
     return node._pre
 
 
-def _shortest_path(pre: _ChainPre, m: float, expanded: list[bool]) -> list[int]:
+def _shortest_path(pre: ChainPre, m: float, expanded: list[bool]) -> list[int]:
     """Shortest source→target path of the accessibility graph for max term ``m``.
 
     Vertex weights ``keep``; ``a → b`` exists iff members ``a+1..b`` are not expanded,
@@ -129,13 +129,13 @@ class _Rec:
         self.groups: list[int] = []
 
 
-def _solve(M: _Model, node: _Closed, m: float, rec: _Rec | None) -> tuple[int, float]:
+def _solve(M: TreeModel, node: ClosedSet, m: float, rec: _Rec | None) -> tuple[int, float]:
     """Algorithm 5 on a closed set that must be expanded (``node.cost > m``).
 
     Returns the kept bytes strictly inside ``node`` and the largest re-forward used.
     """
     if node.kind == 1:
-        pre = _chain_pre(M, node)
+        pre = chain_pre(M, node)
         p = pre.p
         expanded = [False] + [pre.mcost[a] > m for a in range(1, p + 1)]
         kept = 0
@@ -182,7 +182,7 @@ def _solve(M: _Model, node: _Closed, m: float, rec: _Rec | None) -> tuple[int, f
     return kept, mx
 
 
-def _max_terms(M: _Model, root: _Closed) -> list[int]:
+def max_terms(M: TreeModel, root: ClosedSet) -> list[int]:
     """Candidate max terms, decreasing: costs of the tree's nodes and of type-1 runs."""
     terms: set[int] = {0}
     stack = [root]
@@ -192,7 +192,7 @@ def _max_terms(M: _Model, root: _Closed) -> list[int]:
         if node.cost != _INF:
             terms.add(int(node.cost))
         if node.kind == 1:
-            pre = _chain_pre(M, node)
+            pre = chain_pre(M, node)
             for a in range(pre.p):
                 for b in range(a + 1, pre.p + 1):
                     if pre.mcost[b] == _INF or (b > a + 1 and pre.pinned[b - 1]):
@@ -201,7 +201,7 @@ def _max_terms(M: _Model, root: _Closed) -> list[int]:
     return sorted(terms, reverse=True)
 
 
-def _family(M: _Model, root: _Closed, terms: list[int], mode: str) -> list[ReforwardSolution]:
+def solution_family(M: TreeModel, root: ClosedSet, terms: list[int], mode: str) -> list[ReforwardSolution]:
     """The loop of Algorithm 5 (and 1) over the max terms, with the skipping rule."""
     asc = terms[::-1]
     out: list[ReforwardSolution] = []
@@ -220,7 +220,7 @@ def _family(M: _Model, root: _Closed, terms: list[int], mode: str) -> list[Refor
     return out
 
 
-def _solution(M: _Model, m: int, kept: int, mx: float, rec: _Rec, mode: str) -> ReforwardSolution:
+def _solution(M: TreeModel, m: int, kept: int, mx: float, rec: _Rec, mode: str) -> ReforwardSolution:
     groups = tuple(M.nodes_of(g) for g in sorted(rec.groups, key=lambda g: g & -g) if g)
     interior = 0
     for g in rec.groups:

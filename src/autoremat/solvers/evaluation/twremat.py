@@ -2,9 +2,9 @@
 
 Problem. Given a computation graph in which every node produces one tensor, find a schedule
 (nodes may be computed several times) whose peak memory is small. Here the graph is the joint
-forward+backward graph of one training step (:class:`~autoremat.solvers.schedule.JointGraph`,
+forward+backward graph of one training step (:class:`~autoremat.cost.schedule.JointGraph`,
 whose module docstring says how a :class:`~autoremat.graph.Graph`'s bytes map to the paper's
-per-node sizes) and the result is a :class:`~autoremat.solvers.schedule.Schedule`.
+per-node sizes) and the result is a :class:`~autoremat.cost.schedule.Schedule`.
 
 Paper: .. [1] R. Kumar, M. Purohit, Z. Svitkina, E. Vee, J. R. Wang, "Efficient
    Rematerialization for Deep Networks", NeurIPS 2019 (Algorithm 1, Lemma 1, Lemma 3,
@@ -27,7 +27,7 @@ input from outside the piece is resident) and never lengthens the schedule. (2) 
 stops the recursion when the current piece has fewer than ``k`` bags and computes the
 required nodes in topological order, freeing each when it is dead (``k = 1`` is the full
 algorithm; ``k`` above the number of bags is NoRemat). (3) By default the frees are re-derived
-from the sequence of computations (:func:`~autoremat.solvers.schedule.with_liveness_frees`):
+from the sequence of computations (:func:`~autoremat.cost.schedule.with_liveness_frees`):
 that is the paper's ``M(σ)``, which depends on the computations only and is never above the
 annotated schedule's; ``annotated=True`` keeps Algorithm 1's own keep/free annotations.
 
@@ -43,7 +43,7 @@ Limitations. The schedule recomputes forward *and* backward nodes, any number of
 an interleaving that flat non-reentrant checkpoint segments (what autoremat's runtime
 executes) cannot express. TWRemat is therefore **not registered as a solver**: it is
 evaluated with the schedule simulator
-(:func:`~autoremat.solvers.schedule.simulate_schedule`) on the papers' memory model, not
+(:func:`~autoremat.cost.schedule.simulate_schedule`) on the papers' memory model, not
 executed, and its numbers are not step peaks of :func:`autoremat.simulate`.
 """
 
@@ -56,8 +56,8 @@ from typing import Callable
 import networkx as nx
 from networkx.algorithms.approximation import treewidth_min_degree, treewidth_min_fill_in
 
-from ..graph import Graph
-from .schedule import COMPUTE, FREE, JointGraph, Op, Schedule, with_liveness_frees
+from ...graph import Graph
+from ...cost.schedule import COMPUTE, FREE, JointGraph, Op, Schedule, with_liveness_frees
 
 __all__ = [
     "TreeDecomposition",
@@ -321,7 +321,7 @@ def twremat_schedule(graph: Graph | JointGraph, k: int | None = None, *, heurist
     """``TWRemat(k)`` (Algorithm 1 of [1]_ with the recursion limit of §4.3) on the joint graph.
 
     ``graph``: a :class:`~autoremat.graph.Graph` (its joint forward+backward graph is built)
-    or a :class:`~autoremat.solvers.schedule.JointGraph`. ``k``: stop the recursion on pieces
+    or a :class:`~autoremat.cost.schedule.JointGraph`. ``k``: stop the recursion on pieces
     with fewer than ``k`` bags (``None`` or 1: the full algorithm). ``heuristic``: the tree
     decomposition heuristic (``"min_fill_in"`` as in the paper, or ``"min_degree"``).
     ``annotated``: keep Algorithm 1's frees instead of the liveness frees.

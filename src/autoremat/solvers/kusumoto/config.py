@@ -1,11 +1,11 @@
-"""Options of the Kusumoto DP solvers ``dp-exact`` and ``dp-approx`` (see :mod:`.kusumoto`)."""
+"""Options of the Kusumoto DP solvers ``dp-exact`` and ``dp-approx`` (see :mod:`autoremat.solvers.kusumoto`)."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 from typing import ClassVar
 
-from ._config import SolverConfig
+from .._config import SolverConfig
 
 __all__ = ["DPConfig", "DPExactConfig", "DPApproxConfig", "OBJECTIVES"]
 

@@ -1,6 +1,6 @@
 """Which activations to offload to host memory, and when: Beaumont et al.'s algorithms and vDNN.
 
-Problem (Problem 1 of [1]): on a :class:`~autoremat.offload.chain.Chain` with memory limit
+Problem (Problem 1 of [1]): on a :class:`~autoremat.cost.chain.Chain` with memory limit
 ``M``, choose activations to copy to the host during forward and bring back during backward so
 that every operation fits in ``M`` and the makespan is least. Strongly NP-complete (Theorem 1).
 
@@ -11,8 +11,8 @@ Paper: .. [1] O. Beaumont, L. Eyraud-Dubois, A. Shilova, "Optimal GPU-CPU Offloa
    "vDNN: Virtualized Deep Neural Networks for Scalable, Memory-Efficient Neural Network
    Design", MICRO 2016.
 
-Every solver returns an :class:`~autoremat.offload.chain_sim.OffloadSchedule` built by
-:func:`~autoremat.offload.chain_sim.simulate_offload` (the paper's integral model: whole
+Every solver returns an :class:`~autoremat.cost.chain_schedule.OffloadSchedule` built by
+:func:`~autoremat.cost.chain_replay.simulate_offload` (the paper's integral model: whole
 activations, memory released when a copy completes), so schedules are comparable; and raises
 :class:`~autoremat.errors.InfeasibleBudgetError` with ``min_budget_bytes =
 chain.min_memory_bytes`` (offloading everything) when ``M`` is below it.
@@ -65,16 +65,10 @@ import math
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from ..errors import InfeasibleBudgetError
-from .chain import Chain
-from .chain_sim import (
-    OffloadSchedule,
-    _check_chain,
-    _check_limit,
-    offload_set_min_memory_bytes,
-    simulate_offload,
-    simulate_relaxed,
-)
+from ...cost.chain import Chain
+from ...cost.chain_replay import simulate_offload, simulate_relaxed
+from ...cost.chain_schedule import OffloadSchedule, check_chain, check_limit, offload_set_min_memory_bytes
+from ...errors import InfeasibleBudgetError
 
 __all__ = ["offload_greedy", "offload_dp", "vdnn", "lower_bound", "OFFLOAD_SOLVERS", "VDNN_MODES",
            "ROUNDINGS", "DEFAULT_SLOTS"]
@@ -101,8 +95,8 @@ def lower_bound(chain: Chain, memory_limit_bytes: int) -> float:
     (Proposition 2). Raises :class:`~autoremat.errors.InfeasibleBudgetError` when no schedule
     fits ``memory_limit_bytes``.
     """
-    chain = _check_chain(chain)
-    limit = _check_limit(memory_limit_bytes)
+    chain = check_chain(chain)
+    limit = check_limit(memory_limit_bytes)
     _require_feasible(chain, limit, "lower-bound")
     moved = max(0, chain.peak_bytes - limit)
     return max(chain.compute_time_s, 2.0 * moved / chain.bandwidth_bytes_per_s)
@@ -116,8 +110,8 @@ def offload_greedy(chain: Chain, memory_limit_bytes: int, *, fractional: bool = 
     ``fractional=True``: exactly ``M_peak - M`` bytes (the last activation partly), fractional
     model: Theorem 2's optimal schedule for the fractional relaxation.
     """
-    chain = _check_chain(chain)
-    limit = _check_limit(memory_limit_bytes)
+    chain = check_chain(chain)
+    limit = check_limit(memory_limit_bytes)
     _require_feasible(chain, limit, "offload-greedy")
     remaining = float(max(0, chain.peak_bytes - limit))
     fractions = [0.0] * (chain.n_ops + 1)
@@ -323,8 +317,8 @@ def offload_dp(chain: Chain, memory_limit_bytes: int, *, slots: int = DEFAULT_SL
     The DP's own estimate of the (relaxed) makespan is ``options["estimated_makespan_s"]``;
     activations added to make the decisions fit are ``options["repaired"]``.
     """
-    chain = _check_chain(chain)
-    limit = _check_limit(memory_limit_bytes)
+    chain = check_chain(chain)
+    limit = check_limit(memory_limit_bytes)
     if isinstance(slots, bool) or not isinstance(slots, int) or slots < 1:
         raise ValueError(f"slots={slots!r} must be an int >= 1 (the paper uses 500)")
     if rounding not in ROUNDINGS:
@@ -358,8 +352,8 @@ def vdnn(chain: Chain, memory_limit_bytes: int, *, mode: str = "conv") -> Offloa
     ``options["variant"]``).
     ``mode="all"``: offload every activation (vDNN_all).
     """
-    chain = _check_chain(chain)
-    limit = _check_limit(memory_limit_bytes)
+    chain = check_chain(chain)
+    limit = check_limit(memory_limit_bytes)
     if mode not in VDNN_MODES:
         raise ValueError(f"mode={mode!r} is not a vDNN mode; expected one of {VDNN_MODES}")
     _require_feasible(chain, limit, "vdnn")

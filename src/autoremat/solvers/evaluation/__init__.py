@@ -1,0 +1,18 @@
+"""Evaluation-only planners: yardsticks for the registered solvers, never registered themselves.
+
+* :mod:`.bruteforce`: every canonical strategy of a small graph, each judged by
+  :func:`autoremat.cost.simulate` (the optimum the exact solvers are tested against).
+* :mod:`.twremat`: Kumar et al.'s TWRemat, whose schedules recompute forward *and* backward
+  nodes in an order flat checkpoint regions cannot run; they are measured with the schedule
+  model (:mod:`autoremat.cost.schedule`) only.
+
+The registered solvers are in :data:`autoremat.solvers.SOLVERS` (``xla-greedy``, from the same
+paper's evaluation, is one of them).
+"""
+
+from __future__ import annotations
+
+from .bruteforce import lower_set_chains, solve_bruteforce
+from .twremat import twremat_schedule
+
+__all__ = ["lower_set_chains", "solve_bruteforce", "twremat_schedule"]

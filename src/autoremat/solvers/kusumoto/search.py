@@ -1,0 +1,307 @@
+"""One Kusumoto search per graph and options: the DP plus the simulator checks around it.
+
+:class:`Search` builds the family (all lower sets for ``dp-exact``, the pruned family for
+``dp-approx``, or the fallback), the DP of its memory model (:class:`~.exact.ExactDP` or
+:class:`~.closed.ClosedDP`), finds the least budget (:meth:`Search.minimum`) and solves a budget
+(:meth:`Search.solve`), simulating every plan it returns. :func:`search_for` caches searches per
+graph object (see the package docstring, "Least budget" and "Speed").
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import weakref
+from collections import OrderedDict
+from collections.abc import Iterator, Mapping, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import Any
+
+from ...cost import no_recompute_plan, simulate
+from ...cost.bitsets import GraphBits, bits
+from ...errors import InfeasibleBudgetError
+from ...graph import Graph
+from ...plan import Plan, segments_from_lower_sets
+from .closed import ClosedDP
+from .config import DPApproxConfig, DPConfig, DPExactConfig
+from .dp import LowerSetDP, time_quantum
+from .exact import ExactDP
+from .families import all_lower_sets, pruned_lower_sets
+
+__all__ = ["Search", "Minimum", "search_for", "parse_config", "LEAST_KEPT_LABELS"]
+
+logger = logging.getLogger("autoremat.solvers.kusumoto")
+
+
+@dataclass(frozen=True)
+class Minimum:
+    """What :meth:`Search.minimum` finds."""
+
+    budget_bytes: int
+    """The solver's least budget: the smaller of the unoptimised peak and the simulated peak of
+    the sequence the DP finds at the least budget its model accepts."""
+    dp_budget_bytes: int
+    """The least budget at which the DP's model admits a sequence."""
+    plan: Plan | None
+    """The DP's plan there (``None`` when no recomputation is the least)."""
+
+
+LEAST_KEPT_LABELS = 20_000  # dp-exact's minimum also tries the least-kept sequence up to this many labels
+
+
+class Search:
+    """One graph, one family, one model: the DP plus the simulator checks around it."""
+
+    def __init__(self, graph: Graph, solver: str, cfg: dict[str, Any]) -> None:
+        self._graph = weakref.ref(graph)  # the cache must not keep the graph alive
+        self.solver = solver
+        self.cfg = cfg
+        p = self.p = GraphBits(graph)
+        self.quantum = time_quantum(p, cfg["time_slots"])
+        self.fallback_reason = self.fallback_message = ""
+        self.lock = threading.RLock()  # one search at a time (its tables are shared across calls)
+        self.broken = False  # set when a call was interrupted: never reused
+        family: list[int] | None = None
+        exact = solver == "dp-exact"
+        if exact:
+            limit = cfg["max_lower_sets"]
+            family = all_lower_sets(p, limit)
+            if family is None:
+                msg = (f"dp-exact: the graph has more than max_lower_sets={limit} lower sets "
+                       "(the exact DP is quadratic in their number)")
+                if not cfg["fallback"]:
+                    raise ValueError(msg + "; raise max_lower_sets, or pass fallback=True to use dp-approx")
+                self.fallback_message = f"{msg}; falling back to dp-approx (pruned family, closed-form model)"
+                self.fallback_reason = f"more than {limit} lower sets"
+                exact = False
+        if exact:
+            assert family is not None, "please report"
+            self.family_name = "all lower sets"
+            self.model_name = "segment replay"
+        else:
+            family = pruned_lower_sets(p)
+            self.family_name = "pruned: {L^v} + {∅, V}"
+            self.model_name = "closed form"
+        self.dp: LowerSetDP = ExactDP(p, family, self.quantum) if exact else ClosedDP(p, family, self.quantum)
+        self._vanilla: tuple[Plan, int] | None = None
+        self._min: Minimum | None = None
+
+    @property
+    def graph(self) -> Graph:
+        graph = self._graph()
+        assert graph is not None, "the graph of a search was collected during a call; please report"
+        return graph
+
+    # -------------------------------------------------------------- plans and the simulator
+    def plan_of(self, seq: Sequence[int]) -> Plan:
+        lists = [list(bits(m)) for m in seq]
+        return Plan(segments_from_lower_sets(self.graph, lists), solver=self.solver)
+
+    def peak(self, plan: Plan) -> int:
+        return simulate(self.graph, plan, check=False, record=False).peak_bytes
+
+    def vanilla(self) -> tuple[Plan, int]:
+        if self._vanilla is None:
+            plan = no_recompute_plan(self.graph)
+            plan.solver = self.solver
+            self._vanilla = (plan, self.peak(plan))
+        return self._vanilla
+
+    # -------------------------------------------------------------- the least budget
+    def least_dp_budget(self) -> tuple[int, list[int]]:
+        """The least budget at which the DP's model admits a sequence, and that sequence.
+
+        Binary search over bytes (Kusumoto §5.1) on the DP's feasibility. It gallops up from
+        1/64 of the unoptimised need so that probes stay near the answer, where the DP is
+        cheap; a probe that succeeds lowers the upper end to its sequence's model peak, and
+        halving probes alternate with probes one byte below the upper end (the answer is the
+        peak of some sequence, so such a probe often closes the search at once).
+        """
+        seq = [self.p.full]
+        hi = self.model_peak(seq)  # the one-segment sequence always fits its own need
+        lo = -1
+        probe = hi >> 6
+        # a probe above the answer prices every transition its budget admits (replays for the
+        # exact DP), so both climb in small steps (see the module docstring)
+        growth = 1.1 if self.dp.exact else 1.25
+        while lo + 1 < probe < hi:
+            found = self.dp.run(probe, "feasible")
+            if found is not None:
+                seq = found[0]
+                hi = self.model_peak(seq)
+                break
+            lo = probe
+            probe = max(probe + 1, int(probe * growth))
+        below = True  # alternate "just below hi" (proves hi least when it fails) and halving probes
+        while hi - lo > 1:
+            mid = hi - 1 if below else (lo + hi) // 2
+            below = not below
+            found = self.dp.run(mid, "feasible")
+            if found is not None:
+                seq = found[0]
+                hi = self.model_peak(seq)
+            else:
+                lo = mid
+        return hi, seq
+
+    def model_peak(self, seq: Sequence[int]) -> int:
+        """The DP model's peak of a sequence (the least budget at which the DP accepts it)."""
+        return self.dp.model_peak(seq)[0]
+
+    def minimum(self) -> Minimum:
+        """The least budget, the least DP budget and the DP's plan there (cached).
+
+        The solver's minimum is the smaller of the unoptimised peak and the simulated peak of
+        the sequence the DP finds at the least budget its model accepts.
+        """
+        with self.lock, self._guard():
+            return self._minimum()
+
+    @contextmanager
+    def _guard(self) -> Iterator[None]:
+        """Marks the search broken when a call is interrupted (KeyboardInterrupt, a timeout
+        signal…) mid-way: its tables may then be half-updated, so the cache drops it. An
+        infeasible budget is an answer, not an interruption: the search stays usable."""
+        try:
+            yield
+        except InfeasibleBudgetError:
+            raise
+        except BaseException:
+            self.broken = True
+            raise
+
+    def _minimum(self) -> Minimum:
+        if self._min is not None:
+            return self._min
+        _, van_peak = self.vanilla()
+        dp_min, seq = self.least_dp_budget()
+        candidates = [seq]
+        if self.dp.exact:  # the least-kept sequence too, first (kept on ties), when it is cheap
+            assert isinstance(self.dp, ExactDP), "please report"
+            alt = self.dp.least_kept(dp_min, LEAST_KEPT_LABELS)
+            if alt is not None and alt != seq:
+                candidates.insert(0, alt)
+        plans = [self.plan_of(c) for c in candidates]
+        peaks = [self.peak(p) for p in plans]
+        at = peaks.index(min(peaks))
+        plan, peak = plans[at], peaks[at]
+        self._min = Minimum(peak, dp_min, plan) if peak < van_peak else Minimum(van_peak, dp_min, None)
+        return self._min
+
+    # -------------------------------------------------------------- solve
+    def solve(self, budget: int, cfg: dict[str, Any]) -> Plan:
+        """The plan for ``budget`` under ``cfg``'s objective and tightenings (the search's own
+        options, family and time grid, are fixed at construction)."""
+        with self.lock, self._guard():
+            if self.fallback_reason:
+                logger.warning("%s", self.fallback_message)
+            return self._solve(budget, cfg)
+
+    def _solve(self, budget: int, cfg: dict[str, Any]) -> Plan:
+        van_plan, van_peak = self.vanilla()
+        if len(self.graph) == 0:
+            return self._stamp(cfg, van_plan, "no nodes")
+        objective = cfg["objective"]
+        if objective == "time" and van_peak <= budget:
+            return self._stamp(cfg, van_plan, "no recomputation: the budget does not bind")
+        least = self._minimum()
+        need, dp_min, min_plan = least.budget_bytes, least.dp_budget_bytes, least.plan
+        if budget < need:
+            raise InfeasibleBudgetError(budget, need, solver=self.solver)
+        fallback = min_plan or van_plan
+        if objective == "memory":
+            found = self.dp.run(dp_min, "memory")
+            if found is not None:
+                plan = self.plan_of(found[0])
+                if self.peak(plan) <= budget:
+                    return self._stamp(cfg, plan, "memory-centric: most recomputation at the least DP budget",
+                                       dp_budget=dp_min)
+            logger.warning("%s: the memory-centric plan does not fit %d bytes in simulation; using "
+                           "the sequence found at the least DP budget (%d bytes)", self.solver, budget, dp_min)
+            return self._stamp(cfg, fallback, "the sequence found at the least DP budget", dp_budget=dp_min)
+        dp_budget = budget
+        for attempt in range(cfg["max_tightenings"] + 1):
+            if dp_budget < dp_min:
+                break
+            found = self.dp.run(dp_budget, "time")
+            if found is None:
+                break
+            plan = self.plan_of(found[0])
+            peak = self.peak(plan)
+            if peak <= budget:
+                return self._stamp(cfg, plan, "time-centric", dp_budget=dp_budget, tightenings=attempt)
+            logger.info("%s: the DP's plan for %d bytes simulates to %d bytes; tightening the DP budget",
+                        self.solver, dp_budget, peak)
+            dp_budget -= max(peak - budget, 1)
+        logger.warning("%s: no DP plan for %d bytes passed the simulator check; using the sequence "
+                       "found at the least DP budget (%d bytes)", self.solver, budget, dp_min)
+        return self._stamp(cfg, fallback, "the sequence found at the least DP budget", dp_budget=dp_min)
+
+    def _stamp(self, cfg: dict[str, Any], plan: Plan, why: str, *, dp_budget: int | None = None, tightenings: int = 0) -> Plan:
+        """A copy of ``plan`` with the solver's options recorded."""
+        plan = Plan(list(plan.segments), solver=self.solver, options=dict(plan.options))
+        plan.options.update({
+            "objective": cfg["objective"],
+            "family": self.family_name,
+            "family_size": len(self.dp.fam),
+            "memory_model": self.model_name,
+            "time_slots": self.cfg["time_slots"],
+            "time_quantum_s": self.quantum,
+            "dp_budget_bytes": dp_budget,
+            "tightenings": tightenings,
+            "chosen": why,
+        })
+        if self.fallback_reason:
+            plan.options["fallback"] = f"dp-approx ({self.fallback_reason})"
+        return plan
+
+
+# Each live graph keeps the searches of its last few option sets, so that the usual sequence
+# "min_budget(g) (or a solve that raises InfeasibleBudgetError) then solve(g, b)" finds the least
+# budget once: a search holds its DP tables (priced transitions, replays) and its minimum. The
+# cache holds graphs weakly and a search holds its graph weakly, so a search (dp-exact's tables
+# reach a gigabyte on PSPNet) goes when its graph does. A graph edited in place is recognised by
+# a signature of its content and gets a new search.
+_CACHE_SIZE = 3  # option sets kept per graph
+_cache: weakref.WeakKeyDictionary[Graph, OrderedDict[tuple[str, int, int, bool], tuple[int, Search]]] = (
+    weakref.WeakKeyDictionary())
+_cache_lock = threading.Lock()
+
+
+def signature(graph: Graph) -> int:
+    """A hash of the graph's nodes, edges and meta (not the lazily added fingerprint)."""
+    meta = sorted((k, v) for k, v in graph.meta.items() if k != "fingerprint")
+    text = repr([tuple(d.items()) for _, d in graph.nx.nodes(data=True)]) + repr(list(graph.nx.edges)) + repr(meta)
+    return hash(text)
+
+
+def search_for(graph: Graph, solver: str, cfg: dict[str, Any]) -> Search:
+    """The (cached) search for ``graph`` under the options that shape it."""
+    key = (solver, cfg["time_slots"], cfg["max_lower_sets"], cfg["fallback"])
+    sig = signature(graph)
+    with _cache_lock:
+        mine = _cache.get(graph)
+        got = None if mine is None else mine.get(key)
+        if got is not None and got[0] == sig and not got[1].broken:
+            mine.move_to_end(key)  # type: ignore[union-attr]
+            return got[1]
+    search = Search(graph, solver, cfg)
+    with _cache_lock:
+        mine = _cache.setdefault(graph, OrderedDict())
+        mine[key] = (sig, search)
+        mine.move_to_end(key)
+        while len(mine) > _CACHE_SIZE:
+            mine.popitem(last=False)
+    return search
+
+
+def parse_config(config: Mapping[str, Any] | DPConfig | None, solver: str) -> dict[str, Any]:
+    """``config`` (a mapping, a :class:`~.config.DPConfig` or ``None``) checked, as a dict of every
+    option of ``solver``'s config class."""
+    cls = DPExactConfig if solver == "dp-exact" else DPApproxConfig
+    if isinstance(config, DPConfig) and not isinstance(config, cls):
+        config = config.as_dict()  # the shared options suit either DP
+    cfg = cls.parse(config).as_dict()
+    cfg["fallback"] = bool(cfg["fallback"])
+    return cfg

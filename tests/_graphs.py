@@ -1,0 +1,217 @@
+"""Seeded graph generators shared by the tests of the planning side (cost model, solvers, plans).
+
+Every generator is deterministic in its arguments. Import it as ``from _graphs import ...``
+(``tests/`` is on ``sys.path`` under pytest's default import mode).
+
+* hand-sized shapes: :func:`diamond`, :func:`skip_connection`, :func:`module_chain` (a
+  module-level chain with nothing but the structure), :func:`module_graph` (a profiled one:
+  calls that keep internal activations), :func:`skip_chain` (a residual-network shape);
+* random DAGs, each with the features the tests that use it need:
+
+  - :func:`random_dag` (``seed, n``): sizes with zeros, integer times, nodes saving their
+    output, an input or nothing, saved extras, workspace and shared parameters;
+  - :func:`random_dag_with_views` (``seed, n``): :func:`random_dag` plus views, gradient
+    pass-through nodes, a non-recomputable node and a second output;
+  - :func:`random_profiled` (``rng, n``): views, extras, workspace, nodes without grad, float
+    times (the schedule and solver properties);
+  - :func:`rich_dag` (``rng, n``): saved inputs of multi-input ops, views, nodes without grad
+    or not recomputable (Re-forwarding's assumptions broken on purpose);
+  - :func:`plain_dag` (``rng, n``) and :func:`random_chain_dag` (``rng``): graphs through
+    :meth:`Graph.from_edges` (each node saves its output), with and without a chain backbone;
+  - :func:`random_from_edges` (``seed``): a chain with short skips, sizes and times from a few
+    values; :func:`random_edges` (``n, p, rng``): an Erdős-Rényi DAG in execution order.
+"""
+
+from __future__ import annotations
+
+import random
+
+import networkx as nx
+
+from autoremat.graph import Graph
+
+__all__ = ["diamond", "skip_connection", "module_chain", "module_graph", "skip_chain", "random_dag",
+           "random_dag_with_views", "random_profiled", "rich_dag", "plain_dag", "random_chain_dag",
+           "random_from_edges", "random_edges"]
+
+
+# ---------------------------------------------------------------------------------- hand-sized
+def diamond() -> Graph:
+    """0 -> 1 -> 3, 0 -> 2 -> 3."""
+    return Graph.from_edges(4, [(0, 1), (0, 2), (1, 3), (2, 3)])
+
+
+def skip_connection() -> Graph:
+    """0 -> 1 -> 2 -> 3 and 0 -> 3 (a residual block)."""
+    return Graph.from_edges(4, [(0, 1), (1, 2), (2, 3), (0, 3)])
+
+
+def module_chain(n: int, recomputable: list[bool] | None = None) -> Graph:
+    """A module-level chain of ``n`` calls of 10 bytes saving their output, unit times."""
+    g = nx.DiGraph()
+    for v in range(n):
+        g.add_node(v, name=f"m{v}", module_path=f"layers.{v}", out_bytes=10, alloc_bytes=10, saves=(v,),
+                   time_s=1.0, recomputable=True if recomputable is None else recomputable[v],
+                   is_output=(v == n - 1))
+        if v:
+            g.add_edge(v - 1, v)
+    return Graph(g, {"mode": "module", "loss_saves": [n - 1]})
+
+
+def module_graph(n: int = 10, *, not_recomputable: tuple[int, ...] = (),
+                 skips: tuple[tuple[int, int], ...] = ()) -> Graph:
+    """A profiled module-level chain: each call keeps internal activations (``extra_saved_bytes``
+    ``50 + 10 v``), times grow along it; ``skips`` adds edges, ``not_recomputable`` pins calls."""
+    g = nx.DiGraph()
+    for v in range(n):
+        g.add_node(v, name=f"m{v}", module_path=f"layers.{v}", kind="module", out_bytes=10, alloc_bytes=10,
+                   saves=(v,), extra_saved_bytes=50 + 10 * v, time_s=1.0 + v, bwd_time_s=2.0 + 2 * v,
+                   is_output=v == n - 1, recomputable=v not in not_recomputable)
+        if v:
+            g.add_edge(v - 1, v)
+    g.add_edges_from(skips)
+    return Graph(g, {"mode": "module", "loss_saves": [n - 1]})
+
+
+def skip_chain(n: int = 24) -> Graph:
+    """A chain with a skip edge every third node (a residual-network shape), sizes 100-499
+    bytes, every third node ten times slower (also ``benchmarks/solver_speed.py``'s graph)."""
+    edges = [(v - 1, v) for v in range(1, n)] + [(v - 3, v) for v in range(3, n, 3)]
+    return Graph.from_edges(n, edges, out_bytes=[100 + (v * 37) % 400 for v in range(n)],
+                            time_s=[10.0 if v % 3 == 1 else 1.0 for v in range(n)])
+
+
+# ---------------------------------------------------------------------------------- random
+def random_dag(seed: int, n: int) -> Graph:
+    """A small random DAG: varied sizes (zero included) and times, nodes saving their output, an
+    input or nothing, some saved extras, temporaries and (shared) parameters."""
+    rng = random.Random(seed)
+    g = nx.DiGraph()
+    for v in range(n):
+        size = rng.choice([0, 1, 2, 3, 5, 8, 13])
+        g.add_node(v, name=f"n{v}", out_bytes=size, alloc_bytes=size, time_s=float(rng.choice([1, 2, 5, 10])),
+                   bwd_time_s=1.0, extra_saved_bytes=rng.choice([0, 0, 0, 1, 4]),
+                   fwd_temp_bytes=rng.choice([0, 0, 2]), bwd_temp_bytes=rng.choice([0, 0, 3]),
+                   params=tuple(rng.sample("abc", k=rng.choice([0, 0, 1]))))
+    for v in range(1, n):
+        for u in rng.sample(range(v), k=min(v, rng.choice([1, 1, 2, 3]))):
+            g.add_edge(u, v)
+    for v in range(n):
+        r = rng.random()
+        preds = sorted(g.predecessors(v))
+        g.nodes[v]["saves"] = (v,) if r < 0.6 else ((rng.choice(preds),) if r < 0.8 and preds else ())
+        g.nodes[v]["is_output"] = g.out_degree(v) == 0
+    outs = [v for v in range(n) if g.out_degree(v) == 0]
+    return Graph(g, {"mode": "synthetic", "loss_saves": outs[:1], "param_bytes": {"a": 4, "b": 1, "c": 2}})
+
+
+def random_dag_with_views(seed: int, n: int) -> Graph:
+    """:func:`random_dag` plus views (output in an input's storage, no allocation) and gradient
+    pass-through nodes (adds and views), a non-recomputable node and a second output."""
+    rng = random.Random(seed)
+    g = random_dag(seed, n).nx
+    for v in range(1, n):
+        preds = sorted(g.predecessors(v))
+        r = rng.random()
+        if r < 0.25 and preds:  # a view of its first input
+            base = preds[0]
+            g.nodes[v].update(alias_of=base, alloc_bytes=0, out_bytes=g.nodes[base]["out_bytes"],
+                              grad_passthrough=True, saves=())
+        elif r < 0.35:  # an add-like node
+            g.nodes[v].update(grad_passthrough=True, saves=())
+    if n > 3:
+        g.nodes[rng.randrange(n)]["recomputable"] = False
+    for v in range(n):
+        d = g.nodes[v]
+        d["saved_bytes"] = sum(g.nodes[u]["alloc_bytes"] if g.nodes[u]["alias_of"] is None else 0
+                               for u in d["saves"]) + d["extra_saved_bytes"]
+    outs = [v for v in range(n) if g.out_degree(v) == 0]
+    return Graph(g, {"mode": "synthetic", "loss_saves": outs[:1], "param_bytes": {"a": 4, "b": 1, "c": 2}})
+
+
+def random_profiled(rng: random.Random, n: int) -> Graph:
+    """A random profiled DAG: random sizes, saves, extras, views, a few nodes without grad."""
+    g = nx.DiGraph()
+    for v in range(n):
+        preds = [u for u in range(v) if rng.random() < min(0.5, 2.5 / max(1, v))]
+        if v and not preds:
+            preds = [rng.randrange(v)]
+        view = bool(preds) and rng.random() < 0.15
+        size = rng.choice([0, 10, 50, 100, 400])
+        saves = {u for u in preds if rng.random() < 0.5} | ({v} if rng.random() < 0.5 else set())
+        g.add_node(v, name=f"n{v}", out_bytes=size, alloc_bytes=0 if view else size,
+                   alias_of=preds[0] if view else None, saves=tuple(saves),
+                   extra_saved_bytes=rng.choice([0, 0, 0, 20]), time_s=rng.uniform(0.5, 2.0),
+                   bwd_time_s=rng.uniform(1.0, 4.0), requires_grad=v > 0 or rng.random() < 0.7,
+                   fwd_temp_bytes=rng.choice([0, 0, 30]), bwd_temp_bytes=rng.choice([0, 0, 30]))
+        g.add_edges_from((u, v) for u in preds)
+    for v in range(n):
+        g.nodes[v]["is_output"] = g.out_degree(v) == 0
+    outs = [v for v in range(n) if g.out_degree(v) == 0]
+    return Graph(g, {"mode": "synthetic", "loss_saves": outs[:1]})
+
+
+def rich_dag(rng: random.Random, n: int, *, p_skip: float = 0.25) -> Graph:
+    """A random profiled DAG: varied sizes and times, saved inputs (multi-input ops that
+    break Re-forwarding's assumption), extras, views, nodes without grad or not recomputable."""
+    g = nx.DiGraph()
+    for v in range(n):
+        preds = [v - 1] if v and rng.random() < 0.85 else []
+        preds += [u for u in range(v - 1) if rng.random() < p_skip]
+        if v and not preds:
+            preds = [rng.randrange(v)]
+        view = bool(preds) and rng.random() < 0.1
+        size = rng.choice([0, 10, 50, 100, 400])
+        saves = {u for u in preds if rng.random() < 0.4} | ({v} if rng.random() < 0.6 else set())
+        g.add_node(v, name=f"n{v}", out_bytes=size, alloc_bytes=0 if view else size,
+                   alias_of=preds[0] if view else None, saves=tuple(saves),
+                   extra_saved_bytes=rng.choice([0, 0, 0, 20]), time_s=rng.choice([0.5, 1.0, 2.0, 10.0]),
+                   bwd_time_s=2.0, requires_grad=v > 0 or rng.random() < 0.8,
+                   recomputable=rng.random() < 0.95)
+        g.add_edges_from((u, v) for u in preds)
+    for v in range(n):
+        g.nodes[v]["is_output"] = g.out_degree(v) == 0
+    outs = [v for v in range(n) if g.out_degree(v) == 0]
+    return Graph(g, {"mode": "synthetic", "loss_saves": outs[:1]})
+
+
+def plain_dag(rng: random.Random, n: int) -> Graph:
+    """A random DAG through ``Graph.from_edges`` with varied sizes and times."""
+    edges = set()
+    for v in range(1, n):
+        if rng.random() < 0.8:
+            edges.add((v - 1, v))
+        for u in range(v - 1):
+            if rng.random() < 0.3:
+                edges.add((u, v))
+        if not any(e[1] == v for e in edges):
+            edges.add((rng.randrange(v), v))
+    sizes = [rng.choice([0, 10, 40, 100, 250]) for _ in range(n)]
+    times = [rng.choice([0.5, 1.0, 3.0, 10.0]) for _ in range(n)]
+    return Graph.from_edges(n, sorted(edges), out_bytes=sizes, time_s=times)
+
+
+def random_chain_dag(rng: random.Random) -> Graph:
+    """2-12 nodes connected along the execution order, plus random forward edges."""
+    n = rng.randint(2, 12)
+    edges = {(v - 1, v) for v in range(1, n)}
+    edges |= {(u, v) for u in range(n) for v in range(u + 2, n) if rng.random() < 0.2}
+    sizes = [rng.choice([0, 1, 8, 64, 100, 1000]) for _ in range(n)]
+    times = [rng.choice([0.5, 1.0, 3.0]) for _ in range(n)]
+    return Graph.from_edges(n, sorted(edges), out_bytes=sizes, time_s=times)
+
+
+def random_from_edges(seed: int) -> Graph:
+    """6-30 nodes: a chain with skips of 2 and 3, sizes 10/100/1000, times 1 or 10."""
+    rng = random.Random(seed)
+    n = rng.randint(6, 30)
+    edges = {(v - 1, v) for v in range(1, n)}
+    edges |= {(u, v) for u in range(n) for v in range(u + 2, min(n, u + 4)) if rng.random() < 0.3}
+    return Graph.from_edges(n, sorted(edges), out_bytes=[rng.choice([10, 100, 1000]) for _ in range(n)],
+                            time_s=[rng.choice([1.0, 10.0]) for _ in range(n)])
+
+
+def random_edges(n: int, p: float, rng: random.Random) -> Graph:
+    """Each forward edge ``u -> v`` (``u < v``) with probability ``p``."""
+    edges = [(u, v) for u in range(n) for v in range(u + 1, n) if rng.random() < p]
+    return Graph.from_edges(n, edges)
