@@ -190,8 +190,8 @@ class BatchPricer:
         if self.times is not None:
             dt[at] = self.weigh(part[at], self.times)
         elif len(at):
-            bits = np.unpackbits(part[at].view(np.uint8), axis=1, bitorder="little", count=n).astype(bool)
-            dt[at] = np.where(bits, self.time, 0.0).cumsum(axis=1)[:, -1]
+            unpacked = np.unpackbits(part[at].view(np.uint8), axis=1, bitorder="little", count=n).astype(bool)
+            dt[at] = np.where(unpacked, self.time, 0.0).cumsum(axis=1)[:, -1]
         # kept bytes a saved segment adds: its extras and the storages of S its nodes save
         kept_new = np.where(rec[:, None], np.uint64(0), self.saved[js] & seg)
         add = np.where(rec, 0, self.extra_in[js] - self.extra_in[i])

@@ -21,7 +21,7 @@ from .dive import Progress
 if TYPE_CHECKING:
     from .exact import ExactDP
 
-__all__ = ["LabelSearch", "Column", "Source"]
+__all__ = ["LabelSearch", "Column", "Source", "by_state"]
 
 _INF = 1 << 62  # "no label" in the int64 tables (budgets and byte counts stay far below)
 
@@ -204,14 +204,14 @@ class LabelSearch:
         parts = merged[2]
         if merged[1] < len(chunks):  # chunks added since: one more run
             new = range(merged[1], len(chunks))
-            parts.append(ranked(np.concatenate([chunks[c][1] for c in new]),
+            parts.append(by_state(np.concatenate([chunks[c][1] for c in new]),
                                  np.concatenate([chunks[c][2] for c in new]),
                                  np.concatenate([chunks[c][3] for c in new]),
                                  np.concatenate([np.full(len(chunks[c][1]), c) for c in new])))
             merged[1] = len(chunks)
             while len(parts) > 1 and len(parts[-1][0]) * 2 >= len(parts[-2][0]):  # keep few runs
                 b, a = parts.pop(), parts.pop()
-                parts.append(ranked(*(np.concatenate([x, y]) for x, y in zip(a, b))))
+                parts.append(by_state(*(np.concatenate([x, y]) for x, y in zip(a, b))))
         cuts = [(int(part[0].searchsorted(sid)), int(part[0].searchsorted(sid, "right"))) for part in parts]
         ms, ts, cs = (np.concatenate([part[f][a:b] for part, (a, b) in zip(parts, cuts)]) for f in (1, 2, 3))
         for at in np.lexsort((cs, ts, ms)).tolist():  # by (m, t), then the order of the chunks
@@ -225,7 +225,7 @@ class LabelSearch:
         return None
 
 
-def ranked(ids: np.ndarray, ms: np.ndarray, ts: np.ndarray,
+def by_state(ids: np.ndarray, ms: np.ndarray, ts: np.ndarray,
             cs: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
     """Candidate columns sorted by state id (see :meth:`LabelSearch.next_label`, which orders a
     state's candidates itself)."""

@@ -1,4 +1,4 @@
-"""Tests for autoremat.simulate: hand-computed peaks, recomputation, timeline, properties.
+"""``autoremat.cost.simulator``: hand-computed peaks, recomputation, timeline, levels, properties.
 
 Expected peaks are worked out by hand from the model in the simulator's docstring. For a chain
 where every node saves its own output and the loss saves the last one, nothing is freed in
@@ -13,10 +13,12 @@ import random
 import networkx as nx
 import pytest
 
+from _graphs import random_chain_dag, random_profiled
+
+from autoremat.cost import Simulation, no_recompute_plan, simulate, step_levels, unoptimised_peak_bytes
 from autoremat.errors import PlanMismatchError
 from autoremat.graph import Graph
 from autoremat.plan import Plan, Segment, segments_from_lower_sets
-from autoremat.cost import Simulation, no_recompute_plan, simulate, unoptimised_peak_bytes
 
 
 def chain_formula(sizes: list[int]) -> int:
@@ -207,15 +209,6 @@ class TestRecomputation:
 
 
 # ---------------------------------------------------------------------- properties
-def _random_graph(rng: random.Random) -> Graph:
-    n = rng.randint(2, 12)
-    edges = {(v - 1, v) for v in range(1, n)}  # connected along the execution order
-    edges |= {(u, v) for u in range(n) for v in range(u + 2, n) if rng.random() < 0.2}
-    sizes = [rng.choice([0, 1, 8, 64, 100, 1000]) for _ in range(n)]
-    times = [rng.choice([0.5, 1.0, 3.0]) for _ in range(n)]
-    return Graph.from_edges(n, sorted(edges), out_bytes=sizes, time_s=times)
-
-
 def _random_plan(g: Graph, rng: random.Random) -> Plan:
     n = len(g)
     cuts = sorted(rng.sample(range(1, n), rng.randint(0, n - 1)))
@@ -227,7 +220,7 @@ def _random_plan(g: Graph, rng: random.Random) -> Plan:
 @pytest.mark.parametrize("seed", range(25))
 def test_random_plans_properties(seed):
     rng = random.Random(seed)
-    g = _random_graph(rng)
+    g = random_chain_dag(rng)
     plan = _random_plan(g, rng)
     sim = simulate(g, plan)
     assert isinstance(sim, Simulation)
@@ -256,3 +249,51 @@ def test_no_recompute_plan():
     assert p.segments == [Segment((0, 1, 2), recompute=False)]
     assert p.solver == "none" and p.graph_fingerprint == g.fingerprint
     assert no_recompute_plan(Graph()).segments == []
+
+
+# ---------------------------------------------------------------------- per-node levels
+def test_step_levels_by_hand():
+    """Chain 10, 20, 30 saving its outputs: forward levels 10, 30, 60; the loss adds the output
+    gradient (30); backward of node v holds the outputs up to v, v's gradient and its input's new
+    one (node 0 has no input), then frees its output and gradient."""
+    lv = step_levels(Graph.chain([10, 20, 30]))
+    assert lv.fwd_touch == [10, 30, 60]
+    assert lv.bwd_touch == [10 + 10, 30 + 20 + 10, 60 + 30 + 20]
+    assert lv.bwd_after == [0, 10 + 10, 30 + 20]
+    assert lv.peak == 110 == unoptimised_peak_bytes(Graph.chain([10, 20, 30]))
+    assert (lv.loss_fwd_touch, lv.loss_bwd_touch) == (60, 90)
+
+
+@pytest.mark.parametrize("seed", range(12))
+def test_step_levels_are_the_simulators_events(seed):
+    """The levels are the simulator's own: their maximum is the unoptimised peak, the level after
+    each backward is the timeline's, parameter gradients only grow, and a node no gradient
+    reaches has no backward level."""
+    rng = random.Random(seed)
+    g = random_profiled(rng, rng.randint(2, 20))
+    g.meta["param_bytes"] = {"w": 7}
+    for v in g.nodes:
+        if v % 3 == 0:
+            g.nx.nodes[v]["params"] = ("w",)
+    lv = step_levels(g)
+    sim = simulate(g, no_recompute_plan(g))
+    touched = [x for x in lv.fwd_touch + lv.bwd_touch if x is not None] + [lv.loss_fwd_touch, lv.loss_bwd_touch]
+    assert lv.peak == sim.peak_bytes == max([0, *touched])
+    after = {v: live for phase, v, live in sim.timeline if phase == "bwd"}
+    assert lv.bwd_after == [after[v] for v in g.nodes]
+    order = list(reversed(g.nodes))
+    assert all(lv.pgrad_after[a] <= lv.pgrad_after[b] for a, b in zip(order, order[1:]))
+    assert all(lv.fwd_touch[v] is not None for v in g.nodes)
+    for v in g.nodes:
+        if not g.node(v)["requires_grad"]:
+            assert lv.bwd_touch[v] is None
+
+
+def test_peak_places_name_the_event():
+    g = Graph.chain([5, 50, 5, 5])
+    plan = plan_of(g, ((0, 1, 2), True), ((3,), False))
+    assert simulate(g, plan).peak_at.startswith(("backward of node", "recompute of node", "forward of node"))
+    g = make_graph(1, [], {"loss_saves": [0], "loss_fwd_temp_bytes": 1000}, out_bytes=[1], alloc_bytes=[1],
+                   saves=[(0,)], is_output=[True])
+    assert simulate(g, no_recompute_plan(g)).peak_at == "loss forward"
+    assert simulate(Graph(), no_recompute_plan(Graph())).peak_at == "start"
