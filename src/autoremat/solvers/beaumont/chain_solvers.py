@@ -70,7 +70,7 @@ from ...cost.chain_replay import simulate_offload, simulate_relaxed
 from ...cost.chain_schedule import OffloadSchedule, check_chain, check_limit, offload_set_min_memory_bytes
 from ...errors import InfeasibleBudgetError
 
-__all__ = ["offload_greedy", "offload_dp", "vdnn", "lower_bound", "OFFLOAD_SOLVERS", "VDNN_MODES",
+__all__ = ["offload_greedy", "offload_dp", "vdnn", "lower_bound", "dp_decisions", "OFFLOAD_SOLVERS", "VDNN_MODES",
            "ROUNDINGS", "DEFAULT_SLOTS"]
 
 logger = logging.getLogger(__name__)
@@ -184,8 +184,8 @@ def _prune(states: dict[tuple[int, int, int], tuple[int, Any, int]]) -> dict[tup
     return out
 
 
-def _dp_decisions(chain: Chain, limit: int, slots: int, *, rounding: str = "up",
-                  prune: bool = True) -> tuple[list[int] | None, dict[str, Any]]:
+def dp_decisions(chain: Chain, limit: int, slots: int, *, rounding: str = "up",
+                 prune: bool = True) -> tuple[list[int] | None, dict[str, Any]]:
     """Algorithm 1 on the discretised chain: offload decisions and diagnostics."""
     n, L = chain.n_ops, chain.L
     bw = chain.bandwidth_bytes_per_s
@@ -328,7 +328,7 @@ def offload_dp(chain: Chain, memory_limit_bytes: int, *, slots: int = DEFAULT_SL
         return simulate_offload(chain, limit, [], solver="offload-dp",
                                 options={"slots": slots, "slot_bytes": limit / slots, "rounding": rounding,
                                          "repaired": []})
-    chosen, diag = _dp_decisions(chain, limit, slots, rounding=rounding)
+    chosen, diag = dp_decisions(chain, limit, slots, rounding=rounding)
     if chosen is None:
         logger.info("offload-dp: with %d slots no decision fits the discretised limit; "
                        "offloading eagerly instead (raise slots)", slots)
