@@ -31,7 +31,7 @@ from .beaumont import (OffloadDPConfig, OffloadGreedyConfig, VdnnConfig, solve_o
 from .reforward import ReforwardConfig, solve_reforward
 from .xla_greedy import XlaGreedyConfig, solve_xla_greedy
 
-__all__ = ["SOLVERS", "CONFIGS", "OFFLOAD_ONLY", "SolverFn", "SolverConfig", "solve", "finalize_plan", "min_budget",
+__all__ = ["SOLVERS", "CONFIGS", "OFFLOAD_ONLY", "AUTO_ORDER", "SolverFn", "SolverConfig", "solve", "finalize_plan", "min_budget",
            "check_solver"]
 
 logger = logging.getLogger(__name__)
@@ -68,7 +68,7 @@ CONFIGS: dict[str, type[SolverConfig]] = {
 }
 """Solver name -> its typed options (``config``); an option it does not list is a ``ValueError``."""
 
-_AUTO_ORDER = ("none", "chen", "dp-approx", "combined")
+AUTO_ORDER = ("none", "chen", "dp-approx", "combined")
 
 OFFLOAD_ONLY = ("offload-greedy", "offload-dp", "vdnn")
 """Registered solvers that only offload (no recomputation)."""
@@ -134,7 +134,7 @@ def solve(graph: Graph, budget: Any, *, solver: str = "auto", auto_solvers: Sequ
         return finalize_plan(graph, plan, budget_bytes, solver, options)
     best: Plan | None = None
     least_min: int | None = None
-    order = _AUTO_ORDER if auto_solvers is None else tuple(n for n in _AUTO_ORDER if n in auto_solvers or n == "none")
+    order = AUTO_ORDER if auto_solvers is None else tuple(n for n in AUTO_ORDER if n in auto_solvers or n == "none")
     _check_auto_options(options, order)
     if not offload_allowed(graph, dict(options)):
         order = tuple(n for n in order if n != "combined")  # it would only repeat the others

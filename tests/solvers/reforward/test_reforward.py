@@ -1,25 +1,23 @@
-"""Tests for the ``"reforward"`` solver (Feng & Huang, Re-forwarding).
+"""``autoremat.solvers.reforward``: the ``"reforward"`` solver (Feng & Huang, Re-forwarding).
 
-Golden hand-solved cases, the three budget cases, ``validate_plan`` on every result, the
-paper's structures (closed-set types, splitting vertices, maximal split) against literal
-implementations of its definitions, Algorithm 1 against an exhaustive search of Eqn. 1,
-Algorithm 5 against Algorithm 1 on chains, every small random DAG against an exhaustive
-search of all plans, monotonicity in the budget, the multi-input remedies, module-level
-graphs, and captured zoo graphs.
+Golden hand-solved cases, the three budget cases, ``validate_plan`` on every result, every small
+random DAG against an exhaustive search of all plans, monotonicity in the budget, the multi-input
+remedies, module-level graphs, and captured zoo graphs. The paper's structures are
+``test_tree.py``'s, Algorithms 1 and 5 ``test_search.py``'s.
 """
 
 from __future__ import annotations
 
-import itertools
 import random
 
 import networkx as nx
 import pytest
+from _graphs import module_graph, plain_dag, rich_dag
 
 import autoremat
 from autoremat import Graph, InfeasibleBudgetError, Plan, simulate, solve, validate_plan
-from autoremat.plan import Segment
 from autoremat.cost import unoptimised_peak_bytes
+from autoremat.plan import Segment
 from autoremat.solvers import SOLVERS
 from autoremat.solvers.reforward import (
     DivisionNode,
@@ -54,46 +52,6 @@ def min_budget(graph: Graph, **config) -> int:
     assert err.value.solver == "reforward" and err.value.budget_bytes == -1
     assert err.value.min_budget_bytes is not None
     return err.value.min_budget_bytes
-
-
-def rich_dag(rng: random.Random, n: int, *, p_skip: float = 0.25) -> Graph:
-    """A random profiled DAG: varied sizes and times, saved inputs (multi-input ops that
-    break the paper's assumption), extras, views, nodes without grad or not recomputable."""
-    g = nx.DiGraph()
-    for v in range(n):
-        preds = [v - 1] if v and rng.random() < 0.85 else []
-        preds += [u for u in range(v - 1) if rng.random() < p_skip]
-        if v and not preds:
-            preds = [rng.randrange(v)]
-        view = bool(preds) and rng.random() < 0.1
-        size = rng.choice([0, 10, 50, 100, 400])
-        saves = {u for u in preds if rng.random() < 0.4} | ({v} if rng.random() < 0.6 else set())
-        g.add_node(v, name=f"n{v}", out_bytes=size, alloc_bytes=0 if view else size,
-                   alias_of=preds[0] if view else None, saves=tuple(saves),
-                   extra_saved_bytes=rng.choice([0, 0, 0, 20]), time_s=rng.choice([0.5, 1.0, 2.0, 10.0]),
-                   bwd_time_s=2.0, requires_grad=v > 0 or rng.random() < 0.8,
-                   recomputable=rng.random() < 0.95)
-        g.add_edges_from((u, v) for u in preds)
-    for v in range(n):
-        g.nodes[v]["is_output"] = g.out_degree(v) == 0
-    outs = [v for v in range(n) if g.out_degree(v) == 0]
-    return Graph(g, {"mode": "synthetic", "loss_saves": outs[:1]})
-
-
-def plain_dag(rng: random.Random, n: int) -> Graph:
-    """A random DAG through ``Graph.from_edges`` with varied sizes and times."""
-    edges = set()
-    for v in range(1, n):
-        if rng.random() < 0.8:
-            edges.add((v - 1, v))
-        for u in range(v - 1):
-            if rng.random() < 0.3:
-                edges.add((u, v))
-        if not any(e[1] == v for e in edges):
-            edges.add((rng.randrange(v), v))
-    sizes = [rng.choice([0, 10, 40, 100, 250]) for _ in range(n)]
-    times = [rng.choice([0.5, 1.0, 3.0, 10.0]) for _ in range(n)]
-    return Graph.from_edges(n, sorted(edges), out_bytes=sizes, time_s=times)
 
 
 def _all_plan_segments(graph: Graph, cap: int) -> list[list[Segment]] | None:
@@ -159,22 +117,15 @@ def small_dags(count: int, seed: int, cap: int = 8000) -> list[tuple[Graph, list
     return out
 
 
-def module_graph(n: int = 8) -> Graph:
-    g = nx.DiGraph()
-    for v in range(n):
-        g.add_node(v, name=f"m{v}", module_path=f"layers.{v}", kind="module", out_bytes=10, alloc_bytes=10,
-                   saves=(v,), extra_saved_bytes=50 + 10 * v, time_s=1.0 + v, bwd_time_s=2.0 + 2 * v,
-                   is_output=v == n - 1, recomputable=v != 3)
-        if v:
-            g.add_edge(v - 1, v)
-    g.add_edge(2, 5)
-    return Graph(g, {"mode": "module", "loss_saves": [n - 1]})
-
-
 def walk(node: DivisionNode):
     yield node
-    for c in node.children:
-        yield from walk(c)
+    for child in node.children:
+        yield from walk(child)
+
+
+def reforward_module_graph() -> Graph:
+    """A module-level chain with a skip (2 -> 5) and a call that cannot be recomputed (3)."""
+    return module_graph(8, not_recomputable=(3,), skips=((2, 5),))
 
 
 # ---------------------------------------------------------------------- registry and API
@@ -310,260 +261,6 @@ def test_three_budget_cases(graph):
     assert err.value.min_budget_bytes == low
 
 
-# ---------------------------------------------------------------------- the paper's structures
-def test_closed_set_types_of_figure_3():
-    # (b) type 1: 0 -> 1 -> 2 with 1 splitting
-    t = division_tree(Graph.from_edges(3, [(0, 1), (1, 2)]))
-    assert t.kind == 1 and t.splits == (0, 1, 2) and t.children == []
-    # (c) type 2: two branches between 0 and 3
-    t = division_tree(Graph.from_edges(4, [(0, 1), (0, 2), (1, 3), (2, 3)]))
-    assert t.kind == 1 and t.splits == (0, 3)
-    (mid,) = t.children
-    assert (mid.head, mid.tail, mid.kind, mid.interior) == (0, 3, 2, (1, 2))
-    assert sorted(c.interior for c in mid.children) == [(1,), (2,)]
-    assert all(c.kind == 1 for c in mid.children)
-    # an edge head -> tail makes a closed set branched (Algorithm 3, line 2)
-    t = division_tree(Graph.from_edges(3, [(0, 1), (1, 2), (0, 2)]))
-    (mid,) = t.children
-    assert mid.kind == 2 and mid.has_edge and [c.interior for c in mid.children] == [(1,)]
-    # (d) / Fig. 4(c) type 3: 1->2, 1->3, 2->3, 2->4, 3->4 (ids shifted by one); its
-    # maximal split is five edges, so both inner vertices are endpoints
-    t = division_tree(Graph.from_edges(4, [(0, 1), (0, 2), (1, 2), (1, 3), (2, 3)]))
-    assert t.kind == 1 and t.splits == (0, 3)
-    (mid,) = t.children
-    assert mid.kind == 3 and mid.endpoints == (1, 2) and mid.children == []
-
-
-def test_maximal_split_with_a_closed_member():
-    # type 3 between 0 and 6 whose maximal split holds the branched closed set 1 -> {2, 3} -> 4
-    edges = [(0, 1), (1, 2), (1, 3), (2, 4), (3, 4), (4, 6), (0, 5), (1, 5), (4, 5), (5, 6)]
-    t = division_tree(Graph.from_edges(7, edges))
-    (mid,) = t.children
-    assert mid.kind == 3 and mid.endpoints == (1, 4, 5)
-    (member,) = mid.children
-    assert (member.head, member.tail, member.interior, member.kind) == (1, 4, (2, 3), 2)
-
-
-def test_largest_closed_set_is_the_union_of_independent_branches():
-    # between 1 and 4: branch {2} is closed, branch {3} leaks to 5; s_14 = {2}
-    edges = [(0, 1), (1, 2), (2, 4), (1, 3), (3, 4), (3, 5), (4, 6), (5, 6), (0, 5)]
-    t = division_tree(Graph.from_edges(7, edges))
-    members = [c for n in walk(t) if n.kind == 3 for c in n.children]
-    assert [(m.head, m.tail, m.interior) for m in members] == [(1, 4, (2,))]
-
-
-def _closed(graph: Graph, k: int, t: int, verts: set[int]) -> bool:
-    """Definition 1, literally (node ids; the sets live inside the real graph)."""
-    if not verts:
-        return graph.nx.has_edge(k, t)
-    anc_t = nx.ancestors(graph.nx, t)
-    desc_k = nx.descendants(graph.nx, k)
-    if not verts <= anc_t & desc_k:
-        return False
-    allowed = verts | {k, t}
-    return all(w in allowed for v in verts for w in itertools.chain(graph.succ(v), graph.pred(v)))
-
-
-def _splits_by_algorithm_2(graph: Graph, node: DivisionNode) -> list[int]:
-    """Algorithm 2 of the paper for every vertex of a closed set, literally."""
-    head, tail, interior = node.head, node.tail, set(node.interior)
-    whole = interior | {head, tail}
-    sub = graph.nx.subgraph(whole).copy()
-    if sub.has_edge(head, tail) and not node.has_edge:
-        sub.remove_edge(head, tail)
-    out = []
-    for v in sorted(interior):
-        vin = nx.ancestors(sub, v)
-        vout = nx.descendants(sub, v)
-        if vin | vout | {v} != whole or vin & vout:
-            continue
-        if any(sub.has_edge(a, b) or sub.has_edge(b, a) for a in vin for b in vout):
-            continue
-        out.append(v)
-    return out
-
-
-@pytest.mark.parametrize("seed", range(4))
-def test_division_tree_against_the_definitions(seed):
-    rng = random.Random(seed)
-    checked = set()
-    for _ in range(12):
-        n = rng.randint(3, 9)
-        g = plain_dag(rng, n)
-        root = division_tree(g)
-        for node in walk(root):
-            if node.head is None or node.tail is None:
-                continue  # the virtual source / sink are not in the graph
-            checked.add(node.kind)
-            inner = set(node.interior)
-            assert _closed(g, node.head, node.tail, inner)
-            if node.kind == 1:
-                assert list(node.splits) == _splits_by_algorithm_2(g, node)
-            else:
-                assert _splits_by_algorithm_2(g, node) == []
-            covered = set()
-            for c in node.children:
-                assert not covered & set(c.interior)
-                covered |= set(c.interior)
-                assert _closed(g, c.head, c.tail, set(c.interior))
-            if node.kind == 2:
-                assert covered == inner
-            if node.kind == 3:
-                assert covered | set(node.endpoints) == inner
-                # members are the closed sets with an interior contained in no larger proper one
-                found = set()
-                pts = sorted(inner | {node.head, node.tail})
-                for k, t in itertools.permutations(pts, 2):
-                    if (k, t) == (node.head, node.tail):
-                        continue
-                    cand = (nx.descendants(g.nx, k) & nx.ancestors(g.nx, t)) & inner
-                    best: set[int] = set()  # the largest closed set: the union of all of them
-                    for r in range(1, len(cand) + 1):
-                        for sub in itertools.combinations(sorted(cand), r):
-                            if _closed(g, k, t, set(sub)):
-                                best |= set(sub)
-                    if best:
-                        found.add((k, t, tuple(sorted(best))))
-                maximal = {c for c in found
-                           if not any(set(c[2]) | {c[0], c[1]} < set(d[2]) | {d[0], d[1]} for d in found)}
-                assert {(c.head, c.tail, c.interior) for c in node.children} == maximal
-    assert checked >= {1, 2}
-
-
-# ---------------------------------------------------------------------- Algorithm 1 (LCG)
-def _eqn1_exhaustive(keep: list[int], inner: list[int]) -> list[tuple[int, int]]:
-    """``(kept bytes, largest re-forward)`` of every kept subset of a chain."""
-    n = len(keep)
-    out = []
-    for mask in range(1 << n):
-        kept = sum(keep[v] for v in range(n) if mask >> v & 1)
-        runs, cur = [], 0
-        for v in range(n):
-            if mask >> v & 1:
-                runs.append(cur)
-                cur = 0
-            else:
-                cur += inner[v]
-        runs.append(cur)
-        out.append((kept, max(runs)))
-    return out
-
-
-@pytest.mark.parametrize("seed", range(5))
-def test_linear_solver_is_exact_for_eqn_1(seed):
-    rng = random.Random(seed)
-    for _ in range(6):
-        n = rng.randint(1, 10)
-        sizes = [rng.choice([0, 10, 30, 100, 100, 250]) for _ in range(n)]
-        g = Graph.chain(sizes, [rng.choice([1.0, 10.0]) for _ in range(n)])
-        fam = reforward_linear(g)
-        table = _eqn1_exhaustive(sizes, sizes)  # chains: keep = inner = the tensor size
-        assert min(s.cost_bytes for s in fam) == min(k + r for k, r in table)
-        terms = [s.max_term_bytes for s in fam]
-        assert terms == sorted(set(terms), reverse=True)
-        for s in fam:
-            # the shortest path of the accessibility graph keeps the least under the max term
-            assert s.reforward_bytes <= s.max_term_bytes
-            assert s.kept_bytes == min(k for k, r in table if r <= s.max_term_bytes)
-            assert sorted(s.kept + tuple(v for grp in s.groups for v in grp)) == list(range(n))
-
-
-@pytest.mark.parametrize("seed", range(3))
-def test_linear_and_arbitrary_solvers_agree_on_chains(seed):
-    rng = random.Random(seed)
-    for _ in range(5):
-        n = rng.randint(1, 40)
-        g = Graph.chain([rng.choice([0, 5, 50, 100, 300]) for _ in range(n)],
-                        [rng.choice([1.0, 10.0]) for _ in range(n)])
-        assert reforward_linear(g) == reforward_arbitrary(g)
-        peak = unoptimised_peak_bytes(g)
-        for budget in (peak, (peak * 2) // 3):
-            try:
-                lin = solve_reforward(g, budget, config={"method": "linear"})
-            except InfeasibleBudgetError as err:
-                with pytest.raises(InfeasibleBudgetError) as err2:
-                    solve_reforward(g, budget)
-                assert err2.value.min_budget_bytes == err.min_budget_bytes
-                continue
-            acg = solve_reforward(g, budget)
-            assert lin.segments == acg.segments
-            check(g, acg, budget)
-
-
-def _eqn1_costs(g: Graph, store: bool) -> tuple[list[int], list[int], set[int]]:
-    """``keep``, ``inner`` and the pinned nodes, from the module docstring's definitions."""
-    n = len(g)
-    saved = set()
-    for v in g.nodes:
-        if g.node(v)["requires_grad"]:
-            saved |= {s for u in g.node(v)["saves"] for s in (u, g.root(u))}
-    saved |= {s for u in g.meta["loss_saves"] for s in (u, g.root(u))}
-    keep = [g.node(g.root(v))["alloc_bytes"] for v in range(n)]
-    inner = [(g.node(v)["alloc_bytes"] if v in saved else 0)
-             + (g.node(v)["extra_saved_bytes"] if g.node(v)["requires_grad"] else 0) for v in range(n)]
-    pinned = set()
-    for v in g.nodes:
-        d = g.node(v)
-        saves = {s for u in d["saves"] for s in (u, g.root(u))} if d["requires_grad"] else set()
-        if not d["recomputable"]:
-            pinned |= {v} | saves
-        elif store and len(g.pred(v)) > 1:
-            pinned |= {s for u in g.pred(v) for s in (u, g.root(u)) if s in saves and s != v}
-    return keep, inner, pinned
-
-
-def _eqn1_optimum(g: Graph, store: bool) -> int:
-    """Least Eqn. 1 over every kept set whose re-forwarded parts are closed sets with one
-    head and one tail (the model input and the loss being the virtual ones)."""
-    keep, inner, pinned = _eqn1_costs(g, store)
-    n = len(g)
-    best = None
-    for mask in range(1 << n):
-        kept = {v for v in range(n) if mask >> v & 1}
-        if not pinned <= kept:
-            continue
-        largest, ok, seen = 0, True, set()
-        for s in range(n):
-            if s in kept or s in seen:
-                continue
-            comp, stack = {s}, [s]
-            while stack:
-                x = stack.pop()
-                for y in g.succ(x) + g.pred(x):
-                    if y not in kept and y not in comp:
-                        comp.add(y)
-                        stack.append(y)
-            seen |= comp
-            heads = {u for x in comp for u in g.pred(x) if u not in comp}
-            heads |= {"input"} if any(not g.pred(x) for x in comp) else set()
-            tails = {w for x in comp for w in g.succ(x) if w not in comp}
-            tails |= {"loss"} if any(not g.succ(x) or g.node(x)["is_output"] for x in comp) else set()
-            if len(heads) != 1 or len(tails) != 1:
-                ok = False
-                break
-            largest = max(largest, sum(inner[x] for x in comp))
-        if ok:
-            cost = sum(keep[v] for v in kept) + largest
-            best = cost if best is None else min(best, cost)
-    assert best is not None
-    return best
-
-
-@pytest.mark.parametrize("seed", range(3))
-def test_arbitrary_solver_is_exact_for_eqn_1_on_small_dags(seed):
-    # Algorithms 2-5 reach the least Eqn. 1 over every valid set of kept vertices
-    rng = random.Random(20 + seed)
-    for _ in range(12):
-        n = rng.randint(4, 11)
-        g = rich_dag(rng, n, p_skip=0.15) if rng.random() < 0.5 else plain_dag(rng, n)
-        for mode in ("store", "merge"):
-            fam = reforward_arbitrary(g, multi_input=mode)
-            assert min(s.cost_bytes for s in fam) == _eqn1_optimum(g, mode == "store")
-            for s in fam:
-                assert sorted(s.kept + tuple(v for grp in s.groups for v in grp)) == list(range(n))
-                assert s.reforward_bytes <= s.max_term_bytes
-
-
 # ---------------------------------------------------------------------- exhaustive search
 SMALL = None
 
@@ -682,7 +379,7 @@ def test_nodes_that_cannot_be_recomputed_are_kept():
 
 # ---------------------------------------------------------------------- module-level graphs
 def test_module_graph_three_cases():
-    g = module_graph()
+    g = reforward_module_graph()
     peak = unoptimised_peak_bytes(g)
     plan = solve_reforward(g, peak)
     check(g, plan, peak)

@@ -1,7 +1,7 @@
-"""The chain offloading solvers as plan solvers: ``"offload-greedy"``, ``"offload-dp"``, ``"vdnn"``.
+"""``autoremat.solvers.beaumont``: the chain offloading solvers as plan solvers (``"offload-greedy"``, ``"offload-dp"``, ``"vdnn"``).
 
 Graphs are zoo models captured on the meta device (FLOP-based times of an H100-class GPU) with
-every time multiplied by 100, as in ``tests/offload/test_offload.py``: at the meta capture's own
+every time multiplied by 100: at the meta capture's own
 speed a 12 GB/s link hides almost no copy behind compute, and offloading saves little (a test below
 checks that too). Every plan goes through :func:`check` (validate_plan, simulated peak within the
 budget, predictions, JSON), for the three budget cases, and its predicted step time is compared
@@ -14,11 +14,12 @@ import pytest
 
 import autoremat
 from autoremat import SOLVERS, Graph, InfeasibleBudgetError, Plan, simulate, solve, validate_plan
-from autoremat.offload import chain_from_graph, lower_bound
-from autoremat.plan import offloadable_nodes
 from autoremat.cost import no_recompute_plan, unoptimised_peak_bytes
-from autoremat.solvers import _AUTO_ORDER
-from autoremat.solvers.offload_chain import (
+from autoremat.cost.chain import Chain, chain_from_graph
+from autoremat.plan import offloadable_nodes
+from autoremat.solvers import AUTO_ORDER
+from autoremat.solvers.beaumont.chain_solvers import lower_bound
+from autoremat.solvers.beaumont import (
     layer_offload_nodes,
     offload_candidates,
     offloadable_chain,
@@ -69,7 +70,7 @@ def test_registered_and_not_in_auto():
     assert SOLVERS["offload-greedy"] is solve_offload_greedy
     assert SOLVERS["offload-dp"] is solve_offload_dp
     assert SOLVERS["vdnn"] is solve_vdnn
-    assert not set(NAMES) & set(_AUTO_ORDER)  # "combined" covers offloading under "auto"
+    assert not set(NAMES) & set(AUTO_ORDER)  # "combined" covers offloading under "auto"
 
 
 # ---------------------------------------------------------------------- three budget cases
@@ -317,16 +318,14 @@ def test_candidates_include_storages_their_producer_saves(model):
 
 
 def test_offloadable_chain_needs_a_chain_from_a_graph():
-    from autoremat.offload import Chain
-
     c = Chain((1.0,), (1.0,), (0, 5), (0, 0), (0,), (0,))
     with pytest.raises(ValueError, match="chain_from_graph"):
         offloadable_chain(c, Graph.chain([5]), [0])
 
 
 def test_solvers_import_no_torch_through_the_offload_package():
-    """``solvers/offload_chain.py`` imports ``autoremat.offload``; with torch unimportable and the
-    package ``__init__`` bypassed the solver stack still imports and plans offloads."""
+    """With torch unimportable and the package ``__init__`` bypassed the solver stack (the chain
+    model in ``cost/``, the chain solvers) still imports and plans offloads."""
     import subprocess
     import sys
     from pathlib import Path
