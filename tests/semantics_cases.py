@@ -289,7 +289,8 @@ def _handmade(graph: autoremat.Graph, kind: str) -> autoremat.Plan:
         segs = [Segment(tuple(nodes[:half]), True), Segment(tuple(nodes[half:]), False)]
     else:
         segs = [Segment((v,), v in ok) for v in nodes]
-    return Plan(segs, solver=f"test-{kind}", options={**base.options, "replay_tails": []},
+    return Plan(segs, solver=f"test-{kind}", options=dict(base.options), graph_mode=base.graph_mode,
+                node_names=base.node_names, tensors=base.tensors, inputs=base.inputs,
                 graph_fingerprint=graph.fingerprint)
 
 

@@ -90,11 +90,12 @@ def _edited_plan(segments: list[tuple[list[int], bool]], mode: str = "fx", **opt
     p = _plan(mode)
     return autoremat.Plan([autoremat.Segment(tuple(n), r) for n, r in segments], solver="manual",
                           options={**p.options, **options}, graph_fingerprint=p.graph_fingerprint,
-                          offload=p.offload)
+                          offload=p.offload, graph_mode=p.graph_mode, node_names=p.node_names,
+                          tensors=p.tensors, inputs=p.inputs)
 
 
 def _n() -> int:
-    return len(_plan().options["node_names"])
+    return len(_plan().node_names)
 
 
 def _apply(plan_fn: Callable[[], Any], **kwargs: Any) -> Callable[[nn.Module], Any]:
@@ -103,9 +104,10 @@ def _apply(plan_fn: Callable[[], Any], **kwargs: Any) -> Callable[[nn.Module], A
 
 def _module_offload_plan() -> Any:
     p = _plan("module")
-    names = list(p.options["node_names"])
+    names = list(p.node_names)
     names[1] = "no.such.module"
-    return autoremat.Plan(p.segments, solver="manual", options={**p.options, "node_names": names},
+    return autoremat.Plan(p.segments, solver="manual", options=dict(p.options), graph_mode=p.graph_mode,
+                          node_names=names, tensors=p.tensors, inputs=p.inputs,
                           graph_fingerprint=p.graph_fingerprint, offload=(0, 1))
 
 

@@ -238,7 +238,7 @@ def test_fingerprint_covers_parameter_shapes_and_dtypes() -> None:
     assert g.meta["tensors"]["param:0.weight"] == "float32[128, 128]"
     assert g.meta["inputs"] == [{"path": "args[0]", "shape": [4, 128], "dtype": "float32", "device": "cpu"}]
     plan = autoremat.solve(g, "100%")
-    assert plan.options["inputs"] == g.meta["inputs"] and plan.options["tensors"] == g.meta["tensors"]
+    assert plan.inputs == g.meta["inputs"] and plan.tensors == g.meta["tensors"]
     autoremat.check_inputs(plan, (x,))
     with pytest.raises(autoremat.PlanMismatchError, match=r"float32\[8, 128\].*float32\[4, 128\]"):
         autoremat.check_inputs(plan, torch.randn(8, 128))

@@ -8,6 +8,7 @@ import random
 
 import networkx as nx
 import pytest
+from _graphs import diamond, random_edges, skip_connection
 
 from autoremat.graph import GRAPH_FORMAT_VERSION, NODE_DEFAULTS, Graph
 
@@ -18,21 +19,6 @@ def _nx(n: int, edges=(), **per_node) -> nx.DiGraph:
         g.add_node(v, **{k: vals[v] for k, vals in per_node.items()})
     g.add_edges_from(edges)
     return g
-
-
-def diamond() -> Graph:
-    # 0 -> 1 -> 3, 0 -> 2 -> 3
-    return Graph.from_edges(4, [(0, 1), (0, 2), (1, 3), (2, 3)])
-
-
-def skip_connection() -> Graph:
-    # 0 -> 1 -> 2 -> 3 and 0 -> 3 (a residual block)
-    return Graph.from_edges(4, [(0, 1), (1, 2), (2, 3), (0, 3)])
-
-
-def random_dag(n: int, p: float, rng: random.Random) -> Graph:
-    edges = [(u, v) for u in range(n) for v in range(u + 1, n) if rng.random() < p]
-    return Graph.from_edges(n, edges)
 
 
 def brute_force_lower_sets(g: Graph) -> set[frozenset[int]]:
@@ -186,7 +172,7 @@ class TestOrderTheory:
     @pytest.mark.parametrize("seed", range(12))
     def test_lower_sets_match_brute_force(self, seed):
         rng = random.Random(seed)
-        g = random_dag(rng.randint(1, 8), rng.choice([0.15, 0.3, 0.5]), rng)
+        g = random_edges(rng.randint(1, 8), rng.choice([0.15, 0.3, 0.5]), rng)
         expected = brute_force_lower_sets(g)
         got = list(g.lower_sets())
         assert len(got) == len(expected)

@@ -4,27 +4,12 @@ from __future__ import annotations
 
 import json
 
-import networkx as nx
 import pytest
+from _graphs import diamond, module_chain
 
 from autoremat.errors import PlanFormatError, PlanMismatchError
 from autoremat.graph import Graph
 from autoremat.plan import PLAN_FORMAT_VERSION, Plan, Segment, check_segments, segments_from_lower_sets, validate_plan
-
-
-def diamond() -> Graph:
-    return Graph.from_edges(4, [(0, 1), (0, 2), (1, 3), (2, 3)])
-
-
-def module_chain(n: int, recomputable=None) -> Graph:
-    g = nx.DiGraph()
-    for v in range(n):
-        g.add_node(v, name=f"m{v}", module_path=f"layers.{v}", out_bytes=10, alloc_bytes=10, saves=(v,),
-                   time_s=1.0, recomputable=True if recomputable is None else recomputable[v],
-                   is_output=(v == n - 1))
-        if v:
-            g.add_edge(v - 1, v)
-    return Graph(g, {"mode": "module", "loss_saves": [n - 1]})
 
 
 class TestSegment:
@@ -108,7 +93,7 @@ class TestValidatePlan:
 class TestPlanJson:
     def _plan(self) -> Plan:
         return Plan([Segment((0, 1)), Segment((2,), recompute=False)], solver="chen",
-                    options={"threshold_bytes": 12.5, "node_names": ["a", "b", "c"]}, budget_bytes=1234,
+                    options={"threshold_bytes": 12.5}, node_names=("a", "b", "c"), budget_bytes=1234,
                     graph_fingerprint="abcdef0123456789", predicted_peak_bytes=1000,
                     predicted_extra_time_s=0.25)
 
@@ -136,8 +121,61 @@ class TestPlanJson:
         assert p.recompute_segments == [Segment((0, 1)), Segment((4,))]
         assert p.recomputed_nodes == {0, 1, 4}
         assert p.describe() == "none: 3 segments, 2 recomputed"
-        p.options["replay_tails"] = {"2": [4, []]}
+        p.replay_tails = {2: (4, ())}
         assert p.describe() == "none: 3 segments, 2 recomputed (1 with a shortened replay)"
+
+
+class TestGraphFields:
+    """What ``apply`` reads is typed fields of the plan (format 2); format 1 kept it in ``options``."""
+
+    def _doc(self, version: int = 1, **options) -> dict:
+        return {"format": "autoremat.plan", "version": version, "solver": "chen",
+                "segments": [{"nodes": [0, 1], "recompute": True}, {"nodes": [2], "recompute": False}],
+                "options": {"threshold_bytes": 12.5, **options}}
+
+    def test_a_format_1_file_loads_with_its_fields_moved(self, tmp_path):
+        legacy = self._doc(graph_mode="fx", node_names=["a", "b", "c"], replay_tails={"0": [1, [0]]},
+                           tensors={"w": "float32[3]"}, inputs=[{"path": "args[0]", "shape": [2], "dtype": "float32",
+                                                                 "device": "cpu"}])
+        path = tmp_path / "old.json"
+        path.write_text(json.dumps(legacy))
+        p = Plan.from_json(str(path))
+        assert (p.graph_mode, p.node_names, p.replay_tails) == ("fx", ("a", "b", "c"), {0: (1, (0,))})
+        assert p.tensors == {"w": "float32[3]"} and p.inputs[0]["shape"] == [2]
+        assert p.options == {"threshold_bytes": 12.5} and p.version == PLAN_FORMAT_VERSION == 2
+        again = json.loads(p.to_json())
+        assert again["version"] == 2 and again["node_names"] == ["a", "b", "c"]
+        assert again["replay_tails"] == {"0": [1, [0]]} and "node_names" not in again["options"]
+        assert Plan.from_json(p.to_json()) == p
+
+    def test_fields_are_checked_in_either_place(self):
+        with pytest.raises(PlanFormatError, match="'options.node_names'"):
+            Plan.from_dict(self._doc(node_names="abc"))
+        bad = {**self._doc(version=2), "node_names": "abc"}
+        with pytest.raises(PlanFormatError, match="'node_names'"):
+            Plan.from_dict(bad)
+        with pytest.raises(PlanFormatError, match="'replay_tails.x'"):
+            Plan.from_dict({**self._doc(version=2), "replay_tails": {"x": [1, []]}})
+        with pytest.raises(PlanFormatError, match="'bandwidth_bytes_per_s'"):
+            Plan.from_dict({**self._doc(version=2), "bandwidth_bytes_per_s": -1})
+        with pytest.raises(PlanFormatError, match="out of range.*node_names"):
+            Plan.from_dict({**self._doc(version=2), "node_names": ["a", "b"]})
+
+    def test_both_places_or_a_new_key_in_an_old_file_are_refused(self):
+        with pytest.raises(PlanFormatError, match="'options.graph_mode'.*both"):
+            Plan.from_dict({**self._doc(version=2, graph_mode="fx"), "graph_mode": "fx"})
+        with pytest.raises(PlanFormatError, match="'graph_mode'.*version 1"):
+            Plan.from_dict({**self._doc(version=1), "graph_mode": "fx"})
+        with pytest.raises(PlanFormatError, match="'version'.*reads versions 1, 2"):
+            Plan.from_dict(self._doc(version=3))
+
+    def test_constructing_with_the_old_options_moves_them(self):
+        p = Plan([Segment((0, 1, 2), recompute=False)], options={"graph_mode": "module", "node_names": ["x"] * 3,
+                                                                  "replay_tails": [], "k": 1})
+        assert p.graph_mode == "module" and p.node_names == ("x", "x", "x") and p.replay_tails == {}
+        assert p.options == {"k": 1}
+        typed = Plan([Segment((0,))], graph_mode="fx", options={"graph_mode": "module"})
+        assert typed.graph_mode == "fx"  # the field wins over the old place
 
 
 class TestSegmentsFromLowerSets:

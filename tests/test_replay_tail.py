@@ -83,7 +83,7 @@ def test_simulated_tail_saves_its_time_and_never_adds_memory() -> None:
     whole = Plan([Segment((0,), False), Segment((1, 2, 3, 4), True), Segment((5,), False)],
                  graph_fingerprint=g.fingerprint)
     short = copy.deepcopy(whole)
-    short.options["replay_tails"] = replay_tails(g, short)
+    short.replay_tails = replay_tails(g, short)
     assert tails_of(short) == {1: (3, [2])}
     a, b = simulate(g, whole), simulate(g, short)
     assert a.extra_time_s == pytest.approx(2.0 + 3.0 + 4.0)  # bn, relu, conv (up to the last saver)
@@ -131,7 +131,7 @@ def test_dense_layers_replay_without_their_convolution_and_match_the_prediction(
     tails = tails_of(plan)
     assert len(tails) == 4 and all(graph.node(first)["kind"] == "conv" for first, _ in tails.values())
     whole = copy.deepcopy(plan)
-    whole.options.pop("replay_tails")
+    whole.replay_tails = {}
     assert simulate(graph, plan).extra_time_s < simulate(graph, whole).extra_time_s
 
     shorts = []
@@ -214,7 +214,7 @@ def test_tails_survive_the_plan_file_and_are_checked_against_the_model(tmp_path)
 
     si, (first, inputs) = next(iter(tails_of(plan).items()))
     bad = copy.deepcopy(plan)
-    bad.options["replay_tails"][str(si)] = [plan.segments[si + 1].nodes[0], inputs]  # not in its segment
+    bad.replay_tails[si] = (plan.segments[si + 1].nodes[0], tuple(inputs))  # not in its segment
     target = copy.deepcopy(model)
     with pytest.raises(PlanMismatchError, match="replay tail"):
         autoremat.apply(target, bad)
@@ -234,7 +234,7 @@ def test_solve_records_tails_that_shorten_densenet_replays() -> None:
     plan = autoremat.solve(graph, "30%", solver="dp-approx")
     assert tails_of(plan)
     whole = copy.deepcopy(plan)
-    whole.options.pop("replay_tails")
+    whole.replay_tails = {}
     a, b = simulate(graph, whole), simulate(graph, plan)
     assert b.extra_time_s < a.extra_time_s and b.peak_bytes <= a.peak_bytes
     assert plan.predicted_extra_time_s == pytest.approx(b.extra_time_s)
@@ -248,7 +248,7 @@ def test_a_tail_reading_the_segments_input_replays_nothing(monkeypatch) -> None:
     conv = next(v for v, n in enumerate(names) if graph.node(v)["kind"] == "conv" and v > 0)
     segs = [Segment(tuple(range(conv)), False), Segment((conv,), True),
             Segment(tuple(range(conv + 1, len(names))), False)]
-    plan = finalize_plan(graph, Plan(segs, options={k: v for k, v in plan.options.items() if k != "replay_tails"}),
+    plan = finalize_plan(graph, Plan(segs, options=dict(plan.options)),
                          10**12, "manual")
     assert tails_of(plan) == {1: (conv, list(graph.pred(conv)))}
     assert simulate(graph, plan).extra_time_s == 0.0

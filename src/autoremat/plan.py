@@ -21,9 +21,12 @@ from ._jsonio import dump_json
 from .graph import Graph
 from .plan_schema import check_plan_dict, load_plan_json
 
-__all__ = ["Segment", "Plan", "validate_plan", "check_segments", "PLAN_FORMAT_VERSION", "segments_from_lower_sets", "offloadable_nodes"]
+__all__ = ["Segment", "Plan", "validate_plan", "check_segments", "PLAN_FORMAT_VERSION", "segments_from_lower_sets",
+           "offloadable_nodes", "GRAPH_FIELDS", "ReplayTails"]
 
-PLAN_FORMAT_VERSION = 1
+PLAN_FORMAT_VERSION = 2
+"""The plan document this autoremat writes; it reads this one and format 1 (see
+:mod:`autoremat.plan_schema`)."""
 
 
 @dataclass(frozen=True)
@@ -39,9 +42,31 @@ class Segment:
             object.__setattr__(self, "recompute", bool(self.recompute))
 
 
+ReplayTails = dict[int, tuple[int, tuple[int, ...]]]
+"""Segment index -> (first node of its replay tail, the tail inputs): see :mod:`autoremat.replay_tail`."""
+
+GRAPH_FIELDS = ("graph_mode", "node_names", "replay_tails", "tensors", "inputs")
+"""What :func:`autoremat.apply` reads besides the segments: typed fields of :class:`Plan`. Plan
+format 1 kept them in ``options``; a plan given them there (an older file, or code written for
+it) has them moved to the fields."""
+
+
+def _tails(value: Any) -> ReplayTails:
+    """Replay tails in their typed form, from the typed form or the JSON one (string keys)."""
+    return {int(k): (int(v[0]), tuple(int(u) for u in v[1])) for k, v in dict(value or {}).items()}
+
+
 @dataclass
 class Plan:
-    """An executable recomputation plan for one graph."""
+    """An executable recomputation plan for one graph.
+
+    Besides what to recompute and offload (``segments``, ``offload``) a plan records what it was
+    solved for (``solver``, ``options``: the solver's options and diagnostics, ``budget_bytes``,
+    the predictions) and what :func:`autoremat.apply` checks it against and runs: the graph it
+    was made for (``graph_fingerprint``, ``graph_mode``, ``node_names``, ``tensors``,
+    ``inputs``) and the shortened replays (``replay_tails``). :func:`autoremat.solve` and every
+    solver of :data:`autoremat.SOLVERS` fill them in.
+    """
 
     segments: list[Segment]
     solver: str = "none"
@@ -53,10 +78,35 @@ class Plan:
     offload: tuple[int, ...] = ()
     """Nodes whose output storage, where a node outside a recomputed segment saves it for
     backward, is copied to host memory after production and prefetched back for backward."""
+    graph_mode: str | None = None
+    """``"fx"`` or ``"module"``: the capture the plan's node ids refer to (``None``: not from a
+    capture, so :func:`autoremat.apply` refuses it)."""
+    node_names: tuple[str, ...] | None = None
+    """The name of every node of the graph (fx node names, or module paths at module level)."""
+    replay_tails: ReplayTails = field(default_factory=dict)
+    """Recomputed segments whose replay ends early (:mod:`autoremat.replay_tail`)."""
+    tensors: dict[str, str] | None = None
+    """The captured model's parameters and buffers, name -> ``"dtype[shape]"``."""
+    inputs: list[dict[str, Any]] | None = None
+    """The example batch's tensors (path, shape, dtype, device type) the plan was made for."""
+    bandwidth_bytes_per_s: float | None = None
+    """The host<->device link the predictions assumed for ``offload`` (``None``: the graph's, else
+    :data:`autoremat.cost.DEFAULT_BANDWIDTH_BYTES_PER_S`)."""
     version: int = PLAN_FORMAT_VERSION
 
     def __post_init__(self) -> None:
         self.offload = tuple(sorted({int(v) for v in self.offload}))
+        if any(key in self.options for key in GRAPH_FIELDS):  # plan format 1: in options
+            self.options = dict(self.options)
+            for key in GRAPH_FIELDS:
+                if key in self.options:
+                    value = self.options.pop(key)
+                    if getattr(self, key) in (None, {}):
+                        setattr(self, key, value)
+        if self.node_names is not None:
+            self.node_names = tuple(self.node_names)
+        self.replay_tails = _tails(self.replay_tails)
+        self.version = PLAN_FORMAT_VERSION
 
     @property
     def recompute_segments(self) -> list[Segment]:
@@ -68,7 +118,7 @@ class Plan:
 
     def describe(self) -> str:
         k = len(self.recompute_segments)
-        tails = len(self.options.get("replay_tails") or ())
+        tails = len(self.replay_tails)
         short = f" ({tails} with a shortened replay)" if tails else ""
         off = f", {len(self.offload)} offloaded" if self.offload else ""
         gap = self.options.get("optimality_gap")  # "milp": proven distance from the optimum
@@ -82,12 +132,15 @@ class Plan:
         d["format"] = "autoremat.plan"
         d["segments"] = [{"nodes": list(s.nodes), "recompute": s.recompute} for s in self.segments]
         d["offload"] = list(self.offload)
+        d["node_names"] = None if self.node_names is None else list(self.node_names)
+        d["replay_tails"] = {str(k): [first, list(inputs)] for k, (first, inputs) in sorted(self.replay_tails.items())}
         return d
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any], *, source: str | None = None) -> "Plan":
-        """A plan from its :meth:`to_dict` form, checked strictly (:mod:`autoremat.plan_schema`);
-        a malformed one raises :class:`~autoremat.errors.PlanFormatError` naming the field."""
+        """A plan from its :meth:`to_dict` form (format 2) or an older file (format 1), checked
+        strictly (:mod:`autoremat.plan_schema`); a malformed one raises
+        :class:`~autoremat.errors.PlanFormatError` naming the field."""
         check_plan_dict(data, source=source)
         return cls(
             segments=[Segment(tuple(s["nodes"]), s["recompute"]) for s in data["segments"]],
@@ -98,6 +151,12 @@ class Plan:
             predicted_peak_bytes=data.get("predicted_peak_bytes"),
             predicted_extra_time_s=data.get("predicted_extra_time_s"),
             offload=tuple(data.get("offload", ())),
+            graph_mode=data.get("graph_mode"),
+            node_names=data.get("node_names"),
+            replay_tails=data.get("replay_tails") or {},
+            tensors=data.get("tensors"),
+            inputs=data.get("inputs"),
+            bandwidth_bytes_per_s=data.get("bandwidth_bytes_per_s"),
         )
 
     def to_json(self, path: str | None = None) -> str:

@@ -9,6 +9,10 @@ Decisions (tested in ``tests/test_plan.py`` and ``tests/test_bad_inputs.py``):
 
 * Required keys: ``format`` (``"autoremat.plan"``), ``version`` and ``segments``; each segment
   needs ``nodes`` and ``recompute``. Every other key is optional with the :class:`Plan` default.
+* Versions: 2 (this one) and 1. Format 1 kept what :func:`autoremat.apply` reads
+  (``graph_mode``, ``node_names``, ``replay_tails``, ``tensors``, ``inputs``) inside
+  ``options``; format 2 has them as top-level fields. Either place is checked the same way; a
+  document that gives one of them in both places is refused (which one is meant?).
 * Unknown top-level keys and unknown segment keys are refused (a misspelt ``"recompue"`` would
   otherwise be silently dropped). Unknown keys inside ``options`` are kept: solvers record
   their own options there.
@@ -16,7 +20,7 @@ Decisions (tested in ``tests/test_plan.py`` and ``tests/test_bad_inputs.py``):
 * Node ids are non-negative integers (not bools, not ``1.0``); byte counts are non-negative
   integers; times are finite non-negative numbers.
 * Segments must be non-empty and disjoint; when the plan names its graph's nodes
-  (``options.node_names``), every node id must be below their number and the segments must
+  (``node_names``), every node id must be below their number and the segments must
   cover them all. Whether segments are lower sets of the model's graph is checked against the
   model by :func:`autoremat.apply` / :func:`autoremat.validate_plan`.
 * :func:`load_plan_json` reads JSON text when the first non-blank character is ``{`` or ``[``,
@@ -34,11 +38,16 @@ from typing import Any
 
 from .errors import PlanFormatError
 
-__all__ = ["check_plan_dict", "load_plan_json", "PLAN_KEYS", "SEGMENT_KEYS"]
+__all__ = ["check_plan_dict", "load_plan_json", "PLAN_KEYS", "SEGMENT_KEYS", "GRAPH_KEYS", "READ_VERSIONS"]
 
+GRAPH_KEYS = ("graph_mode", "node_names", "replay_tails", "tensors", "inputs")
+"""Top-level fields of format 2 that format 1 kept in ``options``."""
 PLAN_KEYS = frozenset({"format", "version", "segments", "solver", "options", "budget_bytes",
-                       "graph_fingerprint", "predicted_peak_bytes", "predicted_extra_time_s", "offload"})
+                       "graph_fingerprint", "predicted_peak_bytes", "predicted_extra_time_s", "offload",
+                       "bandwidth_bytes_per_s", *GRAPH_KEYS})
 SEGMENT_KEYS = frozenset({"nodes", "recompute"})
+READ_VERSIONS = (1, 2)
+"""The plan formats this autoremat reads."""
 
 
 def _kind(value: Any) -> str:
@@ -101,7 +110,7 @@ def _segments(value: Any, num_nodes: int | None) -> None:
         for v in nodes:
             if num_nodes is not None and v >= num_nodes:
                 raise PlanFormatError(f"{field}.nodes", f"node {v} is out of range: the plan's graph has "
-                                      f"{num_nodes} nodes (options.node_names), ids 0..{num_nodes - 1}")
+                                      f"{num_nodes} nodes (node_names), ids 0..{num_nodes - 1}")
             if v in owner:
                 where = "twice in this segment" if owner[v] == i else f"also in segments[{owner[v]}]"
                 raise PlanFormatError(f"{field}.nodes", f"node {v} is {where}; every node belongs to exactly "
@@ -113,40 +122,39 @@ def _segments(value: Any, num_nodes: int | None) -> None:
                               f"{missing[:10]}{' …' if len(missing) > 10 else ''}")
 
 
-def _options(value: Any) -> int | None:
-    """Check ``options``; returns the number of graph nodes when the plan names them."""
-    if not isinstance(value, Mapping):
-        raise PlanFormatError("options", f"expected an object (solver options and graph identity), got {_kind(value)}")
-    mode = value.get("graph_mode")
+def _graph_fields(doc: Mapping[str, Any], where: str) -> int | None:
+    """Check the graph fields found in ``doc`` (the plan, or its ``options`` for format 1);
+    ``where`` prefixes the field names. Returns the number of graph nodes when it names them."""
+    mode = doc.get("graph_mode")
     if mode is not None:
-        _string("options.graph_mode", mode)
-    names = value.get("node_names")
+        _string(f"{where}graph_mode", mode)
+    names = doc.get("node_names")
     if names is not None:
         if not isinstance(names, (list, tuple)) or not all(isinstance(n, str) for n in names):
-            raise PlanFormatError("options.node_names", "expected a list of node names (strings), one per graph node")
-    tails = value.get("replay_tails")
+            raise PlanFormatError(f"{where}node_names", "expected a list of node names (strings), one per graph node")
+    tails = doc.get("replay_tails")
     if tails is not None:
         if not isinstance(tails, Mapping):
-            raise PlanFormatError("options.replay_tails", f"expected an object, got {_kind(tails)}")
+            raise PlanFormatError(f"{where}replay_tails", f"expected an object, got {_kind(tails)}")
         for k, tail in tails.items():
-            field = f"options.replay_tails.{k}"
+            field = f"{where}replay_tails.{k}"
             if not str(k).isdigit():
                 raise PlanFormatError(field, "expected a segment index (digits) as the key")
             if not isinstance(tail, (list, tuple)) or len(tail) != 2:
                 raise PlanFormatError(field, "expected [first node of the tail, [tail input node ids]]")
             _node_id(f"{field}[0]", tail[0])
             _node_list(f"{field}[1]", tail[1])
-    tensors = value.get("tensors")
+    tensors = doc.get("tensors")
     if tensors is not None and (not isinstance(tensors, Mapping)
                                 or not all(isinstance(k, str) and isinstance(v, str) for k, v in tensors.items())):
-        raise PlanFormatError("options.tensors", "expected an object of tensor name -> 'dtype[shape]' strings "
+        raise PlanFormatError(f"{where}tensors", "expected an object of tensor name -> 'dtype[shape]' strings "
                               "(written by autoremat.solve)")
-    inputs = value.get("inputs")
+    inputs = doc.get("inputs")
     if inputs is not None:
         if not isinstance(inputs, (list, tuple)):
-            raise PlanFormatError("options.inputs", f"expected a list of input descriptions, got {_kind(inputs)}")
+            raise PlanFormatError(f"{where}inputs", f"expected a list of input descriptions, got {_kind(inputs)}")
         for j, spec in enumerate(inputs):
-            field = f"options.inputs[{j}]"
+            field = f"{where}inputs[{j}]"
             if not isinstance(spec, Mapping) or not {"path", "shape", "dtype", "device"} <= set(spec):
                 raise PlanFormatError(field, "expected {'path', 'shape', 'dtype', 'device'} (written by autoremat.solve)")
             if not isinstance(spec["shape"], (list, tuple)) or not all(isinstance(d, int) and not isinstance(d, bool)
@@ -155,6 +163,29 @@ def _options(value: Any) -> int | None:
             for key in ("path", "dtype", "device"):
                 _string(f"{field}.{key}", spec[key])
     return None if names is None else len(names)
+
+
+def _options(data: Mapping[str, Any]) -> int | None:
+    """Check ``options`` and the graph fields (top level, or in ``options`` as format 1 kept
+    them); returns the number of graph nodes when the plan names them."""
+    value = data.get("options", {})
+    if not isinstance(value, Mapping):
+        raise PlanFormatError("options", f"expected an object (solver options and graph identity), got {_kind(value)}")
+    for key in GRAPH_KEYS:
+        if data.get(key) is not None and value.get(key) is not None:
+            raise PlanFormatError(f"options.{key}", f"given both at the top level and in options (where plan format "
+                                  "1 kept it); keep one")
+    in_options = _graph_fields(value, "options.")
+    top = _graph_fields(data, "")
+    return top if top is not None else in_options
+
+
+def _bandwidth(value: Any) -> None:
+    if value is None:
+        return
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value <= 0:
+        raise PlanFormatError("bandwidth_bytes_per_s", f"expected bytes per second (a finite number > 0) or null, "
+                              f"got {value!r}")
 
 
 def check_plan_dict(data: Any, *, source: str | None = None) -> None:
@@ -177,9 +208,14 @@ def _check(data: Any) -> None:
                               f"{data.get('format')!r} (a file written by Plan.to_json)")
     if "version" not in data:
         raise PlanFormatError("version", f"required key is missing (this autoremat reads version {PLAN_FORMAT_VERSION})")
-    if data["version"] != PLAN_FORMAT_VERSION or isinstance(data["version"], bool):
+    if data["version"] not in READ_VERSIONS or isinstance(data["version"], bool):
         raise PlanFormatError("version", f"plan format version {data['version']!r} is not supported "
-                              f"(this autoremat reads version {PLAN_FORMAT_VERSION}); solve the model again")
+                              f"(this autoremat reads versions {', '.join(map(str, READ_VERSIONS))}); solve the "
+                              "model again")
+    if data["version"] == 1:
+        for key in sorted(set(GRAPH_KEYS) & set(data)):
+            raise PlanFormatError(key, "a top-level key of plan format 2, in a version 1 document (format 1 kept it "
+                                  "in options); write the plan again with Plan.to_json")
     if "segments" not in data:
         raise PlanFormatError("segments", "required key is missing (a list of {'nodes': [...], 'recompute': bool})")
     for key in sorted(set(data) - PLAN_KEYS):
@@ -187,7 +223,8 @@ def _check(data: Any) -> None:
     for key in ("solver", "graph_fingerprint"):
         if key in data:
             _string(key, data[key])
-    num_nodes = _options(data["options"]) if "options" in data else None
+    num_nodes = _options(data)
+    _bandwidth(data.get("bandwidth_bytes_per_s"))
     _segments(data["segments"], num_nodes)
     _opt_bytes("budget_bytes", data.get("budget_bytes"))
     _opt_bytes("predicted_peak_bytes", data.get("predicted_peak_bytes"))

@@ -26,9 +26,10 @@ Decisions (each tested):
   inputs (by identity) or a parameter (or a view of one); where one is not, that forward's
   recomputation replays the whole segment as before (correct, with the memory of a whole
   replay) and logs it once;
-* only :func:`autoremat.solve` adds the tails to a plan (``plan.options["replay_tails"]``:
-  segment index -> first node of its tail and its tail inputs); the simulator and ``apply`` read them from there,
-  so a plan without them (an older JSON file) is simulated and run with whole replays. The
+* only :func:`autoremat.solve` (and every solver of :data:`autoremat.SOLVERS`) adds the tails to
+  a plan (:attr:`Plan.replay_tails <autoremat.plan.Plan.replay_tails>`: segment index -> first
+  node of its tail and its tail inputs); the simulator and ``apply`` read them from there, so a
+  plan without them (an older JSON file) is simulated and run with whole replays. The
   solvers' own cost models still charge ``T(Vi)``: their choice of segments does not count on
   the shortening, the plan's prediction does.
 """
@@ -38,7 +39,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 
 from .graph import Graph
-from .plan import Plan
+from .plan import Plan, ReplayTails
 
 __all__ = ["TAIL_KINDS", "replay_tail", "replay_tails", "tail_inputs", "tails_of"]
 
@@ -98,20 +99,19 @@ def tail_inputs(graph: Graph, nodes: Iterable[int], first: int) -> list[int]:
     return out
 
 
-def replay_tails(graph: Graph, plan: Plan) -> dict[str, list]:
-    """``{segment index (a string, for JSON): [first node of its tail, its tail inputs]}`` for
-    the recomputed segments of ``plan`` that have a tail."""
-    out: dict[str, list] = {}
+def replay_tails(graph: Graph, plan: Plan) -> ReplayTails:
+    """``{segment index: (first node of its tail, its tail inputs)}`` for the recomputed segments
+    of ``plan`` that have a tail."""
+    out: ReplayTails = {}
     for i, seg in enumerate(plan.segments):
         if seg.recompute:
             first = replay_tail(graph, seg.nodes)
             if first is not None:
-                out[str(i)] = [first, tail_inputs(graph, seg.nodes, first)]
+                out[i] = (first, tuple(tail_inputs(graph, seg.nodes, first)))
     return out
 
 
 def tails_of(plan: Plan) -> dict[int, tuple[int, list[int]]]:
     """The tails recorded in ``plan`` (by :func:`autoremat.solve`): segment index -> (first node
     of the tail, tail inputs)."""
-    return {int(k): (int(v[0]), [int(u) for u in v[1]])
-            for k, v in (plan.options.get("replay_tails") or {}).items()}
+    return {int(k): (int(v[0]), [int(u) for u in v[1]]) for k, v in (plan.replay_tails or {}).items()}

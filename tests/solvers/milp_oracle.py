@@ -8,7 +8,7 @@ import itertools
 from autoremat.graph import Graph
 from autoremat.plan import Plan, Segment
 from autoremat.cost import simulate
-from autoremat.solvers.bruteforce import lower_set_chains
+from autoremat.solvers.evaluation.bruteforce import lower_set_chains
 
 
 def space_table(graph: Graph, k: int | None = None) -> list[tuple[int, float, Plan]]:

@@ -9,7 +9,7 @@ import pytest
 import autoremat
 from autoremat import SOLVERS, Graph, solve
 from autoremat.solvers import CONFIGS, ChenConfig, SolverConfig
-from autoremat.solvers.kusumoto_config import DPApproxConfig
+from autoremat.solvers.kusumoto import DPApproxConfig
 
 
 def _graph() -> Graph:
@@ -46,20 +46,32 @@ def test_defaults_and_typed_instances_solve_alike(name: str) -> None:
 
 def test_typed_option_values_are_used_and_checked() -> None:
     g = _graph()
-    assert ChenConfig.parse({"grid": 3}).grid == 3
-    with pytest.raises(ValueError, match="grid"):
-        SOLVERS["chen"](g, 10**9, config={"grid": 0})
+    assert ChenConfig.parse({"thresholds": 3}).thresholds == 3
+    with pytest.raises(ValueError, match="thresholds"):
+        SOLVERS["chen"](g, 10**9, config={"thresholds": 0})
     with pytest.raises(ValueError, match="objective"):
         DPApproxConfig(objective="speed")
     with pytest.raises(ValueError, match="is a ChenConfig"):
         SOLVERS["dp-approx"](g, 10**9, config=ChenConfig())
-    assert "grid" in ChenConfig.options_help() and "default 48" in ChenConfig.options_help()["grid"]
+    assert "thresholds" in ChenConfig.options_help() and "default 48" in ChenConfig.options_help()["thresholds"]
 
 
 def test_auto_hands_each_solver_only_its_options() -> None:
     g = _graph()
     peak = autoremat.simulate(g, autoremat.solve(g, 10**9, solver="none")).peak_bytes
-    plan = solve(g, int(peak * 0.7), solver="auto", grid=4, objective="memory")  # chen's and the DP's
+    plan = solve(g, int(peak * 0.7), solver="auto", thresholds=4, objective="memory")  # chen's and the DP's
     assert plan.solver in ("chen", "dp-approx")
     with pytest.raises(ValueError, match=r"accepted by none of the solvers it tries"):
         solve(g, int(peak * 0.7), solver="auto", no_such_option=1)
+
+
+def test_grid_had_two_meanings_and_is_refused_with_the_new_names() -> None:
+    """``grid`` was chen's number of thresholds and combined's number of budgets per base solver:
+    under ``"auto"`` one value went to both. Now ``thresholds`` and ``budget_steps``."""
+    g = _graph()
+    for name, new in (("chen", "thresholds"), ("combined", "budget_steps")):
+        with pytest.raises(ValueError, match=rf"{name}: option 'grid' is now called '{new}'"):
+            SOLVERS[name](g, 10**9, config={"grid": 4})
+        assert new in CONFIGS[name].options_help()
+    with pytest.raises(ValueError, match="accepted by none of the solvers"):
+        solve(g, 10**9, solver="auto", grid=4)

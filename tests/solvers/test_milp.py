@@ -8,17 +8,17 @@ import random
 
 import networkx as nx
 import pytest
+from _graphs import random_dag
 
 import autoremat
 from autoremat.errors import InfeasibleBudgetError
 from autoremat.graph import Graph
 from autoremat.plan import Plan, validate_plan
 from autoremat.cost import simulate, unoptimised_peak_bytes
-from autoremat.solvers.bruteforce import solve_bruteforce
+from autoremat.solvers.evaluation.bruteforce import solve_bruteforce
 from autoremat.solvers.kusumoto import solve_dp_exact
 
 from .milp_oracle import best_within, space_table
-from .test_kusumoto import random_dag
 
 pytest.importorskip("highspy")
 

@@ -3,21 +3,16 @@
 from __future__ import annotations
 
 import pytest
+from _graphs import skip_chain
 
 import autoremat
 from autoremat import SOLVERS, Graph, InfeasibleBudgetError, min_budget, simulate, solve
 from autoremat.cost import unoptimised_peak_bytes
 
 
-def _skip_chain(n: int = 24) -> Graph:
-    edges = [(v - 1, v) for v in range(1, n)] + [(v - 3, v) for v in range(3, n, 3)]
-    return Graph.from_edges(n, edges, out_bytes=[100 + (v * 37) % 400 for v in range(n)],
-                            time_s=[10.0 if v % 3 == 1 else 1.0 for v in range(n)])
-
-
 @pytest.mark.parametrize("name", sorted(SOLVERS))
 def test_min_budget_is_met_and_one_byte_less_is_not(name: str) -> None:
-    g = _skip_chain()
+    g = skip_chain()
     options = {"time_limit_s": 5.0} if name == "milp" else {}  # milp's searches stop at their time limit
     need = min_budget(g, name, config=options or None)
     assert 0 < need <= unoptimised_peak_bytes(g)
@@ -34,7 +29,7 @@ def test_min_budget_is_met_and_one_byte_less_is_not(name: str) -> None:
 
 
 def test_min_budget_orders_the_solvers() -> None:
-    g = _skip_chain()
+    g = skip_chain()
     peak = unoptimised_peak_bytes(g)
     assert min_budget(g, "none") == peak
     assert min_budget(g, "dp-exact") <= min_budget(g, "dp-approx") < peak
@@ -43,7 +38,7 @@ def test_min_budget_orders_the_solvers() -> None:
 
 
 def test_min_budget_passes_the_solver_options() -> None:
-    g = _skip_chain()
+    g = skip_chain()
     g.meta["device"] = "cuda:0"  # offloading now pays in the model
     assert min_budget(g, "offload-greedy", config={"offload": False}) == unoptimised_peak_bytes(g)
     assert min_budget(g, "offload-greedy") < unoptimised_peak_bytes(g)
@@ -53,8 +48,8 @@ def test_min_budget_passes_the_solver_options() -> None:
 
 def test_min_budget_rejects_unregistered_names_and_empty_graphs_need_nothing() -> None:
     with pytest.raises(ValueError, match="not registered"):
-        min_budget(_skip_chain(), "magic")
+        min_budget(skip_chain(), "magic")
     with pytest.raises(ValueError, match="not registered"):
-        min_budget(_skip_chain(), "auto")
+        min_budget(skip_chain(), "auto")
     assert min_budget(Graph.chain([]), "chen") == 0
     assert autoremat.min_budget is min_budget

@@ -61,7 +61,7 @@ def least_peak(graph: Graph) -> int:
 
 
 def test_xla_greedy_registered():
-    assert SOLVERS["xla-greedy"] is solve_xla_greedy
+    assert SOLVERS["xla-greedy"].solve is solve_xla_greedy
     assert "twremat" not in SOLVERS  # evaluated on schedules, not executable as a flat plan
 
 

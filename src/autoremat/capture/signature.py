@@ -9,8 +9,8 @@ batch 64. So:
   :func:`~autoremat.capture.module.module_fingerprint`) hashes the shape and dtype of every
   parameter and buffer, and :func:`autoremat.apply` refuses a plan whose fingerprint differs,
   naming the first differing node or tensor (:func:`first_difference`); the plan carries the
-  tensor signature (``options["tensors"]``) so that the message can say what changed;
-* the example inputs' signature (``options["inputs"]``) is recorded by
+  tensor signature (``Plan.tensors``) so that the message can say what changed;
+* the example inputs' signature (``Plan.inputs``) is recorded by
   :func:`autoremat.solve` from the graph. ``apply`` sees only the model, not a batch, so the
   input check (:func:`check_inputs`) runs where a batch is known: ``apply(model, plan,
   inputs=...)`` and the integrations that reuse a plan. Device *type* is compared (``cuda:0``
@@ -92,7 +92,7 @@ def check_inputs(plan: Any, args: Sequence[Any] | torch.Tensor, kwargs: Mapping[
     """Raise :class:`PlanMismatchError` unless the batch ``args`` / ``kwargs`` has the shapes,
     dtypes and device types the plan was captured with (a plan without a recorded input
     signature, e.g. one written by an older autoremat, passes)."""
-    recorded = (getattr(plan, "options", None) or {}).get("inputs")
+    recorded = getattr(plan, "inputs", None)
     if recorded is None:
         return
     if isinstance(args, torch.Tensor):

@@ -139,8 +139,8 @@ def apply(model: nn.Module, plan: Plan, *, regions: str = "lean", inputs: Any = 
     if is_patched(model):
         raise ValueError("model is already patched by autoremat; call autoremat.restore(model) before "
                          "applying another plan")
-    mode = plan.options.get("graph_mode")
-    names = plan.options.get("node_names")
+    mode = plan.graph_mode
+    names = plan.node_names
     if mode not in ("fx", "module") or names is None:
         raise PlanMismatchError("this plan does not come from a captured model (no graph_mode / node_names);"
                                 " solve a graph returned by autoremat.capture")
@@ -194,7 +194,7 @@ def _apply_fx(model: nn.Module, plan: Plan, names: list[str], regions: str) -> _
     fp = fx_fingerprint(gm)
     if plan.graph_fingerprint and fp != plan.graph_fingerprint:
         why = (first_difference(list(names), [n.name for n in ops], "node")
-               or first_difference(plan.options.get("tensors") or {}, tensor_signature(gm), "tensor"))
+               or first_difference(plan.tensors or {}, tensor_signature(gm), "tensor"))
         raise PlanMismatchError(f"plan was made for graph {plan.graph_fingerprint} but {type(model).__name__} "
                                 f"traces to {fp}{f' ({why})' if why else ''}; capture this model and solve again")
     if [n.name for n in ops] != list(names):
@@ -221,7 +221,7 @@ def _check_fx_plan(plan: Plan, ops: list[torch.fx.Node]) -> None:
     for si, (first, tail_inputs) in tails_of(plan).items():
         if not (0 <= si < len(plan.segments) and plan.segments[si].recompute) or segment_of.get(first) != si \
                 or any(not 0 <= u < len(ops) for u in tail_inputs):
-            raise PlanMismatchError(f"options.replay_tails: segment {si}'s replay tail (from node {first}) does not "
+            raise PlanMismatchError(f"replay_tails: segment {si}'s replay tail (from node {first}) does not "
                                     "match the plan's recomputed segments; capture and solve again")
 
 
@@ -408,7 +408,7 @@ def _build_forward(gm: torch.fx.GraphModule, ops: list[torch.fx.Node], plan: Pla
 def _apply_module(model: nn.Module, plan: Plan, names: list[str], regions: str) -> _PatchState:
     fp = module_fingerprint(model)
     if plan.graph_fingerprint and fp != plan.graph_fingerprint:
-        why = first_difference(plan.options.get("tensors") or {}, tensor_signature(model), "tensor")
+        why = first_difference(plan.tensors or {}, tensor_signature(model), "tensor")
         raise PlanMismatchError(f"plan was made for graph {plan.graph_fingerprint} but {type(model).__name__} "
                                 f"has module structure {fp}{f' ({why})' if why else ''}; capture this model and "
                                 "solve again")

@@ -1,13 +1,35 @@
-"""Solvers: pure functions ``solve(graph, budget_bytes, *, config=None) -> Plan``.
+"""Solvers: pure functions ``solve(graph, budget_bytes, *, config=None) -> Plan``, by paper.
 
 Every solver sees only the :class:`~autoremat.graph.Graph` (no torch), returns a plan whose
 simulated step peak is within the budget, and raises
 :class:`~autoremat.errors.InfeasibleBudgetError` (with ``min_budget_bytes``) otherwise.
-Adding a solver touches its module and one line of :data:`SOLVERS`.
+
+=====================  ===========================================================================
+``none``, ``chen``     :mod:`.none`, :mod:`.chen` (Chen et al., sublinear memory)
+``dp-exact``,          :mod:`.kusumoto` (Kusumoto et al., the DP over lower sets)
+``dp-approx``
+``reforward``          :mod:`.reforward` (Feng & Huang, Re-forwarding)
+``xla-greedy``         :mod:`.xla_greedy` (XLA's greedy rematerialisation, as Kumar et al. run it)
+``offload-greedy``,    :mod:`.beaumont` (Beaumont et al., GPU-CPU offloading; the chain solvers
+``offload-dp``,        behind them in :mod:`.beaumont.chain_solvers`)
+``vdnn``
+``combined``           :mod:`.combined` (recomputation plus offloading)
+``milp``               :mod:`.milp` (the exact program over the same plan space, HiGHS)
+=====================  ===========================================================================
+
+Evaluation-only planners (brute force, TWRemat) are :mod:`.evaluation`; the cost models the
+solvers price plans with are :mod:`autoremat.cost`.
+
+:data:`SOLVERS` maps each name to a :class:`RegisteredSolver`: calling it runs the solver and
+then :func:`finalize_plan`, exactly as :func:`solve` does, so ``SOLVERS[name](graph, b)`` returns a
+plan :func:`autoremat.apply` can run (graph identity, replay tails, predictions), checked within
+the budget. The bare solver is its :attr:`RegisteredSolver.solve`. Adding a solver touches its
+module and one line of :data:`SOLVER_FUNCTIONS`.
 """
 
 from __future__ import annotations
 
+import functools
 import logging
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
@@ -18,7 +40,7 @@ from ..graph import Graph
 from ..plan import Plan, validate_plan
 from ..replay_tail import replay_tails
 from ..cost import simulate, unoptimised_peak_bytes
-from ._config import SolverConfig, option_names
+from ._config import SolverConfig, check_budget, option_names
 from .chen import ChenConfig, solve_chen
 from .combined import CombinedConfig, offload_allowed, solve_combined
 from .kusumoto import DPApproxConfig, DPExactConfig, solve_dp_approx, solve_dp_exact
@@ -31,14 +53,14 @@ from .beaumont import (OffloadDPConfig, OffloadGreedyConfig, VdnnConfig, solve_o
 from .reforward import ReforwardConfig, solve_reforward
 from .xla_greedy import XlaGreedyConfig, solve_xla_greedy
 
-__all__ = ["SOLVERS", "CONFIGS", "OFFLOAD_ONLY", "AUTO_ORDER", "SolverFn", "SolverConfig", "solve", "finalize_plan", "min_budget",
-           "check_solver"]
+__all__ = ["SOLVERS", "SOLVER_FUNCTIONS", "RegisteredSolver", "CONFIGS", "OFFLOAD_ONLY", "AUTO_ORDER", "SolverFn",
+           "SolverConfig", "solve", "finalize_plan", "bare_solver", "min_budget", "check_solver"]
 
 logger = logging.getLogger(__name__)
 
 SolverFn = Callable[..., Plan]
 
-SOLVERS: dict[str, SolverFn] = {
+SOLVER_FUNCTIONS: dict[str, SolverFn] = {
     "none": solve_none,
     "chen": solve_chen,
     "dp-exact": solve_dp_exact,
@@ -51,7 +73,30 @@ SOLVERS: dict[str, SolverFn] = {
     "vdnn": solve_vdnn,
     "milp": solve_milp,
 }
-"""Registry: solver name -> ``solve(graph, budget_bytes, *, config=None) -> Plan``."""
+"""The bare solvers: name -> ``solve(graph, budget_bytes, *, config=None) -> Plan`` (segments and
+the solver's own options; :data:`SOLVERS` adds the finalisation)."""
+
+
+class RegisteredSolver:
+    """A registered solver: calling it is ``finalize_plan(graph, solve(graph, budget_bytes,
+    config=config), ...)``, what :func:`autoremat.solve` does for a solver named explicitly."""
+
+    def __init__(self, name: str, solve: SolverFn) -> None:
+        self.name = name
+        self.solve = solve
+        functools.update_wrapper(self, solve)
+
+    def __call__(self, graph: Graph, budget_bytes: int, *, config: Any = None) -> Plan:
+        budget = check_budget(budget_bytes)
+        options = config.as_dict() if isinstance(config, SolverConfig) else dict(config or {})
+        return finalize_plan(graph, self.solve(graph, budget, config=config), budget, self.name, options)
+
+    def __repr__(self) -> str:
+        return f"RegisteredSolver({self.name!r}, {self.solve.__module__}.{self.solve.__qualname__})"
+
+
+SOLVERS: dict[str, RegisteredSolver] = {name: RegisteredSolver(name, fn) for name, fn in SOLVER_FUNCTIONS.items()}
+"""Registry: solver name -> ``solve(graph, budget_bytes, *, config=None) -> Plan``, finalised."""
 
 CONFIGS: dict[str, type[SolverConfig]] = {
     "none": NoneConfig,
@@ -82,24 +127,34 @@ def check_solver(name: str, *, allow_auto: bool = True) -> str:
     raise ValueError(f"solver={name!r} is not registered; expected {expected}")
 
 
+def bare_solver(name: str) -> SolverFn:
+    """The solver registered as ``name`` without the finalisation (what :func:`solve`, ``min_budget``
+    and ``combined`` run before they check the plan themselves)."""
+    fn = SOLVERS[name]
+    return fn.solve if isinstance(fn, RegisteredSolver) else fn
+
+
 def finalize_plan(graph: Graph, plan: Plan, budget_bytes: int, solver: str,
                   options: Mapping[str, Any] | None = None) -> Plan:
-    """Stamp a solver's plan with its graph, budget and predictions, and check it."""
+    """Stamp a solver's plan with its graph, budget and predictions, and check it: what
+    :func:`autoremat.apply` reads (``graph_mode``, ``node_names``, ``tensors``, ``inputs``, the
+    replay tails of an fx graph) and the simulated peak and extra time, at the link the solver
+    planned with (``options["bandwidth_bytes_per_s"]``, else the graph's)."""
     plan.solver = solver
     plan.budget_bytes = int(budget_bytes)
     plan.graph_fingerprint = graph.fingerprint
     plan.options = {**dict(options or {}), **plan.options}
-    plan.options["graph_mode"] = graph.meta.get("mode")
-    plan.options["node_names"] = [graph.node(v)["module_path"] if graph.meta.get("mode") == "module"
-                                  else graph.node(v)["name"] for v in graph.nodes]
-    for key in ("tensors", "inputs"):  # what apply / check_inputs compare (autoremat.capture.signature)
-        if graph.meta.get(key) is not None:
-            plan.options[key] = graph.meta[key]
+    plan.graph_mode = graph.meta.get("mode")
+    plan.node_names = tuple(graph.node(v)["module_path"] if graph.meta.get("mode") == "module"
+                            else graph.node(v)["name"] for v in graph.nodes)
+    plan.tensors = graph.meta.get("tensors")  # what apply / check_inputs compare (autoremat.capture.signature)
+    plan.inputs = graph.meta.get("inputs")
     validate_plan(graph, plan)
     if graph.meta.get("mode") == "fx":  # module-level regions replay whole submodule calls
-        plan.options["replay_tails"] = replay_tails(graph, plan)
-    sim = simulate(graph, plan, check=False, record=False,
-                   bandwidth_bytes_per_s=plan.options.get("bandwidth_bytes_per_s"))
+        plan.replay_tails = replay_tails(graph, plan)
+    if plan.bandwidth_bytes_per_s is None:
+        plan.bandwidth_bytes_per_s = plan.options.get("bandwidth_bytes_per_s")
+    sim = simulate(graph, plan, check=False, record=False, bandwidth_bytes_per_s=plan.bandwidth_bytes_per_s)
     plan.predicted_peak_bytes = sim.peak_bytes
     plan.predicted_extra_time_s = sim.extra_time_s
     if sim.peak_bytes > budget_bytes:  # the contract: never a plan over budget, whatever the solver
@@ -130,7 +185,7 @@ def solve(graph: Graph, budget: Any, *, solver: str = "auto", auto_solvers: Sequ
         resident_bytes=int(graph.meta.get("resident_bytes", 0)),
     )
     if solver != "auto":
-        plan = SOLVERS[solver](graph, budget_bytes, config=dict(options))
+        plan = bare_solver(solver)(graph, budget_bytes, config=dict(options))
         return finalize_plan(graph, plan, budget_bytes, solver, options)
     best: Plan | None = None
     least_min: int | None = None
@@ -141,7 +196,7 @@ def solve(graph: Graph, budget: Any, *, solver: str = "auto", auto_solvers: Sequ
     for name in order:
         mine = _accepted(name, options)
         try:
-            plan = finalize_plan(graph, SOLVERS[name](graph, budget_bytes, config=mine), budget_bytes, name, mine)
+            plan = finalize_plan(graph, bare_solver(name)(graph, budget_bytes, config=mine), budget_bytes, name, mine)
         except InfeasibleBudgetError as err:
             if err.min_budget_bytes is not None:
                 least_min = err.min_budget_bytes if least_min is None else min(least_min, err.min_budget_bytes)

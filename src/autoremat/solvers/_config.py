@@ -26,6 +26,8 @@ class SolverConfig:
     """Base of the per-solver option classes (a solver without options uses it as is)."""
 
     solver: ClassVar[str] = "this solver"
+    renamed: ClassVar[dict[str, str]] = {}
+    """Options this solver had under another name: old name -> new name (refused with the new one)."""
 
     @classmethod
     def parse(cls: type[C], config: "Mapping[str, Any] | SolverConfig | None") -> C:
@@ -37,6 +39,9 @@ class SolverConfig:
                              "or a mapping of its options")
         given = dict(config or {})
         accepted = option_names(cls)
+        for old in sorted(set(given) & set(cls.renamed)):
+            raise ValueError(f"{cls.solver}: option {old!r} is now called {cls.renamed[old]!r} (two solvers used "
+                             f"{old!r} for different things); pass {cls.renamed[old]}={given[old]!r}")
         unknown = sorted(set(given) - set(accepted))
         if unknown:
             listed = ", ".join(accepted) if accepted else "none"

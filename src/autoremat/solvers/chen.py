@@ -15,7 +15,7 @@ and cutting after ``v`` keeps a single tensor, which is what an articulation poi
 two parts of a network means. For a threshold ``b`` Algorithm 3 walks the execution order,
 accumulating the bytes each node saves for backward, and cuts after a candidate once the
 accumulated size exceeds ``b``. Chen's paper searches ``b`` for the least memory; under a
-budget we try ``b`` over a geometric grid (``grid`` values, default 48, between the smallest
+budget we try ``b`` over a geometric grid (``thresholds`` values, default 48, between the smallest
 and the total saved bytes, plus 0 and the √n split) and every plan is judged by
 :func:`autoremat.simulate`: the plan that fits with the least recomputation wins (the plan
 without recomputation is a candidate too, so a budget that does not bind recomputes nothing).
@@ -24,7 +24,7 @@ Module-level graphs can only recompute single module calls: there the variant ch
 module calls in decreasing order of saved bytes per second of recomputation; every prefix of
 that order is simulated and the cheapest one that fits wins.
 
-Time O(grid · n) simulations of O(n + e) each; space O(n). Heuristic (not optimal).
+Time O(thresholds · n) simulations of O(n + e) each; space O(n). Heuristic (not optimal).
 Infeasible budgets raise with ``min_budget_bytes`` = the least simulated peak among all the
 plans tried.
 """
@@ -79,16 +79,17 @@ class ChenConfig(SolverConfig):
     """Options of ``chen``."""
 
     solver: ClassVar[str] = "chen"
-    grid: int = field(default=48, metadata={"help": "thresholds tried on a geometric grid between the least "
-                                                    "saved bytes of a node and the total (Algorithm 3's b)"})
+    renamed: ClassVar[dict[str, str]] = {"grid": "thresholds"}
+    thresholds: int = field(default=48, metadata={"help": "thresholds tried on a geometric grid between the least "
+                                                          "saved bytes of a node and the total (Algorithm 3's b)"})
 
 
 def solve_chen(graph: Graph, budget_bytes: int, *, config: dict[str, Any] | ChenConfig | None = None) -> Plan:
-    grid = ChenConfig.parse(config).grid
+    grid = ChenConfig.parse(config).thresholds
     if isinstance(grid, bool) or not isinstance(grid, int):
-        raise ValueError(f"grid={grid!r} must be an int >= 1")
+        raise ValueError(f"thresholds={grid!r} must be an int >= 1")
     if grid < 1:
-        raise ValueError(f"grid={grid} must be >= 1")
+        raise ValueError(f"thresholds={grid} must be >= 1")
     if graph.meta.get("mode") == "module":
         return _solve_module(graph, budget_bytes)
     tried: list[tuple[int, float, Plan]] = []

@@ -9,7 +9,7 @@ et al., see :mod:`autoremat.cost` for the transfer model):
 
 1. *Recomputation candidates*: the plan without recomputation, and the plans of the base
    recomputation solvers (``bases``, default ``("chen", "dp-approx")`` where registered) solved
-   at budgets on a geometric grid from the target up to the unoptimised peak (``grid`` values,
+   at budgets on a geometric grid from the target up to the unoptimised peak (``budget_steps`` values,
    default 8) — looser budgets recompute less and leave more for offload to absorb.
 2. *Offload completion*: for each candidate, the storages that its kept segments save are
    ordered by production (the earliest are needed last in backward, so their transfers have the
@@ -26,7 +26,7 @@ Offloading only saves memory where there is a separate device: it is considered 
 was captured on CUDA or on the meta device (a model of one), or when ``offload=True``; on a
 CPU-only capture the planner returns recomputation-only plans (``offload=False`` forces that).
 
-Time: O(grid · |bases| · (solve + offload_grid · simulate)); space O(n). Infeasible budgets raise
+Time: O(budget_steps · |bases| · (solve + offload_grid · simulate)); space O(n). Infeasible budgets raise
 ``InfeasibleBudgetError`` with the least simulated peak among all candidates tried.
 """
 
@@ -49,9 +49,11 @@ class CombinedConfig(SolverConfig):
     """Options of ``combined`` (see the module docstring)."""
 
     solver: ClassVar[str] = "combined"
+    renamed: ClassVar[dict[str, str]] = {"grid": "budget_steps"}
     bases: tuple[str, ...] = field(default=("chen", "dp-approx"), metadata={
         "help": "recomputation solvers whose plans are completed with offloads (registered ones are used)"})
-    grid: int = field(default=8, metadata={"help": "budgets per base solver, geometric from the target to the peak"})
+    budget_steps: int = field(default=8, metadata={
+        "help": "budgets per base solver, geometric from the target to the peak"})
     offload_grid: int = field(default=48, metadata={"help": "offload prefix lengths simulated per candidate"})
     bandwidth_bytes_per_s: float | None = field(default=None, metadata={
         "help": "host<->device bandwidth (default graph.meta's, else the simulator's default)"})
@@ -69,11 +71,11 @@ def offload_allowed(graph: Graph, config: dict[str, Any]) -> bool:
 
 def solve_combined(graph: Graph, budget_bytes: int, *, config: dict[str, Any] | CombinedConfig | None = None
                    ) -> Plan:
-    from . import SOLVERS  # the registry imports this module
+    from . import SOLVERS, bare_solver  # the registry imports this module
 
     cfg = CombinedConfig.parse(config).as_dict()
     bases = [b for b in cfg["bases"] if b in SOLVERS]
-    grid = int(cfg["grid"])
+    steps = int(cfg["budget_steps"])
     bandwidth = cfg["bandwidth_bytes_per_s"]
     allow = offload_allowed(graph, cfg)
     vanilla = unoptimised_peak_bytes(graph)
@@ -86,17 +88,17 @@ def solve_combined(graph: Graph, budget_bytes: int, *, config: dict[str, Any] | 
 
     candidates: list[Plan] = [no_recompute_plan(graph)]
     targets = [budget_bytes] if vanilla <= budget_bytes else [
-        int(budget_bytes * (vanilla / max(budget_bytes, 1)) ** (i / max(1, grid - 1))) for i in range(grid)]
+        int(budget_bytes * (vanilla / max(budget_bytes, 1)) ** (i / max(1, steps - 1))) for i in range(steps)]
     seen: set[tuple] = {tuple((s.nodes, s.recompute) for s in candidates[0].segments)}
     for base in bases:
         for b in targets:
             try:
-                p = SOLVERS[base](graph, b, config={})
+                p = bare_solver(base)(graph, b, config={})
             except InfeasibleBudgetError as err:  # keep the base's tightest plan as a candidate
                 if err.min_budget_bytes is None:
                     continue
                 try:
-                    p = SOLVERS[base](graph, err.min_budget_bytes, config={})
+                    p = bare_solver(base)(graph, err.min_budget_bytes, config={})
                 except InfeasibleBudgetError:
                     continue
             key = tuple((s.nodes, s.recompute) for s in p.segments)

@@ -42,7 +42,7 @@ def min_budget(graph: Graph, solver: str = "dp-approx", *, config: Mapping[str, 
 
     ``config``: the solver's options (:data:`autoremat.solvers.CONFIGS`), as for ``solve``.
     """
-    from . import SOLVERS, check_solver  # the registry imports this module
+    from . import bare_solver, check_solver  # the registry imports this module
 
     check_solver(solver, allow_auto=False)
     if not isinstance(graph, Graph):
@@ -55,7 +55,7 @@ def min_budget(graph: Graph, solver: str = "dp-approx", *, config: Mapping[str, 
         return min_budget_milp(graph, config=None if config is None else dict(config))
     if solver == "none":
         return simulate(graph, no_recompute_plan(graph), check=False, record=False).peak_bytes
-    fn = SOLVERS[solver]
+    fn = bare_solver(solver)
     return _searched(graph, lambda b: fn(graph, b, config=None if config is None else dict(config)), solver)
 
 

@@ -67,9 +67,9 @@ def check(g: Graph, plan: Plan, budget: int, solver: str) -> None:
 
 # ---------------------------------------------------------------------- registry
 def test_registered_and_not_in_auto():
-    assert SOLVERS["offload-greedy"] is solve_offload_greedy
-    assert SOLVERS["offload-dp"] is solve_offload_dp
-    assert SOLVERS["vdnn"] is solve_vdnn
+    assert SOLVERS["offload-greedy"].solve is solve_offload_greedy
+    assert SOLVERS["offload-dp"].solve is solve_offload_dp
+    assert SOLVERS["vdnn"].solve is solve_vdnn
     assert not set(NAMES) & set(AUTO_ORDER)  # "combined" covers offloading under "auto"
 
 

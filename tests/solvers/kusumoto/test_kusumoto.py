@@ -256,7 +256,7 @@ def test_module_level_graphs_recompute_single_module_calls():
 
 # ---------------------------------------------------------------------------------------- registry
 def test_registered_and_usable_through_solve():
-    assert SOLVERS["dp-exact"] is solve_dp_exact and SOLVERS["dp-approx"] is solve_dp_approx
+    assert SOLVERS["dp-exact"].solve is solve_dp_exact and SOLVERS["dp-approx"].solve is solve_dp_approx
     assert exported_min_budget is autoremat.min_budget  # issue 3: autoremat.min_budget(g, solver)
     g = Graph.chain([100] * 12)
     assert all(exported_min_budget(g, name) == min_budget(g, name) for name in DP)  # the DP's own search

@@ -77,8 +77,8 @@ def judge(graph: Graph, plan: Plan) -> tuple[int, float]:
     sim = simulate(graph, bare, check=False, record=False)
     peak = sim.peak_bytes
     if graph.meta.get("mode") == "fx" and any(s.recompute for s in plan.segments):
-        bare.options["replay_tails"] = replay_tails(graph, bare)
-        if bare.options["replay_tails"]:
+        bare.replay_tails = replay_tails(graph, bare)
+        if bare.replay_tails:
             peak = max(peak, simulate(graph, bare, check=False, record=False).peak_bytes)
     return peak, sim.extra_time_s
 

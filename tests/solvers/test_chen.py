@@ -1,0 +1,177 @@
+"""``autoremat.solvers.chen``: Chen et al.'s segmentation, golden cases, helpers, options, module level, zoo."""
+
+from __future__ import annotations
+
+import pytest
+from _graphs import module_graph, random_from_edges
+
+import autoremat
+from autoremat import Graph, InfeasibleBudgetError, Plan, simulate, solve, validate_plan
+from autoremat.cost import unoptimised_peak_bytes
+
+N = 20
+SIZE = 100
+
+
+def long_chain() -> Graph:
+    return Graph.chain([SIZE] * N, [float(i + 1) for i in range(N)])
+
+
+def check(graph: Graph, plan: Plan, budget_bytes: int, solver: str) -> None:
+    """What every solver result must satisfy."""
+    validate_plan(graph, plan)
+    sim = simulate(graph, plan)
+    assert plan.solver == solver
+    assert plan.budget_bytes == budget_bytes
+    assert plan.graph_fingerprint == graph.fingerprint
+    assert plan.predicted_peak_bytes == sim.peak_bytes
+    assert plan.predicted_extra_time_s == sim.extra_time_s
+    assert sim.peak_bytes <= budget_bytes
+    # the plan survives JSON and stays valid
+    again = Plan.from_json(plan.to_json())
+    assert again == plan
+    validate_plan(graph, again)
+
+
+from autoremat.solvers.chen import segment_by_threshold, split_candidates
+
+
+def test_chen_uniform_chain_golden():
+    # 20 nodes x 100 bytes, times 1..20, unoptimised peak 2200 (= (20 + 2) x 100).
+    g = long_chain()
+    assert unoptimised_peak_bytes(g) == 2200
+    # Cheapest plan of chen's family under any binding budget above 1200: recompute the first
+    # half. By hand: forward keeps outputs 10..19 (1000); backward of 19 adds its gradient and
+    # that of 18 (1200); at node 9 the replay holds 10 copies + gradient 9 (1100), and backward
+    # of 9 adds gradient 8 (1200). Extra time 1 + ... + 10 = 55.
+    plan = solve(g, 2199, solver="chen")
+    assert [s.nodes for s in plan.recompute_segments] == [tuple(range(10))]
+    assert plan.predicted_peak_bytes == 1200
+    assert plan.predicted_extra_time_s == 55.0
+    assert solve(g, 1200, solver="chen").predicted_extra_time_s == 55.0
+    # below 1200 two recomputed segments are needed, and they cost more
+    plan = solve(g, 1199, solver="chen")
+    assert len(plan.recompute_segments) == 2 and plan.predicted_extra_time_s > 55.0
+    with pytest.raises(InfeasibleBudgetError) as err:
+        solve(g, 0, solver="chen")
+    m = err.value.min_budget_bytes
+    assert m == 900
+    assert solve(g, m, solver="chen").predicted_peak_bytes == m
+
+
+def test_chen_helpers():
+    chain = Graph.chain([100] * 4)
+    assert split_candidates(chain) == [0, 1, 2]
+    assert split_candidates(Graph.from_edges(4, [(0, 1), (1, 2), (2, 3), (0, 3)])) == [0]
+    assert split_candidates(Graph.from_edges(4, [(0, 1), (0, 2), (1, 3), (2, 3)])) == [0]
+    # 0 -> 1 -> 2 -> 3 -> 4 with a skip 1 -> 3: cutting after 0, 1 or 3 keeps one tensor
+    assert split_candidates(Graph.from_edges(5, [(0, 1), (1, 2), (2, 3), (1, 3), (3, 4)])) == [0, 1, 3]
+    assert segment_by_threshold(chain, 150, {0, 1, 2}) == [[0, 1], [0, 1, 2, 3]]
+    assert segment_by_threshold(chain, 0, {0, 1, 2}) == [[0], [0, 1], [0, 1, 2], [0, 1, 2, 3]]
+    assert segment_by_threshold(chain, 10**9, {0, 1, 2}) == [[0, 1, 2, 3]]
+
+
+def test_chen_options():
+    g = long_chain()
+    plan = solve(g, 2000, solver="chen", thresholds=4)
+    check(g, plan, 2000, "chen")
+    assert plan.options["thresholds"] == 4
+    assert plan.graph_mode == "synthetic"
+    assert plan.node_names == tuple(f"n{i}" for i in range(N))
+    with pytest.raises(ValueError, match="thresholds"):
+        solve(g, 2000, solver="chen", thresholds=0)
+    with pytest.raises(ValueError, match=r"chen: option 'grid' is now called 'thresholds'.*thresholds=4"):
+        solve(g, 2000, solver="chen", grid=4)
+
+
+# ---------------------------------------------------------------------- module-level graphs
+def test_chen_module_mode_three_cases():
+    g = module_graph(10)
+    peak = unoptimised_peak_bytes(g)
+    plan = solve(g, peak, solver="chen")
+    check(g, plan, peak, "chen")
+    assert plan.recompute_segments == []
+    budget = int(peak * 0.6)
+    plan = solve(g, budget, solver="chen")
+    check(g, plan, budget, "chen")
+    assert plan.recompute_segments
+    assert all(len(s.nodes) == 1 for s in plan.recompute_segments)
+    assert plan.node_names == tuple(f"layers.{v}" for v in range(len(g)))
+    with pytest.raises(InfeasibleBudgetError) as err:
+        solve(g, 10, solver="chen")
+    m = err.value.min_budget_bytes
+    assert m is not None and m > 10
+    check(g, solve(g, m, solver="chen"), m, "chen")
+
+
+# ---------------------------------------------------------------------- properties
+def _budget_sweep(g: Graph, solver: str, steps: int) -> list[tuple[int, float]]:
+    peak = unoptimised_peak_bytes(g)
+    out = []
+    for i in range(steps + 1):
+        budget = int(peak * (0.2 + 1.0 * i / steps))
+        try:
+            plan = solve(g, budget, solver=solver)
+        except InfeasibleBudgetError:
+            continue
+        validate_plan(g, plan)
+        assert plan.predicted_peak_bytes <= budget
+        out.append((budget, plan.predicted_extra_time_s))
+    return out
+
+
+def _assert_non_increasing(results: list[tuple[int, float]]) -> None:
+    extras = [e for _, e in results]
+    assert all(b <= a + 1e-12 for a, b in zip(extras, extras[1:])), results
+
+
+@pytest.mark.parametrize("solver", ["chen", "auto"])
+def test_extra_time_never_rises_with_budget_chains(solver):
+    for sizes in ([100] * 30, [10 * (i % 7 + 1) for i in range(40)], [1000, 1, 1000, 1, 500, 500, 2000, 3]):
+        g = Graph.chain(sizes, [1.0 + (i % 3) for i in range(len(sizes))])
+        results = _budget_sweep(g, solver, 24)
+        assert results and results[-1][1] == 0.0
+        _assert_non_increasing(results)
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_extra_time_never_rises_with_budget_random_dags(seed):
+    g = random_from_edges(seed)
+    results = _budget_sweep(g, "chen", 16)
+    assert results and results[-1][1] == 0.0
+    _assert_non_increasing(results)
+
+
+def test_extra_time_never_rises_with_budget_module_graph():
+    _assert_non_increasing(_budget_sweep(module_graph(12), "chen", 24))
+
+
+@pytest.fixture(scope="module")
+def resnet_graph() -> Graph:
+    m, a = autoremat.zoo.build("resnet50")
+    return autoremat.capture(m, a, repeats=1, warmup=0)
+
+
+def test_zoo_resnet50_chen(resnet_graph):
+    g = resnet_graph
+    assert g.meta["mode"] == "fx" and len(g) > 100
+    peak = unoptimised_peak_bytes(g)
+    # three budget cases on a real graph
+    plan = solve(g, peak, solver="chen")
+    check(g, plan, peak, "chen")
+    assert plan.recompute_segments == []
+    budget = int(peak * 0.7)
+    plan = solve(g, budget, solver="chen")
+    check(g, plan, budget, "chen")
+    assert plan.recompute_segments and plan.predicted_extra_time_s > 0
+    with pytest.raises(InfeasibleBudgetError) as err:
+        solve(g, int(peak * 0.1), solver="chen")
+    m = err.value.min_budget_bytes
+    check(g, solve(g, m, solver="chen"), m, "chen")
+    # property over a grid of budgets
+    results = _budget_sweep(g, "chen", 12)
+    assert len(results) >= 8 and results[-1][1] == 0.0
+    _assert_non_increasing(results)
+    # same with the papers' time convention
+    gp = g.with_paper_times()
+    _assert_non_increasing(_budget_sweep(gp, "chen", 8))
