@@ -109,9 +109,10 @@ def time_limit(seconds: float):
 
 def lower_sets(g: autoremat.Graph, limit: int) -> int | None:
     """The number of lower sets of ``g``, ``None`` beyond ``limit``."""
-    from autoremat.solvers.kusumoto_sets import _all_lower_sets, _Prep
+    from autoremat.cost.bitsets import GraphBits
+    from autoremat.solvers.kusumoto.families import all_lower_sets
 
-    family = _all_lower_sets(_Prep(g), limit)
+    family = all_lower_sets(GraphBits(g), limit)
     return None if family is None else len(family)
 
 
@@ -218,8 +219,8 @@ def part_b(nets: list[str], timeout: float, exact_limit: int) -> list[dict[str, 
 
 
 def part_c() -> dict[str, Any]:
-    from autoremat.solvers.schedule import JointGraph, no_remat, simulate_schedule
-    from autoremat.solvers.twremat import twremat_schedule
+    from autoremat.cost.schedule import JointGraph, no_remat, simulate_schedule
+    from autoremat.solvers.evaluation.twremat import twremat_schedule
     from autoremat.solvers.xla_greedy import xla_greedy_schedule
     from autoremat.zoo.mlp import MLP
 

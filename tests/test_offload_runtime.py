@@ -17,7 +17,7 @@ from autoremat.runtime import offloader_of
 from autoremat.offload.bandwidth import measure_bandwidth
 from autoremat.runtime.offload import Offloader
 from autoremat.cost import no_recompute_plan, simulate, unoptimised_peak_bytes
-from autoremat.solvers.offload_chain import offload_candidates
+from autoremat.solvers.beaumont import offload_candidates
 
 
 def _chain(n: int = 8, size: int = 100, t: float = 1.0) -> autoremat.Graph:

@@ -270,7 +270,8 @@ def test_generated_code_reaches_submodules_in_one_lookup_and_their_hooks_still_r
     plan = autoremat.solve(graph, 10**12, solver="chen")
     last = names.index("head_2")
     plan = Plan([Segment(tuple(range(last)), True), Segment(tuple(range(last, len(names))), False)],
-                solver="manual", options=plan.options, graph_fingerprint=plan.graph_fingerprint)
+                solver="manual", options=plan.options, graph_fingerprint=plan.graph_fingerprint,
+                graph_mode=plan.graph_mode, node_names=plan.node_names, tensors=plan.tensors, inputs=plan.inputs)
     calls: list[str] = []
     for path in ("a.b_c", "a_b.c", "head.0", "head.2"):
         model.get_submodule(path).register_forward_hook(lambda m, i, o, path=path: calls.append(path))

@@ -142,8 +142,9 @@ def apply(model: nn.Module, plan: Plan, *, regions: str = "lean", inputs: Any = 
     mode = plan.graph_mode
     names = plan.node_names
     if mode not in ("fx", "module") or names is None:
-        raise PlanMismatchError("this plan does not come from a captured model (no graph_mode / node_names);"
-                                " solve a graph returned by autoremat.capture")
+        raise PlanMismatchError("this plan does not come from a captured model (its graph_mode / node_names are "
+                                "not set); solve a graph returned by autoremat.capture, or give a hand-made plan "
+                                "those fields of a solved one")
     if inputs is not None:
         check_inputs(plan, inputs)
     points = PatchPoints(model, _STATE_ATTR)

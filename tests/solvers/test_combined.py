@@ -1,0 +1,48 @@
+"""``autoremat.solvers.combined``: recomputation plus offloading, never worse than either alone."""
+
+from __future__ import annotations
+
+import pytest
+
+from autoremat import Graph, InfeasibleBudgetError, simulate, solve, validate_plan
+from autoremat.cost import unoptimised_peak_bytes
+from autoremat.solvers.combined import CombinedConfig, offload_allowed, solve_combined
+
+
+def graph(device: str = "meta") -> Graph:
+    g = Graph.chain([100 + 10 * (v % 4) for v in range(16)], [1.0 + v % 3 for v in range(16)])
+    g.meta["device"] = device
+    return g
+
+
+def test_never_slower_than_recomputation_or_offloading_alone():
+    g = graph()
+    peak = unoptimised_peak_bytes(g)
+    for budget in (int(0.6 * peak), int(0.8 * peak)):
+        plan = solve(g, budget, solver="combined")
+        validate_plan(g, plan)
+        assert simulate(g, plan).peak_bytes <= budget
+        for other in ("chen", "dp-approx", "offload-greedy"):
+            try:
+                alone = solve(g, budget, solver=other)
+            except InfeasibleBudgetError:
+                continue
+            assert plan.predicted_extra_time_s <= alone.predicted_extra_time_s + 1e-9, other
+
+
+def test_where_offloading_applies():
+    assert offload_allowed(graph("cuda:0"), {}) and offload_allowed(graph("meta"), {})
+    assert not offload_allowed(graph("cpu"), {}) and offload_allowed(graph("cpu"), {"offload": True})
+    assert not offload_allowed(graph("meta"), {"offload": False})
+    plan = solve_combined(graph("cpu"), int(0.7 * unoptimised_peak_bytes(graph())))
+    assert not plan.offload and plan.options["offload_allowed"] is False
+
+
+def test_budget_steps_and_infeasible_budgets():
+    g = graph()
+    assert CombinedConfig().budget_steps == 8
+    plan = solve(g, int(0.7 * unoptimised_peak_bytes(g)), solver="combined", budget_steps=2)
+    assert plan.options["budget_steps"] == 2
+    with pytest.raises(InfeasibleBudgetError) as err:
+        solve_combined(g, 0)
+    assert err.value.min_budget_bytes > 0 and err.value.solver == "combined"
