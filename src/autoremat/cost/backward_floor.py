@@ -151,7 +151,9 @@ class BackwardFloor:
 
         Each term is a distinct buffer of the replay (:func:`.segment_replay.replay_segment`) at ``v``'s backward, so
         the sum never exceeds its peak (also checked against replays in the tests).
-        """
+
+        Long by design: one sweep per recomputed pair, called for thousands of pairs per search; its
+        state (open buffers, groups, events) lives in locals of one loop."""
         p = self.p
         seg = upper & ~lower
         nodes = bit_list(seg)

@@ -99,7 +99,20 @@ class GraphBits:
         self.loss_extra = int(meta.get("loss_extra_bytes", 0))
         self.loss_ftemp = int(meta.get("loss_fwd_temp_bytes", 0))
         self.loss_btemp = int(meta.get("loss_bwd_temp_bytes", 0))
+        self.alias_of = [d["alias_of"] for d in nd]
+        self._info: dict[int, SetInfo] = {}
+        self._nbytes: dict[int, int] = {}
+        self._bsucc: dict[int, tuple[tuple[int, int], ...]] = {}
+        self._touched: dict[tuple[int, int], int] = {}
+        self._beyond: dict[int, bytes] = {}
+        self._after: dict[int, After] = {}
+        self._masks()
+        self._sweeps()
 
+    def _masks(self) -> None:
+        """The bitsets over nodes derived from the node arrays (who reads a storage, which nodes
+        hold, save, are outputs or views; the roots each node saves; shared gradient buffers)."""
+        n = self.n
         bit = [1 << v for v in range(n)]
         self.bit = bit
         self.succmask = [sum(bit[w] for w in self.succ[v]) for v in range(n)]
@@ -127,18 +140,12 @@ class GraphBits:
         for x in range(n):
             for u in self.saves[x]:
                 self.saves_roots[x] |= bit[self.root[u]]
-        self.alias_of = [d["alias_of"] for d in nd]
         # whose gradient buffer a node holds when its backward runs (pass-through chains share)
         owner = list(range(n))
         for v in range(n - 1, -1, -1):
             if not self.is_out[v] and len(self.succ[v]) == 1 and self.passthru[self.succ[v][0]]:
                 owner[v] = owner[self.succ[v][0]]
         self.buf_owner = owner
-        self._info: dict[int, SetInfo] = {}
-        self._nbytes: dict[int, int] = {}
-        self._bsucc: dict[int, tuple[tuple[int, int], ...]] = {}
-        self._touched: dict[tuple[int, int], int] = {}
-        self._beyond: dict[int, bytes] = {}
         # integer node times (the papers' convention, integer test times) with few distinct
         # values: a sum of times over a set is exact in any order, so it is counted by value
         values: dict[int, int] = {}
@@ -154,8 +161,6 @@ class GraphBits:
                     self.view_saves_roots[x] |= bit[self.root[u]]
         self.view_saver_mask = sum(bit[x] for x in range(n) if self.view_saves_roots[x])
         self.rg_mask = sum(bit[v] for v in range(n) if self.rg[v])
-        self._after: dict[int, After] = {}
-        self._sweeps()
 
     # -------------------------------------------------------------- set helpers
     def roots(self, mask: int) -> int:

@@ -34,7 +34,9 @@ def simulate_offload(
     Raises :class:`~autoremat.errors.InfeasibleBudgetError` when some operation cannot fit
     even with every chosen activation before it on the host (``min_budget_bytes`` is what this
     set needs).
-    """
+
+    Long by design: the paper's forward and backward phases share the link's clock and the release
+    times, in the order §3 states them; split, they would pass all of it back and forth."""
     chain = check_chain(chain)
     limit = check_limit(memory_limit_bytes)
     n, L = chain.n_ops, chain.L
@@ -186,7 +188,9 @@ def simulate_relaxed(
     communications, §5); with the eager prefix of ``M_peak - M`` bytes it is Theorem 2's optimum
     of the fractional relaxation (§4). Raises
     :class:`~autoremat.errors.InfeasibleBudgetError` when some operation cannot fit.
-    """
+
+    Long by design: the forward phase, the backward phase in reversed time and the idle time between
+    them (equations (9) and (10)) read each other's results in the order of §4-§5."""
     chain = check_chain(chain)
     limit = check_limit(memory_limit_bytes)
     f = check_fractions(chain, fractions)

@@ -54,7 +54,7 @@ test calls it. Time O(L log L) per check; simulation O(L^2) worst case.
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -275,14 +275,25 @@ def validate_schedule(chain: Chain, schedule: OffloadSchedule, *, tol_s: float =
     chain = check_chain(chain)
     if schedule.model not in MODELS:
         raise ValueError(f"schedule.model={schedule.model!r}; expected one of {MODELS}")
-    n = chain.n_ops
-    bw = chain.bandwidth_bytes_per_s
     scale = max(1.0, schedule.makespan_s, chain.compute_time_s)
     eps = tol_s * scale + 1e-12
 
     def fail(msg: str) -> None:
         raise ValueError(f"invalid offload schedule ({schedule.solver}): {msg}")
 
+    _check_operations(chain, schedule, eps, fail)
+    _check_transfers(chain, schedule, eps, fail)
+    peak, when = memory_profile(chain, schedule)
+    limit = schedule.memory_limit_bytes
+    slack = 0 if schedule.model == "integral" else 1e-6 * max(1.0, limit) + 1
+    if peak > limit + slack:
+        fail(f"GPU memory reaches {peak} bytes at t={when} s, above the limit of {limit} bytes")
+    return peak
+
+
+def _check_operations(chain: Chain, schedule: OffloadSchedule, eps: float, fail: Callable[[str], None]) -> None:
+    """:func:`validate_schedule`'s checks of the operations, the makespan and the fractions."""
+    n = chain.n_ops
     for name in ("fwd_start_s", "fwd_end_s", "bwd_start_s", "bwd_end_s"):
         if len(getattr(schedule, name)) != n:
             fail(f"{name} has {len(getattr(schedule, name))} entries, expected {n}")
@@ -311,6 +322,11 @@ def validate_schedule(chain: Chain, schedule: OffloadSchedule, *, tol_s: float =
     if schedule.model == "integral" and any(f not in (0.0, 1.0) for f in schedule.fractions):
         fail("the integral model offloads whole activations (fractions 0 or 1)")
 
+
+def _check_transfers(chain: Chain, schedule: OffloadSchedule, eps: float, fail: Callable[[str], None]) -> None:
+    """:func:`validate_schedule`'s checks of the link: order, durations, data dependencies."""
+    bw = chain.bandwidth_bytes_per_s
+    fe, bs = schedule.fwd_end_s, schedule.bwd_start_s
     link = 0.0
     offs = [t for t in schedule.transfers if t.direction == "offload"]
     pres = [t for t in schedule.transfers if t.direction == "prefetch"]
@@ -345,9 +361,3 @@ def validate_schedule(chain: Chain, schedule: OffloadSchedule, *, tol_s: float =
                 fail(f"x_{j} is prefetched at {t.start_s} before its offload ends at {off.end_s}")
             if t.end_s > bs[j] + eps:
                 fail(f"x_{j} is back at {t.end_s} but B_{j} starts at {bs[j]}")
-    peak, when = memory_profile(chain, schedule)
-    limit = schedule.memory_limit_bytes
-    slack = 0 if schedule.model == "integral" else 1e-6 * max(1.0, limit) + 1
-    if peak > limit + slack:
-        fail(f"GPU memory reaches {peak} bytes at t={when} s, above the limit of {limit} bytes")
-    return peak

@@ -207,7 +207,11 @@ class ClosedForm:
 
     def extend(self, lower: int, tl: SetTerms, uppers: Sequence[tuple[int, SetTerms]]) -> list[tuple[int, float, int]]:
         """``(need, dt_s, charge)`` for each ``(upper, terms)``: a transition fits when
-        ``m + need <= B``, then ``m += charge``; ``dt_s`` is its recomputation time."""
+        ``m + need <= B``, then ``m += charge``; ``dt_s`` is its recomputation time.
+
+        Long by design: the DP's inner loop (every successor of a set, priced in one call, per
+        transition only local integer operations); a helper call per successor would be most of its
+        cost."""
         p = self.p
         full, saver_mask, nonrecomp, holder_mask = p.full, p.saver_mask, p.nonrecomp_mask, p.holder_mask
         module = p.module_mode

@@ -61,7 +61,10 @@ def replay_segment(p: GraphBits, lower: int, upper: int, dangling: int, recomput
     storage keys are ints (``r`` a node's storage, ``n + v`` its saved extras, ``2n + v`` its
     recomputed copy, ``3n + v`` the copy's extras, ``4n`` the loss's, ``> 4n`` gradients) and
     so are holders.
-    """
+
+    Long by design: the replay is dp-exact's cost (every transition a search admits), so the
+    simulator's events for forward, loss, backward and recomputation are inlined on local lists and
+    dicts rather than dispatched to the ledger's methods."""
     n = p.n
     final = upper == p.full
     seg = upper & ~lower

@@ -88,7 +88,9 @@ def xla_greedy_schedule(graph: Graph | JointGraph, memory_limit_bytes: int = 0) 
 
     Returns a :class:`~autoremat.cost.schedule.Schedule` with liveness frees; its
     ``options`` record the limit and the numbers of rematerializations and moves.
-    """
+
+    Long by design: XLA's pass (candidate order, the rematerialisation and move decisions, the
+    liveness bookkeeping they update) keeps one state."""
     if isinstance(graph, Graph):
         joint = JointGraph.from_graph(graph)
     elif isinstance(graph, JointGraph):

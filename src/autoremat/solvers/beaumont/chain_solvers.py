@@ -186,7 +186,11 @@ def _prune(states: dict[tuple[int, int, int], tuple[int, Any, int]]) -> dict[tup
 
 def dp_decisions(chain: Chain, limit: int, slots: int, *, rounding: str = "up",
                  prune: bool = True) -> tuple[list[int] | None, dict[str, Any]]:
-    """Algorithm 1 on the discretised chain: offload decisions and diagnostics."""
+    """Algorithm 1 on the discretised chain: offload decisions and diagnostics.
+
+    Long by design: Algorithm 1's table (discretisation, the state update per operation in forward
+    and in reversed backward, pruning, the backtrack) shares its discretised arrays; it follows the
+    paper's pseudo-code in one place."""
     n, L = chain.n_ops, chain.L
     bw = chain.bandwidth_bytes_per_s
     slot = limit / slots

@@ -180,7 +180,10 @@ class ClosedDP(LowerSetDP):
         :meth:`most_time` (with min for max) would, but only expands labels up to the answer. The pending labels are a
         dense ``(bucket, set)`` table (least ``m``, then least ``t``; the first such label keeps
         its place) and each expanded label is relaxed into it with numpy.
-        """
+
+        Long by design: the label-setting loop keeps its numpy tables and bound methods in locals
+        (an expansion is ~20 numpy calls on short arrays, so per-call overhead is the search's
+        cost)."""
         fam, keys = self.fam, self.keys
         quantum = self.quantum
         nsets = len(fam)

@@ -63,7 +63,9 @@ class LabelSearch:
         so its times left out sum to ``T(V)`` less its recomputation time, and the first label
         of ``V`` has the most. Buckets are then of the time left out, :attr:`lost_quantum` wide
         (see :class:`.dp.LowerSetDP`), and the time returned is the sequence's recomputation time.
-        """
+
+        Long by design: the bucket loop's state (per-state columns, chunk lists, the source labels)
+        is shared by the absorption, the deferred checks and the expansion of each popped label."""
         dp = self.dp
         fam, quantum, ix = dp.fam, dp.quantum, dp.interner
         if most:

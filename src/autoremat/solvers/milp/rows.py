@@ -252,6 +252,8 @@ def backward_rows(f: Formulation, deps: set[tuple[int, int]], st: Storages) -> N
 
 
 def _backward_row(f: Formulation, ctx: _Backward, v: int) -> None:
+    """Long by design: one row of the program, whose terms are built in the order of the
+    simulator's events at that node."""
     g, k, b = f.graph, f.k, f.b
     anc, pb, grad, alloc, savers = ctx.anc, ctx.pb, ctx.grad, ctx.alloc, ctx.savers
     own, puse, roots, extras = ctx.own, ctx.puse, ctx.roots, ctx.extras

@@ -278,7 +278,10 @@ def solution_plan(graph: Graph, solution: ReforwardSolution) -> Plan:
 
 
 def _plan_segments(graph: Graph, M: TreeModel, groups: Sequence[Sequence[int]]) -> list[Segment] | None:
-    """Map re-forwarded interiors to segments of an increasing lower-set sequence."""
+    """Map re-forwarded interiors to segments of an increasing lower-set sequence.
+
+    Long by design: the mapping from the paper's kept vertices to lower-set segments handles the
+    multi-input remedies and non-recomputable nodes in one pass over the groups."""
     n = len(graph)
     if n == 0:
         return []

@@ -41,6 +41,8 @@ class TreeModel:
     """The graph with a virtual source 0 and sink N-1; node ``v`` is vertex ``v + 1``."""
 
     def __init__(self, graph: Graph, pins_multi_input: bool) -> None:
+        """Long by design: the vertex model of §3 (the paper's ``l(v)``, edges and the multi-input
+        remedies) is built in one pass over the graph."""
         n = len(graph)
         self.n = n
         N = self.N = n + 2
