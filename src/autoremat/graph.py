@@ -248,6 +248,25 @@ class Graph:
         s = set(lower)
         return {v for v in s if any(w not in s for w in self._succ[v])}
 
+    def prefix_cuts(self, sinks: Iterable[int] = ()) -> list[int]:
+        """Nodes ``v`` after which every edge leaving the prefix ``{0..v}`` starts at ``v`` (a node
+        of ``sinks`` counts one more edge, to the end of the step): where the prefix hands the rest
+        one tensor (Chen's split candidates, the offload chain's split points)."""
+        sink = set(sinks)
+        out: list[int] = []
+        open_edges = 0  # edges from the prefix to the rest
+        pending: dict[int, int] = {}
+        for v in self.nodes:
+            open_edges -= pending.pop(v, 0)
+            succ = self._succ[v]
+            for w in succ:
+                pending[w] = pending.get(w, 0) + 1
+            own = len(succ) + (1 if v in sink else 0)
+            open_edges += own
+            if open_edges == own:
+                out.append(v)
+        return out
+
     def ancestor_closure(self, v: int) -> frozenset[int]:
         """``L^v``: ``v`` and every node from which ``v`` is reachable."""
         return frozenset(nx.ancestors(self.nx, v) | {v})

@@ -237,20 +237,10 @@ def split_points(graph: Graph) -> list[int]:
     A model output (or a node the loss saves) counts as an edge to the loss, so no cut falls
     after a node whose value still waits for the loss. The last node is always included.
     """
-    n = len(graph)
     sink = {v for v in graph.nodes if graph.node(v)["is_output"]} | {int(u) for u in graph.meta.get("loss_saves", [])}
-    out: list[int] = []
-    open_edges = 0
-    pending: dict[int, int] = {}
-    for v in graph.nodes:
-        open_edges -= pending.pop(v, 0)
-        succ = graph.succ(v)
-        for w in succ:
-            pending[w] = pending.get(w, 0) + 1
-        own = len(succ) + (1 if v in sink else 0)
-        open_edges += own
-        if v == n - 1 or open_edges == own:
-            out.append(v)
+    out = graph.prefix_cuts(sink)
+    if len(graph) and (not out or out[-1] != len(graph) - 1):
+        out.append(len(graph) - 1)
     return out
 
 

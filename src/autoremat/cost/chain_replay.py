@@ -174,6 +174,38 @@ def _first_time(items: Sequence[tuple[int, float]], s: dict[int, float], amount:
     return None
 
 
+def _no_wait_phase(items: Sequence[tuple[int, float]], durations: Sequence[float], memory: Sequence[int],
+                   limit: int, amount: dict[int, float], bw: float, *,
+                   forward: bool) -> tuple[list[float], list[float], dict[int, float]]:
+    """One phase of :func:`simulate_relaxed`, as early as it can run: ``(starts, ends, avail)``.
+
+    Operation ``i`` starts when the previous one has ended and the stream of ``items`` (offloads
+    in forward; prefetches in reversed time in backward) has moved what its memory need over
+    ``limit`` asks, counting activations below ``i`` only. In forward ``x_i`` is available to
+    the stream when ``F_{i-1}`` ends (before ``F_i``); in reversed backward once ``B_i`` is over."""
+    n = len(durations)
+    starts, ends = [0.0] * n, [0.0] * n
+    avail: dict[int, float] = {}
+    prev_end = 0.0
+    for i in range(n):
+        if forward and i in amount:
+            avail[i] = prev_end  # x_i is produced by F_{i-1}
+        done = [(j, d) for j, d in items if (j <= i if forward else j < i)]
+        moved_s, _, _ = _stream(done, avail)
+        start = prev_end
+        need = memory[i] - limit
+        if need > 0:
+            t = _first_time(done, moved_s, amount, need, bw, upto=i)
+            assert t is not None, (f"{'forward' if forward else 'backward'} op cannot fit though the set was checked "
+                                   "feasible, please report")
+            start = max(start, t)
+        starts[i], ends[i] = start, start + durations[i]
+        prev_end = ends[i]
+        if not forward and i in amount:
+            avail[i] = ends[i]
+    return starts, ends, avail
+
+
 def simulate_relaxed(
     chain: Chain,
     memory_limit_bytes: int,
@@ -204,43 +236,11 @@ def simulate_relaxed(
     items = [(j, amount[j] / bw) for j in sorted(amount)]
 
     # forward: offload ASAP; F_i waits until data of x_0..x_{i-1} frees enough memory
-    fs, fe = [0.0] * n, [0.0] * n
-    off_s: dict[int, float] = {}
-    avail: dict[int, float] = {}
-    prev_end = 0.0
-    for i in range(n):
-        if i in amount:
-            avail[i] = prev_end  # x_i is produced by F_{i-1}
-        done = [(j, d) for j, d in items if j <= i]
-        off_s, _, _ = _stream(done, avail)
-        start = prev_end
-        need = mf[i] - limit
-        if need > 0:
-            t = _first_time(done, off_s, amount, need, bw, upto=i)
-            assert t is not None, "forward op cannot fit though the set was checked feasible, please report"
-            start = max(start, t)
-        fs[i], fe[i] = start, start + uf[i]
-        prev_end = fe[i]
+    fs, fe, avail = _no_wait_phase(items, uf, mf, limit, amount, bw, forward=True)
     off_s, off_e, off_end = _stream(items, avail)
-
     # backward in reversed time: B_0 first; x_k can be "un-prefetched" once reversed B_k is over
-    rs, re_ = [0.0] * n, [0.0] * n
-    ravail: dict[int, float] = {}
     rev_items = items  # increasing index = reversed prefetch order
-    prev_end = 0.0
-    for i in range(n):
-        done = [(j, d) for j, d in rev_items if j < i]
-        r_s, _, _ = _stream(done, ravail)
-        start = prev_end
-        need = mb[i] - limit
-        if need > 0:
-            t = _first_time(done, r_s, amount, need, bw, upto=i)
-            assert t is not None, "backward op cannot fit though the set was checked feasible, please report"
-            start = max(start, t)
-        rs[i], re_[i] = start, start + ub[i]
-        prev_end = re_[i]
-        if i in amount:
-            ravail[i] = re_[i]
+    rs, re_, ravail = _no_wait_phase(rev_items, ub, mb, limit, amount, bw, forward=False)
     r_s, r_e, r_end = _stream(rev_items, ravail)
     d_b = re_[L]
 

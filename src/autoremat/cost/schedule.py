@@ -168,6 +168,15 @@ class JointGraph:
         return max((sum(self.size_bytes[u] for u in ps) for ps in self.pred), default=0)
 
     @classmethod
+    def coerce(cls, graph: "Graph | JointGraph") -> "JointGraph":
+        """``graph``'s joint graph (a :class:`JointGraph` is returned as it is)."""
+        if isinstance(graph, Graph):
+            return cls.from_graph(graph)
+        if isinstance(graph, JointGraph):
+            return graph
+        raise TypeError(f"graph must be an autoremat.Graph or a JointGraph, got {type(graph).__name__}")
+
+    @classmethod
     def from_graph(cls, graph: Graph) -> "JointGraph":
         """Build the joint forward+backward graph of ``graph`` (module docstring)."""
         if not isinstance(graph, Graph):

@@ -432,20 +432,8 @@ def exact_peak(p: GraphBits, seq: Sequence[int]) -> tuple[int, float]:
 
 
 def grad_floor(p: GraphBits, lower: int) -> int:
-    """Bytes of the gradient buffers alive when the backward of a segment ending in ``L`` starts."""
+    """Bytes of the gradient buffers alive when the backward of a segment ending in ``L`` starts
+    (each buffer once: :meth:`GraphBits.after`'s owners)."""
     if lower == p.full:
         return 0
-    owners: set[int] = set()
-    for u in bits(p.boundary(lower) | (p.out_mask & lower)):
-        if not p.rg[u]:
-            continue
-        outside = p.succmask[u] & ~lower
-        if not outside and not p.is_out[u]:
-            continue
-        owner = u
-        if not p.is_out[u] and outside & (outside - 1) == 0:
-            w = outside.bit_length() - 1
-            if p.passthru[w]:
-                owner = p.buf_owner[w]
-        owners.add(owner)
-    return sum(p.out[o] for o in owners)
+    return sum(p.out[o] for o in {owner for _, owner in p.after(lower).grads})

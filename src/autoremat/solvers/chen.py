@@ -46,19 +46,7 @@ __all__ = ["solve_chen", "split_candidates", "segment_by_threshold", "ChenConfig
 
 def split_candidates(graph: Graph) -> list[int]:
     """Nodes after which the execution-order prefix has a single boundary node."""
-    out: list[int] = []
-    open_edges = 0  # edges from the prefix to the rest
-    pending: dict[int, int] = {}
-    for v in graph.nodes:
-        open_edges -= pending.pop(v, 0)
-        succ = graph.succ(v)
-        for w in succ:
-            pending[w] = pending.get(w, 0) + 1
-        open_edges += len(succ)
-        # the prefix boundary is {v} iff every edge still open starts at v
-        if succ and open_edges == len(succ):
-            out.append(v)
-    return out
+    return [v for v in graph.prefix_cuts() if graph.succ(v)]
 
 
 def segment_by_threshold(graph: Graph, threshold: float, candidates: set[int]) -> list[list[int]]:

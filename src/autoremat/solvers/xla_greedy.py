@@ -91,12 +91,7 @@ def xla_greedy_schedule(graph: Graph | JointGraph, memory_limit_bytes: int = 0) 
 
     Long by design: XLA's pass (candidate order, the rematerialisation and move decisions, the
     liveness bookkeeping they update) keeps one state."""
-    if isinstance(graph, Graph):
-        joint = JointGraph.from_graph(graph)
-    elif isinstance(graph, JointGraph):
-        joint = graph
-    else:
-        raise TypeError(f"graph must be an autoremat.Graph or a JointGraph, got {type(graph).__name__}")
+    joint = JointGraph.coerce(graph)
     if isinstance(memory_limit_bytes, bool) or not isinstance(memory_limit_bytes, int) or memory_limit_bytes < 0:
         raise ValueError(f"memory_limit_bytes={memory_limit_bytes!r} must be a non-negative int")
     n = len(joint)

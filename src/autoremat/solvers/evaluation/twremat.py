@@ -329,12 +329,7 @@ def twremat_schedule(graph: Graph | JointGraph, k: int | None = None, *, heurist
     The returned schedule's ``options`` record ``k``, the width and number of bags of the
     shrunk decomposition, and the number of recursive calls.
     """
-    if isinstance(graph, Graph):
-        joint = JointGraph.from_graph(graph)
-    elif isinstance(graph, JointGraph):
-        joint = graph
-    else:
-        raise TypeError(f"graph must be an autoremat.Graph or a JointGraph, got {type(graph).__name__}")
+    joint = JointGraph.coerce(graph)
     if k is None:
         k = 1
     if isinstance(k, bool) or not isinstance(k, int) or k < 1:

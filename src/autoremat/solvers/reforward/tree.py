@@ -221,6 +221,15 @@ def _splitting_vertices(M: TreeModel, node: ClosedSet) -> list[int]:
     return out
 
 
+def _frontier(vertices: int, neighbours: list[int], closed: int) -> int:
+    """The vertices of ``vertices`` with a neighbour outside ``closed`` (bitsets)."""
+    out = 0
+    for v in _bits(vertices):
+        if neighbours[v] & ~closed:
+            out |= 1 << v
+    return out
+
+
 def _maximal_split(M: TreeModel, node: ClosedSet) -> list[ClosedSet]:
     """Algorithm 4: the members with an interior of the maximal split of a type-3 set.
 
@@ -240,20 +249,8 @@ def _maximal_split(M: TreeModel, node: ClosedSet) -> list[ClosedSet]:
     X: dict[int, int] = {}
     Y: dict[int, int] = {}
     for k in pts:
-        dk = desc[k] & S
-        dks = desc[k] | (1 << k)
-        x = 0
-        for v in _bits(dk):
-            if predmask[v] & ~dks:
-                x |= 1 << v
-        X[k] = x
-        at = anc[k] & S
-        ats = anc[k] | (1 << k)
-        y = 0
-        for v in _bits(at):
-            if succmask[v] & ~ats:
-                y |= 1 << v
-        Y[k] = y
+        X[k] = _frontier(desc[k] & S, predmask, desc[k] | (1 << k))
+        Y[k] = _frontier(anc[k] & S, succmask, anc[k] | (1 << k))
     cands: list[tuple[int, int, int, int]] = []
     for k in pts[:-1]:
         dk = desc[k] & S
