@@ -82,8 +82,9 @@ class TransitionBounds:
         """The bound of a transition whose bookkeeping added ``add`` kept bytes."""
         low = add + self.floor[j]
         if recompute:  # the dangling roots it holds stay too; and the level at its last holder
-            low = max(low, add + self.rec_hi[j] - self.rec_lo[i] + self.kept_grads(i, j)
-                      + self.sweep.at_stop(self.family[i], self.family[j]))
+            lower, upper = self.family[i], self.family[j]
+            low = max(low, add + self.rec_hi[j] - self.rec_lo[i] + self._kept(lower, upper)
+                      + self.sweep.at_stop(lower, upper))
         return low
 
     def tight_bound(self, i: int, j: int, add: int) -> int:
@@ -100,8 +101,10 @@ class TransitionBounds:
         """Bytes of the gradient buffers that stay alive through the whole backward of the
         segment ``L_j \\ L_i``: those of nodes of ``L_i`` read after ``L_j`` and by no node of
         the segment (no backward of the segment releases or replaces them)."""
+        return self._kept(self.family[i], self.family[j])
+
+    def _kept(self, lower: int, upper: int) -> int:
         p = self.p
-        lower, upper = self.family[i], self.family[j]
         seg = upper & ~lower
         owners = {owner for u, owner in p.after(upper).grads if lower >> u & 1 and not p.succmask[u] & seg}
         return sum(p.out[o] for o in owners)

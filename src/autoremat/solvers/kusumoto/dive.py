@@ -90,9 +90,10 @@ class Dive:
         last = len(fam) - 1
         inf = 1 << 126
         fail_room, ok = self.fail_room, self.ok
+        candidates, exceeds = self.dp.candidates, self.dp.exceeds
         start = (0, 0)
         best: dict[tuple[int, int], int] = {start: 0}
-        stack = [(start, 0, self.dp.candidates(0, 0, 0, budget))]
+        stack = [(start, 0, candidates(0, 0, 0, budget))]
         progress = Progress(self.dp, "least-budget probe", budget)
         while stack:
             progress.tick()
@@ -109,12 +110,12 @@ class Dive:
                 for j, (_, add, dang2, _) in moves:
                     nxt = (j, dang2)
                     m2 = m + add
-                    if m2 >= best.get(nxt, inf) or self.dp.exceeds(i, j, dang, room):
+                    if m2 >= best.get(nxt, inf) or exceeds(i, j, dang, room):
                         continue
                     best[nxt] = m2
                     if j == last:
                         return self.found(stack, budget, [j])
-                    stack.append((nxt, m2, self.dp.candidates(j, dang2, m2, budget)))
+                    stack.append((nxt, m2, candidates(j, dang2, m2, budget)))
                     break
                 else:  # every transition tried: V cannot be reached from here with this room
                     fail_room[state] = room
