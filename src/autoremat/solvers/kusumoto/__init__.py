@@ -32,8 +32,8 @@ table, with a quarter or a sixteenth of it the same, at the same speed). A decis
 same 5 (graph, budget) pairs and nowhere else; on one graph of the tests the search's sequence
 simulated above the least budget where the table's did not, and the plan fell back).
 
-Speed (same results as the direct implementation, which ``tests/solvers`` keeps as a frozen
-reference and compares against, but for dp-exact's memory-centric ties and time grid, above). dp-approx: the time-centric search relaxes each expanded
+Speed (same results as the direct implementation, whose answers ``tests/solvers/kusumoto/golden``
+keeps as data and compares against, but for dp-exact's memory-centric ties and time grid, above). dp-approx: the time-centric search relaxes each expanded
 label's successors with numpy into a dense ``(time bucket, set)`` table of pending labels (least
 ``m``, then least ``t``, first arrival kept, as the dict buckets did; grids above ``2**23``
 cells use dict buckets); an expansion costs ~20 numpy calls on short arrays, so their per-call
