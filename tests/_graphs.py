@@ -12,8 +12,8 @@ Every generator is deterministic in its arguments. Import it as ``from _graphs i
     output, an input or nothing, saved extras, workspace and shared parameters;
   - :func:`random_dag_with_views` (``seed, n``): :func:`random_dag` plus views, gradient
     pass-through nodes, a non-recomputable node and a second output;
-  - :func:`random_profiled` (``rng, n``): views, extras, workspace, nodes without grad, float
-    times (the schedule and solver properties);
+  - :func:`random_profiled` (``rng, n``; :func:`random_profiled_graphs`: many): views, extras,
+    workspace, nodes without grad, float times (the schedule and solver properties);
   - :func:`rich_dag` (``rng, n``): saved inputs of multi-input ops, views, nodes without grad
     or not recomputable (Re-forwarding's assumptions broken on purpose);
   - :func:`plain_dag` (``rng, n``) and :func:`random_chain_dag` (``rng``): graphs through
@@ -31,8 +31,8 @@ import networkx as nx
 from autoremat.graph import Graph
 
 __all__ = ["diamond", "skip_connection", "module_chain", "module_graph", "skip_chain", "random_dag",
-           "random_dag_with_views", "random_profiled", "rich_dag", "plain_dag", "random_chain_dag",
-           "random_from_edges", "random_edges"]
+           "random_dag_with_views", "random_profiled", "random_profiled_graphs", "rich_dag", "plain_dag",
+           "random_chain_dag", "random_from_edges", "random_edges"]
 
 
 # ---------------------------------------------------------------------------------- hand-sized
@@ -149,6 +149,12 @@ def random_profiled(rng: random.Random, n: int) -> Graph:
         g.nodes[v]["is_output"] = g.out_degree(v) == 0
     outs = [v for v in range(n) if g.out_degree(v) == 0]
     return Graph(g, {"mode": "synthetic", "loss_saves": outs[:1]})
+
+
+def random_profiled_graphs(count: int = 25, seed: int = 0) -> list[Graph]:
+    """``count`` graphs of :func:`random_profiled` with 1-30 nodes, from one seeded generator."""
+    rng = random.Random(seed)
+    return [random_profiled(rng, rng.randint(1, 30)) for _ in range(count)]
 
 
 def rich_dag(rng: random.Random, n: int, *, p_skip: float = 0.25) -> Graph:

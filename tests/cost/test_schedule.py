@@ -14,7 +14,7 @@ import random
 
 import networkx as nx
 import pytest
-from _graphs import plain_dag, random_chain_dag, random_profiled
+from _graphs import plain_dag, random_chain_dag, random_profiled_graphs
 from _schedules import all_schedules, check_schedule, figure1
 
 from autoremat.cost import unoptimised_peak_bytes
@@ -24,11 +24,6 @@ from autoremat.solvers.evaluation.twremat import twremat_schedule
 from autoremat.solvers.xla_greedy import xla_greedy_schedule
 
 SIZE = 100
-
-
-def random_graphs(count: int = 25, seed: int = 0) -> list[Graph]:
-    rng = random.Random(seed)
-    return [random_profiled(rng, rng.randint(1, 30)) for _ in range(count)]
 
 
 # ---------------------------------------------------------------------- joint graph and simulator
@@ -115,7 +110,7 @@ def test_schedules_are_valid(case):
     if case == "chain":
         joints = [JointGraph.from_graph(Graph.chain([SIZE] * n, [1.0 + i for i in range(n)])) for n in (1, 2, 7, 33)]
     elif case == "random":
-        joints = [JointGraph.from_graph(g) for g in random_graphs(25)]
+        joints = [JointGraph.from_graph(g) for g in random_profiled_graphs(25)]
     else:
         joints = [figure1()]
     for j in joints:

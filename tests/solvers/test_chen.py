@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import pytest
 from _graphs import module_graph, random_from_edges
+from _plans import check_plan
 
 import autoremat
-from autoremat import Graph, InfeasibleBudgetError, Plan, simulate, solve, validate_plan
+from autoremat import Graph, InfeasibleBudgetError, solve, validate_plan
 from autoremat.cost import unoptimised_peak_bytes
 
 N = 20
@@ -15,22 +16,6 @@ SIZE = 100
 
 def long_chain() -> Graph:
     return Graph.chain([SIZE] * N, [float(i + 1) for i in range(N)])
-
-
-def check(graph: Graph, plan: Plan, budget_bytes: int, solver: str) -> None:
-    """What every solver result must satisfy."""
-    validate_plan(graph, plan)
-    sim = simulate(graph, plan)
-    assert plan.solver == solver
-    assert plan.budget_bytes == budget_bytes
-    assert plan.graph_fingerprint == graph.fingerprint
-    assert plan.predicted_peak_bytes == sim.peak_bytes
-    assert plan.predicted_extra_time_s == sim.extra_time_s
-    assert sim.peak_bytes <= budget_bytes
-    # the plan survives JSON and stays valid
-    again = Plan.from_json(plan.to_json())
-    assert again == plan
-    validate_plan(graph, again)
 
 
 from autoremat.solvers.chen import segment_by_threshold, split_candidates
@@ -74,7 +59,7 @@ def test_chen_helpers():
 def test_chen_options():
     g = long_chain()
     plan = solve(g, 2000, solver="chen", thresholds=4)
-    check(g, plan, 2000, "chen")
+    check_plan(g, plan, 2000, "chen")
     assert plan.options["thresholds"] == 4
     assert plan.graph_mode == "synthetic"
     assert plan.node_names == tuple(f"n{i}" for i in range(N))
@@ -89,11 +74,11 @@ def test_chen_module_mode_three_cases():
     g = module_graph(10)
     peak = unoptimised_peak_bytes(g)
     plan = solve(g, peak, solver="chen")
-    check(g, plan, peak, "chen")
+    check_plan(g, plan, peak, "chen")
     assert plan.recompute_segments == []
     budget = int(peak * 0.6)
     plan = solve(g, budget, solver="chen")
-    check(g, plan, budget, "chen")
+    check_plan(g, plan, budget, "chen")
     assert plan.recompute_segments
     assert all(len(s.nodes) == 1 for s in plan.recompute_segments)
     assert plan.node_names == tuple(f"layers.{v}" for v in range(len(g)))
@@ -101,7 +86,7 @@ def test_chen_module_mode_three_cases():
         solve(g, 10, solver="chen")
     m = err.value.min_budget_bytes
     assert m is not None and m > 10
-    check(g, solve(g, m, solver="chen"), m, "chen")
+    check_plan(g, solve(g, m, solver="chen"), m, "chen")
 
 
 # ---------------------------------------------------------------------- properties
@@ -158,16 +143,16 @@ def test_zoo_resnet50_chen(resnet_graph):
     peak = unoptimised_peak_bytes(g)
     # three budget cases on a real graph
     plan = solve(g, peak, solver="chen")
-    check(g, plan, peak, "chen")
+    check_plan(g, plan, peak, "chen")
     assert plan.recompute_segments == []
     budget = int(peak * 0.7)
     plan = solve(g, budget, solver="chen")
-    check(g, plan, budget, "chen")
+    check_plan(g, plan, budget, "chen")
     assert plan.recompute_segments and plan.predicted_extra_time_s > 0
     with pytest.raises(InfeasibleBudgetError) as err:
         solve(g, int(peak * 0.1), solver="chen")
     m = err.value.min_budget_bytes
-    check(g, solve(g, m, solver="chen"), m, "chen")
+    check_plan(g, solve(g, m, solver="chen"), m, "chen")
     # property over a grid of budgets
     results = _budget_sweep(g, "chen", 12)
     assert len(results) >= 8 and results[-1][1] == 0.0

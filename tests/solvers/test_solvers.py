@@ -14,9 +14,10 @@ import inspect
 
 import networkx as nx
 import pytest
+from _plans import check_plan
 
 import autoremat
-from autoremat import SOLVERS, Graph, InfeasibleBudgetError, Plan, simulate, solve, validate_plan
+from autoremat import SOLVERS, Graph, InfeasibleBudgetError, solve
 from autoremat.cost import no_recompute_plan, unoptimised_peak_bytes
 from autoremat.solvers import SOLVER_FUNCTIONS, bare_solver
 
@@ -26,22 +27,6 @@ SIZE = 100
 
 def long_chain() -> Graph:
     return Graph.chain([SIZE] * N, [float(i + 1) for i in range(N)])
-
-
-def check(graph: Graph, plan: Plan, budget_bytes: int, solver: str) -> None:
-    """What every solver result must satisfy."""
-    validate_plan(graph, plan)
-    sim = simulate(graph, plan)
-    assert plan.solver == solver
-    assert plan.budget_bytes == budget_bytes
-    assert plan.graph_fingerprint == graph.fingerprint
-    assert plan.predicted_peak_bytes == sim.peak_bytes
-    assert plan.predicted_extra_time_s == sim.extra_time_s
-    assert sim.peak_bytes <= budget_bytes
-    # the plan survives JSON and stays valid
-    again = Plan.from_json(plan.to_json())
-    assert again == plan
-    validate_plan(graph, again)
 
 
 # ---------------------------------------------------------------------- registry and API
@@ -74,7 +59,7 @@ def test_registry_functions_called_directly():
                 assert got.value.min_budget_bytes == err.min_budget_bytes
                 continue
             plan = fn(g, budget)
-            check(g, plan, budget, name)
+            check_plan(g, plan, budget, name)
             timing = {k for k in plan.options if k.endswith("_seconds")}  # milp reports its run time
             assert {k: v for k, v in plan.options.items() if k not in timing} == {
                 k: v for k, v in want.options.items() if k not in timing}, name
@@ -154,7 +139,7 @@ def test_not_binding(solver):
     peak = unoptimised_peak_bytes(g)
     for budget in (peak, 2 * peak, 10**12):
         plan = solve(g, budget, solver=solver)
-        check(g, plan, budget, "none" if solver == "auto" else solver)
+        check_plan(g, plan, budget, "none" if solver == "auto" else solver)
         assert plan.recompute_segments == []
         assert plan.predicted_peak_bytes == peak
         assert plan.predicted_extra_time_s == 0.0
@@ -167,7 +152,7 @@ def test_binding(solver):
     for frac in (0.95, 0.8, 0.6):
         budget = int(peak * frac)
         plan = solve(g, budget, solver=solver)
-        check(g, plan, budget, "chen" if solver == "chen" else plan.solver)
+        check_plan(g, plan, budget, "chen" if solver == "chen" else plan.solver)
         if solver == "auto":  # auto picks the least extra time among the registered solvers
             assert plan.solver in ("chen", "dp-approx")
             assert plan.predicted_extra_time_s <= solve(g, budget, solver="chen").predicted_extra_time_s
@@ -199,7 +184,7 @@ def test_infeasible(solver, budget):
     assert str(e.min_budget_bytes) in str(e)
     # the reported minimum is met exactly
     plan = solve(g, e.min_budget_bytes, solver=solver)
-    check(g, plan, e.min_budget_bytes, plan.solver)
+    check_plan(g, plan, e.min_budget_bytes, plan.solver)
     assert plan.predicted_peak_bytes == e.min_budget_bytes
     with pytest.raises(InfeasibleBudgetError):
         solve(g, e.min_budget_bytes - 1, solver=solver)
@@ -220,7 +205,7 @@ def test_auto_minimum_is_the_least_of_the_solvers():
 def test_empty_graph(solver):
     g = Graph()
     plan = solve(g, 0, solver=solver)
-    check(g, plan, 0, "none" if solver == "auto" else solver)
+    check_plan(g, plan, 0, "none" if solver == "auto" else solver)
     assert plan.segments == []
 
 
@@ -228,7 +213,7 @@ def test_empty_graph(solver):
 def test_zero_size_tensors(solver):
     g = Graph.chain([0] * 6)
     plan = solve(g, 0, solver=solver)
-    check(g, plan, 0, "none" if solver == "auto" else solver)
+    check_plan(g, plan, 0, "none" if solver == "auto" else solver)
     assert plan.recompute_segments == [] and plan.predicted_peak_bytes == 0
 
 

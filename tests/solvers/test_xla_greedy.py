@@ -6,10 +6,9 @@ budget cases on chains, random DAGs, a module-level graph and ResNet-50; options
 
 from __future__ import annotations
 
-import random
 
 import pytest
-from _graphs import module_graph, random_profiled
+from _graphs import module_graph, random_profiled_graphs
 
 import autoremat
 from autoremat import Graph, InfeasibleBudgetError, Plan, simulate, solve, validate_plan
@@ -19,11 +18,6 @@ from autoremat.solvers import SOLVERS
 from autoremat.solvers.xla_greedy import plan_from_recomputed, solve_xla_greedy, xla_greedy_schedule
 
 SIZE = 100
-
-
-def random_graphs(count: int = 25, seed: int = 0) -> list[Graph]:
-    rng = random.Random(seed)
-    return [random_profiled(rng, rng.randint(1, 30)) for _ in range(count)]
 
 
 @pytest.fixture(scope="module")
@@ -38,7 +32,7 @@ def test_greedy_schedule_arguments():
 
 
 def test_greedy_schedule_not_binding_is_noremat():
-    for j in [JointGraph.from_graph(g) for g in random_graphs(8, seed=2)]:
+    for j in [JointGraph.from_graph(g) for g in random_profiled_graphs(8, seed=2)]:
         nr_sched = no_remat(j)
         peak = simulate_schedule(j, nr_sched).peak_bytes
         s = xla_greedy_schedule(j, peak)
@@ -70,7 +64,7 @@ def test_xla_greedy_three_budget_cases(which, resnet50_small):
     if which == "chain":
         graphs = [Graph.chain([SIZE] * 20, [float(i + 1) for i in range(20)])]
     elif which == "random":
-        graphs = random_graphs(12, seed=3)
+        graphs = random_profiled_graphs(12, seed=3)
     elif which == "module":
         graphs = [module_graph(8)]
     else:

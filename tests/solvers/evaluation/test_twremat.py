@@ -7,11 +7,10 @@ with depth and ``k`` trades memory for length; arguments are checked.
 
 from __future__ import annotations
 
-import random
 
 import networkx as nx
 import pytest
-from _graphs import random_profiled
+from _graphs import random_profiled_graphs
 from _schedules import all_schedules, check_schedule, figure1
 
 import autoremat
@@ -28,11 +27,6 @@ from autoremat.solvers.evaluation.twremat import (
 SIZE = 100
 
 
-def random_graphs(count: int = 25, seed: int = 0) -> list[Graph]:
-    rng = random.Random(seed)
-    return [random_profiled(rng, rng.randint(1, 30)) for _ in range(count)]
-
-
 @pytest.fixture(scope="module")
 def resnet50_small() -> Graph:
     m, a = autoremat.zoo.build("resnet50")
@@ -41,7 +35,7 @@ def resnet50_small() -> Graph:
 
 # ---------------------------------------------------------------------- tree decomposition
 def test_tree_decomposition_lemma1_and_separator():
-    for g in random_graphs(10, seed=1) + [Graph.chain([1] * 40)]:
+    for g in random_profiled_graphs(10, seed=1) + [Graph.chain([1] * 40)]:
         j = JointGraph.from_graph(g)
         td = tree_decomposition(j)
         validate_tree_decomposition(j, td)

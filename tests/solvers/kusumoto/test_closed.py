@@ -13,28 +13,15 @@ import random
 import numpy as np
 import pytest
 from _graphs import random_dag, random_dag_with_views
+from _plans import family_chains
 
 from autoremat.solvers.kusumoto import closed
 from autoremat.solvers.kusumoto.closed import ClosedDP, cell_front
 from autoremat.solvers.kusumoto.search import Search, parse_config
 
 
-def chains(fam: list[int]):
-    last = len(fam) - 1
-
-    def walk(i: int, prefix: list[int]):
-        if i == last:
-            yield prefix
-            return
-        for j in range(1, last + 1):
-            if j != i and not fam[i] & ~fam[j] and fam[j] != fam[i]:
-                yield from walk(j, prefix + [fam[j]])
-
-    yield from walk(0, [])
-
-
 def table(dp: ClosedDP) -> list[tuple[int, float]]:
-    return [dp.model_peak(seq) for seq in chains(dp.fam)]
+    return [dp.model_peak(seq) for seq in family_chains(dp.fam)]
 
 
 @pytest.mark.parametrize("seed", range(20))

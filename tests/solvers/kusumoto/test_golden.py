@@ -24,10 +24,11 @@ from typing import Any
 
 import pytest
 
-from autoremat.cost import simulate
-from autoremat.errors import InfeasibleBudgetError
+from _plans import dp_outcome
+
 from autoremat.graph import Graph
-from autoremat.solvers.kusumoto import min_budget, solve_dp_approx, solve_dp_exact
+from autoremat.solvers import kusumoto
+from autoremat.solvers.kusumoto import min_budget
 from autoremat.solvers.kusumoto.search import Search, parse_config
 
 GOLDEN = Path(__file__).resolve().parent / "golden" / "reference.json.gz"
@@ -44,23 +45,6 @@ def golden() -> dict[str, Any]:
 def graph(key: str) -> Graph:
     """A fresh graph object (the solvers cache their searches per graph object)."""
     return Graph.from_dict(golden()["graphs"][key])
-
-
-def outcome(graph: Graph, solver: str, budgets: list[int], config: dict) -> dict:
-    """What the solver returns, in the protocol and call order ``make_golden.py`` used."""
-    fn = solve_dp_exact if solver == "dp-exact" else solve_dp_approx
-    out: dict = {"min": min_budget(graph, solver, config=config or None), "at": []}
-    for budget in budgets:
-        for objective in ("time", "memory"):
-            try:
-                plan = fn(graph, budget, config={**config, "objective": objective})
-            except InfeasibleBudgetError as err:
-                out["at"].append([budget, objective, ["infeasible", err.min_budget_bytes]])
-                continue
-            sim = simulate(graph, plan, check=False, record=False)
-            out["at"].append([budget, objective, [[[list(s.nodes), s.recompute] for s in plan.segments],
-                                                  plan.options, sim.peak_bytes, sim.extra_time_s]])
-    return json.loads(json.dumps(out))
 
 
 def cases(prefix: str = "") -> list[dict]:
@@ -82,7 +66,7 @@ SPECIAL = {c["name"] for seeds, n in ((range(300, 304), 12), (range(400, 402), 1
 def assert_same(case: dict) -> None:
     """The solver under test against the reference's answers on ``case``."""
     g = graph(case["graph"])
-    new = outcome(g, case["solver"], case["budgets"], case["config"])
+    new = dp_outcome(kusumoto, g, case["solver"], case["budgets"], case["config"])
     old = case["outcome"]
     if case["solver"] == "dp-exact":
         assert_same_most(g, old, new)

@@ -14,6 +14,7 @@ import logging
 
 import pytest
 from _graphs import random_dag, random_dag_with_views
+from _plans import family_chains
 
 from autoremat import simulate
 from autoremat.solvers.kusumoto import dive, min_budget, solve_dp_exact
@@ -24,24 +25,9 @@ def search_of(graph) -> Search:
     return Search(graph, "dp-exact", parse_config({"max_lower_sets": 10**6}, "dp-exact"))
 
 
-def chains(fam: list[int]):
-    """Every increasing chain of sets of ``fam`` from the empty set (index 0) to ``V`` (the last)."""
-    last = len(fam) - 1
-
-    def walk(i: int, prefix: list[int]):
-        if i == last:
-            yield prefix
-            return
-        for j in range(1, last + 1):
-            if j != i and fam[j] != fam[i] and not fam[i] & ~fam[j]:
-                yield from walk(j, prefix + [fam[j]])
-
-    yield from walk(0, [])
-
-
 def model_table(search: Search) -> list[tuple[int, float]]:
     """``(peak, recomputation time)`` in the exact model of every chain of the family."""
-    return [search.dp.model_peak(seq) for seq in chains(search.dp.fam)]
+    return [search.dp.model_peak(seq) for seq in family_chains(search.dp.fam)]
 
 
 def by_brute_force(table: list[tuple[int, float]], budget: int, most: bool) -> float | None:

@@ -30,9 +30,9 @@ ROOT = HERE.parents[3]
 sys.path.insert(0, str(ROOT / "tests"))
 
 from _graphs import random_dag, random_dag_with_views  # noqa: E402
+from _plans import dp_outcome  # noqa: E402
 
 from autoremat.cost import unoptimised_peak_bytes  # noqa: E402
-from autoremat.errors import InfeasibleBudgetError  # noqa: E402
 from autoremat.graph import Graph  # noqa: E402
 
 REFERENCE_COMMIT = "9ca1355dcb018778070ef3ca71439c894d5b90b3"
@@ -54,26 +54,6 @@ def load_reference(commit: str) -> types.ModuleType:
 def jsonable(value: Any) -> Any:
     """``value`` as JSON gives it back (tuples become lists)."""
     return json.loads(json.dumps(value))
-
-
-def outcome(module: Any, graph: Graph, solver: str, budgets: list[int], config: dict) -> dict:
-    """Everything a caller sees from ``module``'s solver at each budget and objective (the
-    protocol ``test_golden.py`` replays on the solvers under test, in the same call order)."""
-    from autoremat.cost import simulate
-
-    fn = module.solve_dp_exact if solver == "dp-exact" else module.solve_dp_approx
-    out: dict = {"min": module.min_budget(graph, solver, config=config or None), "at": []}
-    for budget in budgets:
-        for objective in ("time", "memory"):
-            try:
-                plan = fn(graph, budget, config={**config, "objective": objective})
-            except InfeasibleBudgetError as err:
-                out["at"].append([budget, objective, ["infeasible", err.min_budget_bytes]])
-                continue
-            sim = simulate(graph, plan, check=False, record=False)
-            out["at"].append([budget, objective, [[[list(s.nodes), s.recompute] for s in plan.segments],
-                                                  plan.options, sim.peak_bytes, sim.extra_time_s]])
-    return jsonable(out)
 
 
 def budgets_of(ref: Any, graph: Graph, solver: str, config: dict) -> list[int]:
@@ -155,7 +135,7 @@ def main(argv: list[str] | None = None) -> int:
         fresh = Graph.from_dict(graphs[key])
         budgets = budgets_of(ref, fresh, solver, config)
         data["cases"].append({"name": name, "graph": key, "solver": solver, "config": config, "budgets": budgets,
-                              "outcome": outcome(ref, Graph.from_dict(graphs[key]), solver, budgets, config)})
+                              "outcome": dp_outcome(ref, Graph.from_dict(graphs[key]), solver, budgets, config)})
         print(name, flush=True)
     for seed in range(30):
         key, g, found = feasibility(ref, seed)
