@@ -55,14 +55,30 @@ GPT2_BATCH = 16
 _KEYS = ("time_s", "bwd_time_s")
 
 
-def _build(name: str, width_scale: float) -> tuple[torch.nn.Module, tuple, dict, Any]:
+GPT2_PAPER = {"n_layer": 12, "n_embd": 768, "n_head": 12, "vocab_size": 50257, "seq": 1024}
+"""GPT-2 small (random weights) for ``--size paper``, batch 8."""
+
+
+def _build(name: str, width_scale: float, size: str = "small", batch: int | None = None,
+           device: str = "cpu") -> tuple[torch.nn.Module, tuple, dict, Any]:
+    model, args, kwargs, loss = _build_cpu(name, width_scale, size, batch)
+    move = (lambda t: t.to(device)) if device != "cpu" else (lambda t: t)
+    return model.to(device), tuple(move(a) for a in args), {k: move(v) for k, v in kwargs.items()}, loss
+
+
+def _build_cpu(name: str, width_scale: float, size: str, batch: int | None) -> tuple[torch.nn.Module, tuple, dict, Any]:
     if name == "gpt2":
         from autoremat.zoo.hf import gpt2, logits_mean
 
-        model = gpt2()
-        ids = torch.randint(0, 256, (GPT2_BATCH, 64), generator=torch.Generator().manual_seed(0))
+        cfg = GPT2_PAPER if size == "paper" else {"seq": 64}
+        model = gpt2(**cfg)
+        rows = batch or (8 if size == "paper" else GPT2_BATCH)
+        ids = torch.randint(0, model.config.vocab_size, (rows, cfg["seq"]), generator=torch.Generator().manual_seed(0))
         return model, (), {"input_ids": ids}, logits_mean
-    batch = BATCH.get(name, DEFAULT_BATCH)
+    if size == "paper":
+        model, inputs = autoremat.zoo.build(name, size="paper", batch_size=batch)
+        return model, inputs, {}, None
+    batch = batch or BATCH.get(name, DEFAULT_BATCH)
     if width_scale == 1:
         model, inputs = autoremat.zoo.build(name, size="small", batch_size=batch)
         return model, inputs, {}, None
@@ -137,8 +153,9 @@ def _cost(fn: Callable[[], Any]) -> tuple[Any, float, float]:
     return out, time.process_time() - c0, time.perf_counter() - w0
 
 
-def run_model(name: str, limit: float, rounds: int, width_scale: float = 1.0) -> dict[str, Any]:
-    model, args, kwargs, loss = _build(name, width_scale)
+def run_model(name: str, limit: float, rounds: int, width_scale: float = 1.0, size: str = "small",
+              batch: int | None = None, device: str = "cpu") -> dict[str, Any]:
+    model, args, kwargs, loss = _build(name, width_scale, size, batch, device)
     autoremat.capture(model, args, kwargs, loss_fn=loss)  # first-run costs (kernel set-up) out of the way
     first = autoremat.capture(model, args, kwargs, loss_fn=loss)
     peak = unoptimised_peak_bytes(first)
@@ -160,7 +177,7 @@ def run_model(name: str, limit: float, rounds: int, width_scale: float = 1.0) ->
     same = all(s.fingerprint == first.fingerprint and [s.node(v)["name"] for v in s.nodes] == names for s in scaleds)
     med = {k: statistics.median(v) for k, v in cost.items()}
     return {
-        "model": name, "width_scale": width_scale, "mode": first.meta["mode"], "nodes": len(first),
+        "model": name, "width_scale": width_scale, "size": size, "device": device, "mode": first.meta["mode"], "nodes": len(first),
         "batch": scaled.meta["scaled"]["batch_size"], "sizes": scaled.meta["scaled"]["sizes"],
         "timed_at_full_batch": len(scaled.meta["scaled"].get("timed_at_full_batch", [])),
         "bytes_from": scaled.meta["scaled"]["bytes_from"], "limit_bytes": limit_bytes, "same_graph": same,
@@ -169,26 +186,34 @@ def run_model(name: str, limit: float, rounds: int, width_scale: float = 1.0) ->
         "times": _pooled(_median_times(fulls), [_times(s) for s in scaleds]), "noise_floor": _noise_floor(fulls),
         "cost_s": med, "cost_ratio_cpu": med["scaled_cpu"] / med["full_cpu"],
         "cost_ratio_wall": med["scaled_wall"] / med["full_wall"],
+        # on a GPU the host waits for the device: wall time is the cost; on a shared CPU, CPU time
+        "cost_ratio": med["scaled_wall"] / med["full_wall"] if device != "cpu" else med["scaled_cpu"] / med["full_cpu"],
     }
 
 
 def _markdown(rows: list[dict[str, Any]], settings: dict[str, Any], machine: dict[str, Any]) -> str:
+    where = (f"{machine['device_name']} (CUDA events), {machine.get('cpu_count')} CPU cores"
+             if machine.get("device_name") else f"CPU only, {machine.get('cpu_count')} cores, shared (load average "
+             f"{machine.get('load_avg_1m', float('nan')):.1f} at the start), {settings['threads']} thread(s)")
     lines = [
-        "# Scaled capture vs full-size captures (CPU)", "",
-        f"Machine: {machine.get('platform_machine')}, {machine.get('cpu_count')} cores, CPU only, shared "
-        f"(load average {machine.get('load_avg_1m', float('nan')):.1f} at the start); torch {machine.get('torch')}, "
-        f"{settings['threads']} thread(s). Width {settings['width_scale']}x the zoo's small size.", "",
+        f"# Scaled capture vs full-size captures ({machine.get('device_name') or 'CPU'})", "",
+        f"Machine: {machine.get('platform_machine')}, {where}; torch {machine.get('torch')}. Zoo size "
+        f"{settings.get('size', 'small')}" + (f", width {settings['width_scale']}x the small size"
+                                            if settings.get("size", "small") == "small" else "")
+        + (f", batch {settings['batch']}" if settings.get("batch") else "") + ".", "",
         f"Step limit G + {settings['limit']:.0%} x (P - G), P the full capture's unoptimised step peak and G its "
         "parameter-gradient bytes (the full step never runs in the scaled capture). "
         f"{settings['rounds']} interleaved rounds of one full and one scaled capture. Time errors: "
         "|scaled - ref| / ref over forward and backward node times, ref = the median of the full captures; "
         "'noise' = each full capture against the median of the other full captures (two full captures "
-        "of the same run). Cost: median CPU seconds of the process (wall seconds in the JSON).", "",
+        "of the same run). Cost: median seconds, CPU seconds of the process on a CPU, wall seconds on a GPU "
+        "(both in the JSON).", "",
         "| model | nodes | batch (sizes run) | timed at B | bytes | same graph | peak error | time err median / p90 "
         "| noise median / p90 | nodes within 20 % (noise) | step time within 20 % (noise) "
-        "| step time error (noise) | cost full / scaled (CPU s) | cost ratio |",
+        "| step time error (noise) | cost full / scaled (s) | cost ratio |",
         "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
+    unit, kind = ("wall" if settings.get("device", "cpu") != "cpu" else "cpu"), ""
     for r in rows:
         t, n, c = r["times"], r["noise_floor"], r["cost_s"]
         lines.append(
@@ -198,7 +223,7 @@ def _markdown(rows: list[dict[str, Any]], settings: dict[str, Any], machine: dic
             f"| {t['share_within_20pct']:.0%} ({n['share_within_20pct']:.0%}) "
             f"| {t['time_share_within_20pct']:.0%} ({n['time_share_within_20pct']:.0%}) "
             f"| {t['step_time_error_median']:+.1%} ({n['step_time_error_median']:+.1%}) "
-            f"| {c['full_cpu']:.2f} / {c['scaled_cpu']:.2f} | {r['cost_ratio_cpu']:.2f}x |")
+            f"| {c[kind + 'full_' + unit]:.2f} / {c['scaled_' + unit]:.2f} | {r['cost_ratio']:.2f}x |")
     return "\n".join(lines) + "\n"
 
 
@@ -209,21 +234,26 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--rounds", type=int, default=3)
     p.add_argument("--width-scale", type=float, default=1.0, help="zoo width multiplier over the small size")
     p.add_argument("--threads", type=int, default=1)
+    p.add_argument("--size", default="small", choices=("small", "paper"), help="zoo size (paper: the papers' "
+                   "width, resolution and batch; GPT-2 small at 8 x 1024 tokens)")
+    p.add_argument("--batch", type=int, default=None, help="batch size for every model (default: per model)")
+    p.add_argument("--device", default="cpu", help="cpu or cuda")
     p.add_argument("--out", default=str(OUT))
     p.add_argument("--tag", default="", help="suffix of the output files")
     a = p.parse_args(argv)
     if a.rounds < 2:
         p.error("--rounds must be >= 2 (the noise floor compares full captures with each other)")
     torch.set_num_threads(a.threads)
-    settings = {"limit": a.limit, "rounds": a.rounds, "threads": a.threads, "width_scale": a.width_scale}
-    machine = machine_info(torch.device("cpu"))
+    settings = {"limit": a.limit, "rounds": a.rounds, "threads": a.threads, "width_scale": a.width_scale,
+                "size": a.size, "batch": a.batch, "device": a.device}
+    machine = machine_info(torch.device(a.device))
     rows = []
     for name in a.models.split(","):
-        row = run_model(name, a.limit, a.rounds, a.width_scale)
+        row = run_model(name, a.limit, a.rounds, a.width_scale, a.size, a.batch, a.device)
         print(f"{name}: peak error {row['peak_error']:+.2%}, time err median {row['times']['median']:.1%} "
               f"(noise {row['noise_floor']['median']:.1%}), step time within 20 % "
               f"{row['times']['time_share_within_20pct']:.0%} (noise {row['noise_floor']['time_share_within_20pct']:.0%}), "
-              f"cost {row['cost_ratio_cpu']:.2f}x", flush=True)
+              f"cost {row['cost_ratio']:.2f}x", flush=True)
         rows.append(row)
     out = Path(a.out)
     out.mkdir(parents=True, exist_ok=True)

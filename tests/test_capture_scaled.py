@@ -352,3 +352,19 @@ def test_timing_pauses_the_garbage_collector_and_puts_it_back() -> None:
         assert not gc.isenabled()  # left as it was
     finally:
         gc.enable()
+
+
+def test_auto_budget_on_a_gpu_respects_the_process_memory_fraction(monkeypatch: pytest.MonkeyPatch) -> None:
+    """``torch.cuda.set_per_process_memory_fraction`` caps the allocator below what the device has
+    free; the device budget (and so the profiling limit) is the smaller of the two. Simulated on
+    the CPU: the CUDA queries are replaced."""
+    import autoremat.budget as budget
+
+    monkeypatch.setattr(budget, "_gpu_free_bytes", lambda index: 70 * 2**30)  # NVML: 70 GiB free
+    monkeypatch.setattr(torch.cuda, "get_per_process_memory_fraction", lambda index=None: 0.25)
+    monkeypatch.setattr(torch.cuda, "get_device_properties", lambda index: type("P", (), {"total_memory": 80 * 2**30}))
+    monkeypatch.setattr(torch.cuda, "memory_allocated", lambda index=None: 2**30)
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
+    assert budget.device_free_bytes("cuda") == 19 * 2**30  # a quarter of 80 GiB, less the 1 GiB allocated
+    monkeypatch.setattr(torch.cuda, "get_per_process_memory_fraction", lambda index=None: 1.0)
+    assert budget.device_free_bytes("cuda:0") == 70 * 2**30
