@@ -34,7 +34,8 @@ def largest_fitting(predict: Callable[[int], float], batch: int, limit: int) -> 
 
 def _timed_copy(model: nn.Module, gm: torch.fx.GraphModule | None, args: tuple, kwargs: dict, opts: dict,
                 base: Graph) -> Graph:
-    """``base`` with the node times of real steps on ``args`` (no recording step: bytes are base's)."""
+    """``base`` with the node times of real steps on ``args`` (no recording step: bytes are base's;
+    ``opts["warmup"]`` and ``opts["repeats"]`` steps)."""
     from ...measure import default_loss
     from ...resident import device_of
     from .._recorder import preserved_state
@@ -66,6 +67,7 @@ class _Trial:
         self.model, self.args, self.kwargs, self.opts, self.base = model, args, kwargs, opts, base
         self.batch, self.batch_dim, self.limit = batch, batch_dim, limit
         self.smallest = batch
+        self.timed = 0
         self.gm: torch.fx.GraphModule | None = None
         if base is not None and base.meta["mode"] == "fx":
             from ..fx import fx_fingerprint, trace
@@ -82,7 +84,12 @@ class _Trial:
         try:
             small = cut_rows(self.args, self.kwargs, self.batch, size, self.batch_dim)
             if self.base is not None:
-                return _timed_copy(self.model, self.gm, *small, self.opts, self.base)
+                # after one timed size, the next needs no warm-up step of its own: the median of its
+                # repeats leaves out the first step's one-off costs (kernel set-up for new shapes)
+                opts = {**self.opts, "warmup": 0} if self.timed and self.opts["repeats"] >= 3 else self.opts
+                g = _timed_copy(self.model, self.gm, *small, opts, self.base)
+                self.timed += 1
+                return g
             return capture(self.model, *small, **self.opts)
         except (RuntimeError, torch.OutOfMemoryError) as err:
             if not is_oom(err):

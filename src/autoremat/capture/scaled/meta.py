@@ -112,7 +112,9 @@ class MetaOpCache(TorchDispatchMode):
             if isinstance(x, torch.Tensor):
                 if x.device.type != "meta":
                     return None
-                key.append((tuple(x.shape), x.stride(), x.dtype, x.storage_offset(), x.is_conj(), x.is_neg()))
+                # not the storage offset: a fresh output's layout follows sizes and strides (gradients
+                # of a concatenation are slices of one storage at many offsets)
+                key.append((tuple(x.shape), x.stride(), x.dtype, x.is_conj(), x.is_neg()))
             elif isinstance(x, _PLAIN):
                 key.append((type(x), x))
             else:
