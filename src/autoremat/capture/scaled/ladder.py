@@ -195,6 +195,10 @@ def ladder(model: nn.Module, args: tuple, kwargs: dict, opts: dict, base: Graph 
         out = scale_to(hi, lo, hi, s_lo, s_hi, batch, bytes_too=True)
         bytes_from = "linear fit"
     replayed = _replayed(trial, out, s_lo, s_hi)
+    first = min((v for v in out.nodes if out.node(v)["requires_grad"]), default=None)
+    if first in replayed:  # the step's timer ends this node's backward when backward returns: it also
+        # holds the end of the backward pass (freeing the graph), which no node alone shows
+        replayed[first] = (replayed[first][0], out.node(first)["bwd_time_s"])
     out = with_times(out, replayed)
     out.meta["time_source"] = f"{hi.meta['time_source']}, scaled"
     out.meta["input_bytes"] = input_bytes(args, kwargs)
