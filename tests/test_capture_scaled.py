@@ -368,3 +368,20 @@ def test_auto_budget_on_a_gpu_respects_the_process_memory_fraction(monkeypatch: 
     assert budget.device_free_bytes("cuda") == 19 * 2**30  # a quarter of 80 GiB, less the 1 GiB allocated
     monkeypatch.setattr(torch.cuda, "get_per_process_memory_fraction", lambda index=None: 1.0)
     assert budget.device_free_bytes("cuda:0") == 70 * 2**30
+
+
+def test_under_autocast_bytes_are_fitted_and_convolutions_still_timed_at_the_full_batch(
+        caplog: pytest.LogCaptureFixture) -> None:
+    """Autocast does not apply to meta tensors: bytes come from the linear fit of real captures,
+    and the fx graph's convolutions are still timed alone at the full batch (under the autocast
+    the step runs in)."""
+    model, x = _resnet(8)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        full = autoremat.capture(model, (x,), repeats=1)
+        with caplog.at_level(logging.INFO, logger="autoremat.capture.scaled"):
+            g = capture_within(model, (x,), limit_bytes=_limit(full), repeats=1)
+    assert "autocast is on" in caplog.text and g.meta["scaled"]["bytes_from"] == "linear fit"
+    assert g.fingerprint == full.fingerprint
+    timed = g.meta["scaled"]["timed_at_full_batch"]
+    assert timed and {g.node(v)["kind"] for v in timed} <= {"conv", "linear"}
+    assert abs(unoptimised_peak_bytes(g) - unoptimised_peak_bytes(full)) <= 0.10 * unoptimised_peak_bytes(full)
