@@ -1,4 +1,4 @@
-"""The comparison of ``benchmarks/compare.py`` on a CUDA GPU (written for an H100 / H200).
+"""The comparison of ``benchmarks/compare`` on a CUDA GPU (written for an H100 / H200).
 
     python benchmarks/compare_gpu.py                     # everything (not yet timed on a GPU)
     python benchmarks/compare_gpu.py --models resnet50 --configs pytorch,autoremat
@@ -8,7 +8,7 @@
     python benchmarks/compare_gpu.py --models gpt2 --no-batch --out run2   # in pieces: see merge_runs.py
     python benchmarks/compare_gpu.py --batch-only --out run2                # the largest-batch section alone
 
-Same models, configurations and metrics as ``compare.py`` (see its docstring), with what differs on a GPU:
+Same models, configurations and metrics as ``compare`` (see its docstring), with what differs on a GPU:
 
 * models at the papers' size (``autoremat.zoo.build(..., size="paper")``: ResNet-50 and DenseNet-121 on
   3x224x224, U-Net on 1x572x572 tiles) with GPU batches (``GPU_BATCH``, below the papers' batch where a
@@ -151,7 +151,8 @@ def offload_markdown(summary: dict[str, Any]) -> str:
 
 def write_offload(summary: dict[str, Any], out: Path) -> None:
     """``offload.json`` and ``OFFLOAD.md`` under ``out``."""
-    (out / "offload.json").write_text(json.dumps(compare._finite(summary), indent=1, default=compare._json_default,
+    (out / "offload.json").write_text(json.dumps(compare.driver._finite(summary), indent=1,
+                                                 default=compare.driver._json_default,
                                                  allow_nan=False) + "\n")
     (out / "OFFLOAD.md").write_text(offload_markdown(summary))
 
@@ -160,18 +161,18 @@ def write_offload(summary: dict[str, Any], out: Path) -> None:
 def planned_with_bandwidth(bytes_per_s: float) -> Iterator[None]:
     """Every graph ``compare`` solves plans and simulates offloads at ``bytes_per_s`` (set in the
     graph's ``meta`` before its first solve, unless it has one)."""
-    original = compare.solve_limited
+    original = compare.solving.solve_limited  # the seam compare.model calls through
 
     def solve_limited(graph: autoremat.Graph, budget_bytes: int, solver: str, timeout_s: float | None
                       ) -> tuple[str, Any, float]:
         graph.meta.setdefault("bandwidth_bytes_per_s", float(bytes_per_s))
         return original(graph, budget_bytes, solver, timeout_s)
 
-    compare.solve_limited = solve_limited
+    compare.solving.solve_limited = solve_limited
     try:
         yield
     finally:
-        compare.solve_limited = original
+        compare.solving.solve_limited = original
 
 
 def run(models: Sequence[str], opts: Any, out: Path, link: LinkBandwidth, *, log: Callable[[str], None] = print,
@@ -215,7 +216,7 @@ def main(argv: Sequence[str] | None = None) -> Any:
     if a.offload_only:
         opts.configs, opts.solvers, opts.autoremat_budgets = ("pytorch", "autoremat"), OFFLOAD_SOLVERS, (OFFLOAD_FRACTION,)
         a.no_batch = True
-    budgets = compare._sizes(a.batch_budgets)
+    budgets = compare.cli._sizes(a.batch_budgets)
     if a.dry_run:
         plan = compare.planned_configurations(models, opts)
         tasks = [] if a.no_batch else [(t.name, t.capacity, t.description)
@@ -235,7 +236,7 @@ def main(argv: Sequence[str] | None = None) -> Any:
                 "offload_configs": offload}
     if not torch.cuda.is_available():
         raise SystemExit("compare_gpu.py needs a CUDA GPU (torch.cuda.is_available() is False); "
-                         "use benchmarks/compare.py on the CPU or --dry-run")
+                         "use benchmarks/compare on the CPU or --dry-run")
     if a.threads:
         torch.set_num_threads(a.threads)
     name = torch.cuda.get_device_name(0)

@@ -1,11 +1,11 @@
-"""Join ``compare.json`` files of several runs of ``compare.py`` / ``compare_gpu.py`` into one result.
+"""Join ``compare.json`` files of several runs of ``compare`` / ``compare_gpu.py`` into one result.
 
     python benchmarks/merge_runs.py RUN1/compare.json RUN2/compare.json --out benchmarks/results/<machine>
 
 Why: a GPU job often runs under a time limit (a scheduler's cap; a lent machine here runs one
 command for at most 10 minutes), so the GPU comparison is measured a few models, or a few
 configuration families, per job. Each job writes its own ``compare.json`` (a job stopped at its
-limit still leaves the models it finished, see ``compare._write_partial``). Every ratio is taken
+limit still leaves the models it finished, see ``compare.driver._write_partial``). Every ratio is taken
 against a ``none`` row measured side by side in the same run, so runs on the same kind of machine
 can share one table.
 

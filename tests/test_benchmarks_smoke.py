@@ -1,4 +1,4 @@
-"""Smoke tests of the comparison benchmark: ``benchmarks/compare.py --quick`` in process (one tiny
+"""Smoke tests of the comparison benchmark: ``benchmarks/compare --quick`` in process (one tiny
 model, one round) and ``benchmarks/compare_gpu.py --dry-run`` (which needs no GPU)."""
 
 from __future__ import annotations
@@ -19,15 +19,39 @@ BENCH = Path(__file__).resolve().parents[1] / "benchmarks"
 
 def _load(name: str, monkeypatch: pytest.MonkeyPatch) -> ModuleType:
     monkeypatch.syspath_prepend(str(BENCH))  # compare_gpu imports compare from its own folder
-    for mod in ("compare", "compare_gpu", "merge_runs"):
+    for mod in [m for m in sys.modules if m.split(".")[0] in ("compare", "compare_gpu", "merge_runs")]:
         sys.modules.pop(mod, None)
     return importlib.import_module(name)
 
 
+def test_compare_smoke_runs_every_stage(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The comparison's path end to end in its fast form (PyTorch's eager options and one solver on
+    the zoo mlp, the largest-batch section, the report, partial results and merging); every
+    configuration family: ``test_compare_quick_writes_every_row_and_field`` (slow)."""
+    pytest.importorskip("matplotlib")
+    compare = _load("compare", monkeypatch)
+    compare.main(["--quick", "--configs", "pytorch,autoremat", "--solvers", "dp-approx", "--compiled-plans", "none",
+                  "--torch-regions", "none", "--solver-timeout", "5", "--out", str(tmp_path)])
+    data = json.loads((tmp_path / "compare.json").read_text())
+    rows = {r["config"]: r for r in data["rows"]}
+    assert set(rows) == {"none", "block-ac", "block-sac", "ckpt-seq", "save-on-cpu", "autoremat:dp-approx@0.5",
+                         "autoremat:dp-approx@match"}
+    for r in data["rows"]:
+        assert set(compare.ROW_FIELDS) <= set(r), r["config"]
+        assert r["status"] == "ok", (r["config"], r["error"])
+        assert r["gradients_equal"] is True and r["measured_peak_bytes"] > 0 and r["step_time_s"] > 0
+    assert rows["autoremat:dp-approx@0.5"]["predicted_peak_bytes"] > 0
+    assert [r["method"] for r in data["largest_batch"]] == list(compare.BATCH_METHODS)
+    assert all(set(compare.BATCH_FIELDS) <= set(r) and r["status"] == "ok" for r in data["largest_batch"])
+    assert "## mlp" in (tmp_path / "RESULTS.md").read_text() and (tmp_path / "compare_mlp.png").is_file()
+    _check_partial_and_merge(compare, data, tmp_path, monkeypatch)
+
+
+@pytest.mark.slow
 def test_compare_quick_writes_every_row_and_field(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     pytest.importorskip("matplotlib")
     compare = _load("compare", monkeypatch)
-    compare.main(["--quick", "--out", str(tmp_path)])
+    compare.main(["--quick", "--solver-timeout", "5", "--out", str(tmp_path)])  # milp does not finish on the mlp
     data = json.loads((tmp_path / "compare.json").read_text())
 
     assert list(data["models"]) == ["mlp"]
@@ -109,7 +133,7 @@ def test_compare_quick_writes_every_row_and_field(tmp_path: Path, monkeypatch: p
     assert (tmp_path / "compare_mlp.png").stat().st_size > 1000
 
     # --batch-only re-measures the largest-batch section alone and keeps the step-time rows
-    compare.main(["--quick", "--batch-only", "--out", str(tmp_path)])
+    compare.main(["--quick", "--batch-only", "--solver-timeout", "5", "--out", str(tmp_path)])
     again = json.loads((tmp_path / "compare.json").read_text())
     assert again["rows"] == data["rows"]
     assert [r["method"] for r in again["largest_batch"]] == list(compare.BATCH_METHODS)
@@ -130,8 +154,8 @@ def _check_partial_and_merge(compare: ModuleType, data: dict, tmp_path: Path, mo
     def killed(*args: object, **kwargs: object) -> list:
         raise KeyboardInterrupt  # e.g. the device's time limit, after the models were measured
 
-    monkeypatch.setattr(compare, "run_model", canned)
-    monkeypatch.setattr(compare, "run_batch_section", killed)
+    monkeypatch.setattr(compare.driver, "run_model", canned)  # the names the driver calls
+    monkeypatch.setattr(compare.driver, "run_batch_section", killed)
     stopped = tmp_path / "stopped"
     with pytest.raises(KeyboardInterrupt):
         compare.main(["--quick", "--models", "mlp,other", "--out", str(stopped)])

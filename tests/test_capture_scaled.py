@@ -4,7 +4,10 @@ never a step above the limit, out-of-memory safe (a simulated device, tests/_oom
 from __future__ import annotations
 
 import copy
+import gc
+import importlib
 import logging
+import time
 
 import pytest
 import torch
@@ -78,7 +81,9 @@ def test_bytes_from_meta_equal_a_full_capture_and_the_graph_is_the_same() -> Non
     full = autoremat.capture(model, (x,), repeats=1)
     g = capture_within(model, (x,), limit_bytes=_limit(full), repeats=1)
     assert g.meta["scaled"]["bytes_from"] == "meta"
-    assert max(g.meta["scaled"]["sizes"]) < 8
+    # the largest size predicted to fit (the limit leaves 60 % of the batch-proportional bytes:
+    # 4.8 of 8 rows) and half of it
+    assert g.meta["scaled"]["sizes"] == [2, 4]
     assert g.fingerprint == full.fingerprint and len(g) == len(full)
     assert list(g.nx.edges) == list(full.nx.edges)
     for v in full.nodes:
@@ -237,3 +242,146 @@ def test_on_meta_swaps_in_place_keeps_ties_and_restores_on_error() -> None:
         raise RuntimeError("boom")
     assert [id(t) for t in (*model.parameters(), *model.buffers())] == originals
     assert torch.equal(lin.weight.grad, torch.ones(4, 4))
+
+
+class _SwitchingLinear(nn.Linear):
+    """A linear layer whose kernel turns slow from ``at`` rows on, as single-threaded PyTorch's
+    1x1 convolutions do at batch 16 (native kernel below, oneDNN from there); it records the
+    shapes it ran at. Declared in ``torch.nn``'s namespace so that torch.fx keeps it a leaf."""
+
+    def __init__(self, at: int, pause_s: float) -> None:
+        super().__init__(8, 8)
+        self.at, self.pause_s = at, pause_s
+        self.seen: list[tuple[int, ...]] = []
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        self.seen.append(tuple(x.shape))
+        if x.shape[0] >= self.at:
+            time.sleep(self.pause_s)
+        return super().forward(x)
+
+
+_SwitchingLinear.__module__ = "torch.nn.modules.linear"
+
+
+class _Tokens(nn.Module):
+    """(batch, 4 tokens, 8): the batch folded into the rows of the switching layer."""
+
+    def __init__(self, switch_at: int, pause_s: float = 0.05) -> None:
+        super().__init__()
+        self.embed = nn.Sequential(*(m for _ in range(6) for m in (nn.Linear(8, 8), nn.Tanh())))
+        self.switch = _SwitchingLinear(switch_at, pause_s)
+        self.head = nn.Sequential(*(m for _ in range(6) for m in (nn.Tanh(), nn.Linear(8, 8))))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = self.embed(x)
+        h = h.reshape(h.size(0) * h.size(1), 8)
+        return self.head(self.switch(h))
+
+
+def test_a_kernel_that_changes_at_the_full_batch_is_timed_there() -> None:
+    """The fit from small sizes cannot see a kernel chosen only at the full batch; linear,
+    convolution and matmul nodes are timed alone at the full batch, their arguments tiled (here
+    a tensor whose rows fold the batch)."""
+    torch.manual_seed(0)
+    model, x = _Tokens(switch_at=16 * 4), torch.randn(16, 4, 8)
+    full = autoremat.capture(model, (x,), repeats=1)  # the full step: 64 rows reach the switch
+    model.switch.seen.clear()
+    g = capture_within(model, (x,), limit_bytes=_limit(full), repeats=1)
+    sizes = g.meta["scaled"]["sizes"]
+    assert max(sizes) < 16 and {(s * 4, 8) for s in sizes} <= set(model.switch.seen)
+    assert (64, 8) in model.switch.seen  # alone, at the full batch, with the rows the step has
+    node = next(v for v in g.nodes if g.node(v)["module_path"] == "switch")
+    timed = g.meta["scaled"]["timed_at_full_batch"]
+    assert node in timed and {g.node(v)["kind"] for v in timed} == {"linear"}
+    assert g.node(node)["time_s"] >= model.switch.pause_s  # a lower bound: a pause, not a speed
+    for v in full.nodes:
+        for key in _BYTES:
+            assert g.node(v)[key] == full.node(v)[key], (v, key)
+
+
+def test_replay_keeps_fitted_times_where_a_node_would_not_fit(caplog: pytest.LogCaptureFixture) -> None:
+    from autoremat.capture.fx import trace
+
+    replay = importlib.import_module("autoremat.capture.scaled.replay")
+    torch.manual_seed(0)
+    model, x = _Tokens(switch_at=10**9), torch.randn(16, 4, 8)
+    full = autoremat.capture(model, (x,), repeats=1)
+    at = [((x[:s].clone(),), {}) for s in (8, 4)]
+    heavy = {v for v in full.nodes if full.node(v)["kind"] == "linear"}
+    times = replay.replay_times(trace(model), model, full, *at, (8, 4, 16), limit_bytes=10**9, repeats=1,
+                                warmup=0, device=torch.device("cpu"))
+    assert set(times) == heavy and all(f > 0 and b > 0 for f, b in times.values())
+    with caplog.at_level(logging.INFO, logger="autoremat.capture.scaled"):
+        none = replay.replay_times(trace(model), model, full, *at, (8, 4, 16), limit_bytes=0, repeats=1,
+                                   warmup=0, device=torch.device("cpu"))
+    assert none == {} and f"0 of {len(heavy)} conv/linear/matmul nodes timed alone" in caplog.text
+    assert "keep fitted times" in caplog.text and "bytes of room" in caplog.text
+    assert replay.forward_live_bytes(full) < unoptimised_peak_bytes(full)
+
+
+def test_meta_op_cache_answers_repeated_ops_with_the_same_metadata() -> None:
+    meta = importlib.import_module("autoremat.capture.scaled.meta")
+    x = torch.empty(4, 3, 8, 8, device="meta").contiguous(memory_format=torch.channels_last)
+    w = torch.empty(5, 3, 1, 1, device="meta")
+    cache = meta.MetaOpCache()
+    with cache:
+        first = torch.nn.functional.conv2d(x, w)
+        again = torch.nn.functional.conv2d(x, w)
+        view = x.view(4, -1) if x.is_contiguous() else x.reshape(4, -1)
+        x.add_(1)  # in place: never from the cache
+        x.add_(1)
+    assert cache.hits == 1 and cache.misses >= 1
+    assert (again.shape, again.stride(), again.dtype) == (first.shape, first.stride(), first.dtype)
+    assert again.untyped_storage()._cdata != first.untyped_storage()._cdata
+    assert again.untyped_storage().nbytes() == first.untyped_storage().nbytes()
+    assert view.shape == (4, 192)
+
+
+def test_timing_pauses_the_garbage_collector_and_puts_it_back() -> None:
+    from autoremat.capture._recorder import paused_gc
+
+    assert gc.isenabled()
+    with paused_gc():
+        assert not gc.isenabled()
+    assert gc.isenabled()
+    gc.disable()
+    try:
+        with paused_gc():
+            pass
+        assert not gc.isenabled()  # left as it was
+    finally:
+        gc.enable()
+
+
+def test_auto_budget_on_a_gpu_respects_the_process_memory_fraction(monkeypatch: pytest.MonkeyPatch) -> None:
+    """``torch.cuda.set_per_process_memory_fraction`` caps the allocator below what the device has
+    free; the device budget (and so the profiling limit) is the smaller of the two. Simulated on
+    the CPU: the CUDA queries are replaced."""
+    import autoremat.budget as budget
+
+    monkeypatch.setattr(budget, "_gpu_free_bytes", lambda index: 70 * 2**30)  # NVML: 70 GiB free
+    monkeypatch.setattr(torch.cuda, "get_per_process_memory_fraction", lambda index=None: 0.25)
+    monkeypatch.setattr(torch.cuda, "get_device_properties", lambda index: type("P", (), {"total_memory": 80 * 2**30}))
+    monkeypatch.setattr(torch.cuda, "memory_allocated", lambda index=None: 2**30)
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
+    assert budget.device_free_bytes("cuda") == 19 * 2**30  # a quarter of 80 GiB, less the 1 GiB allocated
+    monkeypatch.setattr(torch.cuda, "get_per_process_memory_fraction", lambda index=None: 1.0)
+    assert budget.device_free_bytes("cuda:0") == 70 * 2**30
+
+
+def test_under_autocast_bytes_are_fitted_and_convolutions_still_timed_at_the_full_batch(
+        caplog: pytest.LogCaptureFixture) -> None:
+    """Autocast does not apply to meta tensors: bytes come from the linear fit of real captures,
+    and the fx graph's convolutions are still timed alone at the full batch (under the autocast
+    the step runs in)."""
+    model, x = _resnet(8)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        full = autoremat.capture(model, (x,), repeats=1)
+        with caplog.at_level(logging.INFO, logger="autoremat.capture.scaled"):
+            g = capture_within(model, (x,), limit_bytes=_limit(full), repeats=1)
+    assert "autocast is on" in caplog.text and g.meta["scaled"]["bytes_from"] == "linear fit"
+    assert g.fingerprint == full.fingerprint
+    timed = g.meta["scaled"]["timed_at_full_batch"]
+    assert timed and {g.node(v)["kind"] for v in timed} <= {"conv", "linear"}
+    assert abs(unoptimised_peak_bytes(g) - unoptimised_peak_bytes(full)) <= 0.10 * unoptimised_peak_bytes(full)

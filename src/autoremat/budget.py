@@ -43,26 +43,15 @@ def _bad(value: Any, why: str = "") -> ValueError:
 
 
 def device_free_bytes(device: Any = None) -> int:
-    """Free memory on ``device``: NVML or ``torch.cuda`` on a GPU, available host memory otherwise."""
+    """Free memory on ``device``: NVML or ``torch.cuda`` on a GPU (no more than this process's
+    ``torch.cuda.set_per_process_memory_fraction`` leaves), available host memory otherwise."""
     dev = str(device) if device is not None else "cpu"
     if dev.startswith("cuda"):
         import torch
 
         index = torch.device(dev).index
         index = torch.cuda.current_device() if index is None else index
-        try:
-            import pynvml
-
-            pynvml.nvmlInit()
-            try:
-                handle = pynvml.nvmlDeviceGetHandleByIndex(index)
-                return int(pynvml.nvmlDeviceGetMemoryInfo(handle).free)
-            finally:
-                pynvml.nvmlShutdown()
-        except Exception as exc:  # NVML is optional on some drivers: fall back, and say so
-            logger.info("NVML unavailable (%s); using torch.cuda.mem_get_info", exc)
-            free, _total = torch.cuda.mem_get_info(index)
-            return int(free)
+        return min(_gpu_free_bytes(index), _fraction_free_bytes(index))
     try:
         with open("/proc/meminfo", encoding="ascii") as f:
             for line in f:
@@ -71,6 +60,37 @@ def device_free_bytes(device: Any = None) -> int:
     except OSError:
         pass
     return int(os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE"))
+
+
+def _gpu_free_bytes(index: int) -> int:
+    import torch
+
+    try:
+        import pynvml
+
+        pynvml.nvmlInit()
+        try:
+            handle = pynvml.nvmlDeviceGetHandleByIndex(index)
+            return int(pynvml.nvmlDeviceGetMemoryInfo(handle).free)
+        finally:
+            pynvml.nvmlShutdown()
+    except Exception as exc:  # NVML is optional on some drivers: fall back, and say so
+        logger.info("NVML unavailable (%s); using torch.cuda.mem_get_info", exc)
+        free, _total = torch.cuda.mem_get_info(index)
+        return int(free)
+
+
+def _fraction_free_bytes(index: int) -> int:
+    """What the caching allocator still gives this process under its memory fraction (the device's
+    free memory does not see the cap: a step planned to it would run out of memory)."""
+    import torch
+
+    fraction = getattr(torch.cuda, "get_per_process_memory_fraction", None)
+    cap = fraction(index) if fraction is not None else 1.0
+    if cap >= 1.0:
+        return 2**63 - 1
+    total = torch.cuda.get_device_properties(index).total_memory
+    return max(0, int(cap * total) - int(torch.cuda.memory_allocated(index)))
 
 
 def parse_budget(

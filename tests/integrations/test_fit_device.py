@@ -135,18 +135,64 @@ def test_lightning_fx_cnn_fits_a_device_the_unpatched_step_does_not(tmp_path: Pa
     _fit_on_device(_cnn, 1, tmp_path, caplog, check_baseline=True)
 
 
-@pytest.mark.slow
+UNET_RATIO = 1.5
+"""The U-Net's least plan needs about 64 % of its unpatched step peak (long skips keep their
+activations): a device 1.5x too small for the unpatched step, not 1.7x."""
+
+
 def test_lightning_fx_unet_fits_the_device(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
-    # the U-Net's least plan needs about 64 % of its unpatched step peak (long skips keep their
-    # activations): a device 1.5x too small for the unpatched step, not 1.7x
-    _fit_on_device(_unet, 1, tmp_path, caplog, ratio=1.5)
+    _fit_on_device(_unet, 1, tmp_path, caplog, check_baseline=True, ratio=UNET_RATIO)
+
+
+class _OOMsInTraining(pl.Callback):
+    """Out-of-memory errors of the device during training steps (the batch-size search before
+    them may run into some on purpose: a trial step that does not fit backs off)."""
+
+    def __init__(self, device: SimulatedDevice) -> None:
+        self.device = device
+        self.during: list[int] = []
+        self._before = 0
+
+    def on_train_batch_start(self, trainer, pl_module, batch, batch_idx):  # type: ignore[no-untyped-def]
+        self._before = self.device.ooms
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):  # type: ignore[no-untyped-def]
+        self.during.append(self.device.ooms - self._before)
+
+
+def test_lightning_raises_the_batch_from_a_scaled_graph(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    """The unpatched step at the original batch is RATIO x the room the device leaves: profiling
+    scales, the batch is raised from the scaled graph (solves and patched trial steps on the
+    device), training at the chosen batch runs with every step under the capacity, and ends with
+    the weights of an unpatched run at that batch on a machine where it fits."""
+    torch.manual_seed(0)
+    capacity = _capacity(_cnn(), 1)
+    torch.manual_seed(0)
+    lit = _cnn()
+    device = SimulatedDevice(capacity, [*lit.parameters(), *lit.buffers()])
+    peaks, ooms = _StepPeaks(device), _OOMsInTraining(device)
+    cb = autoremat.AutoRemat(budget=capacity, module="model", raise_batch_size=True, verbose=False)
+    torch.manual_seed(0)
+    with caplog.at_level(logging.INFO, logger="autoremat.capture.scaled"), device:
+        _trainer([cb, peaks, ooms], tmp_path).fit(lit)
+    assert "profiled at batch sizes" in caplog.text  # the unpatched step at the original batch never ran
+    assert cb.batch_size is not None and cb.batch_size > cb.original_batch_size == 8, cb.batch_size
+    assert lit.batch_size == cb.batch_size
+    assert ooms.during == [0, 0] and len(peaks.peaks) == 2 and all(p <= capacity for p in peaks.peaks)
+    torch.manual_seed(0)
+    reference = LitClassifier(batch_size=cb.batch_size, samples=32)
+    torch.manual_seed(0)
+    _trainer([], tmp_path).fit(reference)  # unpatched, no limit
+    for (k, a), (_, b) in zip(reference.state_dict().items(), lit.state_dict().items()):
+        assert torch.equal(a, b), k
 
 
 def test_lightning_module_level_gpt2_fits_the_device(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
     _fit_on_device(_gpt2, 2, tmp_path, caplog, loss_fn=lambda out: out.loss)
 
 
-def _accelerate_on_device(model: nn.Module, args: tuple, kwargs: dict, loss_fn: Any) -> None:
+def _accelerate_on_device(model: nn.Module, args: tuple, kwargs: dict, loss_fn: Any, ratio: float = RATIO,
+                          check_baseline: bool = False) -> None:
     reference = copy.deepcopy(model)
     opt = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
     ref_opt = torch.optim.SGD(reference.parameters(), lr=0.05, momentum=0.9)
@@ -154,7 +200,12 @@ def _accelerate_on_device(model: nn.Module, args: tuple, kwargs: dict, loss_fn: 
     peak = measure(copy.deepcopy(model), args, kwargs, loss_fn=loss_fn, steps=1, warmup=0).peak_bytes
     inputs = [*args, *kwargs.values()]
     params = sum(p.numel() * p.element_size() for p in model.parameters())
-    capacity = storage_bytes([*model.parameters(), *model.buffers(), *inputs]) + params + int(peak / RATIO)
+    capacity = storage_bytes([*model.parameters(), *model.buffers(), *inputs]) + params + int(peak / ratio)
+    if check_baseline:  # the unpatched step does not fit the device
+        plain = copy.deepcopy(model)
+        with pytest.raises(torch.OutOfMemoryError), \
+                SimulatedDevice(capacity, [*plain.parameters(), *plain.buffers(), *inputs]):
+            loss_fn(plain(*args, **kwargs)).backward()
     device = SimulatedDevice(capacity, [*model.parameters(), *model.buffers(), *inputs])
     accelerator = Accelerator(cpu=True)
     peaks = []
@@ -183,7 +234,12 @@ def _accelerate_on_device(model: nn.Module, args: tuple, kwargs: dict, loss_fn: 
 
 def test_accelerate_fx_cnn_fits_the_device() -> None:
     model, (x,) = autoremat.zoo.build("resnet50", size="small", batch_size=8)
-    _accelerate_on_device(model, (x,), {}, None)
+    _accelerate_on_device(model, (x,), {}, None, check_baseline=True)
+
+
+def test_accelerate_fx_unet_fits_the_device() -> None:
+    model, (x,) = autoremat.zoo.build("unet", size="small", batch_size=2)
+    _accelerate_on_device(model, (x,), {}, None, ratio=UNET_RATIO, check_baseline=True)
 
 
 @pytest.mark.slow
@@ -239,3 +295,127 @@ def test_gpu_accelerate_cnn_under_a_memory_fraction() -> None:
     finally:
         torch.cuda.set_per_process_memory_fraction(1.0)
         autoremat.restore(model)
+
+
+class _CudaStepPeaks(pl.Callback):
+    """The allocator's peak of every training step."""
+
+    def __init__(self) -> None:
+        self.peaks: list[int] = []
+
+    def on_train_batch_start(self, trainer, pl_module, batch, batch_idx):  # type: ignore[no-untyped-def]
+        torch.cuda.synchronize()
+        torch.cuda.reset_peak_memory_stats()
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):  # type: ignore[no-untyped-def]
+        torch.cuda.synchronize()
+        self.peaks.append(torch.cuda.max_memory_allocated())
+
+
+def _gpu_trainer(callbacks: list[pl.Callback], tmp_path: Path) -> pl.Trainer:
+    return pl.Trainer(max_steps=2, accelerator="gpu", devices=1, logger=False, enable_checkpointing=False,
+                      enable_progress_bar=False, enable_model_summary=False, callbacks=callbacks,
+                      default_root_dir=tmp_path)
+
+
+def _unpatched_step_runs_out(model: nn.Module, x: torch.Tensor) -> bool:
+    """Whether one unpatched step of ``model`` on ``x`` runs out of the capped memory; the model's
+    buffers (batch-norm statistics), gradients and the RNG are left as they were."""
+    buffers = {k: v.clone() for k, v in model.named_buffers()}
+    try:
+        with torch.random.fork_rng(devices=[x.device]):
+            default_loss(model(x)).backward()
+        return False
+    except torch.OutOfMemoryError:
+        return True
+    finally:
+        with torch.no_grad():
+            for k, v in model.named_buffers():
+                v.copy_(buffers[k])
+        model.zero_grad(set_to_none=True)
+        del buffers
+        torch.cuda.empty_cache()
+
+
+def _gpu_fit_under_a_fraction(make: Any, slots: int, tmp_path: Path, *, ratio: float,
+                              raise_batch_size: bool = False) -> tuple[pl.LightningModule, autoremat.AutoRemat]:
+    """An unpatched reference fit on the whole GPU, then the fit under a memory fraction that leaves
+    the unpatched step ``ratio`` x too little room: the unpatched step runs out there, the fit with
+    ``AutoRemat(budget="auto")`` does not, and every step stays under the cap."""
+    torch.manual_seed(0)
+    reference = make()
+    _gpu_trainer([], tmp_path).fit(reference)
+    ref_state = {k: v.detach().cpu() for k, v in reference.state_dict().items()}
+    del reference
+    torch.cuda.empty_cache()
+    torch.manual_seed(0)
+    lit = make().cuda()
+    args, _kwargs, _loss = _first_batch(lit)
+    x = args[0].cuda()
+    peak = measure(copy.deepcopy(lit.model), (x,), steps=1, warmup=0).peak_bytes
+    torch.cuda.empty_cache()
+    params = sum(p.numel() * p.element_size() for p in lit.parameters())
+    cap = torch.cuda.memory_allocated() + (slots + 1) * params + int(peak / ratio)
+    torch.cuda.set_per_process_memory_fraction(cap / torch.cuda.get_device_properties(0).total_memory)
+    try:
+        assert _unpatched_step_runs_out(lit.model, x)
+        del x
+        torch.cuda.empty_cache()
+        probe = _CudaStepPeaks()
+        cb = autoremat.AutoRemat(budget="auto", module="model", raise_batch_size=raise_batch_size, verbose=False)
+        torch.manual_seed(0)
+        _gpu_trainer([cb, probe], tmp_path).fit(lit)
+    finally:
+        torch.cuda.set_per_process_memory_fraction(1.0)
+    assert cb.plan is not None and cb.plan.recompute_segments
+    assert len(probe.peaks) == 2 and all(p <= cap for p in probe.peaks), (probe.peaks, cap)
+    if not raise_batch_size:  # the same training as the unpatched reference (cuDNN: equal to rounding)
+        for k, v in lit.state_dict().items():
+            torch.testing.assert_close(v.detach().cpu(), ref_state[k], rtol=1e-4, atol=1e-5, msg=k)
+    return lit, cb
+
+
+@pytest.mark.gpu
+def test_gpu_lightning_unet_under_a_memory_fraction(tmp_path: Path) -> None:
+    _gpu_fit_under_a_fraction(lambda: _LitSegmentation(batch_size=8, samples=32), 1, tmp_path, ratio=UNET_RATIO)
+
+
+@pytest.mark.gpu
+def test_gpu_lightning_raises_the_batch_under_a_memory_fraction(tmp_path: Path) -> None:
+    lit, cb = _gpu_fit_under_a_fraction(lambda: LitClassifier(batch_size=64, samples=512), 1, tmp_path, ratio=RATIO,
+                                        raise_batch_size=True)
+    assert cb.batch_size is not None and cb.batch_size > 64 and lit.batch_size == cb.batch_size
+
+
+@pytest.mark.gpu
+def test_gpu_accelerate_unet_under_a_memory_fraction() -> None:
+    torch.manual_seed(0)
+    model, (x,) = autoremat.zoo.build("unet", size="small", batch_size=8, device="cuda")
+    reference = copy.deepcopy(model)
+    peak = measure(copy.deepcopy(model), (x,), steps=1, warmup=0).peak_bytes
+    torch.cuda.empty_cache()
+    params = sum(p.numel() * p.element_size() for p in model.parameters())
+    cap = torch.cuda.memory_allocated() + params + int(peak / UNET_RATIO)
+    torch.cuda.set_per_process_memory_fraction(cap / torch.cuda.get_device_properties(0).total_memory)
+    peaks = []
+    try:
+        assert _unpatched_step_runs_out(model, x)
+        opt = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
+        ar.prepare(Accelerator(), model, (x,), budget="auto", optimizer=opt)
+        for _ in range(2):
+            opt.zero_grad(set_to_none=True)
+            torch.cuda.reset_peak_memory_stats()
+            default_loss(model(x)).backward()
+            peaks.append(torch.cuda.max_memory_allocated())
+            opt.step()
+        assert autoremat.is_patched(model) and all(p <= cap for p in peaks), (peaks, cap)
+    finally:
+        torch.cuda.set_per_process_memory_fraction(1.0)
+        autoremat.restore(model)
+    ref_opt = torch.optim.SGD(reference.parameters(), lr=0.05, momentum=0.9)
+    for _ in range(2):
+        ref_opt.zero_grad(set_to_none=True)
+        default_loss(reference(x)).backward()
+        ref_opt.step()
+    for (k, a), (_, b) in zip(reference.state_dict().items(), model.state_dict().items()):
+        torch.testing.assert_close(b, a, rtol=1e-4, atol=1e-5, msg=k)

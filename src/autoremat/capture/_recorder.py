@@ -11,6 +11,7 @@ A separate :class:`Timer` produces per-node forward and backward times.
 from __future__ import annotations
 
 import contextlib
+import gc
 import statistics
 import time
 import weakref
@@ -23,7 +24,7 @@ import torch
 from ..measure import LiveStorageCounter, _flatten
 from .inplace import MutationLog
 
-__all__ = ["NodeRecord", "Recorder", "Timer", "preserved_state", "classify_module", "classify_function"]
+__all__ = ["NodeRecord", "Recorder", "Timer", "paused_gc", "preserved_state", "classify_module", "classify_function"]
 
 
 @dataclass
@@ -326,6 +327,20 @@ class Timer:
         f = [statistics.median(x) if x else 0.0 for x in self.fwd]
         b = [statistics.median(x) if x else 0.0 for x in self.bwd]
         return f, b
+
+
+@contextlib.contextmanager
+def paused_gc() -> Iterator[None]:
+    """Python's cyclic garbage collector off while timing (as ``timeit`` does): its collections
+    start at fixed allocation counts, so one lands on the same node of every timed step and added
+    0.1-0.2 ms to a 15 us ReLU of ResNet-50 (CPU); it is back on, as it was, afterwards."""
+    was = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if was:
+            gc.enable()
 
 
 @contextlib.contextmanager

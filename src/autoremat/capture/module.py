@@ -24,7 +24,7 @@ import torch
 from torch import nn
 
 from ._loss_reach import outputs_fed_by_loss
-from ._recorder import NodeRecord, Recorder, Timer, classify_module, tensors_in
+from ._recorder import NodeRecord, Recorder, Timer, classify_module, paused_gc, tensors_in
 from .signature import tensor_lines
 
 __all__ = ["node_modules", "module_fingerprint", "profile_modules", "time_modules"]
@@ -274,18 +274,19 @@ def time_modules(
         for _path, mod in mods:
             handles.append(mod.register_forward_pre_hook(tpre, with_kwargs=True))
             handles.append(mod.register_forward_hook(tpost))
-        for i in range(warmup + repeats):
-            model.zero_grad(set_to_none=True)  # each step from no gradients, as the recorded one
-            state["k"] = 0
-            timer.start_step()
-            out = model(*args, **kwargs)
-            loss = loss_fn(out)
-            del out
-            timer.backward(loss)
-            del loss
-            if i < warmup:
-                timer.fwd = [[] for _ in range(n)]
-                timer.bwd = [[] for _ in range(n)]
+        with paused_gc():
+            for i in range(warmup + repeats):
+                model.zero_grad(set_to_none=True)  # each step from no gradients, as the recorded one
+                state["k"] = 0
+                timer.start_step()
+                out = model(*args, **kwargs)
+                loss = loss_fn(out)
+                del out
+                timer.backward(loss)
+                del loss
+                if i < warmup:
+                    timer.fwd = [[] for _ in range(n)]
+                    timer.bwd = [[] for _ in range(n)]
     finally:
         for h in handles:
             h.remove()

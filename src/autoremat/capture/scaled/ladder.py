@@ -1,0 +1,213 @@
+"""Real captures at batch sizes that fit: which sizes, out-of-memory safe, and the scaled graph
+made from them."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from typing import Any
+
+import torch
+import torch.fx
+from torch import nn
+
+from ...graph import Graph
+from .batch import cut_rows, input_bytes
+from .fit import check_same, fit, scale_to, with_times
+from .limits import CaptureDoesNotFitError, free_cache, is_oom
+
+__all__ = ["largest_fitting", "ladder"]
+
+logger = logging.getLogger(__name__)
+
+
+def largest_fitting(predict: Callable[[int], float], batch: int, limit: int) -> int:
+    """The largest size below ``batch`` whose predicted unoptimised peak is within ``limit``."""
+    lo, hi = 1, batch - 1
+    if predict(lo) > limit:
+        raise CaptureDoesNotFitError(1, limit, batch)
+    while lo < hi:  # predict grows with the size
+        mid = (lo + hi + 1) // 2
+        lo, hi = (mid, hi) if predict(mid) <= limit else (lo, mid - 1)
+    return lo
+
+
+def _timed_copy(model: nn.Module, gm: torch.fx.GraphModule | None, args: tuple, kwargs: dict, opts: dict,
+                base: Graph) -> Graph:
+    """``base`` with the node times of real steps on ``args`` (no recording step: bytes are base's;
+    ``opts["warmup"]`` and ``opts["repeats"]`` steps)."""
+    from ...measure import default_loss
+    from ...resident import device_of
+    from .._recorder import preserved_state
+    from ..fx import time_fx
+    from ..module import time_modules
+
+    device = device_of(model, args, kwargs)
+    loss = opts["loss_fn"] or default_loss
+    timing = dict(repeats=opts["repeats"], warmup=opts["warmup"], device=device)
+    with preserved_state(model, [device]):
+        if gm is not None:
+            fwd, bwd = time_fx(gm, args, kwargs, loss, **timing)
+        else:
+            order = [v for v in base.nodes if base.node(v)["kind"] != "glue"]
+            fwd, bwd = time_modules(model, order, len(base), args, kwargs, loss, **timing)
+    g = base.copy()
+    for v, f, b in zip(g.nodes, fwd, bwd):
+        g.node(v)["time_s"], g.node(v)["bwd_time_s"] = float(f), float(b)
+    g.meta["time_source"] = "cuda-events" if device.type == "cuda" else "perf_counter"
+    return g
+
+
+class _Trial:
+    """Real captures at cut batches, out-of-memory safe; ``smallest`` is the smallest size tried.
+    With ``base`` (bytes known) they are timing steps only, on ``gm`` at fx level."""
+
+    def __init__(self, model: nn.Module, args: tuple, kwargs: dict, opts: dict, batch: int, batch_dim: int,
+                 limit: int, base: Graph | None) -> None:
+        self.model, self.args, self.kwargs, self.opts, self.base = model, args, kwargs, opts, base
+        self.batch, self.batch_dim, self.limit = batch, batch_dim, limit
+        self.smallest = batch
+        self.timed = 0
+        self.gm: torch.fx.GraphModule | None = None
+        if base is not None and base.meta["mode"] == "fx":
+            from ..fx import fx_fingerprint, trace
+
+            self.gm = trace(model)  # once for every timing run and the replay
+            assert fx_fingerprint(self.gm) == base.fingerprint, "the traced graph changed, please report"
+
+    def run(self, size: int) -> Graph | None:
+        """A capture at ``size`` rows, or ``None`` when it ran out of memory (state restored)."""
+        from .. import capture
+
+        self.smallest = min(self.smallest, size)
+        small: Any = None
+        try:
+            small = cut_rows(self.args, self.kwargs, self.batch, size, self.batch_dim)
+            if self.base is not None:
+                # after one timed size, the next needs no warm-up step of its own: the median of its
+                # repeats leaves out the first step's one-off costs (kernel set-up for new shapes)
+                opts = {**self.opts, "warmup": 0} if self.timed and self.opts["repeats"] >= 3 else self.opts
+                g = _timed_copy(self.model, self.gm, *small, opts, self.base)
+                self.timed += 1
+                return g
+            return capture(self.model, *small, **self.opts)
+        except (RuntimeError, torch.OutOfMemoryError) as err:
+            if not is_oom(err):
+                raise
+            logger.info("autoremat: profiling at batch size %d ran out of memory; trying smaller", size)
+        del small
+        free_cache()
+        return None
+
+    def down(self, size: int) -> dict[int, Graph]:
+        """``size`` and ``size // 2``, halving past any size that runs out of memory."""
+        got: dict[int, Graph] = {}
+        while len(got) < 2 and size >= 1:
+            g = self.run(size)
+            if g is not None:
+                got[size] = g
+            elif not got and size == 1:
+                raise CaptureDoesNotFitError(1, self.limit, self.batch)
+            elif got:
+                break
+            size //= 2
+        return got
+
+    def up(self, size: int) -> dict[int, Graph]:
+        """From ``size`` (halved on out of memory), doubling while the peak fitted through the real
+        captures so far predicts the next size fits, up to ``batch // 2``; the whole batch alone
+        where it is predicted to need at most half the limit."""
+        got: dict[int, Graph] = {}
+        while True:
+            g = self.run(size)
+            if g is None:
+                if got:
+                    return got
+                if size == 1:
+                    raise CaptureDoesNotFitError(1, self.limit, self.batch)
+                size //= 2
+                continue
+            got[size] = g
+            if self._guess(got, self.batch) <= self.limit / 2:  # ample room: the whole batch
+                whole = self.run(self.batch)
+                if whole is not None:
+                    return {self.batch: whole}
+            nxt = size * 2
+            if nxt > self.batch // 2 or self._guess(got, nxt) > self.limit:
+                return got
+            size = nxt
+
+    @staticmethod
+    def _guess(got: dict[int, Graph], size: int) -> float:
+        """Unoptimised peak at ``size``: linear through the two largest captures; from one, the
+        gradients stay and the rest is proportional."""
+        from ...cost import unoptimised_peak_bytes
+
+        sizes = sorted(got)[-2:]
+        peaks = [unoptimised_peak_bytes(got[s]) for s in sizes]
+        if len(sizes) == 1:
+            fixed = got[sizes[0]].param_grad_bytes
+            return fixed + max(0, peaks[0] - fixed) * size / sizes[0]
+        return fit(peaks[0], peaks[-1], sizes[0], sizes[-1], size)
+
+
+def _replayed(trial: _Trial, out: Graph, s_lo: int, s_hi: int) -> dict[int, tuple[float, float]]:
+    """Full-batch times of the nodes :mod:`.replay` times alone (fx captures, two sizes)."""
+    from ...resident import device_of
+    from .replay import replay_times
+
+    if s_lo == s_hi or out.meta["mode"] != "fx":
+        return {}
+    if trial.gm is None:  # the fallback's real captures traced the model themselves
+        from ..fx import fx_fingerprint, trace
+
+        trial.gm = trace(trial.model)
+        if fx_fingerprint(trial.gm) != out.fingerprint:
+            return {}
+    at = [cut_rows(trial.args, trial.kwargs, trial.batch, s, trial.batch_dim) for s in (s_hi, s_lo)]
+    device = device_of(trial.model, trial.args, trial.kwargs)
+    return replay_times(trial.gm, trial.model, out, at[0], at[1], (s_hi, s_lo, trial.batch),
+                        limit_bytes=trial.limit, repeats=trial.opts["repeats"], warmup=trial.opts["warmup"],
+                        device=device)
+
+
+def ladder(model: nn.Module, args: tuple, kwargs: dict, opts: dict, base: Graph | None, batch: int,
+           batch_dim: int, limit: int, predict: Callable[[int], float] | None) -> Graph:
+    """Capture the two sizes that fit (:func:`autoremat.capture.scaled.capture_within`), scale."""
+    trial = _Trial(model, args, kwargs, opts, batch, batch_dim, limit, base)
+    if predict is not None:  # the largest size predicted to fit, and half of it
+        got = trial.down(largest_fitting(predict, batch, limit))
+    else:
+        got = trial.up(max(max(1, batch // 8), min(2, batch // 2)))  # batch 1 often takes other paths
+        if batch in got:
+            return got[batch]
+    sizes = sorted(got)
+    s_hi = sizes[-1]
+    s_lo = sizes[-2] if len(sizes) > 1 else s_hi
+    lo, hi = got[s_lo], got[s_hi]
+    if base is not None:
+        check_same(base, hi, s_hi)
+        check_same(base, lo, s_lo)
+        out = scale_to(base, lo, hi, s_lo, s_hi, batch, bytes_too=False)
+        bytes_from = "meta"
+    else:
+        check_same(hi, lo, s_lo)
+        out = scale_to(hi, lo, hi, s_lo, s_hi, batch, bytes_too=True)
+        bytes_from = "linear fit"
+    replayed = _replayed(trial, out, s_lo, s_hi)
+    first = min((v for v in out.nodes if out.node(v)["requires_grad"]), default=None)
+    if first in replayed:  # the step's timer ends this node's backward when backward returns: it also
+        # holds the end of the backward pass (freeing the graph), which no node alone shows
+        replayed[first] = (replayed[first][0], out.node(first)["bwd_time_s"])
+    out = with_times(out, replayed)
+    out.meta["time_source"] = f"{hi.meta['time_source']}, scaled"
+    out.meta["input_bytes"] = input_bytes(args, kwargs)
+    out.meta["resident_bytes"] = int(sum(out.meta["param_bytes"].values()) + out.meta["input_bytes"]
+                                     + sum(b.numel() * b.element_size() for b in model.buffers()))
+    out.meta["scaled"] = {"batch_size": batch, "sizes": [s_lo, s_hi] if s_lo != s_hi else [s_hi],
+                          "smallest_tried": trial.smallest, "bytes_from": bytes_from, "limit_bytes": limit,
+                          "timed_at_full_batch": sorted(replayed)}
+    logger.info("autoremat: profiled at batch sizes %s of %d (limit %d bytes); bytes from %s, times scaled "
+                "(%d nodes timed alone at the full batch)", sorted({s_lo, s_hi}), batch, limit, bytes_from,
+                len(replayed))
+    return out
