@@ -1,0 +1,25 @@
+#!/usr/bin/env bash
+# One device session's GPU checks (H100/H200), each step under its own time limit so that the
+# results of the steps that finished always come back. Run from the repository root:
+#   OUT=/tmp/out bash benchmarks/gpu_checks.sh [steps...]     (default: tests compare scaled)
+# Uses the machine's own PyTorch (PYTHONPATH=src). Everything lands in $OUT/gpu_checks.tgz.
+set -u
+export PYTHONPATH=src PYTHONUNBUFFERED=1
+OUT=${OUT:-/tmp/gpu_out}
+R=/tmp/gpu_checks; rm -rf "$R"; mkdir -p "$R" "$OUT"
+steps=${*:-tests compare scaled}
+{ nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv; python3 -c "import torch, sys; print(sys.version); print('torch', torch.__version__, torch.cuda.get_device_name())"; } > "$R/machine.txt" 2>&1
+for s in $steps; do
+  case $s in
+    tests)   timeout ${T_TESTS:-150} python3 -m pytest -q -m gpu -p no:cacheprovider -o addopts="" tests > "$R/gpu_tests.log" 2>&1 ;;
+    compare) timeout ${T_COMPARE:-200} python3 benchmarks/compare_gpu.py --models ${CMP_MODELS:-resnet50,gpt2} --configs pytorch,autoremat \
+               --solvers ${CMP_SOLVERS:-chen,dp-approx} --budgets 0.5 --rounds 3 --no-batch --no-match --torch-regions none \
+               --compiled-plans none --solver-timeout 60 --out "$R/compare" > "$R/compare.log" 2>&1 ;;
+    scaled)  timeout ${T_SCALED:-60} python3 benchmarks/scaled_capture.py --device cuda --size paper --models ${SC_MODELS:-resnet50,densenet121} \
+               --rounds 2 --out "$R/scaled" > "$R/scaled.log" 2>&1 ;;
+    *) echo "unknown step $s" >> "$R/machine.txt" ;;
+  esac
+  echo "step $s exit $?" >> "$R/machine.txt"
+done
+tar czf "$OUT/gpu_checks.tgz" -C "$R" .
+cat "$R/machine.txt"; tail -5 "$R"/*.log
