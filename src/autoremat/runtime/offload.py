@@ -67,10 +67,13 @@ class _Pending:
 
 class _Handle:
     __slots__ = ("node", "nbytes", "dtype", "device", "host", "device_ref", "copy_done", "fetched", "ready",
-                 "__weakref__")
+                 "storage", "__weakref__")
 
-    def __init__(self, node: int, nbytes: int, device: torch.device) -> None:
+    def __init__(self, node: int, nbytes: int, device: torch.device, storage: Any) -> None:
         self.node = node
+        # the storage this handle is for: a key (``_cdata``, an address) outlives its storage and
+        # may be handed to a new one once the device copy is released (CUDA's caching allocator)
+        self.storage = weakref.ref(storage)
         self.nbytes = nbytes
         self.device = device
         self.host: torch.Tensor | None = None
@@ -147,9 +150,10 @@ class Offloader:
         """The packed form of a save of ``t``, whose storage (``key``) goes to the host."""
         self._poll()
         self.stats.saves += 1
+        st = t.untyped_storage()
         h = self._handles.get(key)
-        if h is None:
-            h = _Handle(node, t.untyped_storage().nbytes(), t.device)
+        if h is None or h.storage() is not st:  # a new storage at a released one's address
+            h = _Handle(node, st.nbytes(), t.device, st)
             self._handles[key] = h
             self._order.append(weakref.ref(h))
             self.stats.packed_bytes += h.nbytes
