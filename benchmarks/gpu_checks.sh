@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # One device session's GPU checks (H100/H200), each step under its own time limit so that the
 # results of the steps that finished always come back. Run from the repository root:
-#   OUT=/tmp/out bash benchmarks/gpu_checks.sh [steps...]     (default: tests compare scaled)
+#   OUT=/tmp/out bash benchmarks/gpu_checks.sh [steps...]     (default: tests compare scaled;
+#   also: offload (the offload runtime's GPU tests), diagnose (benchmarks/gpu_diagnose.py))
 # Uses the machine's own PyTorch (PYTHONPATH=src). Everything lands in $OUT/gpu_checks.tgz.
 set -u
 export PYTHONPATH=src PYTHONUNBUFFERED=1
@@ -17,9 +18,11 @@ for s in $steps; do
                --compiled-plans none --solver-timeout 60 --out "$R/compare" > "$R/compare.log" 2>&1 ;;
     scaled)  timeout ${T_SCALED:-60} python3 benchmarks/scaled_capture.py --device cuda --size paper --models ${SC_MODELS:-resnet50,densenet121} \
                --rounds 2 --out "$R/scaled" > "$R/scaled.log" 2>&1 ;;
+    offload) timeout ${T_OFFLOAD:-90} python3 -m pytest -q -m gpu -p no:cacheprovider -o addopts="" tests/test_offload_runtime.py > "$R/offload_tests.log" 2>&1 ;;
+    diagnose) timeout ${T_DIAG:-150} python3 benchmarks/gpu_diagnose.py --out "$R/diagnose" > "$R/diagnose.log" 2>&1 ;;
     *) echo "unknown step $s" >> "$R/machine.txt" ;;
   esac
   echo "step $s exit $?" >> "$R/machine.txt"
 done
 tar czf "$OUT/gpu_checks.tgz" -C "$R" .
-cat "$R/machine.txt"; tail -5 "$R"/*.log
+cat "$R/machine.txt"; for f in "$R"/*.log; do echo "== $f"; tail -n 5 "$f"; done
