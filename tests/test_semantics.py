@@ -15,7 +15,10 @@ is what ``benchmarks/semantics_audit.py`` classifies.
 from __future__ import annotations
 
 import copy
+import re
+import types
 import warnings
+from typing import Any
 
 import pytest
 import torch
@@ -384,3 +387,139 @@ def test_parameter_changed_between_forward_and_backward_raises(mode: str, region
         model.seq[1].l.weight.add_(1.0)
     with pytest.raises(RuntimeError, match="inplace"):
         out.sum().backward()
+
+
+# ---------------------------------------------------------------------- guards on Python state (item 4)
+class _State(nn.Module):
+    """Reads a dict, a list, a function, a config object and an attribute it may lack."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.a, self.b = nn.Linear(W, W), nn.Linear(W, W)
+        self.cfg = {"scale": 2.0, "gains": [1.0, 0.5]}
+        self.act = torch.tanh
+        self.opts = types.SimpleNamespace(shift=0.0)
+        self.history: list[float] = []  # the training loop appends to it; forward never reads it
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = self.act(self.a(x)) * self.cfg["scale"] * self.cfg["gains"][1] + self.opts.shift
+        t = getattr(self, "temperature", None)
+        return self.b(h if t is None else h / t)
+
+
+def _equal_steps(ref: nn.Module, model: nn.Module, x: torch.Tensor, change: Any = None, steps: int = 2) -> None:
+    for m in (ref, model):
+        if change is not None:
+            change(m)
+    for _ in range(steps):
+        got, want = _grads(model, x), _grads(ref, x)
+        assert all(torch.equal(got[k], want[k]) for k in want)
+
+
+@pytest.mark.parametrize("change,maps", [
+    (lambda m: m.cfg.__setitem__("scale", 0.25), True),
+    (lambda m: m.cfg["gains"].__setitem__(1, 3.0), True),
+    (lambda m: setattr(m.opts, "shift", 1.0), True),
+    (lambda m: setattr(m, "act", torch.sigmoid), False),
+    (lambda m: setattr(m, "temperature", 2.0), False),
+], ids=["dict-value", "nested-list-value", "config-object", "function", "attribute-added"])
+def test_state_the_trace_read_is_guarded(change: Any, maps: bool) -> None:
+    """Item 4: values in containers, config objects, functions and an attribute forward looked up
+    but lacked are guarded: a change re-traces; the same ops with other constants run the plan
+    (no warning), other ops (another function, a division) run the model's own forward with one
+    warning naming the attribute. Exact either way."""
+    ref = _State()
+    model = copy.deepcopy(ref)
+    x = _x(8, W)
+    _patched(model, (x,), "each")
+    _equal_steps(ref, model, x)
+    with warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("always", StateGuardWarning)
+        _equal_steps(ref, model, x, change)
+    said = [str(w.message) for w in seen if issubclass(w.category, StateGuardWarning)]
+    assert len(said) == (0 if maps else 1)
+    assert maps or re.search(r"changed since apply: (act|temperature)\)", said[0])
+    assert len(model.__dict__["_autoremat_patch"].installed._variants) == 1
+
+
+def test_a_list_forward_never_reads_is_not_guarded() -> None:
+    model = _State()
+    x = _x(8, W)
+    _patched(model, (x,), "each")
+    for step in range(4):
+        _grads(model, x)
+        model.history.append(float(step))  # e.g. a LightningModule's validation outputs
+    assert model.__dict__["_autoremat_patch"].installed._variants == []  # never re-traced
+
+
+def test_state_changing_on_every_call_stops_retracing_and_names_it(monkeypatch: pytest.MonkeyPatch) -> None:
+    from autoremat.runtime import guard
+
+    monkeypatch.setattr(guard, "MAX_REBUILDS", 3)
+    ref = _State()
+    model = copy.deepcopy(ref)
+    x = _x(8, W)
+    _patched(model, (x,), "each")
+    with pytest.warns(StateGuardWarning, match=r"keeps changing \(cfg changed again after 3 re-traces\)"):
+        for step in range(6):
+            _equal_steps(ref, model, x, lambda m: m.cfg.__setitem__("scale", 1.0 + step), steps=1)
+    assert len(model.__dict__["_autoremat_patch"].installed._variants) == 3
+
+
+def test_a_large_container_is_guarded_by_identity_and_length() -> None:
+    from autoremat.runtime.guard import MAX_LEAVES
+
+    class Vocab(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.a = nn.Linear(W, W)
+            self.table = {i: float(i) for i in range(MAX_LEAVES + 10)}
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return torch.tanh(self.a(x)) * self.table[3]
+
+    ref = Vocab()
+    model = copy.deepcopy(ref)
+    x = _x(8, W)
+    _patched(model, (x,), "each")
+    _equal_steps(ref, model, x, lambda m: setattr(m, "table", {**m.table, 3: 5.0}))  # a new dict: re-traced
+    _equal_steps(ref, model, x, lambda m: m.table.__setitem__(MAX_LEAVES + 20, 1.0))  # grew: re-traced
+    assert len(model.__dict__["_autoremat_patch"].installed._variants) == 2
+
+
+@pytest.mark.parametrize("mode", ["fx", "module"])
+def test_submodule_and_parameter_assigned_after_apply_are_used(mode: str) -> None:
+    """A new head (fine-tuning) or a parameter assigned anew: the generated forward held the old
+    objects; the guard sees the identity change and re-traces."""
+    from semantics_models import FunctionalWeight, replace_parameter_and_head
+
+    ref = FunctionalWeight()
+    model = copy.deepcopy(ref)
+    x = _x(8, W)
+    _patched(model, (x,), "each", mode=mode)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", StateGuardWarning)
+        _equal_steps(ref, model, x, replace_parameter_and_head)
+    assert model.w.grad is not None and model.b.weight.grad is not None
+
+
+# ---------------------------------------------------------------------- other batch sizes at run time (item 3)
+@pytest.mark.parametrize("mode,regions", [("fx", "lean"), ("fx", "torch"), ("module", "lean"), ("module", "torch")])
+def test_patched_model_runs_other_batch_sizes_exactly(mode: str, regions: str) -> None:
+    """A plan is exact at any batch size (only its memory changes): an epoch's smaller last
+    batch, a larger batch and an evaluation at another size run as the unpatched model does;
+    ``check_inputs`` (plan reuse) accepts the smaller batch and refuses the larger one."""
+    torch.manual_seed(0)
+    ref = Blocks()
+    model = copy.deepcopy(ref)
+    _patched(model, (_x(8, W),), "each", mode=mode, regions=regions)
+    plan = model.__dict__["_autoremat_patch"].plan
+    for rows in (8, 5, 1, 13):
+        x = _x(rows, W, seed=rows)
+        got, want = _grads(model, x), _grads(ref, x)
+        assert all(torch.equal(got[k], want[k]) for k in want)
+    model.eval(), ref.eval()
+    assert torch.equal(model(_x(3, W)), ref(_x(3, W)))
+    autoremat.check_inputs(plan, (_x(5, W),))
+    with pytest.raises(autoremat.PlanMismatchError, match="13 rows, the plan was made for 8"):
+        autoremat.check_inputs(plan, (_x(13, W),))

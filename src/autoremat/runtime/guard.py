@@ -192,8 +192,8 @@ class _Key:
         self.param_names = [k for _, k in params]
         self.children = [m._modules for m in modules]
         self.snapshots = [dict(t) for t in self.children]  # modules compare by identity
-        self.paths = [paths.get(id(m)) or type(m).__name__ for m in modules]
-        self.labels = [f"{paths.get(id(m)) or type(m).__name__}.{k}" for m, k in plain + deep + params]
+        self.paths = [paths.get(id(m), type(m).__name__) for m in modules]
+        self.labels = [f"{paths[id(m)]}.{k}" if paths.get(id(m)) else k for m, k in plain + deep + params]
 
     def __reduce__(self) -> tuple[Any, ...]:
         # the key reads the modules' own dictionaries: made again after unpickling (torch.save),
@@ -219,7 +219,7 @@ class _Key:
         new = self()
         a, b = [*old[1], *old[2], *old[3]], [*new[1], *new[2], *new[3]]
         names = [label for label, x, y in zip(self.labels, a, b) if not same(x, y)]
-        names += [f"{p}.{k}" for p, t, snap in zip(self.paths, self.children, self.snapshots)
+        names += [f"{p}.{k}" if p else k for p, t, snap in zip(self.paths, self.children, self.snapshots)
                   for k in set(t) | set(snap) if t.get(k) is not snap.get(k)]
         return ", ".join(names[:3]) + (" ..." if len(names) > 3 else "") if names else "hooks"
 
