@@ -16,11 +16,13 @@ time.
 The patched model is the user's model (issue 29). At fx level the installed forward is a
 :class:`~autoremat.runtime.guard.GuardedForward`: with gradients off (``no_grad``,
 ``inference_mode``) or in eval mode it runs the model's own ``forward``; in training it runs the
-generated forward while the Python state the trace specialised on (``training`` flags and plain
-attributes of the modules whose code was traced, hooks on them) is unchanged, re-traces when it
+generated forward while the Python state the trace specialised on (``training`` flags and the
+attributes the trace read on the modules whose code was traced, values in containers and config
+objects included; their submodules, parameters and hooks) is unchanged, re-traces when it
 changed and the plan still maps, and otherwise runs the model's own forward with one
-:class:`StateGuardWarning`. Buffers are read live and recomputed from a snapshot (a buffer update
-in forward runs once per step), random ops are recognised by their ATen tag, a parameter changed
+:class:`StateGuardWarning` (:mod:`autoremat.runtime.guard`). Buffers and tensor attributes are
+read live, buffers recomputed from a snapshot (a buffer update in forward runs once per step),
+random ops are recognised by their ATen tag, a parameter changed
 in place between forward and backward raises, and hooks of modules inside a recomputed region run
 again during recomputation, as under ``torch.utils.checkpoint`` (:func:`is_recomputing` tells
 them). A model with an instance-level ``forward`` is refused at fx level

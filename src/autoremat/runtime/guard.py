@@ -29,8 +29,9 @@ the patched forward therefore checks *guards* before each call and decides:
   - any other object (a function, a module held outside ``_modules``, a device) by identity;
 
   the identity of its submodules and parameters (the generated forward holds them: one
-  assigned anew, ``model.head = nn.Linear(...)``, re-traces); and whether such a module has hooks (the root's hooks run in its own ``__call__`` and do not
-  count), and whether global module hooks exist;
+  assigned anew, ``model.head = nn.Linear(...)``, re-traces); whether such a module has hooks
+  (the root's hooks run in its own ``__call__`` and do not count); and whether global module
+  hooks exist;
 * otherwise a generated forward cached for an earlier state whose guard holds, or **re-trace**
   the model in its new state and, when the traced ops keep their names and edges (the plan still
   maps), build and cache a generated forward with the new trace's guard; when the plan no longer
