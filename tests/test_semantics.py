@@ -525,3 +525,55 @@ def test_patched_model_runs_other_batch_sizes_exactly(mode: str, regions: str) -
     autoremat.check_inputs(plan, (_x(5, W),))
     with pytest.raises(autoremat.PlanMismatchError, match="13 rows, the plan was made for 8"):
         autoremat.check_inputs(plan, (_x(13, W),))
+
+
+def test_a_state_that_cannot_be_traced_runs_the_users_forward() -> None:
+    """A flag set after apply turns on a no_grad block in forward: the re-trace is refused, so the
+    model runs its own forward in that state (one warning) instead of failing, and the plan again
+    once the flag is back."""
+
+    class Track(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.a, self.b = nn.Linear(W, W), nn.Linear(W, W)
+            self.track = False
+            self.register_buffer("peak", torch.zeros(()))
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            h = torch.tanh(self.a(x))
+            if self.track:
+                with torch.no_grad():
+                    self.peak.copy_(torch.maximum(self.peak, h.abs().max()))
+            return self.b(h)
+
+    ref = Track()
+    model = copy.deepcopy(ref)
+    x = _x(8, W)
+    _patched(model, (x,), "each")
+    with pytest.warns(StateGuardWarning, match="cannot be traced in its current state.*NoGradBlockError"):
+        _equal_steps(ref, model, x, lambda m: setattr(m, "track", True))
+    assert torch.equal(model.peak, ref.peak) and model.peak.item() > 0
+    _equal_steps(ref, model, x, lambda m: setattr(m, "track", False))
+    assert len(model.__dict__["_autoremat_patch"].installed._variants) == 1  # one re-trace tried
+
+
+@pytest.mark.parametrize("mode", ["fx", "module"])
+def test_a_deep_copy_of_a_patched_model_is_patched_on_its_own_state(mode: str) -> None:
+    """``copy.deepcopy`` of a patched model (an EMA teacher, a model soup): the copy runs the plan
+    on its own parameters and guards its own state; the original is untouched."""
+    from semantics_models import ContainerAttrs, change_values
+
+    torch.manual_seed(0)
+    ref = ContainerAttrs()
+    model = copy.deepcopy(ref)
+    x = _x(8, W)
+    _patched(model, (x,), "each", mode=mode)
+    twin, ref_twin = copy.deepcopy(model), copy.deepcopy(ref)
+    assert autoremat.is_patched(twin)
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", StateGuardWarning)
+        _equal_steps(ref_twin, twin, x)
+        _equal_steps(ref_twin, twin, x, change_values)  # the copy's dict changes, not the original's
+    assert model.cfg["scale"] == 2.0 and all(torch.equal(before[k], v) for k, v in model.state_dict().items())
+    assert all(p.grad is None for p in model.parameters())

@@ -35,8 +35,9 @@ the patched forward therefore checks *guards* before each call and decides:
 * otherwise a generated forward cached for an earlier state whose guard holds, or **re-trace**
   the model in its new state and, when the traced ops keep their names and edges (the plan still
   maps), build and cache a generated forward with the new trace's guard; when the plan no longer
-  maps, or a traced-through module has hooks (a generated forward calls no container, so those
-  hooks would not fire), use the model's own forward and warn once per patch (a
+  maps, the model cannot be traced in the new state (a ``no_grad`` block now runs, a branch
+  assigns state), or a traced-through module has hooks (a generated forward calls no container,
+  so those hooks would not fire), use the model's own forward and warn once per patch (a
   :class:`StateGuardWarning`): the model runs unpatched in that state.
 
 At most :data:`MAX_VARIANTS` generated forwards are cached per patch. State that changes on
@@ -257,7 +258,7 @@ class GuardedForward:
         guard = self._guard(gm)
         key = guard()
         self._base: tuple[_Key, tuple[Any, ...], Callable[..., Any] | None] = (guard, key, None if key[0] else first)
-        self._variants: list[tuple[_Key, tuple[Any, ...], Callable[..., Any] | None, torch.fx.GraphModule]] = []
+        self._variants: list[tuple[_Key, tuple[Any, ...], Callable[..., Any] | None, Any]] = []
         self._rebuilds = 0
         self._warned = False
         if key[0]:
@@ -291,7 +292,15 @@ class GuardedForward:
                        "input), or capture with mode='module'")
             return None
         self._rebuilds += 1
-        gm = self._trace()
+        try:
+            gm = self._trace()
+        except Exception as exc:  # noqa: BLE001 - fx raises many types; the user's own forward runs instead
+            self._warn(f"the model cannot be traced in its current state ({type(exc).__name__}: "
+                       f"{str(exc).splitlines()[0][:200]})")
+            base_guard = self._base[0]
+            self._variants.append((base_guard, base_guard(), None, None))  # this state: its own forward
+            del self._variants[:-(MAX_VARIANTS - 1)]
+            return None
         guard = self._guard(gm)
         key = guard()
         fn: Callable[..., Any] | None = None
@@ -303,9 +312,8 @@ class GuardedForward:
             if fn is None:
                 self._warn("the model traces to other ops in its current state (Python state it branches on changed "
                            f"since apply: {self._base[0].changed(self._base[1])})")
-        if len(self._variants) >= MAX_VARIANTS - 1:
-            self._variants.pop(0)
         self._variants.append((guard, key, fn, gm))  # gm holds what the key has ids of
+        del self._variants[:-(MAX_VARIANTS - 1)]
         return fn
 
     def _warn(self, why: str) -> None:
