@@ -173,7 +173,7 @@ class _Key:
         plain: list[tuple[nn.Module, str]] = []
         deep: list[tuple[nn.Module, str]] = []
         for m in modules:
-            read = None if reads is None else reads.get(paths.get(id(m), ""))
+            read = None if reads is None or id(m) not in paths else reads.get(paths[id(m)])
             for k in (m.__dict__ if read is None else sorted(read | {"training"})):
                 if k.startswith("__"):
                     continue
