@@ -347,6 +347,24 @@ def test_forward_set_after_apply_is_kept_and_runs_unpatched_code_after_restore()
     assert torch.equal(model(x), type(model).forward(model, x) * 2)
 
 
+def test_a_submodule_forward_set_after_module_level_apply_is_kept_by_restore() -> None:
+    """Module level wraps each recomputed submodule's forward; a user wrapper set on one after
+    apply stays after restore, and the autoremat call it holds runs the plain forward then."""
+    from autoremat.runtime.region import ProbedCall
+
+    model = Blocks()
+    x = _x(8, W)
+    _patched(model, (x,), "each", mode="module")
+    blk = model.seq[0]
+    inner = blk.forward
+    assert isinstance(inner, ProbedCall)
+    blk.forward = lambda t: inner(t) * 2  # type: ignore[method-assign]
+    autoremat.restore(model)
+    assert "forward" in blk.__dict__ and not inner.active
+    assert all("forward" not in m.__dict__ for m in model.modules() if m is not blk)
+    assert torch.equal(blk(x), type(blk).forward(blk, x) * 2)
+
+
 def test_reentrant_self_checkpoint_keeps_none_gradients() -> None:
     """A model checkpointing (reentrant) a block on an input that does not require grad: the
     block's parameters get no gradient; fx refuses (the checkpoint runs under no_grad), module

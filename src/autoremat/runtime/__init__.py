@@ -80,7 +80,7 @@ class _PatchState:
     plan: Plan
     had_instance_forward: bool
     instance_forward: Any = None
-    wrapped: list[tuple[nn.Module, bool, Any]] = field(default_factory=list)
+    wrapped: list[tuple[nn.Module, bool, Any, ProbedCall]] = field(default_factory=list)
     forward_module: Any = None
     offloader: Offloader | None = None
     hooks: list[Any] = field(default_factory=list)
@@ -175,10 +175,12 @@ def restore(model: nn.Module) -> nn.Module:
         del model.__dict__["forward"]  # a forward the user set after apply stays
         if state.had_instance_forward:
             model.__dict__["forward"] = state.instance_forward
-    for mod, had, fwd in state.wrapped:
-        del mod.__dict__["forward"]
-        if had:
-            mod.__dict__["forward"] = fwd
+    for mod, had, fwd, call in state.wrapped:
+        call.active = False
+        if mod.__dict__.get("forward") is call:  # a forward the user set after apply stays
+            del mod.__dict__["forward"]
+            if had:
+                mod.__dict__["forward"] = fwd
     del model.__dict__[_STATE_ATTR]
     return given
 
@@ -444,9 +446,10 @@ def _apply_module(model: nn.Module, plan: Plan, names: list[str], regions: str) 
     for mod in targets:
         had = "forward" in mod.__dict__
         orig = mod.forward
-        state.wrapped.append((mod, had, mod.__dict__.get("forward")))
         # module level: arbitrary user code; its first forward finds out what it draws (see ProbedCall)
-        mod.__dict__["forward"] = ProbedCall(orig, stateful_buffers([mod]), regions, tuple(mod.parameters()))
+        call = ProbedCall(orig, stateful_buffers([mod]), regions, tuple(mod.parameters()))
+        state.wrapped.append((mod, had, mod.__dict__.get("forward"), call))
+        mod.__dict__["forward"] = call
     return state
 
 
