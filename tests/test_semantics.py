@@ -595,3 +595,35 @@ def test_a_deep_copy_of_a_patched_model_is_patched_on_its_own_state(mode: str) -
         _equal_steps(ref_twin, twin, x, change_values)  # the copy's dict changes, not the original's
     assert model.cfg["scale"] == 2.0 and all(torch.equal(before[k], v) for k, v in model.state_dict().items())
     assert all(p.grad is None for p in model.parameters())
+
+
+def test_a_forward_that_asks_for_the_autocast_state_is_guarded_on_it() -> None:
+    """``if torch.is_autocast_enabled(...)`` in forward is frozen by a trace taken without
+    autocast; the guard sees the trace asked, and under autocast the model runs its own forward
+    (the branch adds ops: one warning). A model that does not ask is not re-traced."""
+
+    class Asks(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.a, self.b = nn.Linear(W, W), nn.Linear(W, W)
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            h = self.a(x)
+            if torch.is_autocast_enabled("cpu"):
+                h = h.float() * 0.5
+            return self.b(torch.tanh(h))
+
+    for cls, warns in ((Asks, True), (Blocks, False)):
+        torch.manual_seed(0)
+        ref = cls()
+        model = copy.deepcopy(ref)
+        x = _x(8, W)
+        _patched(model, (x,), "each")
+        with warnings.catch_warnings(record=True) as seen:
+            warnings.simplefilter("always", StateGuardWarning)
+            with torch.autocast("cpu", dtype=torch.bfloat16):
+                got, want = model(x), ref(x)
+        assert torch.equal(got, want)
+        assert any(issubclass(w.category, StateGuardWarning) and "autocast state" in str(w.message)
+                   for w in seen) == warns
+        assert len(model.__dict__["_autoremat_patch"].installed._variants) == int(warns)

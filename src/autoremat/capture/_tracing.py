@@ -24,9 +24,11 @@ model's semantics (issue 29):
   (``mode="auto"``: module level). Autocast around the whole forward, set by the caller, is not
   affected: the patched forward runs in the caller's autocast state, as the model's own does;
 * **attribute reads are recorded**: while tracing, every module's instance-attribute reads are
-  logged (:func:`recorded_reads`; ``gm.meta["autoremat_reads"]``: module path -> names), so that
-  the runtime guards exactly the Python state the trace specialised on
-  (:mod:`autoremat.runtime.guard`), not a list the training loop appends to.
+  logged (:func:`recorded_reads`; ``gm.meta["autoremat_reads"]``: module path -> names), and
+  whether forward asked for the autocast state (``torch.is_autocast_enabled()``, ...;
+  ``gm.meta["autoremat_reads_autocast"]``), so that the runtime guards exactly the Python state
+  the trace specialised on (:mod:`autoremat.runtime.guard`), not a list the training loop
+  appends to.
 """
 
 from __future__ import annotations
@@ -42,7 +44,7 @@ from torch import nn
 from torch.nn.modules import module as _module_mod
 
 __all__ = ["NoGradBlockError", "AutocastBlockError", "StateAssignmentError", "semantic_trace", "silenced_hooks",
-           "recorded_reads"]
+           "recorded_reads", "autocast_state"]
 
 _HOOK_DICTS = ("_forward_hooks", "_forward_hooks_with_kwargs", "_forward_hooks_always_called", "_forward_pre_hooks",
                "_forward_pre_hooks_with_kwargs", "_backward_hooks", "_backward_pre_hooks")
@@ -119,8 +121,36 @@ def silenced_hooks(model: nn.Module) -> Iterator[None]:
 _AUTOCAST_DEVICES = ("cpu", "cuda")
 
 
-def _autocast_state() -> tuple[Any, ...]:
-    return tuple((torch.is_autocast_enabled(d), torch.get_autocast_dtype(d)) for d in _AUTOCAST_DEVICES)
+_AUTOCAST_QUERIES = ("is_autocast_enabled", "get_autocast_dtype", "is_autocast_cpu_enabled", "get_autocast_cpu_dtype",
+                     "get_autocast_gpu_dtype", "is_autocast_ipu_enabled", "is_autocast_cache_enabled")
+_is_autocast_enabled, _get_autocast_dtype = torch.is_autocast_enabled, torch.get_autocast_dtype
+
+
+def autocast_state() -> tuple[Any, ...]:
+    """Whether autocast is on, and its dtype, for the CPU and CUDA."""
+    return tuple((_is_autocast_enabled(d), _get_autocast_dtype(d)) for d in _AUTOCAST_DEVICES)
+
+
+@contextlib.contextmanager
+def _autocast_queries_recorded(seen: list[bool]) -> Iterator[None]:
+    """``torch``'s autocast queries (``torch.is_autocast_enabled`` ...) append to ``seen`` when
+    called while the block runs: a forward that branches on them is guarded on the autocast state
+    (:mod:`autoremat.runtime.guard`)."""
+    saved = {name: getattr(torch, name) for name in _AUTOCAST_QUERIES if hasattr(torch, name)}
+
+    def recording(fn: Any) -> Any:
+        def query(*args: Any, **kwargs: Any) -> Any:
+            seen.append(True)
+            return fn(*args, **kwargs)
+        return query
+
+    try:
+        for name, fn in saved.items():
+            setattr(torch, name, recording(fn))
+        yield
+    finally:
+        for name, fn in saved.items():
+            setattr(torch, name, fn)
 
 
 class _SemanticTracer(torch.fx.Tracer):
@@ -128,7 +158,7 @@ class _SemanticTracer(torch.fx.Tracer):
 
     def __init__(self) -> None:
         super().__init__()
-        self.autocast = _autocast_state()
+        self.autocast = autocast_state()
 
     def create_node(self, *args: Any, **kwargs: Any) -> torch.fx.Node:
         node = super().create_node(*args, **kwargs)
@@ -140,7 +170,7 @@ class _SemanticTracer(torch.fx.Tracer):
                 "torch.autograd.Function, whose forward fx would trace into and whose backward it would lose), which "
                 "torch.fx cannot record: capture with mode='module' (mode='auto' does so by itself), or move the "
                 "no-grad block out of forward")
-        if _autocast_state() != self.autocast:
+        if autocast_state() != self.autocast:
             raise AutocastBlockError(
                 f"{node.name} runs under another autocast state than forward was called in (a torch.autocast block "
                 "inside forward), which torch.fx cannot record: capture with mode='module' (mode='auto' does so by "
@@ -201,8 +231,10 @@ def semantic_trace(model: nn.Module) -> torch.fx.GraphModule:
     autocast blocks refused and attribute reads recorded (see the module docstring)."""
     with _state_kept(model), silenced_hooks(model), torch.enable_grad():  # a no-grad caller is not a no-grad block
         tracer = _SemanticTracer()
-        with recorded_reads(model) as reads:
+        amp: list[bool] = []
+        with recorded_reads(model) as reads, _autocast_queries_recorded(amp):
             graph = tracer.trace(model)
     gm = torch.fx.GraphModule(tracer.root, graph, model.__class__.__name__)
     gm.meta["autoremat_reads"] = {path: frozenset(names) for path, names in reads.items()}
+    gm.meta["autoremat_reads_autocast"] = bool(amp)
     return gm

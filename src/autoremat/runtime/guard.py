@@ -30,8 +30,8 @@ the patched forward therefore checks *guards* before each call and decides:
 
   the identity of its submodules and parameters (the generated forward holds them: one
   assigned anew, ``model.head = nn.Linear(...)``, re-traces); whether such a module has hooks
-  (the root's hooks run in its own ``__call__`` and do not count); and whether global module
-  hooks exist;
+  (the root's hooks run in its own ``__call__`` and do not count); whether global module
+  hooks exist; and the autocast state where forward asked for it (``torch.is_autocast_enabled()``);
 * otherwise a generated forward cached for an earlier state whose guard holds, or **re-trace**
   the model in its new state and, when the traced ops keep their names and edges (the plan still
   maps), build and cache a generated forward with the new trace's guard; when the plan no longer
@@ -62,6 +62,8 @@ import torch
 import torch.fx
 from torch import nn
 from torch.nn.modules import module as _module_mod
+
+from ..capture._tracing import autocast_state
 
 __all__ = ["GuardedForward", "StateGuardWarning", "MAX_VARIANTS", "MAX_REBUILDS", "MAX_LEAVES", "op_structure"]
 
@@ -156,11 +158,11 @@ class _Key:
     (``None`` or a missing path: every attribute of that module counts as read)."""
 
     __slots__ = ("modules", "root", "reads", "hooks", "dicts", "names", "deep_dicts", "deep_names", "param_dicts",
-                 "param_names", "children", "snapshots", "labels", "paths")
+                 "param_names", "children", "snapshots", "labels", "paths", "autocast")
 
     def __init__(self, modules: list[nn.Module], root: nn.Module, reads: dict[str, frozenset[str]] | None,
-                 lazy: bool = False) -> None:
-        self.modules, self.root, self.reads = modules, root, reads
+                 autocast: bool = False, lazy: bool = False) -> None:
+        self.modules, self.root, self.reads, self.autocast = modules, root, reads, autocast
         self.dicts: list[dict[str, Any]] | None = None
         if not lazy:
             self._setup()
@@ -200,7 +202,7 @@ class _Key:
     def __reduce__(self) -> tuple[Any, ...]:
         # the key reads the modules' own dictionaries: made again after unpickling (torch.save),
         # on first use (while unpickling, the modules are not filled in yet)
-        return (_Key, (self.modules, self.root, self.reads, True))
+        return (_Key, (self.modules, self.root, self.reads, self.autocast, True))
 
     def __call__(self) -> tuple[Any, ...]:
         if self.dicts is None:
@@ -209,7 +211,8 @@ class _Key:
         values = tuple(map(dict.get, self.dicts, self.names))
         deep = tuple(freeze(d.get(k)) for d, k in zip(self.deep_dicts, self.deep_names)) if self.deep_dicts else ()
         # by id: the generated forward a key belongs to holds these objects, so no id is reused
-        return (hooked, values, deep, tuple(map(id, map(dict.get, self.param_dicts, self.param_names))))
+        return (hooked, values, deep, tuple(map(id, map(dict.get, self.param_dicts, self.param_names))),
+                autocast_state() if self.autocast else None)
 
     def holds(self, key: tuple[Any, ...]) -> bool:
         """Whether the model's state now is the one ``key`` was taken in, and the submodules are
@@ -223,6 +226,8 @@ class _Key:
         names = [label for label, x, y in zip(self.labels, a, b) if not same(x, y)]
         names += [f"{p}.{k}" if p else k for p, t, snap in zip(self.paths, self.children, self.snapshots)
                   for k in set(t) | set(snap) if t.get(k) is not snap.get(k)]
+        if old[4] != new[4]:
+            names.append("the autocast state")
         return ", ".join(names[:3]) + (" ..." if len(names) > 3 else "") if names else "hooks"
 
 
@@ -266,7 +271,8 @@ class GuardedForward:
                        "call")
 
     def _guard(self, gm: torch.fx.GraphModule) -> _Key:
-        return _Key(traced_through(self._model, gm), self._model, gm.meta.get("autoremat_reads"))
+        return _Key(traced_through(self._model, gm), self._model, gm.meta.get("autoremat_reads"),
+                    gm.meta.get("autoremat_reads_autocast", False))
 
     def own(self, *args: Any, **kwargs: Any) -> Any:
         """The model's own (class) forward."""
@@ -281,6 +287,7 @@ class GuardedForward:
         fn = self._lookup()
         return self.own(*args, **kwargs) if fn is None else fn(*args, **kwargs)
 
+    @torch.compiler.disable  # re-tracing is eager Python: under torch.compile a graph break, not a wrong trace
     def _lookup(self) -> Callable[..., Any] | None:
         for guard, key, fn, *_ in (self._base, *reversed(self._variants)):
             if guard.holds(key):
