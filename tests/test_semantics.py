@@ -442,7 +442,8 @@ def _equal_steps(ref: nn.Module, model: nn.Module, x: torch.Tensor, change: Any 
     (lambda m: setattr(m.opts, "shift", 1.0), True),
     (lambda m: setattr(m, "act", torch.sigmoid), False),
     (lambda m: setattr(m, "temperature", 2.0), False),
-], ids=["dict-value", "nested-list-value", "config-object", "function", "attribute-added"])
+    (lambda m: m.register_buffer("temperature", torch.tensor(2.0)), False),
+], ids=["dict-value", "nested-list-value", "config-object", "function", "attribute-added", "buffer-registered"])
 def test_state_the_trace_read_is_guarded(change: Any, maps: bool) -> None:
     """Item 4: values in containers, config objects, functions and an attribute forward looked up
     but lacked are guarded: a change re-traces; the same ops with other constants run the plan

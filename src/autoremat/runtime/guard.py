@@ -172,24 +172,26 @@ class _Key:
         # the root's hooks run in its own __call__, around the patched forward
         self.hooks = [m.__dict__[h] for m in modules if m is not root for h in _HOOKS if h in m.__dict__]
         paths = {id(m): p for p, m in root.named_modules()}
-        plain: list[tuple[nn.Module, str]] = []
-        deep: list[tuple[nn.Module, str]] = []
+        plain: list[tuple[dict[str, Any], str, str]] = []  # (table, name, label): compared by value
+        deep: list[tuple[dict[str, Any], str, str]] = []  # frozen (see freeze)
         for m in modules:
             read = None if reads is None or id(m) not in paths else reads.get(paths[id(m)])
+            path = paths.get(id(m))
             for k in (m.__dict__ if read is None else sorted(read | {"training"})):
                 if k.startswith("__"):
                     continue
+                label = f"{path}.{k}" if path else k
                 if k not in m.__dict__:
-                    if not _resolvable(m, k):  # looked up but absent (getattr(self, "x", None))
-                        plain.append((m, k))
+                    if not _resolvable(m, k):  # looked up but absent (getattr(self, "x", None)): set or registered later
+                        plain += [(table, k, label) for table in (m.__dict__, m._parameters, m._buffers, m._modules)]
                 elif isinstance(m.__dict__[k], _PLAIN):
-                    plain.append((m, k))
+                    plain.append((m.__dict__, k, label))
                 elif k not in _INTERNAL:
-                    deep.append((m, k))
-        self.dicts = [m.__dict__ for m, _ in plain]
-        self.names = [k for _, k in plain]
-        self.deep_dicts = [m.__dict__ for m, _ in deep]
-        self.deep_names = [k for _, k in deep]
+                    deep.append((m.__dict__, k, label))
+        self.dicts = [t for t, _, _ in plain]
+        self.names = [k for _, k, _ in plain]
+        self.deep_dicts = [t for t, _, _ in deep]
+        self.deep_names = [k for _, k, _ in deep]
         # the submodules and parameters the generated forward holds: one assigned anew is re-traced
         params = [(m, k) for m in modules for k in m._parameters]
         self.param_dicts = [m._parameters for m, _ in params]
@@ -197,7 +199,8 @@ class _Key:
         self.children = [m._modules for m in modules]
         self.snapshots = [dict(t) for t in self.children]  # modules compare by identity
         self.paths = [paths.get(id(m), type(m).__name__) for m in modules]
-        self.labels = [f"{paths[id(m)]}.{k}" if paths.get(id(m)) else k for m, k in plain + deep + params]
+        self.labels = [label for _, _, label in plain + deep] + [
+            f"{paths[id(m)]}.{k}" if paths.get(id(m)) else k for m, k in params]
 
     def __reduce__(self) -> tuple[Any, ...]:
         # the key reads the modules' own dictionaries: made again after unpickling (torch.save),
