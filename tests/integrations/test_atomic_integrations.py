@@ -254,3 +254,17 @@ def test_callback_failing_after_raising_the_batch_size_puts_it_back(tmp_path: Pa
     _trainer(tmp_path, callback).fit(lit)
     assert callback.batch_size == 16 and lit.batch_size == 16
     assert not autoremat.is_patched(lit.model)  # restored when fitting ended
+
+
+def test_resumed_plan_that_does_not_apply_leaves_batch_size_and_module_as_they_were(tmp_path: Path) -> None:
+    """A resumed callback state whose plan was made for another model: the batch size it set and
+    the dataloaders it rebuilt are put back when ``apply`` refuses the plan."""
+    other = nn.Sequential(nn.Linear(W, 2 * W), nn.ReLU(), nn.Linear(2 * W, W))
+    plan = autoremat.solve(autoremat.capture(other, (torch.randn(4, W),), repeats=1, warmup=0), "100%", solver="none")
+    callback = _callback(budget="100%")
+    callback.load_state_dict({"version": 1, "plan": plan.to_dict(), "batch_size": 16, "original_batch_size": 4,
+                              "step_budget_bytes": 1})
+    torch.manual_seed(0)
+    lit = _Lit(batch_size=4)
+    _fit_fails(tmp_path, lit, callback, autoremat.PlanMismatchError, "capture")
+    assert lit.batch_size == 4 and callback.plan is not None and callback.batch_size == 16  # its resumed state kept
