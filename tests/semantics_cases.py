@@ -7,6 +7,7 @@ outputs, gradients, buffers or RNG state (``torch.equal``), or ``None``.
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import dataclasses
 from collections.abc import Callable
@@ -19,6 +20,8 @@ from torch.utils.checkpoint import checkpoint
 
 import autoremat
 from autoremat.plan import Plan, Segment
+
+import semantics_models as sm
 
 W = 16
 
@@ -243,11 +246,16 @@ class Blocks(nn.Module):
 
 @dataclasses.dataclass
 class Case:
+    """``autocast``: every forward (capture included) under CPU autocast to bfloat16;
+    ``mutate``: changes Python state of a model (applied to both, before the second training)."""
+
     name: str
     make: Callable[[], nn.Module]
     args: Callable[[], tuple[Any, ...]]
     kwargs: Callable[[], dict[str, Any]] = dict
     modes: tuple[str, ...] = ("fx", "module")
+    autocast: bool = False
+    mutate: Callable[[nn.Module], None] | None = None
 
 
 def _ids() -> tuple[torch.Tensor]:
@@ -275,6 +283,33 @@ CASES = [
     Case("ema_buffer", EMANet, lambda: (_x(8, W),)),
     Case("counter_buffer", Counter, lambda: (_x(8, W),)),
     Case("blocks", Blocks, lambda: (_x(8, W),)),
+    Case("dataclass_output", sm.DataclassOut, lambda: (_x(8, W),)),
+    Case("kwargs_only", sm.KwargsOnly, tuple, lambda: {"x": _x(8, W), "mask": (_x(8, W, seed=5) > 0).float()}),
+    Case("amp_bf16", sm.AmpNet, lambda: (_x(8, W),), autocast=True),
+    Case("amp_inside_forward", sm.AmpInside, lambda: (_x(8, W),)),
+    Case("noise_gumbel_normal", sm.Noise, lambda: (_x(8, W),)),
+    Case("dropout_rate_changed", sm.DropoutRate, lambda: (_x(8, W),), mutate=sm.change_rate),
+    Case("dropout1d_feature_alpha", sm.FeatureDropouts, lambda: (_x(4, 4, 10),)),
+    Case("batchnorm_cumulative", sm.BatchNormCumulative, lambda: (_x(3, 3, 6, 6),)),
+    Case("gru_bidirectional", sm.GRUNet, lambda: (_x(3, 5, W),)),
+    Case("transformer_encoder_layer", sm.EncoderLayer, lambda: (_x(3, 5, W),)),
+    Case("multihead_attention", sm.MHA, lambda: (_x(3, 5, W),)),
+    Case("partly_frozen", sm.PartlyFrozen, lambda: (_x(8, W),)),
+    Case("shared_module", sm.SharedModule, lambda: (_x(8, W),)),
+    Case("weight_norm", sm.WeightNorm, lambda: (_x(8, W),)),
+    Case("spectral_norm", sm.SpectralNorm, lambda: (_x(8, W),)),
+    Case("custom_autograd_function", sm.CustomFunction, lambda: (_x(8, W),)),
+    Case("container_values_changed", sm.ContainerAttrs, lambda: (_x(8, W),), mutate=sm.change_values),
+    Case("container_branch_changed", sm.ContainerAttrs, lambda: (_x(8, W),), mutate=sm.change_branch),
+    Case("tensor_attribute_replaced", sm.TensorAttr, lambda: (_x(8, W),), mutate=sm.replace_mask),
+    Case("string_attribute_routes", sm.Routed, lambda: (_x(8, W),), mutate=sm.switch_task),
+    Case("loss_inside_forward", sm.LossInside, lambda: (_x(8, W),),
+         lambda: {"labels": torch.randint(0, 5, (8,), generator=torch.Generator().manual_seed(4))}),
+    Case("mixed_output", sm.MixedOut, lambda: (_x(8, W),)),
+    Case("self_checkpoint_dropout", sm.SelfCheckpointDropout, lambda: (_x(8, W),)),
+    Case("batchnorm_frozen_midway", BatchNormNet, lambda: (_x(8, W),), mutate=sm.freeze_batchnorm),
+    Case("unfrozen_midway", sm.PartlyFrozen, lambda: (_x(8, W),), mutate=sm.unfreeze),
+    Case("parameter_and_head_replaced", sm.FunctionalWeight, lambda: (_x(8, W),), mutate=sm.replace_parameter_and_head),
 ]
 
 
@@ -308,6 +343,8 @@ def plan_for(graph: autoremat.Graph, solver: str, budget: Any) -> autoremat.Plan
 def _flat(out: Any) -> list[torch.Tensor]:
     if isinstance(out, torch.Tensor):
         return [out]
+    if dataclasses.is_dataclass(out) and not isinstance(out, type):
+        return [t for f in dataclasses.fields(out) for t in _flat(getattr(out, f.name))]
     if isinstance(out, dict):
         return [t for k in sorted(out) for t in _flat(out[k])]
     if isinstance(out, (tuple, list)):
@@ -331,30 +368,54 @@ def _diff(a: dict[str, Any], b: dict[str, Any]) -> str | None:
         x, y = a[k], b.get(k)
         if (x is None) != (y is None):
             return f"{k}: {'None' if x is None else 'tensor'} vs {'None' if y is None else 'tensor'}"
-        if x is not None and not torch.equal(x, y):
+        if x is not None and (x.dtype != y.dtype or not torch.equal(x, y)):
             return f"{k} differs (max {(x.float() - y.float()).abs().max().item():.3g})"
     return None
 
 
-PHASES = ("train", "train", "eval", "train", "no_grad")
+PHASES = ("train", "train", "eval", "train", "train_small", "eval_small", "no_grad")
+"""Three training steps, three more, one evaluation, (``Case.mutate``), three more training steps,
+then a smaller batch (an epoch's last batch: exact at any batch size) in training and in eval,
+and a forward under ``no_grad``."""
+
+
+def rows(args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[tuple[Any, ...], dict[str, Any]]:
+    """The batch cut to about 2/3 of its rows (every tensor whose first dimension is the batch's)."""
+    first = next(t for t in (*args, *kwargs.values()) if isinstance(t, torch.Tensor))
+    n = first.shape[0]
+    keep = max(1, n * 2 // 3)
+
+    def cut(t: Any) -> Any:
+        return t[:keep] if isinstance(t, torch.Tensor) and t.dim() and t.shape[0] == n else t
+
+    return tuple(cut(a) for a in args), {k: cut(v) for k, v in kwargs.items()}
+
+
+def _amp(case: Case) -> Any:
+    return torch.autocast("cpu", dtype=torch.bfloat16) if case.autocast else contextlib.nullcontext()
 
 
 def run_phases(model: nn.Module, case: Case, steps: int = 3) -> list[Any]:
-    """Per phase: outputs, then state after the step; RNG state at the end of each phase."""
+    """Per step: phase, outputs, state after the step, RNG state."""
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
     torch.manual_seed(1234)
     record: list[Any] = []
-    args, kwargs = case.args(), case.kwargs()
-    for phase in PHASES:
-        model.train(phase == "train")
-        for _ in range(steps if phase == "train" else 1):
+    full = case.args(), case.kwargs()
+    small = rows(*full)
+    for i, phase in enumerate(PHASES):
+        if i == 3 and case.mutate is not None:
+            case.mutate(model)
+        model.train(phase.startswith("train"))
+        args, kwargs = small if phase.endswith("_small") else full
+        for _ in range(steps if phase in ("train",) else 1):
             if phase == "no_grad":
-                with torch.no_grad():
+                with torch.no_grad(), _amp(case):
                     out = model(*args, **kwargs)
             else:
                 opt.zero_grad(set_to_none=True)
-                out = model(*args, **kwargs)
-                if phase == "train":
+                with _amp(case):
+                    out = model(*args, **kwargs)
+                if phase.startswith("train"):
                     _loss(out).backward()
                     opt.step()
             record.append((phase, [o.detach().clone() for o in _flat(out)], _state(model), torch.get_rng_state()))
@@ -366,7 +427,8 @@ def compare(case: Case, mode: str, solver: str, budget: Any = None, regions: str
     torch.manual_seed(0)
     ref = case.make()
     pat = copy.deepcopy(ref)
-    graph = autoremat.capture(pat, case.args(), case.kwargs(), mode=mode, repeats=1, warmup=0)
+    with _amp(case):
+        graph = autoremat.capture(pat, case.args(), case.kwargs(), mode=mode, repeats=1, warmup=0)
     plan = plan_for(graph, solver, budget)
     autoremat.apply(pat, plan, regions=regions)
     try:
@@ -374,7 +436,7 @@ def compare(case: Case, mode: str, solver: str, budget: Any = None, regions: str
     finally:
         autoremat.restore(pat)
     for i, ((phase, wo, ws, wr), (_, go, gs, gr)) in enumerate(zip(want, got)):
-        if len(wo) != len(go) or any(not torch.equal(a, b) for a, b in zip(wo, go)):
+        if len(wo) != len(go) or any(a.dtype != b.dtype or not torch.equal(a, b) for a, b in zip(wo, go)):
             return f"step {i} ({phase}): outputs differ"
         d = _diff(ws, gs)
         if d:
@@ -382,3 +444,74 @@ def compare(case: Case, mode: str, solver: str, budget: Any = None, regions: str
         if not torch.equal(wr, gr):
             return f"step {i} ({phase}): RNG state differs"
     return None
+
+
+# ---------------------------------------------------------------------- through the Lightning callback
+def lightning_module(traceable: bool) -> nn.Module:
+    """A LightningModule (its own forward is the model: dropout, batch norm) that records every
+    output of ``training_step`` and ``validation_step``. ``traceable=False`` adds a data-dependent
+    branch, which fx cannot trace: the callback then captures at module level."""
+    import lightning.pytorch as pl
+
+    class Lit(pl.LightningModule):
+        def __init__(self) -> None:
+            super().__init__()
+            self.a, self.bn, self.b = nn.Linear(W, W), nn.BatchNorm1d(W), nn.Linear(W, W)
+            self.d = nn.Dropout(0.3)
+            self.traceable = traceable
+            self.recorded: list[tuple[str, torch.Tensor]] = []
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            h = self.d(torch.relu(self.bn(self.a(x))))
+            if not self.traceable and bool(h.sum() < -1e9):
+                h = -h
+            return self.b(h)
+
+        def training_step(self, batch: Any, idx: int) -> torch.Tensor:
+            out = self(batch[0])
+            if torch.is_grad_enabled():  # the callback's recording call runs without gradients
+                self.recorded.append(("train", out.detach().clone()))
+            return F.mse_loss(out, batch[1])
+
+        def validation_step(self, batch: Any, idx: int) -> None:
+            self.recorded.append(("val", self(batch[0]).detach().clone()))
+
+        def configure_optimizers(self) -> Any:
+            return torch.optim.SGD(self.parameters(), lr=0.1)
+
+        def train_dataloader(self) -> Any:  # 20 rows in batches of 8: the epoch's last batch has 4
+            data = torch.utils.data.TensorDataset(_x(20, W, seed=11), _x(20, W, seed=12))
+            return torch.utils.data.DataLoader(data, batch_size=8, shuffle=True)
+
+        def val_dataloader(self) -> Any:
+            data = torch.utils.data.TensorDataset(_x(12, W, seed=13), _x(12, W, seed=14))
+            return torch.utils.data.DataLoader(data, batch_size=8)
+
+    return Lit()
+
+
+def fit_lightning(traceable: bool, callback: Any, root: Any) -> tuple[nn.Module, torch.Tensor]:
+    """Two epochs (3 training batches, 2 validation batches each, validation before training as
+    Lightning's sanity check); the module and the RNG state after the fit."""
+    import lightning.pytorch as pl
+
+    torch.manual_seed(0)
+    lit = lightning_module(traceable)
+    pl.Trainer(max_epochs=2, accelerator="cpu", devices=1, logger=False, enable_checkpointing=False,
+               enable_progress_bar=False, enable_model_summary=False, default_root_dir=root,
+               callbacks=[] if callback is None else [callback]).fit(lit)
+    return lit, torch.get_rng_state()
+
+
+def compare_lightning(traceable: bool, callback: Any, root: Any) -> str | None:
+    """The first difference between a fit without and with ``callback``, or ``None``."""
+    (want, wr), (got, gr) = fit_lightning(traceable, None, root), fit_lightning(traceable, callback, root)
+    if [k for k, _ in want.recorded] != [k for k, _ in got.recorded]:
+        return "other steps ran"
+    for i, ((kind, a), (_, b)) in enumerate(zip(want.recorded, got.recorded)):
+        if not torch.equal(a, b):
+            return f"output {i} ({kind}) differs"
+    d = _diff(_state(want), _state(got))
+    if d:
+        return d
+    return None if torch.equal(wr, gr) else "RNG state differs"

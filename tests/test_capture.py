@@ -240,8 +240,11 @@ def test_fingerprint_covers_parameter_shapes_and_dtypes() -> None:
     plan = autoremat.solve(g, "100%")
     assert plan.inputs == g.meta["inputs"] and plan.tensors == g.meta["tensors"]
     autoremat.check_inputs(plan, (x,))
-    with pytest.raises(autoremat.PlanMismatchError, match=r"float32\[8, 128\].*float32\[4, 128\]"):
+    autoremat.check_inputs(plan, (x[:3],))  # a smaller batch: the plan is exact, its budget holds
+    with pytest.raises(autoremat.PlanMismatchError, match=r"8 rows, the plan was made for 4"):
         autoremat.check_inputs(plan, torch.randn(8, 128))
+    with pytest.raises(autoremat.PlanMismatchError, match=r"float32\[4, 64\].*float32\[4, 128\]"):
+        autoremat.check_inputs(plan, torch.randn(4, 64))
     with pytest.raises(autoremat.PlanMismatchError, match="solve again"):
         autoremat.apply(mlp(256), plan)
 

@@ -15,7 +15,20 @@ model's semantics (issue 29):
 * **no-grad blocks are refused**: ``torch.fx`` does not record ``with torch.no_grad():``, so a
   traced graph would run such a block with gradients on (a buffer updated there would get a
   ``grad_fn``). A graph with an op traced under disabled grad raises :class:`NoGradBlockError`;
-  ``capture(mode="auto")`` then captures at module level, which runs the model's own code.
+  ``capture(mode="auto")`` then captures at module level, which runs the model's own code. The
+  same holds for a custom ``torch.autograd.Function`` (fx traces into its ``forward``, which runs
+  without gradients, and would lose its ``backward``);
+* **autocast blocks are refused**: nor does it record ``with torch.autocast(...):`` inside
+  forward, so the ops of such a block would run in the caller's precision. An op traced under
+  another autocast state than the one the trace started in raises :class:`AutocastBlockError`
+  (``mode="auto"``: module level). Autocast around the whole forward, set by the caller, is not
+  affected: the patched forward runs in the caller's autocast state, as the model's own does;
+* **attribute reads are recorded**: while tracing, every module's instance-attribute reads are
+  logged (:func:`recorded_reads`; ``gm.meta["autoremat_reads"]``: module path -> names), and
+  whether forward asked for the autocast state (``torch.is_autocast_enabled()``, ...;
+  ``gm.meta["autoremat_reads_autocast"]``), so that the runtime guards exactly the Python state
+  the trace specialised on (:mod:`autoremat.runtime.guard`), not a list the training loop
+  appends to.
 """
 
 from __future__ import annotations
@@ -30,7 +43,8 @@ import torch.fx
 from torch import nn
 from torch.nn.modules import module as _module_mod
 
-__all__ = ["NoGradBlockError", "StateAssignmentError", "semantic_trace", "silenced_hooks"]
+__all__ = ["NoGradBlockError", "AutocastBlockError", "StateAssignmentError", "semantic_trace", "silenced_hooks",
+           "recorded_reads", "autocast_state"]
 
 _HOOK_DICTS = ("_forward_hooks", "_forward_hooks_with_kwargs", "_forward_hooks_always_called", "_forward_pre_hooks",
                "_forward_pre_hooks_with_kwargs", "_backward_hooks", "_backward_pre_hooks")
@@ -42,6 +56,10 @@ _GLOBAL_HOOK_DICTS = ("_global_forward_hooks", "_global_forward_pre_hooks", "_gl
 class NoGradBlockError(TypeError):
     """The traced forward runs ops with gradients disabled (``torch.no_grad()`` inside forward),
     which ``torch.fx`` cannot record."""
+
+
+class AutocastBlockError(TypeError):
+    """The traced forward enters or leaves ``torch.autocast`` itself, which ``torch.fx`` cannot record."""
 
 
 class StateAssignmentError(TypeError):
@@ -100,23 +118,123 @@ def silenced_hooks(model: nn.Module) -> Iterator[None]:
             table[name] = d
 
 
+_AUTOCAST_DEVICES = ("cpu", "cuda")
+
+
+_AUTOCAST_QUERIES = ("is_autocast_enabled", "get_autocast_dtype", "is_autocast_cpu_enabled", "get_autocast_cpu_dtype",
+                     "get_autocast_gpu_dtype", "is_autocast_ipu_enabled", "is_autocast_cache_enabled")
+_is_autocast_enabled, _get_autocast_dtype = torch.is_autocast_enabled, torch.get_autocast_dtype
+
+
+def autocast_state() -> tuple[Any, ...]:
+    """Whether autocast is on, and its dtype, for the CPU and CUDA."""
+    return tuple((_is_autocast_enabled(d), _get_autocast_dtype(d)) for d in _AUTOCAST_DEVICES)
+
+
+@contextlib.contextmanager
+def _autocast_queries_recorded(seen: list[bool]) -> Iterator[None]:
+    """``torch``'s autocast queries (``torch.is_autocast_enabled`` ...) append to ``seen`` when
+    called while the block runs: a forward that branches on them is guarded on the autocast state
+    (:mod:`autoremat.runtime.guard`)."""
+    saved = {name: getattr(torch, name) for name in _AUTOCAST_QUERIES if hasattr(torch, name)}
+
+    def recording(fn: Any) -> Any:
+        def query(*args: Any, **kwargs: Any) -> Any:
+            seen.append(True)
+            return fn(*args, **kwargs)
+        return query
+
+    try:
+        for name, fn in saved.items():
+            setattr(torch, name, recording(fn))
+        yield
+    finally:
+        for name, fn in saved.items():
+            setattr(torch, name, fn)
+
+
 class _SemanticTracer(torch.fx.Tracer):
     proxy_buffer_attributes = True
 
+    def __init__(self) -> None:
+        super().__init__()
+        self.autocast = autocast_state()
+
     def create_node(self, *args: Any, **kwargs: Any) -> torch.fx.Node:
         node = super().create_node(*args, **kwargs)
-        if node.op in ("call_module", "call_function", "call_method") and not torch.is_grad_enabled():
+        if node.op not in ("call_module", "call_function", "call_method"):
+            return node
+        if not torch.is_grad_enabled():
             raise NoGradBlockError(
-                f"{node.name} runs with gradients disabled (a torch.no_grad() block in forward), which torch.fx "
-                "cannot record: capture with mode='module' (mode='auto' does so by itself), or move the no-grad "
-                "block out of forward")
+                f"{node.name} runs with gradients disabled (a torch.no_grad() block in forward, or a custom "
+                "torch.autograd.Function, whose forward fx would trace into and whose backward it would lose), which "
+                "torch.fx cannot record: capture with mode='module' (mode='auto' does so by itself), or move the "
+                "no-grad block out of forward")
+        if autocast_state() != self.autocast:
+            raise AutocastBlockError(
+                f"{node.name} runs under another autocast state than forward was called in (a torch.autocast block "
+                "inside forward), which torch.fx cannot record: capture with mode='module' (mode='auto' does so by "
+                "itself), or enter autocast around the model call instead")
         return node
 
 
+_READS: dict[int, set[str]] = {}
+_RECORDING: dict[type, type] = {}
+
+
+def _recording_class(cls: type) -> type:
+    """A subclass of ``cls`` that logs each attribute name read on an instance in :data:`_READS`
+    (same ``__module__`` and name: fx decides leaf modules by ``__module__``)."""
+    sub = _RECORDING.get(cls)
+    if sub is None:
+        base_get = cls.__getattribute__
+
+        def __getattribute__(self: Any, name: str) -> Any:
+            log = _READS.get(id(self))
+            if log is not None:
+                log.add(name)
+            return base_get(self, name)
+
+        sub = type(cls.__name__, (cls,), {"__getattribute__": __getattribute__, "__module__": cls.__module__,
+                                           "__qualname__": cls.__qualname__})
+        _RECORDING[cls] = sub
+    return sub
+
+
+@contextlib.contextmanager
+def recorded_reads(model: nn.Module) -> Iterator[dict[str, set[str]]]:
+    """Yields ``{module path: names of attributes read on it}``, filled while the block runs.
+
+    Each module's class is swapped for a recording subclass for the block (and put back after
+    it, also on error); a module whose class cannot be swapped (``__class__`` assignment refused)
+    gets no entry: the guard then treats every attribute of it as read."""
+    out: dict[str, set[str]] = {}
+    swapped: list[tuple[nn.Module, type]] = []
+    try:
+        for path, m in model.named_modules():
+            cls = type(m)
+            try:
+                m.__class__ = _recording_class(cls)
+            except Exception:  # noqa: BLE001 - a class refusing subclasses (__init_subclass__) or the swap
+                continue  # (layout): no record for it, the guard then takes every attribute as read
+            swapped.append((m, cls))
+            _READS[id(m)] = out.setdefault(path, set())
+        yield out
+    finally:
+        for m, cls in swapped:
+            m.__class__ = cls
+            _READS.pop(id(m), None)
+
+
 def semantic_trace(model: nn.Module) -> torch.fx.GraphModule:
-    """``torch.fx.symbolic_trace(model)`` with proxied buffers, hooks silenced and no-grad blocks
-    refused (see the module docstring)."""
+    """``torch.fx.symbolic_trace(model)`` with proxied buffers, hooks silenced, no-grad and
+    autocast blocks refused and attribute reads recorded (see the module docstring)."""
     with _state_kept(model), silenced_hooks(model), torch.enable_grad():  # a no-grad caller is not a no-grad block
         tracer = _SemanticTracer()
-        graph = tracer.trace(model)
-    return torch.fx.GraphModule(tracer.root, graph, model.__class__.__name__)
+        amp: list[bool] = []
+        with recorded_reads(model) as reads, _autocast_queries_recorded(amp):
+            graph = tracer.trace(model)
+    gm = torch.fx.GraphModule(tracer.root, graph, model.__class__.__name__)
+    gm.meta["autoremat_reads"] = {path: frozenset(names) for path, names in reads.items()}
+    gm.meta["autoremat_reads_autocast"] = bool(amp)
+    return gm

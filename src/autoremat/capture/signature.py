@@ -14,9 +14,16 @@ batch 64. So:
   :func:`autoremat.solve` from the graph. ``apply`` sees only the model, not a batch, so the
   input check (:func:`check_inputs`) runs where a batch is known: ``apply(model, plan,
   inputs=...)`` and the integrations that reuse a plan. Device *type* is compared (``cuda:0``
-  and ``cuda:1`` are the same kind of memory), shapes and dtypes exactly. A plan made on
-  another batch size is refused, not re-scaled: solve again (capture is the only source of
-  the byte counts the plan relies on).
+  and ``cuda:1`` are the same kind of memory), dtypes and every dimension but the batch's
+  exactly. A *smaller* batch passes (every tensor that had the batch's rows in its first
+  dimension has the same fewer rows): the plan is exact at any batch size and only its memory
+  changes, and activations shrink with the batch, so the plan's budget still holds. A larger
+  batch is refused, not re-scaled: solve again (capture is the only source of the byte counts
+  the plan relies on).
+
+A patched model itself checks no shapes when it runs: the last, smaller batch of an epoch, an
+evaluation at another batch size or a larger batch run exactly as the unpatched model does
+(at a larger batch its step peak grows past the plan's prediction).
 """
 
 from __future__ import annotations
@@ -88,16 +95,40 @@ def first_difference(plan_items: Mapping[str, str] | Sequence[str], model_items:
     return None
 
 
+def _batch_rows(recorded: Sequence[Mapping[str, Any]], given: Sequence[Mapping[str, Any]]) -> tuple[int, int] | None:
+    """``(plan's rows, batch's rows)`` when ``given`` differs from ``recorded`` only in the rows
+    of the tensors that had the plan's batch rows in their first dimension, else ``None``."""
+    if not recorded or not recorded[0]["shape"] or len(recorded) != len(given):
+        return None
+    rows = recorded[0]["shape"][0]
+    new_rows = given[0]["shape"][0] if given[0]["shape"] else None
+    for old, new in zip(recorded, given):
+        batched = bool(old["shape"]) and old["shape"][0] == rows
+        want = dict(old, shape=[new_rows, *old["shape"][1:]]) if batched else old
+        if new != want:
+            return None
+    return rows, int(new_rows)
+
+
 def check_inputs(plan: Any, args: Sequence[Any] | torch.Tensor, kwargs: Mapping[str, Any] | None = None) -> None:
     """Raise :class:`PlanMismatchError` unless the batch ``args`` / ``kwargs`` has the shapes,
-    dtypes and device types the plan was captured with (a plan without a recorded input
-    signature, e.g. one written by an older autoremat, passes)."""
+    dtypes and device types the plan was captured with, or is the same batch with fewer rows
+    (see the module docstring). A plan without a recorded input signature (written by an older
+    autoremat) passes."""
     recorded = getattr(plan, "inputs", None)
     if recorded is None:
         return
     if isinstance(args, torch.Tensor):
         args = (args,)
     given = input_signature(tuple(args), dict(kwargs or {}))
+    rows = _batch_rows(recorded, given)
+    if rows is not None:
+        if rows[1] <= rows[0]:
+            return
+        raise PlanMismatchError(
+            f"the batch has {rows[1]} rows, the plan was made for {rows[0]}: its memory predictions do not hold for a "
+            "larger batch (a smaller one runs within them): capture and solve again with this batch (autoremat does "
+            "not re-scale plans)")
     for old, new in zip(recorded, given):
         if old != new:
             raise PlanMismatchError(

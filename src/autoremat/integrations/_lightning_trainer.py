@@ -1,6 +1,7 @@
 """What :class:`~autoremat.integrations.lightning.AutoRemat` needs from a Lightning ``Trainer``:
 real training batches of a given size, the dataset length, dataloaders rebuilt after the batch
-size changed, and ``self.log`` silenced for a call of ``training_step`` outside the loop."""
+size changed, ``self.log`` silenced for a call of ``training_step`` outside the loop, and its
+``on_fit_start`` made atomic (:func:`atomic_fit_start`)."""
 
 from __future__ import annotations
 
@@ -11,10 +12,13 @@ from typing import TYPE_CHECKING, Any
 import torch
 from torch import nn
 
+from ..runtime import is_patched, restore
+from ._atomic import Rollback
+
 if TYPE_CHECKING:
     import lightning.pytorch as pl
 
-__all__ = ["batch_of", "dataset_length", "reset_dataloaders", "silenced_logging"]
+__all__ = ["atomic_fit_start", "batch_of", "dataset_length", "reset_dataloaders", "silenced_logging"]
 
 
 @contextlib.contextmanager
@@ -86,3 +90,36 @@ def reset_dataloaders(trainer: "pl.Trainer") -> None:
     val = loop.epoch_loop.val_loop
     val._combined_loader = None
     val.setup_data()
+
+
+@contextlib.contextmanager
+def atomic_fit_start(trainer: "pl.Trainer", pl_module: nn.Module, callback: Any, target: nn.Module) -> Iterator[None]:
+    """The callback's ``on_fit_start`` work, undone when it raises (issue 29): the target is
+    unpatched again; the callback's attributes (plan, batch size, summary), the batch-size
+    attribute (``callback.batch_arg_name``) and the trainer's train/val dataloaders are what they
+    were (a later ``fit`` sets the loaders up again); placement and RNG state are put back
+    (:class:`~autoremat.integrations._atomic.Rollback`: setting up the training dataloader draws a
+    seed from the global RNG). Lightning's ``on_exception`` hooks run after this."""
+    from lightning.pytorch.utilities.parsing import lightning_getattr, lightning_hasattr, lightning_setattr
+
+    rollback = Rollback(pl_module, [trainer.strategy.root_device])
+    own = dict(callback.__dict__)
+    name = callback.batch_arg_name
+    has_size = lightning_hasattr(pl_module, name)
+    size = lightning_getattr(pl_module, name) if has_size else None
+    loops = [trainer.fit_loop, trainer.fit_loop.epoch_loop.val_loop]
+    loaders = [loop._combined_loader for loop in loops]
+    was_patched = is_patched(target)
+    try:
+        yield
+    except BaseException:
+        if not was_patched:
+            restore(target)
+        if has_size and lightning_getattr(pl_module, name) != size:
+            lightning_setattr(pl_module, name, size)
+        for loop, loader in zip(loops, loaders):
+            loop._combined_loader = loader
+        callback.__dict__.clear()
+        callback.__dict__.update(own)
+        rollback.put_back()
+        raise

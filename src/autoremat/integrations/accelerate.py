@@ -41,6 +41,7 @@ from ..plan import Plan
 from ..resident import resident_bytes
 from ..runtime import apply
 from ..solvers import check_solver, solve
+from ._atomic import Rollback
 from ._common import step_budget_bytes
 
 __all__ = ["AutoRematConfig", "prepare", "budget_text"]
@@ -146,6 +147,11 @@ def prepare(
 
     ``budget`` is a device budget (resident parameters, optimizer state and the batch are
     subtracted) unless it is a percentage of the unoptimised step peak. Returns ``model``.
+
+    Atomic: when it raises (capture fails, the budget is infeasible, profiling runs out of
+    memory, the plan does not apply), the model is where it was (device, parameters, gradients,
+    buffers), unpatched, and the RNG state is as it was (:mod:`autoremat.integrations._atomic`);
+    ``optimizer`` is only read.
     """
     cfg = AutoRematConfig.resolve(budget=budget, solver=solver)
     if not cfg.enabled:
@@ -153,25 +159,39 @@ def prepare(
         return model
     if isinstance(example_args, torch.Tensor):
         example_args = (example_args,)
-    plan_dict = None
-    if accelerator.is_main_process:
-        device = accelerator.device
-        args = tuple(a.to(device) if isinstance(a, torch.Tensor) else a for a in example_args)
-        kwargs = {k: (v.to(device) if isinstance(v, torch.Tensor) else v) for k, v in (example_kwargs or {}).items()}
-        model.to(device)
-        resident = resident_bytes(model, inputs=(args, kwargs), optimizers=[] if optimizer is None else [optimizer])
-        limit = profile_limit_bytes(cfg.budget, device=device, resident_bytes=resident)
-        with accelerator.autocast():  # never an unpatched step above the device budget
-            graph = capture_within(model, args, kwargs, limit_bytes=limit, loss_fn=loss_fn or default_loss,
-                                   repeats=cfg.profile_steps)
-        step_budget = step_budget_bytes(cfg.budget.strip(), graph, device, resident)
-        plan_dict = solve(graph, step_budget, solver=cfg.solver).to_dict()
-    plan_dict = _broadcast(accelerator, plan_dict)
-    plan = Plan.from_dict(plan_dict)
-    apply(model, plan, regions=regions)
+    rollback = Rollback(model, [accelerator.device])
+    try:
+        plan_dict = _plan_on_main(accelerator, model, example_args, example_kwargs, cfg, loss_fn, optimizer)
+        plan_dict = _broadcast(accelerator, plan_dict)
+        plan = Plan.from_dict(plan_dict)
+        apply(model, plan, regions=regions)
+    except BaseException:
+        rollback.put_back()  # e.g. the model moved to the device before capture failed
+        raise
     if accelerator.is_main_process:
         logger.info("autoremat: %s, predicted step peak %s bytes", plan.describe(), plan.predicted_peak_bytes)
     return model
+
+
+def _plan_on_main(accelerator: Any, model: nn.Module, example_args: Sequence[Any],
+                  example_kwargs: Mapping[str, Any] | None, cfg: AutoRematConfig,
+                  loss_fn: Callable[[Any], torch.Tensor] | None,
+                  optimizer: torch.optim.Optimizer | None) -> dict[str, Any] | None:
+    """On the main process: move the model to the device, capture, solve; the plan as a dict
+    (``None`` on the other processes, which receive it by broadcast)."""
+    if not accelerator.is_main_process:
+        return None
+    device = accelerator.device
+    args = tuple(a.to(device) if isinstance(a, torch.Tensor) else a for a in example_args)
+    kwargs = {k: (v.to(device) if isinstance(v, torch.Tensor) else v) for k, v in (example_kwargs or {}).items()}
+    model.to(device)
+    resident = resident_bytes(model, inputs=(args, kwargs), optimizers=[] if optimizer is None else [optimizer])
+    limit = profile_limit_bytes(cfg.budget, device=device, resident_bytes=resident)
+    with accelerator.autocast():  # never an unpatched step above the device budget
+        graph = capture_within(model, args, kwargs, limit_bytes=limit, loss_fn=loss_fn or default_loss,
+                               repeats=cfg.profile_steps)
+    step_budget = step_budget_bytes(cfg.budget.strip(), graph, device, resident)
+    return solve(graph, step_budget, solver=cfg.solver).to_dict()
 
 
 def _broadcast(accelerator: Any, obj: Any) -> Any:

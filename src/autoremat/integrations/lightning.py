@@ -31,7 +31,9 @@ What it does in ``on_fit_start``:
    ``is_oom_error``: CUDA OOM, or the CPU allocator's "can't allocate memory") or a measured
    peak above the budget it backs off by bisection toward the last size that fitted.
    Model and optimizer state are never changed by any of this (capture restores RNG, buffers
-   and gradients; no optimizer step is taken).
+   and gradients; no optimizer step is taken). When any step raises (capture fails, the budget
+   is infeasible, profiling runs out of memory), the module is left unpatched with its batch size,
+   dataloaders, placement and RNG state as they were before ``on_fit_start``.
 
 Under DDP rank zero profiles and solves; plan and batch size are broadcast, so every rank runs
 the same plan. Everything user-facing is printed on rank zero only.
@@ -61,7 +63,7 @@ from ..runtime import REGION_MODES, apply, is_patched, restore
 from ..cost import simulate, unoptimised_peak_bytes
 from ..solvers import OFFLOAD_ONLY, SOLVERS, check_solver, solve
 from ._common import step_budget_bytes
-from ._lightning_trainer import batch_of, dataset_length, reset_dataloaders, silenced_logging
+from ._lightning_trainer import atomic_fit_start, batch_of, dataset_length, reset_dataloaders, silenced_logging
 from .batch_size import confirmed_largest, predicted_largest
 
 try:
@@ -235,7 +237,13 @@ class AutoRemat(Callback):
         return obj
 
     def on_fit_start(self, trainer: "pl.Trainer", pl_module: "pl.LightningModule") -> None:
-        self._target = self._resolve(pl_module)
+        target = self._resolve(pl_module)
+        with atomic_fit_start(trainer, pl_module, self, target):  # when it raises, all is as it was
+            self._target = target
+            self._fit_start(trainer, pl_module)
+
+    def _fit_start(self, trainer: "pl.Trainer", pl_module: "pl.LightningModule") -> None:
+        assert self._target is not None, "on_fit_start resolves the target first, please report"
         if self.plan is not None:  # resumed: reuse plan and batch size, no profiling
             if self.batch_size is not None and lightning_hasattr(pl_module, self.batch_arg_name):
                 if lightning_getattr(pl_module, self.batch_arg_name) != self.batch_size:

@@ -16,11 +16,13 @@ time.
 The patched model is the user's model (issue 29). At fx level the installed forward is a
 :class:`~autoremat.runtime.guard.GuardedForward`: with gradients off (``no_grad``,
 ``inference_mode``) or in eval mode it runs the model's own ``forward``; in training it runs the
-generated forward while the Python state the trace specialised on (``training`` flags and plain
-attributes of the modules whose code was traced, hooks on them) is unchanged, re-traces when it
+generated forward while the Python state the trace specialised on (``training`` flags and the
+attributes the trace read on the modules whose code was traced, values in containers and config
+objects included; their submodules, parameters and hooks) is unchanged, re-traces when it
 changed and the plan still maps, and otherwise runs the model's own forward with one
-:class:`StateGuardWarning`. Buffers are read live and recomputed from a snapshot (a buffer update
-in forward runs once per step), random ops are recognised by their ATen tag, a parameter changed
+:class:`StateGuardWarning` (:mod:`autoremat.runtime.guard`). Buffers and tensor attributes are
+read live, buffers recomputed from a snapshot (a buffer update in forward runs once per step),
+random ops are recognised by their ATen tag, a parameter changed
 in place between forward and backward raises, and hooks of modules inside a recomputed region run
 again during recomputation, as under ``torch.utils.checkpoint`` (:func:`is_recomputing` tells
 them). A model with an instance-level ``forward`` is refused at fx level
@@ -78,7 +80,7 @@ class _PatchState:
     plan: Plan
     had_instance_forward: bool
     instance_forward: Any = None
-    wrapped: list[tuple[nn.Module, bool, Any]] = field(default_factory=list)
+    wrapped: list[tuple[nn.Module, bool, Any, ProbedCall]] = field(default_factory=list)
     forward_module: Any = None
     offloader: Offloader | None = None
     hooks: list[Any] = field(default_factory=list)
@@ -174,10 +176,12 @@ def restore(model: nn.Module) -> nn.Module:
         del model.__dict__["forward"]  # a forward the user set after apply stays
         if state.had_instance_forward:
             model.__dict__["forward"] = state.instance_forward
-    for mod, had, fwd in state.wrapped:
-        del mod.__dict__["forward"]
-        if had:
-            mod.__dict__["forward"] = fwd
+    for mod, had, fwd, call in state.wrapped:
+        call.active = False
+        if mod.__dict__.get("forward") is call:  # a forward the user set after apply stays
+            del mod.__dict__["forward"]
+            if had:
+                mod.__dict__["forward"] = fwd
     del model.__dict__[_STATE_ATTR]
     return given
 
@@ -443,9 +447,10 @@ def _apply_module(model: nn.Module, plan: Plan, names: list[str], regions: str) 
     for mod in targets:
         had = "forward" in mod.__dict__
         orig = mod.forward
-        state.wrapped.append((mod, had, mod.__dict__.get("forward")))
         # module level: arbitrary user code; its first forward finds out what it draws (see ProbedCall)
-        mod.__dict__["forward"] = ProbedCall(orig, stateful_buffers([mod]), regions, tuple(mod.parameters()))
+        call = ProbedCall(orig, stateful_buffers([mod]), regions, tuple(mod.parameters()))
+        state.wrapped.append((mod, had, mod.__dict__.get("forward"), call))
+        mod.__dict__["forward"] = call
     return state
 
 

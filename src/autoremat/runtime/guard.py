@@ -10,24 +10,50 @@ the patched forward therefore checks *guards* before each call and decides:
   gradients disabled (``torch.no_grad()``, ``torch.inference_mode()``) or the model in eval mode
   (``model.training`` false; evaluation does not backpropagate through recomputed regions). This
   is equivalent by construction: it is the user's code;
-* **the generated forward** when the guard key equals the one it was built for. The key holds,
-  for every module whose code the trace went through (the root and custom blocks, not the leaf
-  ``nn`` layers, which the generated forward calls and which read their own state), its
-  ``training`` flag, each of its plain attributes (``bool``, ``int``, ``float``, ``str``,
-  ``None``), and whether it has hooks (the root's hooks run in its own ``__call__`` and do not
-  count); and whether global module hooks exist;
-* otherwise **re-trace** the model in its new state and, when the traced ops keep their names and
-  edges (the plan still maps), build and cache a generated forward for that key; when the plan no
-  longer maps, or a traced-through module has hooks (a generated forward calls no container, so
-  those hooks would not fire), use the model's own forward and warn once per patch (a
+* **the generated forward** when its guard holds. A guard (:class:`_Key`) is made from the
+  trace it belongs to: for every module whose code that trace went through (the root and custom
+  blocks, not the leaf ``nn`` layers, which the generated forward calls and which read their own
+  state), its ``training`` flag and the instance attributes the trace *read* (recorded while
+  tracing, :func:`~autoremat.capture._tracing.recorded_reads`; a list the training loop appends
+  to but forward never reads is not guarded):
+
+  - plain values (``bool``, ``int``, ``float``, ``str``, ``None``) by value, and an attribute
+    forward looked up but that did not exist then (``getattr(self, "x", None)``) as ``None``;
+  - containers (``list``, ``tuple``, ``dict``, ``set`` and their subclasses, nested) and
+    config-like objects (dataclass instances, ``SimpleNamespace`` / ``argparse.Namespace``)
+    by their contents: plain leaves by value, anything else (a tensor in a list, a function)
+    by identity. A container with more than :data:`MAX_LEAVES` leaves is guarded by identity
+    and length only;
+  - tensor attributes (not buffers) by kind only (a tensor, or what replaced it): the generated
+    forward reads them at run time (:mod:`autoremat.runtime.buffers`), like buffers;
+  - any other object (a function, a module held outside ``_modules``, a device) by identity;
+
+  the identity of its submodules and parameters (the generated forward holds them: one
+  assigned anew, ``model.head = nn.Linear(...)``, re-traces); whether such a module has hooks
+  (the root's hooks run in its own ``__call__`` and do not count); whether global module
+  hooks exist; and the autocast state where forward asked for it (``torch.is_autocast_enabled()``);
+* otherwise a generated forward cached for an earlier state whose guard holds, or **re-trace**
+  the model in its new state and, when the traced ops keep their names and edges (the plan still
+  maps), build and cache a generated forward with the new trace's guard; when the plan no longer
+  maps, the model cannot be traced in the new state (a ``no_grad`` block now runs, a branch
+  assigns state), or a traced-through module has hooks (a generated forward calls no container,
+  so those hooks would not fire), use the model's own forward and warn once per patch (a
   :class:`StateGuardWarning`): the model runs unpatched in that state.
 
-Attributes held in containers (lists, dicts) and attributes of objects other than modules are not
-guarded. At most :data:`MAX_VARIANTS` generated forwards are cached per patch.
+At most :data:`MAX_VARIANTS` generated forwards are cached per patch. State that changes on
+most calls (a counter forward reads) would re-trace every step: after :data:`MAX_REBUILDS`
+re-traces a new state runs the model's own forward, with the warning naming the attribute that
+keeps changing. Not guarded: attributes of other objects (beyond config-like ones), closures and
+globals forward reads.
 """
 
 from __future__ import annotations
 
+import argparse
+import dataclasses
+import enum
+import operator
+import types
 import warnings
 from collections.abc import Callable
 from typing import Any
@@ -37,10 +63,20 @@ import torch.fx
 from torch import nn
 from torch.nn.modules import module as _module_mod
 
-__all__ = ["GuardedForward", "StateGuardWarning", "MAX_VARIANTS", "op_structure"]
+from ..capture._tracing import autocast_state
+
+__all__ = ["GuardedForward", "StateGuardWarning", "MAX_VARIANTS", "MAX_REBUILDS", "MAX_LEAVES", "op_structure"]
 
 MAX_VARIANTS = 8
+MAX_REBUILDS = 32
+MAX_LEAVES = 512
 _PLAIN = (bool, int, float, str, type(None))
+_VALUE_LEAVES = _PLAIN + (bytes, complex, torch.dtype, torch.device, enum.Enum)
+_CONTAINERS = (list, tuple, dict, set, frozenset)
+_NAMESPACES = (types.SimpleNamespace, argparse.Namespace)
+# nn.Module's own bookkeeping (hook dicts, _parameters, ...): not state a forward reads as values;
+# autoremat's patch attributes (the installed forward, the patch state) are the guard's own
+_INTERNAL = frozenset(nn.Module().__dict__) - {"training"} | {"forward", "_autoremat_patch"}
 _HOOKS = ("_forward_hooks", "_forward_pre_hooks", "_backward_hooks", "_backward_pre_hooks")
 _GLOBAL_HOOKS = ("_global_forward_hooks", "_global_forward_pre_hooks", "_global_backward_hooks",
                  "_global_backward_pre_hooks")
@@ -64,23 +100,153 @@ def traced_through(model: nn.Module, gm: torch.fx.GraphModule) -> list[nn.Module
     return [m for m in model.modules() if id(m) not in inside]
 
 
+class _Ident:
+    """An object compared by identity in a guard key (holding it: its id is not reused)."""
+
+    __slots__ = ("obj",)
+
+    def __init__(self, obj: Any) -> None:
+        self.obj = obj
+
+    def __eq__(self, other: object) -> bool:
+        return type(other) is _Ident and other.obj is self.obj
+
+    def __hash__(self) -> int:
+        return id(self.obj)
+
+
+class _TooLarge(Exception):
+    pass
+
+
+def _freeze(value: Any, budget: list[int]) -> Any:
+    """A hashable picture of ``value``'s contents (see the module docstring); ``budget``: leaves left."""
+    budget[0] -= 1
+    if budget[0] < 0:
+        raise _TooLarge
+    if isinstance(value, _VALUE_LEAVES):
+        return (type(value), value)
+    if isinstance(value, dict):
+        return (type(value), tuple((_freeze(k, budget), _freeze(v, budget)) for k, v in value.items()))
+    if isinstance(value, (list, tuple)):
+        return (type(value), tuple(_freeze(v, budget) for v in value))
+    if isinstance(value, (set, frozenset)):
+        return (type(value), frozenset(_freeze(v, budget) for v in value))
+    if isinstance(value, _NAMESPACES) or (dataclasses.is_dataclass(value) and not isinstance(value, type)):
+        return (type(value), _freeze(vars(value), budget))
+    return _Ident(value)
+
+
+def freeze(value: Any) -> Any:
+    """:func:`_freeze` with :data:`MAX_LEAVES`; a larger container: identity and length."""
+    if isinstance(value, torch.Tensor):
+        return type(value)  # read at run time by the generated forward: only its kind matters
+    if not isinstance(value, _CONTAINERS + _NAMESPACES) and not (
+            dataclasses.is_dataclass(value) and not isinstance(value, type)):
+        return _Ident(value)
+    try:
+        return _freeze(value, [MAX_LEAVES])
+    except _TooLarge:
+        return (_Ident(value), len(value) if isinstance(value, _CONTAINERS) else None)
+
+
 class _Key:
-    """Computes the guard key of a model's current state (see the module docstring). A module's
-    hook dictionaries are kept (registering a hook adds to them), so the check is a few C calls."""
+    """Computes the guard key of a model's current state for one trace (see the module
+    docstring). A module's hook dictionaries are kept (registering a hook adds to them), so the
+    check of plain values and hooks is a few C calls; other attributes are frozen
+    (:func:`freeze`) on each call. ``reads``: module path -> attribute names the trace read
+    (``None`` or a missing path: every attribute of that module counts as read)."""
 
-    __slots__ = ("hooks", "dicts", "names")
+    __slots__ = ("modules", "root", "reads", "hooks", "dicts", "names", "deep_dicts", "deep_names", "param_dicts",
+                 "param_names", "children", "snapshots", "labels", "paths", "autocast")
 
-    def __init__(self, modules: list[nn.Module], root: nn.Module) -> None:
+    def __init__(self, modules: list[nn.Module], root: nn.Module, reads: dict[str, frozenset[str]] | None,
+                 autocast: bool = False, lazy: bool = False) -> None:
+        self.modules, self.root, self.reads, self.autocast = modules, root, reads, autocast
+        self.dicts: list[dict[str, Any]] | None = None
+        if not lazy:
+            self._setup()
+
+    def _setup(self) -> None:
+        modules, root, reads = self.modules, self.root, self.reads
         # the root's hooks run in its own __call__, around the patched forward
         self.hooks = [m.__dict__[h] for m in modules if m is not root for h in _HOOKS if h in m.__dict__]
-        slots = [(m.__dict__, k) for m in modules for k, v in m.__dict__.items()
-                 if isinstance(v, _PLAIN) and not k.startswith("__")]
-        self.dicts = [d for d, _ in slots]
-        self.names = [k for _, k in slots]
+        paths = {id(m): p for p, m in root.named_modules()}
+        plain: list[tuple[dict[str, Any], str, str]] = []  # (table, name, label): compared by value
+        deep: list[tuple[dict[str, Any], str, str]] = []  # frozen (see freeze)
+        for m in modules:
+            read = None if reads is None or id(m) not in paths else reads.get(paths[id(m)])
+            path = paths.get(id(m))
+            for k in (m.__dict__ if read is None else sorted(read | {"training"})):
+                if k.startswith("__"):
+                    continue
+                label = f"{path}.{k}" if path else k
+                if k not in m.__dict__:
+                    if not _resolvable(m, k):  # looked up but absent (getattr(self, "x", None)): set or registered later
+                        plain += [(table, k, label) for table in (m.__dict__, m._parameters, m._buffers, m._modules)]
+                elif isinstance(m.__dict__[k], _PLAIN):
+                    plain.append((m.__dict__, k, label))
+                elif k not in _INTERNAL:
+                    deep.append((m.__dict__, k, label))
+        self.dicts = [t for t, _, _ in plain]
+        self.names = [k for _, k, _ in plain]
+        self.deep_dicts = [t for t, _, _ in deep]
+        self.deep_names = [k for _, k, _ in deep]
+        # the submodules and parameters the generated forward holds: one assigned anew is re-traced
+        params = [(m, k) for m in modules for k in m._parameters]
+        self.param_dicts = [m._parameters for m, _ in params]
+        self.param_names = [k for _, k in params]
+        self.children = [m._modules for m in modules]
+        self.snapshots = [dict(t) for t in self.children]  # modules compare by identity
+        self.paths = [paths.get(id(m), type(m).__name__) for m in modules]
+        self.labels = [label for _, _, label in plain + deep] + [
+            f"{paths[id(m)]}.{k}" if paths.get(id(m)) else k for m, k in params]
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        # the key reads the modules' own dictionaries: made again after unpickling (torch.save),
+        # on first use (while unpickling, the modules are not filled in yet)
+        return (_Key, (self.modules, self.root, self.reads, self.autocast, True))
 
     def __call__(self) -> tuple[Any, ...]:
+        if self.dicts is None:
+            self._setup()
         hooked = any(self.hooks) or any(getattr(_module_mod, h) for h in _GLOBAL_HOOKS)
-        return (hooked, tuple(map(dict.get, self.dicts, self.names)))
+        values = tuple(map(dict.get, self.dicts, self.names))
+        deep = tuple(freeze(d.get(k)) for d, k in zip(self.deep_dicts, self.deep_names)) if self.deep_dicts else ()
+        # by id: the generated forward a key belongs to holds these objects, so no id is reused
+        return (hooked, values, deep, tuple(map(id, map(dict.get, self.param_dicts, self.param_names))),
+                autocast_state() if self.autocast else None)
+
+    def holds(self, key: tuple[Any, ...]) -> bool:
+        """Whether the model's state now is the one ``key`` was taken in, and the submodules are
+        the objects they were when this guard was made (one C-level dict comparison per module)."""
+        return same(self(), key) and all(map(operator.eq, self.children, self.snapshots))
+
+    def changed(self, old: tuple[Any, ...]) -> str:
+        """The attributes whose values differ between ``old`` and now (for a message)."""
+        new = self()
+        a, b = [*old[1], *old[2], *old[3]], [*new[1], *new[2], *new[3]]
+        names = [label for label, x, y in zip(self.labels, a, b) if not same(x, y)]
+        names += [f"{p}.{k}" if p else k for p, t, snap in zip(self.paths, self.children, self.snapshots)
+                  for k in set(t) | set(snap) if t.get(k) is not snap.get(k)]
+        if old[4] != new[4]:
+            names.append("the autocast state")
+        return ", ".join(names[:3]) + (" ..." if len(names) > 3 else "") if names else "hooks"
+
+
+def _resolvable(m: nn.Module, name: str) -> bool:
+    """Whether ``m.name`` is found without the instance dictionary (class attribute, parameter,
+    buffer, submodule)."""
+    return hasattr(type(m), name) or name in m._parameters or name in m._buffers or name in m._modules
+
+
+def same(a: Any, b: Any) -> bool:
+    """``a == b`` for key parts that may hold values whose ``==`` is not a bool (a tensor put in
+    place of a plain attribute): those count as different."""
+    try:
+        return bool(a == b)
+    except Exception:  # noqa: BLE001 - any __eq__/__bool__ failure means "not the same state"
+        return False
 
 
 class GuardedForward:
@@ -97,48 +263,67 @@ class GuardedForward:
         self.__self__ = getattr(first, "__self__", None)
         self._model = model
         self._build, self._trace, self._active = build, trace, active
-        self._modules = traced_through(model, gm)
-        self._keyfn: _Key | None = _Key(self._modules, model)
-        self._key = self._keyfn()
-        self._fast: Callable[..., Any] | None = None if self._key[0] else first
-        self._variants: dict[tuple[Any, ...], Callable[..., Any] | None] = {self._key: self._fast}
+        guard = self._guard(gm)
+        key = guard()
+        self._base: tuple[_Key, tuple[Any, ...], Callable[..., Any] | None] = (guard, key, None if key[0] else first)
+        self._variants: list[tuple[_Key, tuple[Any, ...], Callable[..., Any] | None, Any]] = []
+        self._rebuilds = 0
         self._warned = False
-        if self._fast is None:
+        if key[0]:
             self._warn("a module whose code the trace ran through has hooks, which the generated forward would not "
                        "call")
+
+    def _guard(self, gm: torch.fx.GraphModule) -> _Key:
+        return _Key(traced_through(self._model, gm), self._model, gm.meta.get("autoremat_reads"),
+                    gm.meta.get("autoremat_reads_autocast", False))
 
     def own(self, *args: Any, **kwargs: Any) -> Any:
         """The model's own (class) forward."""
         return type(self._model).forward(self._model, *args, **kwargs)
 
-    def __getstate__(self) -> dict[str, Any]:
-        # the key reads the modules' own dictionaries: made again after unpickling (torch.save)
-        return {k: (None if k == "_keyfn" else v) for k, v in self.__dict__.items()}
-
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         if not torch.is_grad_enabled() or not self._model.training or not self._active():
             return self.own(*args, **kwargs)
-        if self._keyfn is None:
-            self._keyfn = _Key(self._modules, self._model)
-        key = self._keyfn()
-        if key == self._key and self._fast is not None:
-            return self._fast(*args, **kwargs)
-        fn = self._variants[key] if key in self._variants else self._variant(key)
+        guard, key, fast = self._base
+        if fast is not None and guard.holds(key):
+            return fast(*args, **kwargs)
+        fn = self._lookup()
         return self.own(*args, **kwargs) if fn is None else fn(*args, **kwargs)
 
-    def _variant(self, key: tuple[Any, ...]) -> Callable[..., Any] | None:
+    @torch.compiler.disable  # re-tracing is eager Python: under torch.compile a graph break, not a wrong trace
+    def _lookup(self) -> Callable[..., Any] | None:
+        for guard, key, fn, *_ in (self._base, *reversed(self._variants)):
+            if guard.holds(key):
+                return fn
+        last_guard, last_key, *_ = self._variants[-1] if self._variants else self._base
+        if self._rebuilds >= MAX_REBUILDS:
+            self._warn(f"its Python state keeps changing ({last_guard.changed(last_key)} changed again after "
+                       f"{MAX_REBUILDS} re-traces): keep that state out of forward's modules (e.g. pass it as an "
+                       "input), or capture with mode='module'")
+            return None
+        self._rebuilds += 1
+        try:
+            gm = self._trace()
+        except Exception as exc:  # noqa: BLE001 - fx raises many types; the user's own forward runs instead
+            self._warn(f"the model cannot be traced in its current state ({type(exc).__name__}: "
+                       f"{str(exc).splitlines()[0][:200]})")
+            base_guard = self._base[0]
+            self._variants.append((base_guard, base_guard(), None, None))  # this state: its own forward
+            del self._variants[:-(MAX_VARIANTS - 1)]
+            return None
+        guard = self._guard(gm)
+        key = guard()
         fn: Callable[..., Any] | None = None
         if key[0]:
             self._warn("a module whose code the trace ran through has hooks now (hooks registered after apply on the "
                        "model, a container or a custom block), which the generated forward would not call")
         else:
-            fn = self._build(self._trace())
+            fn = self._build(gm)
             if fn is None:
                 self._warn("the model traces to other ops in its current state (Python state it branches on changed "
-                           "since apply)")
-        if len(self._variants) >= MAX_VARIANTS:
-            self._variants.pop(next(k for k in self._variants if k != self._key))
-        self._variants[key] = fn
+                           f"since apply: {self._base[0].changed(self._base[1])})")
+        self._variants.append((guard, key, fn, gm))  # gm holds what the key has ids of
+        del self._variants[:-(MAX_VARIANTS - 1)]
         return fn
 
     def _warn(self, why: str) -> None:
@@ -147,4 +332,4 @@ class GuardedForward:
         self._warned = True
         warnings.warn(f"autoremat: {type(self._model).__name__} runs its own forward, without the plan, while {why}. "
                       "Remove the hooks or restore the state to get the plan back, or restore the model, capture "
-                      "it in this state and solve again (said once per apply)", StateGuardWarning, stacklevel=3)
+                      "it in this state and solve again (said once per apply)", StateGuardWarning, stacklevel=4)

@@ -110,9 +110,10 @@ class ProbedCall:
                  params: tuple[torch.Tensor, ...] = ()) -> None:
         self.fn, self.stateful, self.mode, self.params = fn, stateful, mode, params
         self.probed: SeededProbe | None = None
+        self.active = True  # False after restore: a user wrapper still holding it runs plain fn
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
-        if not torch.is_grad_enabled():
+        if not self.active or not torch.is_grad_enabled():
             return self.fn(*args, **kwargs)
         if torch.compiler.is_compiling():  # the buffer guard (context_fn) is eager code
             return compiled_region(self.fn, True, args, kwargs)
