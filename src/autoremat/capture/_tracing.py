@@ -30,7 +30,7 @@ import torch.fx
 from torch import nn
 from torch.nn.modules import module as _module_mod
 
-__all__ = ["NoGradBlockError", "StateAssignmentError", "semantic_trace", "silenced_hooks"]
+__all__ = ["NoGradBlockError", "StateAssignmentError", "SemanticTracer", "semantic_trace", "silenced_hooks"]
 
 _HOOK_DICTS = ("_forward_hooks", "_forward_hooks_with_kwargs", "_forward_hooks_always_called", "_forward_pre_hooks",
                "_forward_pre_hooks_with_kwargs", "_backward_hooks", "_backward_pre_hooks")
@@ -100,8 +100,15 @@ def silenced_hooks(model: nn.Module) -> Iterator[None]:
             table[name] = d
 
 
-class _SemanticTracer(torch.fx.Tracer):
+class SemanticTracer(torch.fx.Tracer):
+    """The tracer of :func:`semantic_trace`; a subclass may decide leaves and names differently
+    (:mod:`autoremat.runtime.sharding` traces through FSDP units) and build the module itself."""
+
     proxy_buffer_attributes = True
+
+    def graph_module(self, graph: torch.fx.Graph, class_name: str) -> torch.fx.GraphModule:
+        """The ``GraphModule`` running ``graph`` (the traced root's attributes)."""
+        return torch.fx.GraphModule(self.root, graph, class_name)
 
     def create_node(self, *args: Any, **kwargs: Any) -> torch.fx.Node:
         node = super().create_node(*args, **kwargs)
@@ -113,10 +120,10 @@ class _SemanticTracer(torch.fx.Tracer):
         return node
 
 
-def semantic_trace(model: nn.Module) -> torch.fx.GraphModule:
+def semantic_trace(model: nn.Module, tracer: SemanticTracer | None = None) -> torch.fx.GraphModule:
     """``torch.fx.symbolic_trace(model)`` with proxied buffers, hooks silenced and no-grad blocks
-    refused (see the module docstring)."""
+    refused (see the module docstring); ``tracer``: a :class:`SemanticTracer` (subclass) to use."""
+    tracer = SemanticTracer() if tracer is None else tracer
     with _state_kept(model), silenced_hooks(model), torch.enable_grad():  # a no-grad caller is not a no-grad block
-        tracer = _SemanticTracer()
         graph = tracer.trace(model)
-    return torch.fx.GraphModule(tracer.root, graph, model.__class__.__name__)
+    return tracer.graph_module(graph, model.__class__.__name__)
