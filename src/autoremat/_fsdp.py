@@ -16,6 +16,7 @@ collective except :func:`full_parameters` (which every rank must enter).
 from __future__ import annotations
 
 import contextlib
+import math
 import sys
 from collections.abc import Iterator
 from typing import Any
@@ -128,8 +129,16 @@ def local_tensor(t: torch.Tensor) -> torch.Tensor:
     return t._local_tensor if is_sharded_tensor(t) else t  # type: ignore[attr-defined]
 
 
-def world_size() -> int:
-    """Processes in the default group (1 without ``torch.distributed``)."""
+def world_size(model: nn.Module | None = None) -> int:
+    """Over how many ranks ``model``'s parameters are sharded: the mesh of its FSDP2
+    parameters, the process group of its FSDP1 wrappers; else (or without ``model``) the
+    processes in the default group (1 without ``torch.distributed``)."""
+    for m in () if model is None else model.modules():
+        if is_fsdp1(m):
+            return int(m.world_size)
+        for p in m.parameters(recurse=False):
+            if is_sharded_tensor(p):
+                return int(math.prod(p.device_mesh.size(i) for i, pl in enumerate(p.placements) if pl.is_shard()))
     if torch.distributed.is_available() and torch.distributed.is_initialized():
         return int(torch.distributed.get_world_size())
     return 1

@@ -57,7 +57,7 @@ def sharding_spec(model: nn.Module, graph: Graph, *, units: Mapping[str, nn.Modu
     """The sharding of ``model`` in ``graph``'s terms (a capture of it). ``units``: the units by
     canonical path (default: the model's FSDP units); ``world``: the world size (default: the
     default process group's)."""
-    world = world_size() if world is None else int(world)
+    world = world_size(model) if world is None else int(world)
     found = units_of(model) if units is None else dict(units)
     version = fsdp_version or (1 if any(is_fsdp1(m) for m in found.values()) else 2)
     mods = canonical_modules(model)
