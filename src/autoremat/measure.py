@@ -25,7 +25,7 @@ from torch.utils._pytree import tree_flatten
 from ._fsdp import local_tensor
 from .resident import device_of
 
-__all__ = ["LiveStorageCounter", "Measurement", "measure", "default_loss", "run_step",
+__all__ = ["LiveStorageCounter", "CollectiveCounter", "Measurement", "measure", "default_loss", "run_step",
            "gradients", "gradients_equal"]
 
 
@@ -120,6 +120,26 @@ class LiveStorageCounter(TorchDispatchMode):
         if self.on_op is not None:
             self.on_op(func, args, kwargs or {}, out)
         return out
+
+
+class CollectiveCounter(TorchDispatchMode):
+    """Counts the collectives (``c10d`` ops: FSDP's all-gathers and reduce-scatters, DDP's
+    all-reduces) run while the mode is active: ``counts[op name]`` and ``bytes[op name]`` (the
+    bytes of the op's tensor arguments, the output buffer included)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.counts: dict[str, int] = {}
+        self.bytes: dict[str, int] = {}
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # type: ignore[override]
+        name = str(func)
+        if name.startswith("c10d."):
+            short = name.removeprefix("c10d.").split(".")[0].strip("_")
+            self.counts[short] = self.counts.get(short, 0) + 1
+            flat = [t for t in tree_flatten((args, kwargs))[0] if isinstance(t, torch.Tensor)]
+            self.bytes[short] = self.bytes.get(short, 0) + sum(t.numel() * t.element_size() for t in flat)
+        return func(*args, **(kwargs or {}))
 
 
 def default_loss(output: Any) -> torch.Tensor:

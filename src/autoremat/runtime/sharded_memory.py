@@ -14,7 +14,8 @@ from collections.abc import Mapping
 
 from torch import nn
 
-from .._fsdp import canonical_modules, canonical_path, is_fsdp1, is_sharded_tensor, local_tensor, units_of, world_size
+from .._fsdp import (canonical_modules, canonical_path, inner_module, is_fsdp1, is_sharded_tensor, local_tensor,
+                     units_of, world_size)
 from ..graph import Graph
 from ..per_rank import ShardingSpec
 from ._unit_trace import canonical_trace
@@ -58,6 +59,7 @@ def sharding_spec(model: nn.Module, graph: Graph, *, units: Mapping[str, nn.Modu
     canonical path (default: the model's FSDP units); ``world``: the world size (default: the
     default process group's)."""
     world = world_size(model) if world is None else int(world)
+    model = inner_module(model)  # an FSDP1 root wrapper: the module it wraps
     found = units_of(model) if units is None else dict(units)
     version = fsdp_version or (1 if any(is_fsdp1(m) for m in found.values()) else 2)
     mods = canonical_modules(model)
