@@ -9,12 +9,13 @@ not add memory rules to the simulator: :func:`per_rank_graph` returns a copy of 
 graph in which FSDP's allocations are the nodes' own workspace, and
 :func:`autoremat.simulate` predicts the per-rank step peak from it as from any graph:
 
-* **parameter gradients** persist as shards (``param_bytes`` divided by the world size);
+* **parameter gradients**: a unit's full-size gradients live while its backward runs, its shard
+  (``1 / world_size``, padded) from the end of its backward to the end of the step;
 * **forward** of a node inside unit ``u``: the unsharded parameters of ``u`` and of the units
   around it (FSDP2 reshards a unit after its forward) and, when the model's own parameters are
-  sharded, those too (FSDP2 keeps the root unsharded through the step); the first node of a
-  unit adds the all-gather's flat output buffer, which lives next to the parameters it is
-  copied into for a moment;
+  sharded, those too (FSDP2 keeps the root unsharded through the step); with more than one rank
+  also ``u``'s all-gather output, which FSDP2 keeps until the next unit's parameters are copied
+  out (its implicit forward prefetch);
 * **backward** of a node inside ``u``: the same unsharded parameters, the next unit's (in
   backward order) prefetched parameters, the reduce-scatter input of the unit whose backward
   ended before (FSDP2 keeps it until the next reduce-scatter) and ``u``'s full-size gradients
@@ -92,11 +93,6 @@ def per_rank_graph(graph: Graph, spec: ShardingSpec, plan: Plan | None = None) -
                          "make the spec from this graph's model (autoremat.runtime.sharding.sharding_spec)")
     g = graph.copy()
     w = spec.world_size
-    full = dict(g.meta.get("param_bytes", {}))
-    g.meta["param_bytes"] = {p: shard_bytes(b, w) for p, b in full.items()}
-    for v in g.nodes:
-        d = g.node(v)
-        d["param_grad_bytes"] = int(sum(g.meta["param_bytes"].get(p, 0) for p in d["params"]))
     ub = spec.unit_bytes
     root = ub.get("", 0) if spec.root_sharded else 0
     spans: dict[str, tuple[int, int]] = {}
@@ -104,14 +100,17 @@ def per_rank_graph(graph: Graph, spec: ShardingSpec, plan: Plan | None = None) -
         for u in chain:
             spans[u] = (spans.get(u, (v, v))[0], v)
     last_unit = max(spans, key=lambda u: spans[u][1]) if spans else ""
+    full = dict(g.meta.get("param_bytes", {}))
     grads = _grad_bytes_so_far(g, spec, full)
+    _shard_gradients(g, spec, full, spans)
     recomputed = {v for seg in (plan.recompute_segments if plan is not None else ()) for v in seg.nodes}
     for v in g.nodes:
         chain = spec.node_units[v]
         gathered = root + sum(ub.get(u, 0) for u in chain)
         before, after = _neighbours(spans, chain, v)
-        starts = bool(chain) and spans[chain[-1]][0] == v  # the all-gather's flat buffer, next to the copies
-        fwd = gathered + (max(0, ub.get(chain[-1], 0) - g.node(v)["alloc_bytes"]) if starts else 0)
+        # FSDP2 keeps a unit's all-gather output (flat, as large as its parameters) until the next
+        # unit's copy-out in forward; with one rank it copies the shards instead of all-gathering
+        fwd = gathered + (ub.get(chain[-1], 0) if chain and w > 1 else 0)
         bwd = gathered + ub.get(before, 0) + ub.get(after, 0) + grads[v]
         d = g.node(v)
         d["fwd_temp_bytes"] = int(d["fwd_temp_bytes"] + (max(fwd, bwd) if v in recomputed else fwd))
@@ -120,6 +119,35 @@ def per_rank_graph(graph: Graph, spec: ShardingSpec, plan: Plan | None = None) -
     g.meta["loss_bwd_temp_bytes"] = int(g.meta["loss_bwd_temp_bytes"] + root + ub.get(last_unit, 0))
     g.meta["per_rank"] = spec.to_dict()
     return g
+
+
+def _shard_gradients(g: Graph, spec: ShardingSpec, full: dict[str, int], spans: dict[str, tuple[int, int]]) -> None:
+    """Parameter gradients as FSDP holds them: a unit's full-size gradients only while its
+    backward runs (node workspace, :func:`_grad_bytes_so_far`), its shard from the end of its
+    backward to the end of the step: a gradient entry of its own, first used by the node whose
+    backward runs next (the node before the unit in forward order). The model's own parameters'
+    shards appear at the end of the backward (nothing after them); unsharded, their gradients
+    are plain ones."""
+    owner: dict[str, str] = {}
+    for v, chain in enumerate(spec.node_units):
+        for p in g.node(v)["params"]:
+            owner.setdefault(p, chain[-1] if chain else "")
+    kept = {p: b for p, b in full.items() if owner.get(p, "") == "" and not spec.root_sharded}
+    per_unit: dict[str, int] = {}
+    for p, u in owner.items():
+        if u:
+            per_unit[u] = per_unit.get(u, 0) + full.get(p, 0)
+    for u, nbytes in per_unit.items():
+        first = spans[u][0]
+        if first > 0 and nbytes:
+            key = f"fsdp-shard-grad:{u}"
+            kept[key] = shard_bytes(spec.unit_bytes.get(u, nbytes), spec.world_size)
+            d = g.node(first - 1)
+            d["params"] = (*d["params"], key)
+    g.meta["param_bytes"] = kept
+    for v in g.nodes:
+        d = g.node(v)
+        d["param_grad_bytes"] = int(sum(kept.get(p, 0) for p in d["params"]))
 
 
 def _neighbours(spans: dict[str, tuple[int, int]], chain: tuple[str, ...], v: int) -> tuple[str, str]:

@@ -10,8 +10,10 @@ model and solves; the plan goes to both ranks. Per order and rank it records, in
 plan, the collectives of a step (both), the measured per-rank step peak (live storage counter,
 resizes and ``DTensor`` local shards counted) and the per-rank prediction, ``restore`` under
 sharding, and a checkpoint (full state dict) saved from the patched model and resumed into a
-fresh patched one. With TIMING_STEPS, also interleaved per-rank step times of: the unsharded model
-with and without the plan, and the sharded model with and without it.
+fresh patched one. With TIMING_STEPS, also the per-rank peak and collectives of the sharded model
+with PyTorch's own per-block checkpointing, and interleaved per-rank step times of: the unsharded
+model with and without the plan, the sharded model with and without it, and with PyTorch's
+checkpointing.
 """
 
 from __future__ import annotations
@@ -38,59 +40,8 @@ from autoremat.runtime.sharded_memory import sharding_spec
 from autoremat.runtime.sharding import sharded_plan_of
 from autoremat.simulate import no_recompute_plan
 
-
-def build(model_name: str) -> tuple[torch.nn.Module, Any]:
-    if model_name == "cnn":
-        from autoremat import zoo
-
-        model, _ = zoo.build("resnet50", batch_size=4)
-        return model, lambda out: out.float().mean()
-    from autoremat.zoo import hf
-
-    return hf.gpt2(), hf.logits_mean
-
-
-def batch(model_name: str, rank: int) -> torch.Tensor:
-    g = torch.Generator().manual_seed(100 + rank)
-    if model_name == "cnn":
-        return torch.randn((4, 3, 64, 64), generator=g)
-    return torch.randint(0, 256, (4, 64), generator=g)
-
-
-def blocks(model: torch.nn.Module) -> list[torch.nn.Module]:
-    if hasattr(model, "transformer"):
-        return list(model.transformer.h)
-    return [m for n, m in model.named_modules() if n.count(".") == 1 and n.startswith("layer")]
-
-
-def shard(model: torch.nn.Module, engine: str) -> torch.nn.Module:
-    if engine == "fsdp2":
-        from torch.distributed.fsdp import fully_shard
-
-        for b in blocks(model):
-            fully_shard(b)
-        fully_shard(model)
-        return model
-    from torch.distributed.fsdp import FullyShardedDataParallel
-    from torch.distributed.fsdp.wrap import ModuleWrapPolicy
-
-    return FullyShardedDataParallel(model, auto_wrap_policy=ModuleWrapPolicy({type(blocks(model)[0])}),
-                                    device_id=torch.device("cpu"))
-
-
-def step(model: torch.nn.Module, x: torch.Tensor, loss_fn: Any) -> None:
-    torch.manual_seed(7)  # dropout: the same masks with and without the plan
-    model.zero_grad(set_to_none=True)
-    loss_fn(model(x)).backward()
-
-
-def full_grads(model: torch.nn.Module) -> dict[str, torch.Tensor]:
-    out = {}
-    for n, p in model.named_parameters():
-        if p.grad is not None:
-            g = p.grad
-            out[n] = g.full_tensor() if hasattr(g, "full_tensor") else g.detach().clone()
-    return out
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests/: the shared FSDP helpers
+from _fsdp import batch, blocks, build, full_grads, grads_equal, shard, step  # noqa: E402
 
 
 def measured(model: torch.nn.Module, x: torch.Tensor, loss_fn: Any) -> tuple[int, dict[str, int], dict[str, int]]:
@@ -131,7 +82,7 @@ def order_case(engine: str, model_name: str, order: str, plan: Plan, graph: Grap
     peak, comm, nbytes = measured(model, x, loss_fn)
     step(model, x, loss_fn)
     got = full_grads(model)
-    equal = want.keys() == got.keys() and all(torch.equal(want[k], got[k]) for k in want)
+    equal = grads_equal(want, got)
     cut = sharded_plan_of(model) or plan
     spec = sharding_spec(model, graph)
     predicted = autoremat.simulate(per_rank_graph(graph, spec, cut), cut, check=False).peak_bytes
@@ -147,7 +98,7 @@ def order_case(engine: str, model_name: str, order: str, plan: Plan, graph: Grap
     step(resumed, x, loss_fn)
     step(ref, x, loss_fn)
     want2, got2 = full_grads(ref), full_grads(resumed)
-    resumed_equal = want2.keys() == got2.keys() and all(torch.equal(want2[k], got2[k]) for k in want2)
+    resumed_equal = grads_equal(want2, got2)
     # restore under sharding: no patch left anywhere, the model's own forward
     autoremat.restore(model)
     leftovers = [n for n, m in model.named_modules() if "forward" in m.__dict__]
@@ -162,11 +113,40 @@ def order_case(engine: str, model_name: str, order: str, plan: Plan, graph: Grap
             "units": len(spec.units)}
 
 
+def with_fsdp_checkpointing(engine: str, model_name: str) -> torch.nn.Module:
+    """The model sharded with PyTorch's own per-block activation checkpointing: FSDP2 as
+    torchtitan does it (``checkpoint_wrapper`` on each block, then ``fully_shard``), FSDP1 with
+    ``apply_activation_checkpointing`` after wrapping."""
+    from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import (apply_activation_checkpointing,
+                                                                             checkpoint_wrapper)
+
+    model = build(model_name)[0]
+    kind = type(blocks(model)[0])
+    if engine == "fsdp2":
+        for name, m in list(model.named_modules()):
+            if isinstance(m, kind):
+                parent, _, attr = name.rpartition(".")
+                setattr(model.get_submodule(parent), attr, checkpoint_wrapper(m))
+        return shard(model, engine)
+    model = shard(model, engine)
+    apply_activation_checkpointing(model, checkpoint_wrapper_fn=checkpoint_wrapper, check_fn=lambda m: isinstance(m, kind))
+    return model
+
+
+def fsdp_checkpointing(engine: str, model_name: str, x: torch.Tensor) -> dict[str, Any]:
+    """Per-rank peak and collectives of the sharded model with PyTorch's per-block checkpointing."""
+    loss_fn = build(model_name)[1]
+    peak, comm, nbytes = measured(with_fsdp_checkpointing(engine, model_name), x, loss_fn)
+    return {"peak_bytes": peak, "comm": comm, "comm_bytes": nbytes}
+
+
 def timing(engine: str, model_name: str, plan: Plan, x: torch.Tensor, steps: int) -> dict[str, Any]:
-    """Interleaved per-rank step times: unsharded / sharded, each without and with the plan."""
+    """Interleaved per-rank step times: unsharded / sharded, each without and with the plan, and
+    sharded with PyTorch's per-block checkpointing."""
     loss_fn = build(model_name)[1]
     models = {"local": build(model_name)[0], "local+plan": build(model_name)[0],
-              "sharded": shard(build(model_name)[0], engine), "sharded+plan": build(model_name)[0]}
+              "sharded": shard(build(model_name)[0], engine), "sharded+plan": build(model_name)[0],
+              "sharded+fsdp-ac": with_fsdp_checkpointing(engine, model_name)}
     autoremat.apply(models["local+plan"], plan)
     models["sharded+plan"] = shard(models["sharded+plan"], engine)
     autoremat.apply(models["sharded+plan"], plan)
@@ -199,6 +179,7 @@ def run(rank: int, port: int, engine: str, model_name: str, orders: list[str], b
     graph, plan = Graph.from_dict(box[0][0]), Plan.from_dict(box[0][1])
     out: dict[str, Any] = {"orders": {o: order_case(engine, model_name, o, plan, graph, x) for o in orders}}
     if steps:
+        out["fsdp_checkpointing"] = fsdp_checkpointing(engine, model_name, x)
         out["timing"] = timing(engine, model_name, plan, x, steps)
     Path(os.environ["AUTOREMAT_TEST_OUT"], f"rank{rank}.json").write_text(json.dumps(out, indent=1))
     dist.destroy_process_group()
