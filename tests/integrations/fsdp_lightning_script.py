@@ -71,7 +71,9 @@ class GPT(Sharded, LitGPT2):
         return loss
 
     def configure_optimizers(self):  # type: ignore[no-untyped-def]
-        return torch.optim.SGD(self.parameters(), lr=0.05)
+        # with state: Lightning 2.6's ModelParallelStrategy cannot resume an empty optimizer state
+        # (IndexError in _rekey_optimizer_state_if_needed), with or without AutoRemat
+        return torch.optim.SGD(self.parameters(), lr=0.05, momentum=0.9)
 
 
 def main() -> None:

@@ -178,3 +178,32 @@ def test_two_processes(tmp_path: Path, engine: str, name: str) -> None:
             assert abs(case["predicted_bytes"] / case["peak_bytes"] - 1) <= 0.10, (case, where)
             assert abs(case["ref_predicted_bytes"] / case["ref_peak_bytes"] - 1) <= 0.10, (case, where)
             assert case["peak_bytes"] < case["ref_peak_bytes"], where
+
+
+def test_collective_counter_and_sharding_facts(cnn_plan) -> None:
+    """The FSDP facts autoremat reads: units by canonical path, the world size of the mesh, the
+    parameters as they were before sharding, which unit each graph node runs in, and the
+    collectives a step runs."""
+    from autoremat._fsdp import logical_signature, units_of, world_size
+    from autoremat.capture.signature import tensor_signature
+
+    graph, _ = cnn_plan
+    plain = build("cnn")[0]
+    want = {k: v for k, v in tensor_signature(plain).items() if k.startswith("param:")}
+    with process_group():
+        counter = CollectiveCounter()
+        with counter:
+            torch.distributed.all_reduce(torch.ones(3))
+        assert counter.counts == {"allreduce": 1} and counter.bytes == {"allreduce": 12}
+        for engine in ("fsdp2", "fsdp1"):
+            model = shard(build("cnn")[0], engine)
+            assert sorted(units_of(model)) == sorted(n for n, m in plain.named_modules()
+                                                     if n.count(".") == 1 and n.startswith("layer"))
+            assert world_size(model) == 1
+            assert logical_signature(model) == want, engine
+            spec = sharding_spec(model, graph)
+            for v in graph.nodes:
+                path = graph.node(v)["module_path"]
+                if path.startswith("layer"):
+                    assert spec.node_units[v] == (".".join(path.split(".")[:2]),), (engine, v, path)
+            assert spec.unit_bytes["layer4.0"] == sum(p.numel() * 4 for p in plain.layer4[0].parameters())
