@@ -70,7 +70,7 @@ def fsdp_state_count() -> int:
         return 0
     from torch.distributed import _composable_state
 
-    return len(_composable_state._module_state_mapping)
+    return len(getattr(_composable_state, "_module_state_mapping", ()))
 
 
 def original_class(module: nn.Module) -> type:
