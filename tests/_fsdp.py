@@ -59,21 +59,21 @@ def blocks(model: nn.Module) -> list[nn.Module]:
     return [m for n, m in model.named_modules() if n.count(".") == 1 and n.startswith("layer")]
 
 
-def shard(model: nn.Module, engine: str) -> nn.Module:
+def shard(model: nn.Module, engine: str, *, per_block: bool = True) -> nn.Module:
     """FSDP2: each block a unit, then the model (root); FSDP1: blocks auto-wrapped, the model
-    wrapped (returns the wrapper)."""
+    wrapped (returns the wrapper). ``per_block=False``: only the model, as one unit."""
     if engine == "fsdp2":
         from torch.distributed.fsdp import fully_shard
 
-        for b in blocks(model):
+        for b in blocks(model) if per_block else ():
             fully_shard(b)
         fully_shard(model)
         return model
     from torch.distributed.fsdp import FullyShardedDataParallel
     from torch.distributed.fsdp.wrap import ModuleWrapPolicy
 
-    return FullyShardedDataParallel(model, auto_wrap_policy=ModuleWrapPolicy({type(blocks(model)[0])}),
-                                    device_id=torch.device("cpu"))
+    policy = ModuleWrapPolicy({type(blocks(model)[0])}) if per_block else None
+    return FullyShardedDataParallel(model, auto_wrap_policy=policy, device_id=torch.device("cpu"))
 
 
 def step(model: nn.Module, x: torch.Tensor, loss_fn: Callable[[Any], torch.Tensor]) -> None:

@@ -24,7 +24,7 @@ from typing import Any
 import torch
 from torch import nn
 
-__all__ = ["FSDP1_WRAPPED", "is_fsdp1", "is_fsdp2", "is_unit", "has_units", "original_class", "inner_module",
+__all__ = ["FSDP1_WRAPPED", "is_fsdp1", "is_fsdp2", "is_unit", "has_units", "has_sharded_params", "original_class", "inner_module",
            "canonical_path", "canonical_modules", "units_of", "is_sharded_tensor", "local_tensor", "world_size",
            "logical_signature", "UNKNOWN", "full_parameters", "fsdp_state_count"]
 
@@ -62,6 +62,14 @@ def has_units(model: nn.Module) -> bool:
     if not torch.distributed.is_available():
         return False
     return any(is_unit(m) for m in model.modules())
+
+
+def has_sharded_params(model: nn.Module) -> bool:
+    """Whether any parameter of ``model`` is sharded: a ``DTensor`` (FSDP2) or an FSDP1 flat
+    parameter or a view into one (a model wrapped by FSDP1 as a whole has no unit inside it,
+    but its parameters are not the ones it was captured with)."""
+    return any(is_sharded_tensor(p) or hasattr(p, "_fqns") or getattr(p, "_fsdp_flattened", False)
+               for p in model.parameters())
 
 
 def fsdp_state_count() -> int:

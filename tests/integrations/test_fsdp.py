@@ -207,3 +207,19 @@ def test_collective_counter_and_sharding_facts(cnn_plan) -> None:
                 if path.startswith("layer"):
                     assert spec.node_units[v] == (".".join(path.split(".")[:2]),), (engine, v, path)
             assert spec.unit_bytes["layer4.0"] == sum(p.numel() * 4 for p in plain.layer4[0].parameters())
+
+
+@pytest.mark.parametrize("engine", ["fsdp2", "fsdp1"])
+def test_model_sharded_as_one_unit(cnn_plan, engine: str) -> None:
+    """``fully_shard(model)`` / ``FullyShardedDataParallel(model)`` alone: no unit inside, but the
+    parameters are sharded (checked against the plan as they were before sharding)."""
+    graph, plan = cnn_plan
+    x, loss_fn = batch("cnn", small=True), build("cnn")[1]
+    with process_group():
+        ref = shard(build("cnn")[0], engine, per_block=False)
+        step(ref, x, loss_fn)
+        model = shard(build("cnn")[0], engine, per_block=False)
+        autoremat.apply(model, plan)
+        step(model, x, loss_fn)
+        assert grads_equal(full_grads(model), full_grads(ref))
+        assert autoremat.is_patched(model)

@@ -47,7 +47,7 @@ import torch.fx
 from torch import nn
 
 from .._compiled import uncompiled
-from .._fsdp import inner_module, units_of
+from .._fsdp import inner_module
 from ..capture.fx import fx_fingerprint, fx_ops, trace
 from ..capture.module import module_fingerprint, node_modules
 from ..capture._recorder import preserved_state
@@ -191,7 +191,7 @@ def _apply_fx(model: nn.Module, plan: Plan, names: list[str], regions: str) -> _
             f"{type(model).__name__} has an instance-level forward (model.forward = ...), which a torch.fx trace does "
             "not see and an fx plan would replace: remove it (del model.forward) and wrap the model in a module "
             "instead, or capture with mode='module'")
-    if units_of(model):  # FSDP units: the plan runs around them (autoremat.runtime.sharding)
+    if is_sharded(model):  # FSDP units or sharded parameters: the plan runs around them (autoremat.runtime.sharding)
         state = _PatchState(plan=plan, had_instance_forward=False)
         with preserved_state(model, []):
             state.sharded = apply_fx_sharded(model, plan, names, regions, state)

@@ -55,7 +55,8 @@ import torch
 import torch.fx
 from torch import nn
 
-from .._fsdp import UNKNOWN, canonical_path, fsdp_state_count, has_units, inner_module, logical_signature, units_of
+from .._fsdp import (UNKNOWN, canonical_path, fsdp_state_count, has_sharded_params, has_units, inner_module,
+                     logical_signature, units_of)
 from ..capture.fx import fx_fingerprint, fx_ops
 from ..capture.module import module_fingerprint, node_modules
 from ..capture.signature import first_difference, tensor_signature
@@ -372,6 +373,7 @@ def _canonical_key(key: str) -> str:
 
 
 def is_sharded(model: nn.Module) -> bool:
-    """Whether ``model`` holds FSDP units below it (its own sharding, FSDP2's ``fully_shard(model)``
-    or an FSDP1 wrapper of it, needs nothing: its parameters are unsharded around its forward)."""
-    return bool(units_of(model))
+    """Whether ``model`` holds FSDP units below it or sharded parameters (FSDP2's
+    ``fully_shard(model)`` alone, an FSDP1 wrapper of the whole model): the plan is then checked
+    against the parameters as they were before sharding, and run around the units."""
+    return bool(units_of(model)) or has_sharded_params(model)
