@@ -261,3 +261,27 @@ def test_default_loss_walks_dataclasses():
     a = torch.ones(2, 3, requires_grad=True)
     b = torch.full((4,), 2.0, requires_grad=True)
     assert default_loss(Out(a, {"b": b})).item() == 3.0
+
+
+def test_live_storage_counter_counts_storage_resizes() -> None:
+    """FSDP frees and re-allocates unsharded parameters by resizing their storage, outside the
+    dispatcher: with ``track_resizes`` the counter sees it (also for a storage older than the
+    mode), and ``UntypedStorage.resize_`` is put back on exit."""
+    before = torch.empty(1000)  # 4000 bytes, existing before the mode
+    original = torch.UntypedStorage.__dict__.get("resize_")
+    with LiveStorageCounter(track_resizes=True) as counter:
+        before.untyped_storage().resize_(0)
+        assert counter.live == -4000
+        before.untyped_storage().resize_(4000)
+        assert counter.live == 0
+        grown = torch.empty(10)
+        grown.untyped_storage().resize_(400)
+        assert counter.live == 400 and counter.peak == 400
+        del grown
+        gc.collect()
+        assert counter.live == 0
+    assert torch.UntypedStorage.__dict__.get("resize_") is original
+    with LiveStorageCounter() as plain:  # the default does not patch anything
+        before.untyped_storage().resize_(0)
+        assert plain.live == 0
+    before.untyped_storage().resize_(4000)

@@ -67,3 +67,19 @@ def test_device_of() -> None:
     assert device_of(nn.Linear(2, 2)) == torch.device("cpu")
     assert device_of(nn.ReLU(), (torch.empty(1, device="meta"),)) == torch.device("meta")
     assert device_of(nn.ReLU()) == torch.device("cpu")
+
+
+def test_shard_over_predicts_a_rank_of_a_sharded_model() -> None:
+    """``shard_over``: parameters, gradients and optimizer state divided by the world size;
+    buffers and inputs are not sharded."""
+    m = nn.Sequential(nn.Linear(8, 16), nn.BatchNorm1d(16))
+    opt = torch.optim.Adam(m.parameters())
+    x = torch.randn(4, 8)
+    params = sum(p.numel() * 4 for p in m.parameters())
+    buffers = storage_bytes(list(m.buffers()))
+    whole = resident_bytes(m, inputs=(x,), optimizers=[opt], grads="expected")
+    assert whole == buffers + storage_bytes(x) + 4 * params
+    assert resident_bytes(m, inputs=(x,), optimizers=[opt], grads="expected", shard_over=4) == \
+        buffers + storage_bytes(x) + params
+    with pytest.raises(ValueError, match="shard_over=0"):
+        resident_bytes(m, shard_over=0)

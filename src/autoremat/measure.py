@@ -22,9 +22,10 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten
 
+from ._fsdp import local_tensor
 from .resident import device_of
 
-__all__ = ["LiveStorageCounter", "Measurement", "measure", "default_loss", "run_step",
+__all__ = ["LiveStorageCounter", "CollectiveCounter", "Measurement", "measure", "default_loss", "run_step",
            "gradients", "gradients_equal"]
 
 
@@ -34,16 +35,23 @@ class LiveStorageCounter(TorchDispatchMode):
     ``live`` is the current total, ``peak`` the highest since the last :meth:`reset_peak`.
     Storages that existed before the mode was entered are never counted; meta-device storages
     are counted unless ``count_meta`` is false (a simulated device sets it false: meta tensors
-    occupy no memory).
+    occupy no memory). A ``DTensor`` output counts with its local shard (what this rank holds).
+
+    ``track_resizes``: also count ``UntypedStorage.resize_`` calls made while the mode is active
+    (FSDP frees and re-allocates unsharded parameters and gradients that way, outside the
+    dispatcher): a resize changes the live bytes by the difference, also for a storage that
+    existed before the mode was entered (freeing it makes the count go below the start).
     """
 
     count_meta = True
 
-    def __init__(self) -> None:
+    def __init__(self, *, track_resizes: bool = False) -> None:
         super().__init__()
         self.live = 0
         self.peak = 0
         self._seen: dict[int, int] = {}
+        self.track_resizes = track_resizes
+        self._resize: Any = None
         self.on_op: Callable[[Any, tuple, dict, Any], None] | None = None
         """Called as ``on_op(func, args, kwargs, out)`` after each op (capture uses it)."""
 
@@ -54,18 +62,52 @@ class LiveStorageCounter(TorchDispatchMode):
         nbytes = self._seen.pop(key, 0)
         self.live -= nbytes
 
+    def __enter__(self) -> "LiveStorageCounter":
+        out = super().__enter__()
+        if self.track_resizes:
+            self._resize = torch.UntypedStorage.__dict__.get("resize_")
+            original = torch.UntypedStorage.resize_
+            counter = self
+
+            def resize_(storage: torch.UntypedStorage, size: int) -> Any:
+                key, before = storage._cdata, storage.nbytes()
+                result = original(storage, size)
+                counter._resized(storage, key, before)
+                return result
+
+            torch.UntypedStorage.resize_ = resize_  # type: ignore[method-assign]
+        return out
+
+    def __exit__(self, *exc: Any) -> None:
+        if self.track_resizes:
+            if self._resize is None:
+                del torch.UntypedStorage.resize_
+            else:
+                torch.UntypedStorage.resize_ = self._resize  # type: ignore[method-assign]
+        return super().__exit__(*exc)
+
+    def _resized(self, storage: torch.UntypedStorage, key: int, before: int) -> None:
+        after = storage.nbytes()
+        if key not in self._seen:
+            self._seen[key] = before
+            weakref.finalize(storage, self._release, key)
+        self._seen[key] = after
+        self.live += after - before
+        self.peak = max(self.peak, self.live)
+
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # type: ignore[override]
         out = func(*args, **(kwargs or {}))
         flat, _ = tree_flatten(out)
         inputs: set[int] | None = None
         for t in flat:
             if isinstance(t, torch.Tensor):
+                t = local_tensor(t)
                 st = t.untyped_storage()
                 key = st._cdata
                 if key in self._seen or (not self.count_meta and st.device.type == "meta"):
                     continue
                 if inputs is None:  # views and in-place results share an input's storage
-                    inputs = {a.untyped_storage()._cdata for a in tree_flatten((args, kwargs))[0]
+                    inputs = {local_tensor(a).untyped_storage()._cdata for a in tree_flatten((args, kwargs))[0]
                               if isinstance(a, torch.Tensor)}
                 if key in inputs:
                     continue
@@ -78,6 +120,26 @@ class LiveStorageCounter(TorchDispatchMode):
         if self.on_op is not None:
             self.on_op(func, args, kwargs or {}, out)
         return out
+
+
+class CollectiveCounter(TorchDispatchMode):
+    """Counts the collectives (``c10d`` ops: FSDP's all-gathers and reduce-scatters, DDP's
+    all-reduces) run while the mode is active: ``counts[op name]`` and ``bytes[op name]`` (the
+    bytes of the op's tensor arguments, the output buffer included)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.counts: dict[str, int] = {}
+        self.bytes: dict[str, int] = {}
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # type: ignore[override]
+        name = str(func)
+        if name.startswith("c10d."):
+            short = name.removeprefix("c10d.").split(".")[0].strip("_")
+            self.counts[short] = self.counts.get(short, 0) + 1
+            flat = [t for t in tree_flatten((args, kwargs))[0] if isinstance(t, torch.Tensor)]
+            self.bytes[short] = self.bytes.get(short, 0) + sum(t.numel() * t.element_size() for t in flat)
+        return func(*args, **(kwargs or {}))
 
 
 def default_loss(output: Any) -> torch.Tensor:

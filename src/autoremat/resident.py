@@ -17,6 +17,11 @@ optimizers' state and, depending on ``grads``, the parameter gradients:
 Optimizer state is created lazily at the first ``step``. ``optimizer_state="present"`` counts
 what exists; ``"expected"`` counts what exists or, for an optimizer that has none yet, an
 estimate from its type (:func:`optimizer_state_bytes`).
+
+Sharded models (FSDP, issue 21): a ``DTensor`` counts with its local shard, an FSDP1 flat
+parameter is one already, so a sharded model's resident bytes are this rank's. ``shard_over``
+(> 1) predicts them for a model that is not sharded yet: parameter, gradient and optimizer-state
+bytes divided by the world size it will be sharded over (buffers and inputs are not sharded).
 """
 
 from __future__ import annotations
@@ -27,6 +32,8 @@ from typing import Any, Literal
 import torch
 from torch import nn
 from torch.utils._pytree import tree_flatten
+
+from ._fsdp import local_tensor
 
 __all__ = ["device_of", "storage_bytes", "resident_bytes", "optimizer_state_bytes"]
 
@@ -60,23 +67,27 @@ def resident_bytes(
     optimizers: Iterable[torch.optim.Optimizer] = (),
     grads: Literal["none", "present", "expected"] = "none",
     optimizer_state: Literal["present", "expected"] = "expected",
+    shard_over: int = 1,
 ) -> int:
     """Bytes resident before a step of ``module`` on ``inputs`` (see the module docstring)."""
     if grads not in _GRADS:
         raise ValueError(f"grads={grads!r} must be one of {_GRADS}")
     if optimizer_state not in _STATES:
         raise ValueError(f"optimizer_state={optimizer_state!r} must be one of {_STATES}")
+    if isinstance(shard_over, bool) or not isinstance(shard_over, int) or shard_over < 1:
+        raise ValueError(f"shard_over={shard_over!r} must be an int >= 1 (the world size the model will be sharded over)")
     params = list(module.parameters())
-    items: list[Any] = [params, list(module.buffers()), inputs]
+    items: list[Any] = [params]
     if grads == "present":
         items.append([p.grad for p in params if p.grad is not None])
     optimizers = list(optimizers)
     items += [list(opt.state.values()) for opt in optimizers]
-    total = storage_bytes(items)
+    sharded = storage_bytes(items)
     if grads == "expected":
-        total += sum(p.numel() * p.element_size() for p in _distinct(params) if p.requires_grad)
+        sharded += sum(local_tensor(p).numel() * p.element_size() for p in _distinct(params) if p.requires_grad)
     if optimizer_state == "expected":
-        total += sum(optimizer_state_bytes(opt) for opt in optimizers if not _has_state(opt))
+        sharded += sum(optimizer_state_bytes(opt) for opt in optimizers if not _has_state(opt))
+    total = storage_bytes([list(module.buffers()), inputs]) + -(-sharded // shard_over)
     return int(total)
 
 
@@ -93,7 +104,7 @@ def optimizer_state_bytes(opt: torch.optim.Optimizer) -> int:
             slots = 1
         if name == "RMSprop":
             slots = 1 + bool(group.get("momentum", 0)) + bool(group.get("centered", False))
-        total += slots * sum(p.numel() * p.element_size() for p in group["params"] if p.requires_grad)
+        total += slots * sum(local_tensor(p).numel() * p.element_size() for p in group["params"] if p.requires_grad)
     return int(total)
 
 
@@ -109,4 +120,5 @@ def _distinct(params: list[nn.Parameter]) -> list[nn.Parameter]:
 
 
 def _tensors(obj: Any) -> list[torch.Tensor]:
-    return [t for t in tree_flatten(obj)[0] if isinstance(t, torch.Tensor)]
+    """The tensors in ``obj``; a ``DTensor`` as its local shard (what this rank holds)."""
+    return [local_tensor(t) for t in tree_flatten(obj)[0] if isinstance(t, torch.Tensor)]

@@ -21,6 +21,7 @@ from typing import Any
 
 import torch
 
+from .._fsdp import original_class
 from ..measure import LiveStorageCounter, _flatten
 from .inplace import MutationLog
 
@@ -417,7 +418,7 @@ _MODULE_KINDS = {
 
 
 def classify_module(mod: torch.nn.Module) -> str:
-    name = type(mod).__name__.lower()
+    name = original_class(mod).__name__.lower()  # an FSDP2 unit's class is a generated subclass
     for key, kind in _MODULE_KINDS.items():
         if key in name:
             return kind

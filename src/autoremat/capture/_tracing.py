@@ -43,8 +43,8 @@ import torch.fx
 from torch import nn
 from torch.nn.modules import module as _module_mod
 
-__all__ = ["NoGradBlockError", "AutocastBlockError", "StateAssignmentError", "semantic_trace", "silenced_hooks",
-           "recorded_reads", "autocast_state"]
+__all__ = ["NoGradBlockError", "AutocastBlockError", "StateAssignmentError", "SemanticTracer", "semantic_trace",
+           "silenced_hooks", "recorded_reads", "autocast_state"]
 
 _HOOK_DICTS = ("_forward_hooks", "_forward_hooks_with_kwargs", "_forward_hooks_always_called", "_forward_pre_hooks",
                "_forward_pre_hooks_with_kwargs", "_backward_hooks", "_backward_pre_hooks")
@@ -153,12 +153,19 @@ def _autocast_queries_recorded(seen: list[bool]) -> Iterator[None]:
             setattr(torch, name, fn)
 
 
-class _SemanticTracer(torch.fx.Tracer):
+class SemanticTracer(torch.fx.Tracer):
+    """The tracer of :func:`semantic_trace`; a subclass may decide leaves and names differently
+    (:mod:`autoremat.runtime.sharding` traces through FSDP units) and build the module itself."""
+
     proxy_buffer_attributes = True
 
     def __init__(self) -> None:
         super().__init__()
         self.autocast = autocast_state()
+
+    def graph_module(self, graph: torch.fx.Graph, class_name: str) -> torch.fx.GraphModule:
+        """The ``GraphModule`` running ``graph`` (the traced root's attributes)."""
+        return torch.fx.GraphModule(self.root, graph, class_name)
 
     def create_node(self, *args: Any, **kwargs: Any) -> torch.fx.Node:
         node = super().create_node(*args, **kwargs)
@@ -226,15 +233,16 @@ def recorded_reads(model: nn.Module) -> Iterator[dict[str, set[str]]]:
             _READS.pop(id(m), None)
 
 
-def semantic_trace(model: nn.Module) -> torch.fx.GraphModule:
+def semantic_trace(model: nn.Module, tracer: SemanticTracer | None = None) -> torch.fx.GraphModule:
     """``torch.fx.symbolic_trace(model)`` with proxied buffers, hooks silenced, no-grad and
-    autocast blocks refused and attribute reads recorded (see the module docstring)."""
+    autocast blocks refused and attribute reads recorded (see the module docstring);
+    ``tracer``: a :class:`SemanticTracer` (subclass) to use."""
     with _state_kept(model), silenced_hooks(model), torch.enable_grad():  # a no-grad caller is not a no-grad block
-        tracer = _SemanticTracer()
+        tracer = SemanticTracer() if tracer is None else tracer
         amp: list[bool] = []
         with recorded_reads(model) as reads, _autocast_queries_recorded(amp):
             graph = tracer.trace(model)
-    gm = torch.fx.GraphModule(tracer.root, graph, model.__class__.__name__)
+    gm = tracer.graph_module(graph, model.__class__.__name__)
     gm.meta["autoremat_reads"] = {path: frozenset(names) for path, names in reads.items()}
     gm.meta["autoremat_reads_autocast"] = bool(amp)
     return gm

@@ -16,7 +16,7 @@ import torch.fx
 
 from ._recorder import NodeRecord, Recorder, Timer, classify_function, classify_module, paused_gc
 from .signature import tensor_lines
-from ._tracing import semantic_trace
+from ._tracing import SemanticTracer, semantic_trace
 from .inplace import out_of_place
 
 __all__ = ["trace", "fx_ops", "fx_fingerprint", "records_from_fx", "profile_fx", "time_fx"]
@@ -24,12 +24,12 @@ __all__ = ["trace", "fx_ops", "fx_fingerprint", "records_from_fx", "profile_fx",
 _OPS = ("call_module", "call_function", "call_method")
 
 
-def trace(model: torch.nn.Module) -> torch.fx.GraphModule:
+def trace(model: torch.nn.Module, tracer: SemanticTracer | None = None) -> torch.fx.GraphModule:
     """``torch.fx.symbolic_trace`` with buffers proxied, user hooks silenced and no-grad blocks
     refused (:mod:`autoremat.capture._tracing`), and in-place ops run out of place where that is
     exact (:mod:`autoremat.capture.inplace`); raises whatever fx raises when the model is not
-    traceable."""
-    gm = semantic_trace(model)
+    traceable. ``tracer``: see :func:`~autoremat.capture._tracing.semantic_trace`."""
+    gm = semantic_trace(model, tracer)
     out_of_place(gm)
     return gm
 
@@ -49,9 +49,11 @@ def _target_name(n: torch.fx.Node) -> str:
     return t if isinstance(t, str) else getattr(t, "__name__", str(t))
 
 
-def fx_fingerprint(gm: torch.fx.GraphModule) -> str:
+def fx_fingerprint(gm: torch.fx.GraphModule, tensors: Mapping[str, str] | None = None) -> str:
     """Hash of a traced module's structure and of its parameters' and buffers' shapes and dtypes
-    (:mod:`autoremat.capture.signature`); equals ``Graph.fingerprint`` of its capture."""
+    (:mod:`autoremat.capture.signature`); equals ``Graph.fingerprint`` of its capture.
+    ``tensors``: the tensor signature to hash instead of ``gm``'s own (a sharded model's
+    parameters as they were before sharding, :mod:`autoremat.runtime.sharding`)."""
     ops = fx_ops(gm)
     ids = {n: i for i, n in enumerate(ops)}
     h = hashlib.sha256()
@@ -65,7 +67,7 @@ def fx_fingerprint(gm: torch.fx.GraphModule) -> str:
                 edges.append((ids[u], i))
     for u, v in sorted(set(edges)):
         h.update(f"{u}>{v};".encode())
-    for line in tensor_lines(gm):
+    for line in tensor_lines(gm) if tensors is None else (f"{k}={v};" for k, v in tensors.items()):
         h.update(line.encode())
     return h.hexdigest()[:16]
 

@@ -23,6 +23,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from .._fsdp import original_class
 from ._loss_reach import outputs_fed_by_loss
 from ._recorder import NodeRecord, Recorder, Timer, classify_module, paused_gc, tensors_in
 from .signature import tensor_lines
@@ -61,13 +62,16 @@ def node_modules(model: nn.Module) -> list[tuple[str, nn.Module]]:
     return found
 
 
-def module_fingerprint(model: nn.Module) -> str:
+def module_fingerprint(model: nn.Module, *, nodes: Sequence[tuple[str, nn.Module]] | None = None,
+                       tensors: Mapping[str, str] | None = None) -> str:
     """Hash of the node modules and of the model's parameters' and buffers' shapes and dtypes
-    (:mod:`autoremat.capture.signature`); equals ``Graph.fingerprint`` of a module capture."""
+    (:mod:`autoremat.capture.signature`); equals ``Graph.fingerprint`` of a module capture.
+    ``nodes`` / ``tensors``: the node modules and tensor signature to hash instead of the
+    model's own (a sharded model's canonical ones, :mod:`autoremat.runtime.sharding`)."""
     h = hashlib.sha256(b"module")
-    for path, mod in node_modules(model):
-        h.update(f"{path}:{type(mod).__name__};".encode())
-    for line in tensor_lines(model):
+    for path, mod in node_modules(model) if nodes is None else nodes:
+        h.update(f"{path}:{original_class(mod).__name__};".encode())
+    for line in tensor_lines(model) if tensors is None else (f"{k}={v};" for k, v in tensors.items()):
         h.update(line.encode())
     return h.hexdigest()[:16]
 

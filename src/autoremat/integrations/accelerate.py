@@ -17,8 +17,18 @@ or by an ``autoremat:`` section in a YAML file of ours::
     AUTOREMAT_CONFIG=autoremat.yaml accelerate launch train.py   # autoremat: {budget: "6GB"}
 
 Call ``prepare`` before ``accelerator.prepare`` (it patches the model in place and returns the
-same object). Under multi-process launch every process solves the same deterministic graph
-structure; rank zero's plan is broadcast so all ranks run one plan.
+same object). Under multi-process launch rank zero captures and solves; its plan is broadcast so
+all ranks run one plan.
+
+**FSDP plugin** (``fsdp_version`` 1 or 2, issue 21): the order is the same, and it is checked
+(a model sharded already is refused with the order to use). ``prepare`` predicts the FSDP units
+``accelerator.prepare`` will make from the plugin's wrap policy
+(:func:`~autoremat.integrations._strategies.predicted_units`), solves for one rank (resident:
+the parameter, gradient and optimizer-state shards plus buffers and the batch; step: the per-rank
+graph of :mod:`autoremat.per_rank`, the plan cut at the units as it will run) and patches the
+unsharded model; when ``accelerator.prepare`` shards it, the patched forward maps the plan onto
+the units at the first forward (:mod:`autoremat.runtime.sharding`). DeepSpeed is refused before
+any work (:func:`~autoremat.integrations._strategies.deepspeed_refusal`).
 """
 
 from __future__ import annotations
@@ -43,6 +53,7 @@ from ..runtime import apply
 from ..solvers import check_solver, solve
 from ._atomic import Rollback
 from ._common import step_budget_bytes
+from ._strategies import accelerate_units, solve_per_rank
 
 __all__ = ["AutoRematConfig", "prepare", "budget_text"]
 
@@ -161,7 +172,14 @@ def prepare(
         example_args = (example_args,)
     rollback = Rollback(model, [accelerator.device])
     try:
-        plan_dict = _plan_on_main(accelerator, model, example_args, example_kwargs, cfg, loss_fn, optimizer)
+        sharding = accelerate_units(accelerator, model)  # DeepSpeed refused, FSDP units predicted
+        if sharding is None:
+            plan_dict = _plan_on_main(accelerator, model, example_args, example_kwargs, cfg, loss_fn, optimizer)
+        elif accelerator.is_main_process:
+            plan_dict = _solve_sharded(accelerator, model, example_args, example_kwargs, cfg, loss_fn, optimizer,
+                                       *sharding)
+        else:
+            plan_dict = None
         plan_dict = _broadcast(accelerator, plan_dict)
         plan = Plan.from_dict(plan_dict)
         apply(model, plan, regions=regions)
@@ -192,6 +210,37 @@ def _plan_on_main(accelerator: Any, model: nn.Module, example_args: Sequence[Any
                                repeats=cfg.profile_steps)
     step_budget = step_budget_bytes(cfg.budget.strip(), graph, device, resident)
     return solve(graph, step_budget, solver=cfg.solver).to_dict()
+
+
+def _solve_sharded(accelerator: Any, model: nn.Module, example_args: Sequence[Any],
+                   example_kwargs: Mapping[str, Any] | None, cfg: AutoRematConfig,
+                   loss_fn: Callable[[Any], torch.Tensor] | None, optimizer: torch.optim.Optimizer | None,
+                   units: dict[str, nn.Module], version: int) -> dict[str, Any]:
+    """Rank zero, FSDP plugin: capture the unsharded model, solve for one rank (module docstring)."""
+    from ..runtime._unit_trace import canonical_trace
+    from ..runtime.sharded_memory import sharding_spec
+    from ..runtime.sharding import snap_plan
+    from ..per_rank import per_rank_graph
+
+    device, world = accelerator.device, accelerator.num_processes
+    args = tuple(a.to(device) if isinstance(a, torch.Tensor) else a for a in example_args)
+    kwargs = {k: (v.to(device) if isinstance(v, torch.Tensor) else v) for k, v in (example_kwargs or {}).items()}
+    model.to(device)
+    resident = resident_bytes(model, inputs=(args, kwargs), optimizers=[] if optimizer is None else [optimizer],
+                              shard_over=world)
+    limit = profile_limit_bytes(cfg.budget, device=device, resident_bytes=resident)
+    with accelerator.autocast():
+        graph = capture_within(model, args, kwargs, limit_bytes=limit, loss_fn=loss_fn or default_loss,
+                               repeats=cfg.profile_steps)
+    spec = sharding_spec(model, graph, units=units, world=world, fsdp_version=version)
+    step_budget = step_budget_bytes(cfg.budget.strip(), per_rank_graph(graph, spec), device, resident)
+    canon = canonical_trace(model, units) if graph.meta.get("mode") == "fx" else None
+    ranked = solve_per_rank(graph, spec, step_budget, lambda g, b: solve(g, b, solver=cfg.solver),
+                            (lambda p: snap_plan(p, canon)) if canon is not None else (lambda p: p))
+    logger.info("autoremat: FSDP%d over %d processes, %d units: per-rank step peak %s bytes predicted "
+                "(unoptimised %s, budget %s, resident %s)", version, world, len(units), ranked.predicted_peak_bytes,
+                ranked.unoptimised_peak_bytes, step_budget, resident)
+    return ranked.plan.to_dict()
 
 
 def _broadcast(accelerator: Any, obj: Any) -> Any:

@@ -36,7 +36,9 @@ What it does in ``on_fit_start``:
    dataloaders, placement and RNG state as they were before ``on_fit_start``.
 
 Under DDP rank zero profiles and solves; plan and batch size are broadcast, so every rank runs
-the same plan. Everything user-facing is printed on rank zero only.
+the same plan. Under ``ModelParallelStrategy`` (FSDP2) and ``FSDPStrategy`` (FSDP1) the plan is
+made for one rank and applied to the sharded module (:mod:`autoremat.integrations._lightning_sharded`);
+DeepSpeed is refused in ``setup``. Everything user-facing is printed on rank zero only.
 """
 
 from __future__ import annotations
@@ -63,6 +65,7 @@ from ..runtime import REGION_MODES, apply, is_patched, restore
 from ..cost import simulate, unoptimised_peak_bytes
 from ..solvers import OFFLOAD_ONLY, SOLVERS, check_solver, solve
 from ._common import step_budget_bytes
+from ._lightning_sharded import SHARDED, profile_and_solve_sharded, strategy_kind
 from ._lightning_trainer import atomic_fit_start, batch_of, dataset_length, reset_dataloaders, silenced_logging
 from .batch_size import confirmed_largest, predicted_largest
 
@@ -193,10 +196,10 @@ class AutoRemat(Callback):
     def setup(self, trainer: "pl.Trainer", pl_module: "pl.LightningModule", stage: str) -> None:
         if stage != "fit":
             return
-        strategy = type(trainer.strategy).__name__
-        if not any(s in strategy for s in ("SingleDevice", "DDP")) or "Sharded" in strategy:
-            raise ValueError(f"AutoRemat supports single-device and DDP strategies, not {strategy}; "
-                             "FSDP/DeepSpeed shard activations their own way")
+        if strategy_kind(trainer) in SHARDED and (self.offload is True or self.raise_batch_size is True
+                                                   or self.solver in OFFLOAD_ONLY):
+            raise ValueError("under a sharded strategy (FSDP) AutoRemat neither offloads nor raises the batch size; "
+                             "pass offload='auto' or False, raise_batch_size='auto' or False, a recomputation solver")
         if self.offload is True and trainer.strategy.root_device.type != "cuda":
             raise ValueError(f"offload=True needs a CUDA device (this run is on {trainer.strategy.root_device}): "
                              "without separate device memory, offloading saves nothing; use offload='auto' or False")
@@ -255,8 +258,10 @@ class AutoRemat(Callback):
             return
         if trainer.fit_loop._combined_loader is None:
             trainer.fit_loop.setup_data()  # every rank: it synchronises under DDP
-        payload = None
-        if trainer.is_global_zero:
+        payload, kind = None, strategy_kind(trainer)
+        if kind in SHARDED:  # every rank takes part (the full parameters are gathered for rank zero's capture)
+            payload = profile_and_solve_sharded(self, trainer, pl_module, kind)
+        elif trainer.is_global_zero:
             payload = self._profile_and_solve(trainer, pl_module)
         payload = trainer.strategy.broadcast(payload, src=0)
         plan = Plan.from_dict(payload["plan"])
@@ -324,10 +329,10 @@ class AutoRemat(Callback):
         return {"plan": plan.to_dict(), "batch_size": batch_size, "original_batch_size": original,
                 "step_budget_bytes": step_budget, "summary": summary}
 
-    def _solve(self, graph: Graph, step_budget: int) -> Plan:
+    def _solve(self, graph: Graph, step_budget: int, sharded: bool = False) -> Plan:
         kwargs: dict[str, Any] = {}
         solver = self.solver
-        if self.offload is False and solver == "auto":
+        if (self.offload is False or sharded) and solver == "auto":
             kwargs["auto_solvers"] = [n for n in SOLVERS if n != "combined"]
         elif self.offload is True and solver in ("auto", "combined"):
             solver, kwargs["offload"] = "combined", True

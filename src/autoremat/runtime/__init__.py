@@ -49,6 +49,7 @@ import torch.fx
 from torch import nn
 
 from .._compiled import uncompiled
+from .._fsdp import inner_module
 from ..capture.fx import fx_fingerprint, fx_ops, trace
 from ..capture.module import module_fingerprint, node_modules
 from ..capture._recorder import preserved_state
@@ -57,7 +58,8 @@ from ..errors import PlanMismatchError
 from ..plan import Plan, check_segments
 from ._rollback import PatchPoints
 from .buffers import buffer_slot, dynamic_buffer_reads
-from .guard import GuardedForward, StateGuardWarning, op_structure
+from .guard import GuardedForward, StateGuardWarning, op_structure, traced_through
+from .sharding import ShardingWatch, apply_fx_sharded, is_sharded, module_plan_fingerprint
 from .offload import OffloadBegin, OffloadMark, Offloader
 from .region import REGION_MODES, CheckpointRegion, may_draw_random, trim_replay
 from .region import ProbedCall, is_recomputing, stateful_buffers, tail_mark
@@ -80,16 +82,18 @@ class _PatchState:
     plan: Plan
     had_instance_forward: bool
     instance_forward: Any = None
-    wrapped: list[tuple[nn.Module, bool, Any, ProbedCall]] = field(default_factory=list)
+    wrapped: list[tuple[nn.Module, bool, Any, Any]] = field(default_factory=list)
+    """(module, had an instance forward, that forward, the installed call: a ProbedCall, or an FSDP level's GuardedForward)."""
     forward_module: Any = None
     offloader: Offloader | None = None
     hooks: list[Any] = field(default_factory=list)
     installed: Any = None
+    sharded: Any = None  # a ShardedPatch when the plan runs on FSDP units (autoremat.runtime.sharding)
 
 
 def offloader_of(model: nn.Module) -> Offloader | None:
     """The offloader of a patched model (its ``stats`` describe the last step), if it offloads."""
-    state = uncompiled(model).__dict__.get(_STATE_ATTR)
+    state = inner_module(uncompiled(model)).__dict__.get(_STATE_ATTR)
     return state.offloader if isinstance(state, _PatchState) else None
 
 
@@ -110,7 +114,7 @@ def _offloading_forward(forward: Any, offloader: Offloader) -> Any:
 
 def is_patched(model: nn.Module) -> bool:
     """Whether ``apply`` has patched ``model`` (and ``restore`` has not undone it)."""
-    return isinstance(uncompiled(model).__dict__.get(_STATE_ATTR), _PatchState)
+    return isinstance(inner_module(uncompiled(model)).__dict__.get(_STATE_ATTR), _PatchState)
 
 
 def apply(model: nn.Module, plan: Plan, *, regions: str = "lean", inputs: Any = None) -> nn.Module:
@@ -133,7 +137,7 @@ def apply(model: nn.Module, plan: Plan, *, regions: str = "lean", inputs: Any = 
     """
     if not isinstance(model, nn.Module):
         raise TypeError(f"model must be a torch.nn.Module, got {type(model).__name__}")
-    given, model = model, uncompiled(model)
+    given, model = model, inner_module(uncompiled(model))  # an FSDP1 wrapper: the module it wraps
     if not isinstance(plan, Plan):
         raise TypeError(f"plan must be an autoremat.Plan, got {type(plan).__name__}")
     if regions not in REGION_MODES:
@@ -166,7 +170,7 @@ def apply(model: nn.Module, plan: Plan, *, regions: str = "lean", inputs: Any = 
 def restore(model: nn.Module) -> nn.Module:
     """Undo :func:`apply` exactly; a model that is not patched is returned unchanged (a
     ``torch.compile`` wrapper: the module it holds, see :func:`apply`)."""
-    given, model = model, uncompiled(model)
+    given, model = model, inner_module(uncompiled(model))
     state = model.__dict__.get(_STATE_ATTR)
     if not isinstance(state, _PatchState):
         return given
@@ -193,6 +197,11 @@ def _apply_fx(model: nn.Module, plan: Plan, names: list[str], regions: str) -> _
             f"{type(model).__name__} has an instance-level forward (model.forward = ...), which a torch.fx trace does "
             "not see and an fx plan would replace: remove it (del model.forward) and wrap the model in a module "
             "instead, or capture with mode='module'")
+    if is_sharded(model):  # FSDP units or sharded parameters: the plan runs around them (autoremat.runtime.sharding)
+        state = _PatchState(plan=plan, had_instance_forward=False)
+        with preserved_state(model, []):
+            state.sharded = apply_fx_sharded(model, plan, names, regions, state)
+        return state
     with preserved_state(model, []):  # tracing runs forward's Python on the real attributes
         gm = trace(model)
     ops = fx_ops(gm)
@@ -213,6 +222,9 @@ def _apply_fx(model: nn.Module, plan: Plan, names: list[str], regions: str) -> _
     guarded = GuardedForward(model, gm, forward_module.forward, build, functools.partial(trace, model),
                              _Active(model, state))
     state.installed = guarded if offloader is None else _offloading_forward(guarded, offloader)
+    if offloader is None and torch.distributed.is_available() and torch.distributed.is_initialized():
+        # sharded after apply (the order torchtitan uses): map the plan onto the units when they appear
+        state.installed = ShardingWatch(model, guarded, plan, list(names), regions, state, traced_through(model, gm))
     model.__dict__["forward"] = state.installed
     return state
 
@@ -411,14 +423,17 @@ def _build_forward(gm: torch.fx.GraphModule, ops: list[torch.fx.Node], plan: Pla
 
 # ---------------------------------------------------------------------- module level
 def _apply_module(model: nn.Module, plan: Plan, names: list[str], regions: str) -> _PatchState:
-    fp = module_fingerprint(model)
+    sharded = is_sharded(model)  # FSDP units: modules by their names before sharding (autoremat.runtime.sharding)
+    fp, canonical = module_plan_fingerprint(model, plan) if sharded else (module_fingerprint(model), None)
     if plan.graph_fingerprint and fp != plan.graph_fingerprint:
         why = first_difference(plan.tensors or {}, tensor_signature(model), "tensor")
         raise PlanMismatchError(f"plan was made for graph {plan.graph_fingerprint} but {type(model).__name__} "
                                 f"has module structure {fp}{f' ({why})' if why else ''}; capture this model and "
                                 "solve again")
     check_segments(plan, len(names), module_level=True)
-    mods = dict(node_modules(model))
+    mods = dict(node_modules(model) if canonical is None else canonical)
+    if sharded and plan.offload:
+        raise PlanMismatchError("offload plans are not supported on FSDP-sharded models; solve without offload")
     for v in plan.offload:
         if names[v] not in mods:
             raise PlanMismatchError(f"plan offloads {names[v]!r}, which is not a module call of {type(model).__name__}")

@@ -1,0 +1,157 @@
+"""Sharded training for the integrations: which engine shards the model, the FSDP units a
+model has or will have, and a plan solved for one rank (issue 21).
+
+* **DeepSpeed** is refused early with :class:`UnsupportedStrategyError`: ZeRO partitions
+  parameters, gradients and optimizer state inside its own engine, which gathers parameters with
+  its own module hooks; autoremat's regions have not been made to go through them, and DeepSpeed
+  does not run on the CPU-only machine this was built on (its ops need a compiler toolchain and an
+  accelerator), so it is not tested either.
+* **FSDP units**: a model sharded already has them (:func:`autoremat._fsdp.units_of`); one about
+  to be sharded has the units its wrap policy will make (:func:`predicted_units`: an FSDP1
+  ``auto_wrap_policy`` — a ``ModuleWrapPolicy``/``CustomPolicy`` or a callable
+  ``(module, recurse, nonwrapped_numel)`` as FSDP1's recursive wrap calls it — or an FSDP2
+  policy ``module -> bool`` as Accelerate's ``fsdp2_prepare_model`` uses).
+* **The per-rank plan** (:func:`solve_per_rank`): the graph is made per rank
+  (:func:`autoremat.per_rank.per_rank_graph`), the solver runs on it, the plan is cut at the
+  units (:func:`autoremat.runtime.sharding.snap_plan`, what ``apply`` will run) and simulated per
+  rank; where the cut plan predicts more than the budget, the solver is asked again with the
+  budget lowered by the excess (at most :data:`MAX_TRIES` times).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from torch import nn
+
+from .._fsdp import canonical_path
+from ..errors import InfeasibleBudgetError
+from ..graph import Graph
+from ..per_rank import ShardingSpec, per_rank_graph
+from ..plan import Plan
+from ..cost import simulate
+
+__all__ = ["UnsupportedStrategyError", "deepspeed_refusal", "predicted_units", "PerRankPlan", "solve_per_rank",
+           "MAX_TRIES"]
+
+logger = logging.getLogger(__name__)
+
+MAX_TRIES = 6
+
+
+class UnsupportedStrategyError(ValueError):
+    """A distributed engine autoremat does not work under."""
+
+
+def deepspeed_refusal(where: str) -> UnsupportedStrategyError:
+    """The error for DeepSpeed, naming where it was found."""
+    return UnsupportedStrategyError(
+        f"autoremat does not support DeepSpeed ({where}): ZeRO gathers and partitions parameters inside its own engine, "
+        "which autoremat's recomputed regions do not go through. Use FSDP instead (Lightning: "
+        "strategy=ModelParallelStrategy() or FSDPStrategy(); Accelerate: the FSDP plugin, fsdp_version 1 or 2), or DDP, "
+        "or leave autoremat out of this run")
+
+
+def predicted_units(model: nn.Module, policy: Any, *, fsdp_version: int) -> dict[str, nn.Module]:
+    """The units an FSDP wrap ``policy`` will make in ``model`` (not ``model`` itself), by
+    canonical path (see the module docstring)."""
+    if policy is None:
+        return {}
+    paths = {id(m): canonical_path(p) for p, m in model.named_modules()}
+    chosen: list[nn.Module]
+    if hasattr(policy, "_run_policy"):  # FSDP1's ModuleWrapPolicy, CustomPolicy
+        chosen = list(policy._run_policy(model, set(), {}))
+    elif fsdp_version == 2:
+        chosen = [m for m in model.modules() if policy(m)]
+    else:
+        chosen = []
+        _recursive_choice(model, policy, chosen)
+    return {paths[id(m)]: m for m in chosen if m is not model and id(m) in paths}
+
+
+def _recursive_choice(module: nn.Module, policy: Callable[..., bool], chosen: list[nn.Module]) -> int:
+    """FSDP1's recursive wrap, choosing instead of wrapping; returns the wrapped parameter count."""
+    total = sum(p.numel() for p in module.parameters())
+    if not policy(module=module, recurse=True, nonwrapped_numel=total):
+        return 0
+    wrapped = sum(_recursive_choice(child, policy, chosen) for child in module.children())
+    if policy(module=module, recurse=False, nonwrapped_numel=total - wrapped):
+        chosen.append(module)
+        return total
+    return wrapped
+
+
+@dataclass
+class PerRankPlan:
+    """A plan solved for one rank: ``plan`` (to apply), ``cut`` (what runs: cut at the units),
+    the per-rank prediction, and how many solves it took."""
+
+    plan: Plan
+    cut: Plan
+    predicted_peak_bytes: int
+    unoptimised_peak_bytes: int
+    tries: int
+
+
+def solve_per_rank(graph: Graph, spec: ShardingSpec, step_budget: int, solve: Callable[[Graph, int], Plan],
+                   cut: Callable[[Plan], Plan]) -> PerRankPlan:
+    """Solve ``graph`` for one rank under ``spec`` within ``step_budget`` (module docstring).
+    ``solve(per_rank_graph, budget)`` is the integration's solver call; ``cut(plan)`` maps a plan
+    onto the units (identity at module level)."""
+    from ..cost import unoptimised_peak_bytes
+
+    ranked = per_rank_graph(graph, spec)
+    vanilla = unoptimised_peak_bytes(ranked)
+    budget = int(step_budget)
+    best: tuple[int, Plan, Plan] | None = None
+    for tries in range(1, MAX_TRIES + 1):
+        try:
+            plan = solve(ranked, budget)
+        except InfeasibleBudgetError as err:
+            if best is None:
+                raise
+            logger.info("autoremat: no plan under %d bytes (%s); keeping the closest one", budget, err)
+            break
+        snapped = cut(plan)
+        peak = simulate(per_rank_graph(graph, spec, snapped), snapped, check=False, record=False).peak_bytes
+        if best is None or peak < best[0]:
+            best = (peak, plan, snapped)
+        if peak <= step_budget:
+            return PerRankPlan(plan, snapped, int(peak), int(vanilla), tries)
+        logger.info("autoremat: the plan cut at the FSDP units predicts %d bytes per rank, %d over the budget; "
+                    "solving again %d bytes lower", peak, peak - step_budget, peak - step_budget)
+        budget -= max(peak - step_budget, 1)
+    assert best is not None, "please report"
+    raise InfeasibleBudgetError(step_budget, best[0], solver="per-rank (cut at FSDP units)")
+
+
+def accelerate_units(accelerator: Any, model: nn.Module) -> tuple[dict[str, nn.Module], int] | None:
+    """Under Accelerate's FSDP plugin: the units ``accelerator.prepare`` will make in ``model``
+    and the FSDP version; ``None`` without FSDP. Raises :class:`UnsupportedStrategyError` under
+    DeepSpeed, and ``ValueError`` when ``model`` is sharded already (autoremat's ``prepare``
+    comes before ``accelerator.prepare``)."""
+    import copy
+
+    from .._fsdp import has_units, is_fsdp1, is_fsdp2
+
+    kind = str(getattr(accelerator, "distributed_type", "")).rsplit(".", 1)[-1]
+    if kind == "DEEPSPEED" or getattr(getattr(accelerator, "state", None), "deepspeed_plugin", None) is not None:
+        raise deepspeed_refusal("Accelerate's DeepSpeed plugin")
+    if has_units(model) or is_fsdp1(model) or is_fsdp2(model):
+        raise ValueError("autoremat.integrations.accelerate.prepare: the model is sharded already; call it before "
+                         "accelerator.prepare(model, ...), on the model as you built it (the plan is made for the "
+                         "unsharded model and follows it into the FSDP units accelerator.prepare makes)")
+    if kind != "FSDP":
+        return None
+    plugin = copy.copy(accelerator.state.fsdp_plugin)
+    version = int(getattr(plugin, "fsdp_version", 1) or 1)
+    plugin.set_auto_wrap_policy(model)
+    policy = plugin.auto_wrap_policy
+    if version == 2 and policy is not None:
+        from accelerate.utils.fsdp_utils import fsdp2_prepare_auto_wrap_policy
+
+        policy = fsdp2_prepare_auto_wrap_policy(plugin, model)
+    return predicted_units(model, policy, fsdp_version=version), version
