@@ -261,6 +261,7 @@ def capture_within(
     repeats: int = 3,
     warmup: int = 1,
     batch_dim: int = 0,
+    times: str | None = None,
 ) -> Graph:
     """Profile one training step of ``model`` without running an unpatched step predicted to
     need more than ``limit_bytes`` (step peak: bytes above what is resident at step start).
@@ -274,14 +275,15 @@ def capture_within(
         CaptureDoesNotFitError: even the smallest batch size tried ran out of memory.
         ValueError: ``limit_bytes`` is negative, or the graph depends on the batch size.
     """
-    from . import capture
+    from . import capture, resolve_times
     from ..resident import device_of as _device
 
+    times = resolve_times(times)
     model = uncompiled(model)
     if isinstance(args, torch.Tensor):
         args = (args,)
     args, kwargs = tuple(args), dict(kwargs or {})
-    opts: dict[str, Any] = dict(loss_fn=loss_fn, mode=mode, repeats=repeats, warmup=warmup)
+    opts: dict[str, Any] = dict(loss_fn=loss_fn, mode=mode, repeats=repeats, warmup=warmup, times=times)
     if limit_bytes is None or _device(model, args, kwargs).type == "meta":
         return capture(model, args, kwargs, **opts)
     if isinstance(limit_bytes, bool) or not isinstance(limit_bytes, int) or limit_bytes < 0:
@@ -289,6 +291,8 @@ def capture_within(
                          "above what is resident), or None for a plain capture")
     batch = batch_size_of(args, kwargs, batch_dim)
     base = _meta_capture(model, args, kwargs, opts)
+    if base is not None and times == "flops":  # bytes exact at full size, times from FLOPs: no real step
+        return base
     if base is not None:
         from ..simulate import unoptimised_peak_bytes
 
@@ -321,13 +325,17 @@ def _meta_capture(model: nn.Module, args: tuple, kwargs: dict, opts: dict) -> Gr
     margs, mkwargs = _meta_inputs(args, kwargs)
     try:
         with on_meta(model):
-            g = _capture(model, margs, mkwargs, **{**opts, "repeats": 1, "warmup": 0}, flop_times=False)
+            g = _capture(model, margs, mkwargs, **{**opts, "repeats": 1, "warmup": 0},
+                         flop_times=opts.get("times") == "flops")
     except Exception as exc:  # data-dependent Python on meta raises many types; fall back and say so
         logger.info("autoremat: %s cannot run on meta tensors (%s: %s); bytes come from a linear fit of real "
                     "captures at batch sizes that fit", type(model).__name__, type(exc).__name__,
                     str(exc).splitlines()[0][:200] if str(exc) else "")
         return None
     g.meta["device"] = str(device)
+    from .signature import input_signature
+
+    g.meta["inputs"] = input_signature(args, kwargs)  # the real batch's devices, not "meta"
     return g
 
 
