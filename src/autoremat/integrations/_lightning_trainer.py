@@ -1,20 +1,25 @@
 """What :class:`~autoremat.integrations.lightning.AutoRemat` needs from a Lightning ``Trainer``:
 real training batches of a given size, the dataset length, dataloaders rebuilt after the batch
-size changed, and ``self.log`` silenced for a call of ``training_step`` outside the loop."""
+size changed, ``self.log`` silenced for a call of ``training_step`` outside the loop, and a
+trial step under the trainer's precision that leaves the training state as it was."""
 
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import nn
 
+from ..capture._recorder import preserved_state
+from ..measure import LiveStorageCounter, run_step
+from ..resident import device_of
+
 if TYPE_CHECKING:
     import lightning.pytorch as pl
 
-__all__ = ["batch_of", "dataset_length", "reset_dataloaders", "silenced_logging"]
+__all__ = ["batch_of", "dataset_length", "reset_dataloaders", "silenced_logging", "trial_step"]
 
 
 @contextlib.contextmanager
@@ -86,3 +91,23 @@ def reset_dataloaders(trainer: "pl.Trainer") -> None:
     val = loop.epoch_loop.val_loop
     val._combined_loader = None
     val.setup_data()
+
+
+def trial_step(target: nn.Module, args: tuple, kwargs: dict, loss_fn: Callable[[Any], torch.Tensor],
+                trainer: "pl.Trainer") -> int | None:
+    """One forward+backward of ``target``; returns its step peak. RNG, buffers and gradients
+    are put back, so training is unaffected."""
+    device = device_of(target, args, kwargs)
+    with preserved_state(target, [device]):
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+            torch.cuda.reset_peak_memory_stats(device)
+            base = torch.cuda.memory_allocated(device)
+            with trainer.precision_plugin.forward_context():
+                run_step(target, args, kwargs, loss_fn)
+            torch.cuda.synchronize(device)
+            return int(torch.cuda.max_memory_allocated(device) - base)
+        counter = LiveStorageCounter()
+        with counter, trainer.precision_plugin.forward_context():
+            run_step(target, args, kwargs, loss_fn)
+        return int(counter.peak)
