@@ -12,9 +12,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 from torch import nn
 
-from ..capture._recorder import preserved_state
-from ..measure import LiveStorageCounter, run_step
-from ..resident import device_of
+from ._planning import measured_step_peak
 
 if TYPE_CHECKING:
     import lightning.pytorch as pl
@@ -94,20 +92,7 @@ def reset_dataloaders(trainer: "pl.Trainer") -> None:
 
 
 def trial_step(target: nn.Module, args: tuple, kwargs: dict, loss_fn: Callable[[Any], torch.Tensor],
-                trainer: "pl.Trainer") -> int | None:
-    """One forward+backward of ``target``; returns its step peak. RNG, buffers and gradients
-    are put back, so training is unaffected."""
-    device = device_of(target, args, kwargs)
-    with preserved_state(target, [device]):
-        if device.type == "cuda":
-            torch.cuda.synchronize(device)
-            torch.cuda.reset_peak_memory_stats(device)
-            base = torch.cuda.memory_allocated(device)
-            with trainer.precision_plugin.forward_context():
-                run_step(target, args, kwargs, loss_fn)
-            torch.cuda.synchronize(device)
-            return int(torch.cuda.max_memory_allocated(device) - base)
-        counter = LiveStorageCounter()
-        with counter, trainer.precision_plugin.forward_context():
-            run_step(target, args, kwargs, loss_fn)
-        return int(counter.peak)
+               trainer: "pl.Trainer") -> int | None:
+    """One forward+backward of ``target`` under the trainer's precision; returns its step peak
+    (:func:`~autoremat.integrations._planning.measured_step_peak`)."""
+    return measured_step_peak(target, args, kwargs, loss_fn, trainer.precision_plugin.forward_context)

@@ -8,6 +8,7 @@ and load a plan the user saved.
   :class:`~autoremat.errors.InfeasibleBudgetError` stating the reachable range in bytes and in
   percent, and ``on_infeasible="min"`` plans at the least instead and says so (one warning line
   and a note in the summary).
+* :func:`measured_step_peak`: one patched step whose peak is measured, training state untouched.
 * :func:`as_plan`: ``plan=`` as a :class:`~autoremat.plan.Plan`, a path to a plan file or a
   plan dict, checked when the integration is configured (a missing file or a malformed plan is
   an error before any training).
@@ -15,23 +16,28 @@ and load a plan the user saved.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 from collections.abc import Callable, Mapping
-from typing import Any
+from typing import Any, ContextManager
 
 import torch
+from torch import nn
 
 from .._units import fmt_bytes
 from ..budget import is_min
+from ..capture._recorder import preserved_state
 from ..errors import InfeasibleBudgetError
 from ..graph import Graph
+from ..measure import LiveStorageCounter, run_step
 from ..plan import Plan
+from ..resident import device_of
 from ..simulate import unoptimised_peak_bytes
 from ..solvers import least_budget, solve
 from ._common import step_budget_bytes
 
-__all__ = ["plan_within", "as_plan", "least_for"]
+__all__ = ["plan_within", "as_plan", "least_for", "measured_step_peak"]
 
 logger = logging.getLogger(__name__)
 
@@ -89,3 +95,24 @@ def as_plan(value: Any, name: str = "plan") -> Plan | None:
                              f"{os.path.basename(path) or 'plan.json'}` or plan.to_json(path)")
         return Plan.from_json(path)
     raise ValueError(f"{name}={value!r} must be a plan file path, an autoremat.Plan, a plan dict or None")
+
+
+def measured_step_peak(target: nn.Module, args: tuple, kwargs: dict, loss_fn: Callable[[Any], torch.Tensor],
+                       context: Callable[[], ContextManager[Any]] = contextlib.nullcontext) -> int:
+    """One forward+backward of ``target`` inside ``context()`` (the trainer's precision, or
+    Accelerate's autocast); returns its step peak. RNG, buffers and gradients are put back
+    (:func:`~autoremat.capture._recorder.preserved_state`), so training is unaffected."""
+    device = device_of(target, args, kwargs)
+    with preserved_state(target, [device]):
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+            torch.cuda.reset_peak_memory_stats(device)
+            base = torch.cuda.memory_allocated(device)
+            with context():
+                run_step(target, args, kwargs, loss_fn)
+            torch.cuda.synchronize(device)
+            return int(torch.cuda.max_memory_allocated(device) - base)
+        counter = LiveStorageCounter()
+        with counter, context():
+            run_step(target, args, kwargs, loss_fn)
+        return int(counter.peak)

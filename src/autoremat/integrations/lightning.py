@@ -160,6 +160,9 @@ class AutoRemat(Callback):
         check_solver(solver)
         on_infeasible = check_on_infeasible(on_infeasible)
         given = as_plan(plan)  # a missing or malformed plan file fails here, before training
+        if raise_batch_size is True and given is not None:
+            raise ValueError("raise_batch_size=True with plan=: a saved plan is made for one batch size; pass "
+                             "raise_batch_size='auto' or False, or drop plan= to profile and raise")
         cache = PlanCache.from_setting(cache_dir)
         if times is not None:
             resolve_times(times)
@@ -237,9 +240,6 @@ class AutoRemat(Callback):
         if is_patched(target):
             raise ValueError(f"module {self.module or type(pl_module).__name__} is already patched by autoremat; "
                              "use one AutoRemat callback per module")
-        if self.raise_batch_size is True and self.given_plan is not None:
-            raise ValueError("raise_batch_size=True with plan=: a saved plan is made for one batch size; pass "
-                             "raise_batch_size='auto' or False, or drop plan= to profile and raise")
         if (self.raise_batch_size is True and self.plan is None
                 and not lightning_hasattr(pl_module, self.batch_arg_name)):
             raise ValueError(f"raise_batch_size=True needs a `{self.batch_arg_name}` attribute on the model, its "
