@@ -16,7 +16,7 @@ import importlib.util
 import os
 from collections.abc import Sequence
 
-from .budget import parse_budget
+from .budget import check_budget
 
 __all__ = ["normalise_argv", "check_args", "check_output_path", "check_device"]
 
@@ -83,9 +83,13 @@ def check_args(args: argparse.Namespace) -> None:
     budget = getattr(args, "budget", None)
     if budget is not None:
         try:
-            parse_budget(budget, unoptimised_peak_bytes=1)
+            check_budget(budget)
         except ValueError as err:
             raise ValueError(f"--budget: {err}") from None
+    plan = getattr(args, "plan", None)
+    if plan is not None and not os.path.isfile(plan):
+        raise ValueError(f"--plan {plan!r}: no such file; write one with "
+                         "`autoremat plan --model MODEL --out plan.json`")
     if getattr(args, "device", None) is not None:
         check_device(args.device)
     for option, attr in (("--out", "out"), ("--plot", "plot")):

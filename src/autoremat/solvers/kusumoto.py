@@ -418,7 +418,9 @@ class _Search:
                 if self.peak(plan) <= budget:
                     return self._stamp(cfg, plan, "memory-centric: most recomputation at the least DP budget",
                                        dp_budget=dp_min)
-            logger.warning("%s: the memory-centric plan does not fit %d bytes in simulation; using "
+            # INFO, not WARNING: the plan is valid (the caller checks it against the budget) and
+            # records this reason in plan.options; a warning line here puzzled users (issue 25)
+            logger.info("%s: the memory-centric plan does not fit %d bytes in simulation; using "
                            "the sequence found at the least DP budget (%d bytes)", self.solver, budget, dp_min)
             return self._stamp(cfg, fallback, "the sequence found at the least DP budget", dp_budget=dp_min)
         dp_budget = budget
@@ -435,7 +437,7 @@ class _Search:
             logger.info("%s: the DP's plan for %d bytes simulates to %d bytes; tightening the DP budget",
                         self.solver, dp_budget, peak)
             dp_budget -= max(peak - budget, 1)
-        logger.warning("%s: no DP plan for %d bytes passed the simulator check; using the sequence "
+        logger.info("%s: no DP plan for %d bytes passed the simulator check; using the sequence "
                        "found at the least DP budget (%d bytes)", self.solver, budget, dp_min)
         return self._stamp(cfg, fallback, "the sequence found at the least DP budget", dp_budget=dp_min)
 
