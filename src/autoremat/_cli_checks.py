@@ -97,5 +97,6 @@ def check_args(args: argparse.Namespace) -> None:
             check_output_path(option, getattr(args, attr))
     if getattr(args, "plot", None) is not None and importlib.util.find_spec("matplotlib") is None:
         raise ValueError("--plot needs matplotlib, which is not installed (pip install matplotlib)")
-    for option, attr in (("--steps", "steps"), ("--top", "top"), ("--batch-size", "batch_size")):
+    for option, attr in (("--steps", "steps"), ("--top", "top"), ("--batch-size", "batch_size"),
+                         ("--timing-pairs", "timing_pairs")):
         _positive(option, getattr(args, attr, None))

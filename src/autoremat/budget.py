@@ -85,13 +85,14 @@ def check_on_infeasible(value: Any, name: str = "on_infeasible") -> str:
     return value.strip().lower()
 
 
-def reachable_range_text(least_bytes: int, unoptimised_peak_bytes: int) -> str:
-    """``"5.52 MiB (64 %) to 8.60 MiB (100 %, no recomputation)"``: the step peaks plans reach."""
+def reachable_range_text(least_bytes: int, unoptimised_peak_bytes: int, *, short: bool = False) -> str:
+    """``"5.52 MiB (64 %) to 8.60 MiB (100 %, no recomputation)"``: the step peaks plans reach
+    (``short``: without ``", no recomputation"``)."""
     from .errors import _fmt_bytes
 
     pct = 100.0 * least_bytes / unoptimised_peak_bytes if unoptimised_peak_bytes else 100.0
     return (f"{_fmt_bytes(least_bytes)} ({pct:.0f} %) to {_fmt_bytes(unoptimised_peak_bytes)} "
-            "(100 %, no recomputation)")
+            f"(100 %{'' if short else ', no recomputation'})")
 
 
 def device_free_bytes(device: Any = None) -> int:

@@ -35,7 +35,9 @@ def _parser() -> argparse.ArgumentParser:
     d.add_argument("--budget", default="50%", help='step-peak budget: bytes, "6GB", "512MiB", "40%%" or "min" '
                                                    '(the least reachable; default 50%%)')
     d.add_argument("--solver", default="auto", choices=solvers)
-    d.add_argument("--steps", type=int, default=4)
+    d.add_argument("--steps", type=int, default=4, help="training steps compared (default 4)")
+    d.add_argument("--timing-pairs", type=int, default=7,
+                   help="interleaved pairs of timed runs, plain and patched (default 7)")
     d.add_argument("--plan", default=None, help="use this saved plan (autoremat plan ... --out plan.json) instead of "
                                                 "solving; refused if made for another model or batch")
     _common_options(d)
@@ -103,7 +105,8 @@ def _demo(console: Console, progress: Progress, args: argparse.Namespace) -> int
     plan = Plan.from_json(args.plan) if args.plan else None
     try:
         report = run_demo(args.model, args.budget, args.solver, args.steps, plan=plan,
-                          on_infeasible=args.on_infeasible, times=args.times, progress=progress)
+                          on_infeasible=args.on_infeasible, times=args.times, progress=progress,
+                          timing_pairs=args.timing_pairs)
     except InfeasibleBudgetError as err:
         console.print(f"[red]infeasible:[/red] {err}", highlight=False, soft_wrap=True)
         return 3

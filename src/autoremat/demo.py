@@ -88,16 +88,18 @@ def _choose(graph: Graph, budget: str, solver: str, on_infeasible: str) -> tuple
 
 def run_demo(model_name: str = "resnet50", budget: str = "50%", solver: str = "auto", steps: int = 4,
              seed: int = 0, *, plan: Plan | None = None, on_infeasible: str = "min", times: str | None = None,
-             progress: Progress | None = None) -> DemoReport:
+             progress: Progress | None = None, timing_pairs: int = _TIMING_PAIRS) -> DemoReport:
     """Train ``model_name`` (small zoo size, CPU) ``steps`` steps plain and patched; compare.
 
     ``plan``: a saved plan to use instead of solving (refused, naming the difference, when made
     for another model or batch). ``on_infeasible``: ``"min"`` plans at the least reachable budget
     when ``budget`` is below it (and says so), ``"error"`` raises. ``times``: ``"measured"`` or
-    ``"flops"`` (see :func:`autoremat.capture`).
+    ``"flops"`` (see :func:`autoremat.capture`). ``timing_pairs``: interleaved pairs of timed runs.
     """
     if steps < 1:
         raise ValueError(f"steps must be >= 1, got {steps}")
+    if timing_pairs < 1:
+        raise ValueError(f"timing_pairs must be >= 1, got {timing_pairs}")
     progress = progress or Progress(enabled=False)
     base, (x,) = zoo.build(model_name, size="small", seed=seed)
     patched = copy.deepcopy(base)
@@ -133,9 +135,9 @@ def run_demo(model_name: str = "resnet50", budget: str = "50%", solver: str = "a
     times_a: list[float] = []
     times_b: list[float] = []
     runs = ((base, times_a), (patched, times_b))
-    with progress.phase(f"time {_TIMING_PAIRS} interleaved pairs of steps") as phase:
-        for i in range(_TIMING_PAIRS):
-            phase.step(f"pair {i + 1}/{_TIMING_PAIRS}")
+    with progress.phase(f"time {timing_pairs} interleaved pairs of steps") as phase:
+        for i in range(timing_pairs):
+            phase.step(f"pair {i + 1}/{timing_pairs}")
             for model, measured in (runs if i % 2 == 0 else runs[::-1]):
                 measured.append(measure(model, (x,), steps=3, warmup=1).step_time_s)
     restore(patched)

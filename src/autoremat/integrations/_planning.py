@@ -55,7 +55,7 @@ def plan_within(graph: Graph, budget: Any, *, device: torch.device | str, reside
     """``(plan, step_budget_bytes, note)`` for a device ``budget`` (module docstring).
 
     ``warn(text)`` is told when ``on_infeasible="min"`` replaced the budget (default: a log
-    warning). ``note`` says what happened to the budget, for the summary (``None``: as asked).
+    warning naming ``who``). ``note`` says what happened to the budget, for the summary (``None``: as asked).
     ``solve_fn(graph, budget)`` solves (default :func:`autoremat.solve` with ``solver`` and
     ``solve_kwargs``), so that an integration solves here exactly as everywhere else.
     """
@@ -75,11 +75,14 @@ def plan_within(graph: Graph, budget: Any, *, device: torch.device | str, reside
                                         unoptimised_peak_bytes=peak) from None
     plan = run("min")
     least = int(plan.budget_bytes or 0)
-    text = (f"{who}: budget={budget!r} ({fmt_bytes(step)} of step peak, {100 * step / max(peak, 1):.0f} %) is below "
+    text = (f"budget={budget!r} ({fmt_bytes(step)} of step peak, {100 * step / max(peak, 1):.0f} %) is below "
             f"the least step peak solver {solver!r} reaches, {fmt_bytes(least)} ({100 * least / max(peak, 1):.0f} %); "
             "planned at the least (on_infeasible='min')")
-    (warn or logger.warning)(text)
-    return plan, least, f"asked {fmt_bytes(step)}, below the least; planned at the least"
+    if warn is not None:
+        warn(text)
+    else:
+        logger.warning("%s: %s", who, text)
+    return plan, least, f"asked {fmt_bytes(step)}: unreachable"
 
 
 def as_plan(value: Any, name: str = "plan") -> Plan | None:

@@ -66,6 +66,7 @@ __all__ = ["AutoRematConfig", "prepare", "budget_text"]
 logger = logging.getLogger(__name__)
 
 _ENV_PREFIX = "AUTOREMAT_"
+_NOT_RAISED = "the Accelerate path keeps it"
 
 
 @dataclass
@@ -206,7 +207,7 @@ def prepare(
             check_inputs(given, args, kwargs)  # another batch size, dtype or device: PlanMismatchError
             payload = {"plan": given.to_dict(), "summary": summarise(
                 given, None, step_budget=given.budget_bytes, resident=resident, source="plan= (a saved plan)",
-                not_raised="Accelerate does not raise the batch size")}
+                not_raised=_NOT_RAISED)}
         else:
             payload = _decide(accelerator, model, args, kwargs, cfg, loss_fn or default_loss, resident, progress)
     payload = _broadcast(accelerator, payload)
@@ -253,7 +254,7 @@ def _decide(accelerator: Any, model: nn.Module, args: tuple, kwargs: dict, cfg: 
         least = least_for(graph, cfg.solver, {})
     payload = {"plan": plan.to_dict(), "summary": summarise(
         plan, graph, step_budget=step, resident=resident, least=least, budget_note=note,
-        not_raised="Accelerate does not raise the batch size")}
+        not_raised=_NOT_RAISED)}
     if cache is not None and key is not None:
         progress.line(f"plan cached in {cache.store(key, payload)}")
     return payload

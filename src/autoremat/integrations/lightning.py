@@ -344,7 +344,8 @@ class AutoRemat(Callback):
         with progress.phase(f"solve ({len(graph)} nodes, solver {self.solver})"):
             plan, step_budget, note = plan_within(graph, self.budget, device=device, resident=resident, solver=solver,
                                                   solve_kwargs=solve_kwargs, on_infeasible=self.on_infeasible,
-                                                  who="AutoRemat", warn=rank_zero_warn, solve_fn=self._solve)
+                                                  who="AutoRemat", solve_fn=self._solve,
+                                                  warn=lambda text: rank_zero_warn(f"AutoRemat: {text}"))
         batch_size = original = (lightning_getattr(pl_module, self.batch_arg_name)
                                  if lightning_hasattr(pl_module, self.batch_arg_name) else None)
         skipped = self._raise_skipped(trainer, pl_module)
