@@ -67,7 +67,7 @@ def test_budget_min_and_a_saved_plan_in_the_demo(tmp_path: Path, capsys: pytest.
     assert main(["demo", "--model", "resnet50", "--plan", str(path), "--steps", "1", "--times", "flops"]) == 0
     out = " ".join(capsys.readouterr().out.split())
     assert "saved plan: " + plan.describe() in out and "bit-for-bit equal" in out
-    assert "interleaved pairs; the patched step took" in out  # the timing noise, stated
+    assert "interleaved pairs; per pair the patched step took" in out  # the timing noise, stated
     demo = importlib.import_module("autoremat.demo")
     monkeypatch.setattr(demo, "capture", lambda *a, **k: pytest.fail("captured before checking"))
     assert main(["demo", "--model", "densenet121", "--plan", str(path)]) == 2  # another model: refused first

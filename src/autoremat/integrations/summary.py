@@ -42,7 +42,8 @@ def summarise(plan: Plan, graph: Graph | None, *, step_budget: int | None, resid
         "least_budget_bytes": least, "unoptimised_peak_bytes": vanilla, "predicted_peak_bytes": predicted,
         "measured_peak_bytes": measured,
         "predicted_overhead": None if extra is None or not step else extra / max(step, 1e-12),
-        "stability": stability.get("chosen"), "batch_size_before": batch_before, "batch_size_after": batch_after,
+        "stability": stability.get("chosen"), "stability_tolerance": stability.get("tolerance"),
+        "batch_size_before": batch_before, "batch_size_after": batch_after,
         "batch_size_not_raised": not_raised,
     }
 
@@ -91,8 +92,8 @@ def summary_table(summary: dict[str, Any], title: str = "AutoRemat") -> Any:
     for key, value in rows:
         table.add_row(key, str(value))
     if s.get("stability") == "reference":
-        table.caption = ("of the plans within timing noise of the fastest (5 % of the step), the one that does not "
-                         "depend on the measured times, so reruns pick it again")
+        tolerance = s.get("stability_tolerance") or 0.0
+        table.caption = f"a rerun keeps this plan: within timing noise ({tolerance:.0%} of the step) of the fastest"
     return table
 
 
