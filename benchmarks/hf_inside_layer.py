@@ -125,7 +125,7 @@ def _configs(name: str, rounds: int) -> dict[str, Any]:
         autoremat.apply(m, at_hf)
         add("autoremat@hf", m, predicted_peak_bytes=at_hf.predicted_peak_bytes)
     plan = at_hf or least  # below the least budget, the least plan's layers
-    names = plan.options["node_names"]
+    names = plan.node_names
     paths = [names[seg.nodes[0]] for seg in plan.recompute_segments]
     m = copy.deepcopy(base)
     apply_selective(m, {p: "matmuls" for p in paths})

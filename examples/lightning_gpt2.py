@@ -12,10 +12,10 @@ import autoremat
 from autoremat.zoo.lightning import LitGPT2
 
 
-def main() -> autoremat.AutoRemat:
-    model = LitGPT2(batch_size=4, samples=128)
+def main(max_steps: int = 5, samples: int = 128) -> autoremat.AutoRemat:
+    model = LitGPT2(batch_size=4, samples=samples)
     callback = autoremat.AutoRemat(budget="12MiB", module="model", raise_batch_size=True, max_batch_size=64)
-    trainer = pl.Trainer(max_steps=5, accelerator="auto", devices=1, logger=False, enable_checkpointing=False,
+    trainer = pl.Trainer(max_steps=max_steps, accelerator="auto", devices=1, logger=False, enable_checkpointing=False,
                          callbacks=[callback])
     trainer.fit(model)
     return callback

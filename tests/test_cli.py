@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib
 from pathlib import Path
 
 import pytest
@@ -39,8 +40,40 @@ def test_plan_meta_paper_size(capsys: pytest.CaptureFixture[str]) -> None:
 def test_errors_have_exit_codes(capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["plan", "--model", "mlp", "--budget", "lots"]) == 2
     assert "not understood" in capsys.readouterr().out
-    assert main(["plan", "--model", "mlp", "--budget", "1KB", "--solver", "chen"]) == 3
-    assert "infeasible" in capsys.readouterr().out
+    assert main(["plan", "--model", "mlp", "--budget", "1KB", "--solver", "chen", "--on-infeasible", "error"]) == 3
+    out = " ".join(capsys.readouterr().out.split())
+    assert "infeasible" in out and "% of the unoptimised step peak" in out and "plans reach" in out
+
+
+def test_plan_on_its_defaults_plans_at_the_least_and_says_so(capsys: pytest.CaptureFixture[str]) -> None:
+    """``autoremat plan --model mlp``: 50 % is below what any plan reaches (parameter gradients
+    dominate); the default plans at the least, states the range, and exits 0."""
+    assert main(["plan", "--model", "mlp", "--times", "flops"]) == 0
+    captured = capsys.readouterr()
+    out = " ".join(captured.out.split())
+    assert "reachable step peak (solver auto):" in out and "(100 %, no recomputation)" in out
+    assert "note: budget 50% is below the least step peak" in out
+    # progress goes to standard error, with phase names and times
+    assert "autoremat: capture mlp (small, cpu): done in" in captured.err
+    assert "autoremat: solve (" in captured.err
+
+
+def test_budget_min_and_a_saved_plan_in_the_demo(tmp_path: Path, capsys: pytest.CaptureFixture[str],
+                                                 monkeypatch: pytest.MonkeyPatch) -> None:
+    path = tmp_path / "plan.json"
+    assert main(["plan", "--model", "resnet50", "--budget", "min", "--times", "flops", "--out", str(path)]) == 0
+    plan = autoremat.Plan.from_json(str(path))
+    assert plan.recompute_segments and "reachable step peak" in capsys.readouterr().out
+    assert main(["demo", "--model", "resnet50", "--plan", str(path), "--steps", "1", "--times", "flops"]) == 0
+    out = " ".join(capsys.readouterr().out.split())
+    assert "saved plan: " + plan.describe() in out and "bit-for-bit equal" in out
+    assert "interleaved pairs; per pair the patched step took" in out  # the timing noise, stated
+    demo = importlib.import_module("autoremat.demo")
+    monkeypatch.setattr(demo, "capture", lambda *a, **k: pytest.fail("captured before checking"))
+    assert main(["demo", "--model", "densenet121", "--plan", str(path)]) == 2  # another model: refused first
+    assert "plan was made for graph" in capsys.readouterr().out
+    assert main(["demo", "--plan", str(tmp_path / "missing.json")]) == 2
+    assert "--plan" in capsys.readouterr().out
 
 
 @pytest.mark.parametrize(("argv", "match"), [

@@ -303,8 +303,8 @@ def _compare_gpu(monkeypatch: pytest.MonkeyPatch):  # type: ignore[no-untyped-de
     from pathlib import Path
 
     monkeypatch.syspath_prepend(str(Path(__file__).resolve().parents[1] / "benchmarks"))
-    for mod in ("compare", "compare_gpu"):
-        sys.modules.pop(mod, None)
+    for mod in [m for m in sys.modules if m.split(".")[0] in ("compare", "compare_gpu")]:
+        sys.modules.pop(mod)  # submodules too: a stale compare.solving is not bound to a new compare
     return importlib.import_module("compare_gpu")
 
 
@@ -340,7 +340,7 @@ def test_compare_gpu_offload_section_runs_on_cpu(tmp_path, monkeypatch: pytest.M
     link = measure_link("cpu")
     result = gpu.run(["mlp"], opts, tmp_path, link, batch=False, quick=True, log=lambda s: None)
     data = json.loads((tmp_path / "offload.json").read_text())
-    assert data == json.loads(json.dumps(gpu.compare._finite(result["offload"])))
+    assert data == json.loads(json.dumps(gpu.compare.driver._finite(result["offload"])))
     assert data["bandwidth"]["bytes_per_s"] == 12e9 and data["bandwidth"]["measured"] is False
     rows = {r["config"]: r for r in data["models"]["mlp"]}
     assert list(rows) == [key for key, _ in gpu.offload_configs()]

@@ -114,23 +114,23 @@ def _rows(batch: Any) -> int:
 
 @contextlib.contextmanager
 def limited_trial_steps(capacity: int) -> Iterator[None]:
-    """autoremat's trial steps (``_trial_step``: one forward+backward of the patched module on a
+    """autoremat's trial steps (``trial_step``: one forward+backward of the patched module on a
     real batch of the size being tried) run under a :class:`SimulatedOOMCounter` with limit
     ``capacity`` minus :func:`resident_bytes` of the LightningModule minus the trial inputs."""
     from autoremat.integrations import lightning as lit
 
-    original = lit._trial_step
+    original = lit.trial_step
 
     def trial(target: nn.Module, args: tuple, kwargs: dict, loss_fn: Callable, trainer: Any) -> int | None:
         base = resident_bytes(trainer.lightning_module, trainer.optimizers) + storage_bytes((args, kwargs))
         with SimulatedOOMCounter(capacity - base):
             return original(target, args, kwargs, loss_fn, trainer)
 
-    lit._trial_step = trial
+    lit.trial_step = trial
     try:
         yield
     finally:
-        lit._trial_step = original
+        lit.trial_step = original
 
 
 @dataclass

@@ -310,7 +310,7 @@ def to_markdown(result: dict[str, Any]) -> str:
                   "batch. *BatchSizeFinder*: the counter wraps the LightningModule's `optimizer_step` (in automatic "
                   "optimisation it runs the closure: `training_step`, `backward`, the optimizer update; wrapping "
                   "`training_step` alone would leave backward unenforced), so every trial step of the search is "
-                  "enforced. *AutoRemat*: the counter wraps `autoremat.integrations.lightning._trial_step` (one "
+                  "enforced. *AutoRemat*: the counter wraps `autoremat.integrations.lightning.trial_step` (one "
                   "forward+backward of the patched module on a real batch of the size tried; inputs charged as "
                   "batch), and AutoRemat's own check compares the measured step peak with its step budget (B minus "
                   "parameters, buffers, estimated optimizer state, under automatic optimisation the previous step's "

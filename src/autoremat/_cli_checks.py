@@ -16,7 +16,7 @@ import importlib.util
 import os
 from collections.abc import Sequence
 
-from .budget import parse_budget
+from .budget import check_budget
 
 __all__ = ["normalise_argv", "check_args", "check_output_path", "check_device"]
 
@@ -83,9 +83,13 @@ def check_args(args: argparse.Namespace) -> None:
     budget = getattr(args, "budget", None)
     if budget is not None:
         try:
-            parse_budget(budget, unoptimised_peak_bytes=1)
+            check_budget(budget)
         except ValueError as err:
             raise ValueError(f"--budget: {err}") from None
+    plan = getattr(args, "plan", None)
+    if plan is not None and not os.path.isfile(plan):
+        raise ValueError(f"--plan {plan!r}: no such file; write one with "
+                         "`autoremat plan --model MODEL --out plan.json`")
     if getattr(args, "device", None) is not None:
         check_device(args.device)
     for option, attr in (("--out", "out"), ("--plot", "plot")):
@@ -93,5 +97,6 @@ def check_args(args: argparse.Namespace) -> None:
             check_output_path(option, getattr(args, attr))
     if getattr(args, "plot", None) is not None and importlib.util.find_spec("matplotlib") is None:
         raise ValueError("--plot needs matplotlib, which is not installed (pip install matplotlib)")
-    for option, attr in (("--steps", "steps"), ("--top", "top"), ("--batch-size", "batch_size")):
+    for option, attr in (("--steps", "steps"), ("--top", "top"), ("--batch-size", "batch_size"),
+                         ("--timing-pairs", "timing_pairs")):
         _positive(option, getattr(args, attr, None))

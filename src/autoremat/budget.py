@@ -7,7 +7,16 @@ Accepted forms (anything else is a ``ValueError`` naming the value and these for
   (``kB/MB/GB/TB`` are powers of 1000, ``KiB/MiB/GiB/TiB`` powers of 1024);
 * a fraction of the graph's unoptimised step peak: ``"40%"`` or a float in ``(0, 1]``;
 * ``"auto"``: the device's free memory (NVML, else ``torch.cuda.mem_get_info``; on a CPU-only
-  machine the host's available memory), minus what is already resident, minus a safety margin.
+  machine the host's available memory), minus what is already resident, minus a safety margin;
+* ``"min"``: the least step peak a solver reaches on the graph (``autoremat.solve`` and the
+  integrations resolve it with :func:`autoremat.solvers.least.least_budget`; it needs a graph,
+  so :func:`parse_budget` itself refuses it).
+
+What happens when a budget is below what any plan reaches is the caller's choice
+(``on_infeasible``, see :data:`ON_INFEASIBLE`): ``"error"`` raises
+:class:`~autoremat.errors.InfeasibleBudgetError`, whose message states the reachable range in
+bytes and in percent of the unoptimised step peak (:func:`reachable_range_text`); ``"min"``
+plans at the least reachable budget instead and says so.
 """
 
 from __future__ import annotations
@@ -19,12 +28,16 @@ import re
 from decimal import Decimal
 from typing import Any
 
-__all__ = ["parse_budget", "device_free_bytes", "ACCEPTED_FORMS", "DEFAULT_MARGIN"]
+__all__ = ["parse_budget", "check_budget", "is_min", "is_auto", "device_free_bytes", "reachable_range_text",
+           "check_on_infeasible", "ACCEPTED_FORMS", "DEFAULT_MARGIN", "ON_INFEASIBLE"]
 
 logger = logging.getLogger(__name__)
 
 ACCEPTED_FORMS = ('an int number of bytes, a size string such as "6GB" or "512MiB", a fraction of '
-                  'the unoptimised step peak such as "40%" or 0.4, or "auto"')
+                  'the unoptimised step peak such as "40%" or 0.4, "auto" (free device memory) or "min" '
+                  '(the least step peak a solver reaches)')
+ON_INFEASIBLE = ("error", "min")
+"""What to do when no plan meets the budget: raise (with the reachable range), or plan at the least."""
 DEFAULT_MARGIN = 0.10
 """Fraction of the free device memory kept back by ``"auto"`` (allocator fragmentation, CUDA
 context, workspace the profile did not see). Override with ``AUTOREMAT_MARGIN``."""
@@ -40,6 +53,46 @@ _SIZE_RE = re.compile(r"^\s*([0-9]*\.?[0-9]+(?:[eE][+-]?[0-9]+)?)\s*([a-zA-Z]*)\
 def _bad(value: Any, why: str = "") -> ValueError:
     extra = f" ({why})" if why else ""
     return ValueError(f"budget={value!r} is not understood{extra}; expected {ACCEPTED_FORMS}")
+
+
+def _word(budget: Any) -> str | None:
+    return budget.strip().lower() if isinstance(budget, str) else None
+
+
+def is_min(budget: Any) -> bool:
+    """Whether ``budget`` is ``"min"`` (the least step peak a solver reaches)."""
+    return _word(budget) == "min"
+
+
+def is_auto(budget: Any) -> bool:
+    """Whether ``budget`` is ``"auto"`` (free device memory minus a margin)."""
+    return _word(budget) == "auto"
+
+
+def check_budget(budget: Any) -> None:
+    """Syntax and range check of a budget before anything is captured: every form
+    :func:`parse_budget` accepts, plus ``"auto"`` and ``"min"``; a ``ValueError`` otherwise."""
+    if is_min(budget) or is_auto(budget):
+        return
+    parse_budget(budget, unoptimised_peak_bytes=1)
+
+
+def check_on_infeasible(value: Any, name: str = "on_infeasible") -> str:
+    """``value`` if it is one of :data:`ON_INFEASIBLE`, else a ``ValueError`` naming them."""
+    if not isinstance(value, str) or value.strip().lower() not in ON_INFEASIBLE:
+        raise ValueError(f"{name}={value!r} must be 'error' (raise, stating the reachable range) or 'min' "
+                         "(plan at the least reachable budget instead, and say so)")
+    return value.strip().lower()
+
+
+def reachable_range_text(least_bytes: int, unoptimised_peak_bytes: int, *, short: bool = False) -> str:
+    """``"5.52 MiB (64 %) to 8.60 MiB (100 %, no recomputation)"``: the step peaks plans reach
+    (``short``: without ``", no recomputation"``)."""
+    from .errors import _fmt_bytes
+
+    pct = 100.0 * least_bytes / unoptimised_peak_bytes if unoptimised_peak_bytes else 100.0
+    return (f"{_fmt_bytes(least_bytes)} ({pct:.0f} %) to {_fmt_bytes(unoptimised_peak_bytes)} "
+            f"(100 %{'' if short else ', no recomputation'})")
 
 
 def device_free_bytes(device: Any = None) -> int:
@@ -123,6 +176,9 @@ def parse_budget(
     if not isinstance(budget, str):
         raise _bad(budget, f"type {type(budget).__name__}")
     text = budget.strip()
+    if text.lower() == "min":
+        raise ValueError("budget='min' is the least step peak a solver reaches on a graph: give it to "
+                         "autoremat.solve (or an integration), which resolves it, not to parse_budget")
     if text.startswith("-"):
         raise _bad(budget, "a budget cannot be negative")
     if text.lower() == "auto":

@@ -13,10 +13,13 @@ from rich.table import Table
 from . import zoo
 from ._cli_checks import check_args, normalise_argv
 from ._units import fmt_bytes
+from .budget import is_min, reachable_range_text
+from .capture import TIMES
 from .capture.scaled import CaptureDoesNotFitError, capture_within, profile_limit_bytes, resident_bytes_of
 from .errors import InfeasibleBudgetError
 from .cost import simulate, unoptimised_peak_bytes
-from .solvers import SOLVERS, solve
+from .progress import Progress
+from .solvers import SOLVERS, least_budget, solve
 
 __all__ = ["main"]
 
@@ -29,9 +32,15 @@ def _parser() -> argparse.ArgumentParser:
 
     d = sub.add_parser("demo", help="train a zoo model on synthetic data without and with a plan (CPU works)")
     d.add_argument("--model", default="resnet50", choices=zoo.names())
-    d.add_argument("--budget", default="50%", help='step-peak budget: bytes, "6GB", "512MiB", "40%%" (default 50%%)')
+    d.add_argument("--budget", default="50%", help='step-peak budget: bytes, "6GB", "512MiB", "40%%" or "min" '
+                                                   '(the least reachable; default 50%%)')
     d.add_argument("--solver", default="auto", choices=solvers)
-    d.add_argument("--steps", type=int, default=4)
+    d.add_argument("--steps", type=int, default=4, help="training steps compared (default 4)")
+    d.add_argument("--timing-pairs", type=int, default=7,
+                   help="interleaved pairs of timed runs, plain and patched (default 7)")
+    d.add_argument("--plan", default=None, help="use this saved plan (autoremat plan ... --out plan.json) instead of "
+                                                "solving; refused if made for another model or batch")
+    _common_options(d)
 
     for name, helptext in (("profile", "capture a zoo model and summarise its graph"),
                            ("plan", "capture a zoo model, solve, print the plan and write its JSON")):
@@ -43,9 +52,15 @@ def _parser() -> argparse.ArgumentParser:
         s.add_argument("--memory-limit", default="auto",
                        help='device memory profiling may use: "auto" (free device memory; host memory on a CPU), '
                             'bytes or "6GB"; a step predicted above it is profiled at smaller batches and scaled')
+        s.add_argument("--times", default=None, choices=TIMES,
+                       help='node times: "measured" (default, or AUTOREMAT_TIMES) or "flops" (deterministic)')
         if name == "plan":
-            s.add_argument("--budget", default="50%")
+            s.add_argument("--budget", default="50%", help='step-peak budget: bytes, "6GB", "512MiB", "40%%" or "min" '
+                                                          '(the least the solver reaches; default 50%%)')
             s.add_argument("--solver", default="auto", choices=solvers)
+            s.add_argument("--on-infeasible", default="min", choices=("min", "error"),
+                           help="a budget below the least reachable: plan at the least and say so (min, the "
+                                "default) or exit 3 (error)")
             s.add_argument("--out", default=None, help="write the plan JSON here")
             s.add_argument("--plot", default=None, help="write a PNG of the memory timeline, unpatched vs planned")
             s.add_argument("--gap", action="store_true",
@@ -57,30 +72,46 @@ def _parser() -> argparse.ArgumentParser:
     return p
 
 
+def _common_options(d: argparse.ArgumentParser) -> None:
+    d.add_argument("--on-infeasible", default="min", choices=("min", "error"),
+                   help="a budget below the least reachable: plan at the least and say so (min, the default) or "
+                        "exit 3 (error)")
+    d.add_argument("--times", default=None, choices=TIMES,
+                   help='node times: "measured" (default, or AUTOREMAT_TIMES) or "flops" (deterministic)')
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     args = _parser().parse_args(normalise_argv(sys.argv[1:] if argv is None else argv))
     logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING,
                         format="%(levelname)s %(name)s: %(message)s")
     console = Console(width=None if sys.stdout.isatty() else 120)
+    progress = Progress(console=Console(stderr=True, width=None if sys.stderr.isatty() else 120))
     try:
         check_args(args)  # before any capture: bad budgets, devices and output paths fail in a second
         if args.command == "demo":
-            return _demo(console, args)
+            return _demo(console, progress, args)
         if args.command == "profile":
-            return _profile(console, args)
-        return _plan(console, args)
+            return _profile(console, progress, args)
+        return _plan(console, progress, args)
     except (ValueError, TypeError, OSError, CaptureDoesNotFitError) as err:
         console.print(f"[red]error:[/red] {err}", highlight=False, soft_wrap=True)  # one line, no wrapping
         return 2
 
 
-def _demo(console: Console, args: argparse.Namespace) -> int:
+def _demo(console: Console, progress: Progress, args: argparse.Namespace) -> int:
     from .demo import run_demo
+    from .plan import Plan
 
-    with console.status(f"training {args.model} {args.steps} steps, plain and patched…"):
-        report = run_demo(args.model, args.budget, args.solver, args.steps)
-    table = Table(title=f"autoremat demo: {report.model} (small size, CPU), {report.nodes} nodes, "
-                        f"budget {report.budget}")
+    plan = Plan.from_json(args.plan) if args.plan else None
+    try:
+        report = run_demo(args.model, args.budget, args.solver, args.steps, plan=plan,
+                          on_infeasible=args.on_infeasible, times=args.times, progress=progress,
+                          timing_pairs=args.timing_pairs)
+    except InfeasibleBudgetError as err:
+        console.print(f"[red]infeasible:[/red] {err}", highlight=False, soft_wrap=True)
+        return 3
+    budget = args.budget if report.plan_source == "solved" else f"{args.plan} (saved)"
+    table = Table(title=f"autoremat demo: {report.model} (small size, CPU), {report.nodes} nodes, budget {budget}")
     for col in ("run", "measured step peak", "predicted step peak", "time / step", "gradients"):
         table.add_column(col, justify="right" if col != "run" else "left")
     base = report.rows[0]
@@ -91,20 +122,34 @@ def _demo(console: Console, args: argparse.Namespace) -> int:
         table.add_row(row.label, fmt_bytes(row.measured_peak_bytes) + ratio, fmt_bytes(row.predicted_peak_bytes),
                       f"{row.step_time_s * 1e3:.1f} ms{tratio}", grads)
     console.print(table)
-    console.print(f"plan: {report.plan.describe()}; capture {report.capture_s:.2f} s, solve {report.solve_s:.3f} s")
+    what = "plan" if report.plan_source == "solved" else "saved plan"
+    console.print(f"{what}: {report.plan.describe()}; capture {report.capture_s:.2f} s, solve {report.solve_s:.3f} s",
+                  highlight=False)
+    if report.least_bytes is not None:
+        console.print(f"reachable step peak: {reachable_range_text(report.least_bytes, report.peak_bytes)}",
+                      highlight=False)
+    if report.budget_note:
+        console.print(f"note: budget {args.budget} is {report.budget_note}", highlight=False)
+    if report.pair_ratios:
+        ratios = sorted(report.pair_ratios)
+        trimmed = ratios[1:-1] if len(ratios) >= 5 else ratios  # one hiccup of a busy machine is not the spread
+        left_out = " without the lowest and highest" if len(ratios) >= 5 else ""
+        console.print(f"time / step: median of {len(ratios)} interleaved pairs; per pair the patched step took "
+                      f"{trimmed[0]:.2f}x to {trimmed[-1]:.2f}x the plain one{left_out} (the timing noise of this "
+                      "machine: compare such ratios, not single runs)", highlight=False)
     return 0 if report.rows[-1].grads_equal else 1
 
 
-def _captured(console: Console, args: argparse.Namespace):  # type: ignore[no-untyped-def]
-    with console.status(f"capturing {args.model} ({args.size}, {args.device})…"):
+def _captured(progress: Progress, args: argparse.Namespace):  # type: ignore[no-untyped-def]
+    with progress.phase(f"capture {args.model} ({args.size}, {args.device})"):
         model, inputs = zoo.build(args.model, size=args.size, batch_size=args.batch_size, device=args.device)
         limit = None if args.device == "meta" else profile_limit_bytes(
             args.memory_limit, device=args.device, resident_bytes=resident_bytes_of(model, inputs))
-        return capture_within(model, inputs, limit_bytes=limit)
+        return capture_within(model, inputs, limit_bytes=limit, times=args.times)
 
 
-def _profile(console: Console, args: argparse.Namespace) -> int:
-    g = _captured(console, args)
+def _profile(console: Console, progress: Progress, args: argparse.Namespace) -> int:
+    g = _captured(progress, args)
     peak = unoptimised_peak_bytes(g)
     console.print(f"{g}  unoptimised step peak {fmt_bytes(peak)}, saved for backward (summed over nodes) "
                   f"{fmt_bytes(int(g.total('saved_bytes')))}, parameter gradients {fmt_bytes(g.param_grad_bytes)}, "
@@ -118,16 +163,26 @@ def _profile(console: Console, args: argparse.Namespace) -> int:
         table.add_row(str(v), d["name"][:40], d["kind"], fmt_bytes(d["out_bytes"]), fmt_bytes(d["saved_bytes"]),
                       f"{d['time_s'] * 1e6:.0f} µs")
     console.print(table)
+    with progress.phase("reachable range (least budget of solver auto)"):
+        least = least_budget(g)
+    console.print(f"reachable step peak (solver auto): {reachable_range_text(least, peak)}", highlight=False)
     return 0
 
 
-def _plan(console: Console, args: argparse.Namespace) -> int:
-    g = _captured(console, args)
-    try:
-        plan = solve(g, args.budget, solver=args.solver)
-    except InfeasibleBudgetError as err:
-        console.print(f"[red]infeasible:[/red] {err}")
-        return 3
+def _plan(console: Console, progress: Progress, args: argparse.Namespace) -> int:
+    g = _captured(progress, args)
+    note = None
+    with progress.phase(f"solve ({len(g)} nodes, solver {args.solver})"):
+        try:
+            plan = solve(g, args.budget, solver=args.solver)
+        except InfeasibleBudgetError as err:
+            if args.on_infeasible == "error":
+                console.print(f"[red]infeasible:[/red] {err}", highlight=False, soft_wrap=True)
+                return 3
+            plan = solve(g, "min", solver=args.solver)
+            note = (f"note: budget {args.budget} is below the least step peak solver {args.solver!r} reaches; "
+                    "planned at the least (--on-infeasible error to fail instead)")
+        least = int(plan.budget_bytes or 0) if is_min(args.budget) or note else least_budget(g, args.solver)
     sim = simulate(g, plan)
     table = Table(title=f"plan for {args.model}: {plan.describe()}")
     for col in ("segment", "nodes", "first", "last", "recompute"):
@@ -137,12 +192,17 @@ def _plan(console: Console, args: argparse.Namespace) -> int:
                       g.node(seg.nodes[-1])["name"][:30], "yes" if seg.recompute else "no")
     console.print(table)
     console.print(f"budget {fmt_bytes(plan.budget_bytes or 0)}; predicted step peak {fmt_bytes(sim.peak_bytes)} "
-                  f"(unoptimised {fmt_bytes(unoptimised_peak_bytes(g))}); extra time {sim.extra_time_s * 1e3:.2f} ms")
+                  f"(unoptimised {fmt_bytes(unoptimised_peak_bytes(g))}); extra time {sim.extra_time_s * 1e3:.3g} ms",
+                  highlight=False)
+    console.print(f"reachable step peak (solver {args.solver}): "
+                  f"{reachable_range_text(least, unoptimised_peak_bytes(g))}", highlight=False)
+    if note:
+        console.print(f"[yellow]{note}[/yellow]", highlight=False, soft_wrap=True)
     if args.gap:
         from .solvers.milp import optimality_gap
 
         try:
-            with console.status(f"bounding the optimum (up to {args.gap_time_limit:g} s)…"):
+            with progress.phase(f"bound the optimum (up to {args.gap_time_limit:g} s)"):
                 gap = optimality_gap(g, plan, plan.budget_bytes or 0, time_limit_s=args.gap_time_limit)
         except ImportError as err:  # highspy missing: the message names the extra to install
             console.print(f"error: {err}", markup=False)

@@ -19,20 +19,43 @@ class InfeasibleBudgetError(ValueError):
     """No plan of the requested solver fits the budget.
 
     ``min_budget_bytes`` is the smallest step-peak budget the solver can meet on this graph
-    (``None`` only when the solver could not determine it).
+    (``None`` only when the solver could not determine it); ``unoptimised_peak_bytes``, where
+    known, is the step peak without recomputation, so that the message states the reachable
+    range in bytes and in percent.
     """
 
-    def __init__(self, budget_bytes: int, min_budget_bytes: int | None, *, solver: str) -> None:
+    def __init__(self, budget_bytes: int, min_budget_bytes: int | None, *, solver: str,
+                 unoptimised_peak_bytes: int | None = None, reason: str | None = None) -> None:
         self.budget_bytes = int(budget_bytes)
+        self.reason = reason
+        """Why the solver can reach no lower (a solver's own explanation), appended to the message."""
         self.min_budget_bytes = None if min_budget_bytes is None else int(min_budget_bytes)
         self.solver = solver
+        self.unoptimised_peak_bytes = None if unoptimised_peak_bytes is None else int(unoptimised_peak_bytes)
         need = "unknown" if min_budget_bytes is None else _fmt_bytes(min_budget_bytes)
+        peak = self.unoptimised_peak_bytes
+        if min_budget_bytes is None:
+            detail = ""
+        elif peak:
+            detail = (f" ({min_budget_bytes} bytes, {100.0 * min_budget_bytes / peak:.0f} % of the unoptimised "
+                      f"step peak {_fmt_bytes(peak)}); plans reach {need} to {_fmt_bytes(peak)}")
+        else:
+            detail = f" ({min_budget_bytes} bytes)"
+        asked = f"{_fmt_bytes(budget_bytes)} ({budget_bytes} bytes" + (
+            f", {100.0 * budget_bytes / peak:.0f} %)" if peak else ")")
         super().__init__(
-            f"solver {solver!r} found no plan within a step-peak budget of {_fmt_bytes(budget_bytes)} "
-            f"({budget_bytes} bytes); the smallest budget it can meet is {need}"
-            f"{'' if min_budget_bytes is None else f' ({min_budget_bytes} bytes)'}. "
-            "Raise the budget, lower the batch size, or try another solver (autoremat.SOLVERS)."
+            f"solver {solver!r} found no plan within a step-peak budget of {asked}; the smallest budget it "
+            f"can meet is {need}{detail}. Raise the budget, pass budget='min' (the least reachable) or "
+            "on_infeasible='min', lower the batch size, or try another solver (autoremat.SOLVERS)."
+            + (f" {reason}" if reason else "")
         )
+
+    def with_peak(self, unoptimised_peak_bytes: int) -> "InfeasibleBudgetError":
+        """The same error, its message stating the reachable range in percent too."""
+        if self.unoptimised_peak_bytes is not None:
+            return self
+        return InfeasibleBudgetError(self.budget_bytes, self.min_budget_bytes, solver=self.solver,
+                                     unoptimised_peak_bytes=unoptimised_peak_bytes, reason=self.reason)
 
 
 class PlanMismatchError(ValueError):

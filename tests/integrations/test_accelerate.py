@@ -18,7 +18,8 @@ from autoremat.measure import gradients, gradients_equal, run_step
 @pytest.fixture(autouse=True)
 def _clean_env(monkeypatch: pytest.MonkeyPatch) -> None:
     for key in ("AUTOREMAT_BUDGET", "AUTOREMAT_SOLVER", "AUTOREMAT_ENABLED", "AUTOREMAT_CONFIG",
-                "AUTOREMAT_PROFILE_STEPS"):
+                "AUTOREMAT_PROFILE_STEPS", "AUTOREMAT_ON_INFEASIBLE", "AUTOREMAT_PLAN", "AUTOREMAT_CACHE_DIR",
+                "AUTOREMAT_TIMES", "AUTOREMAT_VERBOSE", "AUTOREMAT_PROGRESS"):
         monkeypatch.delenv(key, raising=False)
 
 
@@ -154,3 +155,76 @@ def test_yaml_and_numeric_budgets_are_read_as_budgets(tmp_path: Path, monkeypatc
     monkeypatch.delenv("AUTOREMAT_BUDGET")
     with pytest.raises(ValueError, match=r"fraction in \(0, 1\]"):
         ar.AutoRematConfig(budget=1.5)
+
+
+def _small(width: int = 32, batch: int = 8):  # type: ignore[no-untyped-def]
+    torch.manual_seed(0)
+    layers: list[torch.nn.Module] = [torch.nn.Conv2d(3, width, 3, padding=1), torch.nn.ReLU()]
+    for _ in range(6):
+        layers += [torch.nn.Conv2d(width, width, 3, padding=1), torch.nn.ReLU()]
+    model = torch.nn.Sequential(*layers, torch.nn.AdaptiveAvgPool2d(1), torch.nn.Flatten(), torch.nn.Linear(width, 10))
+    return model, torch.randn(batch, 3, 16, 16)
+
+
+def test_prints_the_summary_table_and_progress(capsys: pytest.CaptureFixture[str]) -> None:
+    model, x = _small()
+    ar.prepare(Accelerator(cpu=True), model, (x,), budget="70%")
+    out = capsys.readouterr()
+    for row in ("autoremat (Accelerate)", "plan from", "reachable step peak", "measured step peak",
+                "not raised: the Accelerate path keeps it"):
+        assert row in " ".join(out.out.split()), row
+    assert "autoremat: capture Sequential: done in" in out.err
+    autoremat.restore(model)
+
+
+def test_disabled_says_so(monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    monkeypatch.setenv("AUTOREMAT_ENABLED", "0")
+    model, x = _small()
+    ar.prepare(Accelerator(cpu=True), model, (x,), budget="70%")
+    assert "disabled (AUTOREMAT_ENABLED=0): the model is left as it is" in capsys.readouterr().err
+    assert not autoremat.is_patched(model)
+
+
+def test_infeasible_budget_states_the_range_or_plans_at_the_least(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("AUTOREMAT_BUDGET", "1%")
+    model, x = _small()
+    with pytest.raises(autoremat.InfeasibleBudgetError, match=r"bytes, 1 %\).*plans reach"):
+        ar.prepare(Accelerator(cpu=True), model, (x,), budget="70%")
+    assert not autoremat.is_patched(model)
+    monkeypatch.setenv("AUTOREMAT_ON_INFEASIBLE", "min")
+    ar.prepare(Accelerator(cpu=True), model, (x,))
+    plan = model.__dict__["_autoremat_patch"].plan
+    least = autoremat.solve(autoremat.capture(model, (x,), times="flops"), "min").budget_bytes
+    assert plan.budget_bytes == least  # budgets are bytes, which do not depend on the time source
+    autoremat.restore(model)
+    monkeypatch.delenv("AUTOREMAT_ON_INFEASIBLE")
+    monkeypatch.setenv("AUTOREMAT_BUDGET", "min")
+    ar.prepare(Accelerator(cpu=True), model, (x,))
+    assert model.__dict__["_autoremat_patch"].plan.budget_bytes == least
+    autoremat.restore(model)
+
+
+def test_saved_plan_and_cache_skip_profiling(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    model, x = _small()
+    monkeypatch.setenv("AUTOREMAT_CACHE_DIR", str(tmp_path / "cache"))
+    ar.prepare(Accelerator(cpu=True), model, (x,), budget="70%")
+    plan = model.__dict__["_autoremat_patch"].plan
+    autoremat.restore(model)
+    plan.to_json(str(tmp_path / "plan.json"))
+    monkeypatch.setattr(ar, "capture_within", lambda *a, **k: pytest.fail("profiled again"))
+    for kwargs in ({"budget": "70%"}, {"plan": str(tmp_path / "plan.json")}, {"plan": plan}):
+        again, _ = _small()
+        ar.prepare(Accelerator(cpu=True), again, (x,), **kwargs)
+        assert again.__dict__["_autoremat_patch"].plan.to_dict() == plan.to_dict(), kwargs
+        autoremat.restore(again)
+    monkeypatch.setenv("AUTOREMAT_PLAN", str(tmp_path / "plan.json"))
+    other, y = _small(batch=16)  # a larger batch: the plan's predictions do not hold (a smaller one runs)
+    with pytest.raises(autoremat.PlanMismatchError, match=r"the batch has 16 rows, the plan was made for 8"):
+        ar.prepare(Accelerator(cpu=True), other, (y,))
+    wider, _ = _small(width=16)
+    with pytest.raises(autoremat.PlanMismatchError):
+        ar.prepare(Accelerator(cpu=True), wider, (x,))
+    assert not autoremat.is_patched(other) and not autoremat.is_patched(wider)
+    monkeypatch.setenv("AUTOREMAT_PLAN", str(tmp_path / "missing.json"))
+    with pytest.raises(ValueError, match="no such plan file"):
+        ar.AutoRematConfig()

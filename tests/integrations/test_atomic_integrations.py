@@ -239,12 +239,12 @@ def test_callback_failing_after_raising_the_batch_size_puts_it_back(tmp_path: Pa
     callback = _callback(budget=10**9, solver="none", raise_batch_size=True, max_batch_size=16, verbose=True)
     raised: list[int | None] = []
 
-    def summary(self: Any) -> None:
+    def summary(*args: Any, **kwargs: Any) -> None:  # the summary table, printed last in on_fit_start
         raised.append(lit.batch_size)
         assert autoremat.is_patched(lit.model)
         raise RuntimeError("summary failed")
 
-    monkeypatch.setattr(type(callback), "_print_summary", summary)
+    monkeypatch.setattr(autoremat.integrations.lightning, "print_summary", summary)
     with caplog.at_level(logging.WARNING):
         _fit_fails(tmp_path, lit, callback, RuntimeError, "summary failed")
     assert raised == [16] and lit.batch_size == 4

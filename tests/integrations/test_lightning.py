@@ -14,6 +14,7 @@ import torch
 
 import autoremat
 from autoremat.integrations import lightning as lit
+from autoremat.integrations.summary import batch_size_row
 from autoremat.measure import LiveStorageCounter, measure
 
 from autoremat.zoo.lightning import LitClassifier, LitGPT2
@@ -110,14 +111,14 @@ def test_raise_batch_size_under_byte_budget(tmp_path: Path) -> None:
 def test_raise_batch_size_backs_off_on_simulated_oom(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """A CPU allocator that fails above a limit: the callback must back off and keep state."""
     limit = 2 * 2**20
-    original_trial = lit._trial_step
+    original_trial = lit.trial_step
 
     def failing_trial(target, args, kwargs, loss_fn, trainer):  # type: ignore[no-untyped-def]
         counter = _Limited(limit)
         with counter:
             return original_trial(target, args, kwargs, loss_fn, trainer)
 
-    monkeypatch.setattr(lit, "_trial_step", failing_trial)
+    monkeypatch.setattr(lit, "trial_step", failing_trial)
     model = LitClassifier(samples=256)
     state = {k: v.clone() for k, v in model.state_dict().items()}
     cb = autoremat.AutoRemat(budget=10 * 2**20, module="model", verbose=False, max_batch_size=64)
@@ -329,7 +330,7 @@ def test_summary_says_when_raising_was_turned_off(tmp_path: Path) -> None:
     _trainer(cb, tmp_path, max_steps=1).fit(model)
     assert cb.summary["batch_size_before"] == cb.summary["batch_size_after"] == 4
     assert cb.summary["batch_size_not_raised"] == "raise_batch_size=False"
-    assert lit._batch_size_row(cb.summary) == "4 (not raised: raise_batch_size=False)"
+    assert batch_size_row(cb.summary) == "4 (not raised: raise_batch_size=False)"
 
 
 def test_batch_search_probes_with_the_same_solve_as_the_confirmation(tmp_path: Path) -> None:

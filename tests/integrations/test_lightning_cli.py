@@ -25,3 +25,4 @@ def test_config_runs(name: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch)
     assert cb.plan is not None and cb.plan.recompute_segments
     assert cb.summary["measured_peak_bytes"] <= cb.step_budget_bytes
     assert cli.trainer.global_step == 2
+    assert not (tmp_path / "config.yaml").exists() and not list(tmp_path.iterdir())  # nothing left behind

@@ -95,14 +95,14 @@ class _Device:
 
         pl_module.optimizer_step = enforced_optimizer_step  # type: ignore[method-assign]
         pl_module.training_step = enforced_training_step  # type: ignore[method-assign]
-        trial_step = lit._trial_step
+        trial_step = lit.trial_step
 
         def enforced_trial_step(target, args, kwargs, loss_fn, trainer):  # type: ignore[no-untyped-def]
             limit = self.capacity - _allocated(trainer.lightning_module) - _storage_bytes((args, kwargs))
             with _OutOfMemory(limit):
                 return trial_step(target, args, kwargs, loss_fn, trainer)
 
-        monkeypatch.setattr(lit, "_trial_step", enforced_trial_step)
+        monkeypatch.setattr(lit, "trial_step", enforced_trial_step)
 
 
 def _trainer(callbacks: list[pl.Callback], tmp_path: Path) -> pl.Trainer:

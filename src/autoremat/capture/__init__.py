@@ -10,10 +10,13 @@ accumulated into it), ``requires_grad`` and ``training`` flags are restored
 dtypes of parameters and buffers (``tensors``) and of the example batch (``inputs``), see
 :mod:`autoremat.capture.signature`.
 
-Times: CUDA events on a GPU, ``perf_counter`` on the CPU (median of ``repeats`` steps after
-``warmup``). On the meta device nothing is allocated or run for real; times come from
-``torch.utils.flop_counter`` FLOPs and bytes moved (see :func:`estimate_time`), and the
-backward time of a node is taken as twice its forward time.
+Times (``times=``, default ``"measured"``, or the ``AUTOREMAT_TIMES`` environment variable):
+``"measured"``: CUDA events on a GPU, ``perf_counter`` on the CPU (median of ``repeats`` steps
+after ``warmup``); ``"flops"``: deterministic, from ``torch.utils.flop_counter`` FLOPs and bytes
+moved (see :func:`estimate_time`; no timing steps run), so that two captures give the same
+graph and the same plan, e.g. for planning in CI. On the meta device nothing is allocated or run
+for real and times are always FLOP-based. The backward time of a FLOP-timed node is taken as
+twice its forward time.
 """
 
 from __future__ import annotations
@@ -36,11 +39,27 @@ from .module import module_fingerprint, profile_modules
 from .signature import input_signature, tensor_signature
 from .scaled import CaptureDoesNotFitError, capture_within
 
-__all__ = ["capture", "capture_within", "CaptureDoesNotFitError", "CAPTURE_MODES", "estimate_time", "DEFAULT_FLOPS_PER_S", "DEFAULT_BYTES_PER_S"]
+__all__ = ["capture", "capture_within", "CaptureDoesNotFitError", "CAPTURE_MODES", "TIMES", "resolve_times",
+           "estimate_time", "DEFAULT_FLOPS_PER_S", "DEFAULT_BYTES_PER_S"]
 
 logger = logging.getLogger(__name__)
 
 CAPTURE_MODES = ("auto", "fx", "module")
+TIMES = ("measured", "flops")
+"""Where node times come from: timing steps, or FLOPs and bytes moved (deterministic)."""
+
+
+def resolve_times(times: str | None) -> str:
+    """``times``, or ``AUTOREMAT_TIMES`` when it is ``None``, or ``"measured"``; checked."""
+    import os
+
+    source = "times"
+    if times is None:
+        times, source = os.environ.get("AUTOREMAT_TIMES", "measured"), "AUTOREMAT_TIMES"
+    if not isinstance(times, str) or times.strip().lower() not in TIMES:
+        raise ValueError(f"{source}={times!r} is not a time source; expected 'measured' (timing steps) or 'flops' "
+                         "(deterministic, from FLOPs and bytes moved)")
+    return times.strip().lower()
 DEFAULT_FLOPS_PER_S = 100e12
 """Sustained FLOP rate assumed for meta-device times (an H100-class GPU at bf16, derated)."""
 DEFAULT_BYTES_PER_S = 2e12
@@ -81,14 +100,16 @@ def capture(
     mode: str = "auto",
     repeats: int = 3,
     warmup: int = 1,
+    times: str | None = None,
 ) -> Graph:
     """Profile one training step of ``model`` on the example batch and return its graph.
 
-    ``loss_fn`` maps the model's output to the scalar to backpropagate; the default
+    ``times``: ``"measured"`` or ``"flops"`` (module docstring; ``None``: ``AUTOREMAT_TIMES``,
+    else measured). ``loss_fn`` maps the model's output to the scalar to backpropagate; the default
     (:func:`autoremat.measure.default_loss`) sums the means of every floating-point output.
     For a step that may not fit the device, see :func:`autoremat.capture.scaled.capture_within`.
     """
-    return _capture(model, args, kwargs, loss_fn=loss_fn, mode=mode, repeats=repeats, warmup=warmup)
+    return _capture(model, args, kwargs, loss_fn=loss_fn, mode=mode, repeats=repeats, warmup=warmup, times=times)
 
 
 def _capture(
@@ -101,6 +122,7 @@ def _capture(
     repeats: int,
     warmup: int,
     flop_times: bool = True,
+    times: str | None = None,
 ) -> Graph:
     """:func:`capture`; ``flop_times=False`` skips counting FLOPs on the meta device (times 0),
     for a caller that takes times from elsewhere (:mod:`autoremat.capture.scaled`)."""
@@ -120,7 +142,7 @@ def _capture(
     resident = [p for p in model.parameters()] + [b for b in model.buffers()]
     resident += tensors_in((args, kwargs))
     input_bytes = sum(t.untyped_storage().nbytes() for t in tensors_in((args, kwargs)))
-    count_flops = is_meta and flop_times
+    count_flops = (is_meta and flop_times) or (not is_meta and resolve_times(times) == "flops")
     time_fn = _flop_times(model, args, kwargs) if count_flops else _zero_times if is_meta else None
 
     gm = None

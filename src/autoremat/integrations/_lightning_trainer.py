@@ -1,12 +1,13 @@
 """What :class:`~autoremat.integrations.lightning.AutoRemat` needs from a Lightning ``Trainer``:
 real training batches of a given size, the dataset length, dataloaders rebuilt after the batch
-size changed, ``self.log`` silenced for a call of ``training_step`` outside the loop, and its
+size changed, ``self.log`` silenced for a call of ``training_step`` outside the loop, a trial
+step under the trainer's precision that leaves the training state as it was, and its
 ``on_fit_start`` made atomic (:func:`atomic_fit_start`)."""
 
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -14,11 +15,12 @@ from torch import nn
 
 from ..runtime import is_patched, restore
 from ._atomic import Rollback
+from ._planning import measured_step_peak
 
 if TYPE_CHECKING:
     import lightning.pytorch as pl
 
-__all__ = ["atomic_fit_start", "batch_of", "dataset_length", "reset_dataloaders", "silenced_logging"]
+__all__ = ["atomic_fit_start", "batch_of", "dataset_length", "reset_dataloaders", "silenced_logging", "trial_step"]
 
 
 @contextlib.contextmanager
@@ -123,3 +125,8 @@ def atomic_fit_start(trainer: "pl.Trainer", pl_module: nn.Module, callback: Any,
         callback.__dict__.update(own)
         rollback.put_back()
         raise
+def trial_step(target: nn.Module, args: tuple, kwargs: dict, loss_fn: Callable[[Any], torch.Tensor],
+               trainer: "pl.Trainer") -> int | None:
+    """One forward+backward of ``target`` under the trainer's precision; returns its step peak
+    (:func:`~autoremat.integrations._planning.measured_step_peak`)."""
+    return measured_step_peak(target, args, kwargs, loss_fn, trainer.precision_plugin.forward_context)

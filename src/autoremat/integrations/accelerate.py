@@ -17,8 +17,11 @@ or by an ``autoremat:`` section in a YAML file of ours::
     AUTOREMAT_CONFIG=autoremat.yaml accelerate launch train.py   # autoremat: {budget: "6GB"}
 
 Call ``prepare`` before ``accelerator.prepare`` (it patches the model in place and returns the
-same object). Under multi-process launch rank zero captures and solves; its plan is broadcast so
-all ranks run one plan.
+same object). Under multi-process launch the main process profiles and solves; its plan is
+broadcast so all ranks run one plan. The main process shows the phases with their elapsed times
+(:mod:`autoremat.progress`) and then the same summary table as the Lightning callback
+(``AUTOREMAT_VERBOSE=0`` silences both); ``AUTOREMAT_ENABLED=0`` says that the model is left
+as it is.
 
 **FSDP plugin** (``fsdp_version`` 1 or 2, issue 21): the order is the same, and it is checked
 (a model sharded already is refused with the order to use). ``prepare`` predicts the FSDP units
@@ -29,6 +32,14 @@ graph of :mod:`autoremat.per_rank`, the plan cut at the units as it will run) an
 unsharded model; when ``accelerator.prepare`` shards it, the patched forward maps the plan onto
 the units at the first forward (:mod:`autoremat.runtime.sharding`). DeepSpeed is refused before
 any work (:func:`~autoremat.integrations._strategies.deepspeed_refusal`).
+
+As with the callback: ``budget="min"`` (``AUTOREMAT_BUDGET=min``) plans at the least reachable
+step peak; a budget no plan meets raises :class:`~autoremat.errors.InfeasibleBudgetError`
+stating the reachable range, unless ``on_infeasible="min"`` (``AUTOREMAT_ON_INFEASIBLE=min``)
+asks for the least instead; ``plan=`` (``AUTOREMAT_PLAN=plan.json``) applies a saved plan after
+checking it against the model and the example batch; ``cache_dir=`` (``AUTOREMAT_CACHE_DIR``)
+keeps decisions so a second run does not profile again; ``times="flops"``
+(``AUTOREMAT_TIMES=flops``) plans on deterministic FLOP/byte times.
 """
 
 from __future__ import annotations
@@ -44,22 +55,30 @@ from typing import Any
 import torch
 from torch import nn
 
-from ..budget import parse_budget
+from ..budget import check_budget, check_on_infeasible, is_min, parse_budget
+from ..cache import PlanCache, plan_key
+from ..capture import resolve_times
 from ..capture.scaled import capture_within, profile_limit_bytes
+from ..capture.signature import check_inputs
+from ..graph import Graph
 from ..measure import default_loss
 from ..plan import Plan
+from ..progress import Progress
 from ..resident import resident_bytes
 from ..runtime import apply
 from ..solvers import check_solver, solve
 from ._atomic import Rollback
-from ._common import step_budget_bytes
+from ._common import is_percentage, step_budget_bytes
+from ._planning import as_plan, least_for, measured_step_peak, plan_within
 from ._strategies import accelerate_units, solve_per_rank
+from .summary import print_summary, summarise
 
 __all__ = ["AutoRematConfig", "prepare", "budget_text"]
 
 logger = logging.getLogger(__name__)
 
 _ENV_PREFIX = "AUTOREMAT_"
+_NOT_RAISED = "the Accelerate path keeps it"
 
 
 @dataclass
@@ -70,6 +89,12 @@ class AutoRematConfig:
     budget: str = field(default="auto", metadata={"help": 'Device budget: "auto", bytes, "6GB", "512MiB", "50%" or 0.5.'})
     solver: str = field(default="auto", metadata={"help": "A name of autoremat.SOLVERS, or auto."})
     profile_steps: int = field(default=3, metadata={"help": "Timed repeats when profiling."})
+    on_infeasible: str = field(default="error", metadata={
+        "help": "A budget no plan meets: 'error' (raise, stating the reachable range) or 'min' (plan at the least)."})
+    plan: str = field(default="", metadata={"help": "A saved plan file to apply instead of profiling and solving."})
+    cache_dir: str = field(default="", metadata={"help": "Plan cache directory (empty: no cache)."})
+    times: str = field(default="measured", metadata={"help": "Node times: 'measured' or 'flops' (deterministic)."})
+    verbose: bool = field(default=True, metadata={"help": "Show progress and the summary table (main process)."})
 
     def __post_init__(self) -> None:
         for f in fields(self):
@@ -80,6 +105,11 @@ class AutoRematConfig:
                 setattr(self, f.name, _coerce(f.name, raw, type(f.default)))
         self.budget = budget_text(self.budget)
         check_solver(self.solver)
+        self.on_infeasible = check_on_infeasible(self.on_infeasible)
+        self.times = resolve_times(self.times)
+        if self.plan and not os.path.isfile(os.path.expanduser(self.plan)):
+            raise ValueError(f"plan={self.plan!r}: no such plan file (AUTOREMAT_PLAN / the autoremat: section); "
+                             "write one with `autoremat plan ... --out plan.json` or plan.to_json(path)")
         if self.profile_steps < 1:
             raise ValueError(f"profile_steps={self.profile_steps!r} must be >= 1")
 
@@ -115,8 +145,7 @@ def budget_text(value: Any) -> str:
     Anything :func:`~autoremat.budget.parse_budget` refuses is a ``ValueError`` here, before
     any capture."""
     if isinstance(value, str):
-        if value.strip().lower() != "auto":
-            parse_budget(value, unoptimised_peak_bytes=1)
+        check_budget(value)
         return value
     parse_budget(value, unoptimised_peak_bytes=1)  # bools, None, negative or > 1 floats: ValueError
     if isinstance(value, numbers.Integral):
@@ -151,65 +180,94 @@ def prepare(
     loss_fn: Callable[[Any], torch.Tensor] | None = None,
     optimizer: torch.optim.Optimizer | None = None,
     regions: str = "lean",
+    on_infeasible: str | None = None,
+    plan: Plan | str | os.PathLike[str] | None = None,
+    cache_dir: str | None = None,
+    times: str | None = None,
 ) -> nn.Module:
     """Capture ``model`` on the example batch, solve under the budget and patch it in place.
 
     ``regions``: how recomputed segments run (see :func:`autoremat.apply`).
 
     ``budget`` is a device budget (resident parameters, optimizer state and the batch are
-    subtracted) unless it is a percentage of the unoptimised step peak. Returns ``model``.
+    subtracted) unless it is a percentage of the unoptimised step peak, or ``"min"``.
+    ``on_infeasible``, ``plan``, ``cache_dir`` and ``times``: see the module docstring (each
+    also an ``AUTOREMAT_*`` variable). Returns ``model``.
 
     Atomic: when it raises (capture fails, the budget is infeasible, profiling runs out of
     memory, the plan does not apply), the model is where it was (device, parameters, gradients,
     buffers), unpatched, and the RNG state is as it was (:mod:`autoremat.integrations._atomic`);
     ``optimizer`` is only read.
     """
-    cfg = AutoRematConfig.resolve(budget=budget, solver=solver)
+    given = as_plan(plan) if plan is not None and not isinstance(plan, (str, os.PathLike)) else None
+    cfg = AutoRematConfig.resolve(budget=budget, solver=solver, on_infeasible=on_infeasible,
+                                  plan=None if plan is None or given is not None else os.fspath(plan),
+                                  cache_dir=cache_dir, times=times)
+    main = accelerator.is_main_process
+    progress = Progress(enabled=cfg.verbose and main)
     if not cfg.enabled:
         logger.info("autoremat disabled (AUTOREMAT_ENABLED=0)")
+        if main and cfg.verbose:
+            progress.line("disabled (AUTOREMAT_ENABLED=0): the model is left as it is, nothing profiled or patched")
         return model
+    given = given or (as_plan(os.path.expanduser(cfg.plan)) if cfg.plan else None)
     if isinstance(example_args, torch.Tensor):
         example_args = (example_args,)
     rollback = Rollback(model, [accelerator.device])
     try:
         sharding = accelerate_units(accelerator, model)  # DeepSpeed refused, FSDP units predicted
-        if sharding is None:
-            plan_dict = _plan_on_main(accelerator, model, example_args, example_kwargs, cfg, loss_fn, optimizer)
-        elif accelerator.is_main_process:
-            plan_dict = _solve_sharded(accelerator, model, example_args, example_kwargs, cfg, loss_fn, optimizer,
-                                       *sharding)
-        else:
-            plan_dict = None
-        plan_dict = _broadcast(accelerator, plan_dict)
-        plan = Plan.from_dict(plan_dict)
-        apply(model, plan, regions=regions)
+        if sharding is not None and given is not None:
+            raise ValueError("prepare(plan=...) under Accelerate's FSDP plugin: a saved plan is not re-cut at the "
+                             "FSDP units; leave plan unset and let prepare solve for one rank")
+        payload = None
+        if main and sharding is not None:
+            payload = _solve_sharded(accelerator, model, example_args, example_kwargs, cfg, loss_fn, optimizer,
+                                     *sharding)
+        elif main:
+            payload = _plan_on_main(accelerator, model, example_args, example_kwargs, cfg, loss_fn, optimizer,
+                                    given, progress)
+        payload = _broadcast(accelerator, payload)
+        plan_obj = Plan.from_dict(payload["plan"])
+        apply(model, plan_obj, regions=regions)  # a plan made for another model: PlanMismatchError
     except BaseException:
         rollback.put_back()  # e.g. the model moved to the device before capture failed
         raise
-    if accelerator.is_main_process:
-        logger.info("autoremat: %s, predicted step peak %s bytes", plan.describe(), plan.predicted_peak_bytes)
+    if main:
+        logger.info("autoremat: %s, predicted step peak %s bytes", plan_obj.describe(), plan_obj.predicted_peak_bytes)
+        if cfg.verbose:
+            summary = payload["summary"]
+            if summary.get("measured_peak_bytes") is None and sharding is None:
+                args, kwargs = _on_device(accelerator.device, example_args, example_kwargs)
+                with progress.phase("a measured step with the plan"):
+                    summary["measured_peak_bytes"] = measured_step_peak(model, args, kwargs, loss_fn or default_loss,
+                                                                        accelerator.autocast)
+            print_summary(summary, title="autoremat (Accelerate)")
     return model
+
+
+def _on_device(device: Any, example_args: Sequence[Any], example_kwargs: Mapping[str, Any] | None
+               ) -> tuple[tuple, dict]:
+    args = tuple(a.to(device) if isinstance(a, torch.Tensor) else a for a in example_args)
+    kwargs = {k: (v.to(device) if isinstance(v, torch.Tensor) else v) for k, v in (example_kwargs or {}).items()}
+    return args, kwargs
 
 
 def _plan_on_main(accelerator: Any, model: nn.Module, example_args: Sequence[Any],
                   example_kwargs: Mapping[str, Any] | None, cfg: AutoRematConfig,
-                  loss_fn: Callable[[Any], torch.Tensor] | None,
-                  optimizer: torch.optim.Optimizer | None) -> dict[str, Any] | None:
-    """On the main process: move the model to the device, capture, solve; the plan as a dict
-    (``None`` on the other processes, which receive it by broadcast)."""
-    if not accelerator.is_main_process:
-        return None
+                  loss_fn: Callable[[Any], torch.Tensor] | None, optimizer: torch.optim.Optimizer | None,
+                  given: Plan | None, progress: Progress) -> dict[str, Any]:
+    """On the main process: move the model to the device, then the saved plan (checked against the
+    batch) or a decision (cached, or profiled and solved); the plan and its summary."""
     device = accelerator.device
-    args = tuple(a.to(device) if isinstance(a, torch.Tensor) else a for a in example_args)
-    kwargs = {k: (v.to(device) if isinstance(v, torch.Tensor) else v) for k, v in (example_kwargs or {}).items()}
+    args, kwargs = _on_device(device, example_args, example_kwargs)
     model.to(device)
     resident = resident_bytes(model, inputs=(args, kwargs), optimizers=[] if optimizer is None else [optimizer])
-    limit = profile_limit_bytes(cfg.budget, device=device, resident_bytes=resident)
-    with accelerator.autocast():  # never an unpatched step above the device budget
-        graph = capture_within(model, args, kwargs, limit_bytes=limit, loss_fn=loss_fn or default_loss,
-                               repeats=cfg.profile_steps)
-    step_budget = step_budget_bytes(cfg.budget.strip(), graph, device, resident)
-    return solve(graph, step_budget, solver=cfg.solver).to_dict()
+    if given is not None:
+        check_inputs(given, args, kwargs)  # another batch size, dtype or device: PlanMismatchError
+        return {"plan": given.to_dict(), "summary": summarise(
+            given, None, step_budget=given.budget_bytes, resident=resident, source="plan= (a saved plan)",
+            not_raised=_NOT_RAISED)}
+    return _decide(accelerator, model, args, kwargs, cfg, loss_fn or default_loss, resident, progress)
 
 
 def _solve_sharded(accelerator: Any, model: nn.Module, example_args: Sequence[Any],
@@ -223,15 +281,14 @@ def _solve_sharded(accelerator: Any, model: nn.Module, example_args: Sequence[An
     from ..per_rank import per_rank_graph
 
     device, world = accelerator.device, accelerator.num_processes
-    args = tuple(a.to(device) if isinstance(a, torch.Tensor) else a for a in example_args)
-    kwargs = {k: (v.to(device) if isinstance(v, torch.Tensor) else v) for k, v in (example_kwargs or {}).items()}
+    args, kwargs = _on_device(device, example_args, example_kwargs)
     model.to(device)
     resident = resident_bytes(model, inputs=(args, kwargs), optimizers=[] if optimizer is None else [optimizer],
                               shard_over=world)
     limit = profile_limit_bytes(cfg.budget, device=device, resident_bytes=resident)
     with accelerator.autocast():
         graph = capture_within(model, args, kwargs, limit_bytes=limit, loss_fn=loss_fn or default_loss,
-                               repeats=cfg.profile_steps)
+                               repeats=cfg.profile_steps, times=cfg.times)
     spec = sharding_spec(model, graph, units=units, world=world, fsdp_version=version)
     step_budget = step_budget_bytes(cfg.budget.strip(), per_rank_graph(graph, spec), device, resident)
     canon = canonical_trace(model, units) if graph.meta.get("mode") == "fx" else None
@@ -240,7 +297,61 @@ def _solve_sharded(accelerator: Any, model: nn.Module, example_args: Sequence[An
     logger.info("autoremat: FSDP%d over %d processes, %d units: per-rank step peak %s bytes predicted "
                 "(unoptimised %s, budget %s, resident %s)", version, world, len(units), ranked.predicted_peak_bytes,
                 ranked.unoptimised_peak_bytes, step_budget, resident)
-    return ranked.plan.to_dict()
+    summary = summarise(ranked.plan, None, step_budget=step_budget, resident=resident,
+                        source=f"profiled (FSDP{version}, per rank over {world} processes)", not_raised=_NOT_RAISED)
+    summary["predicted_peak_bytes"] = ranked.predicted_peak_bytes
+    summary["unoptimised_peak_bytes"] = ranked.unoptimised_peak_bytes
+    return {"plan": ranked.plan.to_dict(), "summary": summary}
+
+
+def _decide(accelerator: Any, model: nn.Module, args: tuple, kwargs: dict, cfg: AutoRematConfig,
+            loss_fn: Callable[[Any], torch.Tensor], resident: int, progress: Progress) -> dict[str, Any]:
+    """The main process's plan and summary: from the cache, or profiled and solved (then cached)."""
+    device = accelerator.device
+    cache = PlanCache.from_setting(cfg.cache_dir or None)
+    key = None
+    if cache is not None:
+        settings = {"integration": "accelerate", "budget": cfg.budget, "solver": cfg.solver,
+                    "on_infeasible": cfg.on_infeasible, "times": cfg.times, "profile_steps": cfg.profile_steps,
+                    "mixed_precision": str(getattr(accelerator, "mixed_precision", "no")),
+                    "loss_fn": getattr(loss_fn, "__qualname__", None)}
+        key = plan_key(model, args, kwargs, settings)
+        entry = cache.load(key)
+        if entry is not None and _still_fits(entry, cfg.budget, device, resident):
+            progress.line(f"reusing the cached plan {cache.path(key)} (no profiling)")
+            return {**entry, "summary": {**entry["summary"], "source": f"cache ({cache.path(key).name})",
+                                         "measured_peak_bytes": None}}
+    limit = profile_limit_bytes("auto" if is_min(cfg.budget) else cfg.budget, device=device, resident_bytes=resident)
+    with progress.phase(f"capture {type(model).__name__}"), accelerator.autocast():
+        # never an unpatched step above the device budget
+        graph = capture_within(model, args, kwargs, limit_bytes=limit, loss_fn=loss_fn, repeats=cfg.profile_steps,
+                               times=cfg.times)
+    with progress.phase(f"solve ({len(graph)} nodes, solver {cfg.solver})"):
+        plan, step, note = plan_within(graph, cfg.budget, device=device, resident=resident, solver=cfg.solver,
+                                       solve_kwargs={}, on_infeasible=cfg.on_infeasible, who="autoremat",
+                                       warn=progress.line if progress.enabled else None)
+        least = least_for(graph, cfg.solver, {})
+    payload = {"plan": plan.to_dict(), "summary": summarise(
+        plan, graph, step_budget=step, resident=resident, least=least, budget_note=note,
+        not_raised=_NOT_RAISED)}
+    if cache is not None and key is not None:
+        progress.line(f"plan cached in {cache.store(key, payload)}")
+    return payload
+
+
+def _still_fits(entry: Mapping[str, Any], budget: str, device: Any, resident: int) -> bool:
+    """Whether a cached plan's predicted peak fits this run's step budget (device budgets only:
+    a percentage or ``"min"`` is relative to the same graph)."""
+    if is_min(budget) or is_percentage(budget):
+        return True
+    try:
+        room = step_budget_bytes(budget, Graph(), device, resident)
+    except ValueError:
+        return False
+    fits = (entry["summary"].get("predicted_peak_bytes") or 0) <= room
+    if not fits:
+        logger.warning("autoremat: the cached plan no longer fits the step budget (%d bytes); profiling again", room)
+    return fits
 
 
 def _broadcast(accelerator: Any, obj: Any) -> Any:

@@ -35,10 +35,20 @@ What it does in ``on_fit_start``:
    is infeasible, profiling runs out of memory), the module is left unpatched with its batch size,
    dataloaders, placement and RNG state as they were before ``on_fit_start``.
 
+A budget below what any plan reaches raises :class:`~autoremat.errors.InfeasibleBudgetError`
+right after the capture (before any batch-size search), stating the reachable range in bytes and
+percent; ``budget="min"`` plans at the least reachable step peak, and ``on_infeasible="min"``
+falls back to it with a warning. ``plan=`` (a plan file from ``autoremat plan --out`` or
+``plan.to_json``) skips profiling and solving: the plan is checked against the model (graph
+fingerprint) and the batch (shapes, dtypes, devices) before it is applied. With a plan cache
+(``cache_dir=`` or ``AUTOREMAT_CACHE_DIR``, see :mod:`autoremat.cache`) the decision is stored
+and a second run of the same script on the same model and batch reuses it without profiling.
+
 Under DDP rank zero profiles and solves; plan and batch size are broadcast, so every rank runs
 the same plan. Under ``ModelParallelStrategy`` (FSDP2) and ``FSDPStrategy`` (FSDP1) the plan is
 made for one rank and applied to the sharded module (:mod:`autoremat.integrations._lightning_sharded`);
-DeepSpeed is refused in ``setup``. Everything user-facing is printed on rank zero only.
+DeepSpeed is refused in ``setup``. Everything user-facing is printed on rank zero only: the phases
+with their elapsed times while they run (:mod:`autoremat.progress`) and a summary table at the end.
 """
 
 from __future__ import annotations
@@ -51,30 +61,35 @@ from typing import Any
 import torch
 from torch import nn
 
-from .._units import fmt_bytes
-from ..budget import ACCEPTED_FORMS, parse_budget
+from ..budget import ACCEPTED_FORMS, check_budget, check_on_infeasible, is_min
+from ..cache import PlanCache
+from ..capture import resolve_times
 from ..capture._recorder import preserved_state
 from ..capture.scaled import capture_within, profile_limit_bytes
 from ..errors import InfeasibleBudgetError
 from ..graph import Graph
-from ..measure import LiveStorageCounter, default_loss, run_step
+from ..measure import default_loss
 from ..offload.bandwidth import measure_bandwidth
 from ..plan import Plan
+from ..progress import Progress
 from ..resident import device_of, resident_bytes, storage_bytes
 from ..runtime import REGION_MODES, apply, is_patched, restore
-from ..cost import simulate, unoptimised_peak_bytes
 from ..solvers import OFFLOAD_ONLY, SOLVERS, check_solver, solve
 from ._common import step_budget_bytes
+from ._lightning_reuse import cache_key, from_cache, reuse_given
 from ._lightning_sharded import SHARDED, profile_and_solve_sharded, strategy_kind
-from ._lightning_trainer import atomic_fit_start, batch_of, dataset_length, reset_dataloaders, silenced_logging
+from ._lightning_trainer import (atomic_fit_start, batch_of, dataset_length, reset_dataloaders, silenced_logging,
+                                 trial_step)
+from ._planning import as_plan, least_for, plan_within
 from .batch_size import confirmed_largest, predicted_largest
+from .summary import print_summary, summarise
 
 try:
     import lightning.pytorch as pl
     from lightning.pytorch.callbacks import Callback
     from lightning.pytorch.utilities.memory import garbage_collection_cuda, is_oom_error
     from lightning.pytorch.utilities.parsing import lightning_getattr, lightning_hasattr, lightning_setattr
-    from lightning.pytorch.utilities.rank_zero import rank_zero_info
+    from lightning.pytorch.utilities.rank_zero import rank_zero_info, rank_zero_warn
 except ImportError as exc:  # pragma: no cover - lightning is a hard dependency
     raise ImportError("autoremat.AutoRemat needs lightning (pip install lightning)") from exc
 
@@ -91,8 +106,8 @@ class AutoRemat(Callback):
 
     Args:
         budget: device memory budget: ``"auto"`` (free device memory minus a margin), bytes,
-            a size string (``"6GB"``, ``"512MiB"``) or a fraction of the unoptimised step peak
-            (``"50%"``, ``0.5``).
+            a size string (``"6GB"``, ``"512MiB"``), a fraction of the unoptimised step peak
+            (``"50%"``, ``0.5``) or ``"min"`` (the least step peak the solver reaches).
         solver: a name of :data:`autoremat.SOLVERS` or ``"auto"``.
         offload: ``"auto"``: the ``"combined"`` planner (recomputation plus offload to pinned host
             memory) takes part when the module runs on CUDA; ``True``: always plan with it;
@@ -112,6 +127,14 @@ class AutoRemat(Callback):
         regions: how recomputed segments run: ``"lean"`` (autoremat's own checkpoint, little
             work per saved tensor) or ``"torch"`` (``torch.utils.checkpoint``); see
             :func:`autoremat.apply`.
+        on_infeasible: ``"error"`` (default): a budget no plan meets raises, stating the reachable
+            range; ``"min"``: plan at the least reachable step peak instead, with a warning.
+        plan: a saved plan (file path, :class:`~autoremat.Plan` or dict) to apply instead of
+            profiling and solving; refused, before training, if made for another model or batch.
+        cache_dir: directory of the plan cache (default ``AUTOREMAT_CACHE_DIR``; no cache when
+            neither is set): a second run on the same model and batch reuses the plan.
+        times: node times for planning: ``"measured"`` or ``"flops"`` (deterministic); default
+            ``AUTOREMAT_TIMES``, else measured.
     """
 
     def __init__(
@@ -127,6 +150,10 @@ class AutoRemat(Callback):
         loss_fn: Callable[[Any], torch.Tensor] | None = None,
         verbose: bool = True,
         regions: str = "lean",
+        on_infeasible: str = "error",
+        plan: Any = None,
+        cache_dir: str | None = None,
+        times: str | None = None,
     ) -> None:
         super().__init__()
         if regions not in REGION_MODES:
@@ -135,9 +162,16 @@ class AutoRemat(Callback):
             raise ValueError(f"budget={budget!r} is not understood; expected {ACCEPTED_FORMS}")
         if isinstance(budget, numbers.Real):  # numpy scalars: plain Python numbers from here on
             budget = int(budget) if isinstance(budget, numbers.Integral) else float(budget)
-        if not (isinstance(budget, str) and budget.strip().lower() == "auto"):
-            parse_budget(budget, unoptimised_peak_bytes=1)  # syntax and range check now, not mid-run
+        check_budget(budget)  # syntax and range check now, not mid-run
         check_solver(solver)
+        on_infeasible = check_on_infeasible(on_infeasible)
+        given = as_plan(plan)  # a missing or malformed plan file fails here, before training
+        if raise_batch_size is True and given is not None:
+            raise ValueError("raise_batch_size=True with plan=: a saved plan is made for one batch size; pass "
+                             "raise_batch_size='auto' or False, or drop plan= to profile and raise")
+        cache = PlanCache.from_setting(cache_dir)
+        if times is not None:
+            resolve_times(times)
         if raise_batch_size not in _RAISE_MODES or isinstance(raise_batch_size, int) and not isinstance(
                 raise_batch_size, bool):
             raise ValueError(f"raise_batch_size={raise_batch_size!r} must be 'auto' (raise where the model has a "
@@ -171,12 +205,17 @@ class AutoRemat(Callback):
         self.loss_fn = loss_fn
         self.verbose = verbose
         self.regions = regions
+        self.on_infeasible = on_infeasible
+        self.times = times
+        self.given_plan = given
+        self.cache = cache
         self.plan: Plan | None = None
         self.batch_size: int | None = None
         self.original_batch_size: int | None = None
         self.step_budget_bytes: int | None = None
         self.summary: dict[str, Any] = {}
         self._target: nn.Module | None = None
+        self._progress = Progress(enabled=False)
 
     # ------------------------------------------------------------------ checkpointing
     def state_dict(self) -> dict[str, Any]:
@@ -220,6 +259,8 @@ class AutoRemat(Callback):
         """Why the batch size is not raised in this run (``None``: it is raised)."""
         if self.raise_batch_size is False:
             return "raise_batch_size=False"
+        if self.given_plan is not None:
+            return "a saved plan (plan=) is made for one batch size"
         if not lightning_hasattr(pl_module, self.batch_arg_name):
             return (f"no `{self.batch_arg_name}` attribute on the model, its hparams or the datamodule "
                     "(add one to let AutoRemat raise it)")
@@ -243,6 +284,7 @@ class AutoRemat(Callback):
         target = self._resolve(pl_module)
         with atomic_fit_start(trainer, pl_module, self, target):  # when it raises, all is as it was
             self._target = target
+            self._progress = Progress(enabled=self.verbose and trainer.is_global_zero)
             self._fit_start(trainer, pl_module)
 
     def _fit_start(self, trainer: "pl.Trainer", pl_module: "pl.LightningModule") -> None:
@@ -262,7 +304,8 @@ class AutoRemat(Callback):
         if kind in SHARDED:  # every rank takes part (the full parameters are gathered for rank zero's capture)
             payload = profile_and_solve_sharded(self, trainer, pl_module, kind)
         elif trainer.is_global_zero:
-            payload = self._profile_and_solve(trainer, pl_module)
+            payload = (reuse_given(self, trainer, pl_module) if self.given_plan is not None
+                       else self._profile_and_solve(trainer, pl_module))
         payload = trainer.strategy.broadcast(payload, src=0)
         plan = Plan.from_dict(payload["plan"])
         if payload["batch_size"] is not None and lightning_hasattr(pl_module, self.batch_arg_name):
@@ -277,7 +320,7 @@ class AutoRemat(Callback):
         self.step_budget_bytes = payload["step_budget_bytes"]
         self.summary = payload["summary"]
         if self.verbose and trainer.is_global_zero:
-            self._print_summary()
+            print_summary(self.summary)
 
     def on_fit_end(self, trainer: "pl.Trainer", pl_module: "pl.LightningModule") -> None:
         if self._target is not None:
@@ -290,7 +333,7 @@ class AutoRemat(Callback):
     # ------------------------------------------------------------------ the work (rank zero)
     def _profile_and_solve(self, trainer: "pl.Trainer", pl_module: "pl.LightningModule") -> dict[str, Any]:
         assert self._target is not None, "on_fit_start resolves the target first, please report"
-        target = self._target
+        target, progress = self._target, self._progress
         args, kwargs, batch_bytes = self._record_inputs(trainer, pl_module)
         loss_fn = self.loss_fn or default_loss
         # Lightning's automatic optimisation zeroes gradients inside the closure *after*
@@ -298,38 +341,49 @@ class AutoRemat(Callback):
         grads = "expected" if getattr(pl_module, "automatic_optimization", False) else "none"
         resident = resident_bytes(pl_module, optimizers=trainer.optimizers, grads=grads) + batch_bytes
         device = device_of(target, args, kwargs)
-        limit = profile_limit_bytes(self.budget, device=device, resident_bytes=resident)
-        with trainer.precision_plugin.forward_context():  # never an unpatched step above the device budget
+        key = cache_key(self, trainer, args, kwargs)
+        cached = from_cache(self, key, device, resident)
+        if cached is not None:
+            return cached
+        limit = profile_limit_bytes("auto" if is_min(self.budget) else self.budget, device=device,
+                                    resident_bytes=resident)
+        with progress.phase(f"capture {type(target).__name__}"), trainer.precision_plugin.forward_context():
+            # never an unpatched step above the device budget
             graph = capture_within(target, args, kwargs, limit_bytes=limit, loss_fn=loss_fn,
-                                   repeats=self.profile_steps, warmup=1)
+                                   repeats=self.profile_steps, warmup=1, times=self.times)
         if device.type == "cuda" and self.offload is not False:
             # offload plans are simulated (and solved) at this machine's host<->device link
             graph.meta["bandwidth_bytes_per_s"] = measure_bandwidth(device)
-        step_budget = step_budget_bytes(self.budget, graph, device, resident)
-        plan = self._solve(graph, step_budget)
+        solver, solve_kwargs = self._solver_options()
+        with progress.phase(f"solve ({len(graph)} nodes, solver {self.solver})"):
+            plan, step_budget, note = plan_within(graph, self.budget, device=device, resident=resident, solver=solver,
+                                                  solve_kwargs=solve_kwargs, on_infeasible=self.on_infeasible,
+                                                  who="AutoRemat", solve_fn=self._solve,
+                                                  warn=lambda text: rank_zero_warn(f"AutoRemat: {text}"))
         batch_size = original = (lightning_getattr(pl_module, self.batch_arg_name)
                                  if lightning_hasattr(pl_module, self.batch_arg_name) else None)
         skipped = self._raise_skipped(trainer, pl_module)
         if skipped is None:
-            batch_size, plan, graph = self._raise(trainer, pl_module, graph, plan, int(original), step_budget,
-                                                  loss_fn, batch_bytes)
+            with progress.phase("raise the batch size (solves, then trial steps)") as phase:
+                batch_size, plan, graph = self._raise(trainer, pl_module, graph, plan, int(original), step_budget,
+                                                      loss_fn, batch_bytes, phase)
         elif self.raise_batch_size == "auto":
             rank_zero_info(f"AutoRemat: batch size not raised: {skipped}")
-        sim = simulate(graph, plan, check=False, record=False)
-        vanilla = unoptimised_peak_bytes(graph)  # at the final batch size
-        measured = self._measure_patched(target, trainer, pl_module, plan, loss_fn, batch_size)
-        summary = {
-            "solver": plan.solver, "segments": len(plan.segments), "recomputed": len(plan.recompute_segments),
-            "graph_nodes": len(graph), "graph_mode": graph.meta["mode"],
-            "step_budget_bytes": step_budget, "resident_bytes": resident,
-            "unoptimised_peak_bytes": vanilla, "predicted_peak_bytes": sim.peak_bytes,
-            "measured_peak_bytes": measured, "predicted_overhead": sim.extra_time_s / max(sim.step_time_s - sim.extra_time_s, 1e-12),
-            "batch_size_before": original, "batch_size_after": batch_size, "batch_size_not_raised": skipped,
-        }
-        return {"plan": plan.to_dict(), "batch_size": batch_size, "original_batch_size": original,
-                "step_budget_bytes": step_budget, "summary": summary}
+        with progress.phase("reachable range and a measured step"):
+            least = least_for(graph, solver, solve_kwargs)
+            measured = self._measure_patched(target, trainer, pl_module, plan, loss_fn, batch_size)
+        summary = summarise(plan, graph, step_budget=step_budget, resident=resident, least=least, measured=measured,
+                            budget_note=note, batch_before=original, batch_after=batch_size, not_raised=skipped)
+        payload = {"plan": plan.to_dict(), "batch_size": batch_size, "original_batch_size": original,
+                   "step_budget_bytes": step_budget, "summary": summary}
+        if key is not None and self.cache is not None:
+            path = self.cache.store(key, payload)
+            progress.line(f"plan cached in {path}")
+        return payload
 
-    def _solve(self, graph: Graph, step_budget: int, sharded: bool = False) -> Plan:
+    def _solver_options(self, sharded: bool = False) -> tuple[str, dict[str, Any]]:
+        """The solver and the options ``solve`` gets, after the ``offload`` setting (no offload
+        under sharding: FSDP moves the parameters itself)."""
         kwargs: dict[str, Any] = {}
         solver = self.solver
         if (self.offload is False or sharded) and solver == "auto":
@@ -338,10 +392,12 @@ class AutoRemat(Callback):
             solver, kwargs["offload"] = "combined", True
         elif self.offload is True and solver in OFFLOAD_ONLY:
             kwargs["offload"] = True
-        try:
-            return solve(graph, step_budget, solver=solver, **kwargs)
-        except InfeasibleBudgetError as err:
-            raise InfeasibleBudgetError(step_budget, err.min_budget_bytes, solver=f"AutoRemat/{self.solver}") from err
+        return solver, kwargs
+
+    def _solve(self, graph: Graph, step_budget: int | str, sharded: bool = False) -> Plan:
+        """Every solve of the callback (``step_budget``: bytes, or ``"min"``)."""
+        solver, kwargs = self._solver_options(sharded)
+        return solve(graph, step_budget, solver=solver, **kwargs)
 
     def _record_inputs(self, trainer: "pl.Trainer", pl_module: "pl.LightningModule",
                        size: int | None = None) -> tuple[tuple, dict, int]:
@@ -376,14 +432,14 @@ class AutoRemat(Callback):
         if not was:
             apply(target, plan, regions=self.regions)
         try:
-            return _trial_step(target, args, kwargs, loss_fn, trainer)
+            return trial_step(target, args, kwargs, loss_fn, trainer)
         finally:
             if not was:
                 restore(target)
 
     def _raise(self, trainer: "pl.Trainer", pl_module: "pl.LightningModule", graph: Graph, plan: Plan,
                original: int, step_budget: int, loss_fn: Callable[[Any], torch.Tensor],
-               batch_bytes: int) -> tuple[int, Plan, Graph]:
+               batch_bytes: int, phase: Any = None) -> tuple[int, Plan, Graph]:
         """Largest batch size whose plan fits, confirmed by a trial step; backs off on OOM.
 
         The prediction and the confirmation both solve with :meth:`_plan_at`, so they solve the
@@ -401,8 +457,13 @@ class AutoRemat(Callback):
                 return False
 
         candidate = predicted_largest(original, max(limit, original), fits)
-        confirmed = confirmed_largest(original, candidate, lambda size: self._try_size(
-            trainer, pl_module, graph, size, original, step_budget, loss_fn, batch_bytes))
+
+        def trial(size: int) -> tuple[Plan, Graph] | None:
+            if phase is not None:
+                phase.step(f"trial step at batch size {size} (predicted largest {candidate})")
+            return self._try_size(trainer, pl_module, graph, size, original, step_budget, loss_fn, batch_bytes)
+
+        confirmed = confirmed_largest(original, candidate, trial)
         if confirmed is None:
             return original, plan, graph
         size, (plan_at_size, scaled) = confirmed
@@ -427,7 +488,7 @@ class AutoRemat(Callback):
             args, kwargs, _ = self._record_inputs(trainer, pl_module, size)
             apply(target, plan, regions=self.regions)
             try:
-                peak = _trial_step(target, args, kwargs, loss_fn, trainer)
+                peak = trial_step(target, args, kwargs, loss_fn, trainer)
             finally:
                 restore(target)
         except InfeasibleBudgetError as err:
@@ -445,58 +506,3 @@ class AutoRemat(Callback):
                         size, peak, budget)
             return None
         return plan, scaled
-
-    # ------------------------------------------------------------------ output
-    def _print_summary(self) -> None:
-        from rich.console import Console
-        from rich.table import Table
-
-        s = self.summary
-        table = Table(title="AutoRemat")
-        table.add_column("")
-        table.add_column("value", justify="right")
-        rows = [
-            ("solver", f"{s['solver']} ({s['graph_mode']} graph, {s['graph_nodes']} nodes)"),
-            ("segments (recomputed)", f"{s['segments']} ({s['recomputed']})"),
-            ("resident before a step", fmt_bytes(s["resident_bytes"])),
-            ("step-peak budget", fmt_bytes(s["step_budget_bytes"])),
-            ("unoptimised step peak" + ("" if s["batch_size_after"] is None else f" (batch {s['batch_size_after']})"),
-             fmt_bytes(s["unoptimised_peak_bytes"])),
-            ("predicted step peak", fmt_bytes(s["predicted_peak_bytes"])),
-            ("measured step peak", "n/a" if s["measured_peak_bytes"] is None else fmt_bytes(s["measured_peak_bytes"])),
-            ("predicted time overhead", f"{s['predicted_overhead']:.1%}"),
-            ("batch size", _batch_size_row(s)),
-        ]
-        for k, v in rows:
-            table.add_row(k, str(v))
-        Console().print(table)
-
-
-def _batch_size_row(summary: dict[str, Any]) -> str:
-    """What the batch-size step did, or why it did not run."""
-    before, after, why = summary["batch_size_before"], summary["batch_size_after"], summary["batch_size_not_raised"]
-    if why is not None:
-        return f"not raised: {why}" if before is None else f"{before} (not raised: {why})"
-    if after == before:
-        return f"{before} (already the largest that fits)"
-    return f"{before} -> {after} (raised)"
-
-
-def _trial_step(target: nn.Module, args: tuple, kwargs: dict, loss_fn: Callable[[Any], torch.Tensor],
-                trainer: "pl.Trainer") -> int | None:
-    """One forward+backward of ``target``; returns its step peak. RNG, buffers and gradients
-    are put back, so training is unaffected."""
-    device = device_of(target, args, kwargs)
-    with preserved_state(target, [device]):
-        if device.type == "cuda":
-            torch.cuda.synchronize(device)
-            torch.cuda.reset_peak_memory_stats(device)
-            base = torch.cuda.memory_allocated(device)
-            with trainer.precision_plugin.forward_context():
-                run_step(target, args, kwargs, loss_fn)
-            torch.cuda.synchronize(device)
-            return int(torch.cuda.max_memory_allocated(device) - base)
-        counter = LiveStorageCounter()
-        with counter, trainer.precision_plugin.forward_context():
-            run_step(target, args, kwargs, loss_fn)
-        return int(counter.peak)

@@ -34,7 +34,7 @@ import logging
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
-from ..budget import parse_budget
+from ..budget import is_min, parse_budget
 from ..errors import InfeasibleBudgetError
 from ..graph import Graph
 from ..plan import Plan, validate_plan
@@ -51,10 +51,13 @@ from .none import NoneConfig, solve_none
 from .beaumont import (OffloadDPConfig, OffloadGreedyConfig, VdnnConfig, solve_offload_dp, solve_offload_greedy,
                             solve_vdnn)
 from .reforward import ReforwardConfig, solve_reforward
+from .least import auto_order, least_budget
+from .stable import DEFAULT_NOISE_TOLERANCE, stable_plan
 from .xla_greedy import XlaGreedyConfig, solve_xla_greedy
 
 __all__ = ["SOLVERS", "SOLVER_FUNCTIONS", "RegisteredSolver", "CONFIGS", "OFFLOAD_ONLY", "AUTO_ORDER", "SolverFn",
-           "SolverConfig", "solve", "finalize_plan", "bare_solver", "min_budget", "check_solver"]
+           "SolverConfig", "solve", "finalize_plan", "bare_solver", "min_budget", "check_solver", "least_budget",
+           "DEFAULT_NOISE_TOLERANCE"]
 
 logger = logging.getLogger(__name__)
 
@@ -165,34 +168,52 @@ def finalize_plan(graph: Graph, plan: Plan, budget_bytes: int, solver: str,
 
 
 def solve(graph: Graph, budget: Any, *, solver: str = "auto", auto_solvers: Sequence[str] | None = None,
-          **options: Any) -> Plan:
+          noise_tolerance: float = DEFAULT_NOISE_TOLERANCE, **options: Any) -> Plan:
     """Choose what to recompute so that one step of ``graph`` fits ``budget``.
 
-    ``budget``: see :func:`autoremat.budget.parse_budget`. ``solver``: a key of
-    :data:`SOLVERS`, or ``"auto"`` (no recomputation when it fits, else the best plan of the
-    registered solvers that fits; ``auto_solvers`` narrows the solvers ``"auto"`` tries).
+    ``budget``: see :func:`autoremat.budget.parse_budget`, or ``"min"``: the least budget the
+    solver (``"auto"``: any solver it tries) meets (:func:`.least.least_budget`). ``solver``: a
+    key of :data:`SOLVERS`, or ``"auto"`` (no recomputation when it fits, else the best plan of
+    the registered solvers that fits; ``auto_solvers`` narrows the solvers ``"auto"`` tries).
+    ``noise_tolerance``: on measured times, the plan chosen from per-node reference costs is
+    kept unless a plan is predicted faster by more than this fraction of the step time, so that
+    captures differing only by timing noise give one plan (:mod:`.stable`; 0 turns it off).
     Extra keyword options go to the solver as its ``config`` (see :data:`CONFIGS`; an unknown
     option is a ``ValueError`` naming the accepted ones). Under ``"auto"`` each solver tried gets
     the options it accepts, and an option that none of them accepts is a ``ValueError``.
+    An infeasible budget raises :class:`InfeasibleBudgetError` stating the reachable range.
     """
     if not isinstance(graph, Graph):
         raise TypeError(f"graph must be an autoremat.Graph (from autoremat.capture), got {type(graph).__name__}")
     check_solver(solver)
-    budget_bytes = parse_budget(
-        budget,
-        unoptimised_peak_bytes=unoptimised_peak_bytes(graph) if _needs_peak(budget) else None,
-        device=graph.meta.get("device"),
-        resident_bytes=int(graph.meta.get("resident_bytes", 0)),
-    )
+    if is_min(budget):
+        budget_bytes = least_budget(graph, solver, auto_solvers=auto_solvers, **options)
+    else:
+        budget_bytes = parse_budget(
+            budget,
+            unoptimised_peak_bytes=unoptimised_peak_bytes(graph) if _needs_peak(budget) else None,
+            device=graph.meta.get("device"),
+            resident_bytes=int(graph.meta.get("resident_bytes", 0)),
+        )
+    try:
+        plan = _solve_bytes(graph, budget_bytes, solver, auto_solvers, options)
+        return stable_plan(graph, plan, lambda g: _solve_bytes(g, budget_bytes, solver, auto_solvers, options),
+                           lambda p: finalize_plan(graph, p, budget_bytes, p.solver, options if solver != "auto"
+                                                   else _accepted(p.solver, options)), noise_tolerance)
+    except InfeasibleBudgetError as err:
+        raise err.with_peak(unoptimised_peak_bytes(graph)) from None
+
+
+def _solve_bytes(graph: Graph, budget_bytes: int, solver: str, auto_solvers: Sequence[str] | None,
+                 options: Mapping[str, Any]) -> Plan:
     if solver != "auto":
         plan = bare_solver(solver)(graph, budget_bytes, config=dict(options))
         return finalize_plan(graph, plan, budget_bytes, solver, options)
     best: Plan | None = None
     least_min: int | None = None
-    order = AUTO_ORDER if auto_solvers is None else tuple(n for n in AUTO_ORDER if n in auto_solvers or n == "none")
-    _check_auto_options(options, order)
-    if not offload_allowed(graph, dict(options)):
-        order = tuple(n for n in order if n != "combined")  # it would only repeat the others
+    order = auto_order(graph, options, auto_solvers)
+    _check_auto_options(options, AUTO_ORDER if auto_solvers is None else
+                        tuple(n for n in AUTO_ORDER if n in auto_solvers or n == "none"))
     for name in order:
         mine = _accepted(name, options)
         try:

@@ -95,6 +95,7 @@ def capture_within(
     repeats: int = 3,
     warmup: int = 1,
     batch_dim: int = 0,
+    times: str | None = None,
 ) -> Graph:
     """Profile one training step of ``model`` without running an unpatched step predicted to
     need more than ``limit_bytes`` (step peak: bytes above what is resident at step start).
@@ -108,14 +109,15 @@ def capture_within(
         CaptureDoesNotFitError: even the smallest batch size tried ran out of memory.
         ValueError: ``limit_bytes`` is negative, or the graph depends on the batch size.
     """
-    from .. import capture
+    from .. import capture, resolve_times
     from ...resident import device_of
 
+    times = resolve_times(times)
     model = uncompiled(model)
     if isinstance(args, torch.Tensor):
         args = (args,)
     args, kwargs = tuple(args), dict(kwargs or {})
-    opts: dict[str, Any] = dict(loss_fn=loss_fn, mode=mode, repeats=repeats, warmup=warmup)
+    opts: dict[str, Any] = dict(loss_fn=loss_fn, mode=mode, repeats=repeats, warmup=warmup, times=times)
     if limit_bytes is None or device_of(model, args, kwargs).type == "meta":
         return capture(model, args, kwargs, **opts)
     if isinstance(limit_bytes, bool) or not isinstance(limit_bytes, int) or limit_bytes < 0:
@@ -123,6 +125,8 @@ def capture_within(
                          "above what is resident), or None for a plain capture")
     batch = batch_size_of(args, kwargs, batch_dim)
     base = meta_capture(model, args, kwargs, opts)
+    if base is not None and times == "flops":  # bytes exact at full size, times from FLOPs: no real step
+        return base
     predict = None
     if base is not None:
         from ...cost import unoptimised_peak_bytes

@@ -169,7 +169,8 @@ def meta_capture(model: nn.Module, args: tuple, kwargs: dict, opts: dict) -> Gra
     cache = MetaOpCache()
     try:
         with on_meta(model), cache:
-            g = _capture(model, margs, mkwargs, **{**opts, "repeats": 1, "warmup": 0}, flop_times=False)
+            g = _capture(model, margs, mkwargs, **{**opts, "repeats": 1, "warmup": 0},
+                         flop_times=opts.get("times") == "flops")
     except Exception as exc:  # data-dependent Python on meta raises many types; fall back and say so
         logger.info("autoremat: %s cannot run on meta tensors (%s: %s); bytes come from a linear fit of real "
                     "captures at batch sizes that fit", type(model).__name__, type(exc).__name__,
@@ -177,4 +178,7 @@ def meta_capture(model: nn.Module, args: tuple, kwargs: dict, opts: dict) -> Gra
         return None
     logger.debug("autoremat: meta capture: %d ops answered from the cache, %d run", cache.hits, cache.misses)
     g.meta["device"] = str(device)
+    from ..signature import input_signature
+
+    g.meta["inputs"] = input_signature(args, kwargs)  # the real batch's devices, not "meta"
     return g

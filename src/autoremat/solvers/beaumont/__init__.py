@@ -192,17 +192,17 @@ def _grouping(cfg: dict[str, Any]) -> str:
 
 
 def _not_allowed(graph: Graph, cfg: dict[str, Any], budget_bytes: int, peak: int, name: str) -> InfeasibleBudgetError:
-    err = InfeasibleBudgetError(budget_bytes, peak, solver=name)
     if cfg.get("offload") is False:
         why = "offload=False was passed"
     else:
         why = (f"the graph was captured on {graph.meta.get('device')!r}, where host and device memory are the "
                "same memory")
-    err.args = (f"{err} Offloading cannot lower this step peak ({why}), so {name!r} only has the plan without "
+    return InfeasibleBudgetError(
+        budget_bytes, peak, solver=name,
+        reason=(f"Offloading cannot lower this step peak ({why}), so {name!r} only has the plan without "
                 "offloading, whose peak is the minimum above. Capture the model on a CUDA device (or on 'meta' to "
                 "plan for one), pass offload=True to plan offloads anyway (on a CPU the runtime then only does "
-                "bookkeeping), or use a recomputation solver such as 'dp-approx' or 'combined'.",)
-    return err
+                "bookkeeping), or use a recomputation solver such as 'dp-approx' or 'combined'."))
 
 
 def _simple(options: dict[str, Any]) -> dict[str, Any]:

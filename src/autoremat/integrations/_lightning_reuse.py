@@ -1,0 +1,86 @@
+"""How :class:`~autoremat.integrations.lightning.AutoRemat` reuses a plan instead of profiling:
+from the plan cache (:mod:`autoremat.cache`) or from ``plan=`` (a saved plan, checked against the
+batch before it is applied)."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+from ..budget import is_min
+from ..cache import plan_key
+from ..capture import resolve_times
+from ..capture.signature import check_inputs
+from ..graph import Graph
+from ..measure import default_loss
+from ..resident import resident_bytes
+from ._common import step_budget_bytes
+from .summary import summarise
+
+if TYPE_CHECKING:
+    import lightning.pytorch as pl
+
+    from .lightning import AutoRemat
+
+__all__ = ["cache_key", "from_cache", "reuse_given"]
+
+
+def _batch_size(cb: "AutoRemat", pl_module: "pl.LightningModule") -> int | None:
+    from lightning.pytorch.utilities.parsing import lightning_getattr, lightning_hasattr
+
+    return lightning_getattr(pl_module, cb.batch_arg_name) if lightning_hasattr(pl_module, cb.batch_arg_name) else None
+
+
+def cache_key(cb: "AutoRemat", trainer: "pl.Trainer", args: tuple, kwargs: dict) -> str | None:
+    """The plan-cache key of this run (``None`` without a cache): the module, the recorded
+    inputs and every setting the decision depends on."""
+    if cb.cache is None:
+        return None
+    assert cb._target is not None, "please report"
+    settings = {"integration": "lightning", "budget": cb.budget, "solver": cb.solver, "offload": cb.offload,
+                "raise_batch_size": cb.raise_batch_size, "max_batch_size": cb.max_batch_size,
+                "on_infeasible": cb.on_infeasible, "times": resolve_times(cb.times),
+                "precision": str(trainer.precision), "loss_fn": getattr(cb.loss_fn, "__qualname__", None)}
+    return plan_key(cb._target, args, kwargs, settings)
+
+
+def from_cache(cb: "AutoRemat", key: str | None, device: torch.device, resident: int) -> dict[str, Any] | None:
+    """The cached decision under ``key`` where its plan still fits this run's step budget."""
+    if key is None or cb.cache is None:
+        return None
+    entry = cb.cache.load(key)
+    if entry is None:
+        return None
+    predicted = entry["summary"].get("predicted_peak_bytes") or 0
+    if not (is_min(cb.budget) or str(cb.budget).strip().endswith("%") or isinstance(cb.budget, float)):
+        try:
+            room = step_budget_bytes(cb.budget, Graph(), device, resident)
+        except ValueError:
+            room = -1
+        if predicted > room:
+            cb._progress.line(f"the cached plan ({predicted} bytes) no longer fits the step budget "
+                              f"({room} bytes); profiling again")
+            return None
+    path = cb.cache.path(key)
+    cb._progress.line(f"reusing the cached plan {path} (no profiling)")
+    entry["summary"] = {**entry["summary"], "source": f"cache ({path.name})"}
+    return entry
+
+
+def reuse_given(cb: "AutoRemat", trainer: "pl.Trainer", pl_module: "pl.LightningModule") -> dict[str, Any]:
+    """The payload of a plan given as ``plan=``: checked against the batch, measured, no capture."""
+    assert cb._target is not None and cb.given_plan is not None, "please report"
+    plan = cb.given_plan
+    args, kwargs, batch_bytes = cb._record_inputs(trainer, pl_module)
+    check_inputs(plan, args, kwargs)  # another batch size, dtype or device: PlanMismatchError
+    grads = "expected" if getattr(pl_module, "automatic_optimization", False) else "none"
+    resident = resident_bytes(pl_module, optimizers=trainer.optimizers, grads=grads) + batch_bytes
+    size = _batch_size(cb, pl_module)
+    with cb._progress.phase("a measured step with the saved plan"):
+        measured = cb._measure_patched(cb._target, trainer, pl_module, plan, cb.loss_fn or default_loss, size)
+    summary = summarise(plan, None, step_budget=plan.budget_bytes, resident=resident, measured=measured,
+                        source="plan= (a saved plan)", batch_before=size, batch_after=size,
+                        not_raised=cb._raise_skipped(trainer, pl_module))
+    return {"plan": plan.to_dict(), "batch_size": size, "original_batch_size": size,
+            "step_budget_bytes": plan.budget_bytes, "summary": summary}

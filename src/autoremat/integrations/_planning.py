@@ -1,0 +1,121 @@
+"""What both integrations do between a capture and a patch, defined once: solve under the
+device budget with the documented behaviour for an infeasible one, find the reachable range,
+and load a plan the user saved.
+
+* :func:`plan_within`: ``budget="min"`` plans at the least reachable step peak; any other
+  budget is turned into a step budget (:func:`~autoremat.integrations._common.step_budget_bytes`)
+  and solved; where no plan meets it, ``on_infeasible="error"`` (the default) raises
+  :class:`~autoremat.errors.InfeasibleBudgetError` stating the reachable range in bytes and in
+  percent, and ``on_infeasible="min"`` plans at the least instead and says so (one warning line
+  and a note in the summary).
+* :func:`measured_step_peak`: one patched step whose peak is measured, training state untouched.
+* :func:`as_plan`: ``plan=`` as a :class:`~autoremat.plan.Plan`, a path to a plan file or a
+  plan dict, checked when the integration is configured (a missing file or a malformed plan is
+  an error before any training).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+from collections.abc import Callable, Mapping
+from typing import Any, ContextManager
+
+import torch
+from torch import nn
+
+from .._units import fmt_bytes
+from ..budget import is_min
+from ..capture._recorder import preserved_state
+from ..errors import InfeasibleBudgetError
+from ..graph import Graph
+from ..measure import LiveStorageCounter, run_step
+from ..plan import Plan
+from ..resident import device_of
+from ..cost import unoptimised_peak_bytes
+from ..solvers import least_budget, solve
+from ._common import step_budget_bytes
+
+__all__ = ["plan_within", "as_plan", "least_for", "measured_step_peak"]
+
+logger = logging.getLogger(__name__)
+
+
+def least_for(graph: Graph, solver: str, solve_kwargs: Mapping[str, Any]) -> int:
+    """The least step peak ``solver`` (with the integration's options) reaches on ``graph``."""
+    kwargs = dict(solve_kwargs)
+    auto_solvers = kwargs.pop("auto_solvers", None)
+    return least_budget(graph, solver, auto_solvers=auto_solvers, **kwargs)
+
+
+def plan_within(graph: Graph, budget: Any, *, device: torch.device | str, resident: int, solver: str,
+                solve_kwargs: Mapping[str, Any], on_infeasible: str, who: str, warn: Any = None,
+                solve_fn: Callable[[Graph, Any], Plan] | None = None) -> tuple[Plan, int, str | None]:
+    """``(plan, step_budget_bytes, note)`` for a device ``budget`` (module docstring).
+
+    ``warn(text)`` is told when ``on_infeasible="min"`` replaced the budget (default: a log
+    warning naming ``who``). ``note`` says what happened to the budget, for the summary (``None``: as asked).
+    ``solve_fn(graph, budget)`` solves (default :func:`autoremat.solve` with ``solver`` and
+    ``solve_kwargs``), so that an integration solves here exactly as everywhere else.
+    """
+    def run(b: Any) -> Plan:
+        return solve_fn(graph, b) if solve_fn is not None else solve(graph, b, solver=solver, **solve_kwargs)
+
+    if is_min(budget):
+        plan = run("min")
+        return plan, int(plan.budget_bytes or 0), "budget='min': the least reachable"
+    step = step_budget_bytes(budget.strip() if isinstance(budget, str) else budget, graph, device, resident)
+    peak = unoptimised_peak_bytes(graph)
+    try:
+        return run(step), step, None
+    except InfeasibleBudgetError as err:
+        if on_infeasible != "min":
+            raise InfeasibleBudgetError(step, err.min_budget_bytes, solver=f"{who}/{solver}",
+                                        unoptimised_peak_bytes=peak) from None
+    plan = run("min")
+    least = int(plan.budget_bytes or 0)
+    text = (f"budget={budget!r} ({fmt_bytes(step)} of step peak, {100 * step / max(peak, 1):.0f} %) is below "
+            f"the least step peak solver {solver!r} reaches, {fmt_bytes(least)} ({100 * least / max(peak, 1):.0f} %); "
+            "planned at the least (on_infeasible='min')")
+    if warn is not None:
+        warn(text)
+    else:
+        logger.warning("%s: %s", who, text)
+    return plan, least, f"asked {fmt_bytes(step)}: unreachable"
+
+
+def as_plan(value: Any, name: str = "plan") -> Plan | None:
+    """``value`` as a :class:`Plan`: a ``Plan``, a path to a plan file, a plan dict, or ``None``."""
+    if value is None or isinstance(value, Plan):
+        return value
+    if isinstance(value, Mapping):
+        return Plan.from_dict(value, source=name)
+    if isinstance(value, (str, os.PathLike)):
+        path = os.fspath(value)
+        if not os.path.isfile(path):
+            raise ValueError(f"{name}={path!r}: no such plan file; write one with `autoremat plan ... --out "
+                             f"{os.path.basename(path) or 'plan.json'}` or plan.to_json(path)")
+        return Plan.from_json(path)
+    raise ValueError(f"{name}={value!r} must be a plan file path, an autoremat.Plan, a plan dict or None")
+
+
+def measured_step_peak(target: nn.Module, args: tuple, kwargs: dict, loss_fn: Callable[[Any], torch.Tensor],
+                       context: Callable[[], ContextManager[Any]] = contextlib.nullcontext) -> int:
+    """One forward+backward of ``target`` inside ``context()`` (the trainer's precision, or
+    Accelerate's autocast); returns its step peak. RNG, buffers and gradients are put back
+    (:func:`~autoremat.capture._recorder.preserved_state`), so training is unaffected."""
+    device = device_of(target, args, kwargs)
+    with preserved_state(target, [device]):
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+            torch.cuda.reset_peak_memory_stats(device)
+            base = torch.cuda.memory_allocated(device)
+            with context():
+                run_step(target, args, kwargs, loss_fn)
+            torch.cuda.synchronize(device)
+            return int(torch.cuda.max_memory_allocated(device) - base)
+        counter = LiveStorageCounter()
+        with counter, context():
+            run_step(target, args, kwargs, loss_fn)
+        return int(counter.peak)
