@@ -12,7 +12,7 @@ steps=${*:-tests compare scaled}
 { nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv; python3 -c "import torch, sys; print(sys.version); print('torch', torch.__version__, torch.cuda.get_device_name())"; } > "$R/machine.txt" 2>&1
 for s in $steps; do
   case $s in
-    tests)   timeout ${T_TESTS:-150} python3 -m pytest -q -m gpu -p no:cacheprovider -o addopts="" tests > "$R/gpu_tests.log" 2>&1 ;;
+    tests)   timeout ${T_TESTS:-150} python3 -m pytest -q -m gpu -p no:cacheprovider -o addopts="" --durations=20 ${GPU_TESTS:-tests} > "$R/gpu_tests.log" 2>&1 ;;
     compare) timeout ${T_COMPARE:-200} python3 benchmarks/compare_gpu.py --models ${CMP_MODELS:-resnet50,gpt2} --configs pytorch,autoremat \
                --solvers ${CMP_SOLVERS:-chen,dp-approx} --budgets 0.5 --rounds 3 --no-batch --no-match --torch-regions none \
                --compiled-plans none --solver-timeout 60 --out "$R/compare" > "$R/compare.log" 2>&1 ;;

@@ -385,3 +385,40 @@ def test_under_autocast_bytes_are_fitted_and_convolutions_still_timed_at_the_ful
     timed = g.meta["scaled"]["timed_at_full_batch"]
     assert timed and {g.node(v)["kind"] for v in timed} <= {"conv", "linear"}
     assert abs(unoptimised_peak_bytes(g) - unoptimised_peak_bytes(full)) <= 0.10 * unoptimised_peak_bytes(full)
+
+
+def test_replay_reports_workspace_above_the_outputs_and_the_graph_keeps_the_larger(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Step 3 of the replay: on CUDA the allocator's peak while a node runs alone, above its outputs
+    (forward) or returned gradients (backward), is its full-batch workspace. A fake allocator meter
+    reporting a peak of 10**7 bytes for everything stands in for CUDA here."""
+    from autoremat.capture.fx import trace
+    from autoremat.capture.scaled.fit import with_workspace
+
+    replay = importlib.import_module("autoremat.capture.scaled.replay")
+    peak = 10**7
+
+    class Meter:
+        def start(self) -> None:
+            pass
+
+        def peak_delta(self) -> int:
+            return peak
+
+    monkeypatch.setattr(replay, "_meter", lambda device: Meter())
+    torch.manual_seed(0)
+    model, x = _Tokens(switch_at=10**9), torch.randn(16, 4, 8)
+    full = autoremat.capture(model, (x,), repeats=1)
+    at = [((x[:s].clone(),), {}) for s in (8, 4)]
+    ws: dict[int, tuple[int, int]] = {}
+    times = replay.replay_times(trace(model), model, full, *at, (8, 4, 16), limit_bytes=10**9, repeats=1,
+                                warmup=0, device=torch.device("cpu"), workspace=ws)
+    assert ws and set(ws) == set(times)
+    for v, (fwd, bwd) in ws.items():  # the peak less what the node created at the full batch (16 rows)
+        assert fwd == peak - full.node(v)["out_bytes"], (v, fwd)
+        assert 0 < bwd < peak
+    v = next(iter(ws))
+    raised = with_workspace(full, {v: (10**9, 0)})
+    assert raised.node(v)["fwd_temp_bytes"] == 10**9
+    assert raised.node(v)["bwd_temp_bytes"] == full.node(v)["bwd_temp_bytes"]  # never lowered
+    assert unoptimised_peak_bytes(raised) > unoptimised_peak_bytes(full)

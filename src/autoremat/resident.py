@@ -35,7 +35,7 @@ from torch.utils._pytree import tree_flatten
 
 from ._fsdp import local_tensor
 
-__all__ = ["device_of", "storage_bytes", "resident_bytes", "optimizer_state_bytes"]
+__all__ = ["device_of", "storage_bytes", "resident_bytes", "allocated_resident_bytes", "optimizer_state_bytes"]
 
 _LAZY_STATE_SLOTS = {"Adam": 2, "AdamW": 2, "Adamax": 2, "NAdam": 2, "RAdam": 2, "Adadelta": 2, "Rprop": 2}
 _GRADS = ("none", "present", "expected")
@@ -89,6 +89,31 @@ def resident_bytes(
         sharded += sum(optimizer_state_bytes(opt) for opt in optimizers if not _has_state(opt))
     total = storage_bytes([list(module.buffers()), inputs]) + -(-sharded // shard_over)
     return int(total)
+
+
+def allocated_resident_bytes(module: nn.Module, *, device: torch.device | str, inputs: Any = (),
+                             optimizers: Iterable[torch.optim.Optimizer] = ()) -> int:
+    """The part of the resident bytes that exists on ``device`` now (distinct storages of the
+    parameters, buffers, allocated gradients, existing optimizer state and the inputs).
+
+    Free device memory already excludes these; what a device budget of ``"auto"`` must still keep
+    room for is the rest of :func:`resident_bytes`: gradients and optimizer state that are not
+    allocated yet (an optimizer's state appears at its first ``step``, while the step budget
+    holds from the second step on), and inputs not yet moved to the device."""
+    dev = torch.device(device)
+    params = list(module.parameters())
+    items = [params, [p.grad for p in params if p.grad is not None], list(module.buffers()),
+             [list(opt.state.values()) for opt in optimizers], inputs]
+    on_device = [t for t in _tensors(items) if _same_device(t.device, dev)]
+    return storage_bytes(on_device)
+
+
+def _same_device(a: torch.device, b: torch.device) -> bool:
+    if a.type != b.type:
+        return False
+    if a.type != "cuda" or a.index is None or b.index is None:
+        return True
+    return a.index == b.index
 
 
 def optimizer_state_bytes(opt: torch.optim.Optimizer) -> int:

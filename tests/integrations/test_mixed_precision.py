@@ -196,7 +196,7 @@ def test_fit_16_mixed_on_gpu(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) ->
     """``precision="16-mixed"`` as users pass it, on CUDA (skipped without a GPU)."""
     monkeypatch.setattr(torch.backends.cudnn, "deterministic", True)  # equal gradients need fixed conv algorithms
     monkeypatch.setattr(torch.backends.cudnn, "benchmark", False)
-    model = LitClassifier()
+    model = LitClassifier(batch_size=512, samples=1024)  # a step peak of ~100 MiB: not allocator rounding
     cb = autoremat.AutoRemat(budget="60%", module="model", raise_batch_size=False, verbose=False)
     trainer = _trainer([cb], tmp_path, "16-mixed", accelerator="gpu")
     assert trainer.precision_plugin.precision == "16-mixed"

@@ -9,6 +9,7 @@ import pytest
 import torch
 
 from autoremat.offload import DEFAULT_BANDWIDTH_BYTES_PER_S, LinkBandwidth, measure_bandwidth, measure_link
+from autoremat.offload.bandwidth import MIN_NBYTES, shrinking
 from autoremat.cost import DEFAULT_BANDWIDTH_BYTES_PER_S as SIMULATE_DEFAULT
 
 no_cuda = pytest.mark.skipif(torch.cuda.is_available(), reason="checks the path taken without CUDA")
@@ -60,6 +61,43 @@ def test_smaller_direction_is_reported():
     assert link.to_dict()["bytes_per_s"] == 13e9
 
 
+def _room_for(limit: int, tried: list[int]):  # type: ignore[no-untyped-def]
+    def measure(size: int) -> LinkBandwidth:
+        tried.append(size)
+        if size > limit:
+            raise torch.OutOfMemoryError(f"CUDA out of memory. Tried to allocate {size} bytes")
+        return LinkBandwidth(2e10, 1e10, size, 3, "cuda:0", True)
+    return measure
+
+
+def test_a_full_device_measures_with_a_smaller_buffer(caplog: pytest.LogCaptureFixture):
+    """A device without room for the 64 MiB copy buffer (nearly full, or under a memory fraction)
+    is measured with the largest eighth that fits, and the retry is logged."""
+    tried: list[int] = []
+    with caplog.at_level(logging.INFO, logger="autoremat.offload.bandwidth"):
+        link = shrinking(_room_for(5 * 2**20, tried), 64 * 2**20, 3)
+    assert tried == [64 * 2**20, 8 * 2**20, 2**20]
+    assert link.measured and link.nbytes == 2**20 and link.bytes_per_s == 1e10
+    assert "no room on the device for a 67108864-byte copy buffer; measuring with 8388608 bytes" in caplog.text
+
+
+def test_no_room_at_all_falls_back_to_the_default_and_warns(caplog: pytest.LogCaptureFixture):
+    tried: list[int] = []
+    with caplog.at_level(logging.INFO, logger="autoremat.offload.bandwidth"):
+        link = shrinking(_room_for(0, tried), 64 * 2**20, 3)
+    assert tried == [64 * 2**20, 8 * 2**20, MIN_NBYTES]
+    assert not link.measured and link.bytes_per_s == DEFAULT_BANDWIDTH_BYTES_PER_S
+    warned = [r for r in caplog.records if r.levelno == logging.WARNING]
+    assert len(warned) == 1 and f"no room for a {MIN_NBYTES}-byte copy buffer" in warned[0].getMessage()
+
+
+def test_other_errors_are_not_swallowed():
+    def broken(size: int) -> LinkBandwidth:
+        raise RuntimeError("CUDA error: an illegal memory access was encountered")
+    with pytest.raises(RuntimeError, match="illegal memory access"):
+        shrinking(broken, 64 * 2**20, 3)
+
+
 @pytest.mark.gpu
 def test_measures_both_directions_on_cuda():
     before = torch.cuda.memory_allocated()
@@ -70,3 +108,16 @@ def test_measures_both_directions_on_cuda():
     assert link.bytes_per_s == min(link.host_to_device_bytes_per_s, link.device_to_host_bytes_per_s)
     assert measure_bandwidth(torch.cuda.current_device(), nbytes=8 * 2**20, repeats=2) > 1e8
     assert torch.cuda.memory_allocated() == before  # the device buffers are released
+
+
+@pytest.mark.gpu
+def test_measures_with_a_smaller_buffer_under_a_memory_fraction():
+    """Under a memory fraction with no room for the 64 MiB buffer, the link is still measured."""
+    torch.cuda.empty_cache()
+    total = torch.cuda.get_device_properties(0).total_memory
+    torch.cuda.set_per_process_memory_fraction((torch.cuda.memory_reserved() + 24 * 2**20) / total)
+    try:
+        link = measure_link(nbytes=64 * 2**20, repeats=2)
+    finally:
+        torch.cuda.set_per_process_memory_fraction(1.0)
+    assert link.measured and link.nbytes == 8 * 2**20 and link.bytes_per_s > 1e8

@@ -25,15 +25,19 @@ def is_percentage(budget: int | float | str) -> bool:
 
 
 def step_budget_bytes(budget: int | float | str, graph: Graph, device: torch.device | str,
-                      resident_bytes: int) -> int:
+                      resident_bytes: int, allocated_bytes: int | None = None) -> int:
     """The step-peak budget for a device budget (see DESIGN.md, "what memory means").
 
-    ``"auto"``: free device memory (or available host memory on a CPU) minus a margin; it
-    already excludes what is resident. A percentage: of ``graph``'s unoptimised step peak. A
-    size or byte count: minus ``resident_bytes`` (parameters, optimizer state, the batch).
+    ``"auto"``: free device memory (or available host memory on a CPU) minus a margin, minus the
+    resident bytes that are not allocated yet (``resident_bytes - allocated_bytes``: free memory
+    already excludes the allocated ones; optimizer state created at the first step and gradients
+    are not, and they are resident from the second step on). ``allocated_bytes=None``: everything
+    resident is allocated already. A percentage: of ``graph``'s unoptimised step peak. A size or
+    byte count: minus ``resident_bytes`` (parameters, optimizer state, the batch).
     """
     if isinstance(budget, str) and budget.strip().lower() == "auto":
-        return parse_budget("auto", device=device, resident_bytes=0)
+        to_come = 0 if allocated_bytes is None else max(0, int(resident_bytes) - int(allocated_bytes))
+        return parse_budget("auto", device=device, resident_bytes=to_come)
     if is_percentage(budget):
         return parse_budget(budget, unoptimised_peak_bytes=unoptimised_peak_bytes(graph))
     step = parse_budget(budget) - int(resident_bytes)

@@ -45,7 +45,8 @@ def cache_key(cb: "AutoRemat", trainer: "pl.Trainer", args: tuple, kwargs: dict)
     return plan_key(cb._target, args, kwargs, settings)
 
 
-def from_cache(cb: "AutoRemat", key: str | None, device: torch.device, resident: int) -> dict[str, Any] | None:
+def from_cache(cb: "AutoRemat", key: str | None, device: torch.device, resident: int,
+               allocated: int | None = None) -> dict[str, Any] | None:
     """The cached decision under ``key`` where its plan still fits this run's step budget."""
     if key is None or cb.cache is None:
         return None
@@ -55,7 +56,7 @@ def from_cache(cb: "AutoRemat", key: str | None, device: torch.device, resident:
     predicted = entry["summary"].get("predicted_peak_bytes") or 0
     if not (is_min(cb.budget) or str(cb.budget).strip().endswith("%") or isinstance(cb.budget, float)):
         try:
-            room = step_budget_bytes(cb.budget, Graph(), device, resident)
+            room = step_budget_bytes(cb.budget, Graph(), device, resident, allocated)
         except ValueError:
             room = -1
         if predicted > room:

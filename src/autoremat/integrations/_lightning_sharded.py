@@ -39,7 +39,7 @@ from ..capture._tracing import silenced_hooks
 from ..capture.scaled import capture_within, profile_limit_bytes
 from ..measure import default_loss
 from ..per_rank import per_rank_graph
-from ..resident import device_of, resident_bytes
+from ..resident import allocated_resident_bytes, device_of, resident_bytes
 from ..cost import simulate
 from ._common import step_budget_bytes
 from ._strategies import UnsupportedStrategyError, deepspeed_refusal, solve_per_rank
@@ -135,7 +135,8 @@ def profile_and_solve_sharded(cb: Any, trainer: "pl.Trainer", pl_module: "pl.Lig
     assert graph is not None, "please report"
     spec = sharding_spec(target, graph, fsdp_version=1 if kind == "fsdp1" else 2)
     ranked_graph = per_rank_graph(graph, spec)
-    step_budget = step_budget_bytes(cb.budget, ranked_graph, device, resident)
+    allocated = allocated_resident_bytes(pl_module, device=device, inputs=(args, kwargs), optimizers=trainer.optimizers)
+    step_budget = step_budget_bytes(cb.budget, ranked_graph, device, resident, allocated)
     canon = canonical_trace(target, units_of(target)) if graph.meta.get("mode") == "fx" else None
     solve = (lambda g, b: cb._solve(g, b, sharded=True))
     ranked = solve_per_rank(graph, spec, step_budget, solve,

@@ -50,6 +50,7 @@ def least_for(graph: Graph, solver: str, solve_kwargs: Mapping[str, Any]) -> int
 
 
 def plan_within(graph: Graph, budget: Any, *, device: torch.device | str, resident: int, solver: str,
+                allocated: int | None = None,
                 solve_kwargs: Mapping[str, Any], on_infeasible: str, who: str, warn: Any = None,
                 solve_fn: Callable[[Graph, Any], Plan] | None = None) -> tuple[Plan, int, str | None]:
     """``(plan, step_budget_bytes, note)`` for a device ``budget`` (module docstring).
@@ -57,7 +58,8 @@ def plan_within(graph: Graph, budget: Any, *, device: torch.device | str, reside
     ``warn(text)`` is told when ``on_infeasible="min"`` replaced the budget (default: a log
     warning naming ``who``). ``note`` says what happened to the budget, for the summary (``None``: as asked).
     ``solve_fn(graph, budget)`` solves (default :func:`autoremat.solve` with ``solver`` and
-    ``solve_kwargs``), so that an integration solves here exactly as everywhere else.
+    ``solve_kwargs``), so that an integration solves here exactly as everywhere else. ``allocated``: the
+    resident bytes already on the device (see :func:`~autoremat.integrations._common.step_budget_bytes`).
     """
     def run(b: Any) -> Plan:
         return solve_fn(graph, b) if solve_fn is not None else solve(graph, b, solver=solver, **solve_kwargs)
@@ -65,7 +67,8 @@ def plan_within(graph: Graph, budget: Any, *, device: torch.device | str, reside
     if is_min(budget):
         plan = run("min")
         return plan, int(plan.budget_bytes or 0), "budget='min': the least reachable"
-    step = step_budget_bytes(budget.strip() if isinstance(budget, str) else budget, graph, device, resident)
+    step = step_budget_bytes(budget.strip() if isinstance(budget, str) else budget, graph, device, resident,
+                             allocated)
     peak = unoptimised_peak_bytes(graph)
     try:
         return run(step), step, None

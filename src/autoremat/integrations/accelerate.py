@@ -64,7 +64,7 @@ from ..graph import Graph
 from ..measure import default_loss
 from ..plan import Plan
 from ..progress import Progress
-from ..resident import resident_bytes
+from ..resident import allocated_resident_bytes, resident_bytes
 from ..runtime import apply
 from ..solvers import check_solver, solve
 from ._atomic import Rollback
@@ -267,7 +267,8 @@ def _plan_on_main(accelerator: Any, model: nn.Module, example_args: Sequence[Any
         return {"plan": given.to_dict(), "summary": summarise(
             given, None, step_budget=given.budget_bytes, resident=resident, source="plan= (a saved plan)",
             not_raised=_NOT_RAISED)}
-    return _decide(accelerator, model, args, kwargs, cfg, loss_fn or default_loss, resident, progress)
+    allocated = _allocated(model, args, kwargs, optimizer, device)
+    return _decide(accelerator, model, args, kwargs, cfg, loss_fn or default_loss, resident, allocated, progress)
 
 
 def _solve_sharded(accelerator: Any, model: nn.Module, example_args: Sequence[Any],
@@ -290,7 +291,8 @@ def _solve_sharded(accelerator: Any, model: nn.Module, example_args: Sequence[An
         graph = capture_within(model, args, kwargs, limit_bytes=limit, loss_fn=loss_fn or default_loss,
                                repeats=cfg.profile_steps, times=cfg.times)
     spec = sharding_spec(model, graph, units=units, world=world, fsdp_version=version)
-    step_budget = step_budget_bytes(cfg.budget.strip(), per_rank_graph(graph, spec), device, resident)
+    step_budget = step_budget_bytes(cfg.budget.strip(), per_rank_graph(graph, spec), device, resident,
+                                    _allocated(model, args, kwargs, optimizer, device))
     canon = canonical_trace(model, units) if graph.meta.get("mode") == "fx" else None
     ranked = solve_per_rank(graph, spec, step_budget, lambda g, b: solve(g, b, solver=cfg.solver),
                             (lambda p: snap_plan(p, canon)) if canon is not None else (lambda p: p))
@@ -305,7 +307,8 @@ def _solve_sharded(accelerator: Any, model: nn.Module, example_args: Sequence[An
 
 
 def _decide(accelerator: Any, model: nn.Module, args: tuple, kwargs: dict, cfg: AutoRematConfig,
-            loss_fn: Callable[[Any], torch.Tensor], resident: int, progress: Progress) -> dict[str, Any]:
+            loss_fn: Callable[[Any], torch.Tensor], resident: int, allocated: int,
+            progress: Progress) -> dict[str, Any]:
     """The main process's plan and summary: from the cache, or profiled and solved (then cached)."""
     device = accelerator.device
     cache = PlanCache.from_setting(cfg.cache_dir or None)
@@ -317,7 +320,7 @@ def _decide(accelerator: Any, model: nn.Module, args: tuple, kwargs: dict, cfg: 
                     "loss_fn": getattr(loss_fn, "__qualname__", None)}
         key = plan_key(model, args, kwargs, settings)
         entry = cache.load(key)
-        if entry is not None and _still_fits(entry, cfg.budget, device, resident):
+        if entry is not None and _still_fits(entry, cfg.budget, device, resident, allocated):
             progress.line(f"reusing the cached plan {cache.path(key)} (no profiling)")
             return {**entry, "summary": {**entry["summary"], "source": f"cache ({cache.path(key).name})",
                                          "measured_peak_bytes": None}}
@@ -327,7 +330,8 @@ def _decide(accelerator: Any, model: nn.Module, args: tuple, kwargs: dict, cfg: 
         graph = capture_within(model, args, kwargs, limit_bytes=limit, loss_fn=loss_fn, repeats=cfg.profile_steps,
                                times=cfg.times)
     with progress.phase(f"solve ({len(graph)} nodes, solver {cfg.solver})"):
-        plan, step, note = plan_within(graph, cfg.budget, device=device, resident=resident, solver=cfg.solver,
+        plan, step, note = plan_within(graph, cfg.budget, device=device, resident=resident, allocated=allocated,
+                                       solver=cfg.solver,
                                        solve_kwargs={}, on_infeasible=cfg.on_infeasible, who="autoremat",
                                        warn=progress.line if progress.enabled else None)
         least = least_for(graph, cfg.solver, {})
@@ -339,13 +343,19 @@ def _decide(accelerator: Any, model: nn.Module, args: tuple, kwargs: dict, cfg: 
     return payload
 
 
-def _still_fits(entry: Mapping[str, Any], budget: str, device: Any, resident: int) -> bool:
+def _allocated(model: nn.Module, args: tuple, kwargs: dict, optimizer: Any, device: Any) -> int:
+    """The resident bytes on ``device`` now (free memory already excludes them)."""
+    return allocated_resident_bytes(model, device=device, inputs=(args, kwargs),
+                                    optimizers=[] if optimizer is None else [optimizer])
+
+
+def _still_fits(entry: Mapping[str, Any], budget: str, device: Any, resident: int, allocated: int) -> bool:
     """Whether a cached plan's predicted peak fits this run's step budget (device budgets only:
     a percentage or ``"min"`` is relative to the same graph)."""
     if is_min(budget) or is_percentage(budget):
         return True
     try:
-        room = step_budget_bytes(budget, Graph(), device, resident)
+        room = step_budget_bytes(budget, Graph(), device, resident, allocated)
     except ValueError:
         return False
     fits = (entry["summary"].get("predicted_peak_bytes") or 0) <= room

@@ -72,12 +72,13 @@ from ..measure import default_loss
 from ..offload.bandwidth import measure_bandwidth
 from ..plan import Plan
 from ..progress import Progress
-from ..resident import device_of, resident_bytes, storage_bytes
+from ..resident import allocated_resident_bytes, device_of, resident_bytes, storage_bytes
 from ..runtime import REGION_MODES, apply, is_patched, restore
 from ..solvers import OFFLOAD_ONLY, SOLVERS, check_solver, solve
 from ._common import step_budget_bytes
 from ._lightning_reuse import cache_key, from_cache, reuse_given
 from ._lightning_sharded import SHARDED, profile_and_solve_sharded, strategy_kind
+from ._lightning_steps import confirmed, record_inputs
 from ._lightning_trainer import (atomic_fit_start, batch_of, dataset_length, reset_dataloaders, silenced_logging,
                                  trial_step)
 from ._planning import as_plan, least_for, plan_within
@@ -99,6 +100,7 @@ logger = logging.getLogger(__name__)
 
 _STATE_VERSION = 1
 _RAISE_MODES = ("auto", True, False)
+
 
 
 class AutoRemat(Callback):
@@ -341,8 +343,10 @@ class AutoRemat(Callback):
         grads = "expected" if getattr(pl_module, "automatic_optimization", False) else "none"
         resident = resident_bytes(pl_module, optimizers=trainer.optimizers, grads=grads) + batch_bytes
         device = device_of(target, args, kwargs)
+        allocated = allocated_resident_bytes(pl_module, device=device, inputs=(args, kwargs),
+                                             optimizers=trainer.optimizers)
         key = cache_key(self, trainer, args, kwargs)
-        cached = from_cache(self, key, device, resident)
+        cached = from_cache(self, key, device, resident, allocated)
         if cached is not None:
             return cached
         limit = profile_limit_bytes("auto" if is_min(self.budget) else self.budget, device=device,
@@ -356,13 +360,15 @@ class AutoRemat(Callback):
             graph.meta["bandwidth_bytes_per_s"] = measure_bandwidth(device)
         solver, solve_kwargs = self._solver_options()
         with progress.phase(f"solve ({len(graph)} nodes, solver {self.solver})"):
-            plan, step_budget, note = plan_within(graph, self.budget, device=device, resident=resident, solver=solver,
+            plan, step_budget, note = plan_within(graph, self.budget, device=device, resident=resident,
+                                                  allocated=allocated, solver=solver,
                                                   solve_kwargs=solve_kwargs, on_infeasible=self.on_infeasible,
                                                   who="AutoRemat", solve_fn=self._solve,
                                                   warn=lambda text: rank_zero_warn(f"AutoRemat: {text}"))
         batch_size = original = (lightning_getattr(pl_module, self.batch_arg_name)
                                  if lightning_hasattr(pl_module, self.batch_arg_name) else None)
         skipped = self._raise_skipped(trainer, pl_module)
+        first = (plan, graph)
         if skipped is None:
             with progress.phase("raise the batch size (solves, then trial steps)") as phase:
                 batch_size, plan, graph = self._raise(trainer, pl_module, graph, plan, int(original), step_budget,
@@ -370,8 +376,9 @@ class AutoRemat(Callback):
         elif self.raise_batch_size == "auto":
             rank_zero_info(f"AutoRemat: batch size not raised: {skipped}")
         with progress.phase("reachable range and a measured step"):
+            measured, plan, graph, batch_size, step_budget = confirmed(
+                self, target, trainer, pl_module, loss_fn, (plan, graph, batch_size, step_budget), first, original)
             least = least_for(graph, solver, solve_kwargs)
-            measured = self._measure_patched(target, trainer, pl_module, plan, loss_fn, batch_size)
         summary = summarise(plan, graph, step_budget=step_budget, resident=resident, least=least, measured=measured,
                             budget_note=note, batch_before=original, batch_after=batch_size, not_raised=skipped)
         payload = {"plan": plan.to_dict(), "batch_size": batch_size, "original_batch_size": original,
@@ -402,27 +409,7 @@ class AutoRemat(Callback):
     def _record_inputs(self, trainer: "pl.Trainer", pl_module: "pl.LightningModule",
                        size: int | None = None) -> tuple[tuple, dict, int]:
         """Inputs of the target module in ``training_step`` on a real batch (of ``size`` rows)."""
-        assert self._target is not None, "please report"
-        batch = batch_of(trainer, size)
-        batch_bytes = storage_bytes(batch)
-        seen: dict[str, Any] = {}
-
-        def hook(module: nn.Module, args: tuple, kwargs: dict) -> None:
-            if "args" not in seen:
-                seen["args"], seen["kwargs"] = args, dict(kwargs)
-
-        handle = self._target.register_forward_pre_hook(hook, with_kwargs=True)
-        device = device_of(self._target)
-        try:
-            with preserved_state(pl_module, [device]), torch.no_grad(), silenced_logging(pl_module), \
-                    trainer.precision_plugin.forward_context():
-                pl_module.training_step(batch, 0)
-        finally:
-            handle.remove()
-        if "args" not in seen:
-            raise ValueError(f"training_step never called module {self.module or type(pl_module).__name__}; "
-                             "pass module= the submodule your training_step runs")
-        return tuple(seen["args"]), seen["kwargs"], batch_bytes
+        return record_inputs(self, trainer, pl_module, size)
 
     def _measure_patched(self, target: nn.Module, trainer: "pl.Trainer", pl_module: "pl.LightningModule",
                          plan: Plan, loss_fn: Callable[[Any], torch.Tensor], size: int | None) -> int | None:

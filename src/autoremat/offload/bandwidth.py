@@ -20,6 +20,13 @@ without torch.
 
 Time: ``2 (repeats + 1)`` copies of ``nbytes``; the default 64 MiB x 5 takes well under a second
 on PCIe 4. Space: ``nbytes`` of pinned host memory and ``nbytes`` on the device, freed on return.
+
+The device buffer must not cost a run: on a device that is nearly full (the very case autoremat is
+for, or under ``torch.cuda.set_per_process_memory_fraction``) the copy buffer may not fit. An
+out-of-memory error while measuring empties the allocator's cache and retries with an eighth of
+the bytes, down to :data:`MIN_NBYTES` (1 MiB: launch latency is then a few per cent of a copy on
+PCIe, still far better than a guess); below that the default is returned with a WARNING that says
+why. The retry is logged at INFO with the size that fitted.
 """
 
 from __future__ import annotations
@@ -27,11 +34,12 @@ from __future__ import annotations
 import logging
 import statistics
 from dataclasses import dataclass
+from collections.abc import Callable
 from typing import Any
 
 from ..cost import DEFAULT_BANDWIDTH_BYTES_PER_S
 
-__all__ = ["measure_bandwidth", "measure_link", "LinkBandwidth", "DEFAULT_NBYTES", "DEFAULT_REPEATS"]
+__all__ = ["measure_bandwidth", "measure_link", "LinkBandwidth", "DEFAULT_NBYTES", "DEFAULT_REPEATS", "MIN_NBYTES", "shrinking"]
 
 logger = logging.getLogger(__name__)
 
@@ -39,6 +47,8 @@ DEFAULT_NBYTES = 64 * 2**20
 """Bytes per timed copy: large enough that launch latency (~10 us) is under 1 % on PCIe."""
 DEFAULT_REPEATS = 5
 """Timed copies per direction (the median is reported)."""
+MIN_NBYTES = 2**20
+"""The smallest copy buffer tried when the device has no room for a larger one."""
 
 
 @dataclass(frozen=True)
@@ -102,6 +112,35 @@ def measure_link(device: Any = None, nbytes: int = DEFAULT_NBYTES, repeats: int 
                             logging.WARNING)
         if dev.index is None:
             dev = torch.device("cuda", torch.cuda.current_device())
+    return shrinking(lambda size: _timed_link(dev, size, repeats), nbytes, repeats)
+
+
+def shrinking(measure: Callable[[int], LinkBandwidth], nbytes: int, repeats: int) -> LinkBandwidth:
+    """``measure(nbytes)``, retried with an eighth of the bytes (down to :data:`MIN_NBYTES`) while
+    the device runs out of memory; the default bandwidth (WARNING) when even that does not fit."""
+    import torch
+
+    size = nbytes
+    while True:
+        try:
+            out = measure(size)
+        except torch.OutOfMemoryError:
+            if torch.cuda.is_available():
+                torch.cuda.empty_cache()
+            if size <= MIN_NBYTES:
+                return _default(nbytes, repeats, f"the device has no room for a {size}-byte copy buffer",
+                                logging.WARNING)
+            smaller = max(MIN_NBYTES, size // 8)
+            logger.info("no room on the device for a %d-byte copy buffer; measuring with %d bytes", size, smaller)
+            size = smaller
+            continue
+        return out
+
+
+def _timed_link(dev: Any, nbytes: int, repeats: int) -> LinkBandwidth:
+    """Both directions' medians with ``nbytes`` buffers on ``dev`` (a CUDA device)."""
+    import torch
+
     host = torch.empty(nbytes, dtype=torch.uint8, pin_memory=True)
     on_device = torch.empty(nbytes, dtype=torch.uint8, device=dev)
     stream = torch.cuda.Stream(dev)

@@ -14,7 +14,7 @@ from collections.abc import Callable, Mapping
 
 from ...graph import Graph
 
-__all__ = ["fit", "scale_to", "check_same", "linear_peak", "with_times"]
+__all__ = ["fit", "scale_to", "check_same", "linear_peak", "with_times", "with_workspace"]
 
 _BYTE_KEYS = ("out_bytes", "alloc_bytes", "extra_saved_bytes", "fwd_temp_bytes", "bwd_temp_bytes")
 _META_BYTE_KEYS = ("loss_extra_bytes", "loss_fwd_temp_bytes", "loss_bwd_temp_bytes")
@@ -66,6 +66,17 @@ def with_times(g: Graph, times: Mapping[int, tuple[float, float]]) -> Graph:
     out = g.copy()
     for v, (fwd, bwd) in times.items():
         out.node(v)["time_s"], out.node(v)["bwd_time_s"] = float(fwd), float(bwd)
+    return out
+
+
+def with_workspace(g: Graph, workspace: Mapping[int, tuple[int, int]]) -> Graph:
+    """``g`` with each node's forward and backward workspace raised to the bytes in ``workspace``
+    where they are larger (measured at the full batch on CUDA, :mod:`.replay`)."""
+    out = g.copy()
+    for v, (fwd, bwd) in workspace.items():
+        d = out.node(v)
+        d["fwd_temp_bytes"] = max(int(d["fwd_temp_bytes"]), int(fwd))
+        d["bwd_temp_bytes"] = max(int(d["bwd_temp_bytes"]), int(bwd))
     return out
 
 

@@ -13,7 +13,7 @@ from torch import nn
 
 from ...graph import Graph
 from .batch import cut_rows, input_bytes
-from .fit import check_same, fit, scale_to, with_times
+from .fit import check_same, fit, scale_to, with_times, with_workspace
 from .limits import CaptureDoesNotFitError, free_cache, is_oom
 
 __all__ = ["largest_fitting", "ladder"]
@@ -151,8 +151,10 @@ class _Trial:
         return fit(peaks[0], peaks[-1], sizes[0], sizes[-1], size)
 
 
-def _replayed(trial: _Trial, out: Graph, s_lo: int, s_hi: int) -> dict[int, tuple[float, float]]:
-    """Full-batch times of the nodes :mod:`.replay` times alone (fx captures, two sizes)."""
+def _replayed(trial: _Trial, out: Graph, s_lo: int, s_hi: int,
+              workspace: dict[int, tuple[int, int]]) -> dict[int, tuple[float, float]]:
+    """Full-batch times of the nodes :mod:`.replay` times alone (fx captures, two sizes); their
+    workspace on CUDA into ``workspace``."""
     from ...resident import device_of
     from .replay import replay_times
 
@@ -168,7 +170,7 @@ def _replayed(trial: _Trial, out: Graph, s_lo: int, s_hi: int) -> dict[int, tupl
     device = device_of(trial.model, trial.args, trial.kwargs)
     return replay_times(trial.gm, trial.model, out, at[0], at[1], (s_hi, s_lo, trial.batch),
                         limit_bytes=trial.limit, repeats=trial.opts["repeats"], warmup=trial.opts["warmup"],
-                        device=device)
+                        device=device, workspace=workspace)
 
 
 def ladder(model: nn.Module, args: tuple, kwargs: dict, opts: dict, base: Graph | None, batch: int,
@@ -194,19 +196,21 @@ def ladder(model: nn.Module, args: tuple, kwargs: dict, opts: dict, base: Graph 
         check_same(hi, lo, s_lo)
         out = scale_to(hi, lo, hi, s_lo, s_hi, batch, bytes_too=True)
         bytes_from = "linear fit"
-    replayed = _replayed(trial, out, s_lo, s_hi)
+    workspace: dict[int, tuple[int, int]] = {}
+    replayed = _replayed(trial, out, s_lo, s_hi, workspace)
     first = min((v for v in out.nodes if out.node(v)["requires_grad"]), default=None)
     if first in replayed:  # the step's timer ends this node's backward when backward returns: it also
         # holds the end of the backward pass (freeing the graph), which no node alone shows
         replayed[first] = (replayed[first][0], out.node(first)["bwd_time_s"])
-    out = with_times(out, replayed)
+    out = with_workspace(with_times(out, replayed), workspace)
     out.meta["time_source"] = f"{hi.meta['time_source']}, scaled"
     out.meta["input_bytes"] = input_bytes(args, kwargs)
     out.meta["resident_bytes"] = int(sum(out.meta["param_bytes"].values()) + out.meta["input_bytes"]
                                      + sum(b.numel() * b.element_size() for b in model.buffers()))
     out.meta["scaled"] = {"batch_size": batch, "sizes": [s_lo, s_hi] if s_lo != s_hi else [s_hi],
                           "smallest_tried": trial.smallest, "bytes_from": bytes_from, "limit_bytes": limit,
-                          "timed_at_full_batch": sorted(replayed)}
+                          "timed_at_full_batch": sorted(replayed),
+                          "workspace_at_full_batch": sorted(workspace)}
     logger.info("autoremat: profiled at batch sizes %s of %d (limit %d bytes); bytes from %s, times scaled "
                 "(%d nodes timed alone at the full batch)", sorted({s_lo, s_hi}), batch, limit, bytes_from,
                 len(replayed))

@@ -25,7 +25,13 @@ How (fx captures only; module-level nodes are whole blocks and stay fitted):
    configuration and parameter shapes, or function) on arguments of the same full-size shapes,
    dtypes and layouts run the same kernels: they are timed once (ResNet-152: 156 convolution and
    linear nodes, 24 distinct; DenseNet-121: 121, 67 distinct).
-3. Memory: a node is replayed only when its full-size arguments, outputs, gradients, saved
+3. Workspace (CUDA): the caching allocator's peak while the node runs alone, above its outputs
+   (forward) or the gradients it returns (backward), is the node's workspace at the full batch
+   (cuDNN and cuBLAS pick their workspace per shape; the meta capture sees none, and a small run
+   a fraction of it). The largest over the repeats raises the graph's ``fwd_temp_bytes`` /
+   ``bwd_temp_bytes`` where it is larger (found on an H200: ResNet-50 at batch 1024 profiled at
+   smaller sizes, a plan's measured step ran ~10 % above its prediction and out of memory).
+4. Memory: a node is replayed only when its full-size arguments, outputs, gradients, saved
    tensors and workspace (bytes from the full-size graph) plus the live values of the
    forward at ``s_b`` stay under the limit; an out-of-memory error or any other
    error skips the node (its fitted time stays), and the summary is logged.
@@ -45,7 +51,7 @@ import torch.fx
 from torch.utils._pytree import tree_flatten, tree_unflatten
 
 from ...graph import Graph
-from .._recorder import paused_gc, preserved_state, tensors_in
+from .._recorder import AllocatorMeter, paused_gc, preserved_state, tensors_in
 from ..fx import _run_kwargs, fx_ops
 from .limits import free_cache, is_oom
 
@@ -159,11 +165,19 @@ class _Clock:
         return b - a
 
 
+def _storage_total(tensors: Sequence[Any]) -> int:
+    seen = {t.untyped_storage()._cdata: t.untyped_storage().nbytes() for t in tensors if isinstance(t, torch.Tensor)}
+    return int(sum(seen.values()))
+
+
 def _time_node(fn: Callable[..., Any], args: tuple, kwargs: dict, grad_ids: set[int], params: list[torch.Tensor],
-               clock: _Clock, repeats: int, warmup: int) -> tuple[float, float]:
-    """Median forward and backward seconds of ``fn`` alone (module docstring, step 2)."""
+               clock: _Clock, repeats: int, warmup: int,
+               meter: AllocatorMeter | None = None) -> tuple[float, float, int, int]:
+    """Median forward and backward seconds of ``fn`` alone (module docstring, step 2), and the
+    largest forward and backward workspace ``meter`` saw (step 3; 0 without a meter)."""
     fwd: list[float] = []
     bwd: list[float] = []
+    ws_f = ws_b = 0
     grads: list[torch.Tensor] | None = None
     for i in range(warmup + repeats):
         wrt: list[torch.Tensor] = []
@@ -175,9 +189,13 @@ def _time_node(fn: Callable[..., Any], args: tuple, kwargs: dict, grad_ids: set[
             return x
 
         a, k = _map(leaf, (args, kwargs))
+        if meter is not None:
+            meter.start()
         t0 = clock.now()
         out = fn(*a, **k)
         t1 = clock.now()
+        if meter is not None:
+            ws_f = max(ws_f, meter.peak_delta() - _storage_total(tensors_in(out)))
         outs = [t for t in tensors_in(out) if t.requires_grad]
         took = 0.0
         if outs and (wrt or params):
@@ -185,14 +203,25 @@ def _time_node(fn: Callable[..., Any], args: tuple, kwargs: dict, grad_ids: set[
                 grads = [torch.ones_like(t) for t in outs]
             mark: list[Any] = []
             outs[0].register_hook(lambda _g: mark.append(clock.now()))
-            torch.autograd.grad(outs, [*wrt, *params], grads, allow_unused=True)
+            if meter is not None:
+                meter.start()
+            got = torch.autograd.grad(outs, [*wrt, *params], grads, allow_unused=True)
             t3 = clock.now()
             took = clock.seconds(mark[0] if mark else t1, t3)
+            if meter is not None:
+                ws_b = max(ws_b, meter.peak_delta() - _storage_total(got))
+            del got
         del out, outs, a, k, wrt
         if i >= warmup:
             fwd.append(clock.seconds(t0, t1))
             bwd.append(took)
-    return statistics.median(fwd), statistics.median(bwd)
+    return statistics.median(fwd), statistics.median(bwd), max(0, ws_f), max(0, ws_b)
+
+
+def _meter(device: torch.device) -> AllocatorMeter | None:
+    """The allocator meter for step 3 (CUDA only: other devices' workspace is a storage the
+    meta capture already counts)."""
+    return AllocatorMeter(device) if device.type == "cuda" else None
 
 
 class _Replay(torch.fx.Interpreter):
@@ -205,15 +234,20 @@ class _Replay(torch.fx.Interpreter):
         self.ids = {n: i for i, n in enumerate(fx_ops(gm))}
         self.base, self.signatures, self.sizes, self.room = base, signatures, sizes, room_bytes
         self.repeats, self.warmup, self.clock = repeats, warmup, _Clock(device)
+        self.meter = _meter(device)
         self.times: dict[int, tuple[float, float]] = {}
+        self.workspace: dict[int, tuple[int, int]] = {}
         self.skipped: dict[str, str] = {}
-        self.measured: dict[tuple, tuple[float, float]] = {}
+        self.measured: dict[tuple, tuple[float, float, int, int]] = {}
         """Times by op and full-size arguments: identical layers (a ResNet stage's blocks) are timed once."""
 
     def run_node(self, n: torch.fx.Node) -> Any:
         if n.name in self.signatures:
             try:
-                self.times[self.ids[n]] = self._replay(n)
+                fwd, bwd, ws_f, ws_b = self._replay(n)
+                self.times[self.ids[n]] = (fwd, bwd)
+                if self.meter is not None:
+                    self.workspace[self.ids[n]] = (ws_f, ws_b)
             except Exception as exc:  # any failure leaves the node's fitted time; reported below
                 self.skipped[n.name] = "out of memory" if is_oom(exc) else f"{type(exc).__name__}: {exc}"[:160]
                 if is_oom(exc):
@@ -261,7 +295,7 @@ class _Replay(torch.fx.Interpreter):
                        for x in tree_flatten(planned)[0])
         return planned, (op, tree_flatten(planned)[1], leaves)
 
-    def _replay(self, n: torch.fx.Node) -> tuple[float, float]:
+    def _replay(self, n: torch.fx.Node) -> tuple[float, float, int, int]:
         d = self.base.node(self.ids[n])
         own = 2 * d["out_bytes"] + d["extra_saved_bytes"] + d["fwd_temp_bytes"] + d["bwd_temp_bytes"] \
             + d["param_grad_bytes"]
@@ -287,7 +321,7 @@ class _Replay(torch.fx.Interpreter):
         else:
             fn = n.target  # type: ignore[assignment]
         self.measured[key] = _time_node(fn, tuple(args), dict(kwargs), grad_ids, params, self.clock, self.repeats,
-                                        self.warmup)
+                                        self.warmup, self.meter)
         return self.measured[key]
 
 
@@ -307,10 +341,13 @@ class _Pending:
 
 def replay_times(gm: torch.fx.GraphModule, model: torch.nn.Module, base: Graph, at_a: tuple[tuple, dict],
                  at_b: tuple[tuple, dict], sizes: tuple[int, int, int], *, limit_bytes: int, repeats: int,
-                 warmup: int, device: torch.device) -> dict[int, tuple[float, float]]:
+                 warmup: int, device: torch.device,
+                 workspace: dict[int, tuple[int, int]] | None = None) -> dict[int, tuple[float, float]]:
     """Full-batch ``(forward, backward)`` seconds of the replayed nodes of ``base`` (module
     docstring). ``at_a`` and ``at_b`` are the inputs cut to ``sizes[0]`` and ``sizes[1]`` rows,
-    ``sizes[2]`` the full batch; ``gm`` is ``model`` traced (``base``'s fingerprint)."""
+    ``sizes[2]`` the full batch; ``gm`` is ``model`` traced (``base``'s fingerprint). On CUDA,
+    ``workspace`` (when given) receives each replayed node's ``(forward, backward)`` workspace
+    bytes at the full batch (step 3)."""
     names = [base.node(v)["name"] for v in base.nodes]
     replayed = {names[v] for v in base.nodes if base.node(v)["kind"] in REPLAYED_KINDS}
     if not replayed:
@@ -322,6 +359,8 @@ def replay_times(gm: torch.fx.GraphModule, model: torch.nn.Module, base: Graph, 
         _run_kwargs(shapes, gm, *at_a)
         replay = _Replay(gm, base, shapes.signatures, sizes, room, repeats, warmup, device)
         _run_kwargs(replay, gm, *at_b)
+    if workspace is not None:
+        workspace.update(replay.workspace)
     if replay.skipped:
         first = next(iter(replay.skipped.items()))
         logger.info("autoremat: %d of %d conv/linear/matmul nodes timed alone at batch %d; %d keep fitted "

@@ -1,0 +1,91 @@
+"""The callback's real steps on a batch: recording the target's inputs in ``training_step``, and
+confirming the chosen plan with a measured step (backing off when it runs out of memory)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+import torch
+from torch import nn
+
+from ..capture._recorder import preserved_state
+from ..graph import Graph
+from ..plan import Plan
+from ..resident import device_of, storage_bytes
+from ._lightning_trainer import batch_of, silenced_logging
+
+if TYPE_CHECKING:
+    import lightning.pytorch as pl
+
+    from .lightning import AutoRemat
+
+from lightning.pytorch.utilities.memory import garbage_collection_cuda, is_oom_error
+from lightning.pytorch.utilities.rank_zero import rank_zero_warn
+
+__all__ = ["record_inputs", "confirmed", "CONFIRM_TRIES"]
+
+CONFIRM_TRIES = 4
+"""Measured steps tried before giving up when the chosen plan's step runs out of memory."""
+
+
+def record_inputs(cb: "AutoRemat", trainer: "pl.Trainer", pl_module: "pl.LightningModule",
+                  size: int | None = None) -> tuple[tuple, dict, int]:
+    """Inputs of the target module in ``training_step`` on a real batch (of ``size`` rows)."""
+    assert cb._target is not None, "please report"
+    batch = batch_of(trainer, size)
+    batch_bytes = storage_bytes(batch)
+    seen: dict[str, Any] = {}
+
+    def hook(module: nn.Module, args: tuple, kwargs: dict) -> None:
+        if "args" not in seen:
+            seen["args"], seen["kwargs"] = args, dict(kwargs)
+
+    handle = cb._target.register_forward_pre_hook(hook, with_kwargs=True)
+    device = device_of(cb._target)
+    try:
+        with preserved_state(pl_module, [device]), torch.no_grad(), silenced_logging(pl_module), \
+                trainer.precision_plugin.forward_context():
+            pl_module.training_step(batch, 0)
+    finally:
+        handle.remove()
+    if "args" not in seen:
+        raise ValueError(f"training_step never called module {cb.module or type(pl_module).__name__}; "
+                         "pass module= the submodule your training_step runs")
+    return tuple(seen["args"]), seen["kwargs"], batch_bytes
+
+
+def confirmed(cb: "AutoRemat", target: nn.Module, trainer: "pl.Trainer", pl_module: "pl.LightningModule",
+              loss_fn: Callable[[Any], torch.Tensor], chosen: tuple[Plan, Graph, Any, int],
+               first: tuple[Plan, Graph], original: Any) -> tuple[int | None, Plan, Graph, Any, int]:
+    """The measured step of the chosen plan; where it runs out of memory (a prediction can
+    miss allocator fragmentation or a workspace the profile did not see), a raised batch size
+    goes back to the original, then the plan is solved again at 85 % of the step budget, up to
+    :data:`CONFIRM_TRIES` times, each said in a warning. Returns ``(measured, plan, graph,
+    batch_size, step_budget)``."""
+    plan, graph, batch_size, step_budget = chosen
+    for _ in range(CONFIRM_TRIES):
+        try:
+            return cb._measure_patched(target, trainer, pl_module, plan, loss_fn, batch_size), \
+                plan, graph, batch_size, step_budget
+        except RuntimeError as err:  # torch.OutOfMemoryError is a RuntimeError
+            if not is_oom_error(err):
+                raise
+            if torch.cuda.is_available():
+                garbage_collection_cuda()
+        if batch_size != original:
+            rank_zero_warn(f"AutoRemat: the patched step at the raised batch size {batch_size} ran out of "
+                           f"memory; keeping batch size {original}")
+            (plan, graph), batch_size = first, original
+            continue
+        lower = int(step_budget * 0.85)
+        rank_zero_warn(f"AutoRemat: the patched step ran out of memory although its predicted peak "
+                       f"({plan.predicted_peak_bytes} bytes) is within the {step_budget}-byte step budget "
+                       f"(allocator fragmentation, or a workspace the profile did not see); planning again "
+                       f"at {lower} bytes")
+        step_budget = lower
+        plan = cb._solve(graph, step_budget)  # InfeasibleBudgetError states the reachable range
+    raise torch.OutOfMemoryError(
+        f"AutoRemat: the patched step still ran out of memory after {CONFIRM_TRIES} tries down to a "
+        f"{step_budget}-byte step budget; raise the margin (AUTOREMAT_MARGIN, now the fraction of free "
+        "memory kept back by budget='auto') or give a smaller budget")
