@@ -201,7 +201,7 @@ def test_fit_16_mixed_on_gpu(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) ->
     trainer = _trainer([cb], tmp_path, "16-mixed", accelerator="gpu")
     assert trainer.precision_plugin.precision == "16-mixed"
     trainer.fit(model)
-    assert cb.plan is not None and cb.plan.recompute_segments
+    assert cb.plan is not None and (cb.plan.recompute_segments or cb.plan.offload)  # offload alone may do on a GPU
     assert cb.summary["measured_peak_bytes"] <= cb.step_budget_bytes
     assert all(torch.isfinite(torch.tensor(model.step_losses)))
     net = model.model.cuda()
