@@ -268,3 +268,21 @@ def test_resumed_plan_that_does_not_apply_leaves_batch_size_and_module_as_they_w
     lit = _Lit(batch_size=4)
     _fit_fails(tmp_path, lit, callback, autoremat.PlanMismatchError, "capture")
     assert lit.batch_size == 4 and callback.plan is not None and callback.batch_size == 16  # its resumed state kept
+
+
+def test_rollback_leaves_alone_a_parameter_whose_storage_cannot_be_read(monkeypatch: pytest.MonkeyPatch) -> None:
+    """FSDP1's flat-parameter views can have no readable storage while sharded ("invalid python
+    storage"); putting back must neither raise nor re-place such a parameter."""
+    from autoremat.integrations._atomic import Rollback
+
+    model = torch.nn.Linear(3, 3)
+    rollback = Rollback(model)
+    before = model.weight.data
+
+    def unreadable(self):  # type: ignore[no-untyped-def]
+        raise RuntimeError("Attempted to access the data pointer on an invalid python storage.")
+
+    monkeypatch.setattr(torch.Tensor, "untyped_storage", unreadable)
+    rollback.put_back()
+    monkeypatch.undo()
+    assert model.weight.data.data_ptr() == before.data_ptr()

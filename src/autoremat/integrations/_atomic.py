@@ -77,5 +77,9 @@ def _same_storage(a: torch.Tensor, b: torch.Tensor) -> bool:
         return False
     if a.device.type == "meta":
         return False
-    return a.untyped_storage().data_ptr() == b.untyped_storage().data_ptr() and \
-        a.storage_offset() == b.storage_offset() and a.stride() == b.stride()
+    try:
+        return a.untyped_storage().data_ptr() == b.untyped_storage().data_ptr() and \
+            a.storage_offset() == b.storage_offset() and a.stride() == b.stride()
+    except RuntimeError:  # FSDP1's flat-parameter views may have no readable storage ("invalid python
+        # storage") while sharded: the engine owns them; placing them back would break its views
+        return True
