@@ -228,3 +228,29 @@ def test_saved_plan_and_cache_skip_profiling(tmp_path: Path, monkeypatch: pytest
     monkeypatch.setenv("AUTOREMAT_PLAN", str(tmp_path / "missing.json"))
     with pytest.raises(ValueError, match="no such plan file"):
         ar.AutoRematConfig()
+
+
+def test_a_failure_on_the_main_process_reaches_the_others(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The other processes wait for the main process's plan in a broadcast: its failure is
+    broadcast before it is raised, so they stop with it instead of hanging."""
+    sent: list[Any] = []
+
+    def broadcast(accelerator: Any, obj: Any) -> Any:
+        sent.append(obj)
+        return obj if accelerator.is_main_process else {"error": "ValueError: boom"}
+
+    def failing(*args: Any, **kwargs: Any) -> Any:
+        raise ValueError("boom")
+
+    monkeypatch.setattr(ar, "_broadcast", broadcast)
+    monkeypatch.setattr(ar, "_plan_on_main", failing)
+    model = torch.nn.Linear(4, 2)
+    x = torch.randn(3, 4)
+    acc = Accelerator(cpu=True)
+    with pytest.raises(ValueError, match="boom"):
+        ar.prepare(acc, model, (x,), budget="50%")
+    assert sent == [{"error": "ValueError: boom"}]
+    monkeypatch.setattr(type(acc), "is_main_process", property(lambda self: False))
+    with pytest.raises(RuntimeError, match="the main process failed while planning, so every process stops"):
+        ar.prepare(acc, model, (x,), budget="50%")
+    assert not autoremat.is_patched(model)

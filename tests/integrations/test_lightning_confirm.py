@@ -69,3 +69,41 @@ def test_a_step_that_never_fits_ends_in_a_clear_error(tmp_path: Path, monkeypatc
     assert len(calls) == steps.CONFIRM_TRIES
     assert not autoremat.is_patched(model.model)
     assert all(torch.equal(v, before[k]) for k, v in model.state_dict().items())
+
+
+class _Strategy:
+    def __init__(self, answer: Any = None) -> None:
+        self.sent: list[Any] = []
+        self.answer = answer
+
+    def broadcast(self, obj: Any, src: int = 0) -> Any:
+        self.sent.append(obj)
+        return obj if self.answer is None else self.answer
+
+
+def _fake_trainer(zero: bool, strategy: _Strategy) -> Any:
+    import types
+
+    loop = types.SimpleNamespace(_combined_loader=object())
+    return types.SimpleNamespace(is_global_zero=zero, strategy=strategy, fit_loop=loop,
+                                 _accelerator_connector=None)
+
+
+def test_rank_zero_tells_the_other_ranks_when_planning_fails(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Under DDP the other ranks wait for rank 0's plan in a broadcast: a failure on rank 0 is
+    broadcast before it is raised, so they stop with it instead of hanging."""
+    monkeypatch.setattr(lit, "strategy_kind", lambda trainer: "ddp")
+    cb = autoremat.AutoRemat(budget="60%", raise_batch_size=False, verbose=False)
+    cb._target = torch.nn.Linear(2, 2)
+
+    def boom(trainer, pl_module):  # type: ignore[no-untyped-def]
+        raise ValueError("budget='60%' is below the least step peak")
+
+    monkeypatch.setattr(cb, "_profile_and_solve", boom)
+    zero = _Strategy()
+    with pytest.raises(ValueError, match="below the least step peak"):
+        cb._fit_start(_fake_trainer(True, zero), None)  # type: ignore[arg-type]
+    assert zero.sent == [{"error": "ValueError: budget='60%' is below the least step peak"}]
+    other = _Strategy(answer=zero.sent[0])
+    with pytest.raises(RuntimeError, match="rank 0 failed while planning, so every rank stops: ValueError"):
+        cb._fit_start(_fake_trainer(False, other), None)  # type: ignore[arg-type]

@@ -220,13 +220,20 @@ def prepare(
             raise ValueError("prepare(plan=...) under Accelerate's FSDP plugin: a saved plan is not re-cut at the "
                              "FSDP units; leave plan unset and let prepare solve for one rank")
         payload = None
-        if main and sharding is not None:
-            payload = _solve_sharded(accelerator, model, example_args, example_kwargs, cfg, loss_fn, optimizer,
-                                     *sharding)
-        elif main:
-            payload = _plan_on_main(accelerator, model, example_args, example_kwargs, cfg, loss_fn, optimizer,
-                                    given, progress)
+        try:
+            if main and sharding is not None:
+                payload = _solve_sharded(accelerator, model, example_args, example_kwargs, cfg, loss_fn, optimizer,
+                                         *sharding)
+            elif main:
+                payload = _plan_on_main(accelerator, model, example_args, example_kwargs, cfg, loss_fn, optimizer,
+                                        given, progress)
+        except Exception as err:  # the other processes wait in the broadcast: tell them, then raise
+            _broadcast(accelerator, {"error": f"{type(err).__name__}: {err}"})
+            raise
         payload = _broadcast(accelerator, payload)
+        if "error" in payload:
+            raise RuntimeError(f"autoremat: the main process failed while planning, so every process stops: "
+                               f"{payload['error']}")
         plan_obj = Plan.from_dict(payload["plan"])
         apply(model, plan_obj, regions=regions)  # a plan made for another model: PlanMismatchError
     except BaseException:

@@ -98,8 +98,7 @@ __all__ = ["AutoRemat"]
 
 logger = logging.getLogger(__name__)
 
-_STATE_VERSION = 1
-_RAISE_MODES = ("auto", True, False)
+_STATE_VERSION, _RAISE_MODES = 1, ("auto", True, False)
 
 
 
@@ -306,9 +305,15 @@ class AutoRemat(Callback):
         if kind in SHARDED:  # every rank takes part (the full parameters are gathered for rank zero's capture)
             payload = profile_and_solve_sharded(self, trainer, pl_module, kind)
         elif trainer.is_global_zero:
-            payload = (reuse_given(self, trainer, pl_module) if self.given_plan is not None
-                       else self._profile_and_solve(trainer, pl_module))
+            try:
+                payload = reuse_given(self, trainer, pl_module) if self.given_plan is not None else \
+                    self._profile_and_solve(trainer, pl_module)
+            except Exception as err:  # the other ranks wait in the broadcast: tell them, then raise
+                trainer.strategy.broadcast({"error": f"{type(err).__name__}: {err}"}, src=0)
+                raise
         payload = trainer.strategy.broadcast(payload, src=0)
+        if "error" in payload:
+            raise RuntimeError(f"AutoRemat: rank 0 failed while planning, so every rank stops: {payload['error']}")
         plan = Plan.from_dict(payload["plan"])
         if payload["batch_size"] is not None and lightning_hasattr(pl_module, self.batch_arg_name):
             if lightning_getattr(pl_module, self.batch_arg_name) != payload["batch_size"]:
