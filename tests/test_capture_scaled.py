@@ -422,3 +422,17 @@ def test_replay_reports_workspace_above_the_outputs_and_the_graph_keeps_the_larg
     assert raised.node(v)["fwd_temp_bytes"] == 10**9
     assert raised.node(v)["bwd_temp_bytes"] == full.node(v)["bwd_temp_bytes"]  # never lowered
     assert unoptimised_peak_bytes(raised) > unoptimised_peak_bytes(full)
+
+
+def test_a_model_that_cannot_train_on_one_row_is_a_capture_that_does_not_fit() -> None:
+    """Where only one row is predicted to fit and batch norm needs two (``BatchNorm1d`` on
+    features), the answer is :class:`CaptureDoesNotFitError` naming the size, not batch norm's
+    ValueError from inside profiling."""
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(64, 256), nn.BatchNorm1d(256), nn.ReLU(), nn.Linear(256, 4))
+    x = torch.randn(16, 64)
+    full = autoremat.capture(model, (x,), repeats=1)
+    fixed, peak = full.param_grad_bytes, unoptimised_peak_bytes(full)
+    one_row = int(fixed + (peak - fixed) * 1.5 / 16)  # one row predicted to fit, two not
+    with pytest.raises(CaptureDoesNotFitError, match="batch of 1"):
+        capture_within(model, (x,), limit_bytes=one_row, repeats=1)

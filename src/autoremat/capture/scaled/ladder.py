@@ -91,6 +91,11 @@ class _Trial:
                 self.timed += 1
                 return g
             return capture(self.model, *small, **self.opts)
+        except ValueError as err:
+            if size != 1 or "more than 1 value per channel" not in str(err):
+                raise
+            # batch-norm's training statistics need two rows: one row is no size to profile at
+            logger.info("autoremat: the model does not train on a batch of 1 (%s)", err)
         except (RuntimeError, torch.OutOfMemoryError) as err:
             if not is_oom(err):
                 raise
