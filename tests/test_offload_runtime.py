@@ -326,6 +326,7 @@ def test_compare_gpu_plans_offloads_at_the_measured_bandwidth(monkeypatch: pytes
     assert plan.predicted_peak_bytes == simulate(g, plan, bandwidth_bytes_per_s=7.5e9).peak_bytes <= budget
 
 
+@pytest.mark.slow  # ~70 s: the offload comparison end to end; its planning seam has a fast test above
 def test_compare_gpu_offload_section_runs_on_cpu(tmp_path, monkeypatch: pytest.MonkeyPatch) -> None:  # type: ignore[no-untyped-def]
     """The offload comparison end to end on a CPU (mlp, one round): rows gathered, files written."""
     pytest.importorskip("matplotlib")
