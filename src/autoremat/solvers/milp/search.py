@@ -59,6 +59,9 @@ class Outcome:
     seconds: float = 0.0
     k: int = 0
     history: list[tuple[float, float | None, float]] = field(default_factory=list)
+    basis: str = "program"
+    """What the bound is proven over: ``"program"`` (the simulator's relaxation, :mod:`.formulation`)
+    or ``"exact model"`` (the lattice search over :mod:`autoremat.cost.segment_replay`, :mod:`.exact`)."""
 
     @property
     def gap(self) -> float | None:
