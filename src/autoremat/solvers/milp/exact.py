@@ -37,7 +37,8 @@ from ..kusumoto.families import all_lower_sets
 from .lattice import Lattice, LatticeAnswer, lattice_plan_nodes
 from .search import Outcome, judge
 
-__all__ = ["MAX_LOWER_SETS", "LATTICE_SHARE", "lattice_of", "lattice_time", "lattice_peak"]
+__all__ = ["MAX_LOWER_SETS", "LATTICE_SHARE", "AUTO_SECONDS", "AUTO_MAX_NODES", "AUTO_MAX_LOWER_SETS", "lattice_of",
+           "lattice_time", "lattice_peak", "auto_improve"]
 
 logger = logging.getLogger("autoremat.solvers.milp")
 
@@ -129,3 +130,40 @@ def lattice_peak(graph: Graph, time_limit_s: float) -> Outcome | None:
     out.seconds = time.monotonic() - start
     logger.info("milp (lattice, least budget): %s in %.1f s", out.status, out.seconds)
     return out
+
+
+AUTO_SECONDS = 2.0
+"""How long ``solve(solver="auto")`` lets the lattice look for a cheaper plan (:func:`auto_improve`)."""
+
+AUTO_MAX_NODES = 120
+"""``auto`` asks the lattice only on graphs of at most this many nodes (and
+:data:`AUTO_MAX_LOWER_SETS` lower sets), where it usually closes within :data:`AUTO_SECONDS`."""
+
+AUTO_MAX_LOWER_SETS = 1000
+
+
+def auto_improve(graph: Graph, budget: int, extra_s: float) -> Plan | None:
+    """The lattice's optimum at ``budget`` when it closes within :data:`AUTO_SECONDS` and
+    recomputes less than ``extra_s`` (the best other plan's extra time), simulated to fit; else
+    ``None`` (too large a graph, not closed in time, or nothing cheaper). Needs no ``highspy``."""
+    if len(graph) > AUTO_MAX_NODES or extra_s <= 0:
+        return None
+    p = GraphBits(graph)
+    if graph not in _lattices and all_lower_sets(p, AUTO_MAX_LOWER_SETS) is None:
+        return None
+    lat = lattice_of(graph)
+    if lat is None or len(lat.fam) > AUTO_MAX_LOWER_SETS:
+        return None
+    start = time.monotonic()
+    ans = lat.least_time(budget, incumbent=extra_s * (1 - 1e-9), deadline=start + AUTO_SECONDS)
+    if ans.seq is None:
+        logger.info("milp (lattice, for auto): %s after %.1f s; keeping the other solvers' plan", ans.status,
+                    time.monotonic() - start)
+        return None
+    plan = _plan(ans)
+    peak, extra = judge(graph, plan)
+    if peak > budget or extra >= extra_s:
+        return None
+    plan.options.update({"milp_status": "optimal", "optimality_gap": 0.0, "milp_bound_basis": "exact model",
+                         "optimum_bound_s": ans.bound, "k": len(graph)})
+    return plan

@@ -244,7 +244,8 @@ class Search:
             if res.status == "infeasible":
                 out.bound = max(out.bound, out.cost if out.cost is not None else math.inf)
                 break
-            out.bound = max(out.bound, math.ceil(res.bound / ms - 1e-6))
+            if math.isfinite(res.bound):  # HiGHS stopped by the time limit may report no bound
+                out.bound = max(out.bound, math.ceil(res.bound / ms - 1e-6))
             if res.values is None:
                 break
             self._peak_offer(out, self.f.decode(res.values), self._values(res.values))
