@@ -111,14 +111,17 @@ graphs the tests enumerate); its least budget is the exact model's where Chen's 
 below the closed form's. The answer is the cheapest (then the first) of: the DP's plan, the exact
 model's, Chen's cheapest plan that fits and the least-budget plan; so dp-approx (and dp-exact)
 never recompute more than Chen's method wherever its plan fits, and their least budget is never
-above Chen's (``tests/solvers/kusumoto/test_checks.py``: the zoo and 100 seeded networks of four
-families). Measured (x86_64, 2 cores, shared; 100 seeded networks of 30-300 nodes and the zoo at
+above Chen's (``tests/solvers/kusumoto/test_search.py``: a few networks of each family fast; the zoo,
+100 seeded networks of four families and 6-layer BERT/Llama under ``-m slow``). Measured by the
+session that wrote this (x86_64, 2 cores, shared; 100 seeded networks of 30-300 nodes and the zoo at
 CPU size, at Chen's least budget, 50/60/75/90 % of the unoptimised peak and halfway between Chen's
 least and the peak): before, 31 of ~550 (graph, budget) pairs recomputed more than Chen's plan
 or had none (23 fell back, all on transformer blocks; up to 1.17x Chen's on chains with skips);
 after, none; the exact model decided 31 of 545 solves and Chen's or the least-budget plan none;
 dp-approx then spent 1.0-2.3 s on 9 transformer solves at low budgets (the exact model), a
-tenth of a second or less elsewhere. The chosen plan's origin is ``plan.options["chosen"]``.
+tenth of a second or less elsewhere. Re-measured by ``benchmarks/optimum_gaps.py`` (x86_64,
+2 cores, CPU only, shared/loaded): on the 7 zoo models (24 budgets) and 12 seeded networks (36
+budgets) dp-approx was never behind Chen's plan and logged no warning. The chosen plan's origin is ``plan.options["chosen"]``.
 
 Feasibility. dp-approx fills the table with the least kept bytes per set. dp-exact searches
 depth first (:meth:`.dive.Dive.run`): from a state it follows the first
