@@ -19,7 +19,12 @@ Every generator is deterministic in its arguments. Import it as ``from _graphs i
   - :func:`plain_dag` (``rng, n``) and :func:`random_chain_dag` (``rng``): graphs through
     :meth:`Graph.from_edges` (each node saves its output), with and without a chain backbone;
   - :func:`random_from_edges` (``seed``): a chain with short skips, sizes and times from a few
-    values; :func:`random_edges` (``n, p, rng``): an Erdős-Rényi DAG in execution order.
+    values; :func:`random_edges` (``n, p, rng``): an Erdős-Rényi DAG in execution order;
+
+* op-level networks of the families the papers benchmark (:data:`FAMILIES`):
+  :func:`random_network` (``family, seed, n``: residual chains with skips, U-Nets, dense blocks,
+  transformer blocks, with what each op really saves) and :func:`random_networks` (many, the
+  families in turn, 30-300 nodes; also ``benchmarks/milp_gaps.py``'s random DAGs).
 """
 
 from __future__ import annotations
@@ -32,7 +37,7 @@ from autoremat.graph import Graph
 
 __all__ = ["diamond", "skip_connection", "module_chain", "module_graph", "skip_chain", "random_dag",
            "random_dag_with_views", "random_profiled", "random_profiled_graphs", "rich_dag", "plain_dag",
-           "random_chain_dag", "random_from_edges", "random_edges"]
+           "random_chain_dag", "random_from_edges", "random_edges", "FAMILIES", "random_network", "random_networks"]
 
 
 # ---------------------------------------------------------------------------------- hand-sized
@@ -221,3 +226,149 @@ def random_edges(n: int, p: float, rng: random.Random) -> Graph:
     """Each forward edge ``u -> v`` (``u < v``) with probability ``p``."""
     edges = [(u, v) for u in range(n) for v in range(u + 1, n) if rng.random() < p]
     return Graph.from_edges(n, edges)
+
+
+# ---------------------------------------------------------------------------------- network families
+FAMILIES = ("chain_skips", "unet", "dense", "transformer")
+"""The families of :func:`random_network`: residual chains with skips, U-Nets, dense blocks and
+transformer blocks (what Kusumoto et al. and Rockmate benchmark), at op level."""
+
+
+class _Ops:
+    """Op-level nodes as an fx capture records them: what each op saves for backward (a
+    convolution or linear its input, batch/layer norm its input plus statistics, ReLU its
+    output, GELU its input, matmul both inputs, softmax its output, max-pool its input plus
+    indices, add/cat/upsample nothing; add and views pass their gradient through), bytes of
+    activations, times from a per-family cost per byte."""
+
+    def __init__(self, rng: random.Random) -> None:
+        self.rng = rng
+        self.g = nx.DiGraph()
+        self.params: dict[str, int] = {}
+
+    def __len__(self) -> int:
+        return self.g.number_of_nodes()
+
+    def op(self, kind: str, preds: list[int], out: int, *, saves: str = "none", extra: int = 0,
+           heavy: bool = False, param: int = 0, passthrough: bool = False, view: bool = False) -> int:
+        v = len(self)
+        own = {"out": (v,), "in": tuple(preds[:1]), "ins": tuple(preds), "none": ()}[saves]
+        cost = (8e-12 if heavy else 1e-12) * out * self.rng.uniform(0.5, 1.5)
+        params: tuple[str, ...] = ()
+        if param:
+            params = (f"p{v}",)
+            self.params[f"p{v}"] = param
+        self.g.add_node(v, name=f"{kind}{v}", kind=kind, out_bytes=out, alloc_bytes=0 if view else out,
+                        alias_of=preds[0] if view else None, saves=own, extra_saved_bytes=extra,
+                        time_s=cost, bwd_time_s=2 * cost, params=params, grad_passthrough=passthrough or view)
+        self.g.add_edges_from((u, v) for u in preds)
+        return v
+
+    def conv_bn_relu(self, x: int, out: int, relu: bool = True) -> int:
+        c = self.op("conv", [x], out, saves="in", heavy=True, param=out // 64 + 64)
+        b = self.op("bn", [c], out, saves="in", extra=max(8, out // 256), param=64)
+        return self.op("relu", [b], out, saves="out") if relu else b
+
+    def graph(self, family: str) -> Graph:
+        for v in self.g.nodes:
+            self.g.nodes[v]["is_output"] = self.g.out_degree(v) == 0
+        outs = [v for v in self.g.nodes if self.g.out_degree(v) == 0]
+        return Graph(self.g, {"mode": "synthetic", "loss_saves": outs[:1], "param_bytes": dict(self.params),
+                              "model": family})
+
+
+def _chain_skips(o: _Ops, n: int) -> None:
+    size = o.rng.choice([2, 4, 8]) * 4096
+    x = o.conv_bn_relu(o.op("conv", [], size, heavy=True), size)
+    while len(o) < n - 8:
+        y = o.conv_bn_relu(x, size)
+        y = o.conv_bn_relu(y, size, relu=False)
+        skip = x
+        if o.rng.random() < 0.25:  # a downsampling block: the skip gets its own convolution
+            size = max(1024, size // 2)
+            skip = o.conv_bn_relu(x, size, relu=False)
+            y = o.conv_bn_relu(y, size, relu=False)
+        x = o.op("relu", [o.op("add", [y, skip], size, passthrough=True)], size, saves="out")
+    o.op("linear", [x], 1024, saves="in", heavy=True, param=4096)
+
+
+def _unet(o: _Ops, n: int) -> None:
+    depth = max(1, min(5, (n - 6) // 12))
+    size = o.rng.choice([4, 8]) * 8192
+    x = o.op("conv", [], size, heavy=True)
+    skips = []
+    for _ in range(depth):
+        x = o.op("relu", [o.op("conv", [x], size, saves="in", heavy=True, param=256)], size, saves="out")
+        x = o.op("relu", [o.op("conv", [x], size, saves="in", heavy=True, param=256)], size, saves="out")
+        skips.append((x, size))
+        size = max(1024, size // 2)
+        x = o.op("maxpool", [x], size, saves="in", extra=size // 2)
+    while len(o) < n - 6 * depth - 2:  # the bottom: as many blocks as the node count asks
+        x = o.op("relu", [o.op("conv", [x], size, saves="in", heavy=True, param=512)], size, saves="out")
+    for skip, s in reversed(skips):
+        up = o.op("upsample", [x], s)
+        x = o.op("cat", [up, skip], 2 * s)
+        x = o.op("relu", [o.op("conv", [x], s, saves="in", heavy=True, param=256)], s, saves="out")
+        x = o.op("relu", [o.op("conv", [x], s, saves="in", heavy=True, param=256)], s, saves="out")
+        size = s
+    o.op("conv", [x], size // 4, saves="in", heavy=True, param=64)
+
+
+def _dense(o: _Ops, n: int) -> None:
+    growth = o.rng.choice([1, 2]) * 2048
+    x = o.conv_bn_relu(o.op("conv", [], 4 * growth, heavy=True), 4 * growth)
+    width = 4 * growth
+    while len(o) < n - 5:
+        feats = [x]
+        for _ in range(o.rng.randint(3, 8)):
+            if len(o) >= n - 9:
+                break
+            cat = o.op("cat", list(feats), width) if len(feats) > 1 else feats[0]
+            b = o.op("bn", [cat], width, saves="in", extra=64, param=64)
+            r = o.op("relu", [b], width, saves="out")
+            feats.append(o.op("conv", [r], growth, saves="in", heavy=True, param=2048))
+            width += growth
+        x = o.op("cat", feats, width)
+        width = max(2 * growth, width // 2)  # a transition: bn, relu, conv, pool
+        x = o.op("avgpool", [o.conv_bn_relu(x, 2 * width)], width)
+    o.op("linear", [x], 512, saves="in", heavy=True, param=4096)
+
+
+def _transformer(o: _Ops, n: int) -> None:
+    tok = o.rng.choice([2, 4]) * 4096
+    attn = tok * o.rng.choice([1, 2, 4])
+    x = o.op("embed", [], tok, param=8192)
+    while len(o) < n - 18:
+        ln = o.op("layernorm", [x], tok, saves="in", extra=64, param=64)
+        q, k, v = (o.op("linear", [ln], tok, saves="in", heavy=True, param=4096) for _ in range(3))
+        qh, kh, vh = (o.op("view", [t], tok, view=True) for t in (q, k, v))
+        s = o.op("matmul", [qh, kh], attn, saves="ins", heavy=True)
+        p = o.op("softmax", [s], attn, saves="out")
+        a = o.op("matmul", [p, vh], tok, saves="ins", heavy=True)
+        a = o.op("linear", [o.op("view", [a], tok, view=True)], tok, saves="in", heavy=True, param=4096)
+        x = o.op("add", [x, a], tok, passthrough=True)
+        ln = o.op("layernorm", [x], tok, saves="in", extra=64, param=64)
+        h = o.op("gelu", [o.op("linear", [ln], 4 * tok, saves="in", heavy=True, param=16384)], 4 * tok, saves="in")
+        x = o.op("add", [x, o.op("linear", [h], tok, saves="in", heavy=True, param=16384)], tok, passthrough=True)
+    o.op("linear", [o.op("layernorm", [x], tok, saves="in", extra=64, param=64)], tok, saves="in", heavy=True,
+         param=8192)
+
+
+def random_network(family: str, seed: int, n: int) -> Graph:
+    """A seeded op-level network of about ``n`` nodes (at least ~20) of ``family`` (one of
+    :data:`FAMILIES`): residual chains with skips (some downsampling), U-Nets (long skips to
+    concatenations), DenseNet dense blocks (concatenations of every earlier layer) and
+    transformer blocks (attention with views, MLP with GELU); sizes and times vary with the seed."""
+    builders = {"chain_skips": _chain_skips, "unet": _unet, "dense": _dense, "transformer": _transformer}
+    if family not in builders:
+        raise ValueError(f"family={family!r}; expected one of {FAMILIES}")
+    o = _Ops(random.Random(f"{family}:{seed}"))
+    builders[family](o, n)
+    return o.graph(f"{family}-{seed}")
+
+
+def random_networks(count: int, *, seed: int = 0, lo: int = 30, hi: int = 300) -> list[Graph]:
+    """``count`` graphs of :func:`random_network`, the families in turn, ``lo``-``hi`` nodes."""
+    rng = random.Random(seed)
+    return [random_network(FAMILIES[i % len(FAMILIES)], seed * 10_000 + i, rng.randint(lo, hi))
+            for i in range(count)]

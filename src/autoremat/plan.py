@@ -122,8 +122,9 @@ class Plan:
         short = f" ({tails} with a shortened replay)" if tails else ""
         off = f", {len(self.offload)} offloaded" if self.offload else ""
         gap = self.options.get("optimality_gap")  # "milp": proven distance from the optimum
-        opt = "" if gap is None else (", optimal (proven)" if gap <= 1e-9
-                                      else f", within {100 * gap:.3g} % of the optimum (proven)")
+        proof = "proven" if self.options.get("milp_bound_basis") != "exact model" else "proven in the exact model"
+        opt = "" if gap is None else (f", optimal ({proof})" if gap <= 1e-9
+                                      else f", within {100 * gap:.3g} % of the optimum ({proof})")
         return f"{self.solver}: {len(self.segments)} segments, {k} recomputed{short}{off}{opt}"
 
     # ------------------------------------------------------------------ JSON

@@ -17,7 +17,7 @@ from _graphs import random_dag, random_dag_with_views
 from autoremat.cost import simulate
 from autoremat.cost.bitsets import GraphBits, bits
 from autoremat.cost.segment_replay import bookkeeping, exact_peak, exact_transition, pair_bookkeeping
-from autoremat.plan import Plan, segments_from_lower_sets
+from autoremat.plan import Plan, Segment, segments_from_lower_sets
 from autoremat.solvers.kusumoto.families import all_lower_sets
 
 
@@ -80,3 +80,28 @@ def test_the_final_transition_holds_nothing_dangling():
     need, dt, add, after = exact_transition(p, 0, p.full, 0, {})
     assert (dt, add, after) == (0.0, 0, 0)
     assert need == simulated(g, [p.full])[0]
+
+
+@pytest.mark.parametrize("seed", range(12))
+def test_free_flags_equal_the_simulator(seed):
+    """The ``milp`` space: each segment recomputed or not at will (the last one included, any
+    segment of recomputable savers); :func:`exact_peak` with ``flags`` equals the simulator."""
+    g = random_dag(seed, 2 + seed % 6)
+    p = GraphBits(g)
+    rng = random.Random(100 + seed)
+    for seq in random_sequences(p, rng, 6):
+        flags, prev, segments = [], 0, []
+        for upper in seq:
+            nodes = list(bits(upper & ~prev))
+            can = bool((upper & ~prev) & p.saver_mask) and all(p.recomputable[v] for v in nodes)
+            flags.append(can and rng.random() < 0.6)
+            segments.append(Segment(tuple(nodes), flags[-1]))
+            prev = upper
+        sim = simulate(g, Plan(segments), record=False)
+        assert exact_peak(p, seq, flags) == (sim.peak_bytes, pytest.approx(sim.extra_time_s)), (seq, flags)
+        lower = dangling = 0
+        for upper, flag in zip(seq, flags):
+            _, dt, add, after = exact_transition(p, lower, upper, dangling, {}, flag)
+            got = bookkeeping(p, lower, upper, dangling, recompute=flag)
+            assert got[1:] == (add, after) and got[0] == pytest.approx(dt)
+            lower, dangling = upper, after

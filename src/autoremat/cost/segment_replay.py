@@ -335,19 +335,23 @@ def replay_segment(p: GraphBits, lower: int, upper: int, dangling: int, recomput
     return SegmentCost(recompute, spent, fwd_peak, bwd_peak, held_ext, kept_new, kept_add)
 
 
-def exact_transition(p: GraphBits, lower: int, upper: int, dangling: int,
-                      cache: dict[tuple[int, int, int], SegmentCost]) -> tuple[int, float, int, int]:
+def exact_transition(p: GraphBits, lower: int, upper: int, dangling: int, cache: dict[tuple, SegmentCost],
+                      recompute: bool | None = None) -> tuple[int, float, int, int]:
     """``(need, dt_s, add, dangling')`` of ``lower -> upper`` in the exact model.
 
     The transition fits when ``m + need <= B``; then ``m += add`` and the dangling roots
-    become ``dangling'``. ``cache`` keeps segment replays by ``(lower, upper, roots touched)``.
+    become ``dangling'``. ``cache`` keeps segment replays by ``(lower, upper, roots touched)``
+    (and the flag, when given). ``recompute``: whether the segment is recomputed (default:
+    :meth:`GraphBits.recompute_flag`, as :func:`~autoremat.plan.segments_from_lower_sets` runs it;
+    the ``milp`` plan space chooses it freely, the last segment included).
     """
     final = upper == p.full
     held = dangling if final or not dangling else dangling & p.touched(lower, upper)
-    key = (lower, upper, held)
+    key = (lower, upper, held) if recompute is None else (lower, upper, held, recompute)
     seg = cache.get(key)
     if seg is None:
-        seg = cache[key] = replay_segment(p, lower, upper, held, p.recompute_flag(lower, upper))
+        flag = p.recompute_flag(lower, upper) if recompute is None else recompute
+        seg = cache[key] = replay_segment(p, lower, upper, held, flag)
     if final:
         return seg.bwd_peak, seg.dt_s, 0, 0
     need = max(p.nbytes(dangling & ~held) + seg.fwd_peak, seg.bwd_peak)
@@ -409,6 +413,8 @@ def bookkeeping(p: GraphBits, lower: int, upper: int, dangling: int,
     pair's :meth:`GraphBits.recompute_flag`, when the caller has it.
     """
     if upper == p.full:
+        if recompute:  # the milp space may recompute the last segment: its time, nothing kept
+            return pair_bookkeeping(p, lower, upper, True)[0], 0, 0
         return 0.0, 0, 0
     dt, reach, add, alive, fresh = pair or pair_bookkeeping(p, lower, upper, recompute)
     held = dangling & reach
@@ -417,13 +423,15 @@ def bookkeeping(p: GraphBits, lower: int, upper: int, dangling: int,
     return dt, add, ((dangling & ~held) & alive) | fresh
 
 
-def exact_peak(p: GraphBits, seq: Sequence[int]) -> tuple[int, float]:
-    """The exact model's step peak and extra time of a lower-set sequence (bitsets, ending in V)."""
-    cache: dict[tuple[int, int, int], SegmentCost] = {}
+def exact_peak(p: GraphBits, seq: Sequence[int], flags: Sequence[bool] | None = None) -> tuple[int, float]:
+    """The exact model's step peak and extra time of a lower-set sequence (bitsets, ending in V),
+    its segments recomputed as ``flags`` says (default: as :meth:`GraphBits.recompute_flag`)."""
+    cache: dict[tuple, SegmentCost] = {}
     lower = dangling = m = peak = 0
     t = 0.0
-    for upper in seq:
-        need, dt, add, dangling = exact_transition(p, lower, upper, dangling, cache)
+    for k, upper in enumerate(seq):
+        flag = None if flags is None else bool(flags[k])
+        need, dt, add, dangling = exact_transition(p, lower, upper, dangling, cache, flag)
         peak = max(peak, m + need)
         m += add
         t += dt

@@ -41,7 +41,7 @@ from ..plan import Plan, Segment, segments_from_lower_sets
 from ..cost import no_recompute_plan, simulate
 from ._config import SolverConfig
 
-__all__ = ["solve_chen", "split_candidates", "segment_by_threshold", "ChenConfig"]
+__all__ = ["solve_chen", "chen_plans", "split_candidates", "segment_by_threshold", "ChenConfig"]
 
 
 def split_candidates(graph: Graph) -> list[int]:
@@ -78,8 +78,15 @@ def solve_chen(graph: Graph, budget_bytes: int, *, config: dict[str, Any] | Chen
         raise ValueError(f"thresholds={grid!r} must be an int >= 1")
     if grid < 1:
         raise ValueError(f"thresholds={grid} must be >= 1")
+    return _pick(chen_plans(graph, grid), budget_bytes, "chen")
+
+
+def chen_plans(graph: Graph, thresholds: int = 48) -> list[tuple[int, float, Plan]]:
+    """``(simulated peak, extra time, plan)`` of every plan Chen's method tries on ``graph`` (the
+    plan without recomputation first): :func:`solve_chen` picks the cheapest that fits, and the
+    Kusumoto DPs check their own plans against it (:mod:`.kusumoto`)."""
     if graph.meta.get("mode") == "module":
-        return _solve_module(graph, budget_bytes)
+        return _module_plans(graph)
     tried: list[tuple[int, float, Plan]] = []
 
     def consider(plan: Plan) -> None:
@@ -93,18 +100,18 @@ def solve_chen(graph: Graph, budget_bytes: int, *, config: dict[str, Any] | Chen
         sizes = sorted(b for b in (graph.node(v)["saved_bytes"] for v in graph.nodes) if b > 0)
         lo = max(1.0, float(sizes[0]) if sizes else 1.0)
         hi = max(lo, float(total))
-        thresholds = {0.0, total / max(1.0, math.sqrt(len(graph)))}
-        for i in range(grid):
-            thresholds.add(lo * (hi / lo) ** (i / max(1, grid - 1)))
+        levels = {0.0, total / max(1.0, math.sqrt(len(graph)))}
+        for i in range(thresholds):
+            levels.add(lo * (hi / lo) ** (i / max(1, thresholds - 1)))
         seen: set[tuple[tuple[int, ...], ...]] = set()
-        for b in sorted(thresholds):
+        for b in sorted(levels):
             segs = segments_from_lower_sets(graph, segment_by_threshold(graph, b, cands))
             key = tuple(s.nodes for s in segs)
             if key in seen:
                 continue
             seen.add(key)
             consider(Plan(segs, solver="chen", options={"threshold_bytes": b}))
-    return _pick(tried, budget_bytes, "chen")
+    return tried
 
 
 def _pick(tried: list[tuple[int, float, Plan]], budget_bytes: int, solver: str) -> Plan:
@@ -115,7 +122,7 @@ def _pick(tried: list[tuple[int, float, Plan]], budget_bytes: int, solver: str) 
     return fits[0][2]
 
 
-def _solve_module(graph: Graph, budget_bytes: int) -> Plan:
+def _module_plans(graph: Graph) -> list[tuple[int, float, Plan]]:
     order = [v for v in graph.nodes if graph.node(v)["recomputable"] and graph.node(v)["saved_bytes"] > 0]
     order.sort(key=lambda v: -graph.node(v)["saved_bytes"] / max(graph.node(v)["time_s"], 1e-9))
 
@@ -147,4 +154,4 @@ def _solve_module(graph: Graph, budget_bytes: int) -> Plan:
     # only delays its recomputation), and module graphs are small.
     for k in range(len(order) + 1):
         evaluate(k)
-    return _pick(tried, budget_bytes, "chen")
+    return tried

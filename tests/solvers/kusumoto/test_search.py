@@ -3,7 +3,10 @@
 The cache shares a search between calls on the same graph and options, notices a graph edited in
 place, drops a search interrupted mid-way and keeps one whose budget was infeasible, and holds
 graphs weakly; the minimum is the smaller of the unoptimised peak and the simulated peak of the
-sequence found at the least DP budget.
+sequence found at the least DP budget (or of Chen's least plan). The checks (package docstring,
+"Checks"): wherever Chen's plan fits, dp-approx's plan fits and recomputes no more, and nothing
+falls back to the least-budget sequence with a warning, on networks of four families, the zoo and
+transformers (fast: a few of each; ``-m slow``: the zoo, 100 networks, 6-layer BERT and Llama).
 """
 
 from __future__ import annotations
@@ -11,13 +14,17 @@ from __future__ import annotations
 import gc
 import weakref
 
+import logging
+
 import pytest
-from _graphs import random_dag
+from _graphs import FAMILIES, random_dag, random_network, random_networks
 
 import autoremat
-from autoremat.cost import unoptimised_peak_bytes
-from autoremat.solvers.kusumoto import min_budget
-from autoremat.solvers.kusumoto.search import Search, parse_config, search_for
+from autoremat.cost import simulate, unoptimised_peak_bytes
+from autoremat.graph import Graph
+from autoremat.solvers.chen import chen_plans, solve_chen
+from autoremat.solvers.kusumoto import min_budget, solve_dp_approx, solve_dp_exact
+from autoremat.solvers.kusumoto.search import EXACT_ALWAYS_NODES, Search, parse_config, search_for
 
 
 def test_search_cache_shares_and_notices_edits():
@@ -91,3 +98,89 @@ def test_config_accepts_either_dp_config_and_rejects_others():
     assert cfg["time_slots"] == 7 and cfg["fallback"] is True
     with pytest.raises(ValueError, match="config is a ChenConfig"):
         parse_config(ChenConfig(), "dp-exact")
+
+
+# ---------------------------------------------------------------------------------------- checks
+def assert_never_behind_chen(g: Graph, caplog: pytest.LogCaptureFixture, solve=solve_dp_approx) -> int:
+    """At Chen's least budget, 50 %, 75 % of the unoptimised peak (where Chen fits) and halfway
+    between: the DP's plan fits and recomputes no more than Chen's, with no warning logged;
+    returns how many budgets were checked."""
+    peak = unoptimised_peak_bytes(g)
+    least = min(p for p, _, _ in chen_plans(g))
+    budgets = sorted({least, (least + peak) // 2} | {int(f * peak) for f in (0.5, 0.75) if f * peak >= least})
+    for budget in budgets:
+        chen = simulate(g, solve_chen(g, budget)).extra_time_s
+        caplog.clear()
+        with caplog.at_level(logging.WARNING, logger="autoremat"):
+            plan = solve(g, budget)
+        sim = simulate(g, plan)
+        assert sim.peak_bytes <= budget
+        assert sim.extra_time_s <= chen * (1 + 1e-9) + 1e-15, (g.meta.get("model"), budget, sim.extra_time_s, chen)
+        assert not [r for r in caplog.records if r.levelno >= logging.WARNING], caplog.text
+    return len(budgets)
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_dp_approx_never_recomputes_more_than_chen(family, caplog):
+    for seed in range(2):
+        assert_never_behind_chen(random_network(family, seed, 40 + 30 * seed), caplog)
+
+
+def test_the_transformer_blocks_that_fell_back_now_check_their_plans(caplog):
+    """transformer-3 (147 nodes) fell back to the least-budget sequence at Chen's least budget and
+    transformer-23 had no plan there; both now get the exact model's plan."""
+    for g in random_networks(24)[3::20]:
+        least = min(p for p, _, _ in chen_plans(g))
+        with caplog.at_level(logging.INFO, logger="autoremat.solvers.kusumoto"):
+            plan = solve_dp_approx(g, least)
+        assert plan.options["chosen"] == "time-centric, exact model"
+        assert simulate(g, plan).extra_time_s <= simulate(g, solve_chen(g, least)).extra_time_s
+        assert "asking the exact model" in caplog.text
+
+
+def test_inception_at_chens_least_budget(caplog):
+    """Inception-v3 at CPU size: the closed form's least budget was above Chen's (no plan where
+    Chen's fit); the exact model's least budget is not."""
+    from autoremat import zoo
+
+    g = autoremat.capture(*zoo.build("inception_v3", size="small", device="meta"))
+    least = min(p for p, _, _ in chen_plans(g))
+    assert min_budget(g, "dp-approx") <= least
+    assert_never_behind_chen(g, caplog)
+
+
+def test_small_graphs_always_ask_the_exact_model(caplog):
+    g = random_network("chain_skips", 1, 26)
+    assert len(g) <= EXACT_ALWAYS_NODES
+    peak = unoptimised_peak_bytes(g)
+    with caplog.at_level(logging.INFO, logger="autoremat.solvers.kusumoto"):
+        solve_dp_approx(g, int(0.9 * peak))
+    assert "is small" in caplog.text
+
+
+def test_dp_exact_checks_against_chen_too(caplog):
+    assert_never_behind_chen(random_network("unet", 3, 41), caplog, solve=solve_dp_exact)
+
+
+@pytest.mark.slow
+def test_never_behind_chen_on_the_zoo_networks_and_transformers(caplog):
+    """The issue's targets: the zoo at CPU size, 100 seeded networks of 30-300 nodes and the
+    6-layer BERT and Llama configurations that fell back."""
+    from autoremat import zoo
+
+    checked = 0
+    for name in ("vgg19", "resnet50", "unet", "densenet121", "googlenet", "inception_v3", "pspnet"):
+        checked += assert_never_behind_chen(autoremat.capture(*zoo.build(name, size="small", device="meta")), caplog)
+    for g in random_networks(100):
+        checked += assert_never_behind_chen(g, caplog)
+    transformers = pytest.importorskip("transformers")
+    import torch
+
+    from autoremat.zoo import hf
+
+    assert transformers
+    for make in (hf.bert, hf.llama):
+        ids = torch.randint(0, 256, (2, 64))
+        g = autoremat.capture(make(layers=6), (), {"input_ids": ids, "labels": ids}, repeats=1, warmup=0)
+        checked += assert_never_behind_chen(g, caplog)
+    assert checked > 400

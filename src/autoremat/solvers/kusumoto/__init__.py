@@ -95,9 +95,33 @@ becomes "kept bytes + the segment's own peak":
   more where ``M(U)`` keeps storages the simulator frees (up to ~30% on U-Net's skips), and it
   can be a few percent under.
 
-Because the models are not the simulator, every plan is simulated: when its peak exceeds the
-budget, the DP budget is lowered by the excess and the DP re-solved (``max_tightenings``, default
-24); when that runs out, the plan found at the least DP budget is returned (it fits, see next).
+Checks. Because the models are not the simulator, every plan is simulated: when its peak exceeds
+the budget, the DP budget is lowered by the excess and the DP re-solved (``max_tightenings``,
+default 24). The closed form can be wrong both ways, so that dp-approx used to miss plans the
+simulator admits (over) and to run out of tightenings (under): then it returned the sequence
+found at the least DP budget, at up to 9.8x Chen's extra time (a U-Net-like network, least budget)
+or failed where Chen's plan fit (Inception-v3 at CPU size, Chen's least budget; 6-layer
+transformer blocks). Now each solve also reads Chen's plans (:func:`~autoremat.solvers.chen.chen_plans`,
+simulated once per search) and dp-approx has a *second opinion*, :class:`~.exact.ExactDP` (the
+exact model) over its family plus the lower sets of Chen's plans, asked where the closed form's
+plan does not fit after its tightenings, where it recomputes more than Chen's cheapest plan
+that fits, and on every budget of a graph of at most :data:`.search.EXACT_ALWAYS_NODES` (40)
+nodes (where it costs little: that keeps the cost non-increasing in the budget on the small
+graphs the tests enumerate); its least budget is the exact model's where Chen's least plan is
+below the closed form's. The answer is the cheapest (then the first) of: the DP's plan, the exact
+model's, Chen's cheapest plan that fits and the least-budget plan; so dp-approx (and dp-exact)
+never recompute more than Chen's method wherever its plan fits, and their least budget is never
+above Chen's (``tests/solvers/kusumoto/test_search.py``: a few networks of each family fast; the zoo,
+100 seeded networks of four families and 6-layer BERT/Llama under ``-m slow``). Measured by the
+session that wrote this (x86_64, 2 cores, shared; 100 seeded networks of 30-300 nodes and the zoo at
+CPU size, at Chen's least budget, 50/60/75/90 % of the unoptimised peak and halfway between Chen's
+least and the peak): before, 31 of ~550 (graph, budget) pairs recomputed more than Chen's plan
+or had none (23 fell back, all on transformer blocks; up to 1.17x Chen's on chains with skips);
+after, none; the exact model decided 31 of 545 solves and Chen's or the least-budget plan none;
+dp-approx then spent 1.0-2.3 s on 9 transformer solves at low budgets (the exact model), a
+tenth of a second or less elsewhere. Re-measured by ``benchmarks/optimum_gaps.py`` (x86_64,
+2 cores, CPU only, shared/loaded): on the 7 zoo models (24 budgets) and 12 seeded networks (36
+budgets) dp-approx was never behind Chen's plan and logged no warning. The chosen plan's origin is ``plan.options["chosen"]``.
 
 Feasibility. dp-approx fills the table with the least kept bytes per set. dp-exact searches
 depth first (:meth:`.dive.Dive.run`): from a state it follows the first
@@ -122,7 +146,8 @@ solve at it, same answers): x2 -> x1.25 took DenseNet-121 0.66/0.76 s -> 0.47/0.
 times), ResNet-152 0.46 -> 0.16 s, Inception-v3 0.34 -> 0.23 s, GoogLeNet 0.13 -> 0.09 s, PSPNet
 (papers' times) 0.15 -> 0.09 s; DenseNet-161 stayed at 0.69-0.75 s (load average ~1). The
 solver's minimum is the smaller of the unoptimised peak and the simulated peak of the sequence
-found at ``B*``. For dp-exact two sequences are found there and the one that simulates lower is
+found at ``B*`` (or Chen's least plan, or for dp-approx the exact model's, when lower: see
+"Checks"). For dp-exact two sequences are found there and the one that simulates lower is
 kept (the least-kept one on ties): the depth-first dive's (the first that fits) and, when it
 takes at most 20k labels (``_LEAST_KEPT_LABELS``), the one with the least kept bytes
 (:meth:`.dive.Dive.least_kept`, what the search before the dive returned). Either may

@@ -23,13 +23,14 @@ from ...cost.bitsets import GraphBits, bits
 from ...errors import InfeasibleBudgetError
 from ...graph import Graph
 from ...plan import Plan, segments_from_lower_sets
+from ..chen import chen_plans
 from .closed import ClosedDP
 from .config import DPApproxConfig, DPConfig, DPExactConfig
 from .dp import LowerSetDP, time_quantum
 from .exact import ExactDP
 from .families import all_lower_sets, pruned_lower_sets
 
-__all__ = ["Search", "Minimum", "search_for", "parse_config", "LEAST_KEPT_LABELS"]
+__all__ = ["Search", "Minimum", "search_for", "parse_config", "LEAST_KEPT_LABELS", "EXACT_ALWAYS_NODES"]
 
 logger = logging.getLogger("autoremat.solvers.kusumoto")
 
@@ -44,10 +45,17 @@ class Minimum:
     dp_budget_bytes: int
     """The least budget at which the DP's model admits a sequence."""
     plan: Plan | None
-    """The DP's plan there (``None`` when no recomputation is the least)."""
+    """The plan there (``None`` when no recomputation is the least)."""
+    source: str = "DP"
+    """Where that plan comes from: ``"DP"`` (the sequence the DP finds at its least budget),
+    ``"exact model"`` (dp-approx's second opinion) or ``"Chen"`` (Chen's least plan)."""
 
 
 LEAST_KEPT_LABELS = 20_000  # dp-exact's minimum also tries the least-kept sequence up to this many labels
+EXACT_ALWAYS_NODES = 40
+LEAST_SEQUENCE = "the sequence found at the least DP budget"
+"""dp-approx asks its exact model at every budget on graphs of at most this many nodes (where it
+costs little), and elsewhere only where the closed form's plan fails (see the package docstring)."""
 
 
 class Search:
@@ -86,6 +94,13 @@ class Search:
         self.dp: LowerSetDP = ExactDP(p, family, self.quantum) if exact else ClosedDP(p, family, self.quantum)
         self._vanilla: tuple[Plan, int] | None = None
         self._min: Minimum | None = None
+        self._chen: list[tuple[int, float, Plan]] | None = None
+        self._second: ExactDP | None = None
+
+    @property
+    def small(self) -> bool:
+        """Whether dp-approx asks its exact model at every budget (:data:`EXACT_ALWAYS_NODES`)."""
+        return len(self.p.time) <= EXACT_ALWAYS_NODES
 
     @property
     def graph(self) -> Graph:
@@ -101,6 +116,40 @@ class Search:
     def peak(self, plan: Plan) -> int:
         return simulate(self.graph, plan, check=False, record=False).peak_bytes
 
+    def judge(self, plan: Plan) -> tuple[int, float]:
+        """The simulated ``(peak, extra time)`` of ``plan``."""
+        sim = simulate(self.graph, plan, check=False, record=False)
+        return sim.peak_bytes, sim.extra_time_s
+
+    # -------------------------------------------------------------- Chen's plans and the second opinion
+    def chen(self) -> list[tuple[int, float, Plan]]:
+        """``(peak, extra time, plan)`` of every plan Chen's method tries (cached): the DP's plans
+        are checked against the cheapest of them that fits (see the package docstring, "Checks")."""
+        if self._chen is None:
+            self._chen = chen_plans(self.graph)
+        return self._chen
+
+    def chen_best(self, budget: int) -> tuple[int, float, Plan] | None:
+        """Chen's cheapest plan within ``budget`` (least extra time, then least peak), or ``None``."""
+        fits = [t for t in self.chen() if t[0] <= budget]
+        return min(fits, key=lambda t: (t[1], t[0])) if fits else None
+
+    def second_opinion(self) -> ExactDP:
+        """dp-approx's exact model: :class:`~.exact.ExactDP` (the simulator's rules replayed per
+        segment) over the pruned family and the lower sets of Chen's plans (built once)."""
+        if self._second is None:
+            assert not self.dp.exact, "please report"
+            sets = set(self.dp.fam)
+            for _, _, plan in self.chen():
+                lower = 0
+                for seg in plan.segments:
+                    for v in seg.nodes:
+                        lower |= 1 << v
+                    sets.add(lower)
+            family = sorted(sets, key=lambda m: (m.bit_count(), m))
+            self._second = ExactDP(self.p, family, self.quantum)
+        return self._second
+
     def vanilla(self) -> tuple[Plan, int]:
         if self._vanilla is None:
             plan = no_recompute_plan(self.graph)
@@ -109,7 +158,7 @@ class Search:
         return self._vanilla
 
     # -------------------------------------------------------------- the least budget
-    def least_dp_budget(self) -> tuple[int, list[int]]:
+    def least_dp_budget(self, dp: LowerSetDP | None = None) -> tuple[int, list[int]]:
         """The least budget at which the DP's model admits a sequence, and that sequence.
 
         Binary search over bytes (Kusumoto §5.1) on the DP's feasibility. It gallops up from
@@ -118,18 +167,19 @@ class Search:
         halving probes alternate with probes one byte below the upper end (the answer is the
         peak of some sequence, so such a probe often closes the search at once).
         """
+        dp = dp or self.dp
         seq = [self.p.full]
-        hi = self.model_peak(seq)  # the one-segment sequence always fits its own need
+        hi = dp.model_peak(seq)[0]  # the one-segment sequence always fits its own need
         lo = -1
         probe = hi >> 6
         # a probe above the answer prices every transition its budget admits (replays for the
         # exact DP), so both climb in small steps (see the module docstring)
-        growth = 1.1 if self.dp.exact else 1.25
+        growth = 1.1 if dp.exact else 1.25
         while lo + 1 < probe < hi:
-            found = self.dp.run(probe, "feasible")
+            found = dp.run(probe, "feasible")
             if found is not None:
                 seq = found[0]
-                hi = self.model_peak(seq)
+                hi = dp.model_peak(seq)[0]
                 break
             lo = probe
             probe = max(probe + 1, int(probe * growth))
@@ -137,10 +187,10 @@ class Search:
         while hi - lo > 1:
             mid = hi - 1 if below else (lo + hi) // 2
             below = not below
-            found = self.dp.run(mid, "feasible")
+            found = dp.run(mid, "feasible")
             if found is not None:
                 seq = found[0]
-                hi = self.model_peak(seq)
+                hi = dp.model_peak(seq)[0]
             else:
                 lo = mid
         return hi, seq
@@ -185,8 +235,21 @@ class Search:
         plans = [self.plan_of(c) for c in candidates]
         peaks = [self.peak(p) for p in plans]
         at = peaks.index(min(peaks))
-        plan, peak = plans[at], peaks[at]
-        self._min = Minimum(peak, dp_min, plan) if peak < van_peak else Minimum(van_peak, dp_min, None)
+        plan, peak, source = plans[at], peaks[at], "DP"
+        chen_peak, _, chen_plan = min(self.chen(), key=lambda t: (t[0], t[1]))
+        if not self.dp.exact and (chen_peak < peak or self.small):  # ask the exact model
+            logger.info("%s: Chen's least plan simulates to %d bytes, the closed form's least to %d; finding the "
+                        "least budget of the exact model", self.solver, chen_peak, peak)
+            second = self.second_opinion()
+            alt_plan = self.plan_of(self.least_dp_budget(second)[1])
+            alt_peak = self.peak(alt_plan)
+            if alt_peak < peak:
+                plan, peak, source = alt_plan, alt_peak, "exact model"
+        if chen_peak < peak:
+            logger.info("%s: Chen's least plan (%d bytes) is below the DP's (%d bytes); it is the least-budget "
+                        "plan", self.solver, chen_peak, peak)
+            plan, peak, source = chen_plan, chen_peak, "Chen"
+        self._min = Minimum(peak, dp_min, plan, source) if peak < van_peak else Minimum(van_peak, dp_min, None)
         return self._min
 
     # -------------------------------------------------------------- solve
@@ -217,26 +280,70 @@ class Search:
                 if self.peak(plan) <= budget:
                     return self._stamp(cfg, plan, "memory-centric: most recomputation at the least DP budget",
                                        dp_budget=dp_min)
-            logger.warning("%s: the memory-centric plan does not fit %d bytes in simulation; using "
-                           "the sequence found at the least DP budget (%d bytes)", self.solver, budget, dp_min)
-            return self._stamp(cfg, fallback, "the sequence found at the least DP budget", dp_budget=dp_min)
+            why = LEAST_SEQUENCE if least.source == "DP" else (
+                f"the least-budget plan ({least.source})")
+            logger.warning("%s: the memory-centric plan does not fit %d bytes in simulation; using %s (%d bytes)",
+                           self.solver, budget, why, need)
+            return self._stamp(cfg, fallback, why, dp_budget=dp_min)
+        return self._time_centric(budget, cfg, least)
+
+    def _tighten(self, dp: LowerSetDP, budget: int, cfg: dict[str, Any],
+                 dp_min: int | None) -> tuple[Plan, int, int] | None:
+        """The first plan of ``dp``'s time-centric search that fits ``budget`` in simulation, with
+        its DP budget and the number of tightenings: a plan over the budget lowers the DP budget
+        by its excess (``max_tightenings`` times at most, never below ``dp_min``)."""
         dp_budget = budget
         for attempt in range(cfg["max_tightenings"] + 1):
-            if dp_budget < dp_min:
+            if dp_min is not None and dp_budget < dp_min:
                 break
-            found = self.dp.run(dp_budget, "time")
+            found = dp.run(dp_budget, "time")
             if found is None:
                 break
             plan = self.plan_of(found[0])
             peak = self.peak(plan)
             if peak <= budget:
-                return self._stamp(cfg, plan, "time-centric", dp_budget=dp_budget, tightenings=attempt)
+                return plan, dp_budget, attempt
             logger.info("%s: the DP's plan for %d bytes simulates to %d bytes; tightening the DP budget",
                         self.solver, dp_budget, peak)
             dp_budget -= max(peak - budget, 1)
-        logger.warning("%s: no DP plan for %d bytes passed the simulator check; using the sequence "
-                       "found at the least DP budget (%d bytes)", self.solver, budget, dp_min)
-        return self._stamp(cfg, fallback, "the sequence found at the least DP budget", dp_budget=dp_min)
+        return None
+
+    def _time_centric(self, budget: int, cfg: dict[str, Any], least: Minimum) -> Plan:
+        """The time-centric plan, checked (see the package docstring, "Checks"): the DP's plan
+        that fits in simulation; for dp-approx, the exact model's when the closed form's does not
+        fit or recomputes more than Chen's plan at this budget; the cheapest of those, Chen's
+        plan and the least-budget plan."""
+        # (extra time, peak, rank, plan, why, DP budget, tightenings): the least extra time wins, then rank
+        options: list[tuple[float, int, int, Plan, str, int | None, int]] = []
+        found = self._tighten(self.dp, budget, cfg, least.dp_budget_bytes)
+        if found is not None:
+            peak, extra = self.judge(found[0])
+            options.append((extra, peak, 0, found[0], "time-centric", found[1], found[2]))
+        chen = self.chen_best(budget)
+        if not self.dp.exact and (found is None or self.small or (chen is not None and options[0][0] > chen[1])):
+            why = ("no plan of the closed form fits in simulation" if found is None else
+                   "the closed form's plan recomputes more than Chen's" if chen is not None and options[0][0] > chen[1]
+                   else f"the graph is small ({len(self.p.time)} nodes)")
+            logger.info("%s: %s at %d bytes; asking the exact model", self.solver, why, budget)
+            second = self._tighten(self.second_opinion(), budget, cfg, None)
+            if second is not None:
+                peak, extra = self.judge(second[0])
+                options.append((extra, peak, 1, second[0], "time-centric, exact model", second[1], second[2]))
+        if chen is not None:
+            options.append((chen[1], chen[0], 2, chen[2], "Chen's plan", None, 0))
+        if least.plan is not None:
+            peak, extra = self.judge(least.plan)
+            if peak <= budget:
+                if least.source == "DP":
+                    options.append((extra, peak, 3, least.plan, LEAST_SEQUENCE, least.dp_budget_bytes, 0))
+                else:
+                    options.append((extra, peak, 3, least.plan, f"the least-budget plan ({least.source})", None, 0))
+        assert options, f"{self.solver}: no plan within {budget} bytes above the least budget; please report"
+        extra, peak, rank, plan, why, dp_budget, tightenings = min(options, key=lambda o: (o[0], o[2]))
+        if rank > 1 and not (rank == 3 and least.source == "DP" and budget == least.budget_bytes):
+            logger.info("%s: %s (%d bytes, extra time %.6g s) beats the DP's plans at %d bytes", self.solver, why,
+                        peak, extra, budget)
+        return self._stamp(cfg, plan, why, dp_budget=dp_budget, tightenings=tightenings)
 
     def _stamp(self, cfg: dict[str, Any], plan: Plan, why: str, *, dp_budget: int | None = None, tightenings: int = 0) -> Plan:
         """A copy of ``plan`` with the solver's options recorded."""

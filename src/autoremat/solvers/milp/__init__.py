@@ -24,6 +24,14 @@ What is modelled and what is checked after (see :mod:`.formulation` and :mod:`.s
   always one the simulator put within the budget (with and without replay tails), and the
   program's dual bound is a proven lower bound of the optimum, so ``optimality_gap`` is proven.
 
+Two stages. With ``k`` not given, on graphs of at most :data:`.exact.MAX_LOWER_SETS` lower
+sets, an exact label-setting search over every lower set (:mod:`.lattice`, :mod:`.exact`; no
+limit on the number of segments) runs first and usually closes: its plan is simulated and its
+optimum is proven *in the exact model* of :mod:`autoremat.cost.segment_replay` (which equals the
+simulator on seeded random DAGs; ``milp_bound_basis="exact model"``). Where it does not close,
+or its plan fails the simulator, the program below gets the time left
+(``milp_bound_basis="program"``, unless the lattice's bound is the larger).
+
 The answer is exact (gap 0, ``milp_status="optimal"``) when the loop closes within
 ``time_limit_s``; else the best plan found and its proven gap (``milp_status="time_limit"``).
 Plans of other solvers (Chen, dp-approx, dp-exact where the graph has at most its
@@ -67,6 +75,7 @@ from ...plan import Plan
 from ...cost import no_recompute_plan, unoptimised_peak_bytes
 from .config import MilpConfig
 from .highs import MISSING_HIGHSPY, load_highspy
+from .exact import lattice_peak, lattice_time
 from .search import Outcome, Search, judge
 from .._config import check_budget as _check_budget
 
@@ -143,7 +152,10 @@ def _stamp(plan: Plan, out: Outcome, cfg: dict[str, Any], budget: int | None) ->
         "milp_rounds": out.rounds,
         "milp_cuts": out.cuts,
         "milp_seconds": round(out.seconds, 3),
-        "model": "relaxation of the simulator's peak, every plan checked by simulate (no-good cuts)",
+        "milp_bound_basis": out.basis,
+        "model": ("lattice search over the exact model (cost.segment_replay), the plan checked by simulate"
+                  if out.basis == "exact model" else
+                  "relaxation of the simulator's peak, every plan checked by simulate (no-good cuts)"),
     })
     if cfg["objective"] == "time":
         plan.options["optimum_bound_s"] = out.bound
@@ -169,8 +181,7 @@ def solve_milp(graph: Graph, budget_bytes: int, *, config: dict[str, Any] | None
             raise InfeasibleBudgetError(budget, None if out.cost is None else int(out.cost), solver="milp")
         return _stamp(out.plan, out, cfg, budget)
     seeds = _seeds(graph, budget, cfg["seeds"])
-    search = Search(graph, _k(cfg["k"], seeds, n), "time", cfg["threads"])
-    out = search.minimise_time(budget, float(cfg["time_limit_s"]), seeds)
+    out = _least_time(graph, budget, cfg, seeds)
     if out.plan is None:
         if out.status == "infeasible":
             least = _least_peak(graph, {**cfg, "time_limit_s": max(1.0, float(cfg["time_limit_s"]) / 2)})
@@ -184,6 +195,26 @@ def solve_milp(graph: Graph, budget_bytes: int, *, config: dict[str, Any] | None
     return _stamp(out.plan, out, cfg, budget)
 
 
+def _least_time(graph: Graph, budget: int, cfg: dict[str, Any], seeds: list[Plan]) -> Outcome:
+    """The lattice first (``k`` not given, few lower sets: :mod:`.exact`), the program in the time left."""
+    limit = float(cfg["time_limit_s"])
+    lat = lattice_time(graph, budget, limit, seeds) if cfg["k"] is None else None
+    if lat is not None and (lat.status == "infeasible" or (lat.status == "optimal" and lat.plan is not None)):
+        return lat
+    if lat is not None:
+        seeds = seeds + ([lat.plan] if lat.plan is not None else [])
+        limit = max(limit - lat.seconds, 0.05 * limit)
+    search = Search(graph, _k(cfg["k"], seeds, len(graph)), "time", cfg["threads"])
+    out = search.minimise_time(budget, limit, seeds)
+    if lat is not None and lat.basis == "exact model" and lat.bound > out.bound:  # the lattice stopped at its limit
+        out.bound, out.basis = lat.bound, lat.basis
+        if out.cost is not None and out.bound >= out.cost * (1 - 1e-6):
+            out.status = "optimal"
+    if lat is not None:
+        out.seconds += lat.seconds
+    return out
+
+
 def _k(k: int | None, seeds: list[Plan], n: int) -> int:
     """``k`` as given, else 12 or the most segments of a seed plan (so that every seed is in the
     program's space and the answer is never worse than theirs), at most ``n``."""
@@ -193,9 +224,18 @@ def _k(k: int | None, seeds: list[Plan], n: int) -> int:
 
 
 def _least_peak(graph: Graph, cfg: dict[str, Any]) -> Outcome:
-    seeds = _seeds(graph, None, cfg["seeds"])
+    limit = float(cfg["time_limit_s"])
+    lat = lattice_peak(graph, limit) if cfg["k"] is None else None
+    if lat is not None and lat.status == "optimal" and lat.plan is not None:
+        _known.setdefault(graph, []).append(lat.plan)
+        return lat
+    seeds = _seeds(graph, None, cfg["seeds"]) + ([lat.plan] if lat is not None and lat.plan is not None else [])
     search = Search(graph, _k(cfg["k"], seeds, len(graph)), "memory", cfg["threads"])
-    out = search.minimise_peak(float(cfg["time_limit_s"]), seeds)
+    out = search.minimise_peak(limit if lat is None else max(limit - lat.seconds, 0.05 * limit), seeds)
+    if lat is not None and lat.basis == "exact model" and lat.bound > out.bound:
+        out.bound, out.basis = lat.bound, lat.basis
+        if out.cost is not None and out.bound >= out.cost:
+            out.status = "optimal"
     if out.plan is not None:
         _known.setdefault(graph, []).append(out.plan)
     return out
@@ -229,13 +269,17 @@ class Gap:
     optimum_extra_time_s: float | None
     k: int = 0
     """The most segments of the plans the bound covers."""
+    basis: str = "program"
+    """What the proof is over: ``"program"`` (the simulator's relaxation) or ``"exact model"``
+    (the lattice search, :mod:`.exact`)."""
 
     def describe(self) -> str:
         """E.g. "extra time 0.41 s, within 3 % of the optimum (proven)"."""
+        proof = "proven" if self.basis == "program" else "proven in the exact model"
         if self.gap <= 1e-9:
-            return f"extra time {self.extra_time_s:.4g} s, optimal (proven)"
+            return f"extra time {self.extra_time_s:.4g} s, optimal ({proof})"
         where = "the optimum" if self.proven_optimal else "the best bound on the optimum"
-        return f"extra time {self.extra_time_s:.4g} s, within {100 * self.gap:.3g} % of {where} (proven)"
+        return f"extra time {self.extra_time_s:.4g} s, within {100 * self.gap:.3g} % of {where} ({proof})"
 
 
 def optimality_gap(graph: Graph, plan: Plan, budget_bytes: int, *, time_limit_s: float = 60.0,
@@ -244,13 +288,15 @@ def optimality_gap(graph: Graph, plan: Plan, budget_bytes: int, *, time_limit_s:
     at most ``k`` segments (default: 12, or the most segments of ``plan`` and the seed plans) within
     ``budget_bytes``."""
     budget = _check_budget(budget_bytes)
-    _, extra = judge(graph, plan)
     cfg = _config({"k": k, "time_limit_s": time_limit_s, "threads": threads})
+    load_highspy()  # the program may be needed (the lattice alone does not prove every graph)
+    _, extra = judge(graph, plan)
     if extra <= 0:
         return Gap(0.0, 0.0, 0.0, True, plan, 0.0, len(plan.segments))
     seeds = [Plan(list(plan.segments)), *_seeds(graph, budget, True)]
-    search = Search(graph, _k(k if k is None else max(k, len(plan.segments)), seeds, len(graph)), "time", cfg["threads"])
-    out = search.minimise_time(budget, float(cfg["time_limit_s"]), seeds)
+    if k is not None:
+        cfg["k"] = max(k, len(plan.segments))
+    out = _least_time(graph, budget, cfg, seeds)
     bound = min(max(out.bound, 0.0), extra)
     gap = 0.0 if extra <= 0 else (extra - bound) / extra
-    return Gap(extra, bound, gap, out.status == "optimal", out.plan, out.cost, search.k)
+    return Gap(extra, bound, gap, out.status == "optimal", out.plan, out.cost, out.k, out.basis)

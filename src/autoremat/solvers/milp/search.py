@@ -59,6 +59,9 @@ class Outcome:
     seconds: float = 0.0
     k: int = 0
     history: list[tuple[float, float | None, float]] = field(default_factory=list)
+    basis: str = "program"
+    """What the bound is proven over: ``"program"`` (the simulator's relaxation, :mod:`.formulation`)
+    or ``"exact model"`` (the lattice search over :mod:`autoremat.cost.segment_replay`, :mod:`.exact`)."""
 
     @property
     def gap(self) -> float | None:
@@ -241,7 +244,8 @@ class Search:
             if res.status == "infeasible":
                 out.bound = max(out.bound, out.cost if out.cost is not None else math.inf)
                 break
-            out.bound = max(out.bound, math.ceil(res.bound / ms - 1e-6))
+            if math.isfinite(res.bound):  # HiGHS stopped by the time limit may report no bound
+                out.bound = max(out.bound, math.ceil(res.bound / ms - 1e-6))
             if res.values is None:
                 break
             self._peak_offer(out, self.f.decode(res.values), self._values(res.values))

@@ -1,0 +1,169 @@
+"""``milp``'s first stage: the lattice search (:mod:`.lattice`) where the graph has few lower sets.
+
+Where a graph has at most :data:`MAX_LOWER_SETS` lower sets, ``milp`` (with ``k`` left at
+``None``) first runs the exact label-setting search over every canonical strategy with free
+flags (no limit on the number of segments, so ``k`` is the node count); the HiGHS program of
+:mod:`.search` then gets the time left, only when the lattice did not close.
+
+* The plan the lattice returns is simulated (:func:`.search.judge`, replay tails in). When it
+  fits, it is returned with its simulated extra time and the lattice's optimum as the bound
+  (``basis="exact model"``); when it does not (the exact model's two documented exceptions, or
+  a replay tail raising the peak), the lattice's answer is dropped with a logged reason and the
+  program searches alone (its bound is the simulator's relaxation, ``basis="program"``).
+* The lattice's bound is proven *relative to the exact model*
+  (:mod:`autoremat.cost.segment_replay`), which equals :func:`~autoremat.cost.simulate` on the
+  seeded random DAGs of its tests and differs from it only where a boundary gradient arrives
+  through a pass-through op or a recomputed segment views its input; the plan's summary and
+  :class:`~autoremat.solvers.milp.Gap` say which basis a proof has.
+* Time limit: the lattice gets :data:`LATTICE_SHARE` of ``time_limit_s``; when it stops there,
+  its bound (the next label's key) is kept beside the program's.
+
+Complexity: enumerating the lower sets is O(sets × n) and stops at the limit; the search is
+described in :mod:`.lattice`. A lattice is kept per graph (weakly) and reused across budgets.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import time
+import weakref
+from collections.abc import Iterable
+
+from ...cost.bitsets import GraphBits
+from ...graph import Graph
+from ...plan import Plan, Segment
+from ..kusumoto.families import all_lower_sets
+from .lattice import Lattice, LatticeAnswer, lattice_plan_nodes
+from .search import Outcome, judge
+
+__all__ = ["MAX_LOWER_SETS", "LATTICE_SHARE", "AUTO_SECONDS", "AUTO_MAX_NODES", "AUTO_MAX_LOWER_SETS", "lattice_of",
+           "lattice_time", "lattice_peak", "auto_improve"]
+
+logger = logging.getLogger("autoremat.solvers.milp")
+
+MAX_LOWER_SETS = 20000
+"""The lattice search runs on graphs with at most this many lower sets (measured on 2 CPU cores:
+ResNet-50's 240 close in 7-13 s at 50-75 %, PSPNet has 1545, GoogLeNet 8838 at CPU size)."""
+
+LATTICE_SHARE = 0.75
+"""The share of ``time_limit_s`` the lattice may use before the program gets the rest."""
+
+_lattices: weakref.WeakKeyDictionary[Graph, Lattice | None] = weakref.WeakKeyDictionary()
+
+
+def lattice_of(graph: Graph) -> Lattice | None:
+    """The graph's lattice, or ``None`` when it has more than :data:`MAX_LOWER_SETS` lower sets (cached)."""
+    if graph in _lattices:
+        return _lattices[graph]
+    p = GraphBits(graph)
+    family = all_lower_sets(p, MAX_LOWER_SETS)
+    lat = None if family is None else Lattice(p, family)
+    if lat is None:
+        logger.info("milp: more than %d lower sets; the program searches alone", MAX_LOWER_SETS)
+    _lattices[graph] = lat
+    return lat
+
+
+def _plan(ans: LatticeAnswer) -> Plan:
+    assert ans.seq is not None and ans.flags is not None
+    return Plan([Segment(tuple(nodes), f) for nodes, f in zip(lattice_plan_nodes(ans.seq), ans.flags)],
+                solver="milp")
+
+
+def lattice_time(graph: Graph, budget: int, time_limit_s: float, seeds: Iterable[Plan]) -> Outcome | None:
+    """The lattice's answer at ``budget`` as an :class:`~.search.Outcome` (``None`` without a
+    lattice). ``status`` ``"optimal"`` (proven in the exact model), ``"infeasible"`` (no plan
+    fits the model), ``"time_limit"`` (bound only; the best seed kept) or ``"rejected"`` (the
+    model's optimum failed the simulator: the caller searches without the lattice)."""
+    lat = lattice_of(graph)
+    if lat is None:
+        return None
+    start = time.monotonic()
+    best: Plan | None = None
+    cost = math.inf
+    for plan in seeds:
+        peak, extra = judge(graph, plan)
+        if peak <= budget and extra < cost:
+            best, cost = Plan(list(plan.segments), solver="milp"), extra
+    n = len(graph)
+    ans = lat.least_time(budget, incumbent=cost * (1 - 1e-9) if best is not None else math.inf,
+                         deadline=start + LATTICE_SHARE * time_limit_s)
+    out = Outcome(best, None if best is None else cost, ans.bound, ans.status, k=n)
+    out.basis = "exact model"
+    out.seconds = time.monotonic() - start
+    if ans.seq is not None:
+        plan = _plan(ans)
+        peak, extra = judge(graph, plan)
+        if peak <= budget:
+            out.plan, out.cost, out.bound = plan, extra, min(ans.bound, extra)
+        else:
+            logger.info("milp: the exact model's optimum simulates at %d bytes, over the budget %d "
+                        "(model exception or replay tail); program alone", peak, budget)
+            out.status, out.bound, out.basis = "rejected", -math.inf, "program"
+    elif ans.status == "optimal" and best is not None:
+        out.bound = cost  # the seed is the optimum: nothing cheaper fits the model
+    logger.info("milp (lattice): %s in %.1f s, %d labels, %d replays", out.status, out.seconds, ans.labels,
+                ans.replays)
+    return out
+
+
+def lattice_peak(graph: Graph, time_limit_s: float) -> Outcome | None:
+    """The lattice's least peak as an :class:`~.search.Outcome` (``None`` without a lattice):
+    ``"optimal"`` when the simulated peak of its plan equals the model's least peak, else
+    ``"time_limit"`` with the model's bound (the plan kept as a seed for the program)."""
+    lat = lattice_of(graph)
+    if lat is None:
+        return None
+    start = time.monotonic()
+    ans = lat.least_peak(deadline=start + LATTICE_SHARE * time_limit_s)
+    out = Outcome(None, None, ans.bound, ans.status, k=len(graph))
+    out.basis = "exact model"
+    if ans.seq is not None:
+        plan = _plan(ans)
+        peak, _ = judge(graph, plan)
+        out.plan, out.cost = plan, float(peak)
+        if peak > ans.bound:
+            logger.info("milp: the exact model's least peak %d simulates at %d bytes; program checks it",
+                        int(ans.bound), peak)
+            out.status, out.bound, out.basis = "time_limit", -math.inf, "program"
+    out.seconds = time.monotonic() - start
+    logger.info("milp (lattice, least budget): %s in %.1f s", out.status, out.seconds)
+    return out
+
+
+AUTO_SECONDS = 2.0
+"""How long ``solve(solver="auto")`` lets the lattice look for a cheaper plan (:func:`auto_improve`)."""
+
+AUTO_MAX_NODES = 120
+"""``auto`` asks the lattice only on graphs of at most this many nodes (and
+:data:`AUTO_MAX_LOWER_SETS` lower sets), where it usually closes within :data:`AUTO_SECONDS`."""
+
+AUTO_MAX_LOWER_SETS = 1000
+
+
+def auto_improve(graph: Graph, budget: int, extra_s: float) -> Plan | None:
+    """The lattice's optimum at ``budget`` when it closes within :data:`AUTO_SECONDS` and
+    recomputes less than ``extra_s`` (the best other plan's extra time), simulated to fit; else
+    ``None`` (too large a graph, not closed in time, or nothing cheaper). Needs no ``highspy``."""
+    if len(graph) > AUTO_MAX_NODES or extra_s <= 0:
+        return None
+    p = GraphBits(graph)
+    if graph not in _lattices and all_lower_sets(p, AUTO_MAX_LOWER_SETS) is None:
+        return None
+    lat = lattice_of(graph)
+    if lat is None or len(lat.fam) > AUTO_MAX_LOWER_SETS:
+        return None
+    start = time.monotonic()
+    ans = lat.least_time(budget, incumbent=extra_s * (1 - 1e-9), deadline=start + AUTO_SECONDS)
+    if ans.seq is None:
+        logger.info("milp (lattice, for auto): %s after %.1f s; keeping the other solvers' plan", ans.status,
+                    time.monotonic() - start)
+        return None
+    plan = _plan(ans)
+    peak, extra = judge(graph, plan)
+    if peak > budget or extra >= extra_s:
+        return None
+    plan.options.update({"milp_status": "optimal", "optimality_gap": 0.0, "milp_bound_basis": "exact model",
+                         "optimum_bound_s": ans.bound, "k": len(graph)})
+    return plan

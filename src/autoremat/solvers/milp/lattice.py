@@ -1,0 +1,328 @@
+"""The exact search of ``"milp"`` over the lower-set lattice: labels, bounds, a proven answer.
+
+A plan of the ``milp`` space is a path ``∅ = L0 ⊂ L1 ⊂ … ⊂ Lk = V`` of lower sets with a flag
+per segment (recomputed or plain). The exact model of :mod:`autoremat.cost.segment_replay` prices
+one step ``L -> L'`` from the state ``(L, D)`` (``D``: the dangling roots) and the kept bytes
+``m``: its need (the step fits when ``m + need <= B``), its time, the kept bytes it adds and the
+dangling roots after it, for either flag (:func:`~autoremat.cost.segment_replay.exact_transition`).
+
+:class:`Lattice` runs a label-setting search on that graph of states (Kusumoto et al.'s DP,
+§4.2, with exact dominance instead of time buckets):
+
+* time-centric (:meth:`Lattice.least_time`): labels ``(t, m)`` are taken in increasing time; a
+  label whose ``m`` is not below the least ``m`` already taken at its state is dominated (its
+  every continuation costs at least as much); the first label taken at ``V`` is the optimum.
+  Steps whose lower bounds of the need (:class:`~autoremat.cost.backward_floor.TransitionBounds`)
+  exceed what the budget leaves are never generated; a step's replay is paid only when its
+  label is taken (most labels never are). Labels at or above the incumbent's time are dropped.
+* memory-centric (:meth:`Lattice.least_peak`): labels ``(P, m)``, ``P`` the peak so far, taken in
+  increasing ``P`` (a step enters the queue with a lower bound of its ``P`` and is re-queued
+  with the exact one when taken); the first label taken at ``V`` has the least peak.
+
+Both are anytime: when the time limit stops them, the key of the next label to take is a proven
+lower bound of the optimum (every plan's path leaves the expanded region through a queued
+label or a dominated one, and keys only grow along a path). Plain steps after plain steps are
+generated too: segments fix the forward order and split the backward, so two plain segments
+are not one (measured: a 3-node DAG whose two-plain-segment plan peaks at 44 bytes, the
+one-segment plan at 48).
+
+Exactness: over all canonical strategies with free flags (no limit on the number of segments),
+relative to the exact model. That model equals :func:`~autoremat.cost.simulate` on the plans of
+seeded random DAGs (``tests/cost/test_segment_replay.py``, free flags included) and on the zoo's
+CNN graphs; its two documented exceptions (a gradient buffer shared through a pass-through op,
+a view of a recomputed segment's input) can move it either way, and where they make it
+over-estimate a plan the search cannot see that plan (measured: never on the zoo's CNNs at CPU
+size; on module-level transformer captures it does, so ``milp`` there reports a bound, not a
+proof: see :mod:`.search`). Every plan returned is simulated by the caller.
+
+Complexity: O(labels × successors) steps, each O(|∂L| + |S|) bookkeeping plus a replay
+O(|S| + edges of S) for each label taken; the family is every lower set, so the search suits
+graphs with a few thousand lower sets (VGG19 47, ResNet-50 240, U-Net 300, DenseNet-121 432,
+PSPNet 1545 at CPU size), not GoogLeNet (8838) or Inception-v3 (35684).
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import time
+from bisect import bisect_left, bisect_right
+from dataclasses import dataclass
+from heapq import heappop, heappush
+
+import numpy as np
+
+from ...cost.backward_floor import TransitionBounds
+from ...cost.bitsets import GraphBits, bits
+from ...cost.segment_replay import SegmentCost, bookkeeping, exact_transition, pair_bookkeeping
+
+__all__ = ["Lattice", "LatticeAnswer"]
+
+logger = logging.getLogger("autoremat.solvers.milp")
+
+
+@dataclass
+class LatticeAnswer:
+    """What a lattice search proved: the best path found (``seq``: lower sets, ``flags``: recompute
+    per segment) with its model ``cost`` (seconds of extra time, or bytes of peak), and a proven
+    lower ``bound`` of the optimum; ``status`` is ``"optimal"``, ``"time_limit"`` or
+    ``"infeasible"`` (no plan fits, proven)."""
+
+    seq: list[int] | None
+    flags: list[bool] | None
+    cost: float | None
+    bound: float
+    status: str
+    labels: int = 0
+    replays: int = 0
+
+
+class Lattice:
+    """The lattice of every lower set of a graph with the exact model's steps (see the module
+    docstring); reused across budgets (its replays and successor lists are kept)."""
+
+    def __init__(self, p: GraphBits, family: list[int]) -> None:
+        self.p = p
+        self.fam = family
+        self.last = len(family) - 1
+        assert family[0] == 0 and family[-1] == p.full, "please report"
+        self.bounds = TransitionBounds(p, family)
+        self.keys = self.bounds.keys
+        self.order = sorted(range(len(family)), key=self.keys.__getitem__)
+        self.sorted_keys = [self.keys[k] for k in self.order]
+        self.order_np = np.asarray(self.order, dtype=np.intp)
+        words = max(1, (p.n + 63) // 64)
+        raw = b"".join(m.to_bytes(8 * words, "little") for m in family)
+        self.rows = np.frombuffer(raw, dtype="<u8").reshape(len(family), words).astype(np.uint64)
+        self.succ: list[list[int]] = [[] for _ in family]
+        self.scanned = [-1] * len(family)
+        self.scan = [bisect_left(self.sorted_keys, self.keys[k]) for k in range(len(family))]
+        self.replays: dict[tuple, SegmentCost] = {}
+        self.needs: dict[tuple[int, int, int, bool], int] = {}
+        self.tight: dict[tuple[int, int, bool], int] = {}
+        module = p.module_mode
+        self._flags: dict[tuple[int, int], tuple[bool, ...]] = {}
+        self._module = module
+        self.pairs: list[dict[int, tuple]] = [{} for _ in family]  # per set: its steps' plan-free terms
+        self.moves: list[list[tuple]] = [[] for _ in family]  # per set: (step, key gap, flag) in key order
+
+    # -------------------------------------------------------------- steps
+    def successors(self, i: int, limit: int) -> list[int]:
+        """Strict supersets of set ``i`` with key ``<= limit`` (and maybe more), in key order."""
+        lst = self.succ[i]
+        if limit <= self.scanned[i]:
+            return lst
+        pos = self.scan[i]
+        end = bisect_right(self.sorted_keys, limit, lo=pos)
+        cand = self.order_np[pos:end]
+        mine = self.rows[i]
+        sup = ((self.rows[cand] & mine) == mine).all(axis=1) & (cand != i)
+        lst.extend(cand[sup].tolist())
+        self.scan[i] = end
+        self.scanned[i] = limit if end < len(self.fam) else 1 << 62
+        return lst
+
+    def moves_of(self, i: int, room: int) -> list[tuple]:
+        """The steps out of set ``i`` whose key gap is within ``room`` (and maybe more), in key
+        order: ``(key gap, j, flag, *step(i, j, flag))``."""
+        lst = self.moves[i]
+        have = len(self.succ[i])
+        succ = self.successors(i, self.keys[i] + room)
+        if len(succ) > have:
+            ki = self.keys[i]
+            for j in succ[have:]:
+                for f in self.flags(i, j):
+                    lst.append((self.keys[j] - ki, j, f, *self.step(i, j, f)))
+        return lst
+
+    def flags(self, i: int, j: int) -> tuple[bool, ...]:
+        """The flags a segment ``L_j \\ L_i`` may take: plain always; recomputed when it has a
+        saver and only recomputable nodes (one module call at module level)."""
+        key = (i, j)
+        got = self._flags.get(key)
+        if got is None:
+            p = self.p
+            seg = self.fam[j] & ~self.fam[i]
+            can = bool(seg & p.saver_mask) and not seg & p.nonrecomp_mask and (
+                not self._module or seg & (seg - 1) == 0)
+            got = self._flags[key] = (False, True) if can else (False,)
+        return got
+
+    def step(self, i: int, j: int, flag: bool) -> tuple[int, float, int, int, int, int, int]:
+        """The terms of ``L_i -> L_j`` with ``flag`` that do not depend on the dangling roots
+        (cached): ``(cheap bound, time, roots it holds if they dangle, kept bytes it adds by
+        itself, roots alive after it, its roots that dangle after it, bound of the need less the
+        kept bytes it adds)``; :func:`~autoremat.cost.segment_replay.bookkeeping` and
+        :meth:`~autoremat.cost.backward_floor.TransitionBounds.move_bound` split in two."""
+        key = 2 * j + flag
+        mine = self.pairs[i]
+        got = mine.get(key)
+        if got is None:
+            p, b = self.p, self.bounds
+            if j == self.last:
+                dt = pair_bookkeeping(p, self.fam[i], self.fam[j], True)[0] if flag else 0.0
+                got = (b.cheap_bound(i, j, False), dt, 0, 0, 0, 0, 0)
+            else:
+                dt, reach, add, alive, fresh = pair_bookkeeping(p, self.fam[i], self.fam[j], flag)
+                low = b.move_bound(i, j, 0, flag)
+                got = (b.cheap_bound(i, j, flag), dt, reach, add, alive, fresh, low)
+            mine[key] = got
+        return got
+
+    def need(self, i: int, j: int, dang: int, flag: bool, room: int) -> int:
+        """The exact model's need of the step (the sweep's bound first: a step it already rules
+        out for ``room`` is not replayed)."""
+        key = (i, j, dang, flag)
+        got = self.needs.get(key)
+        if got is not None:
+            return got
+        if flag and j != self.last:
+            tkey = (i, j, flag)
+            tight = self.tight.get(tkey)
+            if tight is None:
+                add = bookkeeping(self.p, self.fam[i], self.fam[j], 0, recompute=True)[1]
+                tight = self.tight[tkey] = self.bounds.tight_bound(i, j, add)
+            if tight > room:
+                return tight
+        got = self.needs[key] = exact_transition(self.p, self.fam[i], self.fam[j], dang, self.replays, flag)[0]
+        return got
+
+    def path(self, labels: list[tuple], lid: int) -> tuple[list[int], list[bool]]:
+        seq: list[int] = []
+        flags: list[bool] = []
+        while lid > 0:
+            _, _, i, _, parent, _, flag = labels[lid][:7]
+            seq.append(self.fam[i])
+            flags.append(flag)
+            lid = parent
+        return seq[::-1], flags[::-1]
+
+    # -------------------------------------------------------------- searches
+    def least_time(self, budget: int, incumbent: float = math.inf, deadline: float = math.inf,
+                   progress: float = 5.0) -> LatticeAnswer:
+        """The least extra time of a path whose every step fits ``budget`` (see the module docstring).
+
+        Long by design: the label-setting loop (the lattice's inner loop) keeps its tables in locals."""
+        last, moves_of, nbytes = self.last, self.moves_of, self.p.nbytes
+        # label: (t, m, set, dangling, parent, check, flag); check: (i, room) of the step to verify
+        labels: list[tuple] = [(0.0, 0, 0, 0, -1, None, False)]
+        heap: list[tuple[float, int, int]] = [(0.0, 0, 0)]
+        best: dict[tuple[int, int], int] = {}
+        taken = 0
+        next_log = time.monotonic() + progress
+        bound = 0.0
+        while heap:
+            t, m, lid = heap[0]
+            if t >= incumbent:
+                return LatticeAnswer(None, None, None, incumbent, "optimal", taken, len(self.replays))
+            if time.monotonic() > deadline:
+                return LatticeAnswer(None, None, None, t, "time_limit", taken, len(self.replays))
+            heappop(heap)
+            _, _, j, dang, parent, check, flag = labels[lid]
+            state = (j, dang)
+            if m >= best.get(state, 1 << 62):
+                continue
+            if check is not None:
+                i, room = check
+                if self.need(i, j, labels[parent][3], flag, room) > room:
+                    continue
+            best[state] = m
+            taken += 1
+            bound = t
+            if j == last:
+                seq, flags = self.path(labels, lid)
+                return LatticeAnswer(seq, flags, t, t, "optimal", taken, len(self.replays))
+            if time.monotonic() > next_log:
+                next_log = time.monotonic() + progress
+                logger.info("milp (lattice): %d labels taken, %d queued, time bound %.6g s, %d replays", taken,
+                            len(heap), bound, len(self.replays))
+            room = budget - m
+            for gap, k, f, cheap, dt, reach, add, alive, fresh, low in moves_of(j, room):
+                if gap > room:
+                    break
+                t2 = t + dt
+                if cheap > room or t2 >= incumbent:
+                    continue
+                held = dang & reach
+                if held:
+                    add += nbytes(held)
+                if low + add > room:
+                    continue
+                m2 = m + add
+                dang2 = ((dang & ~held) & alive) | fresh
+                if m2 >= best.get((k, dang2), 1 << 62):
+                    continue
+                labels.append((t2, m2, k, dang2, lid, (j, room), f))
+                heappush(heap, (t2, m2, len(labels) - 1))
+        return LatticeAnswer(None, None, None, math.inf if incumbent == math.inf else incumbent,
+                             "infeasible" if incumbent == math.inf else "optimal", taken, len(self.replays))
+
+    def least_peak(self, incumbent: int | None = None, deadline: float = math.inf,
+                   progress: float = 5.0) -> LatticeAnswer:
+        """The least model peak of a path (the memory-centric problem; see the module docstring).
+
+        Long by design: the label-setting loop (the lattice's inner loop) keeps its tables in locals."""
+        last, moves_of, nbytes = self.last, self.moves_of, self.p.nbytes
+        cap = math.inf if incumbent is None else incumbent  # only paths below the incumbent matter
+        # label: (P, m, set, dangling, parent, exact, flag); exact: whether P is the exact key
+        labels: list[tuple] = [(0, 0, 0, 0, -1, True, False)]
+        heap: list[tuple[int, int, int]] = [(0, 0, 0)]
+        best: dict[tuple[int, int], int] = {}
+        taken = 0
+        next_log = time.monotonic() + progress
+        while heap:
+            key, m, lid = heap[0]
+            if key >= cap:
+                return LatticeAnswer(None, None, None, cap, "optimal", taken, len(self.replays))
+            if time.monotonic() > deadline:
+                return LatticeAnswer(None, None, None, key, "time_limit", taken, len(self.replays))
+            heappop(heap)
+            P, _, j, dang, parent, exact, flag = labels[lid]
+            state = (j, dang)
+            if m >= best.get(state, 1 << 62):
+                continue
+            if not exact:  # the step's exact need: re-queue with the exact key
+                pm, pdang, i = labels[parent][1], labels[parent][3], labels[parent][2]
+                need = self.need(i, j, pdang, flag, 1 << 62)
+                P2 = max(labels[parent][0], pm + need)
+                labels[lid] = (P2, m, j, dang, parent, True, flag)
+                if P2 > key:
+                    heappush(heap, (P2, m, lid))
+                    continue
+            best[state] = m
+            taken += 1
+            if j == last:
+                seq, flags = self.path(labels, lid)
+                return LatticeAnswer(seq, flags, float(key), float(key), "optimal", taken, len(self.replays))
+            if time.monotonic() > next_log:
+                next_log = time.monotonic() + progress
+                logger.info("milp (lattice, least budget): %d labels taken, %d queued, peak bound %d bytes",
+                            taken, len(heap), key)
+            room = (cap - 1 - m) if cap != math.inf else 1 << 62
+            for gap, k, f, cheap, _, reach, add, alive, fresh, low in moves_of(j, room):
+                if gap > room:
+                    break
+                held = dang & reach
+                if held:
+                    add += nbytes(held)
+                m2 = m + add
+                dang2 = ((dang & ~held) & alive) | fresh
+                if m2 >= best.get((k, dang2), 1 << 62):
+                    continue
+                P2 = max(key, m + cheap, m + low + add)
+                if P2 >= cap:
+                    continue
+                labels.append((P2, m2, k, dang2, lid, False, f))
+                heappush(heap, (P2, m2, len(labels) - 1))
+        return LatticeAnswer(None, None, None, cap, "optimal" if incumbent is not None else "infeasible", taken,
+                             len(self.replays))
+
+
+def lattice_plan_nodes(seq: list[int]) -> list[list[int]]:
+    """The segments' node lists of a lower-set path (bitsets)."""
+    out: list[list[int]] = []
+    prev = 0
+    for m in seq:
+        out.append(list(bits(m & ~prev)))
+        prev = m
+    return out
