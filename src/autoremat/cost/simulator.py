@@ -14,6 +14,12 @@ and who holds it:
   node's backward has run; where the plan records a tail for the segment
   (:mod:`autoremat.replay_tail`), the replay ends before it, holds the tail inputs until it
   ends, and what the tail's nodes save is held for their backward;
+* a recomputed segment's kept nodes (``Segment.keep``: selective saves, PyTorch's
+  ``create_selective_checkpoint_contexts``) hold their output storage from forward until the
+  replay reaches them; the replay hands the stored output on instead of running the node (no
+  time, no new storage, no workspace), and what the node saves is held as for any replayed
+  node; a kept node the replay never reaches (after its early stop) is held until the
+  segment's backward is over;
 * backward runs in reverse execution order (the autograd engine's order for one graph task);
   each node allocates gradients for its inputs (none when it passes its gradient through,
   like ``add``), out-of-place accumulation when a buffer is shared, parameter gradients on
@@ -128,6 +134,7 @@ def _forward(s: StepState, g: Graph, nd: list[dict], si: int, seg: Segment, off:
     if seg.recompute:
         for u in inputs:
             s.addref(_okey(g, u), ("seg", si))
+    kept = set(seg.keep)
     for v in seg.nodes:
         d = nd[v]
         off.advance()
@@ -141,6 +148,8 @@ def _forward(s: StepState, g: Graph, nd: list[dict], si: int, seg: Segment, off:
             s.alloc(("x", v), d["extra_saved_bytes"])
         for w in g.succ(v):
             s.addref(ok, ("f", w, v))
+        if v in kept:
+            s.addref(ok, ("keep", v))
         if d["is_output"]:
             s.addref(ok, ("out", v))
         if saving:
@@ -211,6 +220,8 @@ def _backward(s: StepState, g: Graph, nd: list[dict], plan: Plan, seg_inputs: li
         if seg.recompute:
             for u in seg_inputs[si]:
                 s.decref(_okey(g, u), ("seg", si))
+            for v in seg.keep:  # kept outputs the replay did not reach (after its early stop)
+                s.decref(_okey(g, v), ("keep", v))
     return extra_time
 
 
@@ -227,6 +238,7 @@ def _recompute(s: StepState, g: Graph, nd: list[dict], seg: Segment, stop: int,
     (:mod:`autoremat.replay_tail`: its first node and its inputs) the replay ends before the
     tail, holds the tail inputs until it ends, and what the tail's nodes save is held for them."""
     spent = 0.0
+    kept = set(seg.keep)
     tail_savers: dict[int, list[int]] = {}
     held: set[int] = set()
     todo = [v for v in seg.nodes if (v <= stop if tail is None else v < tail[0])]
@@ -243,15 +255,19 @@ def _recompute(s: StepState, g: Graph, nd: list[dict], seg: Segment, stop: int,
                     s.addref(_rkey(g, rroot, u), ("rs", w))
     for v in todo:
         d = nd[v]
-        spent += d["time_s"]
         a = d["alias_of"]
-        if a is None:
-            rroot[v] = ("r", v)
-            s.alloc(("r", v), d["alloc_bytes"])
-        elif a in rroot:
-            rroot[v] = rroot[a]
+        if v in kept:  # the stored output is handed on: nothing runs
+            rroot[v] = _okey(g, v)
+        else:
+            spent += d["time_s"]
+            if a is None:
+                rroot[v] = ("r", v)
+                s.alloc(("r", v), d["alloc_bytes"])
+            elif a in rroot:
+                rroot[v] = rroot[a]
         key = _rkey(g, rroot, v)
-        s.touch(d["extra_saved_bytes"] + d["fwd_temp_bytes"], "recompute", v)
+        if v not in kept:
+            s.touch(d["extra_saved_bytes"] + d["fwd_temp_bytes"], "recompute", v)
         if d["requires_grad"]:
             if d["extra_saved_bytes"]:
                 s.alloc(("rx", v), d["extra_saved_bytes"])
@@ -267,7 +283,9 @@ def _recompute(s: StepState, g: Graph, nd: list[dict], seg: Segment, stop: int,
         for u in g.pred(v):
             if u in replay:  # also views of the segment's inputs (original storage)
                 s.decref(_rkey(g, rroot, u), ("rf", v, u))
-        if v in rroot:
+        if v in kept:
+            s.decref(key, ("keep", v))
+        elif v in rroot:
             s.maybe_free(key)
         s.mark("recompute", v)
     for u in held:  # the replay has returned its tail inputs
