@@ -59,6 +59,7 @@ from .guard import GuardedForward, StateGuardWarning, op_structure
 from .offload import OffloadBegin, OffloadMark, Offloader
 from .region import REGION_MODES, CheckpointRegion, may_draw_random, trim_replay
 from .region import ProbedCall, is_recomputing, stateful_buffers, tail_mark
+from .selective import SelectiveCall
 from ..replay_tail import tails_of
 
 __all__ = ["apply", "restore", "is_patched", "CheckpointRegion", "offloader_of", "REGION_MODES", "is_recomputing",
@@ -408,6 +409,8 @@ def _build_forward(gm: torch.fx.GraphModule, ops: list[torch.fx.Node], plan: Pla
 # ---------------------------------------------------------------------- module level
 def _apply_module(model: nn.Module, plan: Plan, names: list[str], regions: str) -> _PatchState:
     fp = module_fingerprint(model)
+    if plan.graph_fingerprint and plan.graph_fingerprint != fp:  # blocks captured op by op?
+        fp = module_fingerprint(model, "ops")
     if plan.graph_fingerprint and fp != plan.graph_fingerprint:
         why = first_difference(plan.tensors or {}, tensor_signature(model), "tensor")
         raise PlanMismatchError(f"plan was made for graph {plan.graph_fingerprint} but {type(model).__name__} "
@@ -418,14 +421,7 @@ def _apply_module(model: nn.Module, plan: Plan, names: list[str], regions: str) 
     for v in plan.offload:
         if names[v] not in mods:
             raise PlanMismatchError(f"plan offloads {names[v]!r}, which is not a module call of {type(model).__name__}")
-    targets: list[nn.Module] = []
-    for seg in plan.recompute_segments:
-        if len(seg.nodes) != 1:
-            raise PlanMismatchError("module-level plans recompute one module call per segment")
-        path = names[seg.nodes[0]]
-        if path not in mods:
-            raise PlanMismatchError(f"plan recomputes module {path!r}, which {type(model).__name__} does not have")
-        targets.append(mods[path])
+    targets = _module_targets(model, plan, names)
     offloader = Offloader() if plan.offload else None
     state = _PatchState(plan=plan, had_instance_forward="forward" in model.__dict__,
                         instance_forward=model.__dict__.get("forward"), offloader=offloader)
@@ -440,13 +436,39 @@ def _apply_module(model: nn.Module, plan: Plan, names: list[str], regions: str) 
                 lambda _m, _a, out, v=v: offloader.mark(out, v)))
         state.installed = _offloading_forward(model.forward, offloader)
         model.__dict__["forward"] = state.installed
-    for mod in targets:
+    for path, mod, keep in targets:
         had = "forward" in mod.__dict__
         orig = mod.forward
         state.wrapped.append((mod, had, mod.__dict__.get("forward")))
         # module level: arbitrary user code; its first forward finds out what it draws (see ProbedCall)
-        mod.__dict__["forward"] = ProbedCall(orig, stateful_buffers([mod]), regions, tuple(mod.parameters()))
+        if keep:
+            mod.__dict__["forward"] = SelectiveCall(orig, stateful_buffers([mod]), tuple(mod.parameters()), keep, path)
+        else:
+            mod.__dict__["forward"] = ProbedCall(orig, stateful_buffers([mod]), regions, tuple(mod.parameters()))
     return state
+
+
+def _module_targets(model: nn.Module, plan: Plan, names: list[str]) -> list[tuple[str, nn.Module, dict[int, str]]]:
+    """The module call each recomputed segment runs as (``plan.module_calls``, else its one
+    node's module) and the ops it keeps (index in the call's op sequence -> op name)."""
+    mods = dict(model.named_modules())
+    out: list[tuple[str, nn.Module, dict[int, str]]] = []
+    seen: set[str] = set()
+    for i, seg in enumerate(plan.segments):
+        if not seg.recompute:
+            continue
+        call = plan.module_calls.get(i)
+        if call is None and (len(seg.nodes) != 1 or seg.keep):
+            raise PlanMismatchError(f"segment {i} recomputes {len(seg.nodes)} nodes (keeping {len(seg.keep)}) but the "
+                                    "plan names no module call for it (module_calls); solve the graph again")
+        path = names[seg.nodes[0]] if call is None else call[0]
+        if path not in mods or path == "":
+            raise PlanMismatchError(f"plan recomputes module {path!r}, which {type(model).__name__} does not have")
+        if path in seen:
+            raise PlanMismatchError(f"plan recomputes module {path!r} in two segments")
+        seen.add(path)
+        out.append((path, mods[path], {} if call is None else dict(call[1])))
+    return out
 
 
 @contextlib.contextmanager
