@@ -37,7 +37,7 @@ from typing import Any
 from ..budget import parse_budget
 from ..errors import InfeasibleBudgetError
 from ..graph import Graph
-from ..plan import Plan, validate_plan
+from ..plan import Plan, module_calls_of, validate_plan
 from ..replay_tail import replay_tails
 from ..cost import simulate, unoptimised_peak_bytes
 from ._config import SolverConfig, check_budget, option_names
@@ -138,7 +138,7 @@ def finalize_plan(graph: Graph, plan: Plan, budget_bytes: int, solver: str,
                   options: Mapping[str, Any] | None = None) -> Plan:
     """Stamp a solver's plan with its graph, budget and predictions, and check it: what
     :func:`autoremat.apply` reads (``graph_mode``, ``node_names``, ``tensors``, ``inputs``, the
-    replay tails of an fx graph) and the simulated peak and extra time, at the link the solver
+    replay tails of an fx graph, the module calls of a module-level one) and the simulated peak and extra time, at the link the solver
     planned with (``options["bandwidth_bytes_per_s"]``, else the graph's)."""
     plan.solver = solver
     plan.budget_bytes = int(budget_bytes)
@@ -152,6 +152,7 @@ def finalize_plan(graph: Graph, plan: Plan, budget_bytes: int, solver: str,
     validate_plan(graph, plan)
     if graph.meta.get("mode") == "fx":  # module-level regions replay whole submodule calls
         plan.replay_tails = replay_tails(graph, plan)
+    plan.module_calls = module_calls_of(graph, plan)  # module level: the calls apply wraps, the ops they keep
     if plan.bandwidth_bytes_per_s is None:
         plan.bandwidth_bytes_per_s = plan.options.get("bandwidth_bytes_per_s")
     sim = simulate(graph, plan, check=False, record=False, bandwidth_bytes_per_s=plan.bandwidth_bytes_per_s)
