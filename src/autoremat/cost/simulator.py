@@ -366,7 +366,8 @@ def _input_grads(s: StepState, g: Graph, nd: list[dict], v: int, gv: Hashable) -
 # ------------------------------------------------------------------------ per-node levels
 @dataclass
 class StepLevels:
-    """The live level at each event of the step with nothing recomputed (:func:`step_levels`)."""
+    """The live level at each event of one step (:func:`step_levels`; nothing recomputed unless
+    a plan is given)."""
 
     fwd_touch: list[int | None]
     """Per node: live bytes plus its saved extras and workspace during its forward."""
@@ -380,16 +381,23 @@ class StepLevels:
     loss_fwd_touch: int
     loss_bwd_touch: int
     peak: int
+    recompute_touch: list[int | None] = field(default_factory=list)
+    """Per node: live bytes plus its saved extras and workspace during its replay (``None``
+    where it is not replayed)."""
+    extra_time_s: float = 0.0
 
 
-def step_levels(graph: Graph) -> StepLevels:
-    """The levels :func:`simulate` sees at each node's forward and backward, nothing recomputed
-    (what :func:`autoremat.cost.chain.chain_from_graph` turns into the chain's terms)."""
+def step_levels(graph: Graph, plan: Plan | None = None) -> StepLevels:
+    """The levels :func:`simulate` sees at each node's forward, replay and backward under
+    ``plan`` (default: nothing recomputed; what :func:`autoremat.cost.chain.chain_from_graph`
+    turns into the chain's terms, and :mod:`autoremat.cost.block_chain` into its blocks')."""
     levels: dict[str, dict[int, int]] = {phase: {} for phase in (*PEAK_PLACES, "after bwd", "pgrad after bwd")}
-    sim = _run(graph, no_recompute_plan(graph), StepState(graph, record=False, levels=levels), None)
+    plan = no_recompute_plan(graph) if plan is None else plan
+    sim = _run(graph, plan, StepState(graph, record=False, levels=levels), None)
     n = len(graph)
     return StepLevels(fwd_touch=[levels["fwd"].get(v) for v in range(n)],
                       bwd_touch=[levels["bwd"].get(v) for v in range(n)], bwd_after=[levels["after bwd"][v] for v in range(n)],
                       pgrad_after=[levels["pgrad after bwd"][v] for v in range(n)],
                       loss_fwd_touch=levels["loss fwd"][-1], loss_bwd_touch=levels["loss bwd"][-1],
-                      peak=sim.peak_bytes)
+                      peak=sim.peak_bytes, recompute_touch=[levels["recompute"].get(v) for v in range(n)],
+                      extra_time_s=sim.extra_time_s)
