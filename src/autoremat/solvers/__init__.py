@@ -15,6 +15,8 @@ simulated step peak is within the budget, and raises
 ``vdnn``
 ``combined``           :mod:`.combined` (recomputation plus offloading)
 ``milp``               :mod:`.milp` (the exact program over the same plan space, HiGHS)
+``blocks``             :mod:`.blocks` (repeated blocks solved once, chained by dynamic programming;
+                       rotor / Rockmate's structure in canonical plans)
 =====================  ===========================================================================
 
 Evaluation-only planners (brute force, TWRemat) are :mod:`.evaluation`; the cost models the
@@ -41,6 +43,7 @@ from ..plan import Plan, module_calls_of, validate_plan
 from ..replay_tail import replay_tails
 from ..cost import simulate, unoptimised_peak_bytes
 from ._config import SolverConfig, check_budget, option_names
+from .blocks import BlocksConfig, solve_blocks
 from .chen import ChenConfig, solve_chen
 from .combined import CombinedConfig, offload_allowed, solve_combined
 from .kusumoto import DPApproxConfig, DPExactConfig, solve_dp_approx, solve_dp_exact
@@ -72,6 +75,7 @@ SOLVER_FUNCTIONS: dict[str, SolverFn] = {
     "offload-dp": solve_offload_dp,
     "vdnn": solve_vdnn,
     "milp": solve_milp,
+    "blocks": solve_blocks,
 }
 """The bare solvers: name -> ``solve(graph, budget_bytes, *, config=None) -> Plan`` (segments and
 the solver's own options; :data:`SOLVERS` adds the finalisation)."""
@@ -110,6 +114,7 @@ CONFIGS: dict[str, type[SolverConfig]] = {
     "offload-dp": OffloadDPConfig,
     "vdnn": VdnnConfig,
     "milp": MilpConfig,
+    "blocks": BlocksConfig,
 }
 """Solver name -> its typed options (``config``); an option it does not list is a ``ValueError``."""
 
