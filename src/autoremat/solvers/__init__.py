@@ -56,7 +56,8 @@ from .beaumont import (OffloadDPConfig, OffloadGreedyConfig, VdnnConfig, solve_o
 from .reforward import ReforwardConfig, solve_reforward
 from .xla_greedy import XlaGreedyConfig, solve_xla_greedy
 
-__all__ = ["SOLVERS", "SOLVER_FUNCTIONS", "RegisteredSolver", "CONFIGS", "OFFLOAD_ONLY", "AUTO_ORDER", "SolverFn",
+__all__ = ["SOLVERS", "SOLVER_FUNCTIONS", "RegisteredSolver", "CONFIGS", "OFFLOAD_ONLY", "AUTO_ORDER",
+           "AUTO_BLOCKS_ENOUGH_NODES", "SolverFn",
            "SolverConfig", "solve", "finalize_plan", "bare_solver", "min_budget", "check_solver"]
 
 logger = logging.getLogger(__name__)
@@ -118,7 +119,13 @@ CONFIGS: dict[str, type[SolverConfig]] = {
 }
 """Solver name -> its typed options (``config``); an option it does not list is a ``ValueError``."""
 
-AUTO_ORDER = ("none", "chen", "dp-approx", "combined")
+AUTO_ORDER = ("none", "blocks", "chen", "dp-approx", "combined")
+
+AUTO_BLOCKS_ENOUGH_NODES = 400
+"""``"auto"`` stops after ``"blocks"`` when it found a plan on a graph of at least this many nodes:
+on deep models the chain program is exact over per-block options in well under a second, where
+the node-by-node solvers after it take seconds to minutes (a 64-layer GPT at op level: dp-approx
+~16 s, issue 24)."""
 
 OFFLOAD_ONLY = ("offload-greedy", "offload-dp", "vdnn")
 """Registered solvers that only offload (no recomputation)."""
@@ -176,7 +183,9 @@ def solve(graph: Graph, budget: Any, *, solver: str = "auto", auto_solvers: Sequ
 
     ``budget``: see :func:`autoremat.budget.parse_budget`. ``solver``: a key of
     :data:`SOLVERS`, or ``"auto"`` (no recomputation when it fits, else the best plan of the
-    registered solvers that fits; ``auto_solvers`` narrows the solvers ``"auto"`` tries).
+    solvers of :data:`AUTO_ORDER` that fits, stopping after ``"blocks"`` on a large graph where it
+    found one, see :data:`AUTO_BLOCKS_ENOUGH_NODES`; ``auto_solvers`` narrows the solvers
+    ``"auto"`` tries).
     Extra keyword options go to the solver as its ``config`` (see :data:`CONFIGS`; an unknown
     option is a ``ValueError`` naming the accepted ones). Under ``"auto"`` each solver tried gets
     the options it accepts, and an option that none of them accepts is a ``ValueError``.
@@ -210,6 +219,10 @@ def solve(graph: Graph, budget: Any, *, solver: str = "auto", auto_solvers: Sequ
         if best is None or (plan.predicted_extra_time_s or 0.0) < (best.predicted_extra_time_s or 0.0):
             best = plan
         if name == "none":
+            break
+        if name == "blocks" and len(graph) >= AUTO_BLOCKS_ENOUGH_NODES:
+            logger.info("solver='auto': %d nodes and a plan of the blocks solver; not trying the node-by-node "
+                        "solvers (AUTO_BLOCKS_ENOUGH_NODES)", len(graph))
             break
     if best is None:
         raise InfeasibleBudgetError(budget_bytes, least_min, solver="auto")
