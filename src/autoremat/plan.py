@@ -229,7 +229,7 @@ def segments_from_lower_sets(
         saves = any(graph.node(v)["saved_bytes"] > 0 for v in part)
         ok = all(graph.node(v)["recomputable"] for v in part)
         if graph.meta.get("mode") == "module":
-            ok = ok and (len(part) == 1 or graph.region_of(part) is not None)
+            ok = (ok and len(part) == 1) or graph.region_of(part) is not None
         segs.append(Segment(part, recompute=bool(saves and ok and (recompute_last or not last))))
     return segs
 
