@@ -12,7 +12,8 @@
   split with all parts recomputed, each region keeping the op outputs that a 0/1 knapsack
   (:func:`autoremat.solvers.selective_saves.choose_saves`) picks within a fraction of the
   region's bytes, for each fraction of ``keep_fractions``: the ops that save the most replay
-  time per byte kept (matmuls, attention) before the cheap ones.
+  time per byte kept (matmuls, attention) before the cheap ones; never an op whose output is
+  written in place later (:func:`written_in_place`).
 
 Options with the same segments are listed once.
 """
@@ -25,7 +26,7 @@ from ...graph import Graph
 from ...plan import Segment
 from ..selective_saves import choose_saves
 
-__all__ = ["block_options", "block_parts"]
+__all__ = ["block_options", "block_parts", "written_in_place"]
 
 
 def block_parts(graph: Graph, path: str, nodes: Sequence[int]) -> list[tuple[int, ...]]:
@@ -65,11 +66,25 @@ def _stop(graph: Graph, nodes: Sequence[int]) -> int:
     return max(holders) if holders else -1
 
 
+def written_in_place(graph: Graph) -> set[int]:
+    """Storage roots an in-place op writes (its ATen name ends with ``_``, ``aten.bernoulli_.float``):
+    an output kept by selective checkpointing must not be one (PyTorch refuses a mutated cached
+    tensor, and the replay would hand on the written value)."""
+    out = set()
+    for v in graph.nodes:
+        d = graph.node(v)
+        parts = str(d["target"]).split(".")
+        if d["alias_of"] is not None and len(parts) >= 3 and parts[0] == "aten" and parts[1].endswith("_"):
+            out.add(graph.root(v))
+    return out
+
+
 def _kept(graph: Graph, region: Sequence[int], fraction: float, times: Mapping[int, float]) -> tuple[int, ...]:
     """The ops of ``region`` a knapsack keeps within ``fraction`` of its items' bytes."""
     stop = _stop(graph, region)
+    written = written_in_place(graph)
     items = [v for v in region if v <= stop and graph.node(v)["op_index"] >= 0 and graph.node(v)["alias_of"] is None
-             and graph.node(v)["alloc_bytes"] > 0 and times[v] > 0]
+             and graph.node(v)["alloc_bytes"] > 0 and times[v] > 0 and v not in written]
     total = sum(graph.node(v)["alloc_bytes"] for v in items)
     if not items or total <= 0:
         return ()
