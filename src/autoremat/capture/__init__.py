@@ -82,7 +82,7 @@ def capture(
     mode: str = "auto",
     repeats: int = 3,
     warmup: int = 1,
-    blocks: str = "module",
+    blocks: str = "auto",
 ) -> Graph:
     """Profile one training step of ``model`` on the example batch and return its graph.
 
@@ -90,7 +90,7 @@ def capture(
     (:func:`autoremat.measure.default_loss`) sums the means of every floating-point output.
     ``blocks`` (module level): ``"module"`` makes each repeated block one node, ``"ops"``
     captures the blocks op by op so that plans can recompute parts of a layer and keep op
-    outputs inside it (:mod:`autoremat.capture.blocks`).
+    outputs inside it (:mod:`autoremat.capture.blocks`); ``"auto"`` (the default) is ``"ops"``.
     For a step that may not fit the device, see :func:`autoremat.capture.scaled.capture_within`.
     """
     return _capture(model, args, kwargs, loss_fn=loss_fn, mode=mode, repeats=repeats, warmup=warmup, blocks=blocks)
@@ -106,7 +106,7 @@ def _capture(
     repeats: int,
     warmup: int,
     flop_times: bool = True,
-    blocks: str = "module",
+    blocks: str = "auto",
 ) -> Graph:
     """:func:`capture`; ``flop_times=False`` skips counting FLOPs on the meta device (times 0),
     for a caller that takes times from elsewhere (:mod:`autoremat.capture.scaled`)."""
@@ -117,6 +117,7 @@ def _capture(
     if blocks not in BLOCK_MODES:
         raise ValueError(f"blocks={blocks!r} is not accepted; expected one of {BLOCK_MODES} ('ops': repeated "
                          "blocks captured op by op at module level)")
+    blocks = "ops" if blocks == "auto" else blocks
     loss = loss_fn or default_loss
     device = device_of(model, args, kwargs)
     is_meta = device.type == "meta"

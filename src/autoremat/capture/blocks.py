@@ -42,8 +42,8 @@ from torch.utils.checkpoint import SAC_IGNORED_OPS
 
 __all__ = ["BLOCK_MODES", "BlockScopes", "block_paths", "OpTimer", "share_times"]
 
-BLOCK_MODES = ("module", "ops")
-"""``capture(..., blocks=)``: repeated blocks as one node each, or op by op."""
+BLOCK_MODES = ("auto", "module", "ops")
+"""``capture(..., blocks=)``: repeated blocks as one node each, or op by op (``"auto"``: op by op)."""
 
 _PSEUDO = 1 << 40
 """Ids of block calls in the mutation log (above any node id)."""
