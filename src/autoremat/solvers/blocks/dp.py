@@ -4,9 +4,12 @@ Problem (the model of :mod:`autoremat.cost.block_chain`): choose ``o_j`` for eac
 minimise ``sum t_j(o_j)`` subject to ``H_j + max(F_j(o_j), B_j(o_j), G_j) <= M`` for every ``j``
 and ``H_L + G_L <= M``, where ``H_j = sum(h_i(o_i), i < j)``: a multiple-choice knapsack whose
 capacity constraints bind on every prefix. Dynamic programming over the blocks in order with
-the prefix sum ``H`` as the state, quantised to ``unit`` bytes with every ``h`` rounded *up*
-(so a predicted ``H`` is never below the true one: the program never accepts a choice the
-model puts over the budget). Exact for the model up to that rounding.
+the prefix sum ``H`` as the state, quantised to ``unit`` bytes (every ``h`` rounded up); each
+state carries the exact ``H`` of the path it holds, and the budget is checked against that exact
+value, so the program never accepts a choice the model puts over the budget, and a budget equal
+to a choice's model peak (e.g. per-layer checkpointing's) is not refused by rounding. Paths that
+meet in one state are merged (least time, then least exact ``H``): exact for the model when a
+state is one byte, a heuristic merge otherwise.
 
 Time O(L · K · S) for ``L`` blocks of at most ``K`` options and ``S`` states (the configured
 number of units, 4096 by default; numpy over the states), space O(L · S) for the choices.
@@ -49,30 +52,37 @@ class _States:
         return (self.base + np.arange(self.size)) * self.unit
 
 
+def _step(best: np.ndarray, exact: np.ndarray, src: np.ndarray, d: int, cand: np.ndarray, add: int,
+          new: np.ndarray, new_exact: np.ndarray) -> np.ndarray:
+    """Move the paths at states ``src`` by ``d`` states (``add`` exact bytes) with keys ``cand``
+    into ``new`` where they are better (lower key, then lower exact ``H``); the states improved.
+    ``src`` holds distinct states, so the moved states are distinct too."""
+    dst = src + d
+    inside = (dst >= 0) & (dst < len(new))
+    src, dst, cand = src[inside], dst[inside], cand[inside]
+    h = exact[src] + add
+    better = (cand < new[dst]) | ((cand == new[dst]) & (h < new_exact[dst]))
+    new[dst[better]] = cand[better]
+    new_exact[dst[better]] = h[better]
+    return dst[better]
+
+
 def solve_chain(profile: ChainProfile, budget_bytes: int, *, units: int = 4096) -> ChainSolution | None:
     """The least-time choice within ``budget_bytes`` under the model, or ``None``."""
     st = _States(profile, units)
-    held = st.held_bytes()
     best = np.full(st.size, np.inf)
+    exact = np.zeros(st.size, dtype=np.int64)
     best[st.start] = 0.0
     choices = np.full((len(profile.held), st.size), -1, dtype=np.int32)
     for j in range(len(profile.held)):
-        new = np.full(st.size, np.inf)
+        new, new_exact = np.full(st.size, np.inf), np.zeros(st.size, dtype=np.int64)
         for o, d in enumerate(st.h[j]):
             need = max(profile.fwd_peak[j][o], profile.bwd_peak[j][o], profile.gap_peak[j])
-            ok = (held + need <= budget_bytes) & np.isfinite(best)
-            src = np.nonzero(ok)[0]
-            if not len(src):
-                continue
-            dst = src + d
-            keep = (dst >= 0) & (dst < st.size)
-            src, dst = src[keep], dst[keep]
-            cand = best[src] + profile.time_s[j][o]
-            better = cand < new[dst]
-            new[dst[better]] = cand[better]
-            choices[j, dst[better]] = o
-        best = new
-    final = np.where(held + profile.gap_peak[-1] <= budget_bytes, best, np.inf)
+            src = np.nonzero((exact + need <= budget_bytes) & np.isfinite(best))[0]
+            moved = _step(best, exact, src, d, best[src] + profile.time_s[j][o], profile.held[j][o], new, new_exact)
+            choices[j, moved] = o
+        best, exact = new, new_exact
+    final = np.where(exact + profile.gap_peak[-1] <= budget_bytes, best, np.inf)
     s = int(np.argmin(final))
     if not np.isfinite(final[s]):
         return None
@@ -85,20 +95,17 @@ def solve_chain(profile: ChainProfile, budget_bytes: int, *, units: int = 4096) 
 
 
 def least_peak(profile: ChainProfile, *, units: int = 4096) -> int:
-    """The smallest model peak any choice reaches (with the same rounding as :func:`solve_chain`)."""
+    """The smallest model peak any choice reaches (states and merging as in :func:`solve_chain`,
+    with the peak so far as the key)."""
     st = _States(profile, units)
-    held = st.held_bytes()
     best = np.full(st.size, np.inf)
+    exact = np.zeros(st.size, dtype=np.int64)
     best[st.start] = 0.0
     for j in range(len(profile.held)):
-        new = np.full(st.size, np.inf)
+        new, new_exact = np.full(st.size, np.inf), np.zeros(st.size, dtype=np.int64)
         for o, d in enumerate(st.h[j]):
             need = max(profile.fwd_peak[j][o], profile.bwd_peak[j][o], profile.gap_peak[j])
             src = np.nonzero(np.isfinite(best))[0]
-            dst = src + d
-            keep = (dst >= 0) & (dst < st.size)
-            src, dst = src[keep], dst[keep]
-            cand = np.maximum(best[src], held[src] + need)
-            np.minimum.at(new, dst, cand)
-        best = new
-    return int(np.min(np.maximum(best, held + profile.gap_peak[-1])))
+            _step(best, exact, src, d, np.maximum(best[src], exact[src] + need), profile.held[j][o], new, new_exact)
+        best, exact = new, new_exact
+    return int(np.min(np.maximum(best, exact + profile.gap_peak[-1])))
