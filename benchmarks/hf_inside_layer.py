@@ -2,6 +2,7 @@
 
     python benchmarks/hf_inside_layer.py                           # every model, 5 rounds
     python benchmarks/hf_inside_layer.py --models llama --rounds 3 --out /tmp/hf_inside_layer
+    python benchmarks/hf_inside_layer.py --device cuda --out benchmarks/results/<gpu>/hf_inside_layer
 
 Each model is captured at module level with its layers op by op (``blocks="ops"``), so that plans
 can recompute parts of a layer and keep op outputs inside it (selective saves). Two parts:
@@ -169,8 +170,30 @@ def _grads(model: torch.nn.Module, args: tuple, kwargs: dict, loss_fn: Callable)
     return g
 
 
-def run_model(name: str, rounds: int, log: Callable[[str], None]) -> dict[str, Any]:
+def _to(x: Any, device: torch.device) -> Any:
+    if isinstance(x, torch.Tensor):
+        return x.to(device)
+    if isinstance(x, (tuple, list)):
+        return type(x)(_to(v, device) for v in x)
+    if isinstance(x, dict):
+        return {k: _to(v, device) for k, v in x.items()}
+    return x
+
+
+def _timed_step(model: torch.nn.Module, args: tuple, kwargs: dict, loss_fn: Callable, device: torch.device) -> float:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+    t = time.perf_counter()
+    run_step(model, args, kwargs, loss_fn)
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+    return time.perf_counter() - t
+
+
+def run_model(name: str, rounds: int, log: Callable[[str], None], device: str = "cpu") -> dict[str, Any]:
+    dev = torch.device(device)
     base, args, kwargs, loss_fn = models()[name]()
+    base, args, kwargs = base.to(dev), _to(args, dev), _to(kwargs, dev)
     t0 = time.perf_counter()
     graph = autoremat.capture(base, args, kwargs, loss_fn=loss_fn, blocks="ops")
     capture_s = time.perf_counter() - t0
@@ -213,9 +236,7 @@ def run_model(name: str, rounds: int, log: Callable[[str], None]) -> dict[str, A
     for _ in range(rounds):
         for c in configs.values():
             c["model"].zero_grad(set_to_none=True)
-            t = time.perf_counter()
-            run_step(c["model"], args, kwargs, loss_fn)
-            c["times"].append(time.perf_counter() - t)
+            c["times"].append(_timed_step(c["model"], args, kwargs, loss_fn, dev))
     rows = {label: {k: v for k, v in c.items() if k not in ("model", "times")} | {
         "step_time_s": statistics.median(c["times"])} for label, c in configs.items()}
     an.pop("plan")
@@ -297,13 +318,17 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--models", default=",".join(models()))
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--out", type=Path, default=DEFAULT_OUT)
+    ap.add_argument("--device", default="cpu", help="cpu, or cuda (peaks from the caching allocator)")
     a = ap.parse_args(argv)
-    torch.set_num_threads(1)
-    machine = f"{platform.machine()}, {os.cpu_count()} cores, CPU only, shared/loaded"
+    if a.device == "cpu":
+        torch.set_num_threads(1)
+        machine = f"{platform.machine()}, {os.cpu_count()} cores, CPU only, shared/loaded"
+    else:
+        machine = torch.cuda.get_device_name(torch.device(a.device))
     results = []
     a.out.mkdir(parents=True, exist_ok=True)
     for name in a.models.split(","):
-        results.append(run_model(name, a.rounds, lambda s: print(s, flush=True)))
+        results.append(run_model(name, a.rounds, lambda s: print(s, flush=True), a.device))
         plot(results[-1], a.out / f"hf_inside_layer_{name}.png")
         (a.out / "hf_inside_layer.json").write_text(json.dumps({"machine": machine, "results": results}, indent=1,
                                                                default=str))
