@@ -26,7 +26,8 @@ at HF's time, the least peak at all (``min_budget`` of the ``blocks`` solver).
 A plan that equals an earlier one is measured once (its row names both labels).
 
 Step peak: the live-storage counter (:func:`autoremat.measure.measure`, two steps after one
-warm-up step: a recomputed region's first step replays to its end); step time: medians.
+warm-up step: a recomputed region's first step replays to its end); step time: medians over the
+rounds, each round starting one configuration later than the one before.
 Gradients are compared with ``none`` (``torch.equal``). Writes ``hf_inside_layer.json``,
 ``hf_inside_layer.md`` and ``hf_inside_layer_<model>.png`` to ``--out``.
 """
@@ -233,8 +234,9 @@ def run_model(name: str, rounds: int, log: Callable[[str], None], device: str = 
         c["peak_bytes"] = measure(c["model"], args, kwargs, loss_fn=loss_fn, steps=2, warmup=1).peak_bytes
         c["grads_equal"] = gradients_equal(reference, _grads(c["model"], args, kwargs, loss_fn))
         c["times"] = []
-    for _ in range(rounds):
-        for c in configs.values():
+    order = list(configs.values())
+    for r in range(rounds):
+        for c in order[r % len(order):] + order[:r % len(order)]:  # each round starts one config later
             c["model"].zero_grad(set_to_none=True)
             c["times"].append(_timed_step(c["model"], args, kwargs, loss_fn, dev))
     rows = {label: {k: v for k, v in c.items() if k not in ("model", "times")} | {
