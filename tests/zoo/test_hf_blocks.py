@@ -76,7 +76,8 @@ def _check(name: str, batch: int = 4) -> None:
     plans = [autoremat.solve(graph, b, solver="blocks") for b in (least, (least + per_layer) // 2, per_layer)]
     inside = [_inside(graph, p, layers) for p in plans]
     assert any(kept for kept, _ in inside), (name, [p.options["choice"] for p in plans])
-    assert any(parts for _, parts in inside), (name, [p.options["choice"] for p in plans])
+    if name not in AT_THE_LOSS:  # splitting a layer lowers its replay, not the peak at the loss
+        assert any(parts for _, parts in inside), (name, [p.options["choice"] for p in plans])
     # at per-layer checkpointing's peak, less replay time than per-layer checkpointing
     assert plans[-1].predicted_extra_time_s < simulate(graph, per_layer_plan(graph)).extra_time_s
     for plan in plans:
