@@ -154,3 +154,45 @@ def test_in_place_write_pins_the_block_and_bad_values_are_refused():
 def test_share_times_splits_each_call_by_its_op_times():
     out = share_times({5: (0, 0), 6: (0, 1), 7: (1, 0)}, [{0: 1.0, 1: 3.0}, {0: 0.0}], [4.0, 2.0], [8.0, 6.0])
     assert out == {5: (1.0, 2.0), 6: (3.0, 6.0), 7: (2.0, 6.0)}
+
+
+class ConvNormAct(nn.Module):
+    """Wav2Vec2's feature-encoder layer: convolution, layer norm over channels (between two
+    transposes), GELU."""
+
+    def __init__(self, cin: int, cout: int, k: int, stride: int) -> None:
+        super().__init__()
+        self.conv, self.norm, self.act = nn.Conv1d(cin, cout, k, stride), nn.LayerNorm(cout), nn.GELU()
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.act(self.norm(self.conv(x).transpose(-2, -1)).transpose(-2, -1))
+
+
+class ConvNet(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.layers = nn.ModuleList([ConvNormAct(1, 64, 10, 5)] + [ConvNormAct(64, 64, 3, 2) for _ in range(3)])
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = x[:, None]
+        for layer in self.layers:
+            h = layer(h)
+        return h.mean()
+
+
+@pytest.mark.xfail(strict=True, reason="known misprediction (issue 24, not yet explained): keeping the GELU of a "
+                   "conv -> transpose -> layer norm -> transpose -> GELU block measures about one GELU output above "
+                   "the prediction, which keeping does not change; seen as -17 % on the benchmark's Wav2Vec2")
+def test_keeping_the_gelu_after_a_transposed_layer_norm_is_predicted():
+    torch.manual_seed(0)
+    model, x = ConvNet(), torch.randn(2, 16000)
+    g = _capture(model, x)
+    block = g.call_regions()["layers.0"]
+    gelu = tuple(v for v in block if "gelu" in g.node(v)["target"])
+    plan = _plan(g, {"layers.0": gelu})
+    autoremat.apply(model, plan)
+    try:
+        peak = measure(model, (x,), steps=2, warmup=1).peak_bytes
+    finally:
+        autoremat.restore(model)
+    assert plan.predicted_peak_bytes == pytest.approx(peak, rel=0.02)
