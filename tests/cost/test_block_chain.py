@@ -35,14 +35,18 @@ def _random_choices(seed: int, shared_saved: bool):
 def test_model_is_the_simulator_up_to_the_slack(seed: int) -> None:
     """Never below the simulator; above it by at most the chosen options' slack (holdings that
     change between a block's forward and backward); equal where the slack is 0."""
-    exact = 0
     for _g, _chain, profile, choice, sim in _random_choices(seed, shared_saved=True):
         slack = chain_slack(profile, choice)
         assert sim.peak_bytes <= chain_peak(profile, choice) <= sim.peak_bytes + slack, choice
         if slack == 0:
             assert chain_peak(profile, choice) == sim.peak_bytes, choice
-            exact += 1
-    assert exact or seed % 2  # most seeds have choices without slack
+
+
+def test_most_seeds_have_choices_without_slack() -> None:
+    """The equality above is exercised: most seeded chains have choices whose slack is 0."""
+    seeds = [any(chain_slack(p, c) == 0 for _g, _ch, p, c, _s in _random_choices(seed, shared_saved=True))
+             for seed in range(12)]
+    assert sum(seeds) >= 8, seeds
 
 
 @pytest.mark.parametrize("seed", range(12))

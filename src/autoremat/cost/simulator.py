@@ -19,7 +19,9 @@ and who holds it:
   replay reaches them; the replay hands the stored output on instead of running the node (no
   time, no new storage, no workspace), and what the node saves is held as for any replayed
   node; a kept node the replay never reaches (after its early stop) is held until the
-  segment's backward is over;
+  segment's backward is over, and so is a kept node at the early stop that saves only its
+  inputs (:func:`stops_before_running`: the replay stops when it packs them, before the node
+  runs and takes its stored output);
 * backward runs in reverse execution order (the autograd engine's order for one graph task);
   each node allocates gradients for its inputs (none when it passes its gradient through,
   like ``add``), out-of-place accumulation when a buffer is shared, parameter gradients on
@@ -54,7 +56,7 @@ from .ledger import PEAK_PLACES, StepState
 from .offload_link import Link, Offload
 
 __all__ = ["Simulation", "simulate", "no_recompute_plan", "unoptimised_peak_bytes",
-           "DEFAULT_BANDWIDTH_BYTES_PER_S", "StepLevels", "step_levels"]
+           "DEFAULT_BANDWIDTH_BYTES_PER_S", "StepLevels", "step_levels", "stops_before_running"]
 
 DEFAULT_BANDWIDTH_BYTES_PER_S = 12e9
 """Default host<->device bandwidth for offload (pinned copies over PCIe 4 x16 reach about this);
@@ -90,6 +92,16 @@ def no_recompute_plan(graph: Graph) -> Plan:
 def unoptimised_peak_bytes(graph: Graph) -> int:
     """Predicted step peak with no recomputation."""
     return simulate(graph, no_recompute_plan(graph), check=False).peak_bytes
+
+
+def stops_before_running(graph: Graph, v: int) -> bool:
+    """Whether a replay whose early stop is node ``v`` stops before ``v`` runs: autograd packs an
+    op's saved inputs before the op runs and its saved outputs after, and the replay stops at the
+    last pack, so a node that saves none of its own outputs never runs (a GELU that saves its
+    input). Selective checkpointing then never hands on ``v``'s stored output: it stays cached
+    until the segment's backward is over."""
+    d = graph.node(v)
+    return v not in d["saves"] and not d["extra_saved_bytes"]
 
 
 def _okey(g: Graph, v: int) -> Hashable:
@@ -284,7 +296,8 @@ def _recompute(s: StepState, g: Graph, nd: list[dict], seg: Segment, stop: int,
             if u in replay:  # also views of the segment's inputs (original storage)
                 s.decref(_rkey(g, rroot, u), ("rf", v, u))
         if v in kept:
-            s.decref(key, ("keep", v))
+            if v != stop or not stops_before_running(g, v):  # else held to the segment's end
+                s.decref(key, ("keep", v))
         elif v in rroot:
             s.maybe_free(key)
         s.mark("recompute", v)

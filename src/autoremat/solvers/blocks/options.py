@@ -13,7 +13,9 @@
   (:func:`autoremat.solvers.selective_saves.choose_saves`) picks within a fraction of the
   region's bytes, for each fraction of ``keep_fractions``: the ops that save the most replay
   time per byte kept (matmuls, attention) before the cheap ones; never an op whose output is
-  written in place later (:func:`written_in_place`).
+  written in place later (:func:`written_in_place`), nor the replay's stop node where the replay
+  stops before it runs (:func:`autoremat.cost.simulator.stops_before_running`: keeping it saves
+  no time and its stored output stays cached to the end of the segment's backward).
 
 Options with the same segments are listed once.
 """
@@ -22,6 +24,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 
+from ...cost.simulator import stops_before_running
 from ...graph import Graph
 from ...plan import Segment
 from ..selective_saves import choose_saves
@@ -83,7 +86,8 @@ def _kept(graph: Graph, region: Sequence[int], fraction: float, times: Mapping[i
     """The ops of ``region`` a knapsack keeps within ``fraction`` of its items' bytes."""
     stop = _stop(graph, region)
     written = written_in_place(graph)
-    items = [v for v in region if v <= stop and graph.node(v)["op_index"] >= 0 and graph.node(v)["alias_of"] is None
+    last = stop - 1 if stops_before_running(graph, stop) else stop  # the replay never runs its stop node
+    items = [v for v in region if v <= last and graph.node(v)["op_index"] >= 0 and graph.node(v)["alias_of"] is None
              and graph.node(v)["alloc_bytes"] > 0 and times[v] > 0 and v not in written]
     total = sum(graph.node(v)["alloc_bytes"] for v in items)
     if not items or total <= 0:
