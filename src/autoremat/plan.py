@@ -351,8 +351,11 @@ def module_calls_of(graph: Graph, plan: Plan) -> ModuleCalls:
 
 
 def offloadable_nodes(graph: Graph, plan: Plan) -> set[int]:
-    """Storage roots saved for backward by some node outside the plan's recomputed segments."""
+    """Storage roots saved for backward by some node outside the plan's recomputed segments. At
+    module level not the ops of a block captured op by op: the runtime offloads the outputs of
+    module calls."""
     recomputed = plan.recomputed_nodes
+    module = graph.meta.get("mode") == "module"
     out: set[int] = set()
     for w in graph.nodes:
         d = graph.node(w)
@@ -360,6 +363,6 @@ def offloadable_nodes(graph: Graph, plan: Plan) -> set[int]:
             continue
         for u in d["saves"]:
             r = graph.root(u)
-            if graph.node(r)["alloc_bytes"] > 0:
+            if graph.node(r)["alloc_bytes"] > 0 and not (module and graph.node(r)["op_index"] >= 0):
                 out.add(r)
     return out
