@@ -18,6 +18,8 @@ Every generator is deterministic in its arguments. Import it as ``from _graphs i
     or not recomputable (Re-forwarding's assumptions broken on purpose);
   - :func:`plain_dag` (``rng, n``) and :func:`random_chain_dag` (``rng``): graphs through
     :meth:`Graph.from_edges` (each node saves its output), with and without a chain backbone;
+  - :func:`block_chain` (``rng, blocks``): repeated blocks captured op by op (scopes, call
+    regions, op indices), the shape the chain-of-blocks model and the ``blocks`` solver work on;
   - :func:`random_from_edges` (``seed``): a chain with short skips, sizes and times from a few
     values; :func:`random_edges` (``n, p, rng``): an Erdős-Rényi DAG in execution order;
 
@@ -37,7 +39,8 @@ from autoremat.graph import Graph
 
 __all__ = ["diamond", "skip_connection", "module_chain", "module_graph", "skip_chain", "random_dag",
            "random_dag_with_views", "random_profiled", "random_profiled_graphs", "rich_dag", "plain_dag",
-           "random_chain_dag", "random_from_edges", "random_edges", "FAMILIES", "random_network", "random_networks"]
+           "random_chain_dag", "random_from_edges", "random_edges", "FAMILIES", "random_network", "random_networks",
+           "block_chain"]
 
 
 # ---------------------------------------------------------------------------------- hand-sized
@@ -372,3 +375,84 @@ def random_networks(count: int, *, seed: int = 0, lo: int = 30, hi: int = 300) -
     rng = random.Random(seed)
     return [random_network(FAMILIES[i % len(FAMILIES)], seed * 10_000 + i, rng.randint(lo, hi))
             for i in range(count)]
+# ---------------------------------------------------------------------------------- block chains
+def block_chain(rng: random.Random, blocks: int, *, width: int = 6, mode: str = "module", classes: int = 1,
+                shared_saved: bool = False) -> Graph:
+    """A chain of ``blocks`` repeated blocks as a capture with ``blocks="ops"`` records it: a
+    prefix node (an embedding, read by every block like a position table), then blocks
+    ``layers.0..`` of ``width`` op nodes each (a random template per class, blocks cycling
+    through ``classes``), then a head that is the output. Inside a block: two parts
+    ``layers.j.a`` / ``layers.j.b`` (sub-module calls), a residual add between them that belongs
+    to the block only, views, ops saving their input, their output, both or nothing, saved
+    extras, workspace, a parameter per part. Node scopes and op indices are set as capture sets
+    them (``meta["call_op_start"]``), so every block and part is a call region. With
+    ``shared_saved`` every op reading the prefix saves it (as RoPE's multiplications save the
+    position table), so no block's plan changes how long the prefix lives."""
+    templates = [_block_template(random.Random(rng.random()), width, shared_saved) for _ in range(classes)]
+    g = nx.DiGraph()
+    g.add_node(0, name="embed", kind="embedding", module_path="embed", out_bytes=64, alloc_bytes=64,
+               time_s=1.0, bwd_time_s=1.0, scope=("embed",), params=("embed.weight",), param_grad_bytes=32)
+    prev, starts = 0, {}
+    for j in range(blocks):
+        prev = _add_block(g, templates[j % classes], j, prev, starts, mode)
+    head = len(g)
+    g.add_node(head, name="head", kind="linear", module_path="head", out_bytes=48, alloc_bytes=48, saves=(prev,),
+               time_s=2.0, bwd_time_s=4.0, scope=("head",), params=("head.weight",), param_grad_bytes=40,
+               is_output=True)
+    g.add_edge(prev, head)
+    params = {"embed.weight": 32, "head.weight": 40}
+    for v in g.nodes:
+        for p in g.nodes[v].get("params", ()):
+            params.setdefault(p, g.nodes[v]["param_grad_bytes"])
+    return Graph(g, {"mode": mode, "loss_saves": [head], "param_bytes": params, "call_op_start": starts})
+
+
+def _block_template(rng: random.Random, width: int, shared_saved: bool) -> list[dict]:
+    """Op records of one block, offsets relative to the block's first node; ``-1`` is the
+    block's input, ``-2`` the prefix."""
+    half = width // 2
+    ops: list[dict] = []
+    for i in range(width):
+        part = "a" if i < half else "b"
+        preds = [i - 1] if i else [-1]
+        if i == half:
+            preds = [-1, i - 1]  # the residual add of the block
+        elif i and rng.random() < 0.3:
+            preds.append(-2)
+        view = i not in (0, half) and rng.random() < 0.2
+        save = rng.choice(["in", "out", "both", "none"]) if i != half else "none"
+        if shared_saved and -2 in preds:
+            save = "shared" if save in ("none", "out") else "both+shared"
+        ops.append({"part": None if i == half else part, "preds": preds, "view": view, "save": save,
+                    "bytes": rng.choice([16, 32, 64, 96]), "extra": rng.choice([0, 0, 8]),
+                    "fwd_temp": rng.choice([0, 0, 16]), "bwd_temp": rng.choice([0, 8]),
+                    "time": float(rng.randint(1, 5)), "passthrough": i == half})
+    return ops
+
+
+def _add_block(g: nx.DiGraph, ops: list[dict], j: int, prev: int, starts: dict[str, int], mode: str) -> int:
+    first = len(g)
+    path = f"layers.{j}"
+    starts[path] = 0
+    for i, op in enumerate(ops):
+        v = first + i
+        ref = {-1: prev, -2: 0}
+        preds = [ref.get(u, first + u) for u in op["preds"]]
+        saves = {"in": preds[:1], "out": [v], "both": preds[:1] + [v], "none": [], "shared": [0],
+                 "both+shared": preds[:1] + [v, 0]}[op["save"]]
+        view = op["view"] and g.nodes[preds[0]].get("alias_of") is None and preds[0] >= first
+        part = None if op["part"] is None else f"{path}.{op['part']}"
+        if part is not None and part not in starts:
+            starts[part] = i
+        g.add_node(v, name=f"{path}:op{i}", kind="op", target=f"aten.op{i}", module_path=part or path,
+                   out_bytes=op["bytes"], alloc_bytes=0 if view else op["bytes"], alias_of=preds[0] if view else None,
+                   saves=tuple(u for u in saves if u != v or not view), extra_saved_bytes=op["extra"],
+                   fwd_temp_bytes=op["fwd_temp"], bwd_temp_bytes=op["bwd_temp"], time_s=op["time"],
+                   bwd_time_s=2 * op["time"], grad_passthrough=op["passthrough"], recomputable=mode != "module",
+                   op_index=i if mode == "module" else -1,
+                   scope=(path,) if part is None else (path, part),
+                   params=() if i not in (0, len(ops) // 2 + 1) else (f"{part}.weight",),
+                   param_grad_bytes=0 if i not in (0, len(ops) // 2 + 1) else 24)
+        for u in preds:
+            g.add_edge(u, v)
+    return first + len(ops) - 1

@@ -11,6 +11,7 @@ from pathlib import Path
 from types import ModuleType
 
 import pytest
+import torch
 
 import autoremat
 
@@ -321,3 +322,46 @@ def test_solver_speed_reports_every_solver(monkeypatch: pytest.MonkeyPatch, caps
     assert "| dp-approx |" in out and "| chen |" in out and "60 nodes" in out
     with pytest.raises(SystemExit):
         speed.main(["--solvers", "magic"])
+
+
+def test_hf_inside_layer_runs_every_configuration(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """``benchmarks/hf_inside_layer.py`` on a tiny GPT-2 (one round): every configuration
+    measured with the unpatched gradients, HF checkpointing's simulated peak beside its measured
+    one, the target verdict and the report written."""
+    pytest.importorskip("transformers")
+    from autoremat.zoo import hf
+
+    monkeypatch.syspath_prepend(str(BENCH))
+    sys.modules.pop("hf_inside_layer", None)
+    bench = importlib.import_module("hf_inside_layer")
+
+    def tiny() -> tuple:
+        ids = torch.randint(0, 256, (4, 64), generator=torch.Generator().manual_seed(0))
+        return hf.gpt2(n_layer=3), (ids,), {"labels": ids}, lambda o: o.loss
+
+    monkeypatch.setattr(bench, "models", lambda: {"gpt2": tiny})
+    monkeypatch.setattr(bench, "plot", lambda result, path: path.write_text("plot"))
+    bench.main(["--models", "gpt2", "--rounds", "1", "--out", str(tmp_path)])
+    res = json.loads((tmp_path / "hf_inside_layer.json").read_text())["results"][0]
+    rows = res["rows"]
+    assert {"none", "hf-ckpt", "block-sac"} <= set(rows) and any(k.startswith("autoremat@") for k in rows)
+    assert all(r["grads_equal"] for r in rows.values())
+    hf_row = rows["hf-ckpt"]
+    assert abs(hf_row["predicted_peak_bytes"] - hf_row["peak_bytes"]) <= 0.1 * hf_row["peak_bytes"]
+    assert res["anatomy"]["layers"] == 3 and isinstance(res["targets"]["met"], bool)
+    assert "Where HF checkpointing's peak sits" in (tmp_path / "hf_inside_layer.md").read_text()
+
+
+def test_hf_inside_layer_targets_pick_the_best_plan_of_each_form(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.syspath_prepend(str(BENCH))
+    sys.modules.pop("hf_inside_layer", None)
+    bench = importlib.import_module("hf_inside_layer")
+    rows = {"hf-ckpt": {"peak_bytes": 100, "step_time_s": 1.0},
+            "autoremat@a": {"peak_bytes": 100, "step_time_s": 0.9},
+            "autoremat@b": {"peak_bytes": 79, "step_time_s": 1.0},
+            "autoremat@c": {"peak_bytes": 101, "step_time_s": 0.5}}
+    t = bench.targets(rows)
+    assert t["time_at_hf_peak"] == (0.9, "autoremat@a") and t["peak_at_hf_time"] == (0.79, "autoremat@b")
+    assert t["met"]
+    rows.pop("autoremat@b")
+    assert not bench.targets(rows)["met"]

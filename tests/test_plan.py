@@ -3,13 +3,15 @@
 from __future__ import annotations
 
 import json
+import random
 
 import pytest
-from _graphs import diamond, module_chain
+from _graphs import block_chain, diamond, module_chain
 
 from autoremat.errors import PlanFormatError, PlanMismatchError
 from autoremat.graph import Graph
-from autoremat.plan import PLAN_FORMAT_VERSION, Plan, Segment, check_segments, segments_from_lower_sets, validate_plan
+from autoremat.plan import (PLAN_FORMAT_VERSION, Plan, Segment, check_segments, module_calls_of, segments_from_lower_sets,
+                            validate_plan)
 
 
 class TestSegment:
@@ -283,3 +285,54 @@ class TestCheckSegments:
         with pytest.raises(PlanMismatchError, match="offload names node 5"):
             check_segments(Plan([Segment((0, 1))], offload=(5,)), 2)
         check_segments(Plan([Segment((0,)), Segment((1,))]), 2, is_lower_set=lambda s: s != {1})
+
+
+class TestKeepAndModuleCalls:
+    """Selective saves (``Segment.keep``) and module calls (``Plan.module_calls``)."""
+
+    def _graph(self):
+        return block_chain(random.Random(0), 2, width=6)
+
+    def test_call_regions_validate_and_round_trip(self, tmp_path):
+        g = self._graph()
+        block = g.call_regions()["layers.1"]
+        keep = block[:2]
+        segs = [Segment(tuple(range(block[0])), False), Segment(block, True, keep),
+                Segment(tuple(range(block[-1] + 1, len(g))), False)]
+        plan = Plan(segs, graph_fingerprint=g.fingerprint)
+        validate_plan(g, plan)
+        calls = module_calls_of(g, plan)
+        assert calls == {1: ("layers.1", tuple((g.node(v)["op_index"], g.node(v)["target"]) for v in keep))}
+        plan.module_calls = calls
+        back = Plan.from_json(plan.to_json())
+        assert back.segments == plan.segments and back.module_calls == calls
+        assert "2 op outputs kept" in plan.describe()
+
+    def test_keep_and_regions_are_checked(self):
+        g = self._graph()
+        block = g.call_regions()["layers.1"]
+        rest = tuple(range(block[-1] + 1, len(g)))
+        with pytest.raises(PlanFormatError, match="not recomputed"):
+            validate_plan(g, Plan([Segment(tuple(range(block[0])), False), Segment(block, False, block[:1]),
+                                   Segment(rest, False)]))
+        with pytest.raises(ValueError, match="runtime cannot wrap"):  # ops of a block, not one call
+            validate_plan(g, Plan([Segment(tuple(range(block[0] + 1)), True), Segment(block[1:], False),
+                                   Segment(rest, False)]))
+        plan = Plan([Segment(tuple(range(block[0])), False), Segment(block, True), Segment(rest, False)],
+                    module_calls={1: ("layers.0", ())})
+        with pytest.raises(PlanMismatchError, match="names 'layers.0'"):
+            validate_plan(g, plan)
+        with pytest.raises(PlanFormatError, match="module_calls"):
+            Plan.from_dict({**plan.to_dict(), "module_calls": {"7": {"path": "x", "keep_ops": [], "keep_names": []}}})
+        with pytest.raises(PlanFormatError, match="keep_names"):
+            Plan.from_dict({**plan.to_dict(), "module_calls": {"1": {"path": "x", "keep_ops": [1], "keep_names": []}}})
+        with pytest.raises(PlanFormatError, match="keep"):
+            doc = plan.to_dict()
+            doc["segments"][1]["keep"] = [999]
+            Plan.from_dict(doc)
+
+    def test_segments_from_lower_sets_recompute_call_regions(self):
+        g = self._graph()
+        block = g.call_regions()["layers.1"]
+        segs = segments_from_lower_sets(g, [range(block[0]), range(block[-1] + 1), range(len(g))])
+        assert segs[1].nodes == block and segs[1].recompute

@@ -82,8 +82,8 @@ def test_model_driven_through_the_lightning_callback(traceable: bool, solver: st
 
 
 def _patched(model: nn.Module, args: tuple, solver: str = "prefix", mode: str = "fx",
-             regions: str = "lean") -> nn.Module:
-    graph = autoremat.capture(model, args, mode=mode, repeats=1, warmup=0)
+             regions: str = "lean", blocks: str = "auto") -> nn.Module:
+    graph = autoremat.capture(model, args, mode=mode, repeats=1, warmup=0, blocks=blocks)
     return autoremat.apply(model, plan_for(graph, solver, None), regions=regions)
 
 
@@ -354,7 +354,7 @@ def test_a_submodule_forward_set_after_module_level_apply_is_kept_by_restore() -
 
     model = Blocks()
     x = _x(8, W)
-    _patched(model, (x,), "each", mode="module")
+    _patched(model, (x,), "each", mode="module", blocks="module")  # each block one node: its call wrapped
     blk = model.seq[0]
     inner = blk.forward
     assert isinstance(inner, ProbedCall)

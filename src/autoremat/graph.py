@@ -41,6 +41,12 @@ Node attributes (all plain numbers and strings, so solvers never need torch):
 ``recomputable``
     Whether the runtime can run this node inside a checkpoint region on its own
     (module-level capture: module calls are, glue ops are not).
+``scope``
+    The paths of the module calls the node runs inside, outermost first (the model itself left
+    out; a module called more than once in the step left out too). At module level, the ops
+    of a repeated block captured op by op (:mod:`autoremat.capture.module`) form one *call
+    region* per path: :meth:`Graph.call_regions`, what a module-level plan can recompute as one
+    region. At fx level the same paths name the blocks a chain solver groups.
 
 Graph-level attributes live in :attr:`Graph.meta`: ``mode`` (``"fx"``, ``"module"`` or
 ``"synthetic"``), ``fingerprint``, ``model``, ``device``, ``time_source``, ``param_bytes``
@@ -87,6 +93,8 @@ NODE_DEFAULTS: dict[str, Any] = {
     "grad_passthrough": False,
     "is_output": False,
     "recomputable": True,
+    "scope": (),
+    "op_index": -1,
 }
 
 
@@ -107,6 +115,7 @@ class Graph:
                 data.setdefault(key, default)
             data["saves"] = tuple(sorted(set(int(u) for u in data["saves"])))
             data["params"] = tuple(data["params"])
+            data["scope"] = tuple(str(p) for p in data["scope"])
             for u in data["saves"]:
                 if u > v:
                     raise ValueError(f"node {v} saves node {u}, which runs after it")
@@ -210,6 +219,7 @@ class Graph:
                     raise ValueError(f"node {v} is a view of node {a}, which does not run before it")
                 root[v] = root[a]
         self._root = root
+        self._regions: dict[str, tuple[int, ...]] | None = None
         for v in range(n):
             d = self.nx.nodes[v]
             d["saved_bytes"] = self._saved_bytes_of(v)
@@ -218,6 +228,30 @@ class Graph:
         d = self.nx.nodes[v]
         roots = {self._root[u] for u in d["saves"]}
         return int(sum(self.nx.nodes[r]["alloc_bytes"] for r in roots) + d["extra_saved_bytes"])
+
+    def call_regions(self) -> dict[str, tuple[int, ...]]:
+        """Module path -> the nodes that run inside that call (``scope``), in execution order:
+        at module level, the node sets a recomputed segment may be besides a single module call.
+        Calls named in ``meta["pinned_regions"]`` (an input written in place) are left out."""
+        if self._regions is None:
+            pinned = set(self.meta.get("pinned_regions", ()))
+            regions: dict[str, list[int]] = {}
+            for v in self.nodes:
+                for path in self.nx.nodes[v]["scope"]:
+                    regions.setdefault(path, []).append(v)
+            self._regions = {p: tuple(vs) for p, vs in regions.items() if p not in pinned}
+        return self._regions
+
+    def region_of(self, nodes: Iterable[int]) -> str | None:
+        """The path of the innermost call region whose nodes are exactly ``nodes`` (else ``None``)."""
+        vs = tuple(sorted(set(nodes)))
+        if not vs:
+            return None
+        regions = self.call_regions()
+        for path in reversed(self.nx.nodes[vs[0]]["scope"]):
+            if regions.get(path) == vs:
+                return path
+        return None
 
     # ------------------------------------------------------------------ totals
     def total(self, attr: str, nodes: Iterable[int] | None = None) -> float:
@@ -361,6 +395,7 @@ class Graph:
             d = {k: self.nx.nodes[v][k] for k in NODE_DEFAULTS}
             d["saves"] = list(d["saves"])
             d["params"] = list(d["params"])
+            d["scope"] = list(d["scope"])
             nodes.append(d)
         return {
             "format": "autoremat.graph",

@@ -6,6 +6,13 @@ A :class:`Plan` is the canonical strategy of an increasing sequence of lower set
 (``Vi ∩ ∂(Li)`` plus model outputs) are kept, everything it saves for backward is dropped
 and recomputed once when backward reaches it. A segment with ``recompute=False`` runs as
 usual. :func:`validate_plan` checks every invariant; every solver test calls it.
+
+A recomputed segment may *keep* some of its nodes' outputs (``Segment.keep``: selective saves,
+``torch.utils.checkpoint.create_selective_checkpoint_contexts``): a kept output is stored in
+forward and handed to the replay instead of being recomputed. At module level a recomputed
+segment is one module call: a single node, or every node of one call region of the graph
+(:meth:`~autoremat.graph.Graph.call_regions`: the ops of a block captured op by op); the plan
+names the call and the kept ops in ``module_calls`` (filled by :func:`autoremat.solve`).
 """
 
 from __future__ import annotations
@@ -22,7 +29,7 @@ from .graph import Graph
 from .plan_schema import check_plan_dict, load_plan_json
 
 __all__ = ["Segment", "Plan", "validate_plan", "check_segments", "PLAN_FORMAT_VERSION", "segments_from_lower_sets",
-           "offloadable_nodes", "GRAPH_FIELDS", "ReplayTails"]
+           "offloadable_nodes", "GRAPH_FIELDS", "ReplayTails", "ModuleCalls", "module_calls_of"]
 
 PLAN_FORMAT_VERSION = 2
 """The plan document this autoremat writes; it reads this one and format 1 (see
@@ -35,9 +42,13 @@ class Segment:
 
     nodes: tuple[int, ...]
     recompute: bool = True
+    keep: tuple[int, ...] = ()
+    """Nodes of a recomputed segment whose outputs are stored in forward and reused by the
+    replay instead of recomputed (selective saves; module-level graphs)."""
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "nodes", tuple(sorted(int(v) for v in self.nodes)))
+        object.__setattr__(self, "keep", tuple(sorted({int(v) for v in self.keep})))
         if type(self.recompute).__name__ in ("bool_", "bool"):  # numpy booleans too; never a string
             object.__setattr__(self, "recompute", bool(self.recompute))
 
@@ -49,6 +60,24 @@ GRAPH_FIELDS = ("graph_mode", "node_names", "replay_tails", "tensors", "inputs")
 """What :func:`autoremat.apply` reads besides the segments: typed fields of :class:`Plan`. Plan
 format 1 kept them in ``options``; a plan given them there (an older file, or code written for
 it) has them moved to the fields."""
+
+
+ModuleCalls = dict[int, tuple[str, tuple[tuple[int, str], ...]]]
+"""Segment index -> (path of the module call a module-level recomputed segment runs as, the ops
+its region keeps as ``(index in the call's op sequence, op name)``): what :func:`autoremat.apply`
+wraps (:mod:`autoremat.runtime.selective`)."""
+
+
+def _calls(value: Any) -> ModuleCalls:
+    """Module calls in their typed form, from the typed form or the JSON one."""
+    out: ModuleCalls = {}
+    for k, v in dict(value or {}).items():
+        if isinstance(v, Mapping):
+            path, ops = v["path"], list(zip(v.get("keep_ops", ()), v.get("keep_names", ())))
+        else:
+            path, ops = v[0], v[1]
+        out[int(k)] = (str(path), tuple((int(i), str(name)) for i, name in ops))
+    return out
 
 
 def _tails(value: Any) -> ReplayTails:
@@ -92,6 +121,8 @@ class Plan:
     bandwidth_bytes_per_s: float | None = None
     """The host<->device link the predictions assumed for ``offload`` (``None``: the graph's, else
     :data:`autoremat.cost.DEFAULT_BANDWIDTH_BYTES_PER_S`)."""
+    module_calls: ModuleCalls = field(default_factory=dict)
+    """Module-level recomputed segments that are a call region or keep ops (see :data:`ModuleCalls`)."""
     version: int = PLAN_FORMAT_VERSION
 
     def __post_init__(self) -> None:
@@ -106,6 +137,7 @@ class Plan:
         if self.node_names is not None:
             self.node_names = tuple(self.node_names)
         self.replay_tails = _tails(self.replay_tails)
+        self.module_calls = _calls(self.module_calls)
         self.version = PLAN_FORMAT_VERSION
 
     @property
@@ -120,6 +152,8 @@ class Plan:
         k = len(self.recompute_segments)
         tails = len(self.replay_tails)
         short = f" ({tails} with a shortened replay)" if tails else ""
+        kept = sum(len(s.keep) for s in self.segments)
+        short += f", {kept} op outputs kept in them" if kept else ""
         off = f", {len(self.offload)} offloaded" if self.offload else ""
         gap = self.options.get("optimality_gap")  # "milp": proven distance from the optimum
         proof = "proven" if self.options.get("milp_bound_basis") != "exact model" else "proven in the exact model"
@@ -131,10 +165,13 @@ class Plan:
     def to_dict(self) -> dict[str, Any]:
         d = asdict(self)
         d["format"] = "autoremat.plan"
-        d["segments"] = [{"nodes": list(s.nodes), "recompute": s.recompute} for s in self.segments]
+        d["segments"] = [{"nodes": list(s.nodes), "recompute": s.recompute,
+                          **({"keep": list(s.keep)} if s.keep else {})} for s in self.segments]
         d["offload"] = list(self.offload)
         d["node_names"] = None if self.node_names is None else list(self.node_names)
         d["replay_tails"] = {str(k): [first, list(inputs)] for k, (first, inputs) in sorted(self.replay_tails.items())}
+        d["module_calls"] = {str(k): {"path": path, "keep_ops": [i for i, _ in ops], "keep_names": [n for _, n in ops]}
+                             for k, (path, ops) in sorted(self.module_calls.items())}
         return d
 
     @classmethod
@@ -144,7 +181,7 @@ class Plan:
         :class:`~autoremat.errors.PlanFormatError` naming the field."""
         check_plan_dict(data, source=source)
         return cls(
-            segments=[Segment(tuple(s["nodes"]), s["recompute"]) for s in data["segments"]],
+            segments=[Segment(tuple(s["nodes"]), s["recompute"], tuple(s.get("keep", ()))) for s in data["segments"]],
             solver=data.get("solver", "none"),
             options=dict(data.get("options", {})),
             budget_bytes=data.get("budget_bytes"),
@@ -158,6 +195,7 @@ class Plan:
             tensors=data.get("tensors"),
             inputs=data.get("inputs"),
             bandwidth_bytes_per_s=data.get("bandwidth_bytes_per_s"),
+            module_calls=data.get("module_calls") or {},
         )
 
     def to_json(self, path: str | None = None) -> str:
@@ -192,7 +230,7 @@ def segments_from_lower_sets(
         saves = any(graph.node(v)["saved_bytes"] > 0 for v in part)
         ok = all(graph.node(v)["recomputable"] for v in part)
         if graph.meta.get("mode") == "module":
-            ok = ok and len(part) == 1
+            ok = (ok and len(part) == 1) or graph.region_of(part) is not None
         segs.append(Segment(part, recompute=bool(saves and ok and (recompute_last or not last))))
     return segs
 
@@ -227,9 +265,15 @@ def check_segments(plan: Plan, num_nodes: int, *, is_lower_set: Callable[[set[in
         if is_lower_set is not None and not is_lower_set(seen):
             raise PlanMismatchError(f"segments 0..{i} do not form a lower set: a node in them depends on a node "
                                     "of a later segment (segments out of order, or a plan for another model)")
-        if module_level and seg.recompute and len(seg.nodes) != 1:
+        if module_level and seg.recompute and len(seg.nodes) != 1 and i not in plan.module_calls:
             raise PlanFormatError(field, f"segment {i}: module-level graphs recompute one module call per "
-                                  f"segment, got {len(seg.nodes)} nodes")
+                                  f"segment, got {len(seg.nodes)} nodes and no module_calls entry naming the call")
+        if seg.keep and not seg.recompute:
+            raise PlanFormatError(f"segments[{i}].keep", f"segment {i} is not recomputed; only a recomputed "
+                                  "segment keeps op outputs (selective saves)")
+        if not set(seg.keep) <= set(seg.nodes):
+            raise PlanFormatError(f"segments[{i}].keep", f"segment {i} keeps nodes "
+                                  f"{sorted(set(seg.keep) - set(seg.nodes))[:5]} that are not in it")
     if len(seen) != n:
         missing = sorted(set(range(n)) - seen)
         raise PlanFormatError("segments", f"segments do not cover the graph; missing nodes {missing[:10]} "
@@ -246,7 +290,8 @@ def validate_plan(graph: Graph, plan: Plan) -> None:
 
     Checks: the fingerprint matches; segments are non-empty, disjoint and cover V; every
     prefix union is a lower set; recomputed segments only hold recomputable nodes, and in
-    module-level graphs are single nodes.
+    module-level graphs are single nodes or one call region; kept nodes lie in their
+    recomputed segment.
     """
     fp = graph.fingerprint
     if plan.graph_fingerprint and plan.graph_fingerprint != fp:
@@ -254,12 +299,24 @@ def validate_plan(graph: Graph, plan: Plan) -> None:
             f"plan was made for graph {plan.graph_fingerprint}, not this one ({fp}); "
             "capture the model again and re-solve"
         )
-    check_segments(plan, len(graph), is_lower_set=graph.is_lower_set, module_level=graph.meta.get("mode") == "module")
+    check_segments(plan, len(graph), is_lower_set=graph.is_lower_set)
+    module = graph.meta.get("mode") == "module"
     for i, seg in enumerate(plan.segments):
-        if seg.recompute:
+        if not seg.recompute:
+            continue
+        path = graph.region_of(seg.nodes) if module else None
+        if path is None:
             bad = [v for v in seg.nodes if not graph.node(v)["recomputable"]]
             if bad:
                 raise ValueError(f"segment {i} recomputes nodes the runtime cannot wrap: {bad[:5]}")
+            if module and len(seg.nodes) != 1:
+                raise PlanMismatchError(f"segment {i} recomputes {len(seg.nodes)} nodes: module-level graphs recompute "
+                                        "one module call per segment (a single node, or one call region of "
+                                        "Graph.call_regions)")
+        named = plan.module_calls.get(i)
+        if named is not None and path is not None and named[0] != path:
+            raise PlanMismatchError(f"module_calls names {named[0]!r} for segment {i}, whose nodes are the call "
+                                    f"{path!r}")
     if plan.offload:
         offloadable = offloadable_nodes(graph, plan)
         bad = [v for v in plan.offload if v not in offloadable
@@ -269,9 +326,37 @@ def validate_plan(graph: Graph, plan: Plan) -> None:
                              "saves (or that are views, glue ops, or out of range): nothing to offload there")
 
 
+def module_calls_of(graph: Graph, plan: Plan) -> ModuleCalls:
+    """What :func:`autoremat.apply` wraps for each module-level recomputed segment that is a call
+    region or keeps ops: the call's path and the kept ops as (index in the call's op sequence,
+    op name), from the nodes' ``op_index`` within their outermost call (``graph.meta
+    ["call_op_start"]`` gives where each call's sequence starts)."""
+    if graph.meta.get("mode") != "module":
+        return {}
+    starts: Mapping[str, int] = graph.meta.get("call_op_start", {})
+    out: ModuleCalls = {}
+    for i, seg in enumerate(plan.segments):
+        if not seg.recompute or (len(seg.nodes) == 1 and not seg.keep and graph.node(seg.nodes[0])["op_index"] < 0):
+            continue
+        path = graph.region_of(seg.nodes)
+        if path is None and len(seg.nodes) == 1 and graph.node(seg.nodes[0])["op_index"] < 0:
+            path = graph.node(seg.nodes[0])["module_path"]
+        if path is None:
+            raise PlanMismatchError(f"segment {i} is not one module call of the graph; please report")
+        if seg.keep and path not in starts:
+            raise PlanMismatchError(f"segment {i} keeps ops of {path!r}, whose ops were not captured one by one")
+        ops = tuple((int(graph.node(v)["op_index"]) - int(starts[path]), str(graph.node(v)["target"]))
+                    for v in seg.keep)
+        out[i] = (str(path), ops)
+    return out
+
+
 def offloadable_nodes(graph: Graph, plan: Plan) -> set[int]:
-    """Storage roots saved for backward by some node outside the plan's recomputed segments."""
+    """Storage roots saved for backward by some node outside the plan's recomputed segments. At
+    module level not the ops of a block captured op by op: the runtime offloads the outputs of
+    module calls."""
     recomputed = plan.recomputed_nodes
+    module = graph.meta.get("mode") == "module"
     out: set[int] = set()
     for w in graph.nodes:
         d = graph.node(w)
@@ -279,6 +364,6 @@ def offloadable_nodes(graph: Graph, plan: Plan) -> set[int]:
             continue
         for u in d["saves"]:
             r = graph.root(u)
-            if graph.node(r)["alloc_bytes"] > 0:
+            if graph.node(r)["alloc_bytes"] > 0 and not (module and graph.node(r)["op_index"] >= 0):
                 out.add(r)
     return out

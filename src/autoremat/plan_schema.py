@@ -16,6 +16,9 @@ Decisions (tested in ``tests/test_plan.py`` and ``tests/test_bad_inputs.py``):
 * Unknown top-level keys and unknown segment keys are refused (a misspelt ``"recompue"`` would
   otherwise be silently dropped). Unknown keys inside ``options`` are kept: solvers record
   their own options there.
+* A segment may name ``keep`` (node ids of a recomputed segment whose outputs are kept:
+  selective saves); ``module_calls`` maps a segment index to ``{"path", "keep_ops",
+  "keep_names"}`` (the module call a module-level segment runs as and the ops it keeps).
 * Booleans are JSON booleans: ``"recompute": "false"`` or ``0`` is refused, never read as true.
 * Node ids are non-negative integers (not bools, not ``1.0``); byte counts are non-negative
   integers; times are finite non-negative numbers.
@@ -38,14 +41,16 @@ from typing import Any
 
 from .errors import PlanFormatError
 
-__all__ = ["check_plan_dict", "load_plan_json", "PLAN_KEYS", "SEGMENT_KEYS", "GRAPH_KEYS", "READ_VERSIONS"]
+__all__ = ["check_plan_dict", "load_plan_json", "PLAN_KEYS", "SEGMENT_KEYS", "SEGMENT_OPTIONAL_KEYS", "GRAPH_KEYS",
+           "READ_VERSIONS"]
 
 GRAPH_KEYS = ("graph_mode", "node_names", "replay_tails", "tensors", "inputs")
 """Top-level fields of format 2 that format 1 kept in ``options``."""
 PLAN_KEYS = frozenset({"format", "version", "segments", "solver", "options", "budget_bytes",
                        "graph_fingerprint", "predicted_peak_bytes", "predicted_extra_time_s", "offload",
-                       "bandwidth_bytes_per_s", *GRAPH_KEYS})
+                       "bandwidth_bytes_per_s", "module_calls", *GRAPH_KEYS})
 SEGMENT_KEYS = frozenset({"nodes", "recompute"})
+SEGMENT_OPTIONAL_KEYS = frozenset({"keep"})
 READ_VERSIONS = (1, 2)
 """The plan formats this autoremat reads."""
 
@@ -99,14 +104,20 @@ def _segments(value: Any, num_nodes: int | None) -> None:
         for key in sorted(SEGMENT_KEYS - set(seg)):
             raise PlanFormatError(f"{field}.{key}", "required key is missing "
                                   "(a segment is {'nodes': [node ids], 'recompute': true or false})")
-        for key in sorted(set(seg) - SEGMENT_KEYS):
-            raise PlanFormatError(f"{field}.{key}", f"unknown key; a segment has only {sorted(SEGMENT_KEYS)}")
+        for key in sorted(set(seg) - SEGMENT_KEYS - SEGMENT_OPTIONAL_KEYS):
+            raise PlanFormatError(f"{field}.{key}", f"unknown key; a segment has only "
+                                  f"{sorted(SEGMENT_KEYS | SEGMENT_OPTIONAL_KEYS)}")
         if not isinstance(seg["recompute"], bool):
             raise PlanFormatError(f"{field}.recompute", f"expected a JSON boolean (true or false), got "
                                   f"{seg['recompute']!r} ({_kind(seg['recompute'])})")
         nodes = _node_list(f"{field}.nodes", seg["nodes"])
         if not nodes:
             raise PlanFormatError(f"{field}.nodes", "a segment must hold at least one node")
+        keep = _node_list(f"{field}.keep", seg.get("keep", []))
+        if keep and not seg["recompute"]:
+            raise PlanFormatError(f"{field}.keep", "only a recomputed segment keeps op outputs")
+        if not set(keep) <= set(nodes):
+            raise PlanFormatError(f"{field}.keep", f"nodes {sorted(set(keep) - set(nodes))[:5]} are not in the segment")
         for v in nodes:
             if num_nodes is not None and v >= num_nodes:
                 raise PlanFormatError(f"{field}.nodes", f"node {v} is out of range: the plan's graph has "
@@ -188,6 +199,27 @@ def _bandwidth(value: Any) -> None:
                               f"got {value!r}")
 
 
+def _module_calls(value: Any, num_segments: int) -> None:
+    if value is None:
+        return
+    if not isinstance(value, Mapping):
+        raise PlanFormatError("module_calls", f"expected an object (segment index -> module call), got {_kind(value)}")
+    for k, call in value.items():
+        field = f"module_calls.{k}"
+        if not str(k).isdigit() or int(k) >= num_segments:
+            raise PlanFormatError(field, f"expected a segment index below {num_segments} as the key")
+        if not isinstance(call, Mapping) or set(call) != {"path", "keep_ops", "keep_names"}:
+            raise PlanFormatError(field, "expected {'path', 'keep_ops', 'keep_names'} (written by autoremat.solve)")
+        _string(f"{field}.path", call["path"])
+        ops = call["keep_ops"]
+        if not isinstance(ops, (list, tuple)) or not all(isinstance(i, int) and not isinstance(i, bool) and i >= 0
+                                                         for i in ops):
+            raise PlanFormatError(f"{field}.keep_ops", f"expected a list of op indices (integers >= 0), got {ops!r}")
+        names = call["keep_names"]
+        if not isinstance(names, (list, tuple)) or len(names) != len(ops) or not all(isinstance(n, str) for n in names):
+            raise PlanFormatError(f"{field}.keep_names", "expected one op name (a string) per entry of keep_ops")
+
+
 def check_plan_dict(data: Any, *, source: str | None = None) -> None:
     """Raise :class:`PlanFormatError` unless ``data`` is a well-formed plan document."""
     try:
@@ -226,6 +258,7 @@ def _check(data: Any) -> None:
     num_nodes = _options(data)
     _bandwidth(data.get("bandwidth_bytes_per_s"))
     _segments(data["segments"], num_nodes)
+    _module_calls(data.get("module_calls"), len(data["segments"]))
     _opt_bytes("budget_bytes", data.get("budget_bytes"))
     _opt_bytes("predicted_peak_bytes", data.get("predicted_peak_bytes"))
     _opt_seconds("predicted_extra_time_s", data.get("predicted_extra_time_s"))

@@ -173,7 +173,8 @@ def run(rank: int, port: int, engine: str, model_name: str, orders: list[str], b
     box: list[Any] = [None]
     if rank == 0:
         model, loss_fn = build(model_name)
-        graph = autoremat.capture(model, (x,), loss_fn=loss_fn, mode="fx" if model_name == "cnn" else "module")
+        graph = autoremat.capture(model, (x,), loss_fn=loss_fn, mode="fx" if model_name == "cnn" else "module",
+                                  blocks="module")  # dp-approx recomputes whole layers
         box = [(graph.to_dict(), autoremat.solve(graph, budget, solver="dp-approx").to_dict())]
     dist.broadcast_object_list(box, 0)
     graph, plan = Graph.from_dict(box[0][0]), Plan.from_dict(box[0][1])

@@ -37,8 +37,10 @@ ORDERS = ("shard-first", "apply-first")
 def _plan(name: str) -> tuple[autoremat.Graph, autoremat.Plan]:
     """Captured once per test process (GPT-2's only where a test needs it: importing transformers costs)."""
     model, loss_fn = build(name)
+    # blocks="module": a GPT-2 layer is one node (dp-approx recomputes whole module calls; the
+    # default captures layers op by op, for the blocks solver)
     graph = autoremat.capture(model, (batch(name, small=True),), loss_fn=loss_fn, mode="fx" if name == "cnn" else "module",
-                              repeats=1, warmup=0)
+                              repeats=1, warmup=0, blocks="module")
     plan = autoremat.solve(graph, "80%", solver="dp-approx")  # these small batches' least plans: ~70 %
     assert plan.recompute_segments
     return graph, plan

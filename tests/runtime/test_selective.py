@@ -3,6 +3,8 @@
 
 from __future__ import annotations
 
+import copy
+
 import pytest
 import torch
 
@@ -66,3 +68,51 @@ def test_batchnorm_modules_refused() -> None:
                     if any(isinstance(c, torch.nn.BatchNorm2d) for c in m.children()))
     with pytest.raises(ValueError, match="running statistics"):
         apply_selective(ex.model, {bn_owner: "matmuls"})
+
+
+# ---------------------------------------------------------------------- SelectiveCall (plans)
+def _bn_net() -> torch.nn.Module:
+    torch.manual_seed(0)
+    block = lambda: torch.nn.Sequential(torch.nn.Conv2d(4, 4, 3, padding=1), torch.nn.BatchNorm2d(4),  # noqa: E731
+                                        torch.nn.ReLU(), torch.nn.Conv2d(4, 4, 3, padding=1))
+    return torch.nn.Sequential(torch.nn.Conv2d(3, 4, 1), block(), block())  # the blocks: members "1", "2"
+
+
+def test_selective_call_keeps_ops_updates_statistics_once_and_checks_op_names() -> None:
+    import autoremat
+    from autoremat.plan import Segment
+
+    model, x = _bn_net(), torch.randn(2, 3, 8, 8)
+    g = autoremat.capture(model, (x,), mode="module", blocks="ops", repeats=1, warmup=0)
+    calls = g.call_regions()
+    conv = [v for v in calls["1"] if "convolution" in g.node(v)["target"]]
+    segs, v = [], 0
+    while v < len(g):
+        if v == calls["1"][0]:
+            segs.append(Segment(calls["1"], True, tuple(conv)))
+            v = calls["1"][-1] + 1
+        else:
+            segs.append(Segment((v,), False))
+            v += 1
+    plan = autoremat.solve(g, 10**12, solver="none")
+    plan.segments = segs
+    plan = autoremat.solvers.finalize_plan(g, plan, 10**12, "hand")
+    assert plan.module_calls[[i for i, s in enumerate(segs) if s.recompute][0]][0] == "1"
+    reference = copy.deepcopy(model)
+    torch.manual_seed(1)
+    run_step(reference, (x,))
+    autoremat.apply(model, plan)
+    torch.manual_seed(1)
+    run_step(model, (x,))
+    assert gradients_equal(gradients(reference), gradients(model))
+    assert torch.equal(reference[1][1].running_mean, model[1][1].running_mean)  # updated once
+    assert reference[1][1].num_batches_tracked == model[1][1].num_batches_tracked == 1
+    autoremat.restore(model)
+    # a plan naming another op at a kept index: the call refuses with what it found
+    i = next(iter(plan.module_calls))
+    path, ops = plan.module_calls[i]
+    plan.module_calls[i] = (path, tuple((k, "aten.mul.Tensor") for k, _ in ops))
+    autoremat.apply(model, plan)
+    with pytest.raises(RuntimeError, match="other ops than when it was captured"):
+        run_step(model, (x,))
+    autoremat.restore(model)

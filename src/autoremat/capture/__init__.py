@@ -35,6 +35,7 @@ from ..measure import default_loss
 from ..resident import device_of, resident_bytes
 from ._recorder import NodeRecord, Recorder, preserved_state, tensors_in
 from .fx import fx_fingerprint, profile_fx, records_from_fx, trace
+from .blocks import BLOCK_MODES
 from .module import module_fingerprint, profile_modules
 from .signature import input_signature, tensor_signature
 from .scaled import CaptureDoesNotFitError, capture_within
@@ -101,15 +102,20 @@ def capture(
     repeats: int = 3,
     warmup: int = 1,
     times: str | None = None,
+    blocks: str = "auto",
 ) -> Graph:
     """Profile one training step of ``model`` on the example batch and return its graph.
 
     ``times``: ``"measured"`` or ``"flops"`` (module docstring; ``None``: ``AUTOREMAT_TIMES``,
     else measured). ``loss_fn`` maps the model's output to the scalar to backpropagate; the default
     (:func:`autoremat.measure.default_loss`) sums the means of every floating-point output.
+    ``blocks`` (module level): ``"module"`` makes each repeated block one node, ``"ops"``
+    captures the blocks op by op so that plans can recompute parts of a layer and keep op
+    outputs inside it (:mod:`autoremat.capture.blocks`); ``"auto"`` (the default) is ``"ops"``.
     For a step that may not fit the device, see :func:`autoremat.capture.scaled.capture_within`.
     """
-    return _capture(model, args, kwargs, loss_fn=loss_fn, mode=mode, repeats=repeats, warmup=warmup, times=times)
+    return _capture(model, args, kwargs, loss_fn=loss_fn, mode=mode, repeats=repeats, warmup=warmup, times=times,
+                    blocks=blocks)
 
 
 def _capture(
@@ -123,6 +129,7 @@ def _capture(
     warmup: int,
     flop_times: bool = True,
     times: str | None = None,
+    blocks: str = "auto",
 ) -> Graph:
     """:func:`capture`; ``flop_times=False`` skips counting FLOPs on the meta device (times 0),
     for a caller that takes times from elsewhere (:mod:`autoremat.capture.scaled`)."""
@@ -130,6 +137,10 @@ def _capture(
     args, kwargs = _validate(model, args, kwargs, mode, loss_fn)
     if repeats < 1 or warmup < 0:
         raise ValueError(f"repeats must be >= 1 and warmup >= 0, got {repeats}, {warmup}")
+    if blocks not in BLOCK_MODES:
+        raise ValueError(f"blocks={blocks!r} is not accepted; expected one of {BLOCK_MODES} ('ops': repeated "
+                         "blocks captured op by op at module level)")
+    blocks = "ops" if blocks == "auto" else blocks
     loss = loss_fn or default_loss
     device = device_of(model, args, kwargs)
     is_meta = device.type == "meta"
@@ -167,8 +178,8 @@ def _capture(
         else:
             rec = profile_modules(model, args, kwargs, loss, resident, param_names, param_bytes,
                                   repeats=repeats, warmup=warmup, device=device, time_fn=time_fn,
-                                  count_flops=count_flops)
-            fingerprint, tensors = module_fingerprint(model), tensor_signature(model)
+                                  count_flops=count_flops, blocks=blocks)
+            fingerprint, tensors = module_fingerprint(model, blocks), tensor_signature(model)
             cmode = "module"
     time_source = ("flops" if count_flops else "none" if is_meta
                    else "cuda-events" if device.type == "cuda" else "perf_counter")
@@ -191,6 +202,8 @@ def _capture(
         "out_of_place": list(gm.meta.get("autoremat_out_of_place", ())) if gm is not None else [],
         "pinned_by_mutation": dict(rec.pinned),
     }
+    if getattr(rec, "call_op_start", None) is not None:  # blocks captured op by op
+        meta.update(blocks="ops", call_op_start=dict(rec.call_op_start), pinned_regions=list(rec.pinned_regions))
     return _to_graph(rec, meta)
 
 
@@ -204,7 +217,8 @@ def _to_graph(rec: Recorder, meta: dict[str, Any]) -> Graph:
                    bwd_temp_bytes=int(r.bwd_temp_bytes), params=tuple(r.params),
                    param_grad_bytes=int(sum(meta["param_bytes"].get(p, 0) for p in r.params)),
                    requires_grad=bool(r.requires_grad), grad_passthrough=bool(r.grad_passthrough),
-                   is_output=bool(r.is_output), recomputable=bool(r.recomputable))
+                   is_output=bool(r.is_output), recomputable=bool(r.recomputable), scope=tuple(r.scope),
+                   op_index=int(r.op_index))
         for u in r.preds:
             g.add_edge(u, v)
     return Graph(g, meta)

@@ -52,6 +52,8 @@ class NodeRecord:
     time_s: float = 0.0
     bwd_time_s: float = 0.0
     flops: float = 0.0
+    scope: tuple[str, ...] = ()
+    op_index: int = -1
 
 
 def _storage_key(t: torch.Tensor) -> int:
@@ -280,6 +282,10 @@ class Recorder:
         """Derive backward workspace from the recorded regions; pin the nodes whose inputs were
         written in place (:mod:`autoremat.capture.inplace`)."""
         for v, writer in self.mutations.pinned().items():
+            if not 0 <= v < len(self.nodes):  # a block call read it (autoremat.capture.blocks)
+                continue
+            if isinstance(writer, int) and not 0 <= writer < len(self.nodes):
+                writer = "a block captured op by op"
             self.nodes[v].recomputable = False
             self.pinned[self.nodes[v].name] = (self.nodes[writer].name if isinstance(writer, int)
                                                  else writer or "code between nodes")

@@ -94,9 +94,17 @@ def records_from_fx(gm: torch.fx.GraphModule, param_names: Mapping[int, str]) ->
         recs.append(NodeRecord(
             name=n.name, kind=_kind(gm, n), target=_target_name(n),
             module_path=str(n.target) if n.op == "call_module" else "",
-            preds=preds, params=sorted(set(params)), is_output=i in outputs,
+            preds=preds, params=sorted(set(params)), is_output=i in outputs, scope=_scope(n),
         ))
     return recs
+
+
+def _scope(n: torch.fx.Node) -> tuple[str, ...]:
+    """The module calls the traced node ran inside, outermost first (``nn_module_stack``, which
+    ``torch.fx`` records while tracing; a leaf module's own call included)."""
+    stack = n.meta.get("nn_module_stack") or {}
+    paths = [v[0] if isinstance(v, tuple) else str(v) for v in stack.values()]
+    return tuple(p for p in paths if p)
 
 
 def _output_nodes(out_node: torch.fx.Node) -> list[torch.fx.Node]:

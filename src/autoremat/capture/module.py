@@ -10,14 +10,16 @@ identity: a node depends on the nodes that produced the storages of its inputs.
 
 Only module calls can be recomputed (the runtime wraps the module's ``forward``); a module
 called more than once in one step is not recomputable, since wrapping it would wrap every
-call. Glue nodes are never recomputed.
+call. Glue nodes are never recomputed. With ``blocks="ops"`` the repeated blocks are captured
+op by op (:mod:`autoremat.capture.blocks`): their module calls become call regions.
 """
 
 from __future__ import annotations
 
 import hashlib
+import statistics
 import weakref
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from typing import Any
 
 import torch
@@ -25,7 +27,9 @@ from torch import nn
 
 from .._fsdp import original_class
 from ._loss_reach import outputs_fed_by_loss
-from ._recorder import NodeRecord, Recorder, Timer, classify_module, paused_gc, tensors_in
+from ._recorder import NodeRecord, Recorder, Timer, classify_function, classify_module, paused_gc, tensors_in
+from .blocks import BlockScopes, OpTimer, block_paths, share_times
+from .inplace import MutationLog
 from .signature import tensor_lines
 
 __all__ = ["node_modules", "module_fingerprint", "profile_modules", "time_modules"]
@@ -62,15 +66,19 @@ def node_modules(model: nn.Module) -> list[tuple[str, nn.Module]]:
     return found
 
 
-def module_fingerprint(model: nn.Module, *, nodes: Sequence[tuple[str, nn.Module]] | None = None,
+def module_fingerprint(model: nn.Module, blocks: str = "module", *,
+                       nodes: Sequence[tuple[str, nn.Module]] | None = None,
                        tensors: Mapping[str, str] | None = None) -> str:
-    """Hash of the node modules and of the model's parameters' and buffers' shapes and dtypes
+    """Hash of the node modules (``blocks="ops"``: the repeated blocks marked as captured op by
+    op) and of the model's parameters' and buffers' shapes and dtypes
     (:mod:`autoremat.capture.signature`); equals ``Graph.fingerprint`` of a module capture.
     ``nodes`` / ``tensors``: the node modules and tensor signature to hash instead of the
     model's own (a sharded model's canonical ones, :mod:`autoremat.runtime.sharding`)."""
     h = hashlib.sha256(b"module")
-    for path, mod in node_modules(model) if nodes is None else nodes:
-        h.update(f"{path}:{original_class(mod).__name__};".encode())
+    mods = node_modules(model) if nodes is None else list(nodes)
+    ops = set(block_paths(model, [p for p, _ in mods])) if blocks == "ops" else set()
+    for path, mod in mods:
+        h.update(f"{path}:{original_class(mod).__name__}{':ops' if path in ops else ''};".encode())
     for line in tensor_lines(model) if tensors is None else (f"{k}={v};" for k, v in tensors.items()):
         h.update(line.encode())
     return h.hexdigest()[:16]
@@ -78,7 +86,7 @@ def module_fingerprint(model: nn.Module, *, nodes: Sequence[tuple[str, nn.Module
 
 class _ModuleRecorder(Recorder):
     def __init__(self, resident: list[torch.Tensor], model: nn.Module, param_names: Mapping[int, str],
-                 count_flops: bool = False) -> None:
+                 count_flops: bool = False, scopes: BlockScopes | None = None) -> None:
         super().__init__(resident, count_flops=count_flops)
         self.depth = 0
         self.glue_enabled = True
@@ -90,6 +98,24 @@ class _ModuleRecorder(Recorder):
         self.counter.on_op = self._on_op
         self._param_names = param_names
         self._glue_marks: list[tuple[int, weakref.ref]] = []
+        self._op_outputs: list[tuple[int, list[weakref.ref]]] = []
+        self._param_of = {p.untyped_storage()._cdata: param_names[id(p)] for p in model.parameters()
+                          if id(p) in param_names}
+        self.scopes = scopes
+        self.call_op_start: dict[str, int] | None = None
+        """Blocks captured op by op: where each call region's op sequence starts."""
+        self.pinned_regions: list[str] = []
+        self.block_of: dict[int, tuple[int, int]] = {}
+        """Op nodes of blocks: node -> (block call, op index)."""
+        if scopes is not None:  # a block call reads its inputs as one region (pinning)
+            self.mutations = MutationLog(self._reader, self._is_module_reader)
+
+    def _reader(self) -> int | str | None:
+        pseudo = self.scopes.pseudo_id() if self.scopes is not None else None
+        return self.current if pseudo is None else pseudo
+
+    def _is_module_reader(self, v: int) -> bool:
+        return v >= len(self.nodes) or bool(self.nodes[v].module_path)
 
     def mark_glue(self) -> None:
         """Register backward markers on the glue outputs recorded so far.
@@ -98,15 +124,50 @@ class _ModuleRecorder(Recorder):
         node's output is marked at the next op or module call. With its own marker, a glue
         node's backward (the cross-entropy of a loss computed in ``forward``, say) is a backward
         region of its own instead of workspace of the module whose backward ran before it."""
+        for v, refs in self._op_outputs:
+            self._read_saves(v, refs)
+        self._op_outputs.clear()
         for v, ref in self._glue_marks:
             t = ref()
             if t is not None and t.requires_grad:
                 t.register_hook(self._marker(v))
         self._glue_marks.clear()
 
+    def _read_saves(self, v: int, refs: list[weakref.ref]) -> None:
+        """What op node ``v``'s autograd node saved, read from its ``_saved_*`` fields (exact, where
+        the order of pack hooks cannot tell an op's input saves from the previous op's output saves)."""
+        rec = self.nodes[v]
+        alive = [t for t in (r() for r in refs) if t is not None]
+        if alive:  # autograd has attached the history now: whether the op's output takes part
+            rec.requires_grad = any(t.requires_grad for t in alive)
+        fn = next((t.grad_fn for t in alive if t.grad_fn is not None), None)
+        if fn is None:
+            return
+        extra: dict[int, int] = {}
+        for name in dir(fn):
+            if not name.startswith("_saved_"):
+                continue
+            try:
+                value = getattr(fn, name)
+            except RuntimeError:  # a field freed or not saved
+                continue
+            for t in value if isinstance(value, (list, tuple)) else (value,):
+                if not isinstance(t, torch.Tensor):
+                    continue
+                key = t.untyped_storage()._cdata
+                if key in self.resident:
+                    continue
+                if key in self.owner:
+                    rec.saves.add(self.owner[key])
+                else:
+                    extra[key] = t.untyped_storage().nbytes()
+        rec.extra_saved_bytes += sum(extra.values())
+
     def _pack(self, t: torch.Tensor) -> torch.Tensor:
         st = t.untyped_storage()
         key, nbytes = st._cdata, st.nbytes()
+        if self.current is None and self.glue_enabled and self.scopes is not None and self.scopes.active is not None:
+            return t  # an op of a block: its saves are read from its autograd node (_read_saves)
         if self.current is None and self.glue_enabled:
             if self.last_glue is not None and self.owner.get(key) == self.last_glue:
                 self._packed.append((self.last_glue, key, nbytes))
@@ -118,7 +179,12 @@ class _ModuleRecorder(Recorder):
 
     def pre_hook(self, path: str, mod: nn.Module) -> Callable[..., None]:
         def hook(module: nn.Module, args: tuple, kwargs: dict) -> None:
-            if self.depth == 0 and self.glue_enabled:
+            if self.depth == 0 and self.glue_enabled and self.scopes is not None and path in self.scopes.blocks:
+                self.mark_glue()
+                self._pending_glue.clear()  # input saves of the block's first op: read from its node
+                self.scopes.enter_block(path)
+                self.call_order.append(-len(self.scopes.block_calls))  # block call j: -(j + 1)
+            elif self.depth == 0 and self.glue_enabled:
                 self.mark_glue()
                 ins = tensors_in((args, kwargs))
                 preds = sorted({self.owner[t.untyped_storage()._cdata] for t in ins
@@ -139,14 +205,20 @@ class _ModuleRecorder(Recorder):
     def post_hook(self, path: str) -> Callable[..., None]:
         def hook(module: nn.Module, args: tuple, output: Any) -> None:
             self.depth -= 1
-            if self.depth == 0 and self._stack:
+            if self.depth == 0 and self.scopes is not None and self.scopes.active == path:
+                self.mark_glue()
+                self.scopes.leave_block()
+                self.last_glue = None
+            elif self.depth == 0 and self._stack:
                 v = self._stack.pop()
                 self.end(v, output)
         return hook
 
     def _on_op(self, func: Any, args: tuple, kwargs: dict, out: Any) -> None:
-        if self.depth > 0 or not self.glue_enabled or self.current is not None:
+        in_block = self.scopes is not None and self.scopes.active is not None
+        if not self.glue_enabled or self.current is not None or self.depth > (1 if in_block else 0):
             return
+        index = self.scopes.count_op(func) if in_block else None
         self.mark_glue()
         outs = tensors_in(out)
         if not outs:
@@ -155,8 +227,21 @@ class _ModuleRecorder(Recorder):
         keys = [t.untyped_storage()._cdata for t in ins]
         preds = sorted({self.owner[k] for k in keys if k in self.owner})
         name = str(getattr(func, "__name__", func))
-        rec = NodeRecord(name=f"glue:{name}", kind="glue", target=str(func), preds=preds, recomputable=False)
+        if in_block:
+            scope = self.scopes.scope()
+            # a parameter read through a view (``t(weight)`` feeding ``addmm``): its gradient is
+            # produced by the op reading the view, so every op reading its storage lists it
+            params = {self._param_of[k] for k in keys if k in self._param_of}
+            rec = NodeRecord(name=f"{scope[-1]}:{name}", kind=classify_function(func.overloadpacket),
+                             target=str(func), module_path=scope[-1], preds=preds, recomputable=False,
+                             params=sorted(params))
+            rec.scope, rec.op_index = scope, -1 if index is None else index
+        else:
+            rec = NodeRecord(name=f"glue:{name}", kind="glue", target=str(func), preds=preds, recomputable=False)
         v = self.add_node(rec)
+        if in_block:
+            self.block_of[v] = (len(self.scopes.block_calls) - 1, rec.op_index)
+            self._op_outputs.append((v, [weakref.ref(t) for t in outs]))  # history comes after dispatch
         fresh: dict[int, int] = {}
         roots: set[int] = set()
         for t in outs:
@@ -171,7 +256,9 @@ class _ModuleRecorder(Recorder):
         if not fresh and len(roots) == 1:
             rec.alias_of = next(iter(roots))
         rec.requires_grad = any(t.requires_grad for t in ins) and any(t.is_floating_point() for t in outs)
-        if rec.requires_grad and fresh:  # a view or an in-place write: its backward is its owner's
+        # glue: a view or an in-place write has its owner's backward; an op of a block is marked
+        # either way, so that a view's backward is seen to pass its gradient on (grad_passthrough)
+        if rec.requires_grad and (fresh or in_block):
             first = next(t for t in outs if t.is_floating_point())
             self._glue_marks.append((v, weakref.ref(first)))
         for k, nb in self._pending_glue:
@@ -194,12 +281,15 @@ def profile_modules(
     device: torch.device,
     time_fn: Callable[[list[NodeRecord]], None] | None,
     count_flops: bool = False,
+    blocks: str = "module",
 ) -> Recorder:
-    """One recorded step (structure, memory) and ``warmup + repeats`` timed steps."""
-    rec = _ModuleRecorder(resident, model, param_names, count_flops=count_flops)
-    rec.mutations.watch_state([*model.parameters(), *model.buffers()])
+    """One recorded step (structure, memory) and ``warmup + repeats`` timed steps; with
+    ``blocks="ops"`` the repeated blocks op by op (:mod:`autoremat.capture.blocks`)."""
     mods = node_modules(model)
-    handles = []
+    scopes = BlockScopes(model, block_paths(model, [p for p, _ in mods])) if blocks == "ops" else None
+    rec = _ModuleRecorder(resident, model, param_names, count_flops=count_flops, scopes=scopes)
+    rec.mutations.watch_state([*model.parameters(), *model.buffers()])
+    handles = [] if scopes is None else scopes.register()
     try:
         for path, mod in mods:
             handles.append(mod.register_forward_pre_hook(rec.pre_hook(path, mod), with_kwargs=True))
@@ -229,17 +319,67 @@ def profile_modules(
         for h in handles:
             h.remove()
     for r in rec.nodes:
-        if r.kind != "glue" and rec.calls.get(r.module_path, 0) > 1:
+        if r.kind != "glue" and r.op_index < 0 and rec.calls.get(r.module_path, 0) > 1:
             r.recomputable = False
+    if scopes is not None:
+        _settle_scopes(rec, scopes)
     rec.finish(param_bytes)
     if time_fn is not None:
         time_fn(rec.nodes)
         return rec
-    fwd, bwd = time_modules(model, rec.call_order, len(rec.nodes), args, kwargs, loss_fn, repeats=repeats,
+    n, calls = len(rec.nodes), 0 if scopes is None else len(scopes.block_calls)
+    order = [v if v >= 0 else n - 1 - v for v in rec.call_order]  # block call j: pseudo node n + j
+    fwd, bwd = time_modules(model, order, n + calls, args, kwargs, loss_fn, repeats=repeats,
                             warmup=warmup, device=device)
     for r, f, b in zip(rec.nodes, fwd, bwd):
         r.time_s, r.bwd_time_s = f, b
+    if scopes is not None:
+        op_times = _time_block_ops(model, scopes.blocks, args, kwargs, loss_fn, repeats=repeats, warmup=warmup)
+        for v, (f, b) in share_times(rec.block_of, op_times, fwd[n:], bwd[n:]).items():
+            rec.nodes[v].time_s, rec.nodes[v].bwd_time_s = f, b
     return rec
+
+
+def _settle_scopes(rec: _ModuleRecorder, scopes: BlockScopes) -> None:
+    """Drop calls made more than once from the op nodes' scopes; record where each call's op
+    sequence starts and which regions an in-place write pins."""
+    single = scopes.single_calls()
+    pinned_calls = {v - (1 << 40) for v in rec.mutations.pinned() if v >= len(rec.nodes)}
+    pinned: set[str] = set()
+    for v, (call, _i) in rec.block_of.items():
+        r = rec.nodes[v]
+        r.scope = tuple(p for p in r.scope if p in single)
+        if call in pinned_calls:
+            pinned.update(r.scope)
+    rec.call_op_start = {p: scopes.start[p] for p in single}
+    rec.pinned_regions = sorted(pinned)
+
+
+def _time_block_ops(model: nn.Module, blocks: Collection[str], args: Sequence[Any], kwargs: Mapping[str, Any],
+                    loss_fn: Callable[[Any], torch.Tensor], *, repeats: int, warmup: int) -> list[dict[int, float]]:
+    """Per block call, the median time of each op (by index) over ``repeats`` forwards under
+    :class:`OpTimer` after ``warmup``."""
+    runs: list[list[dict[int, float]]] = []
+    mods = dict(model.named_modules())
+    for k in range(warmup + repeats):
+        scopes = BlockScopes(model, blocks)
+        timer = OpTimer(scopes)
+        handles = scopes.register()
+        for path in blocks:
+            handles.append(mods[path].register_forward_pre_hook(lambda _m, _a, p=path, s=scopes: s.enter_block(p)))
+            handles.append(mods[path].register_forward_hook(lambda _m, _a, _o, s=scopes: s.leave_block()))
+        try:
+            with torch.random.fork_rng(devices=[]):
+                with timer:
+                    out = model(*args, **kwargs)
+                loss_fn(out).backward()
+        finally:
+            for h in handles:
+                h.remove()
+            model.zero_grad(set_to_none=True)
+        if k >= warmup:
+            runs.append(timer.times)
+    return [{i: statistics.median(run[c].get(i, 0.0) for run in runs) for i in runs[0][c]} for c in range(len(runs[0]))]
 
 
 def time_modules(

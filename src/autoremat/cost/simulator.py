@@ -14,6 +14,14 @@ and who holds it:
   node's backward has run; where the plan records a tail for the segment
   (:mod:`autoremat.replay_tail`), the replay ends before it, holds the tail inputs until it
   ends, and what the tail's nodes save is held for their backward;
+* a recomputed segment's kept nodes (``Segment.keep``: selective saves, PyTorch's
+  ``create_selective_checkpoint_contexts``) hold their output storage from forward until the
+  replay reaches them; the replay hands the stored output on instead of running the node (no
+  time, no new storage, no workspace), and what the node saves is held as for any replayed
+  node; a kept node the replay never reaches (after its early stop) is held until the
+  segment's backward is over, and so is a kept node at the early stop that saves only its
+  inputs (:func:`stops_before_running`: the replay stops when it packs them, before the node
+  runs and takes its stored output);
 * backward runs in reverse execution order (the autograd engine's order for one graph task);
   each node allocates gradients for its inputs (none when it passes its gradient through,
   like ``add``), out-of-place accumulation when a buffer is shared, parameter gradients on
@@ -48,7 +56,7 @@ from .ledger import PEAK_PLACES, StepState
 from .offload_link import Link, Offload
 
 __all__ = ["Simulation", "simulate", "no_recompute_plan", "unoptimised_peak_bytes",
-           "DEFAULT_BANDWIDTH_BYTES_PER_S", "StepLevels", "step_levels"]
+           "DEFAULT_BANDWIDTH_BYTES_PER_S", "StepLevels", "step_levels", "stops_before_running"]
 
 DEFAULT_BANDWIDTH_BYTES_PER_S = 12e9
 """Default host<->device bandwidth for offload (pinned copies over PCIe 4 x16 reach about this);
@@ -84,6 +92,16 @@ def no_recompute_plan(graph: Graph) -> Plan:
 def unoptimised_peak_bytes(graph: Graph) -> int:
     """Predicted step peak with no recomputation."""
     return simulate(graph, no_recompute_plan(graph), check=False).peak_bytes
+
+
+def stops_before_running(graph: Graph, v: int) -> bool:
+    """Whether a replay whose early stop is node ``v`` stops before ``v`` runs: autograd packs an
+    op's saved inputs before the op runs and its saved outputs after, and the replay stops at the
+    last pack, so a node that saves none of its own outputs never runs (a GELU that saves its
+    input). Selective checkpointing then never hands on ``v``'s stored output: it stays cached
+    until the segment's backward is over."""
+    d = graph.node(v)
+    return v not in d["saves"] and not d["extra_saved_bytes"]
 
 
 def _okey(g: Graph, v: int) -> Hashable:
@@ -128,6 +146,7 @@ def _forward(s: StepState, g: Graph, nd: list[dict], si: int, seg: Segment, off:
     if seg.recompute:
         for u in inputs:
             s.addref(_okey(g, u), ("seg", si))
+    kept = set(seg.keep)
     for v in seg.nodes:
         d = nd[v]
         off.advance()
@@ -141,6 +160,8 @@ def _forward(s: StepState, g: Graph, nd: list[dict], si: int, seg: Segment, off:
             s.alloc(("x", v), d["extra_saved_bytes"])
         for w in g.succ(v):
             s.addref(ok, ("f", w, v))
+        if v in kept:
+            s.addref(ok, ("keep", v))
         if d["is_output"]:
             s.addref(ok, ("out", v))
         if saving:
@@ -211,6 +232,8 @@ def _backward(s: StepState, g: Graph, nd: list[dict], plan: Plan, seg_inputs: li
         if seg.recompute:
             for u in seg_inputs[si]:
                 s.decref(_okey(g, u), ("seg", si))
+            for v in seg.keep:  # kept outputs the replay did not reach (after its early stop)
+                s.decref(_okey(g, v), ("keep", v))
     return extra_time
 
 
@@ -227,6 +250,7 @@ def _recompute(s: StepState, g: Graph, nd: list[dict], seg: Segment, stop: int,
     (:mod:`autoremat.replay_tail`: its first node and its inputs) the replay ends before the
     tail, holds the tail inputs until it ends, and what the tail's nodes save is held for them."""
     spent = 0.0
+    kept = set(seg.keep)
     tail_savers: dict[int, list[int]] = {}
     held: set[int] = set()
     todo = [v for v in seg.nodes if (v <= stop if tail is None else v < tail[0])]
@@ -243,15 +267,19 @@ def _recompute(s: StepState, g: Graph, nd: list[dict], seg: Segment, stop: int,
                     s.addref(_rkey(g, rroot, u), ("rs", w))
     for v in todo:
         d = nd[v]
-        spent += d["time_s"]
         a = d["alias_of"]
-        if a is None:
-            rroot[v] = ("r", v)
-            s.alloc(("r", v), d["alloc_bytes"])
-        elif a in rroot:
-            rroot[v] = rroot[a]
+        if v in kept:  # the stored output is handed on: nothing runs
+            rroot[v] = _okey(g, v)
+        else:
+            spent += d["time_s"]
+            if a is None:
+                rroot[v] = ("r", v)
+                s.alloc(("r", v), d["alloc_bytes"])
+            elif a in rroot:
+                rroot[v] = rroot[a]
         key = _rkey(g, rroot, v)
-        s.touch(d["extra_saved_bytes"] + d["fwd_temp_bytes"], "recompute", v)
+        if v not in kept:
+            s.touch(d["extra_saved_bytes"] + d["fwd_temp_bytes"], "recompute", v)
         if d["requires_grad"]:
             if d["extra_saved_bytes"]:
                 s.alloc(("rx", v), d["extra_saved_bytes"])
@@ -267,7 +295,10 @@ def _recompute(s: StepState, g: Graph, nd: list[dict], seg: Segment, stop: int,
         for u in g.pred(v):
             if u in replay:  # also views of the segment's inputs (original storage)
                 s.decref(_rkey(g, rroot, u), ("rf", v, u))
-        if v in rroot:
+        if v in kept:
+            if v != stop or not stops_before_running(g, v):  # else held to the segment's end
+                s.decref(key, ("keep", v))
+        elif v in rroot:
             s.maybe_free(key)
         s.mark("recompute", v)
     for u in held:  # the replay has returned its tail inputs
@@ -348,7 +379,8 @@ def _input_grads(s: StepState, g: Graph, nd: list[dict], v: int, gv: Hashable) -
 # ------------------------------------------------------------------------ per-node levels
 @dataclass
 class StepLevels:
-    """The live level at each event of the step with nothing recomputed (:func:`step_levels`)."""
+    """The live level at each event of one step (:func:`step_levels`; nothing recomputed unless
+    a plan is given)."""
 
     fwd_touch: list[int | None]
     """Per node: live bytes plus its saved extras and workspace during its forward."""
@@ -362,16 +394,23 @@ class StepLevels:
     loss_fwd_touch: int
     loss_bwd_touch: int
     peak: int
+    recompute_touch: list[int | None] = field(default_factory=list)
+    """Per node: live bytes plus its saved extras and workspace during its replay (``None``
+    where it is not replayed)."""
+    extra_time_s: float = 0.0
 
 
-def step_levels(graph: Graph) -> StepLevels:
-    """The levels :func:`simulate` sees at each node's forward and backward, nothing recomputed
-    (what :func:`autoremat.cost.chain.chain_from_graph` turns into the chain's terms)."""
+def step_levels(graph: Graph, plan: Plan | None = None) -> StepLevels:
+    """The levels :func:`simulate` sees at each node's forward, replay and backward under
+    ``plan`` (default: nothing recomputed; what :func:`autoremat.cost.chain.chain_from_graph`
+    turns into the chain's terms, and :mod:`autoremat.cost.block_chain` into its blocks')."""
     levels: dict[str, dict[int, int]] = {phase: {} for phase in (*PEAK_PLACES, "after bwd", "pgrad after bwd")}
-    sim = _run(graph, no_recompute_plan(graph), StepState(graph, record=False, levels=levels), None)
+    plan = no_recompute_plan(graph) if plan is None else plan
+    sim = _run(graph, plan, StepState(graph, record=False, levels=levels), None)
     n = len(graph)
     return StepLevels(fwd_touch=[levels["fwd"].get(v) for v in range(n)],
                       bwd_touch=[levels["bwd"].get(v) for v in range(n)], bwd_after=[levels["after bwd"][v] for v in range(n)],
                       pgrad_after=[levels["pgrad after bwd"][v] for v in range(n)],
                       loss_fwd_touch=levels["loss fwd"][-1], loss_bwd_touch=levels["loss bwd"][-1],
-                      peak=sim.peak_bytes)
+                      peak=sim.peak_bytes, recompute_touch=[levels["recompute"].get(v) for v in range(n)],
+                      extra_time_s=sim.extra_time_s)

@@ -59,10 +59,12 @@ from ..plan import Plan, check_segments
 from ._rollback import PatchPoints
 from .buffers import buffer_slot, dynamic_buffer_reads
 from .guard import GuardedForward, StateGuardWarning, op_structure, traced_through
+from .module_targets import module_targets as _module_targets
 from .sharding import ShardingWatch, apply_fx_sharded, is_sharded, module_plan_fingerprint
 from .offload import OffloadBegin, OffloadMark, Offloader
 from .region import REGION_MODES, CheckpointRegion, may_draw_random, trim_replay
 from .region import ProbedCall, is_recomputing, stateful_buffers, tail_mark
+from .selective import SelectiveCall
 from ..replay_tail import tails_of
 
 __all__ = ["apply", "restore", "is_patched", "CheckpointRegion", "offloader_of", "REGION_MODES", "is_recomputing",
@@ -425,6 +427,8 @@ def _build_forward(gm: torch.fx.GraphModule, ops: list[torch.fx.Node], plan: Pla
 def _apply_module(model: nn.Module, plan: Plan, names: list[str], regions: str) -> _PatchState:
     sharded = is_sharded(model)  # FSDP units: modules by their names before sharding (autoremat.runtime.sharding)
     fp, canonical = module_plan_fingerprint(model, plan) if sharded else (module_fingerprint(model), None)
+    if not sharded and plan.graph_fingerprint and plan.graph_fingerprint != fp:  # blocks captured op by op?
+        fp = module_fingerprint(model, "ops")
     if plan.graph_fingerprint and fp != plan.graph_fingerprint:
         why = first_difference(plan.tensors or {}, tensor_signature(model), "tensor")
         raise PlanMismatchError(f"plan was made for graph {plan.graph_fingerprint} but {type(model).__name__} "
@@ -437,14 +441,7 @@ def _apply_module(model: nn.Module, plan: Plan, names: list[str], regions: str) 
     for v in plan.offload:
         if names[v] not in mods:
             raise PlanMismatchError(f"plan offloads {names[v]!r}, which is not a module call of {type(model).__name__}")
-    targets: list[nn.Module] = []
-    for seg in plan.recompute_segments:
-        if len(seg.nodes) != 1:
-            raise PlanMismatchError("module-level plans recompute one module call per segment")
-        path = names[seg.nodes[0]]
-        if path not in mods:
-            raise PlanMismatchError(f"plan recomputes module {path!r}, which {type(model).__name__} does not have")
-        targets.append(mods[path])
+    targets = _module_targets(model, plan, names, sharded)
     offloader = Offloader() if plan.offload else None
     state = _PatchState(plan=plan, had_instance_forward="forward" in model.__dict__,
                         instance_forward=model.__dict__.get("forward"), offloader=offloader)
@@ -459,11 +456,14 @@ def _apply_module(model: nn.Module, plan: Plan, names: list[str], regions: str) 
                 lambda _m, _a, out, v=v: offloader.mark(out, v)))
         state.installed = _offloading_forward(model.forward, offloader)
         model.__dict__["forward"] = state.installed
-    for mod in targets:
+    for path, mod, keep in targets:
         had = "forward" in mod.__dict__
         orig = mod.forward
         # module level: arbitrary user code; its first forward finds out what it draws (see ProbedCall)
-        call = ProbedCall(orig, stateful_buffers([mod]), regions, tuple(mod.parameters()))
+        if keep:
+            call = SelectiveCall(orig, stateful_buffers([mod]), tuple(mod.parameters()), keep, path)
+        else:
+            call = ProbedCall(orig, stateful_buffers([mod]), regions, tuple(mod.parameters()))
         state.wrapped.append((mod, had, mod.__dict__.get("forward"), call))
         mod.__dict__["forward"] = call
     return state

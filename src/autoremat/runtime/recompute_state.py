@@ -16,8 +16,8 @@ import torch
 from torch import nn
 from torch.utils._python_dispatch import TorchDispatchMode
 
-__all__ = ["is_recomputing", "snapshot_buffers", "stateful_buffers", "checkpoint_kwargs", "param_versions",
-           "check_params", "RestoreBuffers", "SeededProbe"]
+__all__ = ["is_recomputing", "snapshot_buffers", "stateful_buffers", "checkpoint_kwargs", "restoring_contexts",
+           "BothContexts", "param_versions", "check_params", "RestoreBuffers", "SeededProbe"]
 
 _BN_TYPES = (nn.BatchNorm1d, nn.BatchNorm2d, nn.BatchNorm3d)
 _BN_STATS = frozenset({"running_mean", "running_var", "num_batches_tracked"})
@@ -79,7 +79,7 @@ class _Snapshot:
         return None
 
 
-class _Both:
+class BothContexts:
     """Two context managers entered in order, exited in reverse."""
 
     __slots__ = ("first", "second")
@@ -87,7 +87,7 @@ class _Both:
     def __init__(self, first: Any, second: Any) -> None:
         self.first, self.second = first, second
 
-    def __enter__(self) -> "_Both":
+    def __enter__(self) -> "BothContexts":
         self.first.__enter__()
         try:
             self.second.__enter__()
@@ -215,11 +215,11 @@ def checkpoint_kwargs(stateful: list[tuple[nn.Module, str]], preserve_rng: bool 
     # a partial, not a lambda: a patched model pickles (torch.save of the module); also without
     # buffers, for is_recomputing()
     kw: dict[str, Any] = {"use_reentrant": False, "preserve_rng_state": preserve_rng,
-                          "context_fn": functools.partial(_restoring_contexts, stateful, params)}
+                          "context_fn": functools.partial(restoring_contexts, stateful, params)}
     return kw
 
 
-def _restoring_contexts(stateful: list[tuple[nn.Module, str]], params: tuple[torch.Tensor, ...] = ()
+def restoring_contexts(stateful: list[tuple[nn.Module, str]], params: tuple[torch.Tensor, ...] = ()
                         ) -> tuple[Any, Any]:
     """``context_fn`` of ``torch.utils.checkpoint``: a forward taking a snapshot of the buffers
     (and the parameters' versions: called at the forward), a recomputation checking the versions,
@@ -228,7 +228,7 @@ def _restoring_contexts(stateful: list[tuple[nn.Module, str]], params: tuple[tor
     restore = RestoreBuffers(stateful, snap)
     if not params:
         return snap or contextlib.nullcontext(), restore
-    return snap or contextlib.nullcontext(), _Both(_ParamCheck(params), restore)
+    return snap or contextlib.nullcontext(), BothContexts(_ParamCheck(params), restore)
 
 
 _FILLS_SAVED = frozenset({"rrelu_with_noise", "rrelu_with_noise_"})

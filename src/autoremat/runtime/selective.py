@@ -28,8 +28,13 @@ every matmul output costs 2.0-2.5x HF checkpointing's peak for 0.88-0.93x its ti
 checkpointing's peak the knapsack has under 1 MiB to spend (that peak already equals autoremat's
 least one), so it changes nothing there (results under ``benchmarks/results/cpu/hf_inside_layer``).
 
-Modules with running statistics (batch norm) are refused: selective checkpointing takes
-``context_fn`` for itself, so the buffer-restoring recomputation of :mod:`.region` cannot run.
+:class:`SelectiveCall` runs one module call of a plan this way (``autoremat.apply`` of a plan
+whose segment keeps ops, ``Plan.module_calls``): the kept ops are named by their index in the
+call's op sequence and their name, and a call that dispatches another op at a kept index raises
+(the model is not the one captured). Its ``context_fn`` joins selective checkpointing's contexts
+with the buffer-restoring and parameter-checking ones of :mod:`.recompute_state`, so batch-norm
+statistics are updated once, as in every autoremat region. :func:`apply_selective` (the
+baseline of the benchmarks) refuses modules with running statistics.
 """
 
 from __future__ import annotations
@@ -43,9 +48,10 @@ from torch import nn
 from torch.utils.checkpoint import CheckpointPolicy, checkpoint, create_selective_checkpoint_contexts
 
 from ..capture.module import node_modules
-from .region import stateful_buffers
+from .recompute_state import SeededProbe, BothContexts, restoring_contexts
+from .region import compiled_region, stateful_buffers
 
-__all__ = ["MATMUL_OPS", "apply_selective", "restore_selective", "layer_paths", "is_selective"]
+__all__ = ["MATMUL_OPS", "apply_selective", "restore_selective", "layer_paths", "is_selective", "SelectiveCall"]
 
 _ATTR = "_autoremat_selective"
 
@@ -141,3 +147,64 @@ def restore_selective(model: nn.Module) -> nn.Module:
     for mod in model.__dict__.pop(_ATTR, []):
         mod.__dict__.pop("forward", None)
     return model
+
+
+class _KeptOps:
+    """The policy of one region call: ``MUST_SAVE`` for the ops at the kept indices (checked
+    against their names), ``PREFER_RECOMPUTE`` for the others."""
+
+    def __init__(self, keep: Mapping[int, str], where: str) -> None:
+        self.keep, self.where, self.seen = keep, where, 0
+
+    def __call__(self, ctx: Any, op: Any, *args: Any, **kwargs: Any) -> CheckpointPolicy:
+        i = self.seen
+        self.seen += 1
+        name = self.keep.get(i)
+        if name is None:
+            return CheckpointPolicy.PREFER_RECOMPUTE
+        if str(op) != name:
+            raise RuntimeError(f"autoremat: {self.where} dispatched {op} as its op {i}, where the captured step ran "
+                               f"{name}: the module runs other ops than when it was captured; capture it again "
+                               "and solve")
+        return CheckpointPolicy.MUST_SAVE
+
+
+def _selective_contexts(stateful: list[tuple[nn.Module, str]], params: tuple[torch.Tensor, ...],
+                        keep: Mapping[int, str], where: str) -> tuple[Any, Any]:
+    """``context_fn``: selective checkpointing's two contexts joined with the buffer-restoring and
+    parameter-checking ones (:func:`.recompute_state.checkpoint_kwargs`)."""
+    fwd, rec = restoring_contexts(stateful, params)
+    sac_fwd, sac_rec = create_selective_checkpoint_contexts(_KeptOps(keep, where))
+    return BothContexts(fwd, sac_fwd), BothContexts(rec, sac_rec)
+
+
+class SelectiveCall:
+    """A module-level recomputed call of a plan that keeps some op outputs (``apply`` wraps the
+    module's ``forward`` with it): non-reentrant ``torch.utils.checkpoint`` with selective
+    checkpointing's contexts. Its first forward with gradients replays the RNG and runs the
+    replay to its end; later ones replay the RNG only where a random op ran (as
+    :class:`~autoremat.runtime.region.ProbedCall`). Under ``torch.compile`` the call is a plain
+    checkpoint region (the kept ops are the compiler's choice there)."""
+
+    def __init__(self, fn: Callable[..., Any], stateful: list[tuple[nn.Module, str]], params: tuple[torch.Tensor, ...],
+                 keep: Mapping[int, str], where: str) -> None:
+        self.fn, self.stateful, self.params, self.where = fn, stateful, params, where
+        self.keep = dict(keep)
+        self.probed: SeededProbe | None = None
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        if not torch.is_grad_enabled():
+            return self.fn(*args, **kwargs)
+        if torch.compiler.is_compiling():
+            return compiled_region(self.fn, True, args, kwargs)
+        if self.probed is None:
+            with SeededProbe() as probe:
+                out = self._call(True, False, args, kwargs)
+            self.probed = probe
+            return out
+        return self._call(self.probed.seen, not self.probed.fills_saved, args, kwargs)
+
+    def _call(self, rng: bool, stop: bool, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+        context = functools.partial(_selective_contexts, self.stateful, self.params, self.keep, self.where)
+        return checkpoint(self.fn, *args, use_reentrant=False, preserve_rng_state=rng, context_fn=context,
+                          early_stop=stop, **kwargs)

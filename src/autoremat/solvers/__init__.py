@@ -15,6 +15,8 @@ simulated step peak is within the budget, and raises
 ``vdnn``
 ``combined``           :mod:`.combined` (recomputation plus offloading)
 ``milp``               :mod:`.milp` (the exact program over the same plan space, HiGHS)
+``blocks``             :mod:`.blocks` (repeated blocks solved once, chained by dynamic programming;
+                       rotor / Rockmate's structure in canonical plans)
 =====================  ===========================================================================
 
 Evaluation-only planners (brute force, TWRemat) are :mod:`.evaluation`; the cost models the
@@ -37,10 +39,11 @@ from typing import Any
 from ..budget import is_min, parse_budget
 from ..errors import InfeasibleBudgetError
 from ..graph import Graph
-from ..plan import Plan, validate_plan
+from ..plan import Plan, module_calls_of, validate_plan
 from ..replay_tail import replay_tails
 from ..cost import simulate, unoptimised_peak_bytes
 from ._config import SolverConfig, check_budget, option_names
+from .blocks import BlocksConfig, solve_blocks
 from .chen import ChenConfig, solve_chen
 from .combined import CombinedConfig, offload_allowed, solve_combined
 from .kusumoto import DPApproxConfig, DPExactConfig, solve_dp_approx, solve_dp_exact
@@ -55,9 +58,9 @@ from .least import auto_order, least_budget
 from .stable import DEFAULT_NOISE_TOLERANCE, stable_plan
 from .xla_greedy import XlaGreedyConfig, solve_xla_greedy
 
-__all__ = ["SOLVERS", "SOLVER_FUNCTIONS", "RegisteredSolver", "CONFIGS", "OFFLOAD_ONLY", "AUTO_ORDER", "SolverFn",
-           "SolverConfig", "solve", "finalize_plan", "bare_solver", "min_budget", "check_solver", "least_budget",
-           "DEFAULT_NOISE_TOLERANCE"]
+__all__ = ["SOLVERS", "SOLVER_FUNCTIONS", "RegisteredSolver", "CONFIGS", "OFFLOAD_ONLY", "AUTO_ORDER",
+           "AUTO_BLOCKS_ENOUGH_NODES", "SolverFn", "SolverConfig", "solve", "finalize_plan", "bare_solver",
+           "min_budget", "check_solver", "least_budget", "DEFAULT_NOISE_TOLERANCE"]
 
 logger = logging.getLogger(__name__)
 
@@ -75,6 +78,7 @@ SOLVER_FUNCTIONS: dict[str, SolverFn] = {
     "offload-dp": solve_offload_dp,
     "vdnn": solve_vdnn,
     "milp": solve_milp,
+    "blocks": solve_blocks,
 }
 """The bare solvers: name -> ``solve(graph, budget_bytes, *, config=None) -> Plan`` (segments and
 the solver's own options; :data:`SOLVERS` adds the finalisation)."""
@@ -113,10 +117,17 @@ CONFIGS: dict[str, type[SolverConfig]] = {
     "offload-dp": OffloadDPConfig,
     "vdnn": VdnnConfig,
     "milp": MilpConfig,
+    "blocks": BlocksConfig,
 }
 """Solver name -> its typed options (``config``); an option it does not list is a ``ValueError``."""
 
-AUTO_ORDER = ("none", "chen", "dp-approx", "combined")
+AUTO_ORDER = ("none", "blocks", "chen", "dp-approx", "combined")
+
+AUTO_BLOCKS_ENOUGH_NODES = 400
+"""``"auto"`` stops after ``"blocks"`` when it found a plan on a graph of at least this many nodes:
+on deep models the chain program is exact over per-block options in well under a second, where
+the node-by-node solvers after it take seconds to minutes (a 64-layer GPT at op level: dp-approx
+~16 s, issue 24)."""
 
 OFFLOAD_ONLY = ("offload-greedy", "offload-dp", "vdnn")
 """Registered solvers that only offload (no recomputation)."""
@@ -141,7 +152,7 @@ def finalize_plan(graph: Graph, plan: Plan, budget_bytes: int, solver: str,
                   options: Mapping[str, Any] | None = None) -> Plan:
     """Stamp a solver's plan with its graph, budget and predictions, and check it: what
     :func:`autoremat.apply` reads (``graph_mode``, ``node_names``, ``tensors``, ``inputs``, the
-    replay tails of an fx graph) and the simulated peak and extra time, at the link the solver
+    replay tails of an fx graph, the module calls of a module-level one) and the simulated peak and extra time, at the link the solver
     planned with (``options["bandwidth_bytes_per_s"]``, else the graph's)."""
     plan.solver = solver
     plan.budget_bytes = int(budget_bytes)
@@ -155,6 +166,7 @@ def finalize_plan(graph: Graph, plan: Plan, budget_bytes: int, solver: str,
     validate_plan(graph, plan)
     if graph.meta.get("mode") == "fx":  # module-level regions replay whole submodule calls
         plan.replay_tails = replay_tails(graph, plan)
+    plan.module_calls = module_calls_of(graph, plan)  # module level: the calls apply wraps, the ops they keep
     if plan.bandwidth_bytes_per_s is None:
         plan.bandwidth_bytes_per_s = plan.options.get("bandwidth_bytes_per_s")
     sim = simulate(graph, plan, check=False, record=False, bandwidth_bytes_per_s=plan.bandwidth_bytes_per_s)
@@ -174,9 +186,10 @@ def solve(graph: Graph, budget: Any, *, solver: str = "auto", auto_solvers: Sequ
     ``budget``: see :func:`autoremat.budget.parse_budget`, or ``"min"``: the least budget the
     solver (``"auto"``: any solver it tries) meets (:func:`.least.least_budget`). ``solver``: a
     key of :data:`SOLVERS`, or ``"auto"`` (no recomputation when it fits, else the best plan of
-    the registered solvers that fits; ``auto_solvers`` narrows the solvers ``"auto"`` tries; on
-    graphs of at most 120 nodes it also gives ``milp``'s exact lattice search up to 2 s to find
-    a cheaper plan, :func:`autoremat.solvers.milp.exact.auto_improve`).
+    the solvers of :data:`AUTO_ORDER` that fits, stopping after ``"blocks"`` on a large graph
+    where it found one, see :data:`AUTO_BLOCKS_ENOUGH_NODES`; ``auto_solvers`` narrows the
+    solvers ``"auto"`` tries; on graphs of at most 120 nodes it also gives ``milp``'s exact
+    lattice search up to 2 s to find a cheaper plan, :func:`autoremat.solvers.milp.exact.auto_improve`).
     ``noise_tolerance``: on measured times, the plan chosen from per-node reference costs is
     kept unless a plan is predicted faster by more than this fraction of the step time, so that
     captures differing only by timing noise give one plan (:mod:`.stable`; 0 turns it off).
@@ -227,6 +240,10 @@ def _solve_bytes(graph: Graph, budget_bytes: int, solver: str, auto_solvers: Seq
         if best is None or (plan.predicted_extra_time_s or 0.0) < (best.predicted_extra_time_s or 0.0):
             best = plan
         if name == "none":
+            break
+        if name == "blocks" and len(graph) >= AUTO_BLOCKS_ENOUGH_NODES:
+            logger.info("solver='auto': %d nodes and a plan of the blocks solver; not trying the node-by-node "
+                        "solvers (AUTO_BLOCKS_ENOUGH_NODES)", len(graph))
             break
     if best is None:
         raise InfeasibleBudgetError(budget_bytes, least_min, solver="auto")

@@ -1,0 +1,175 @@
+"""Repeated blocks captured op by op at module level (issue 24: choices inside the layer).
+
+A module-level capture makes each repeated block (a member of an ``nn.ModuleList`` /
+``nn.Sequential``: a transformer layer) one node, so the least plan it can express is per-layer
+checkpointing. With ``blocks="ops"`` the blocks are captured op by op instead: every ATen op
+the block's call dispatches becomes a node (recorded like the glue between modules: storages,
+views, what autograd saves, backward workspace), with
+
+* ``scope``: the module calls it runs inside, from the block down (``model.layers.3``,
+  ``model.layers.3.mlp``, ``model.layers.3.mlp.down_proj``); every such call is a *call region*
+  (:meth:`autoremat.graph.Graph.call_regions`) that a plan may recompute as one checkpoint
+  region: the whole block, or a sub-module of it (a layer split into several regions);
+* ``op_index``: the op's position in the block call's op sequence as selective checkpointing
+  counts it (``torch.utils.checkpoint.SAC_IGNORED_OPS`` left out); ``meta["call_op_start"]``
+  says where each call region's own sequence starts, so a plan can name kept ops by their
+  index in the region it wraps (:mod:`autoremat.runtime.selective`).
+
+Op nodes are not recomputable on their own (``recomputable=False``: solvers that recompute
+single module-level nodes leave them alone); their call regions are, unless an input of the
+block was written in place after the block read it (``meta["pinned_regions"]``), or the call
+ran more than once in the step (then it is no scope entry).
+
+Times: the op sequence is timed once under a dispatch mode (``perf_counter`` around each op);
+each block call's forward time, measured with the model's own module hooks like any node, is
+shared among its ops in proportion, and its backward time the same way.
+
+Decision (option a of the issue, by measurement): ``torch.export`` gives an op graph of Hugging
+Face models too, but its gradients differ from eager on Llama (see
+:mod:`autoremat.runtime.selective`); recording the eager ops keeps the model's own code running.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Collection, Mapping, Sequence
+from typing import Any
+
+import torch
+from torch import nn
+from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils.checkpoint import SAC_IGNORED_OPS
+
+__all__ = ["BLOCK_MODES", "BlockScopes", "block_paths", "OpTimer", "share_times"]
+
+BLOCK_MODES = ("auto", "module", "ops")
+"""``capture(..., blocks=)``: repeated blocks as one node each, or op by op (``"auto"``: op by op)."""
+
+_PSEUDO = 1 << 40
+"""Ids of block calls in the mutation log (above any node id)."""
+
+
+def block_paths(model: nn.Module, node_paths: Sequence[str]) -> list[str]:
+    """The node modules of ``node_paths`` that are repeated blocks: members of a container
+    (``ModuleList``, ``Sequential``, ``ModuleDict``) that have submodules."""
+    mods = dict(model.named_modules())
+    containers = (nn.ModuleList, nn.Sequential, nn.ModuleDict)
+    out = []
+    for path in node_paths:
+        parent = path.rpartition(".")[0]
+        if parent in mods and isinstance(mods[parent], containers) and next(mods[path].children(), None) is not None:
+            out.append(path)
+    return out
+
+
+class BlockScopes:
+    """The module-call stack, op counter and call starts while a block is recorded op by op."""
+
+    def __init__(self, model: nn.Module, blocks: Collection[str]) -> None:
+        self.blocks = set(blocks)
+        self.active: str | None = None
+        self.stack: list[str] = []
+        self.count = 0
+        self.calls: dict[str, int] = {}
+        self.start: dict[str, int] = {}
+        self.block_calls: list[str] = []
+        """The blocks in call order (one entry per call)."""
+        self._inner: list[tuple[str, nn.Module]] = []
+        mods = dict(model.named_modules())
+        for path in blocks:
+            for name, sub in mods[path].named_modules():
+                if name:
+                    self._inner.append((f"{path}.{name}", sub))
+
+    def pseudo_id(self) -> int | None:
+        """An id for the block call now running (the mutation log's reader), else ``None``."""
+        return None if self.active is None else _PSEUDO + len(self.block_calls) - 1
+
+    def enter_block(self, path: str) -> None:
+        self.active = path
+        self.stack = [path]
+        self.count = 0
+        self.calls[path] = self.calls.get(path, 0) + 1
+        self.start[path] = 0
+        self.block_calls.append(path)
+
+    def leave_block(self) -> None:
+        self.active = None
+        self.stack = []
+
+    def count_op(self, func: Any) -> int | None:
+        """The op's index in the block call's sequence (``None`` for ops selective checkpointing
+        ignores)."""
+        if func in SAC_IGNORED_OPS:
+            return None
+        i = self.count
+        self.count += 1
+        return i
+
+    def register(self) -> list[Any]:
+        """Hooks on every module inside the blocks that keep the call stack; returns the handles."""
+        handles = []
+        for path, mod in self._inner:
+            handles.append(mod.register_forward_pre_hook(self._pre(path)))
+            handles.append(mod.register_forward_hook(self._post(path)))
+        return handles
+
+    def _pre(self, path: str) -> Callable[..., None]:
+        def hook(_m: nn.Module, _a: tuple) -> None:
+            if self.active is not None:
+                self.stack.append(path)
+                self.calls[path] = self.calls.get(path, 0) + 1
+                self.start[path] = self.count
+        return hook
+
+    def _post(self, path: str) -> Callable[..., None]:
+        def hook(_m: nn.Module, _a: tuple, _o: Any) -> None:
+            if self.active is not None and self.stack and self.stack[-1] == path:
+                self.stack.pop()
+        return hook
+
+    def scope(self) -> tuple[str, ...]:
+        """The current call stack, calls made more than once so far left out (fixed in
+        :meth:`single_calls` at the end)."""
+        return tuple(self.stack)
+
+    def single_calls(self) -> set[str]:
+        return {p for p, n in self.calls.items() if n == 1}
+
+
+class OpTimer(TorchDispatchMode):
+    """Times every op dispatched inside the blocks (``perf_counter``), per block call in order."""
+
+    def __init__(self, scopes: BlockScopes) -> None:
+        super().__init__()
+        self.scopes = scopes
+        self.times: list[dict[int, float]] = []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # type: ignore[override]
+        if self.scopes.active is None or func in SAC_IGNORED_OPS:
+            return func(*args, **(kwargs or {}))
+        if len(self.times) < len(self.scopes.block_calls):
+            self.times.append({})
+        i = self.scopes.count_op(func)
+        t0 = time.perf_counter()
+        out = func(*args, **(kwargs or {}))
+        self.times[-1][i] = time.perf_counter() - t0  # type: ignore[index]
+        return out
+
+
+def share_times(block_of: Mapping[int, tuple[int, int]], op_times: Sequence[Mapping[int, float]],
+                call_fwd: Sequence[float], call_bwd: Sequence[float]) -> dict[int, tuple[float, float]]:
+    """Forward and backward time per op node: each block call's measured times shared among its
+    op nodes in proportion to their op times. ``block_of``: node -> (block call, op index)."""
+    totals: dict[int, float] = {}
+    for v, (call, i) in block_of.items():
+        totals[call] = totals.get(call, 0.0) + op_times[call].get(i, 0.0)
+    out: dict[int, tuple[float, float]] = {}
+    counts: dict[int, int] = {}
+    for _v, (call, _i) in block_of.items():
+        counts[call] = counts.get(call, 0) + 1
+    for v, (call, i) in block_of.items():
+        total = totals[call]
+        share = op_times[call].get(i, 0.0) / total if total > 0 else 1.0 / counts[call]
+        out[v] = (call_fwd[call] * share, call_bwd[call] * share)
+    return out

@@ -1,0 +1,40 @@
+"""``autoremat.solvers.blocks.detect``: blocks are the runs of container members, identical ones
+share a class, a path in two runs is no block."""
+
+from __future__ import annotations
+
+import random
+
+import networkx as nx
+
+from _graphs import block_chain
+from autoremat.graph import Graph
+from autoremat.solvers.blocks.detect import block_path, find_blocks
+
+
+def test_blocks_and_classes_of_a_chain():
+    g = block_chain(random.Random(0), 5, width=6, classes=2)
+    b = find_blocks(g)
+    assert b.paths == tuple(f"layers.{j}" for j in range(5))
+    assert all(nodes == tuple(range(nodes[0], nodes[0] + 6)) for nodes in b.nodes)
+    # block 0 reads the prefix twice over (its input is the prefix): a class of its own;
+    # the others alternate between the two templates
+    assert b.classes[2] == b.classes[4] != b.classes[3] and b.classes[1] == 1
+    assert b.repeated == sum(1 for j, c in enumerate(b.classes) if c != j)
+
+
+def test_block_path_is_the_outermost_member():
+    assert block_path(("blocks", "blocks.3", "blocks.3.attn")) == "blocks.3"
+    assert block_path(("encoder.block.0", "encoder.block.0.layer.1")) == "encoder.block.0"
+    assert block_path(("embed",)) is None
+
+
+def test_a_path_in_two_runs_is_no_block():
+    g = nx.DiGraph()
+    scopes = [("a.0",), ("b",), ("a.0",), ("c.1",), ("c.1",)]
+    for v, scope in enumerate(scopes):
+        g.add_node(v, name=f"n{v}", out_bytes=1, alloc_bytes=1, saves=(v,), scope=scope)
+        if v:
+            g.add_edge(v - 1, v)
+    b = find_blocks(Graph(g, {"loss_saves": [4]}))
+    assert b.paths == ("c.1",) and b.nodes == ((3, 4),)
