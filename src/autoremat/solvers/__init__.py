@@ -138,8 +138,9 @@ def finalize_plan(graph: Graph, plan: Plan, budget_bytes: int, solver: str,
                   options: Mapping[str, Any] | None = None) -> Plan:
     """Stamp a solver's plan with its graph, budget and predictions, and check it: what
     :func:`autoremat.apply` reads (``graph_mode``, ``node_names``, ``tensors``, ``inputs``, the
-    replay tails of an fx graph) and the simulated peak and extra time, at the link the solver
-    planned with (``options["bandwidth_bytes_per_s"]``, else the graph's)."""
+    replay tails of an fx graph, the order of first backward use of the offloaded nodes) and the
+    simulated peak and extra time, at the link the solver planned with
+    (``options["bandwidth_bytes_per_s"]``, else the graph's)."""
     plan.solver = solver
     plan.budget_bytes = int(budget_bytes)
     plan.graph_fingerprint = graph.fingerprint
@@ -155,6 +156,8 @@ def finalize_plan(graph: Graph, plan: Plan, budget_bytes: int, solver: str,
     if plan.bandwidth_bytes_per_s is None:
         plan.bandwidth_bytes_per_s = plan.options.get("bandwidth_bytes_per_s")
     sim = simulate(graph, plan, check=False, record=False, bandwidth_bytes_per_s=plan.bandwidth_bytes_per_s)
+    if plan.offload and not plan.offload_order:  # what the runtime prefetches in (it has no graph)
+        plan.offload_order = tuple(sim.offload_order)
     plan.predicted_peak_bytes = sim.peak_bytes
     plan.predicted_extra_time_s = sim.extra_time_s
     if sim.peak_bytes > budget_bytes:  # the contract: never a plan over budget, whatever the solver
