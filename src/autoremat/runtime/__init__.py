@@ -56,7 +56,7 @@ from ..plan import Plan, check_segments
 from ._rollback import PatchPoints
 from .buffers import buffer_slot, dynamic_buffer_reads
 from .guard import GuardedForward, StateGuardWarning, op_structure
-from .offload import OffloadBegin, OffloadMark, Offloader
+from .offload import OffloadBegin, OffloadMark, OffloadWait, Offloader
 from .region import REGION_MODES, CheckpointRegion, may_draw_random, trim_replay
 from .region import ProbedCall, is_recomputing, stateful_buffers, tail_mark
 from ..replay_tail import tails_of
@@ -101,9 +101,39 @@ def _offloading_forward(forward: Any, offloader: Offloader) -> Any:
             return forward(*args, **kwargs)
         offloader.begin_step()
         with offloader.active():
-            return forward(*args, **kwargs)
+            out = forward(*args, **kwargs)
+        for t in _output_tensors(out):  # backward starts when an output's gradient arrives
+            if t.requires_grad:
+                t.register_hook(functools.partial(_start_backward, offloader))
+        return out
 
     return run
+
+
+def _start_backward(offloader: Offloader, grad: torch.Tensor) -> None:
+    offloader.start_backward()
+
+
+def _output_tensors(value: Any) -> list[torch.Tensor]:
+    if isinstance(value, torch.Tensor):
+        return [value]
+    if isinstance(value, (list, tuple)):
+        return [t for v in value for t in _output_tensors(v)]
+    if isinstance(value, dict):
+        return [t for v in value.values() for t in _output_tensors(v)]
+    if hasattr(value, "__dataclass_fields__") or hasattr(value, "to_tuple"):  # HF ModelOutput, dataclasses
+        return [t for v in vars(value).values() for t in _output_tensors(v)]
+    return []
+
+
+def _new_offloader(plan: Plan) -> Offloader | None:
+    if not plan.offload:
+        return None
+    if not plan.offload_order:
+        logger.info("the plan offloads %d nodes but has no offload_order (it was not finalised by "
+                    "autoremat.solve); prefetching the storage whose holder was registered last first",
+                    len(plan.offload))
+    return Offloader(plan.offload_order, plan.offload_waits)
 
 
 def is_patched(model: nn.Module) -> bool:
@@ -202,7 +232,7 @@ def _apply_fx(model: nn.Module, plan: Plan, names: list[str], regions: str) -> _
         why = first_difference(list(names), [n.name for n in ops], "node")
         raise PlanMismatchError(f"plan node names do not match the traced model ({why}); capture and solve again")
     _check_fx_plan(plan, ops)
-    offloader = Offloader() if plan.offload else None
+    offloader = _new_offloader(plan)
     forward_module = _build_forward(gm, ops, plan, offloader, regions, model)
     state = _PatchState(plan=plan, had_instance_forward=False, forward_module=forward_module, offloader=offloader)
     build = _Rebuild(model, plan, offloader, regions, op_structure(gm, ops))
@@ -306,6 +336,14 @@ def _build_forward(gm: torch.fx.GraphModule, ops: list[torch.fx.Node], plan: Pla
             attrs[key] = OffloadBegin(offloader, offload_ids[n])
             new.call_module(key, ())
 
+    waits = {ops[v]: v for v in plan.offload_waits}
+
+    def wait(n: torch.fx.Node) -> None:
+        if offloader is not None and n in waits:
+            key = f"autoremat_offload_wait_{waits[n]}"
+            attrs[key] = OffloadWait(offloader, waits[n])
+            new.call_module(key, ())
+
     def marked(n: torch.fx.Node) -> None:
         if offloader is not None and n in offload_ids:
             key = f"autoremat_offload_{offload_ids[n]}"
@@ -336,6 +374,7 @@ def _build_forward(gm: torch.fx.GraphModule, ops: list[torch.fx.Node], plan: Pla
                 for u in n.all_input_nodes:
                     if u not in env:
                         need(u, new, env)
+                wait(n)
                 begin(n)
                 env[n] = new.node_copy(n, lambda u: env[u])  # a call_module target: see _flat_module
                 marked(n)
@@ -397,6 +436,7 @@ def _build_forward(gm: torch.fx.GraphModule, ops: list[torch.fx.Node], plan: Pla
         for u in inputs:
             if u not in env:
                 need(u, new, env)
+        wait(members[0])
         call = new.call_module(key, tuple(env[u] for u in inputs))
         for i, n in enumerate(outputs):
             env[n] = new.call_function(operator.getitem, (call, i))
@@ -426,7 +466,7 @@ def _apply_module(model: nn.Module, plan: Plan, names: list[str], regions: str) 
         if path not in mods:
             raise PlanMismatchError(f"plan recomputes module {path!r}, which {type(model).__name__} does not have")
         targets.append(mods[path])
-    offloader = Offloader() if plan.offload else None
+    offloader = _new_offloader(plan)
     state = _PatchState(plan=plan, had_instance_forward="forward" in model.__dict__,
                         instance_forward=model.__dict__.get("forward"), offloader=offloader)
     if offloader is not None:
@@ -438,6 +478,11 @@ def _apply_module(model: nn.Module, plan: Plan, names: list[str], regions: str) 
                 lambda _m, _a, v=v: offloader.begin_node(v)))
             state.hooks.append(mods[path].register_forward_hook(
                 lambda _m, _a, out, v=v: offloader.mark(out, v)))
+        for v in plan.offload_waits:
+            if names[v] not in mods:
+                raise PlanMismatchError(f"plan waits before {names[v]!r}, which is not a module call of "
+                                        f"{type(model).__name__}")
+            state.hooks.append(mods[names[v]].register_forward_pre_hook(lambda _m, _a, v=v: offloader.wait(v)))
         state.installed = _offloading_forward(model.forward, offloader)
         model.__dict__["forward"] = state.installed
     for mod in targets:
