@@ -174,13 +174,14 @@ class Offload:
         self.s.touch(0, "prefetch", r)
 
     def need(self, r: int) -> None:
-        """A holder of ``r`` is about to use it: wait for its prefetch, start the next one."""
+        """A holder of ``r`` is about to use it: wait for its prefetch; on its first use, start
+        the prefetch of the next storage in order that is not prefetched yet."""
         if r not in self.ready_at:
             self._prefetch(r)
         if self.ready_at[r] > self.clock:
             self.stall_s += self.ready_at[r] - self.clock
             self.clock = self.ready_at[r]
-        if r in self.order:
+        if r in self.order:  # its first use: start the next prefetch
             self.order.remove(r)
             self.needed.append(r)
-        self._prefetch_next()
+            self._prefetch_next()

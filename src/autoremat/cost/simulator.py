@@ -235,9 +235,9 @@ def _backward(s: StepState, st: _Step, seg_inputs: list[set[int]]) -> float:
         for v in reversed(seg.nodes):
             off.advance()
             if v == stop:
-                for u, r in held.items():  # the replay reads the region's offloaded inputs
+                for u, r in held.items():  # the replay reads the region's offloaded inputs (and views of them)
                     off.need(r)
-                    rroot[u] = off.key(r)
+                    rroot[u] = rroot[r] = off.key(r)
                 spent = _recompute(s, g, nd, seg, stop, rroot, tails.get(si))
                 extra_time += spent
                 off.clock += spent
@@ -257,7 +257,8 @@ def _rkey(g: Graph, rroot: dict[int, Hashable], v: int) -> Hashable:
     """Storage key of ``v``'s value during the recomputation of a segment."""
     if v in rroot:
         return rroot[v]
-    return _okey(g, v)
+    r = g.root(v)
+    return rroot[r] if r in rroot else ("o", r)  # an offloaded input's storage is its prefetched copy
 
 
 def _recompute(s: StepState, g: Graph, nd: list[dict], seg: Segment, stop: int,
