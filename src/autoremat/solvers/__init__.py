@@ -13,6 +13,8 @@ simulated step peak is within the budget, and raises
 ``offload-greedy``,    :mod:`.beaumont` (Beaumont et al., GPU-CPU offloading; the chain solvers
 ``offload-dp``,        behind them in :mod:`.beaumont.chain_solvers`)
 ``vdnn``
+``offload-dag``        :mod:`.offload_dag` (Beaumont et al.'s transfer model on the graph itself:
+                       saved tensors and offloaded checkpoints, forward waits)
 ``combined``           :mod:`.combined` (recomputation plus offloading)
 ``milp``               :mod:`.milp` (the exact program over the same plan space, HiGHS)
 =====================  ===========================================================================
@@ -48,6 +50,7 @@ from .milp import solve_milp
 from .milp.config import MilpConfig
 from .minimum import min_budget
 from .none import NoneConfig, solve_none
+from .offload_dag import OffloadDagConfig, solve_offload_dag
 from .beaumont import (OffloadDPConfig, OffloadGreedyConfig, VdnnConfig, solve_offload_dp, solve_offload_greedy,
                             solve_vdnn)
 from .reforward import ReforwardConfig, solve_reforward
@@ -71,6 +74,7 @@ SOLVER_FUNCTIONS: dict[str, SolverFn] = {
     "offload-greedy": solve_offload_greedy,
     "offload-dp": solve_offload_dp,
     "vdnn": solve_vdnn,
+    "offload-dag": solve_offload_dag,
     "milp": solve_milp,
 }
 """The bare solvers: name -> ``solve(graph, budget_bytes, *, config=None) -> Plan`` (segments and
@@ -109,13 +113,14 @@ CONFIGS: dict[str, type[SolverConfig]] = {
     "offload-greedy": OffloadGreedyConfig,
     "offload-dp": OffloadDPConfig,
     "vdnn": VdnnConfig,
+    "offload-dag": OffloadDagConfig,
     "milp": MilpConfig,
 }
 """Solver name -> its typed options (``config``); an option it does not list is a ``ValueError``."""
 
 AUTO_ORDER = ("none", "chen", "dp-approx", "combined")
 
-OFFLOAD_ONLY = ("offload-greedy", "offload-dp", "vdnn")
+OFFLOAD_ONLY = ("offload-greedy", "offload-dp", "vdnn", "offload-dag")
 """Registered solvers that only offload (no recomputation)."""
 
 
