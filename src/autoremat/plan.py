@@ -291,8 +291,7 @@ def validate_plan(graph: Graph, plan: Plan) -> None:
                 raise ValueError(f"segment {i} recomputes nodes the runtime cannot wrap: {bad[:5]}")
     if plan.offload:
         offloadable = offloadable_nodes(graph, plan)
-        bad = [v for v in plan.offload if v not in offloadable
-               or (graph.meta.get("mode") == "module" and graph.node(v)["kind"] == "glue")]
+        bad = [v for v in plan.offload if v not in offloadable]
         if bad:
             raise ValueError(f"offload names nodes {bad[:5]} whose output the plan does not keep for backward (no "
                              "node outside a recomputed segment saves it and no recomputed segment that replays "
@@ -309,7 +308,9 @@ def validate_plan(graph: Graph, plan: Plan) -> None:
 
 def offloadable_nodes(graph: Graph, plan: Plan) -> set[int]:
     """Storage roots the plan keeps for backward: saved by some node outside the plan's recomputed
-    segments, or an input of a recomputed segment whose replay runs (:func:`region_stop`)."""
+    segments, or an input of a recomputed segment whose replay runs (:func:`region_stop`). In
+    module-level graphs glue ops (tensor code between module calls) are left out: the runtime marks
+    outputs of module calls only."""
     recomputed = plan.recomputed_nodes
     out: set[int] = set()
     for w in graph.nodes:
@@ -326,6 +327,8 @@ def offloadable_nodes(graph: Graph, plan: Plan) -> set[int]:
             for u in {u for v in seg.nodes for u in graph.pred(v) if u not in members}:
                 if graph.node(graph.root(u))["alloc_bytes"] > 0:
                     out.add(graph.root(u))
+    if graph.meta.get("mode") == "module":
+        out = {r for r in out if graph.node(r)["kind"] != "glue"}
     return out
 
 

@@ -127,6 +127,11 @@ class HostInput:
         self.version = t._version
         self.tensor = t if t.device.type != "cuda" else None  # CPU: no copy, the version stays checkable
 
+    @property
+    def node(self) -> int:
+        """The offloaded node whose storage this input lives in."""
+        return self.packed[0].node
+
     def unpack(self) -> torch.Tensor:
         if self.tensor is not None and self.tensor._version != self.version:
             raise RuntimeError(

@@ -322,10 +322,14 @@ class _Frame:
             if len(got) == need:
                 raise _StopRecomputation
 
+        # offloaded inputs come back in node order, the order the simulator's replay needs them in
+        # (argument order may differ: DenseNet's concatenations), so the prefetch chain is the plan's
+        back = {id(a): a.unpack() for a in sorted(self.offloaded, key=lambda a: a.node)}
+
         def fresh(a: Any) -> Any:
             if type(a) is not _SavedInput and type(a) is not HostInput:
                 return a
-            t = a.unpack()
+            t = back[id(a)] if type(a) is HostInput else a.unpack()
             return t.detach().requires_grad_(t.requires_grad)
 
         args = [fresh(a) for a in self.args]

@@ -1,0 +1,188 @@
+"""The offload runtime on DAG plans (issue 22): offloaded checkpoints (inputs of recomputed
+regions), storages kept by several holders, views, forward waits, prefetch in the plan's order.
+
+On the CPU the runtime is exact bookkeeping: what it packs, the bytes, the order in which
+backward first uses each storage, the prefetches it starts and the forward waits it runs are
+compared with the simulator's prediction for the same plan, and gradients are ``torch.equal`` to
+the unpatched model's.
+"""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+from torch import nn
+
+import autoremat
+from autoremat.cost import simulate
+from autoremat.measure import gradients, gradients_equal, run_step
+from autoremat.plan import Plan, Segment, offloadable_nodes, wait_points
+from autoremat.runtime import offloader_of
+from autoremat.runtime.offload import Offloader
+from autoremat.solvers import finalize_plan
+from autoremat.solvers.combined import checkpoint_plans
+
+
+_GRAPHS: dict[str, autoremat.Graph] = {}
+
+
+def zoo_case(name: str) -> tuple[nn.Module, tuple, autoremat.Graph]:
+    """A fresh zoo model at batch 1, its inputs and its graph (captured once per module: the
+    bookkeeping compared here does not depend on the measured times)."""
+    model, args = autoremat.zoo.build(name, batch_size=1)
+    if name not in _GRAPHS:
+        _GRAPHS[name] = autoremat.capture(model, args, repeats=1, warmup=0)
+    return model, args, _GRAPHS[name]
+
+
+def run_and_compare(model: nn.Module, args: tuple, g: autoremat.Graph, plan: Plan, *, loss_fn=None, regions="lean"):
+    """One step unpatched and one patched; returns the offloader's stats (gradients checked)."""
+    reference = copy.deepcopy(model)
+    torch.manual_seed(0)
+    run_step(reference, args, loss_fn=loss_fn)
+    autoremat.apply(model, plan, regions=regions)
+    try:
+        torch.manual_seed(0)
+        run_step(model, args, loss_fn=loss_fn)
+        stats = offloader_of(model).stats
+    finally:
+        autoremat.restore(model)
+    assert gradients_equal(gradients(reference), gradients(model))
+    assert offloader_of(model) is None and "forward" not in model.__dict__
+    return stats
+
+
+def check_bookkeeping(g: autoremat.Graph, plan: Plan, stats) -> None:
+    """The runtime did what the simulator predicts for ``plan``."""
+    sim = simulate(g, plan)
+    assert sorted(stats.packed_nodes) == list(plan.offload)
+    assert stats.packed_bytes == sim.offloaded_bytes == sum(g.node(v)["alloc_bytes"] for v in plan.offload)
+    assert stats.fetched_nodes == sim.offload_order == list(plan.offload_order)  # order of first backward use
+    assert stats.prefetched_nodes == list(plan.offload_order)  # prefetches in the plan's order
+    order = {v: i for i, v in enumerate(v for seg in plan.segments for v in seg.nodes)}
+    assert stats.waits == sorted(plan.offload_waits.items(), key=lambda kv: order[kv[0]])
+
+
+def dag_plan(g: autoremat.Graph, base: Plan, wait_limit_fraction: float = 0.5) -> Plan:
+    """``base`` with every storage it keeps offloaded and forward waits derived from a limit."""
+    offload = tuple(sorted(offloadable_nodes(g, base)))
+    plan = Plan(list(base.segments), offload=offload)
+    limit = int(wait_limit_fraction * simulate(g, base).peak_bytes)
+    plan.offload_waits = simulate(g, plan, bandwidth_bytes_per_s=1e6, offload_wait_limit_bytes=limit).offload_waits
+    return finalize_plan(g, plan, 10**15, "manual")
+
+
+@pytest.mark.parametrize("name", ["unet", pytest.param("densenet121", marks=pytest.mark.slow)])
+def test_offloaded_checkpoints_on_dag_models_match_the_simulator(name: str):
+    model, args, g = zoo_case(name)
+    base = checkpoint_plans(g, 4)[1]  # a few recomputed parts: their inputs are checkpoints
+    plan = dag_plan(g, base)
+    regions_inputs = {g.root(u) for seg in plan.segments if seg.recompute for v in seg.nodes
+                      for u in g.pred(v) if u not in seg.nodes}
+    assert regions_inputs & set(plan.offload), "no offloaded checkpoint in the plan"
+    stats = run_and_compare(model, args, g, plan)
+    check_bookkeeping(g, plan, stats)
+    assert stats.region_inputs > 0 and stats.saves > 0
+
+
+@pytest.mark.parametrize(("solver", "fraction"), [("offload-dag", 0.8), ("combined", 0.65)])
+def test_solver_plans_run_as_simulated(solver: str, fraction: float):
+    """What the DAG solvers return runs with equal gradients and the predicted bookkeeping (the
+    U-Net's long skips: offload-dag offloads saved tensors; combined, at a budget offload alone
+    cannot meet, also recomputes and offloads that region's inputs)."""
+    model, args, g = zoo_case("unet")
+    budget = int(fraction * simulate(g, autoremat.cost.no_recompute_plan(g)).peak_bytes)
+    plan = autoremat.solve(g, budget, solver=solver, offload=True)
+    assert plan.offload and simulate(g, plan).peak_bytes <= budget
+    if solver == "combined":
+        assert plan.recompute_segments
+    stats = run_and_compare(model, args, g, plan)
+    check_bookkeeping(g, plan, stats)
+
+
+class Branches(nn.Module):
+    """``a`` is saved by two consumers and is the input of a recomputed region through a view."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.inp = nn.Linear(16, 32)
+        self.left = nn.Linear(32, 32)
+        self.right = nn.Linear(32, 32)
+        self.mid = nn.Linear(32, 32)
+        self.out = nn.Linear(32, 4)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        a = torch.relu(self.inp(x))
+        b = self.left(a) * self.right(a)  # two consumers save a; the product saves both factors
+        v = a.view(a.shape[0], 4, 8).transpose(1, 2).reshape(a.shape[0], 32)  # a view, then a copy
+        c = torch.tanh(self.mid(b + a.view(a.shape[0], 32)))
+        return self.out(c + v)
+
+
+def test_several_holders_views_and_a_region_input_share_one_host_copy():
+    model, x = Branches(), torch.randn(8, 16)
+    g = autoremat.capture(model, (x,))
+    at = {g.node(v)["name"]: v for v in g.nodes}
+    relu, add, tanh = at["relu"], at["add"], at["tanh"]
+    # left and right save relu's output; the region (add, mid, tanh) takes a view of it
+    segments = [Segment(tuple(range(0, relu + 1)), False), Segment(tuple(range(relu + 1, add)), False),
+                Segment(tuple(range(add, tanh + 1)), True), Segment(tuple(range(tanh + 1, len(g))), False)]
+    base = Plan(segments)
+    region_inputs = {u for v in segments[2].nodes for u in g.pred(v) if u not in segments[2].nodes}
+    assert any(g.node(u)["kind"] == "view" and g.root(u) == relu for u in region_inputs)
+    assert relu in offloadable_nodes(g, base)
+    plan = finalize_plan(g, Plan(list(base.segments), offload=(relu,)), 10**15, "manual")
+    stats = run_and_compare(model, (x,), g, plan)
+    check_bookkeeping(g, plan, stats)
+    assert stats.packed_nodes == [relu] and stats.saves >= 2 and stats.region_inputs == 1  # one storage
+
+
+def test_torch_regions_refuse_an_offloaded_checkpoint():
+    model, args, g = zoo_case("unet")
+    plan = dag_plan(g, checkpoint_plans(g, 4)[1])
+    autoremat.apply(model, plan, regions="torch")
+    try:
+        with pytest.raises(RuntimeError, match="regions='lean'"):
+            run_step(model, args)
+    finally:
+        autoremat.restore(model)
+
+
+def test_waits_run_where_the_plan_says():
+    model, args, g = zoo_case("unet")
+    base = autoremat.cost.no_recompute_plan(g)
+    plan = dag_plan(g, base, wait_limit_fraction=0.3)
+    assert plan.offload_waits and set(plan.offload_waits) <= wait_points(g, plan)
+    stats = run_and_compare(model, args, g, plan)
+    check_bookkeeping(g, plan, stats)
+
+
+def test_module_level_offloaded_checkpoints():
+    pytest.importorskip("transformers")
+    from autoremat.zoo import hf
+
+    model = hf.gpt2(n_layer=3, n_embd=32, n_head=2, vocab_size=64, seq=32)
+    ids = torch.randint(0, 64, (2, 32))
+    g = autoremat.capture(model, (ids,), loss_fn=hf.logits_mean, repeats=1, warmup=0)
+    base = checkpoint_plans(g, 1)[0]  # every module call on its own
+    assert base.recompute_segments
+    plan = dag_plan(g, base)
+    stats = run_and_compare(model, (ids,), g, plan, loss_fn=hf.logits_mean)
+    assert stats.region_inputs > 0 and sorted(stats.packed_nodes) == list(plan.offload)
+    assert stats.fetched_nodes == simulate(g, plan).offload_order
+
+
+def test_a_new_storage_at_a_released_storages_key_gets_its_own_handle() -> None:
+    """On CUDA the offloader releases a storage once its host copy is done, and the allocator may
+    give its key (the storage's address) to a new storage saved later in the step; that save must
+    not be answered with the old storage's host copy. On the CPU storages are never released, so
+    the reuse is made by hand here."""
+    off = Offloader()
+    off.begin_step()
+    a, b = torch.arange(4.0), torch.arange(4.0) + 10
+    packed_a = off._offload(a, 12345, node=1)
+    packed_b = off._offload(b, 12345, node=2)  # same key, another storage
+    assert off.stats.packed_nodes == [1, 2]
+    assert torch.equal(off._unpack(packed_a), a) and torch.equal(off._unpack(packed_b), b)
