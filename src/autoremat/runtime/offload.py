@@ -45,6 +45,7 @@ from typing import Any
 
 import torch
 from torch import nn
+from torch.utils._python_dispatch import _disable_current_modes
 
 __all__ = ["Offloader", "OffloadStats", "OffloadMark", "OffloadBegin", "OffloadWait", "HostInput",
            "active_offloader"]
@@ -92,7 +93,7 @@ class _Pending:
 
 class _Handle:
     __slots__ = ("node", "nbytes", "device", "host", "device_ref", "copy_done", "fetched", "ready", "used",
-                 "tick", "storage", "__weakref__")
+                 "tick", "storage", "holders", "prefetched", "__weakref__")
 
     def __init__(self, node: int, nbytes: int, device: torch.device, storage: Any) -> None:
         self.node = node
@@ -108,6 +109,28 @@ class _Handle:
         self.ready: Any = None
         self.used = False
         self.tick = 0  # when its last holder was registered (the order without Plan.offload_order)
+        self.holders = 0  # live packed holders: when the last is gone, both copies are dropped
+        self.prefetched = False
+
+
+class _Packed:
+    """One holder's packed form of a tensor in an offloaded storage. When autograd (or a region)
+    frees the last holder of a storage, its fetched device copy and host copy are dropped: the
+    simulator frees the prefetched copy after its last holder's backward."""
+
+    __slots__ = ("handle", "dtype", "size", "stride", "offset", "tensor")
+
+    def __init__(self, h: _Handle, t: torch.Tensor, keep: bool) -> None:
+        self.handle = h
+        self.dtype, self.size, self.stride, self.offset = t.dtype, tuple(t.size()), tuple(t.stride()), t.storage_offset()
+        self.tensor = t if keep else None  # CPU bookkeeping: the tensor itself
+        h.holders += 1
+
+    def __del__(self) -> None:
+        h = self.handle
+        h.holders -= 1
+        if h.holders == 0 and h.used:
+            h.fetched = h.host = h.device_ref = None
 
 
 def _flat(t: torch.Tensor) -> torch.Tensor:
@@ -119,18 +142,19 @@ class HostInput:
     """An input of a recomputed region kept on the host path (see :meth:`Offloader.hold_input`);
     :meth:`unpack` brings it back for the region's replay."""
 
-    __slots__ = ("offloader", "packed", "version", "tensor")
+    __slots__ = ("offloader", "packed", "version", "tensor", "requires_grad")
 
-    def __init__(self, offloader: "Offloader", packed: tuple, t: torch.Tensor) -> None:
+    def __init__(self, offloader: "Offloader", packed: "_Packed", t: torch.Tensor) -> None:
         self.offloader = offloader
         self.packed = packed
         self.version = t._version
-        self.tensor = t if t.device.type != "cuda" else None  # CPU: no copy, the version stays checkable
+        self.requires_grad = t.requires_grad  # a copy back from the host does not carry it
+        self.tensor = packed.tensor  # CPU bookkeeping: no copy, the version stays checkable
 
     @property
     def node(self) -> int:
         """The offloaded node whose storage this input lives in."""
-        return self.packed[0].node
+        return self.packed.handle.node
 
     def unpack(self) -> torch.Tensor:
         if self.tensor is not None and self.tensor._version != self.version:
@@ -151,17 +175,25 @@ class Offloader:
         self.rank = {v: i for i, v in enumerate(order)}
         self.waits = dict(waits or {})
         self._marked: dict[int, tuple[int, weakref.ref]] = {}
-        self._handles: dict[int, _Handle] = {}
+        self._handles: dict[int, _Handle] = {}  # by storage key: the handle of the storage now there
+        self._all: list[_Handle] = []  # every handle of the step (a key may be reused after a release)
         self._by_node: dict[int, _Handle] = {}
         self._streams: dict[str, Any] = {}
         self._pending: list[_Pending] | None = None  # open while an offloaded node runs
         self._tick = 0
         self._backward_started = False
+        self.host_tier = False
+        """CPU only: keep offloaded storages in copies the memory counters do not see
+        (:class:`~autoremat.measure.LiveStorageCounter` counts the device), release the originals,
+        and copy them back when prefetched — the CUDA path's memory behaviour with copies that
+        complete at once, so that a CPU run measures what the simulator predicts at an unbounded
+        bandwidth. Off by default (bookkeeping only)."""
 
     # ------------------------------------------------------------------ forward
     def begin_step(self) -> None:
         self._marked.clear()
         self._handles.clear()
+        self._all.clear()
         self._by_node.clear()
         self._pending = None
         self._tick = 0
@@ -246,9 +278,9 @@ class Offloader:
         uses in backward of what runs before it (the order without ``offload_order``)."""
         self._tick += 1
         for h in held:
-            h.packed[0].tick = self._tick
+            h.packed.handle.tick = self._tick
 
-    def _offload(self, t: torch.Tensor, key: int, node: int) -> tuple:
+    def _offload(self, t: torch.Tensor, key: int, node: int) -> "_Packed":
         """The packed form of a holder of ``t``, whose storage (``key``) goes to the host."""
         self._poll()
         self._tick += 1
@@ -257,16 +289,19 @@ class Offloader:
         if h is None or h.storage() is not st:  # a new storage at a released one's address (CUDA)
             h = _Handle(node, st.nbytes(), t.device, st)
             self._handles[key] = h
+            self._all.append(h)
             self._by_node[node] = h
             self.stats.packed_bytes += h.nbytes
             self.stats.packed_nodes.append(h.node)
             if t.device.type == "cuda":
                 self._copy_out(h, t)
+            elif self.host_tier:
+                with _disable_current_modes():  # the host tier is not the device's memory
+                    h.host = _flat(t).clone()
             else:
                 h.fetched = t  # CPU: bookkeeping only
         h.tick = self._tick
-        return (h, t.dtype, tuple(t.size()), tuple(t.stride()), t.storage_offset(),
-                t if t.device.type != "cuda" else None)
+        return _Packed(h, t, keep=t.device.type != "cuda" and not self.host_tier)
 
     def _stream(self, direction: str, device: torch.device) -> Any:
         if direction not in self._streams:
@@ -287,7 +322,7 @@ class Offloader:
         h.device_ref = flat  # held until the copy is complete
 
     def _poll(self) -> None:
-        for h in self._handles.values():
+        for h in self._all:
             if h.device_ref is not None and h.fetched is None and h.copy_done is not None and h.copy_done.query():
                 h.device_ref = None
 
@@ -303,14 +338,15 @@ class Offloader:
             packed = packed.tensor if packed.packed is None else packed.packed
         if isinstance(packed, torch.Tensor):
             return packed
-        h, dtype, size, stride, offset, cpu_tensor = packed
+        h = packed.handle
         self._poll()
-        if cpu_tensor is not None:
+        if packed.tensor is not None:
             self._note_use(h)
-            return cpu_tensor
+            return packed.tensor
         flat = self._fetch(h)
         self._note_use(h)
-        return torch.empty(0, dtype=dtype, device=h.device).set_(flat.untyped_storage(), offset, size, stride)
+        return torch.empty(0, dtype=packed.dtype, device=h.device).set_(
+            flat.untyped_storage(), packed.offset, packed.size, packed.stride)
 
     def _note_use(self, h: _Handle) -> None:
         if h.used:
@@ -318,13 +354,12 @@ class Offloader:
         h.used = True
         self._backward_started = True
         self.stats.fetched_nodes.append(h.node)
-        self.stats.prefetched_ahead += int(h.node in self.stats.prefetched_nodes)
+        self.stats.prefetched_ahead += int(h.prefetched)
         self._prefetch_next(h)
 
     def _prefetch_next(self, current: _Handle | None) -> None:
         """Start the prefetch of the next storage in order of first backward use."""
-        waiting = [h for h in self._handles.values() if not h.used and h is not current
-                   and h.node not in self.stats.prefetched_nodes]
+        waiting = [h for h in self._all if not h.used and h is not current and not h.prefetched]
         if not waiting:
             return
         if self.rank:
@@ -332,7 +367,8 @@ class Offloader:
         else:
             nxt = max(waiting, key=lambda h: h.tick)
         self.stats.prefetched_nodes.append(nxt.node)
-        if nxt.device.type == "cuda":
+        nxt.prefetched = True
+        if nxt.device.type == "cuda" or self.host_tier:
             self._start_fetch(nxt)
 
     def _start_fetch(self, h: _Handle) -> None:
@@ -340,6 +376,10 @@ class Offloader:
             return
         if h.device_ref is not None:  # the copy out has not been released: the device copy serves
             h.fetched = h.device_ref
+            return
+        if h.device.type != "cuda":  # the CPU's host tier (``host_tier``): a synchronous copy back
+            assert h.host is not None, "offload handle without a host copy, please report"
+            h.fetched = h.host.clone()
             return
         stream = self._stream("in", h.device)
         assert h.host is not None, "offload handle without a host copy, please report"
@@ -353,6 +393,9 @@ class Offloader:
 
     def _fetch(self, h: _Handle) -> torch.Tensor:
         self._start_fetch(h)
+        if h.device.type != "cuda":
+            assert h.fetched is not None, "please report"
+            return h.fetched
         current = torch.cuda.current_stream(h.device)
         if h.ready is not None:
             current.wait_event(h.ready)

@@ -329,7 +329,9 @@ class _Frame:
         def fresh(a: Any) -> Any:
             if type(a) is not _SavedInput and type(a) is not HostInput:
                 return a
-            t = back[id(a)] if type(a) is HostInput else a.unpack()
+            if type(a) is HostInput:
+                return back[id(a)].detach().requires_grad_(a.requires_grad)
+            t = a.unpack()
             return t.detach().requires_grad_(t.requires_grad)
 
         args = [fresh(a) for a in self.args]
