@@ -32,6 +32,31 @@ inputs; an "offloaded checkpoint").
   A plan's ``offload_order`` (what the runtime prefetches in) replaces the computed order.
 
 :func:`.simulator.simulate` drives it; positions are indices in the forward's execution order.
+
+Decisions where the paper is ambiguous or silent (its model is a chain with one ``x_i`` per
+layer, §3; the runtime, :mod:`autoremat.runtime.offload`, does the same):
+
+* *"(A) Only one transfer can occur at a time"*: read per direction. GPUs have separate copy
+  engines for device-to-host and host-to-device, and the runtime uses one stream per direction, so
+  a copy out and a prefetch may overlap; within a direction, copies run one at a time in issue
+  order (the paper leaves the order to the schedule; here it is the order holders appear in).
+* *(B)*: the paper's ``B`` is a time per byte; here ``bytes_per_s`` is its inverse, per direction.
+* *When a copy out starts*: the paper's schedule may start a transfer at any time after ``x_i``
+  is produced; here it starts when the first holder keeps the storage (the earliest moment the
+  runtime knows it is kept for backward), and only the forward waits (explicit, or derived from
+  a limit) are chosen.
+* *(D) release*: the device copy is released once the copy is complete **and** forward no longer
+  reads it (on a DAG a kept tensor may still have forward consumers; the paper's ``x_i`` has one).
+* *What may be offloaded*: the paper offloads activations ``x_i`` only ("no sense to transfer
+  ``y_i``"); on a DAG, any storage the plan keeps for backward, by any number of holders (one host
+  copy shared by all), including the inputs of recomputed segments — the paper's conclusion names
+  offloading plus recomputation as future work; :mod:`autoremat.solvers.combined` plans it.
+* *When prefetches start*: the paper's schedule chooses; here one storage ahead in order of
+  first backward use (the first when backward starts, the next at each first use), memory
+  reserved when the prefetch starts (D). This is a policy, not an optimum: a schedule that
+  prefetches two ahead can hide more, at more memory.
+* *Partial transfers* (the paper's relaxed problem, Theorem 2) are not modelled: a storage moves
+  whole.
 """
 
 from __future__ import annotations

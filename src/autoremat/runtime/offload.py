@@ -20,8 +20,10 @@ a copy before a node runs and the device storage is released right away. In back
 come back in the plan's order of first backward use (``Plan.offload_order``): the first prefetch
 starts when backward starts (a gradient hook on the forward's outputs), and each first use of a
 storage starts the prefetch of the next one, on the host-to-device stream; the compute stream
-waits on the copy's event, and the buffer is ``record_stream``-ed on it. A storage whose copy out
-has not been released yet is used from the device, not transferred.
+waits on the copy's event, and the buffer is ``record_stream``-ed on it; it is dropped (with the
+host copy) when autograd and the regions have freed the storage's last holder. A storage whose
+copy out has not been released yet is used from the device, not transferred. A recomputed region
+brings its offloaded inputs back in node order (the simulator's order), not argument order.
 
 A node often saves its own output (ReLU, sigmoid, softmax...) before it returns and can be marked.
 So the generated forward opens a *window* (:meth:`Offloader.begin_node`) just before an offloaded
@@ -30,8 +32,11 @@ moves those of the output's storage onto the host path like any later save.
 
 On a CPU-only machine there is no separate host memory: the same path runs as exact
 bookkeeping (no copies): marks, holders, waits, the order of prefetches and of first use, and
-bytes are recorded in :class:`OffloadStats`, tensors are returned as they were. Gradients are
-identical either way.
+bytes are recorded in :class:`OffloadStats`, tensors are returned as they were. With
+``Offloader.host_tier`` set, a CPU run instead behaves as a device whose copies complete at once
+(copies the storage counters do not see, originals released, copies back on prefetch), so that a
+:class:`~autoremat.measure.LiveStorageCounter` measures what the simulator predicts at an unbounded
+bandwidth. Gradients are identical either way.
 """
 
 from __future__ import annotations
