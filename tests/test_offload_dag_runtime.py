@@ -4,7 +4,9 @@ regions), storages kept by several holders, views, forward waits, prefetch in th
 On the CPU the runtime is exact bookkeeping: what it packs, the bytes, the order in which
 backward first uses each storage, the prefetches it starts and the forward waits it runs are
 compared with the simulator's prediction for the same plan, and gradients are ``torch.equal`` to
-the unpatched model's.
+the unpatched model's. With ``Offloader.host_tier`` the CPU run also releases offloaded storages
+and copies them back, and its measured peak is compared with the simulator's at an unbounded
+bandwidth. The GPU checks at the end (``-m gpu``) measure real copies.
 """
 
 from __future__ import annotations
