@@ -50,7 +50,6 @@ from typing import Any
 
 import torch
 from torch import nn
-from torch.utils._python_dispatch import _disable_current_modes
 
 __all__ = ["Offloader", "OffloadStats", "OffloadMark", "OffloadBegin", "OffloadWait", "HostInput",
            "active_offloader"]
@@ -301,8 +300,9 @@ class Offloader:
             if t.device.type == "cuda":
                 self._copy_out(h, t)
             elif self.host_tier:
-                with _disable_current_modes():  # the host tier is not the device's memory
-                    h.host = _flat(t).clone()
+                # the host tier is not the device's memory: a copy made by numpy is not an op the
+                # storage counters (dispatch modes) see; its copy back (prefetch) is
+                h.host = torch.from_numpy(_flat(t).numpy().copy())
             else:
                 h.fetched = t  # CPU: bookkeeping only
         h.tick = self._tick
