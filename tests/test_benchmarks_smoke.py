@@ -365,3 +365,16 @@ def test_hf_inside_layer_targets_pick_the_best_plan_of_each_form(monkeypatch: py
     assert t["met"]
     rows.pop("autoremat@b")
     assert not bench.targets(rows)["met"]
+
+
+def test_offload_dag_benchmark_small(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """``benchmarks/offload_dag.py`` on one small net: every solver has a row, ratios are sane."""
+    monkeypatch.syspath_prepend(str(BENCH))
+    sys.modules.pop("offload_dag", None)
+    bench = importlib.import_module("offload_dag")
+    bench.main(["--size", "small", "--nets", "unet", "--out", str(tmp_path)])
+    data = json.loads((tmp_path / "offload_dag_unet.json").read_text())
+    assert data["machine"] and [r["solver"] for r in data["offload_alone"]] == bench.OFFLOAD_SOLVERS
+    dag = data["offload_alone"][-1]
+    assert "error" not in dag and dag["peak_ratio"] <= dag["fraction"] and dag["time_ratio"] >= 1.0
+    assert "| unet |" in (tmp_path / "offload_dag.md").read_text()

@@ -29,7 +29,8 @@ from .graph import Graph
 from .plan_schema import check_plan_dict, load_plan_json
 
 __all__ = ["Segment", "Plan", "validate_plan", "check_segments", "PLAN_FORMAT_VERSION", "segments_from_lower_sets",
-           "offloadable_nodes", "GRAPH_FIELDS", "ReplayTails", "ModuleCalls", "module_calls_of"]
+           "offloadable_nodes", "region_stop", "wait_points", "GRAPH_FIELDS", "ReplayTails", "ModuleCalls",
+           "module_calls_of"]
 
 PLAN_FORMAT_VERSION = 2
 """The plan document this autoremat writes; it reads this one and format 1 (see
@@ -105,8 +106,21 @@ class Plan:
     predicted_peak_bytes: int | None = None
     predicted_extra_time_s: float | None = None
     offload: tuple[int, ...] = ()
-    """Nodes whose output storage, where a node outside a recomputed segment saves it for
-    backward, is copied to host memory after production and prefetched back for backward."""
+    """Nodes whose output storage the plan keeps for backward in host memory (see
+    :func:`offloadable_nodes`): every holder of it — each node outside a recomputed segment that
+    saves it, and each recomputed segment that takes it as an input (an offloaded checkpoint) —
+    reads the host copy. It is copied to host when its first holder takes it, its device memory
+    released once the copy is complete and forward no longer reads it, and it is prefetched back
+    in order of first backward use (the transfer model: :mod:`autoremat.cost.offload_link`). Views
+    share their base's storage: name the base node."""
+    offload_waits: dict[int, int] = field(default_factory=dict)
+    """Forward waits: node ``v`` -> offloaded node ``r``: before ``v`` runs, the forward waits
+    until the copy of ``r`` to host is complete (so its device memory is free). ``v`` must be a
+    :func:`wait_points` node; without a wait the forward never waits for a copy."""
+    offload_order: tuple[int, ...] = ()
+    """The offloaded nodes in order of first backward use: the order the runtime prefetches in
+    (:func:`autoremat.solvers.finalize_plan` fills it from the simulator; empty: the runtime
+    prefetches the storage whose holder was registered last in forward first)."""
     graph_mode: str | None = None
     """``"fx"`` or ``"module"``: the capture the plan's node ids refer to (``None``: not from a
     capture, so :func:`autoremat.apply` refuses it)."""
@@ -138,6 +152,8 @@ class Plan:
             self.node_names = tuple(self.node_names)
         self.replay_tails = _tails(self.replay_tails)
         self.module_calls = _calls(self.module_calls)
+        self.offload_waits = {int(k): int(v) for k, v in dict(self.offload_waits or {}).items()}
+        self.offload_order = tuple(int(v) for v in self.offload_order)
         self.version = PLAN_FORMAT_VERSION
 
     @property
@@ -154,7 +170,8 @@ class Plan:
         short = f" ({tails} with a shortened replay)" if tails else ""
         kept = sum(len(s.keep) for s in self.segments)
         short += f", {kept} op outputs kept in them" if kept else ""
-        off = f", {len(self.offload)} offloaded" if self.offload else ""
+        waits = f" ({len(self.offload_waits)} forward waits)" if self.offload_waits else ""
+        off = f", {len(self.offload)} offloaded{waits}" if self.offload else ""
         gap = self.options.get("optimality_gap")  # "milp": proven distance from the optimum
         proof = "proven" if self.options.get("milp_bound_basis") != "exact model" else "proven in the exact model"
         opt = "" if gap is None else (f", optimal ({proof})" if gap <= 1e-9
@@ -172,6 +189,8 @@ class Plan:
         d["replay_tails"] = {str(k): [first, list(inputs)] for k, (first, inputs) in sorted(self.replay_tails.items())}
         d["module_calls"] = {str(k): {"path": path, "keep_ops": [i for i, _ in ops], "keep_names": [n for _, n in ops]}
                              for k, (path, ops) in sorted(self.module_calls.items())}
+        d["offload_waits"] = {str(k): v for k, v in sorted(self.offload_waits.items())}
+        d["offload_order"] = list(self.offload_order)
         return d
 
     @classmethod
@@ -189,6 +208,8 @@ class Plan:
             predicted_peak_bytes=data.get("predicted_peak_bytes"),
             predicted_extra_time_s=data.get("predicted_extra_time_s"),
             offload=tuple(data.get("offload", ())),
+            offload_waits=data.get("offload_waits") or {},
+            offload_order=tuple(data.get("offload_order") or ()),
             graph_mode=data.get("graph_mode"),
             node_names=data.get("node_names"),
             replay_tails=data.get("replay_tails") or {},
@@ -282,6 +303,16 @@ def check_segments(plan: Plan, num_nodes: int, *, is_lower_set: Callable[[set[in
         if not 0 <= v < n:
             raise PlanMismatchError(f"offload names node {v}, but the graph has {n} nodes (ids 0..{n - 1}); "
                                     "capture this model and solve again")
+    for v, r in plan.offload_waits.items():
+        if not 0 <= v < n:
+            raise PlanMismatchError(f"offload_waits names node {v}, but the graph has {n} nodes (ids 0..{n - 1}); "
+                                    "capture this model and solve again")
+        if r not in plan.offload:
+            raise PlanFormatError(f"offload_waits.{v}", f"waits for the copy of node {r}, which the plan does not "
+                                  f"offload (offload: {list(plan.offload)[:10]})")
+    if plan.offload_order and sorted(plan.offload_order) != list(plan.offload):
+        raise PlanFormatError("offload_order", "must list every offloaded node once (the order of first backward "
+                              f"use), got {list(plan.offload_order)[:10]} for offload {list(plan.offload)[:10]}")
 
 
 def validate_plan(graph: Graph, plan: Plan) -> None:
@@ -319,11 +350,19 @@ def validate_plan(graph: Graph, plan: Plan) -> None:
                                     f"{path!r}")
     if plan.offload:
         offloadable = offloadable_nodes(graph, plan)
-        bad = [v for v in plan.offload if v not in offloadable
-               or (graph.meta.get("mode") == "module" and graph.node(v)["kind"] == "glue")]
+        bad = [v for v in plan.offload if v not in offloadable]
         if bad:
-            raise ValueError(f"offload names nodes {bad[:5]} whose output no node outside a recomputed segment "
-                             "saves (or that are views, glue ops, or out of range): nothing to offload there")
+            raise ValueError(f"offload names nodes {bad[:5]} whose output the plan does not keep for backward (no "
+                             "node outside a recomputed segment saves it and no recomputed segment that replays "
+                             "anything takes it as an input), or that are views, glue ops, or out of range: "
+                             "nothing to offload there")
+    if plan.offload_waits:
+        points = wait_points(graph, plan)
+        bad = sorted(v for v in plan.offload_waits if v not in points)
+        if bad:
+            raise PlanFormatError("offload_waits", f"nodes {bad[:5]} are not places the runtime can wait at (a "
+                                  "node outside the recomputed segments, the first node of a recomputed segment; "
+                                  "at module level a module call)")
 
 
 def module_calls_of(graph: Graph, plan: Plan) -> ModuleCalls:
@@ -352,9 +391,10 @@ def module_calls_of(graph: Graph, plan: Plan) -> ModuleCalls:
 
 
 def offloadable_nodes(graph: Graph, plan: Plan) -> set[int]:
-    """Storage roots saved for backward by some node outside the plan's recomputed segments. At
-    module level not the ops of a block captured op by op: the runtime offloads the outputs of
-    module calls."""
+    """Storage roots the plan keeps for backward: saved by some node outside the plan's recomputed
+    segments, or an input of a recomputed segment whose replay runs (:func:`region_stop`). In
+    module-level graphs glue ops (tensor code between module calls) and the ops of a block
+    captured op by op are left out: the runtime marks outputs of module calls only."""
     recomputed = plan.recomputed_nodes
     module = graph.meta.get("mode") == "module"
     out: set[int] = set()
@@ -366,4 +406,34 @@ def offloadable_nodes(graph: Graph, plan: Plan) -> set[int]:
             r = graph.root(u)
             if graph.node(r)["alloc_bytes"] > 0 and not (module and graph.node(r)["op_index"] >= 0):
                 out.add(r)
+    for seg in plan.segments:
+        if seg.recompute and region_stop(graph, seg) >= 0:
+            members = set(seg.nodes)
+            for u in {u for v in seg.nodes for u in graph.pred(v) if u not in members}:
+                if graph.node(graph.root(u))["alloc_bytes"] > 0:
+                    out.add(graph.root(u))
+    if graph.meta.get("mode") == "module":
+        out = {r for r in out if graph.node(r)["kind"] != "glue"}
+    return out
+
+
+def region_stop(graph: Graph, seg: Segment) -> int:
+    """The node of recomputed ``seg`` whose backward replays it: its last node that saves something
+    for backward (PyTorch's early stop); -1 when it saves nothing or is not recomputed."""
+    if not seg.recompute:
+        return -1
+    holders = [v for v in seg.nodes if (graph.node(v)["saves"] or graph.node(v)["extra_saved_bytes"])
+               and graph.node(v)["requires_grad"]]
+    return max(holders) if holders else -1
+
+
+def wait_points(graph: Graph, plan: Plan) -> set[int]:
+    """Nodes before which the runtime can make the forward wait for a copy to host: nodes outside
+    the recomputed segments and the first node of each recomputed segment (the wait comes before
+    the region); at module level only module calls (not glue ops)."""
+    out: set[int] = set()
+    module = graph.meta.get("mode") == "module"
+    for seg in plan.segments:
+        nodes = seg.nodes[:1] if seg.recompute else seg.nodes
+        out.update(v for v in nodes if not (module and graph.node(v)["kind"] == "glue"))
     return out

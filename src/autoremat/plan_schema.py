@@ -22,6 +22,8 @@ Decisions (tested in ``tests/test_plan.py`` and ``tests/test_bad_inputs.py``):
 * Booleans are JSON booleans: ``"recompute": "false"`` or ``0`` is refused, never read as true.
 * Node ids are non-negative integers (not bools, not ``1.0``); byte counts are non-negative
   integers; times are finite non-negative numbers.
+* ``offload_waits`` is an object of node id (digits) -> node id, and every node it waits for
+  is in ``offload``; ``offload_order``, when given, lists the nodes of ``offload`` once each.
 * Segments must be non-empty and disjoint; when the plan names its graph's nodes
   (``node_names``), every node id must be below their number and the segments must
   cover them all. Whether segments are lower sets of the model's graph is checked against the
@@ -48,7 +50,7 @@ GRAPH_KEYS = ("graph_mode", "node_names", "replay_tails", "tensors", "inputs")
 """Top-level fields of format 2 that format 1 kept in ``options``."""
 PLAN_KEYS = frozenset({"format", "version", "segments", "solver", "options", "budget_bytes",
                        "graph_fingerprint", "predicted_peak_bytes", "predicted_extra_time_s", "offload",
-                       "bandwidth_bytes_per_s", "module_calls", *GRAPH_KEYS})
+                       "offload_waits", "offload_order", "bandwidth_bytes_per_s", "module_calls", *GRAPH_KEYS})
 SEGMENT_KEYS = frozenset({"nodes", "recompute"})
 SEGMENT_OPTIONAL_KEYS = frozenset({"keep"})
 READ_VERSIONS = (1, 2)
@@ -267,6 +269,29 @@ def _check(data: Any) -> None:
         for j, v in enumerate(offload):
             if v >= num_nodes:
                 raise PlanFormatError(f"offload[{j}]", f"node {v} is out of range: the plan's graph has {num_nodes} nodes")
+    _offload_waits(data.get("offload_waits"), set(offload), num_nodes)
+    order = _node_list("offload_order", data.get("offload_order", []))
+    if order and sorted(order) != sorted(set(offload)):
+        raise PlanFormatError("offload_order", f"must list every node of offload once (the order of first backward "
+                              f"use), got {order[:10]} for offload {sorted(set(offload))[:10]}")
+
+
+def _offload_waits(value: Any, offload: set[int], num_nodes: int | None) -> None:
+    """``offload_waits``: node id (digits) -> an offloaded node id."""
+    if value is None:
+        return
+    if not isinstance(value, Mapping):
+        raise PlanFormatError("offload_waits", f"expected an object of node id -> offloaded node id (the forward "
+                              f"waits before the node for that node's copy to host), got {_kind(value)}")
+    for k, r in value.items():
+        field = f"offload_waits.{k}"
+        if isinstance(k, bool) or not (isinstance(k, int) or str(k).isdigit()):
+            raise PlanFormatError(field, f"expected a node id (digits) as the key, got {k!r}")
+        if num_nodes is not None and int(k) >= num_nodes:
+            raise PlanFormatError(field, f"node {k} is out of range: the plan's graph has {num_nodes} nodes")
+        if _node_id(field, r) not in offload:
+            raise PlanFormatError(field, f"waits for the copy of node {r}, which is not in offload "
+                                  f"({sorted(offload)[:10]}); add it there or drop the wait")
 
 
 def load_plan_json(text_or_path: Any) -> tuple[Any, str | None]:

@@ -3,14 +3,65 @@
 .. [1] O. Beaumont, L. Eyraud-Dubois, A. Shilova, "Optimal GPU-CPU Offloading Strategies for Deep
    Neural Network Training", hal-02316266, 2019.
 
-A copy to host starts when a storage is first saved, on a link that carries one transfer at a
-time in issue order; its device memory is released once the copy is complete and forward no
-longer reads it. In backward the copies come back in order of need, one prefetch ahead, memory
-reserved when a prefetch starts; a prefetch still running when its first user's backward
-starts stalls the step. :func:`.simulator.simulate` drives it.
+An offloaded storage is one the plan keeps for backward (``Plan.offload``) that lives in host
+memory between its last forward use and its first backward use. Its *holders* are what keeps it
+for backward: each node outside a recomputed segment that saves it (``("s", w)``) and each
+recomputed segment that takes it as an input (``("seg", i)``: a checkpoint region keeps its
+inputs; an "offloaded checkpoint").
+
+* **Copy out**: when the first holder takes the storage (the first save, or the forward of the
+  first region taking it), a copy to host is issued on the device-to-host link. Each direction
+  has its own link carrying one transfer at a time in issue order at ``B`` bytes per second
+  (the paper's assumption (A) per copy engine; the runtime has one copy stream per direction).
+  The device memory is released once the copy is complete and forward no longer reads the
+  storage (assumption (D)).
+* **Forward waits**: the plan may make the forward wait, before a node, for a copy to complete
+  (``Plan.offload_waits``: node -> offloaded node), so that its memory is free before the node
+  allocates; the wait is a stall. With ``wait_limit`` the model derives such waits itself: before
+  a node whose allocations would lift the live bytes above the limit, it waits for the fewest
+  pending copies (in issue order) whose completion frees enough (Beaumont's no-wait schedule
+  for a memory limit); :attr:`Offload.waits` records them, and a plan carrying them simulates
+  the same.
+* **Backward**: storages are needed in order of their *first backward use* (the holder that
+  runs last in forward: a saver's backward, or the replay of a region, which starts when
+  backward reaches the region's last saving node). The first is prefetched when backward starts;
+  each time one is needed, the next in order is prefetched (one ahead), memory reserved when the
+  prefetch starts, on the host-to-device link once the storage's copy out is complete. A storage
+  whose device copy still exists (its copy out has not completed) is not transferred: the
+  holders use the device copy. A prefetch still running when its first use begins stalls the step.
+  A plan's ``offload_order`` (what the runtime prefetches in) replaces the computed order.
+
+:func:`.simulator.simulate` drives it; positions are indices in the forward's execution order.
+
+Decisions where the paper is ambiguous or silent (its model is a chain with one ``x_i`` per
+layer, §3; the runtime, :mod:`autoremat.runtime.offload`, does the same):
+
+* *"(A) Only one transfer can occur at a time"*: read per direction. GPUs have separate copy
+  engines for device-to-host and host-to-device, and the runtime uses one stream per direction, so
+  a copy out and a prefetch may overlap; within a direction, copies run one at a time in issue
+  order (the paper leaves the order to the schedule; here it is the order holders appear in).
+* *(B)*: the paper's ``B`` is a time per byte; here ``bytes_per_s`` is its inverse, per direction.
+* *When a copy out starts*: the paper's schedule may start a transfer at any time after ``x_i``
+  is produced; here it starts when the first holder keeps the storage (the earliest moment the
+  runtime knows it is kept for backward), and only the forward waits (explicit, or derived from
+  a limit) are chosen.
+* *(D) release*: the device copy is released once the copy is complete **and** forward no longer
+  reads it (on a DAG a kept tensor may still have forward consumers; the paper's ``x_i`` has one).
+* *What may be offloaded*: the paper offloads activations ``x_i`` only ("no sense to transfer
+  ``y_i``"); on a DAG, any storage the plan keeps for backward, by any number of holders (one host
+  copy shared by all), including the inputs of recomputed segments — the paper's conclusion names
+  offloading plus recomputation as future work; :mod:`autoremat.solvers.combined` plans it.
+* *When prefetches start*: the paper's schedule chooses; here one storage ahead in order of
+  first backward use (the first when backward starts, the next at each first use), memory
+  reserved when the prefetch starts (D). This is a policy, not an optimum: a schedule that
+  prefetches two ahead can hide more, at more memory.
+* *Partial transfers* (the paper's relaxed problem, Theorem 2) are not modelled: a storage moves
+  whole.
 """
 
 from __future__ import annotations
+
+from collections.abc import Hashable
 
 from .ledger import StepState
 
@@ -18,7 +69,7 @@ __all__ = ["Link", "Offload"]
 
 
 class Link:
-    """The host<->device link: one transfer at a time, in issue order (Beaumont et al. §3)."""
+    """One direction of the host<->device link: one transfer at a time, in issue order."""
 
     def __init__(self, bytes_per_s: float) -> None:
         self.rate = float(bytes_per_s)
@@ -32,28 +83,42 @@ class Link:
 
 
 class Offload:
-    """Offloaded storages: copied to host after their first save (device memory released once
-    the copy is complete and forward no longer needs them), prefetched back during backward in
-    order of need, one ahead (memory reserved when a prefetch starts). A prefetch that is not
-    complete when its first user's backward starts stalls the step."""
+    """The offloaded storages of one simulated step (see the module docstring).
 
-    def __init__(self, s: StepState, targets: set[int], link: Link) -> None:
-        self.s, self.g, self.targets, self.link = s, s.g, targets, link
+    ``waits``: explicit forward waits (node -> offloaded root); ``wait_limit``: derive them
+    instead, at nodes of ``wait_points``."""
+
+    def __init__(self, s: StepState, targets: set[int], bytes_per_s: float, *, waits: dict[int, int] | None = None,
+                 wait_limit: int | None = None, wait_points: set[int] | None = None,
+                 order: tuple[int, ...] = ()) -> None:
+        self.s, self.g, self.targets = s, s.g, targets
+        self.out_link, self.in_link = Link(bytes_per_s), Link(bytes_per_s)
         self.clock = 0.0
         self.stall_s = 0.0
+        self.wait_s = 0.0
         self.offloaded_bytes = 0
-        self.savers: dict[int, list[int]] = {}
+        self.holders: dict[int, dict[Hashable, int]] = {}
         self.copied_at: dict[int, float] = {}
         self.pending: list[tuple[float, int]] = []
         self.order: list[int] = []
+        self.needed: list[int] = []
         self.ready_at: dict[int, float] = {}
+        self.keys: dict[int, Hashable] = {}
+        self.explicit = dict(waits or {})
+        self.limit = wait_limit
+        self.wait_points = wait_points or set()
+        self.waits: dict[int, int] = {}
+        self.given_order = [self.g.root(v) for v in order]
 
-    def pack(self, r: int, saver: int) -> None:
-        self.savers.setdefault(r, []).append(saver)
-        if r in self.copied_at:
+    # ------------------------------------------------------------------ forward
+    def pack(self, r: int, holder: Hashable, use: int) -> None:
+        """``holder`` keeps storage ``r`` for backward, first using it at position ``use``."""
+        first = r not in self.holders
+        self.holders.setdefault(r, {})[holder] = use
+        if not first:
             return
         nbytes = self.g.node(r)["alloc_bytes"]
-        _start, end = self.link.transfer(nbytes, self.clock)
+        _start, end = self.out_link.transfer(nbytes, self.clock)
         self.copied_at[r] = end
         self.offloaded_bytes += nbytes
         self.s.addref(("o", r), ("xfer", r))
@@ -71,10 +136,46 @@ class Offload:
                 keep.append((end, r))
         self.pending = keep
 
+    def before_node(self, v: int, need_bytes: int) -> None:
+        """The forward waits (if the plan or the limit says so) before node ``v`` allocates
+        ``need_bytes``."""
+        if v in self.explicit:
+            self._wait_until(self.copied_at.get(self.explicit[v], 0.0))
+            return
+        if self.limit is None or v not in self.wait_points or self.s.live + need_bytes <= self.limit:
+            return
+        excess = self.s.live + need_bytes - self.limit
+        freed, last = 0, None
+        for end, r in sorted(self.pending):
+            if self.s.refs[("o", r)] == {("xfer", r)}:  # its completion frees the device copy
+                freed += self.s.size[("o", r)]
+                last = r
+                if freed >= excess:
+                    break
+        if last is not None:
+            self.waits[v] = last
+            self._wait_until(self.copied_at[last])
+
+    def _wait_until(self, t: float) -> None:
+        if t > self.clock:
+            self.wait_s += t - self.clock
+            self.stall_s += t - self.clock
+            self.clock = t
+        self.advance()
+
+    # ------------------------------------------------------------------ backward
     def start_backward(self) -> None:
-        # the first needed is the one whose last saver runs latest
-        self.order = sorted(self.savers, key=lambda r: -max(self.savers[r]))
+        """Order the storages by first backward use (latest holder first; or as the plan's
+        ``offload_order`` says) and prefetch the first."""
+        if self.given_order:
+            self.order = [r for r in self.given_order if r in self.holders]
+        else:
+            self.order = sorted(self.holders, key=lambda r: (-max(self.holders[r].values()), r))
         self._prefetch_next()
+
+    def key(self, r: int) -> Hashable:
+        """The storage the holders of ``r`` read in backward (after :meth:`need`)."""
+        return self.keys[r]
 
     def _prefetch_next(self) -> None:
         for r in self.order:
@@ -83,23 +184,29 @@ class Offload:
                 return
 
     def _prefetch(self, r: int) -> None:
-        nbytes = self.g.node(r)["alloc_bytes"]
-        _start, end = self.link.transfer(nbytes, max(self.clock, self.copied_at[r]))
-        self.ready_at[r] = end
-        key = ("pf", r)
-        self.s.alloc(key, nbytes)
-        for w in self.savers[r]:
-            self.s.addref(key, ("s", w))
+        if ("o", r) in self.s.size:  # the copy out has not completed: the device copy serves
+            key: Hashable = ("o", r)
+            self.ready_at[r] = self.clock
+        else:
+            nbytes = self.g.node(r)["alloc_bytes"]
+            _start, end = self.in_link.transfer(nbytes, max(self.clock, self.copied_at[r]))
+            self.ready_at[r] = end
+            key = ("pf", r)
+            self.s.alloc(key, nbytes)
+        self.keys[r] = key
+        for holder in self.holders[r]:
+            self.s.addref(key, holder)
         self.s.touch(0, "prefetch", r)
 
     def need(self, r: int) -> None:
+        """A holder of ``r`` is about to use it: wait for its prefetch; on its first use, start
+        the prefetch of the next storage in order that is not prefetched yet."""
         if r not in self.ready_at:
             self._prefetch(r)
         if self.ready_at[r] > self.clock:
             self.stall_s += self.ready_at[r] - self.clock
             self.clock = self.ready_at[r]
-        if self.order and self.order[0] == r:
-            self.order.pop(0)
-        elif r in self.order:
+        if r in self.order:  # its first use: start the next prefetch
             self.order.remove(r)
-        self._prefetch_next()
+            self.needed.append(r)
+            self._prefetch_next()

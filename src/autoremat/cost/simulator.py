@@ -30,15 +30,19 @@ and who holds it:
 * the measured transient workspace of each node (``fwd_temp_bytes``/``bwd_temp_bytes``) is
   added on top while it runs.
 
-* offloaded storages (``plan.offload``) follow Beaumont et al.'s model: a copy to host starts
-  when the storage is first saved, on a link that carries one transfer at a time; its device
-  memory is released once the copy is complete and forward no longer reads it; in backward the
-  copies come back in order of need, one prefetch ahead, memory reserved when a prefetch starts;
-  a prefetch still running when its first user's backward starts stalls the step.
+* offloaded storages (``plan.offload``) follow Beaumont et al.'s model on the DAG
+  (:mod:`.offload_link`): any storage the plan keeps for backward — saved by a node outside a
+  recomputed segment, or kept as the input of a recomputed segment (an offloaded checkpoint) —
+  is copied to host when its first holder takes it, on a link per direction that carries one
+  transfer at a time; its device memory is released once the copy is complete and forward no
+  longer reads it; the forward waits for copies where the plan says so (``plan.offload_waits``);
+  in backward the storages come back in order of first backward use, one prefetch ahead, memory
+  reserved when a prefetch starts; a prefetch still running when its first use begins (a
+  saver's backward, or a region's replay) stalls the step.
 
 The step peak is relative to what was live when the step started (see DESIGN.md). Extra time
-is the forward time of every replayed node plus offload stalls; the clock that times
-transfers advances by the nodes' measured forward and backward times.
+is the forward time of every replayed node plus offload stalls (forward waits included); the
+clock that times transfers advances by the nodes' measured forward and backward times.
 
 Every specialised model a solver uses for speed lives beside this one in :mod:`autoremat.cost`
 and is held to it by a property test on seeded random graphs (see the package docstring).
@@ -50,10 +54,10 @@ from collections.abc import Hashable
 from dataclasses import dataclass, field
 
 from ..graph import Graph
-from ..plan import Plan, Segment, validate_plan
+from ..plan import Plan, Segment, region_stop, validate_plan, wait_points
 from ..replay_tail import tails_of
 from .ledger import PEAK_PLACES, StepState
-from .offload_link import Link, Offload
+from .offload_link import Offload
 
 __all__ = ["Simulation", "simulate", "no_recompute_plan", "unoptimised_peak_bytes",
            "DEFAULT_BANDWIDTH_BYTES_PER_S", "StepLevels", "step_levels", "stops_before_running"]
@@ -75,8 +79,15 @@ class Simulation:
     timeline: list[tuple[str, int, int]] = field(default_factory=list)
     """``(phase, node, live_bytes)`` after each event; phase is fwd, loss, recompute or bwd."""
     offload_stall_s: float = 0.0
-    """Time backward waits for prefetches (included in ``extra_time_s``)."""
+    """Time the step waits for offload transfers: forward waits for copies to host and backward
+    waits for prefetches (included in ``extra_time_s``)."""
     offloaded_bytes: int = 0
+    offload_wait_s: float = 0.0
+    """The forward's part of ``offload_stall_s``."""
+    offload_waits: dict[int, int] = field(default_factory=dict)
+    """Forward waits derived from ``offload_wait_limit_bytes`` (node -> offloaded node)."""
+    offload_order: list[int] = field(default_factory=list)
+    """The offloaded nodes in the order backward first needed them."""
 
     @property
     def step_time_s(self) -> float:
@@ -109,47 +120,76 @@ def _okey(g: Graph, v: int) -> Hashable:
 
 
 def simulate(graph: Graph, plan: Plan, *, check: bool = True, record: bool = True,
-             bandwidth_bytes_per_s: float | None = None) -> Simulation:
+             bandwidth_bytes_per_s: float | None = None, offload_wait_limit_bytes: int | None = None) -> Simulation:
     """Predict the step peak, extra time and memory timeline of ``plan`` on ``graph``.
 
     ``check`` runs :func:`~autoremat.plan.validate_plan` first. ``bandwidth_bytes_per_s`` is the
     host<->device link used for ``plan.offload`` (default: ``graph.meta["bandwidth_bytes_per_s"]``,
-    else :data:`DEFAULT_BANDWIDTH_BYTES_PER_S`).
+    else :data:`DEFAULT_BANDWIDTH_BYTES_PER_S`). ``offload_wait_limit_bytes``: instead of the
+    plan's ``offload_waits``, derive the forward's waits for copies from this memory limit
+    (:mod:`.offload_link`); :attr:`Simulation.offload_waits` holds them, and the plan given them
+    simulates the same.
     """
     if check:
         validate_plan(graph, plan)
-    return _run(graph, plan, StepState(graph, record), bandwidth_bytes_per_s)
+    return _run(graph, plan, StepState(graph, record), bandwidth_bytes_per_s, offload_wait_limit_bytes)
 
 
-def _run(g: Graph, plan: Plan, s: StepState, bandwidth_bytes_per_s: float | None) -> Simulation:
+@dataclass
+class _Step:
+    """What every phase of one simulated step reads: the graph, the plan, the offloads."""
+
+    g: Graph
+    nd: list[dict]
+    plan: Plan
+    off: Offload
+    offloaded: set[int]
+    pos: dict[int, int]
+    """Node -> its index in the forward's execution order (segment by segment)."""
+    stops: list[int]
+    """Per segment: the node whose backward starts its replay (-1: none, or not recomputed)."""
+
+
+def _run(g: Graph, plan: Plan, s: StepState, bandwidth_bytes_per_s: float | None,
+         wait_limit: int | None = None) -> Simulation:
     """The step: forward of every segment, the loss, backward of every segment in reverse."""
     nd = [g.node(v) for v in g.nodes]
     offloaded = {g.root(v) for v in plan.offload}
-    link = Link(bandwidth_bytes_per_s or g.meta.get("bandwidth_bytes_per_s") or DEFAULT_BANDWIDTH_BYTES_PER_S)
-    off = Offload(s, offloaded, link)
-    seg_inputs = [_forward(s, g, nd, si, seg, off, offloaded) for si, seg in enumerate(plan.segments)]
+    rate = bandwidth_bytes_per_s or g.meta.get("bandwidth_bytes_per_s") or DEFAULT_BANDWIDTH_BYTES_PER_S
+    off = Offload(s, offloaded, rate, waits=None if wait_limit is not None else plan.offload_waits,
+                  wait_limit=wait_limit, wait_points=wait_points(g, plan) if wait_limit is not None else None,
+                  order=plan.offload_order)
+    pos = {v: i for i, v in enumerate(v for seg in plan.segments for v in seg.nodes)}
+    st = _Step(g, nd, plan, off, offloaded, pos, [region_stop(g, seg) for seg in plan.segments])
+    seg_inputs = [_forward(s, st, si, seg) for si, seg in enumerate(plan.segments)]
     _loss(s, g, nd)
-    extra_time = _backward(s, g, nd, plan, seg_inputs, off, offloaded)
+    extra_time = _backward(s, st, seg_inputs)
     fwd = float(g.total("time_s"))
     bwd = float(g.total("bwd_time_s"))
     return Simulation(peak_bytes=int(s.peak), extra_time_s=float(extra_time + off.stall_s), fwd_time_s=fwd,
                       bwd_time_s=bwd, peak_at=s.peak_at, timeline=s.timeline, offload_stall_s=off.stall_s,
-                      offloaded_bytes=off.offloaded_bytes)
+                      offloaded_bytes=off.offloaded_bytes, offload_wait_s=off.wait_s, offload_waits=dict(off.waits),
+                      offload_order=list(off.needed))
 
 
-def _forward(s: StepState, g: Graph, nd: list[dict], si: int, seg: Segment, off: Offload,
-             offloaded: set[int]) -> set[int]:
+def _forward(s: StepState, st: _Step, si: int, seg: Segment) -> set[int]:
     """The forward of segment ``si``; returns its inputs (held by a recomputed segment until its
-    backward is over: non-reentrant checkpoint keeps its inputs)."""
+    backward is over: non-reentrant checkpoint keeps its inputs; an offloaded one in host memory)."""
+    g, nd, off, offloaded = st.g, st.nd, st.off, st.offloaded
     members = set(seg.nodes)
     inputs = {u for v in seg.nodes for u in g.pred(v) if u not in members}
     if seg.recompute:
         for u in inputs:
-            s.addref(_okey(g, u), ("seg", si))
+            if g.root(u) in offloaded and st.stops[si] >= 0:
+                off.pack(g.root(u), ("seg", si), st.pos[st.stops[si]])
+            else:
+                s.addref(_okey(g, u), ("seg", si))
     kept = set(seg.keep)
     for v in seg.nodes:
         d = nd[v]
         off.advance()
+        if offloaded:
+            off.before_node(v, d["alloc_bytes"] * (d["alias_of"] is None) + d["extra_saved_bytes"] + d["fwd_temp_bytes"])
         if d["alias_of"] is None:
             s.alloc(("o", v), d["alloc_bytes"])
         ok = _okey(g, v)
@@ -167,7 +207,7 @@ def _forward(s: StepState, g: Graph, nd: list[dict], si: int, seg: Segment, off:
         if saving:
             for u in d["saves"]:
                 if g.root(u) in offloaded:
-                    off.pack(g.root(u), v)
+                    off.pack(g.root(u), ("s", v), st.pos[v])
                 else:
                     s.addref(_okey(g, u), ("s", v))
         for u in g.pred(v):
@@ -200,25 +240,25 @@ def _loss(s: StepState, g: Graph, nd: list[dict]) -> None:
     s.mark("loss", -1)
 
 
-def _backward(s: StepState, g: Graph, nd: list[dict], plan: Plan, seg_inputs: list[set[int]], off: Offload,
-              offloaded: set[int]) -> float:
+def _backward(s: StepState, st: _Step, seg_inputs: list[set[int]]) -> float:
     """Backward of every segment in reverse order, replaying the recomputed ones; returns the
     replayed forward time."""
+    g, nd, plan, off, offloaded = st.g, st.nd, st.plan, st.off, st.offloaded
     extra_time = 0.0
     tails = tails_of(plan)
     param_bytes: dict[str, int] = g.meta.get("param_bytes", {})
     off.start_backward()
     for si in range(len(plan.segments) - 1, -1, -1):
         seg = plan.segments[si]
-        stop = -1
-        if seg.recompute:
-            holders = [v for v in seg.nodes if (nd[v]["saves"] or nd[v]["extra_saved_bytes"])
-                       and nd[v]["requires_grad"]]
-            stop = max(holders) if holders else -1
+        stop = st.stops[si]
+        held = {u: g.root(u) for u in sorted(seg_inputs[si], key=g.root) if g.root(u) in offloaded} if stop >= 0 else {}
         rroot: dict[int, Hashable] = {}
         for v in reversed(seg.nodes):
             off.advance()
             if v == stop:
+                for u, r in held.items():  # the replay reads the region's offloaded inputs (and views of them)
+                    off.need(r)
+                    rroot[u] = rroot[r] = off.key(r)
                 spent = _recompute(s, g, nd, seg, stop, rroot, tails.get(si))
                 extra_time += spent
                 off.clock += spent
@@ -226,12 +266,11 @@ def _backward(s: StepState, g: Graph, nd: list[dict], plan: Plan, seg_inputs: li
                 for u in nd[v]["saves"]:
                     if g.root(u) in offloaded:
                         off.need(g.root(u))
-            _backward_node(s, g, nd, v, recomputed=seg.recompute, rroot=rroot, param_bytes=param_bytes,
-                           offloaded=offloaded)
+            _backward_node(s, g, nd, v, recomputed=seg.recompute, rroot=rroot, param_bytes=param_bytes, off=off)
             off.clock += nd[v]["bwd_time_s"]
         if seg.recompute:
             for u in seg_inputs[si]:
-                s.decref(_okey(g, u), ("seg", si))
+                s.decref(off.key(held[u]) if u in held else _okey(g, u), ("seg", si))
             for v in seg.keep:  # kept outputs the replay did not reach (after its early stop)
                 s.decref(_okey(g, v), ("keep", v))
     return extra_time
@@ -241,7 +280,8 @@ def _rkey(g: Graph, rroot: dict[int, Hashable], v: int) -> Hashable:
     """Storage key of ``v``'s value during the recomputation of a segment."""
     if v in rroot:
         return rroot[v]
-    return _okey(g, v)
+    r = g.root(v)
+    return rroot[r] if r in rroot else ("o", r)  # an offloaded input's storage is its prefetched copy
 
 
 def _recompute(s: StepState, g: Graph, nd: list[dict], seg: Segment, stop: int,
@@ -307,7 +347,7 @@ def _recompute(s: StepState, g: Graph, nd: list[dict], seg: Segment, stop: int,
 
 
 def _backward_node(s: StepState, g: Graph, nd: list[dict], v: int, *, recomputed: bool,
-                   rroot: dict[int, Hashable], param_bytes: dict[str, int], offloaded: set[int]) -> None:
+                   rroot: dict[int, Hashable], param_bytes: dict[str, int], off: Offload) -> None:
     """Node ``v``'s backward: its inputs' gradients (new, shared by a pass-through, or
     accumulated), its parameters' gradients on first use, its workspace; then what it saved is
     released."""
@@ -331,8 +371,8 @@ def _backward_node(s: StepState, g: Graph, nd: list[dict], v: int, *, recomputed
         for u in d["saves"]:
             if recomputed:
                 key = _rkey(g, rroot, u)
-            elif g.root(u) in offloaded:
-                key = ("pf", g.root(u))
+            elif g.root(u) in off.targets:
+                key = off.key(g.root(u))
             else:
                 key = _okey(g, u)
             s.decref(key, (tag, v))

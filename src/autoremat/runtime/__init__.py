@@ -60,8 +60,10 @@ from ._rollback import PatchPoints
 from .buffers import buffer_slot, dynamic_buffer_reads
 from .guard import GuardedForward, StateGuardWarning, op_structure, traced_through
 from .module_targets import module_targets as _module_targets
+from .offload import OffloadBegin, OffloadMark, OffloadWait, Offloader
+from .offload_forward import new_offloader as _new_offloader
+from .offload_forward import offloading_forward as _offloading_forward
 from .sharding import ShardingWatch, apply_fx_sharded, is_sharded, module_plan_fingerprint
-from .offload import OffloadBegin, OffloadMark, Offloader
 from .region import REGION_MODES, CheckpointRegion, may_draw_random, trim_replay
 from .region import ProbedCall, is_recomputing, stateful_buffers, tail_mark
 from .selective import SelectiveCall
@@ -97,21 +99,6 @@ def offloader_of(model: nn.Module) -> Offloader | None:
     """The offloader of a patched model (its ``stats`` describe the last step), if it offloads."""
     state = inner_module(uncompiled(model)).__dict__.get(_STATE_ATTR)
     return state.offloader if isinstance(state, _PatchState) else None
-
-
-def _offloading_forward(forward: Any, offloader: Offloader) -> Any:
-    # the offloader (streams, pinned buffers, per-step state) is eager code: under torch.compile
-    # the whole patched forward runs eagerly instead of being traced into wrong graphs
-    @torch.compiler.disable
-    @functools.wraps(forward)
-    def run(*args: Any, **kwargs: Any) -> Any:
-        if not torch.is_grad_enabled():
-            return forward(*args, **kwargs)
-        offloader.begin_step()
-        with offloader.active():
-            return forward(*args, **kwargs)
-
-    return run
 
 
 def is_patched(model: nn.Module) -> bool:
@@ -217,7 +204,7 @@ def _apply_fx(model: nn.Module, plan: Plan, names: list[str], regions: str) -> _
         why = first_difference(list(names), [n.name for n in ops], "node")
         raise PlanMismatchError(f"plan node names do not match the traced model ({why}); capture and solve again")
     _check_fx_plan(plan, ops)
-    offloader = Offloader() if plan.offload else None
+    offloader = _new_offloader(plan)
     forward_module = _build_forward(gm, ops, plan, offloader, regions, model)
     state = _PatchState(plan=plan, had_instance_forward=False, forward_module=forward_module, offloader=offloader)
     build = _Rebuild(model, plan, offloader, regions, op_structure(gm, ops))
@@ -324,6 +311,14 @@ def _build_forward(gm: torch.fx.GraphModule, ops: list[torch.fx.Node], plan: Pla
             attrs[key] = OffloadBegin(offloader, offload_ids[n])
             new.call_module(key, ())
 
+    waits = {ops[v]: v for v in plan.offload_waits}
+
+    def wait(n: torch.fx.Node) -> None:
+        if offloader is not None and n in waits:
+            key = f"autoremat_offload_wait_{waits[n]}"
+            attrs[key] = OffloadWait(offloader, waits[n])
+            new.call_module(key, ())
+
     def marked(n: torch.fx.Node) -> None:
         if offloader is not None and n in offload_ids:
             key = f"autoremat_offload_{offload_ids[n]}"
@@ -354,6 +349,7 @@ def _build_forward(gm: torch.fx.GraphModule, ops: list[torch.fx.Node], plan: Pla
                 for u in n.all_input_nodes:
                     if u not in env:
                         need(u, new, env)
+                wait(n)
                 begin(n)
                 env[n] = new.node_copy(n, lambda u: env[u])  # a call_module target: see _flat_module
                 marked(n)
@@ -415,6 +411,7 @@ def _build_forward(gm: torch.fx.GraphModule, ops: list[torch.fx.Node], plan: Pla
         for u in inputs:
             if u not in env:
                 need(u, new, env)
+        wait(members[0])
         call = new.call_module(key, tuple(env[u] for u in inputs))
         for i, n in enumerate(outputs):
             env[n] = new.call_function(operator.getitem, (call, i))
@@ -442,7 +439,7 @@ def _apply_module(model: nn.Module, plan: Plan, names: list[str], regions: str) 
         if names[v] not in mods:
             raise PlanMismatchError(f"plan offloads {names[v]!r}, which is not a module call of {type(model).__name__}")
     targets = _module_targets(model, plan, names, sharded)
-    offloader = Offloader() if plan.offload else None
+    offloader = _new_offloader(plan)
     state = _PatchState(plan=plan, had_instance_forward="forward" in model.__dict__,
                         instance_forward=model.__dict__.get("forward"), offloader=offloader)
     if offloader is not None:
@@ -454,6 +451,11 @@ def _apply_module(model: nn.Module, plan: Plan, names: list[str], regions: str) 
                 lambda _m, _a, v=v: offloader.begin_node(v)))
             state.hooks.append(mods[path].register_forward_hook(
                 lambda _m, _a, out, v=v: offloader.mark(out, v)))
+        for v in plan.offload_waits:
+            if names[v] not in mods:
+                raise PlanMismatchError(f"plan waits before {names[v]!r}, which is not a module call of "
+                                        f"{type(model).__name__}")
+            state.hooks.append(mods[names[v]].register_forward_pre_hook(lambda _m, _a, v=v: offloader.wait(v)))
         state.installed = _offloading_forward(model.forward, offloader)
         model.__dict__["forward"] = state.installed
     for path, mod, keep in targets:

@@ -1,42 +1,66 @@
-"""The offload runtime: saved activations of chosen nodes live in pinned host memory between
-forward and backward (Beaumont et al.'s model, see :mod:`autoremat.cost`).
+"""The offload runtime: storages the plan offloads live in pinned host memory between their last
+forward use and their first backward use (the model: :mod:`autoremat.cost.offload_link`).
 
 Built on ``torch.autograd.graph.saved_tensors_hooks``. Outputs of the plan's offloaded nodes are
-*marked* as they are produced; when autograd saves a tensor living in a marked storage:
+*marked* as they are produced; a marked storage has two kinds of holders, and both take the host
+path:
 
-* on CUDA, the whole storage is copied to a pinned host buffer on a side stream right away
-  (after an event on the compute stream, so the copy sees the finished value); the device
-  storage is held only until that copy has completed (events are polled on every save), then
-  released to the caching allocator; several saves of one storage share one host copy;
-* in backward, the first unpack of a storage brings it back on the side stream and makes the
-  compute stream wait on it; it also starts the prefetch of the next storage in order of need
-  (reverse order of saving), so transfers overlap the backward of the nodes in between; the
-  prefetched buffer is ``record_stream``-ed on the compute stream.
+* a save by autograd (a node outside the recomputed regions keeps the tensor for backward), in
+  the pack hook;
+* a recomputed region that takes the tensor as an input (an *offloaded checkpoint*): the region
+  keeps its inputs for its replay through :meth:`Offloader.hold_input` instead of a plain
+  reference (:mod:`autoremat.runtime.region`).
+
+On CUDA the first holder copies the whole storage to a pinned host buffer on the device-to-host
+stream right away (after an event on the compute stream, so the copy sees the finished value); the
+device storage is held only until that copy has completed (events are polled on every save,
+mark, wait and unpack), then released to the caching allocator; every holder of one storage
+shares one host copy. Where the plan says so (``Plan.offload_waits``), the compute stream waits for
+a copy before a node runs and the device storage is released right away. In backward the storages
+come back in the plan's order of first backward use (``Plan.offload_order``): the first prefetch
+starts when backward starts (a gradient hook on the forward's outputs), and each first use of a
+storage starts the prefetch of the next one, on the host-to-device stream; the compute stream
+waits on the copy's event, and the buffer is ``record_stream``-ed on it; it is dropped (with the
+host copy) when autograd and the regions have freed the storage's last holder. A storage whose
+copy out has not been released yet is used from the device, not transferred. A recomputed region
+brings its offloaded inputs back in node order (the simulator's order), not argument order.
 
 A node often saves its own output (ReLU, sigmoid, softmax...) before it returns and can be marked.
 So the generated forward opens a *window* (:meth:`Offloader.begin_node`) just before an offloaded
 node runs: saves made inside it are packed into a small pending holder, and :meth:`Offloader.mark`
-moves those of the output's storage onto the host path like any later save. Without that, the
-producer's own save would pin the device storage until the node's backward and offloading it
-would free nothing (the simulator assumes it frees the storage).
+moves those of the output's storage onto the host path like any later save.
 
 On a CPU-only machine there is no separate host memory: the same path runs as exact
-bookkeeping (no copies): marks, saves, order of need and bytes are recorded in
-:class:`OffloadStats`, tensors are returned as they were. Gradients are identical either way.
+bookkeeping (no copies): marks, holders, waits, the order of prefetches and of first use, and
+bytes are recorded in :class:`OffloadStats`, tensors are returned as they were. With
+``Offloader.host_tier`` set, a CPU run instead behaves as a device whose copies complete at once
+(copies the storage counters do not see, originals released, copies back on prefetch), so that a
+:class:`~autoremat.measure.LiveStorageCounter` measures what the simulator predicts at an unbounded
+bandwidth. Gradients are identical either way.
 """
 
 from __future__ import annotations
 
 import contextlib
+import threading
 import weakref
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 from torch import nn
 
-__all__ = ["Offloader", "OffloadStats", "OffloadMark", "OffloadBegin"]
+__all__ = ["Offloader", "OffloadStats", "OffloadMark", "OffloadBegin", "OffloadWait", "HostInput",
+           "active_offloader"]
+
+_ACTIVE = threading.local()
+"""``offloader``: the :class:`Offloader` whose hooks are active in this thread (else unset/None)."""
+
+
+def active_offloader() -> "Offloader | None":
+    """The offloader of the patched forward running in this thread, if any."""
+    return getattr(_ACTIVE, "offloader", None)
 
 
 @dataclass
@@ -46,13 +70,19 @@ class OffloadStats:
     packed_bytes: int = 0
     """Bytes of distinct storages sent to the host (or that would be, on a CPU)."""
     packed_nodes: list[int] = field(default_factory=list)
-    """Graph nodes whose storage was offloaded, in order of saving."""
+    """Graph nodes whose storage was offloaded, in order of their first holder."""
     fetched_nodes: list[int] = field(default_factory=list)
-    """The same nodes in the order backward needed them."""
+    """The same nodes in the order backward first used them."""
+    prefetched_nodes: list[int] = field(default_factory=list)
+    """The nodes whose prefetch was started ahead of their use, in the order started."""
     prefetched_ahead: int = 0
-    """Fetches that had been started before they were needed."""
+    """First uses whose storage had been prefetched ahead."""
     saves: int = 0
     """Saved tensors routed to the host copies (several may share one storage)."""
+    region_inputs: int = 0
+    """Inputs of recomputed regions kept on the host path (offloaded checkpoints)."""
+    waits: list[tuple[int, int]] = field(default_factory=list)
+    """``(node the forward waited before, offloaded node waited for)``, in order."""
 
 
 class _Pending:
@@ -66,8 +96,8 @@ class _Pending:
 
 
 class _Handle:
-    __slots__ = ("node", "nbytes", "dtype", "device", "host", "device_ref", "copy_done", "fetched", "ready",
-                 "storage", "__weakref__")
+    __slots__ = ("node", "nbytes", "device", "host", "device_ref", "copy_done", "fetched", "ready", "used",
+                 "tick", "storage", "holders", "prefetched", "__weakref__")
 
     def __init__(self, node: int, nbytes: int, device: torch.device, storage: Any) -> None:
         self.node = node
@@ -77,10 +107,34 @@ class _Handle:
         self.nbytes = nbytes
         self.device = device
         self.host: torch.Tensor | None = None
-        self.device_ref: torch.Tensor | None = None  # flat uint8 view of the device storage
+        self.device_ref: torch.Tensor | None = None  # flat uint8 view of the device storage, until copied
         self.copy_done: Any = None
-        self.fetched: torch.Tensor | None = None
+        self.fetched: torch.Tensor | None = None  # the device buffer holders read in backward
         self.ready: Any = None
+        self.used = False
+        self.tick = 0  # when its last holder was registered (the order without Plan.offload_order)
+        self.holders = 0  # live packed holders: when the last is gone, both copies are dropped
+        self.prefetched = False
+
+
+class _Packed:
+    """One holder's packed form of a tensor in an offloaded storage. When autograd (or a region)
+    frees the last holder of a storage, its fetched device copy and host copy are dropped: the
+    simulator frees the prefetched copy after its last holder's backward."""
+
+    __slots__ = ("handle", "dtype", "size", "stride", "offset", "tensor")
+
+    def __init__(self, h: _Handle, t: torch.Tensor, keep: bool) -> None:
+        self.handle = h
+        self.dtype, self.size, self.stride, self.offset = t.dtype, tuple(t.size()), tuple(t.stride()), t.storage_offset()
+        self.tensor = t if keep else None  # CPU bookkeeping: the tensor itself
+        h.holders += 1
+
+    def __del__(self) -> None:
+        h = self.handle
+        h.holders -= 1
+        if h.holders == 0 and h.used:
+            h.fetched = h.host = h.device_ref = None
 
 
 def _flat(t: torch.Tensor) -> torch.Tensor:
@@ -88,23 +142,66 @@ def _flat(t: torch.Tensor) -> torch.Tensor:
     return torch.empty(0, dtype=torch.uint8, device=t.device).set_(t.untyped_storage())
 
 
-class Offloader:
-    """Pack/unpack hooks for one patched model (see the module docstring)."""
+class HostInput:
+    """An input of a recomputed region kept on the host path (see :meth:`Offloader.hold_input`);
+    :meth:`unpack` brings it back for the region's replay."""
 
-    def __init__(self) -> None:
+    __slots__ = ("offloader", "packed", "version", "tensor", "requires_grad")
+
+    def __init__(self, offloader: "Offloader", packed: "_Packed", t: torch.Tensor) -> None:
+        self.offloader = offloader
+        self.packed = packed
+        self.version = t._version
+        self.requires_grad = t.requires_grad  # a copy back from the host does not carry it
+        self.tensor = packed.tensor  # CPU bookkeeping: no copy, the version stays checkable
+
+    @property
+    def node(self) -> int:
+        """The offloaded node whose storage this input lives in."""
+        return self.packed.handle.node
+
+    def unpack(self) -> torch.Tensor:
+        if self.tensor is not None and self.tensor._version != self.version:
+            raise RuntimeError(
+                f"autoremat: an input of a recomputed region ({tuple(self.tensor.shape)} {self.tensor.dtype}) was "
+                f"modified in place after the region ran (version {self.tensor._version}, expected {self.version}); "
+                "change a clone of it instead (x = x.clone() before the in-place op)")
+        return self.offloader._unpack(self.packed)
+
+
+class Offloader:
+    """Pack/unpack hooks and region-input holders for one patched model (see the module docstring).
+
+    ``order``: the offloaded nodes in order of first backward use (``Plan.offload_order``)."""
+
+    def __init__(self, order: Sequence[int] = (), waits: Mapping[int, int] | None = None) -> None:
         self.stats = OffloadStats()
+        self.rank = {v: i for i, v in enumerate(order)}
+        self.waits = dict(waits or {})
         self._marked: dict[int, tuple[int, weakref.ref]] = {}
-        self._handles: dict[int, _Handle] = {}
-        self._order: list[weakref.ref] = []
-        self._stream: Any = None
+        self._handles: dict[int, _Handle] = {}  # by storage key: the handle of the storage now there
+        self._all: list[_Handle] = []  # every handle of the step (a key may be reused after a release)
+        self._by_node: dict[int, _Handle] = {}
+        self._streams: dict[str, Any] = {}
         self._pending: list[_Pending] | None = None  # open while an offloaded node runs
+        self._tick = 0
+        self._backward_started = False
+        self.host_tier = False
+        """CPU only: keep offloaded storages in copies the memory counters do not see
+        (:class:`~autoremat.measure.LiveStorageCounter` counts the device), release the originals,
+        and copy them back when prefetched — the CUDA path's memory behaviour with copies that
+        complete at once, so that a CPU run measures what the simulator predicts at an unbounded
+        bandwidth. Off by default (bookkeeping only)."""
 
     # ------------------------------------------------------------------ forward
     def begin_step(self) -> None:
         self._marked.clear()
         self._handles.clear()
-        self._order = []
+        self._all.clear()
+        self._by_node.clear()
         self._pending = None
+        self._tick = 0
+        self._backward_started = False
         self.stats = OffloadStats()
 
     def begin_node(self, node: int) -> None:
@@ -125,53 +222,99 @@ class Offloader:
             assert t is not None, "please report"
             st = t.untyped_storage()
             if storages.get(st._cdata) is st:
+                self.stats.saves += 1
                 holder.packed = self._offload(t, st._cdata, node)
                 holder.tensor = None  # the host path holds the device storage only until copied
+        self._poll()
         return value
+
+    def wait(self, before: int) -> None:
+        """The forward waits, before node ``before``, for the copy the plan names (``offload_waits``)."""
+        h = self._by_node.get(self.waits[before])
+        if h is None:
+            return
+        self.stats.waits.append((before, h.node))
+        if h.copy_done is not None and h.device_ref is not None:
+            torch.cuda.current_stream(h.device).wait_event(h.copy_done)
+            if h.fetched is None:
+                h.device_ref = None  # later work on the compute stream runs after the copy
+        self._poll()
 
     @contextlib.contextmanager
     def active(self) -> Iterator[None]:
-        with torch.autograd.graph.saved_tensors_hooks(self._pack, self._unpack):
-            yield
+        outer = active_offloader()
+        _ACTIVE.offloader = self
+        try:
+            with torch.autograd.graph.saved_tensors_hooks(self._pack, self._unpack):
+                yield
+        finally:
+            _ACTIVE.offloader = outer
+
+    def owner_of(self, t: torch.Tensor) -> int | None:
+        """The offloaded node whose storage ``t`` lives in (marked this step), else ``None``."""
+        entry = self._marked.get(t.untyped_storage()._cdata)
+        if entry is None or entry[1]() is not t.untyped_storage():
+            return None
+        return entry[0]
 
     def _pack(self, t: torch.Tensor) -> Any:
-        st = t.untyped_storage()
-        key = st._cdata
-        entry = self._marked.get(key)
-        if entry is None or entry[1]() is not st:
+        node = self.owner_of(t)
+        if node is None:
             if self._pending is None:
                 return t
             holder = _Pending(t)
             self._pending.append(holder)
             return holder
-        return self._offload(t, key, entry[0])
-
-    def _offload(self, t: torch.Tensor, key: int, node: int) -> Any:
-        """The packed form of a save of ``t``, whose storage (``key``) goes to the host."""
-        self._poll()
         self.stats.saves += 1
+        return self._offload(t, t.untyped_storage()._cdata, node)
+
+    def hold_input(self, t: torch.Tensor) -> HostInput | None:
+        """A recomputed region's holder of its input ``t`` on the host path, when ``t``'s storage
+        is offloaded (else ``None``: the region keeps ``t`` itself)."""
+        node = self.owner_of(t)
+        if node is None:
+            return None
+        self.stats.region_inputs += 1
+        return HostInput(self, self._offload(t, t.untyped_storage()._cdata, node), t)
+
+    def end_region(self, held: Sequence[HostInput]) -> None:
+        """A region that holds ``held`` has finished its forward: its replay is among the first
+        uses in backward of what runs before it (the order without ``offload_order``)."""
+        self._tick += 1
+        for h in held:
+            h.packed.handle.tick = self._tick
+
+    def _offload(self, t: torch.Tensor, key: int, node: int) -> "_Packed":
+        """The packed form of a holder of ``t``, whose storage (``key``) goes to the host."""
+        self._poll()
+        self._tick += 1
         st = t.untyped_storage()
         h = self._handles.get(key)
-        if h is None or h.storage() is not st:  # a new storage at a released one's address
+        if h is None or h.storage() is not st:  # a new storage at a released one's address (CUDA)
             h = _Handle(node, st.nbytes(), t.device, st)
             self._handles[key] = h
-            self._order.append(weakref.ref(h))
+            self._all.append(h)
+            self._by_node[node] = h
             self.stats.packed_bytes += h.nbytes
             self.stats.packed_nodes.append(h.node)
             if t.device.type == "cuda":
                 self._copy_out(h, t)
+            elif self.host_tier:
+                # the host tier is not the device's memory: a copy made by numpy is not an op the
+                # storage counters (dispatch modes) see; its copy back (prefetch) is
+                h.host = torch.from_numpy(_flat(t).numpy().copy())
             else:
                 h.fetched = t  # CPU: bookkeeping only
-        return (h, t.dtype, tuple(t.size()), tuple(t.stride()), t.storage_offset(),
-                t if t.device.type != "cuda" else None)
+        h.tick = self._tick
+        return _Packed(h, t, keep=t.device.type != "cuda" and not self.host_tier)
 
-    def _side_stream(self, device: torch.device) -> Any:
-        if self._stream is None:
-            self._stream = torch.cuda.Stream(device)
-        return self._stream
+    def _stream(self, direction: str, device: torch.device) -> Any:
+        if direction not in self._streams:
+            self._streams[direction] = torch.cuda.Stream(device)
+        return self._streams[direction]
 
     def _copy_out(self, h: _Handle, t: torch.Tensor) -> None:
-        stream = self._side_stream(t.device)
+        stream = self._stream("out", t.device)
         produced = torch.cuda.Event()
         produced.record(torch.cuda.current_stream(t.device))
         flat = _flat(t)
@@ -184,41 +327,66 @@ class Offloader:
         h.device_ref = flat  # held until the copy is complete
 
     def _poll(self) -> None:
-        for ref in self._order:
-            h = ref()
-            if h is not None and h.device_ref is not None and h.copy_done is not None and h.copy_done.query():
+        for h in self._all:
+            if h.device_ref is not None and h.fetched is None and h.copy_done is not None and h.copy_done.query():
                 h.device_ref = None
 
     # ------------------------------------------------------------------ backward
+    def start_backward(self) -> None:
+        """Backward has started: prefetch the first storage in order of use (once per step)."""
+        if not self._backward_started:
+            self._backward_started = True
+            self._prefetch_next(None)
+
     def _unpack(self, packed: Any) -> torch.Tensor:
         if isinstance(packed, _Pending):
             packed = packed.tensor if packed.packed is None else packed.packed
         if isinstance(packed, torch.Tensor):
             return packed
-        h, dtype, size, stride, offset, cpu_tensor = packed
-        if cpu_tensor is not None:
-            self._note_fetch(h)
-            return cpu_tensor
+        h = packed.handle
+        self._poll()
+        if packed.tensor is not None:
+            self._note_use(h)
+            return packed.tensor
         flat = self._fetch(h)
-        self._note_fetch(h)
-        return torch.empty(0, dtype=dtype, device=h.device).set_(flat.untyped_storage(), offset, size, stride)
+        self._note_use(h)
+        return torch.empty(0, dtype=packed.dtype, device=h.device).set_(
+            flat.untyped_storage(), packed.offset, packed.size, packed.stride)
 
-    def _note_fetch(self, h: _Handle) -> None:
-        if h.node in self.stats.fetched_nodes:
+    def _note_use(self, h: _Handle) -> None:
+        if h.used:
             return
+        h.used = True
+        self._backward_started = True
         self.stats.fetched_nodes.append(h.node)
-        if h.ready is not None or h.device.type != "cuda":
-            self.stats.prefetched_ahead += int(h.ready is not None)
-        # start the next one in order of need: the latest-saved storage not fetched yet
-        for ref in reversed(self._order):
-            nxt = ref()
-            if nxt is not None and nxt is not h and nxt.node not in self.stats.fetched_nodes and nxt.ready is None:
-                if nxt.device.type == "cuda" and nxt.device_ref is None and nxt.fetched is None:
-                    self._start_fetch(nxt)
-                break
+        self.stats.prefetched_ahead += int(h.prefetched)
+        self._prefetch_next(h)
+
+    def _prefetch_next(self, current: _Handle | None) -> None:
+        """Start the prefetch of the next storage in order of first backward use."""
+        waiting = [h for h in self._all if not h.used and h is not current and not h.prefetched]
+        if not waiting:
+            return
+        if self.rank:
+            nxt = min(waiting, key=lambda h: self.rank.get(h.node, len(self.rank)))
+        else:
+            nxt = max(waiting, key=lambda h: h.tick)
+        self.stats.prefetched_nodes.append(nxt.node)
+        nxt.prefetched = True
+        if nxt.device.type == "cuda" or self.host_tier:
+            self._start_fetch(nxt)
 
     def _start_fetch(self, h: _Handle) -> None:
-        stream = self._side_stream(h.device)
+        if h.fetched is not None:
+            return
+        if h.device_ref is not None:  # the copy out has not been released: the device copy serves
+            h.fetched = h.device_ref
+            return
+        if h.device.type != "cuda":  # the CPU's host tier (``host_tier``): a synchronous copy back
+            assert h.host is not None, "offload handle without a host copy, please report"
+            h.fetched = h.host.clone()
+            return
+        stream = self._stream("in", h.device)
         assert h.host is not None, "offload handle without a host copy, please report"
         with torch.cuda.stream(stream):
             stream.wait_event(h.copy_done)
@@ -229,12 +397,13 @@ class Offloader:
         h.fetched = buf
 
     def _fetch(self, h: _Handle) -> torch.Tensor:
-        if h.device_ref is not None:  # the copy out has not been released yet: still on device
-            return h.device_ref
-        if h.fetched is None:
-            self._start_fetch(h)
+        self._start_fetch(h)
+        if h.device.type != "cuda":
+            assert h.fetched is not None, "please report"
+            return h.fetched
         current = torch.cuda.current_stream(h.device)
-        current.wait_event(h.ready)
+        if h.ready is not None:
+            current.wait_event(h.ready)
         assert h.fetched is not None, "please report"
         h.fetched.record_stream(current)
         return h.fetched
@@ -262,6 +431,18 @@ class OffloadBegin(nn.Module):
 
     def forward(self) -> None:
         self._offloader.begin_node(self.node)
+
+
+class OffloadWait(nn.Module):
+    """The forward's wait for a copy to host before a node (``Plan.offload_waits``)."""
+
+    def __init__(self, offloader: Offloader, node: int) -> None:
+        super().__init__()
+        self._offloader = offloader
+        self.node = node
+
+    def forward(self) -> None:
+        self._offloader.wait(self.node)
 
 
 def _tensors(value: Any) -> list[torch.Tensor]:

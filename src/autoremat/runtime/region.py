@@ -25,6 +25,10 @@ Decisions, each tested:
   tensor: an in-place change of an input after the region ran is reported at backward instead of
   silently recomputing from the changed value (autograd's own ``_make_saved_tensor`` did this until
   it turned out to be missing from torch 2.11, which the GPU machines we benchmark on have);
+* an input whose storage the plan offloads (an offloaded checkpoint) is kept on the offloader's
+  host path (:meth:`~autoremat.runtime.offload.Offloader.hold_input`) and brought back for the
+  replay; ``regions="torch"`` refuses such a plan at its first forward (PyTorch's checkpoint
+  keeps its inputs itself);
 * recomputed tensors are kept per backward call (``torch._C._current_graph_task_id``), so a
   second backward over a retained graph recomputes again, and a partial backward (e.g.
   ``torch.autograd.grad`` of an intermediate) does not hand out tensors another backward
@@ -72,11 +76,12 @@ from torch import nn
 from torch.nn.modules.batchnorm import _BatchNorm
 from torch.utils.checkpoint import checkpoint, get_device_states, set_device_states
 
+from .offload import HostInput, Offloader, active_offloader
 from .recompute_state import (SeededProbe, RestoreBuffers, check_params, checkpoint_kwargs, is_recomputing,
                               param_versions, snapshot_buffers, stateful_buffers)
 
 __all__ = ["CheckpointRegion", "REGION_MODES", "compiled_region", "recomputed_call", "RecomputationMismatchError",
-           "trim_replay", "tail_mark", "is_recomputing", "snapshot_buffers"]
+           "trim_replay", "tail_mark", "is_recomputing", "snapshot_buffers", "refuse_offloaded_inputs"]
 
 logger = logging.getLogger(__name__)
 
@@ -127,6 +132,7 @@ class ProbedCall:
     def _call(self, rng: bool, stop: bool, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
         if self.mode == "lean":
             return _run(self.fn, self.fn, self.stateful, rng, args, kwargs, stop, params=self.params)
+        refuse_offloaded_inputs(args, kwargs)
         return checkpoint(self.fn, *args, **checkpoint_kwargs(self.stateful, rng, self.params), early_stop=stop,
                           **kwargs)
 
@@ -218,7 +224,7 @@ class _Frame:
 
     __slots__ = ("replay", "stateful", "snapshot", "params", "versions", "args", "kwargs", "count", "by_task", "rng",
                  "autocast", "stop",
-                 "short", "tail", "tail_at", "sources", "whole")
+                 "short", "tail", "tail_at", "sources", "whole", "offloaded")
 
     def __init__(self, replay: Callable[..., Any], stateful: list[tuple[nn.Module, str]], args: tuple[Any, ...],
                  kwargs: dict[str, Any], preserve_rng: bool, stop: bool = True,
@@ -237,8 +243,10 @@ class _Frame:
         self.stateful = stateful
         self.snapshot = snapshot_buffers(stateful) if stateful else None
         self.params, self.versions = params, param_versions(params)
-        self.args = [_SavedInput(a) if isinstance(a, torch.Tensor) else a for a in args]
-        self.kwargs = {k: _SavedInput(a) if isinstance(a, torch.Tensor) else a for k, a in kwargs.items()}
+        off = active_offloader()
+        self.offloaded: list[HostInput] = []
+        self.args = [self._keep(a, off) for a in args]
+        self.kwargs = {k: self._keep(a, off) for k, a in kwargs.items()}
         self.count = 0
         self.by_task: dict[int, list[Any]] = {}
         self.autocast = _autocast_state()
@@ -246,6 +254,17 @@ class _Frame:
         if preserve_rng:
             tensors = [a for a in (*args, *kwargs.values()) if isinstance(a, torch.Tensor)]
             self.rng = (torch.get_rng_state(), *get_device_states(*tensors))
+
+    def _keep(self, a: Any, off: Offloader | None) -> Any:
+        """How the region keeps input ``a`` for its replay: on the host path when the plan offloads
+        its storage (an offloaded checkpoint, :mod:`autoremat.runtime.offload`), else as it is."""
+        if not isinstance(a, torch.Tensor):
+            return a
+        held = None if off is None else off.hold_input(a)
+        if held is None:
+            return _SavedInput(a)
+        self.offloaded.append(held)
+        return held
 
     def pack(self, x: torch.Tensor) -> tuple["_Frame", int]:
         i = self.count
@@ -304,9 +323,15 @@ class _Frame:
             if len(got) == need:
                 raise _StopRecomputation
 
+        # offloaded inputs come back in node order, the order the simulator's replay needs them in
+        # (argument order may differ: DenseNet's concatenations), so the prefetch chain is the plan's
+        back = {id(a): a.unpack() for a in sorted(self.offloaded, key=lambda a: a.node)}
+
         def fresh(a: Any) -> Any:
-            if type(a) is not _SavedInput:
+            if type(a) is not _SavedInput and type(a) is not HostInput:
                 return a
+            if type(a) is HostInput:
+                return back[id(a)].detach().requires_grad_(a.requires_grad)
             t = a.unpack()
             return t.detach().requires_grad_(t.requires_grad)
 
@@ -419,15 +444,19 @@ def _run(fn: Callable[..., Any], replay: Callable[..., Any], stateful: list[tupl
     frame = _Frame(replay, stateful, args, kwargs, preserve_rng, stop, short, params)
     if short is None:
         with torch.autograd.graph.saved_tensors_hooks(frame.pack, _unpack):
-            return fn(*args, **kwargs)
-    outer = getattr(_ACTIVE, "frame", None)
-    _ACTIVE.frame = frame
-    try:
-        with torch.autograd.graph.saved_tensors_hooks(frame.pack, _unpack):
-            return fn(*args, **kwargs)
-    finally:
-        _ACTIVE.frame = outer
-        frame.tail = None  # the tail inputs are the region's to free, not the frame's to keep
+            out = fn(*args, **kwargs)
+    else:
+        outer = getattr(_ACTIVE, "frame", None)
+        _ACTIVE.frame = frame
+        try:
+            with torch.autograd.graph.saved_tensors_hooks(frame.pack, _unpack):
+                out = fn(*args, **kwargs)
+        finally:
+            _ACTIVE.frame = outer
+            frame.tail = None  # the tail inputs are the region's to free, not the frame's to keep
+    if frame.offloaded:
+        frame.offloaded[0].offloader.end_region(frame.offloaded)
+    return out
 
 
 class CheckpointRegion(nn.Module):
@@ -505,10 +534,25 @@ class CheckpointRegion(nn.Module):
             short = None if self.short_replay is None else self.short_replay.forward
             return _run(self.body.forward, self.replay.forward, self.stateful, preserve_rng, args, {},
                         self.stop and early_stop, short, self.params)
+        refuse_offloaded_inputs(args, {})
         kwargs = self._kwargs if preserve_rng == self._kwargs["preserve_rng_state"] else \
             checkpoint_kwargs(self.stateful, preserve_rng, self.params)
         return checkpoint(_FirstThenReplay(self.body.forward, self.replay.forward), *args, **kwargs,
                           early_stop=early_stop)
+
+
+def refuse_offloaded_inputs(args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
+    """``regions="torch"``: ``torch.utils.checkpoint`` keeps a region's inputs itself, so an input
+    the plan offloads (an offloaded checkpoint) would stay on the device: refused."""
+    off = active_offloader()
+    if off is None:
+        return
+    for a in (*args, *kwargs.values()):
+        if isinstance(a, torch.Tensor) and off.owner_of(a) is not None:
+            raise RuntimeError(
+                f"autoremat: the plan offloads an input of a recomputed region (the output of node "
+                f"{off.owner_of(a)}), which regions='torch' cannot do (torch.utils.checkpoint keeps its inputs on "
+                "the device); apply the plan with regions='lean' (the default)")
 
 
 class _FirstThenReplay:

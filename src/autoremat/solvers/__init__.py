@@ -13,6 +13,8 @@ simulated step peak is within the budget, and raises
 ``offload-greedy``,    :mod:`.beaumont` (Beaumont et al., GPU-CPU offloading; the chain solvers
 ``offload-dp``,        behind them in :mod:`.beaumont.chain_solvers`)
 ``vdnn``
+``offload-dag``        :mod:`.offload_dag` (Beaumont et al.'s transfer model on the graph itself:
+                       saved tensors and offloaded checkpoints, forward waits)
 ``combined``           :mod:`.combined` (recomputation plus offloading)
 ``milp``               :mod:`.milp` (the exact program over the same plan space, HiGHS)
 ``blocks``             :mod:`.blocks` (repeated blocks solved once, chained by dynamic programming;
@@ -51,6 +53,7 @@ from .milp import solve_milp
 from .milp.config import MilpConfig
 from .minimum import min_budget
 from .none import NoneConfig, solve_none
+from .offload_dag import OffloadDagConfig, solve_offload_dag
 from .beaumont import (OffloadDPConfig, OffloadGreedyConfig, VdnnConfig, solve_offload_dp, solve_offload_greedy,
                             solve_vdnn)
 from .reforward import ReforwardConfig, solve_reforward
@@ -77,6 +80,7 @@ SOLVER_FUNCTIONS: dict[str, SolverFn] = {
     "offload-greedy": solve_offload_greedy,
     "offload-dp": solve_offload_dp,
     "vdnn": solve_vdnn,
+    "offload-dag": solve_offload_dag,
     "milp": solve_milp,
     "blocks": solve_blocks,
 }
@@ -116,6 +120,7 @@ CONFIGS: dict[str, type[SolverConfig]] = {
     "offload-greedy": OffloadGreedyConfig,
     "offload-dp": OffloadDPConfig,
     "vdnn": VdnnConfig,
+    "offload-dag": OffloadDagConfig,
     "milp": MilpConfig,
     "blocks": BlocksConfig,
 }
@@ -129,7 +134,7 @@ on deep models the chain program is exact over per-block options in well under a
 the node-by-node solvers after it take seconds to minutes (a 64-layer GPT at op level: dp-approx
 ~16 s, issue 24)."""
 
-OFFLOAD_ONLY = ("offload-greedy", "offload-dp", "vdnn")
+OFFLOAD_ONLY = ("offload-greedy", "offload-dp", "vdnn", "offload-dag")
 """Registered solvers that only offload (no recomputation)."""
 
 
@@ -152,8 +157,9 @@ def finalize_plan(graph: Graph, plan: Plan, budget_bytes: int, solver: str,
                   options: Mapping[str, Any] | None = None) -> Plan:
     """Stamp a solver's plan with its graph, budget and predictions, and check it: what
     :func:`autoremat.apply` reads (``graph_mode``, ``node_names``, ``tensors``, ``inputs``, the
-    replay tails of an fx graph, the module calls of a module-level one) and the simulated peak and extra time, at the link the solver
-    planned with (``options["bandwidth_bytes_per_s"]``, else the graph's)."""
+    replay tails of an fx graph, the module calls of a module-level one, the order of first
+    backward use of the offloaded nodes) and the simulated peak and extra time, at the link the
+    solver planned with (``options["bandwidth_bytes_per_s"]``, else the graph's)."""
     plan.solver = solver
     plan.budget_bytes = int(budget_bytes)
     plan.graph_fingerprint = graph.fingerprint
@@ -170,6 +176,8 @@ def finalize_plan(graph: Graph, plan: Plan, budget_bytes: int, solver: str,
     if plan.bandwidth_bytes_per_s is None:
         plan.bandwidth_bytes_per_s = plan.options.get("bandwidth_bytes_per_s")
     sim = simulate(graph, plan, check=False, record=False, bandwidth_bytes_per_s=plan.bandwidth_bytes_per_s)
+    if plan.offload and not plan.offload_order:  # what the runtime prefetches in (it has no graph)
+        plan.offload_order = tuple(sim.offload_order)
     plan.predicted_peak_bytes = sim.peak_bytes
     plan.predicted_extra_time_s = sim.extra_time_s
     if sim.peak_bytes > budget_bytes:  # the contract: never a plan over budget, whatever the solver

@@ -276,12 +276,15 @@ def test_offload_true_plans_on_a_cpu_capture_and_false_refuses_on_meta():
 
 def test_meta_speed_offloading_saves_little():
     """At the meta capture's own (H100-class) speed, copies over 12 GB/s hide behind almost no
-    compute, so no offload set gets far below the unoptimised peak: the solvers say so."""
+    compute, so no offload set gets far below the unoptimised peak: the solvers say so. (Copies
+    still in flight when backward needs a storage leave it on the device, and one still in flight
+    after its last use holds the device memory until it completes, so without forward waits
+    offloading saves nothing here.)"""
     g = meta_graph("resnet50", scale=1.0)
     peak = unoptimised_peak_bytes(g)
     with pytest.raises(InfeasibleBudgetError) as err:
         solve(g, int(0.6 * peak), solver="offload-greedy")
-    assert 0.8 * peak < err.value.min_budget_bytes < peak
+    assert 0.8 * peak < err.value.min_budget_bytes <= peak
 
 
 # ---------------------------------------------------------------------- the chain <-> graph mapping

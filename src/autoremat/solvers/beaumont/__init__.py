@@ -102,7 +102,8 @@ from ..combined import offload_allowed
 from .chain_solvers import DEFAULT_SLOTS, ROUNDINGS, VDNN_MODES, lower_bound, offload_dp, offload_greedy, vdnn
 
 __all__ = ["solve_offload_greedy", "solve_offload_dp", "solve_vdnn", "offload_candidates", "offloadable_chain",
-           "layer_offload_nodes", "OffloadGreedyConfig", "OffloadDPConfig", "VdnnConfig"]
+           "layer_offload_nodes", "OffloadGreedyConfig", "OffloadDPConfig", "VdnnConfig", "offload_bandwidth",
+           "offload_flag", "offload_refused"]
 
 logger = logging.getLogger(__name__)
 
@@ -163,7 +164,8 @@ def layer_offload_nodes(chain: Chain, activations: Iterable[int], candidates: Se
 
 
 # ---------------------------------------------------------------------- options
-def _bandwidth(graph: Graph, cfg: dict[str, Any]) -> float:
+def offload_bandwidth(graph: Graph, cfg: dict[str, Any]) -> float:
+    """The link's bytes per second: ``cfg['bandwidth_bytes_per_s']``, else the graph's, else the default."""
     raw, source = cfg.get("bandwidth_bytes_per_s"), "config"
     if raw is None:
         raw, source = graph.meta.get("bandwidth_bytes_per_s"), "graph.meta"
@@ -175,7 +177,8 @@ def _bandwidth(graph: Graph, cfg: dict[str, Any]) -> float:
     return float(raw)
 
 
-def _allowed(graph: Graph, cfg: dict[str, Any]) -> bool:
+def offload_flag(graph: Graph, cfg: dict[str, Any]) -> bool:
+    """Whether to plan offloads: ``cfg['offload']`` (True, False, 'auto') checked, see :func:`offload_allowed`."""
     flag = cfg.get("offload", "auto")
     if flag is None:
         flag = "auto"
@@ -191,7 +194,9 @@ def _grouping(cfg: dict[str, Any]) -> str:
     return grouping
 
 
-def _not_allowed(graph: Graph, cfg: dict[str, Any], budget_bytes: int, peak: int, name: str) -> InfeasibleBudgetError:
+def offload_refused(graph: Graph, cfg: dict[str, Any], budget_bytes: int, peak: int, name: str
+                    ) -> InfeasibleBudgetError:
+    """The error of an offload solver asked to offload where it does not pay (CPU, offload=False)."""
     if cfg.get("offload") is False:
         why = "offload=False was passed"
     else:
@@ -243,9 +248,9 @@ def _solve(graph: Graph, budget_bytes: int, config: dict[str, Any] | None, name:
            choose: Callable[[Chain, int], OffloadSchedule] | None) -> Plan:
     """Steps 1-7 of the module docstring; ``choose=None`` offloads every candidate (vDNN_all)."""
     cfg = dict(config or {})  # the registered solvers parsed it with their config class
-    bandwidth = _bandwidth(graph, cfg)
+    bandwidth = offload_bandwidth(graph, cfg)
     grouping = _grouping(cfg)
-    allow = _allowed(graph, cfg)
+    allow = offload_flag(graph, cfg)
     budget = int(budget_bytes)
     judge = _Judge(graph, bandwidth)
     vanilla = judge.peak(())
@@ -253,7 +258,7 @@ def _solve(graph: Graph, budget_bytes: int, config: dict[str, Any] | None, name:
     if vanilla <= budget and (choose is not None or not allow):
         return judge.plan((), name, opts)
     if not allow:
-        raise _not_allowed(graph, cfg, budget, vanilla, name)
+        raise offload_refused(graph, cfg, budget, vanilla, name)
     candidates = offload_candidates(graph)
     if choose is None:  # vDNN_all
         peak = judge.peak(candidates)

@@ -2,6 +2,8 @@
 
 * :mod:`.bruteforce`: every canonical strategy of a small graph, each judged by
   :func:`autoremat.cost.simulate` (the optimum the exact solvers are tested against).
+* :mod:`.offload_bruteforce`: every offload set on a small graph's plan (with and without
+  derived forward waits), judged by the simulator (the optimum ``offload-dag`` is tested against).
 * :mod:`.twremat`: Kumar et al.'s TWRemat, whose schedules recompute forward *and* backward
   nodes in an order flat checkpoint regions cannot run; they are measured with the schedule
   model (:mod:`autoremat.cost.schedule`) only.
@@ -13,6 +15,7 @@ paper's evaluation, is one of them).
 from __future__ import annotations
 
 from .bruteforce import lower_set_chains, solve_bruteforce
+from .offload_bruteforce import solve_offload_bruteforce
 from .twremat import twremat_schedule
 
-__all__ = ["lower_set_chains", "solve_bruteforce", "twremat_schedule"]
+__all__ = ["lower_set_chains", "solve_bruteforce", "solve_offload_bruteforce", "twremat_schedule"]

@@ -1,0 +1,295 @@
+"""``"offload-dag"``: which stored tensors live in host memory, on any graph (issue 22).
+
+Problem: given a plan's segments (by default: nothing recomputed), choose the storages it keeps
+for backward to offload (``Plan.offload``: saved activations, and inputs of recomputed segments —
+"offloaded checkpoints") and where the forward waits for their copies (``Plan.offload_waits``), so
+that the step peak :func:`autoremat.cost.simulate` predicts fits the budget at the least predicted
+step time (stalls included). On a chain this is Beaumont et al.'s Problem 1, strongly NP-complete
+(Theorem 1 of [1]); the transfer model is theirs (:mod:`autoremat.cost.offload_link`).
+
+Paper: .. [1] O. Beaumont, L. Eyraud-Dubois, A. Shilova, "Optimal GPU-CPU Offloading Strategies
+   for Deep Neural Network Training", hal-02316266, 2019 (GREEDY's eager prefix, §4.2, is one of
+   the orders tried here).
+
+Method (a heuristic on the graph itself, no chain; exact on small candidate sets). Every set ``S``
+is judged by the simulator as it is and with the forward waits the simulator derives at the
+budget (``offload_wait_limit_bytes``: before a node that would lift the level above the budget,
+wait for the fewest pending copies whose completion frees enough); where neither fits, also with
+those derived at 0 (wait for every copy as soon as that frees memory), so that the least peak a
+set reaches is reached at every larger budget.
+
+1. *Not binding*: the base plan fits, it is returned without offloads.
+2. *Candidates* ``C``: :func:`~autoremat.plan.offloadable_nodes` of the base plan.
+3. *Exhaustive* when ``|C| <= exhaustive_up_to`` (default 8): every subset.
+4. Otherwise *prefixes of three orders*: production order (Beaumont's eager order: the earliest
+   have the most compute to hide behind); slack order (the compute between the first holder and
+   the first backward use over the round trip ``2 |r| / B``, largest first: bytes per second of
+   slack); and the storages whose round trip fits that window, largest first. Prefix lengths on an
+   even grid (``prefix_grid``), then every length around the grid point with the least peak and
+   just below the first that fits (neither peak nor stalls are monotone in the length: more
+   copies keep the links busy, and a copy in flight holds its memory).
+5. *Seeds*: the offload sets of Beaumont's chain solvers (``chain_seeds``, default GREEDY and
+   DYNPROG) where they find one, judged the same way: the result is never predicted slower than
+   theirs, nor is the least budget met higher.
+6. *Prune*: from the fastest fitting set, members are dropped one at a time (largest first)
+   while the plan still fits and is no slower (fewer copies free the links).
+7. The fitting plan with the least predicted step time wins (then fewer offloaded bytes).
+   Infeasible: :class:`~autoremat.errors.InfeasibleBudgetError` with the least simulated peak
+   of every plan judged.
+
+Options: ``bandwidth_bytes_per_s``, ``offload`` (True, False, ``"auto"``: as the chain offload
+solvers, :func:`~autoremat.solvers.beaumont.offload_flag`), ``prefix_grid``,
+``exhaustive_up_to``, ``chain_seeds``, ``waits`` (judge sets with derived forward waits too).
+
+Time: O(n) per simulation; at most ``2 (3 g + 4 step + |C|)`` simulations for ``g =
+prefix_grid`` (plus ``2^(|C|+1)`` when exhaustive) and the chain solvers' own time. Space O(n).
+Limitations: the set search is a heuristic; waits are derived by one rule (wait for the fewest
+copies at the node that would exceed the budget), not searched; prefetches go one ahead.
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from typing import Any, ClassVar
+
+from ..cost import no_recompute_plan, simulate
+from ..errors import InfeasibleBudgetError
+from ..graph import Graph
+from ..plan import Plan, offloadable_nodes, region_stop
+from ._config import SolverConfig
+
+__all__ = ["solve_offload_dag", "OffloadDagConfig", "OffloadSearch", "slack_windows"]
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class OffloadDagConfig(SolverConfig):
+    """Options of ``offload-dag`` (see the module docstring)."""
+
+    solver: ClassVar[str] = "offload-dag"
+    bandwidth_bytes_per_s: float | None = field(default=None, metadata={
+        "help": "host<->device bandwidth per direction (default graph.meta's, else the simulator's default)"})
+    offload: bool | str | None = field(default="auto", metadata={
+        "help": "True, False, or 'auto' (offload on CUDA and meta captures)"})
+    prefix_grid: int = field(default=32, metadata={"help": "prefix lengths simulated per candidate order"})
+    exhaustive_up_to: int = field(default=8, metadata={
+        "help": "try every subset when there are at most this many candidates"})
+    chain_seeds: tuple[str, ...] = field(default=("offload-greedy", "offload-dp"), metadata={
+        "help": "Beaumont chain solvers whose offload sets are judged too"})
+    waits: bool = field(default=True, metadata={"help": "judge every set with derived forward waits too"})
+
+
+@dataclass
+class _Judged:
+    peak: int
+    time: float
+    nodes: tuple[int, ...]
+    waits: dict[int, int]
+    offloaded: int
+
+
+class OffloadSearch:
+    """Offload sets on one base plan, judged by the simulator at one budget (memoised)."""
+
+    def __init__(self, graph: Graph, base: Plan, budget: int, bandwidth: float, waits: bool = True) -> None:
+        self.graph, self.base, self.budget, self.bandwidth, self.with_waits = graph, base, budget, bandwidth, waits
+        self.seen: dict[tuple[int, ...], _Judged] = {}
+        self.least_peak: int | None = None
+
+    def judge(self, nodes: Iterable[int]) -> _Judged:
+        """The better (fits first, then faster) of ``nodes`` without waits, with the waits derived
+        at the budget and, when neither fits, with those derived at 0 (wait for every copy)."""
+        key = tuple(sorted(set(nodes)))
+        if key in self.seen:
+            return self.seen[key]
+        plan = self._plan(key, {})
+        options = [None, self.budget, 0] if (self.with_waits and key) else [None]
+        best: _Judged | None = None
+        for limit in options:
+            if limit == 0 and best is not None and best.peak <= self.budget:
+                break  # waiting for every copy only pays where nothing else fits
+            sim = simulate(self.graph, plan, check=False, record=False, bandwidth_bytes_per_s=self.bandwidth,
+                           offload_wait_limit_bytes=limit)
+            j = _Judged(sim.peak_bytes, sim.extra_time_s, key, sim.offload_waits if limit is not None else {},
+                        sim.offloaded_bytes)
+            self.least_peak = j.peak if self.least_peak is None else min(self.least_peak, j.peak)
+            if best is None or self._better(j, best):
+                best = j
+        assert best is not None
+        self.seen[key] = best
+        return best
+
+    def _better(self, a: _Judged, b: _Judged) -> bool:
+        fa, fb = a.peak <= self.budget, b.peak <= self.budget
+        if fa != fb:
+            return fa
+        if fa:
+            return (a.time, a.offloaded, len(a.waits)) < (b.time, b.offloaded, len(b.waits))
+        return a.peak < b.peak
+
+    def _plan(self, nodes: tuple[int, ...], waits: dict[int, int]) -> Plan:
+        return Plan(list(self.base.segments), solver=self.base.solver, options=dict(self.base.options),
+                    offload=nodes, offload_waits=dict(waits), replay_tails=dict(self.base.replay_tails))
+
+    def best(self) -> _Judged | None:
+        fits = [j for j in self.seen.values() if j.peak <= self.budget]
+        return min(fits, key=lambda j: (j.time, j.offloaded, len(j.waits), j.nodes)) if fits else None
+
+    def plan_of(self, j: _Judged) -> Plan:
+        return self._plan(j.nodes, j.waits)
+
+    # ------------------------------------------------------------------ searches
+    def prefixes(self, order: Sequence[int], grid: int) -> None:
+        """Prefixes of ``order`` on an even grid of lengths, refined around the least peak and
+        just below the first length that fits (step 4 of the module docstring)."""
+        n = len(order)
+        if not n:
+            return
+        points = max(1, min(n, grid))
+        step = max(1, n // points)
+        lengths = sorted({min(n, 1 + i * step) for i in range(points)} | {n})
+        peaks = {k: self.judge(order[:k]).peak for k in lengths}
+        best_k = min(lengths, key=lambda k: peaks[k])
+        around = set(range(max(1, best_k - step), min(n, best_k + step) + 1))
+        first_fit = next((k for k in lengths if peaks[k] <= self.budget), None)
+        if first_fit is not None:
+            around |= set(range(max(1, first_fit - step), first_fit))
+        for k in sorted(around - set(lengths)):
+            self.judge(order[:k])
+
+    def exhaustive(self, candidates: Sequence[int]) -> None:
+        for k in range(len(candidates) + 1):
+            for subset in itertools.combinations(candidates, k):
+                self.judge(subset)
+
+    def prune(self) -> None:
+        """Drop members of the fastest fitting set, largest first, while it fits and is no slower."""
+        cur = self.best()
+        if cur is None:
+            return
+        nodes = list(cur.nodes)
+        for r in sorted(cur.nodes, key=lambda v: -self.graph.node(v)["alloc_bytes"]):
+            trial = [v for v in nodes if v != r]
+            j = self.judge(trial)
+            if j.peak <= self.budget and j.time <= cur.time:
+                nodes, cur = trial, j
+
+
+def slack_windows(graph: Graph, plan: Plan) -> dict[int, float]:
+    """Per offload candidate of ``plan``: the compute time (forward and backward, recomputation
+    left out) between its first holder taking it and its first backward use — the time its two
+    copies can hide behind (a ranking for step 4, not a cost model)."""
+    order = [v for seg in plan.segments for v in seg.nodes]
+    pos = {v: i for i, v in enumerate(order)}
+    fwd_end, acc = [], 0.0
+    for v in order:
+        acc += graph.node(v)["time_s"]
+        fwd_end.append(acc)
+    total_fwd = acc
+    bwd_after = [0.0] * (len(order) + 1)  # backward time of the nodes after each position
+    for i in range(len(order) - 1, -1, -1):
+        bwd_after[i] = bwd_after[i + 1] + graph.node(order[i])["bwd_time_s"]
+    keep: dict[int, int] = {}
+    use: dict[int, int] = {}
+    recomputed = plan.recomputed_nodes
+    for w in order:
+        d = graph.node(w)
+        if w not in recomputed and d["requires_grad"]:
+            for u in d["saves"]:
+                r = graph.root(u)
+                keep[r] = min(keep.get(r, pos[w]), pos[w])
+                use[r] = max(use.get(r, pos[w]), pos[w])
+    for seg in plan.segments:
+        stop = region_stop(graph, seg)
+        if stop >= 0:
+            members = set(seg.nodes)
+            for u in {u for v in seg.nodes for u in graph.pred(v) if u not in members}:
+                r = graph.root(u)
+                first = pos[seg.nodes[0]] - 1
+                keep[r] = min(keep.get(r, first), first)
+                use[r] = max(use.get(r, pos[stop]), pos[stop])
+    return {r: total_fwd - (fwd_end[keep[r]] if keep[r] >= 0 else 0.0) + bwd_after[use[r] + 1]
+            for r in offloadable_nodes(graph, plan) if r in keep}
+
+
+def candidate_orders(graph: Graph, plan: Plan, bandwidth: float) -> list[list[int]]:
+    """Step 4's orders of the candidates: production, slack, hideable by size."""
+    cands = sorted(offloadable_nodes(graph, plan))
+    window = slack_windows(graph, plan)
+    size = {r: int(graph.node(r)["alloc_bytes"]) for r in cands}
+    trip = {r: 2 * size[r] / bandwidth for r in cands}
+    slack = sorted(cands, key=lambda r: (-(window.get(r, 0.0) / max(trip[r], 1e-30)), r))
+    hideable = sorted((r for r in cands if trip[r] <= window.get(r, 0.0)), key=lambda r: (-size[r], r))
+    return [cands, slack, hideable]
+
+
+def search_offloads(search: OffloadSearch, grid: int, exhaustive_up_to: int,
+                    seeds: Sequence[Sequence[int]] = ()) -> None:
+    """Steps 3-6 of the module docstring on ``search``'s base plan."""
+    graph, base = search.graph, search.base
+    cands = sorted(offloadable_nodes(graph, base))
+    search.judge(())
+    if len(cands) <= exhaustive_up_to:
+        search.exhaustive(cands)
+    else:
+        for order in candidate_orders(graph, base, search.bandwidth):
+            search.prefixes(order, grid)
+    for seed in seeds:
+        search.judge([v for v in seed if v in set(cands)])
+    search.prune()
+
+
+def chain_seed_sets(graph: Graph, budget: int, names: Sequence[str], cfg: dict[str, Any]) -> list[tuple[int, ...]]:
+    """The offload sets Beaumont's chain solvers find at ``budget`` (those that find one)."""
+    from . import bare_solver  # the registry imports this module
+
+    out = []
+    for name in names:
+        try:
+            plan = bare_solver(name)(graph, budget, config={"bandwidth_bytes_per_s": cfg["bandwidth_bytes_per_s"],
+                                                           "offload": cfg["offload"]})
+        except InfeasibleBudgetError:
+            continue
+        out.append(tuple(plan.offload))
+    return out
+
+
+def solve_offload_dag(graph: Graph, budget_bytes: int, *,
+                      config: dict[str, Any] | OffloadDagConfig | None = None) -> Plan:
+    """Offloads on the graph without recomputation (see the module docstring)."""
+    from .beaumont import offload_bandwidth, offload_flag, offload_refused
+
+    cfg = OffloadDagConfig.parse(config).as_dict()
+    for key in ("prefix_grid", "exhaustive_up_to"):
+        if isinstance(cfg[key], bool) or not isinstance(cfg[key], int) or cfg[key] < 0:
+            raise ValueError(f"{key}={cfg[key]!r} must be an int >= 0")
+    bandwidth = offload_bandwidth(graph, cfg)
+    allow = offload_flag(graph, cfg)
+    budget = int(budget_bytes)
+    base = no_recompute_plan(graph)
+    search = OffloadSearch(graph, base, budget, bandwidth, waits=bool(cfg["waits"]))
+    vanilla = search.judge(())
+    opts: dict[str, Any] = {"bandwidth_bytes_per_s": bandwidth, "offload_allowed": allow}
+    if vanilla.peak <= budget:
+        return _finish(search, vanilla, "offload-dag", opts)
+    if not allow:
+        raise offload_refused(graph, cfg, budget, vanilla.peak, "offload-dag")
+    seeds = chain_seed_sets(graph, budget, list(cfg["chain_seeds"]), {**cfg, "bandwidth_bytes_per_s": bandwidth})
+    search_offloads(search, int(cfg["prefix_grid"]), int(cfg["exhaustive_up_to"]), seeds)
+    best = search.best()
+    if best is None:
+        raise InfeasibleBudgetError(budget, search.least_peak, solver="offload-dag")
+    opts.update(candidates=len(offloadable_nodes(graph, base)), judged=len(search.seen))
+    return _finish(search, best, "offload-dag", opts)
+
+
+def _finish(search: OffloadSearch, best: _Judged, name: str, opts: dict[str, Any]) -> Plan:
+    plan = search.plan_of(best)
+    plan.solver = name
+    plan.options = {**plan.options, **opts}
+    plan.bandwidth_bytes_per_s = search.bandwidth
+    return plan
