@@ -167,7 +167,7 @@ def test_module_level_offloaded_checkpoints():
 
     model = hf.gpt2(n_layer=3, n_embd=32, n_head=2, vocab_size=64, seq=32)
     ids = torch.randint(0, 64, (2, 32))
-    g = autoremat.capture(model, (ids,), loss_fn=hf.logits_mean, repeats=1, warmup=0, blocks="module")
+    g = autoremat.capture(model, (ids,), loss_fn=hf.logits_mean, repeats=1, warmup=0)
     base = checkpoint_plans(g, 1)[0]  # every module call on its own
     assert base.recompute_segments
     plan = dag_plan(g, base)

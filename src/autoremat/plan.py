@@ -412,8 +412,8 @@ def offloadable_nodes(graph: Graph, plan: Plan) -> set[int]:
             for u in {u for v in seg.nodes for u in graph.pred(v) if u not in members}:
                 if graph.node(graph.root(u))["alloc_bytes"] > 0:
                     out.add(graph.root(u))
-    if graph.meta.get("mode") == "module":
-        out = {r for r in out if graph.node(r)["kind"] != "glue"}
+    if module:
+        out = {r for r in out if graph.node(r)["kind"] != "glue" and graph.node(r)["op_index"] < 0}
     return out
 
 
@@ -430,10 +430,12 @@ def region_stop(graph: Graph, seg: Segment) -> int:
 def wait_points(graph: Graph, plan: Plan) -> set[int]:
     """Nodes before which the runtime can make the forward wait for a copy to host: nodes outside
     the recomputed segments and the first node of each recomputed segment (the wait comes before
-    the region); at module level only module calls (not glue ops)."""
+    the region); at module level only module calls (not glue ops, nor the ops of a block captured
+    op by op: the runtime hooks module calls)."""
     out: set[int] = set()
     module = graph.meta.get("mode") == "module"
     for seg in plan.segments:
         nodes = seg.nodes[:1] if seg.recompute else seg.nodes
-        out.update(v for v in nodes if not (module and graph.node(v)["kind"] == "glue"))
+        out.update(v for v in nodes if not (module and (graph.node(v)["kind"] == "glue"
+                                                        or graph.node(v)["op_index"] >= 0)))
     return out
