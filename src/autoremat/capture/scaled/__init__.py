@@ -96,11 +96,13 @@ def capture_within(
     warmup: int = 1,
     batch_dim: int = 0,
     times: str | None = None,
+    blocks: str = "auto",
 ) -> Graph:
     """Profile one training step of ``model`` without running an unpatched step predicted to
     need more than ``limit_bytes`` (step peak: bytes above what is resident at step start).
 
-    ``limit_bytes=None`` is a plain :func:`~autoremat.capture.capture`. Otherwise the graph's
+    ``blocks``: as :func:`~autoremat.capture.capture`. ``limit_bytes=None`` is a plain
+    :func:`~autoremat.capture.capture`. Otherwise the graph's
     bytes come from a meta-device capture at the full batch and its times from real captures at
     batch sizes that fit, scaled (module docstring). ``graph.meta["scaled"]`` records the sizes
     and sources; it is absent when the full step ran.
@@ -117,7 +119,8 @@ def capture_within(
     if isinstance(args, torch.Tensor):
         args = (args,)
     args, kwargs = tuple(args), dict(kwargs or {})
-    opts: dict[str, Any] = dict(loss_fn=loss_fn, mode=mode, repeats=repeats, warmup=warmup, times=times)
+    opts: dict[str, Any] = dict(loss_fn=loss_fn, mode=mode, repeats=repeats, warmup=warmup, times=times,
+                                blocks=blocks)
     if limit_bytes is None or device_of(model, args, kwargs).type == "meta":
         return capture(model, args, kwargs, **opts)
     if isinstance(limit_bytes, bool) or not isinstance(limit_bytes, int) or limit_bytes < 0:
