@@ -48,8 +48,8 @@ from torch import nn
 from torch.utils.checkpoint import CheckpointPolicy, checkpoint, create_selective_checkpoint_contexts
 
 from ..capture.module import node_modules
-from .recompute_state import SeededProbe, BothContexts, restoring_contexts
-from .region import compiled_region, stateful_buffers
+from .recompute_state import BothContexts, restoring_contexts
+from .region import ProbedCall, stateful_buffers
 
 __all__ = ["MATMUL_OPS", "apply_selective", "restore_selective", "layer_paths", "is_selective", "SelectiveCall"]
 
@@ -178,31 +178,17 @@ def _selective_contexts(stateful: list[tuple[nn.Module, str]], params: tuple[tor
     return BothContexts(fwd, sac_fwd), BothContexts(rec, sac_rec)
 
 
-class SelectiveCall:
+class SelectiveCall(ProbedCall):
     """A module-level recomputed call of a plan that keeps some op outputs (``apply`` wraps the
     module's ``forward`` with it): non-reentrant ``torch.utils.checkpoint`` with selective
-    checkpointing's contexts. Its first forward with gradients replays the RNG and runs the
-    replay to its end; later ones replay the RNG only where a random op ran (as
-    :class:`~autoremat.runtime.region.ProbedCall`). Under ``torch.compile`` the call is a plain
-    checkpoint region (the kept ops are the compiler's choice there)."""
+    checkpointing's contexts. Probing, the RNG replay, ``torch.compile`` and deactivation by
+    ``restore`` are :class:`~autoremat.runtime.region.ProbedCall`'s (the kept ops are the
+    compiler's choice under ``torch.compile``); only the region differs."""
 
     def __init__(self, fn: Callable[..., Any], stateful: list[tuple[nn.Module, str]], params: tuple[torch.Tensor, ...],
                  keep: Mapping[int, str], where: str) -> None:
-        self.fn, self.stateful, self.params, self.where = fn, stateful, params, where
-        self.keep = dict(keep)
-        self.probed: SeededProbe | None = None
-
-    def __call__(self, *args: Any, **kwargs: Any) -> Any:
-        if not torch.is_grad_enabled():
-            return self.fn(*args, **kwargs)
-        if torch.compiler.is_compiling():
-            return compiled_region(self.fn, True, args, kwargs)
-        if self.probed is None:
-            with SeededProbe() as probe:
-                out = self._call(True, False, args, kwargs)
-            self.probed = probe
-            return out
-        return self._call(self.probed.seen, not self.probed.fills_saved, args, kwargs)
+        super().__init__(fn, stateful, "torch", params)
+        self.keep, self.where = dict(keep), where
 
     def _call(self, rng: bool, stop: bool, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
         context = functools.partial(_selective_contexts, self.stateful, self.params, self.keep, self.where)
