@@ -266,7 +266,7 @@ def test_recomputation_runs_under_the_forwards_autocast_state_not_the_backwards(
 
 
 def test_trim_replay_erases_trailing_ops_that_cannot_save() -> None:
-    from autoremat.runtime.region import trim_replay
+    from autoremat.runtime.region_graph import trim_replay
 
     class Tail(nn.Module):
         def __init__(self) -> None:

@@ -350,7 +350,7 @@ def test_forward_set_after_apply_is_kept_and_runs_unpatched_code_after_restore()
 def test_a_submodule_forward_set_after_module_level_apply_is_kept_by_restore() -> None:
     """Module level wraps each recomputed submodule's forward; a user wrapper set on one after
     apply stays after restore, and the autoremat call it holds runs the plain forward then."""
-    from autoremat.runtime.region import ProbedCall
+    from autoremat.runtime.probed_call import ProbedCall
 
     model = Blocks()
     x = _x(8, W)

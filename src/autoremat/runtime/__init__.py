@@ -64,8 +64,9 @@ from .offload import OffloadBegin, OffloadMark, OffloadWait, Offloader
 from .offload_forward import new_offloader as _new_offloader
 from .offload_forward import offloading_forward as _offloading_forward
 from .sharding import ShardingWatch, apply_fx_sharded, is_sharded, module_plan_fingerprint
-from .region import REGION_MODES, CheckpointRegion, may_draw_random, trim_replay
-from .region import ProbedCall, is_recomputing, stateful_buffers, tail_mark
+from .probed_call import ProbedCall
+from .region import REGION_MODES, CheckpointRegion, is_recomputing, stateful_buffers, tail_mark
+from .region_graph import may_draw_random, trim_replay
 from .selective import SelectiveCall
 from ..replay_tail import tails_of
 

@@ -8,7 +8,7 @@ has them all (early stop); each is handed out once and then dropped. Memory ther
 as the simulator assumes for a checkpoint region, gradients are computed by the very same
 graph (bit-for-bit equal), and second-order gradients work as with PyTorch's checkpoint. For
 the regions ``apply`` builds, the replay is the region's graph without its trailing ops that
-cannot save anything (:func:`trim_replay`), so it returns at its last saving op instead of being
+cannot save anything (:func:`~autoremat.runtime.region_graph.trim_replay`), so it returns at its last saving op instead of being
 stopped by an exception, and a replay that saves more or fewer tensors than the forward is
 reported.
 
@@ -35,7 +35,7 @@ Decisions, each tested:
   needs; a recomputation that saves a different number of tensors than the forward raises;
 * the RNG state (CPU, and the devices of the inputs) is replayed only when the region may draw
   random numbers, and the global RNG stream is left where it was. Random ops are recognised by
-  what they are, not by name: a region :func:`may_draw_random` does not flag (e.g.
+  what they are, not by name: a region :func:`~autoremat.runtime.region_graph.may_draw_random` does not flag (e.g.
   ``F.scaled_dot_product_attention(..., dropout_p=0.2)``, whose name says nothing) runs its first
   forward with the RNG saved and under :class:`SeededProbe`, which sees every ATen op; it
   replays the RNG from then on exactly when an op tagged ``torch.Tag.nondeterministic_seeded``
@@ -54,7 +54,7 @@ Decisions, each tested:
   changed in place between the region's forward and its recomputation raises at backward, as
   PyTorch does for a saved parameter, instead of recomputing with the new values
   (:func:`param_versions`; any parameter of the region counts, also one its ops do not save);
-* the replay of an applied region ends at its last op that may save (:func:`trim_replay`) and
+* the replay of an applied region ends at its last op that may save (:func:`~autoremat.runtime.region_graph.trim_replay`) and
   returns: no exception, and a replay that saves more tensors than the forward is reported;
 * under ``torch.compile`` a region (either mode) is traced as PyTorch's checkpoint higher-order
   op (:func:`compiled_region`): the compiled backward recomputes it, with no graph break.
@@ -64,16 +64,12 @@ from __future__ import annotations
 
 import contextlib
 import logging
-import operator
-import re
 import threading
 import weakref
 from typing import Any, Callable
 
 import torch
-import torch.fx
 from torch import nn
-from torch.nn.modules.batchnorm import _BatchNorm
 from torch.utils.checkpoint import checkpoint, get_device_states, set_device_states
 
 from .offload import HostInput, Offloader, active_offloader
@@ -81,7 +77,7 @@ from .recompute_state import (SeededProbe, RestoreBuffers, check_params, checkpo
                               param_versions, snapshot_buffers, stateful_buffers)
 
 __all__ = ["CheckpointRegion", "REGION_MODES", "compiled_region", "recomputed_call", "RecomputationMismatchError",
-           "trim_replay", "tail_mark", "is_recomputing", "snapshot_buffers", "refuse_offloaded_inputs"]
+           "tail_mark", "is_recomputing", "snapshot_buffers", "refuse_offloaded_inputs"]
 
 logger = logging.getLogger(__name__)
 
@@ -91,93 +87,6 @@ REGION_MODES = ("lean", "torch")
 
 class RecomputationMismatchError(RuntimeError):
     """The recomputation of a region saved other tensors than its forward did."""
-
-
-_RANDOM_NAME = re.compile(r"dropout|rand|bernoulli|normal|multinomial|rrelu|poisson|exponential|uniform|"
-                          r"geometric|cauchy|random|shuffle", re.IGNORECASE)
-_DETERMINISTIC_LEAVES = (nn.Conv1d, nn.Conv2d, nn.Conv3d, nn.ConvTranspose1d, nn.ConvTranspose2d,
-                         nn.ConvTranspose3d, nn.Linear, _BatchNorm, nn.LayerNorm, nn.GroupNorm, nn.ReLU,
-                         nn.GELU, nn.SiLU, nn.Tanh, nn.Sigmoid, nn.Identity, nn.MaxPool1d, nn.MaxPool2d,
-                         nn.MaxPool3d, nn.AvgPool1d, nn.AvgPool2d, nn.AvgPool3d, nn.AdaptiveAvgPool1d,
-                         nn.AdaptiveAvgPool2d, nn.AdaptiveAvgPool3d, nn.AdaptiveMaxPool2d, nn.Embedding,
-                         nn.Flatten, nn.Upsample, nn.Softmax, nn.LogSoftmax, nn.LeakyReLU, nn.ELU, nn.Hardswish,
-                         nn.Hardsigmoid, nn.Mish, nn.ReLU6, nn.LocalResponseNorm)
-
-
-class ProbedCall:
-    """A module-level recomputed call (``apply`` wraps a module's ``forward`` with it): ``fn`` as
-    one region, of autoremat's own kind (``mode="lean"``) or ``torch.utils.checkpoint``. Its first
-    forward with gradients runs under :class:`SeededProbe` (RNG replayed, replay run to its end);
-    later ones replay the RNG only if a seeded op ran, and stop the replay early unless an op of
-    :data:`_FILLS_SAVED` ran."""
-
-    def __init__(self, fn: Callable[..., Any], stateful: list[tuple[nn.Module, str]], mode: str,
-                 params: tuple[torch.Tensor, ...] = ()) -> None:
-        self.fn, self.stateful, self.mode, self.params = fn, stateful, mode, params
-        self.probed: SeededProbe | None = None
-        self.active = True  # False after restore: a user wrapper still holding it runs plain fn
-
-    def __call__(self, *args: Any, **kwargs: Any) -> Any:
-        if not self.active or not torch.is_grad_enabled():
-            return self.fn(*args, **kwargs)
-        if torch.compiler.is_compiling():  # the buffer guard (context_fn) is eager code
-            return compiled_region(self.fn, True, args, kwargs)
-        if self.probed is None:
-            with SeededProbe() as probe:
-                out = self._call(True, False, args, kwargs)
-            self.probed = probe
-            return out
-        return self._call(self.probed.seen, not self.probed.fills_saved, args, kwargs)
-
-    def _call(self, rng: bool, stop: bool, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
-        if self.mode == "lean":
-            return _run(self.fn, self.fn, self.stateful, rng, args, kwargs, stop, params=self.params)
-        refuse_offloaded_inputs(args, kwargs)
-        return checkpoint(self.fn, *args, **checkpoint_kwargs(self.stateful, rng, self.params), early_stop=stop,
-                          **kwargs)
-
-
-def may_draw_random(gm: torch.fx.GraphModule, nodes: list[torch.fx.Node]) -> bool:
-    """Whether running ``nodes`` may consume random numbers (then recomputation replays the RNG).
-
-    Conservative: a leaf module counts as deterministic only if it is one of the listed
-    ``torch.nn`` layers; a function or method only if its name does not look random."""
-    for n in nodes:
-        if n.op == "call_module":
-            if not isinstance(gm.get_submodule(str(n.target)), _DETERMINISTIC_LEAVES):
-                return True
-        elif n.op in ("call_function", "call_method"):
-            name = n.target if isinstance(n.target, str) else getattr(n.target, "__name__", repr(n.target))
-            if _RANDOM_NAME.search(str(name)):
-                return True
-    return False
-
-
-# ops that never save a tensor for backward (their backward needs sizes, scalars or nothing)
-_NO_SAVE_FUNCTIONS = frozenset({operator.add, operator.sub, operator.neg, torch.add, torch.sub, torch.cat,
-                                torch.flatten, torch.reshape})
-_NO_SAVE_METHODS = frozenset({"view", "view_as", "reshape", "flatten", "permute", "transpose", "contiguous",
-                              "unsqueeze", "squeeze", "expand", "expand_as", "size", "dim", "add", "sub", "neg"})
-_NO_SAVE_MODULES = (nn.Flatten, nn.Identity)
-
-
-def trim_replay(gm: torch.fx.GraphModule, graph: torch.fx.Graph) -> bool:
-    """Erase, from the end of a replay ``graph`` (output ``()``), the ops that cannot save a tensor
-    for backward (adds, concatenations, views; a short list, anything else may save). Returns
-    whether the graph then ends with an op that may save, i.e. whether a replay of it can be
-    let to return (see :class:`CheckpointRegion`); ``False`` when it has no op left."""
-    ops = [n for n in graph.nodes if n.op in ("call_module", "call_function", "call_method")]
-    for n in reversed(ops):
-        if n.op == "call_function":
-            never = n.target in _NO_SAVE_FUNCTIONS
-        elif n.op == "call_method":
-            never = str(n.target) in _NO_SAVE_METHODS
-        else:
-            never = isinstance(gm.get_submodule(str(n.target)), _NO_SAVE_MODULES)
-        if not never or n.users:
-            return not never
-        graph.erase_node(n)
-    return False
 
 
 _AUTOCAST_DEVICES = ("cpu", "cuda")
@@ -477,7 +386,7 @@ class CheckpointRegion(nn.Module):
     every exception passing through it, and both stop each recomputation by raising one.
 
     ``replay_ends_at_last_save``: the replay's last op is the region's last one that can save a
-    tensor for backward (:func:`trim_replay`), so the lean recomputation lets it return instead of
+    tensor for backward (:func:`~autoremat.runtime.region_graph.trim_replay`), so the lean recomputation lets it return instead of
     stopping it with an exception at the last saved tensor (the exception's way back through
     autograd cost ~60-80 µs per recomputation on the CPU-size ResNet-50); it still checks that the
     replay saved exactly what the forward did.

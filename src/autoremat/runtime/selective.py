@@ -49,7 +49,8 @@ from torch.utils.checkpoint import CheckpointPolicy, checkpoint, create_selectiv
 
 from ..capture.module import node_modules
 from .recompute_state import BothContexts, restoring_contexts
-from .region import ProbedCall, stateful_buffers
+from .probed_call import ProbedCall
+from .region import stateful_buffers
 
 __all__ = ["MATMUL_OPS", "apply_selective", "restore_selective", "layer_paths", "is_selective", "SelectiveCall"]
 
@@ -182,7 +183,7 @@ class SelectiveCall(ProbedCall):
     """A module-level recomputed call of a plan that keeps some op outputs (``apply`` wraps the
     module's ``forward`` with it): non-reentrant ``torch.utils.checkpoint`` with selective
     checkpointing's contexts. Probing, the RNG replay, ``torch.compile`` and deactivation by
-    ``restore`` are :class:`~autoremat.runtime.region.ProbedCall`'s (the kept ops are the
+    ``restore`` are :class:`~autoremat.runtime.probed_call.ProbedCall`'s (the kept ops are the
     compiler's choice under ``torch.compile``); only the region differs."""
 
     def __init__(self, fn: Callable[..., Any], stateful: list[tuple[nn.Module, str]], params: tuple[torch.Tensor, ...],

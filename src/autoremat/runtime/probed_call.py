@@ -1,0 +1,50 @@
+"""Module-level recomputed calls: ``apply`` wraps a module's ``forward`` with a
+:class:`ProbedCall`, one region of autoremat's own kind (:func:`~autoremat.runtime.region.recomputed_call`'s
+machinery) or ``torch.utils.checkpoint``, whose first forward with gradients finds out, under
+:class:`~autoremat.runtime.recompute_state.SeededProbe`, whether its replay needs the RNG."""
+
+from __future__ import annotations
+
+from typing import Any, Callable
+
+import torch
+from torch import nn
+from torch.utils.checkpoint import checkpoint
+
+from .recompute_state import SeededProbe, checkpoint_kwargs
+from .region import _run, compiled_region, refuse_offloaded_inputs
+
+__all__ = ["ProbedCall"]
+
+
+class ProbedCall:
+    """A module-level recomputed call (``apply`` wraps a module's ``forward`` with it): ``fn`` as
+    one region, of autoremat's own kind (``mode="lean"``) or ``torch.utils.checkpoint``. Its first
+    forward with gradients runs under :class:`SeededProbe` (RNG replayed, replay run to its end);
+    later ones replay the RNG only if a seeded op ran, and stop the replay early unless an op of
+    :data:`_FILLS_SAVED` ran."""
+
+    def __init__(self, fn: Callable[..., Any], stateful: list[tuple[nn.Module, str]], mode: str,
+                 params: tuple[torch.Tensor, ...] = ()) -> None:
+        self.fn, self.stateful, self.mode, self.params = fn, stateful, mode, params
+        self.probed: SeededProbe | None = None
+        self.active = True  # False after restore: a user wrapper still holding it runs plain fn
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        if not self.active or not torch.is_grad_enabled():
+            return self.fn(*args, **kwargs)
+        if torch.compiler.is_compiling():  # the buffer guard (context_fn) is eager code
+            return compiled_region(self.fn, True, args, kwargs)
+        if self.probed is None:
+            with SeededProbe() as probe:
+                out = self._call(True, False, args, kwargs)
+            self.probed = probe
+            return out
+        return self._call(self.probed.seen, not self.probed.fills_saved, args, kwargs)
+
+    def _call(self, rng: bool, stop: bool, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+        if self.mode == "lean":
+            return _run(self.fn, self.fn, self.stateful, rng, args, kwargs, stop, params=self.params)
+        refuse_offloaded_inputs(args, kwargs)
+        return checkpoint(self.fn, *args, **checkpoint_kwargs(self.stateful, rng, self.params), early_stop=stop,
+                          **kwargs)
