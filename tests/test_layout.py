@@ -1,9 +1,9 @@
 """The planning side's layout rules (issue 23): module and function sizes, tests mirroring src.
 
-* No module over 500 lines in ``cost/``, ``solvers/``, ``offload/``, ``graph.py``, ``plan.py``,
-  ``plan_schema.py``, ``replay_tail.py``.
+* No module over 500 lines anywhere in ``src/autoremat``.
 * No function over 80 lines there unless its docstring says why ("Long by design: ...").
-* Every module there has a test module of its own: ``tests/<path>/test_<module>.py``, and a
+* Every module in ``cost/``, ``solvers/``, ``offload/``, ``graph.py``, ``plan.py``,
+  ``plan_schema.py`` and ``replay_tail.py`` has a test module of its own: ``tests/<path>/test_<module>.py``, and a
   package's ``__init__`` ``tests/<path>/test_<package>.py``.
 """
 
@@ -30,7 +30,7 @@ def modules() -> list[Path]:
     return sorted([p for part in PARTS for p in (PKG / part).rglob("*.py")] + [PKG / f for f in FILES])
 
 
-@pytest.mark.parametrize("path", modules(), ids=lambda p: str(p.relative_to(PKG)))
+@pytest.mark.parametrize("path", sorted(PKG.rglob("*.py")), ids=lambda p: str(p.relative_to(PKG)))
 def test_module_and_function_sizes(path: Path) -> None:
     text = path.read_text(encoding="utf-8")
     assert text.count("\n") <= 500, f"{path.relative_to(PKG)}: {text.count(chr(10))} lines (at most 500)"

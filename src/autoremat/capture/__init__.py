@@ -156,31 +156,9 @@ def _capture(
     count_flops = (is_meta and flop_times) or (not is_meta and resolve_times(times) == "flops")
     time_fn = _flop_times(model, args, kwargs) if count_flops else _zero_times if is_meta else None
 
-    gm = None
-    # tracing runs the Python of forward on real attributes (a counter ``self.n += 1`` moves): it
-    # is inside the preserved state too, so a failed capture leaves the model as it was
-    with preserved_state(model, [device]):
-        if mode in ("auto", "fx"):
-            try:
-                gm = trace(model)
-            except Exception as exc:  # fx raises many types (TraceError, TypeError, NotImplementedError…)
-                if mode == "fx":
-                    raise ValueError(f"torch.fx cannot trace {type(model).__name__}: {exc}. "
-                                     "Use mode='module' to capture at module level.") from exc
-                logger.info("torch.fx cannot trace %s (%s: %s); capturing at module level",
-                            type(model).__name__, type(exc).__name__, str(exc).splitlines()[0][:200])
-        if gm is not None:
-            recs = records_from_fx(gm, param_names)
-            rec = profile_fx(gm, recs, args, kwargs, loss, resident, param_bytes, repeats=repeats,
-                             warmup=warmup, device=device, time_fn=time_fn, count_flops=count_flops)
-            fingerprint, tensors = fx_fingerprint(gm), tensor_signature(gm)
-            cmode = "fx"
-        else:
-            rec = profile_modules(model, args, kwargs, loss, resident, param_names, param_bytes,
-                                  repeats=repeats, warmup=warmup, device=device, time_fn=time_fn,
-                                  count_flops=count_flops, blocks=blocks)
-            fingerprint, tensors = module_fingerprint(model, blocks), tensor_signature(model)
-            cmode = "module"
+    rec, gm, fingerprint, tensors, cmode = _trace_and_profile(
+        model, args, kwargs, mode, blocks, loss, resident, param_names, param_bytes, device,
+        dict(repeats=repeats, warmup=warmup, time_fn=time_fn, count_flops=count_flops))
     time_source = ("flops" if count_flops else "none" if is_meta
                    else "cuda-events" if device.type == "cuda" else "perf_counter")
     meta = {
@@ -205,6 +183,35 @@ def _capture(
     if getattr(rec, "call_op_start", None) is not None:  # blocks captured op by op
         meta.update(blocks="ops", call_op_start=dict(rec.call_op_start), pinned_regions=list(rec.pinned_regions))
     return _to_graph(rec, meta)
+
+
+def _trace_and_profile(model: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any], mode: str, blocks: str,
+                       loss: Callable[[Any], torch.Tensor], resident: list[torch.Tensor],
+                       param_names: dict[int, str], param_bytes: dict[str, int], device: torch.device,
+                       profile: dict[str, Any]) -> tuple[Recorder, Any, str, Any, str]:
+    """Trace ``model`` with fx (``mode`` "auto"/"fx"; "auto" falls back to module level with an
+    info line) and profile the step: ``(recorder, GraphModule or None, fingerprint, tensor
+    signature, capture mode)``. ``profile``: the keyword arguments of the profiler."""
+    gm = None
+    # tracing runs the Python of forward on real attributes (a counter ``self.n += 1`` moves): it
+    # is inside the preserved state too, so a failed capture leaves the model as it was
+    with preserved_state(model, [device]):
+        if mode in ("auto", "fx"):
+            try:
+                gm = trace(model)
+            except Exception as exc:  # fx raises many types (TraceError, TypeError, NotImplementedError…)
+                if mode == "fx":
+                    raise ValueError(f"torch.fx cannot trace {type(model).__name__}: {exc}. "
+                                     "Use mode='module' to capture at module level.") from exc
+                logger.info("torch.fx cannot trace %s (%s: %s); capturing at module level",
+                            type(model).__name__, type(exc).__name__, str(exc).splitlines()[0][:200])
+        if gm is not None:
+            rec = profile_fx(gm, records_from_fx(gm, param_names), args, kwargs, loss, resident, param_bytes,
+                             device=device, **profile)
+            return rec, gm, fx_fingerprint(gm), tensor_signature(gm), "fx"
+        rec = profile_modules(model, args, kwargs, loss, resident, param_names, param_bytes, device=device,
+                              blocks=blocks, **profile)
+        return rec, None, module_fingerprint(model, blocks), tensor_signature(model), "module"
 
 
 def _to_graph(rec: Recorder, meta: dict[str, Any]) -> Graph:

@@ -169,6 +169,22 @@ def _coerce(name: str, raw: str, typ: type) -> Any:
     return raw
 
 
+def _report(accelerator: Any, model: nn.Module, plan: Plan, summary: dict[str, Any], example_args: Sequence[Any],
+            example_kwargs: Mapping[str, Any] | None, loss_fn: Callable[[Any], torch.Tensor] | None,
+            cfg: AutoRematConfig, progress: Progress, sharded: bool) -> None:
+    """The main process's log line and (verbose) summary table of what :func:`prepare` did; an
+    unsharded plan's step peak is measured once for it when planning did not."""
+    logger.info("autoremat: %s, predicted step peak %s bytes", plan.describe(), plan.predicted_peak_bytes)
+    if not cfg.verbose:
+        return
+    if summary.get("measured_peak_bytes") is None and not sharded:
+        args, kwargs = _on_device(accelerator.device, example_args, example_kwargs)
+        with progress.phase("a measured step with the plan"):
+            summary["measured_peak_bytes"] = measured_step_peak(model, args, kwargs, loss_fn or default_loss,
+                                                                accelerator.autocast)
+    print_summary(summary, title="autoremat (Accelerate)")
+
+
 def prepare(
     accelerator: Any,
     model: nn.Module,
@@ -240,15 +256,8 @@ def prepare(
         rollback.put_back()  # e.g. the model moved to the device before capture failed
         raise
     if main:
-        logger.info("autoremat: %s, predicted step peak %s bytes", plan_obj.describe(), plan_obj.predicted_peak_bytes)
-        if cfg.verbose:
-            summary = payload["summary"]
-            if summary.get("measured_peak_bytes") is None and sharding is None:
-                args, kwargs = _on_device(accelerator.device, example_args, example_kwargs)
-                with progress.phase("a measured step with the plan"):
-                    summary["measured_peak_bytes"] = measured_step_peak(model, args, kwargs, loss_fn or default_loss,
-                                                                        accelerator.autocast)
-            print_summary(summary, title="autoremat (Accelerate)")
+        _report(accelerator, model, plan_obj, payload["summary"], example_args, example_kwargs, loss_fn, cfg,
+                progress, sharded=sharding is not None)
     return model
 
 

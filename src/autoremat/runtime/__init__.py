@@ -296,50 +296,107 @@ def _flat_module(gm: torch.fx.GraphModule, graph: torch.fx.Graph, class_name: st
     return torch.fx.GraphModule(root, graph, class_name=class_name)
 
 
+class _OffloadCalls:
+    """The offload modules a generated forward calls around the traced nodes: ``begin`` before an
+    offloaded node, ``wait`` before a node that must wait for a transfer, ``mark`` on the output of
+    an offloaded node (all nothing without an offloader)."""
+
+    def __init__(self, new: torch.fx.Graph, attrs: dict[str, Any], ops: list[torch.fx.Node], plan: Plan,
+                 offloader: Offloader | None) -> None:
+        self.new, self.attrs, self.offloader = new, attrs, offloader
+        self.offload = {ops[v]: v for v in plan.offload} if offloader is not None else {}
+        self.waits = {ops[v]: v for v in plan.offload_waits} if offloader is not None else {}
+
+    def _call(self, kind: type, prefix: str, v: int, args: tuple[Any, ...]) -> torch.fx.Node:
+        key = f"autoremat_offload{prefix}_{v}"
+        self.attrs[key] = kind(self.offloader, v)
+        return self.new.call_module(key, args)
+
+    def begin(self, n: torch.fx.Node) -> None:
+        if n in self.offload:
+            self._call(OffloadBegin, "_begin", self.offload[n], ())
+
+    def wait(self, n: torch.fx.Node) -> None:
+        if n in self.waits:
+            self._call(OffloadWait, "_wait", self.waits[n], ())
+
+    def mark(self, n: torch.fx.Node, env: dict[torch.fx.Node, torch.fx.Node]) -> None:
+        if n in self.offload:
+            env[n] = self._call(OffloadMark, "", self.offload[n], (env[n],))
+
+
+def _need(n: torch.fx.Node, graph: torch.fx.Graph, local: dict[torch.fx.Node, torch.fx.Node]) -> torch.fx.Node:
+    """``n``'s copy in ``graph``: already computed there, or a ``get_attr`` copied on first use (its
+    target is looked up by :func:`_flat_module`)."""
+    if n in local:
+        return local[n]
+    if n.op == "get_attr":
+        local[n] = graph.node_copy(n)
+        return local[n]
+    raise AssertionError(f"node {n.name} used before it is computed; please report")
+
+
+def _region_graph(inputs: list[torch.fx.Node], nodes: list[torch.fx.Node], mark: torch.fx.Node | None = None,
+                  tail_inputs: list[torch.fx.Node] = ()) -> tuple[torch.fx.Graph, dict[torch.fx.Node, torch.fx.Node]]:
+    """``nodes`` copied into a graph taking the segment's ``inputs`` (no output yet), with a
+    :func:`tail_mark` call of ``tail_inputs`` before ``mark``."""
+    graph = torch.fx.Graph()
+    local = {u: graph.placeholder(f"in_{u.name}") for u in inputs}
+    for n in nodes:
+        for u in n.all_input_nodes:
+            if u not in local:
+                _need(u, graph, local)
+        if n is mark:
+            graph.call_function(tail_mark, tuple(local[u] for u in tail_inputs))
+        local[n] = graph.node_copy(n, lambda u: local[u])
+    return graph, local
+
+
+def _segment_region(gm: torch.fx.GraphModule, si: int, members: list[torch.fx.Node], inputs: list[torch.fx.Node],
+                    outputs: list[torch.fx.Node], tail: tuple[torch.fx.Node, list[torch.fx.Node]] | None,
+                    regions: str, model: nn.Module | None) -> CheckpointRegion:
+    """The :class:`CheckpointRegion` of recomputed segment ``si``: its body (inputs to outputs),
+    its replay (trimmed, see :class:`CheckpointRegion`), and with a replay tail (see
+    :mod:`autoremat.replay_tail`) the short replay up to the tail's first node."""
+    first, tail_inputs = tail if tail is not None else (None, [])
+    sub, local = _region_graph(inputs, members, first, tail_inputs)
+    sub.output(tuple(local[n] for n in outputs))
+    replay, _ = _region_graph(inputs, members)
+    replay.output(())  # see CheckpointRegion: the replay holds no outputs
+    ends_at_save = trim_replay(gm, replay)
+    short = None
+    if first is not None:
+        short, slocal = _region_graph(inputs, members[:members.index(first)])
+        short.output(tuple(slocal[u] for u in tail_inputs))
+    body = _flat_module(gm, sub, f"AutorematSegment{si}", model=model)
+    modules = [gm.get_submodule(str(n.target)) for n in members if n.op == "call_module"]
+    owner = gm if model is None else model
+    attrs_read = [u for n in members for u in n.all_input_nodes if u.op == "get_attr"]
+    read = [buffer_slot(owner, str(u.target)) for u in attrs_read]
+    params = tuple(p for u in attrs_read for p in [_lookup_attr(gm, str(u.target))] if isinstance(p, nn.Parameter))
+    return CheckpointRegion(body, modules, preserve_rng=True if may_draw_random(gm, members) else None,
+                            mode=regions, buffers=[slot for slot in read if slot is not None], params=params,
+                            replay=_flat_module(gm, replay, f"AutorematReplay{si}", model=model),
+                            replay_ends_at_last_save=ends_at_save,
+                            short_replay=None if short is None else
+                            _flat_module(gm, short, f"AutorematShortReplay{si}", model=model))
+
+
 def _build_forward(gm: torch.fx.GraphModule, ops: list[torch.fx.Node], plan: Plan,
                    offloader: Offloader | None = None, regions: str = "lean",
                    model: nn.Module | None = None) -> torch.fx.GraphModule:
-    """A GraphModule running the traced graph segment by segment, recomputed ones as regions;
-    outputs of offloaded nodes pass through an :class:`OffloadMark`."""
+    """A GraphModule running the traced graph segment by segment, recomputed ones as regions
+    (:func:`_segment_region`); outputs of offloaded nodes pass through an :class:`OffloadMark`."""
     new = torch.fx.Graph()
     env: dict[torch.fx.Node, torch.fx.Node] = {}
     attrs: dict[str, Any] = {}
-    offload_ids = {ops[v]: v for v in plan.offload}
-
-    def begin(n: torch.fx.Node) -> None:
-        if offloader is not None and n in offload_ids:
-            key = f"autoremat_offload_begin_{offload_ids[n]}"
-            attrs[key] = OffloadBegin(offloader, offload_ids[n])
-            new.call_module(key, ())
-
-    waits = {ops[v]: v for v in plan.offload_waits}
-
-    def wait(n: torch.fx.Node) -> None:
-        if offloader is not None and n in waits:
-            key = f"autoremat_offload_wait_{waits[n]}"
-            attrs[key] = OffloadWait(offloader, waits[n])
-            new.call_module(key, ())
-
-    def marked(n: torch.fx.Node) -> None:
-        if offloader is not None and n in offload_ids:
-            key = f"autoremat_offload_{offload_ids[n]}"
-            attrs[key] = OffloadMark(offloader, offload_ids[n])
-            env[n] = new.call_module(key, (env[n],))
+    calls = _OffloadCalls(new, attrs, ops, plan, offloader)
     for n in gm.graph.nodes:
         if n.op == "placeholder":
             env[n] = new.node_copy(n)
             # no annotation: under ``from __future__ import annotations`` fx records it as a string,
             # which the generated module then cannot be pickled with (torch.save of the model)
             env[n].type = None
-
-    def need(n: torch.fx.Node, graph: torch.fx.Graph, local: dict[torch.fx.Node, torch.fx.Node]) -> torch.fx.Node:
-        if n in local:
-            return local[n]
-        if n.op == "get_attr":  # its target is looked up by _flat_module
-            local[n] = graph.node_copy(n)
-            return local[n]
-        raise AssertionError(f"node {n.name} used before it is computed; please report")
-
     output_node = next(n for n in gm.graph.nodes if n.op == "output")
     tails = tails_of(plan)
     for si, seg in enumerate(plan.segments):
@@ -349,11 +406,11 @@ def _build_forward(gm: torch.fx.GraphModule, ops: list[torch.fx.Node], plan: Pla
             for n in members:
                 for u in n.all_input_nodes:
                     if u not in env:
-                        need(u, new, env)
-                wait(n)
-                begin(n)
+                        _need(u, new, env)
+                calls.wait(n)
+                calls.begin(n)
                 env[n] = new.node_copy(n, lambda u: env[u])  # a call_module target: see _flat_module
-                marked(n)
+                calls.mark(n, env)
             continue
         inputs: list[torch.fx.Node] = []
         for n in members:
@@ -361,63 +418,23 @@ def _build_forward(gm: torch.fx.GraphModule, ops: list[torch.fx.Node], plan: Pla
                 if u not in member_set and u.op != "get_attr" and u not in inputs:
                     inputs.append(u)
         outputs = [n for n in members if any(w not in member_set for w in n.users)]
-        tail = tails.get(si)
-        first: torch.fx.Node | None = None
-        tail_inputs: list[torch.fx.Node] = []
-        if tail is not None:  # see autoremat.replay_tail
-            first, tail_inputs = ops[tail[0]], [ops[u] for u in tail[1]]
-            if first not in member_set or any(u not in member_set and u not in inputs for u in tail_inputs):
+        tail = None
+        if si in tails:  # see autoremat.replay_tail
+            tail = ops[tails[si][0]], [ops[u] for u in tails[si][1]]
+            if tail[0] not in member_set or any(u not in member_set and u not in inputs for u in tail[1]):
                 raise PlanMismatchError(f"segment {si}'s replay tail does not match the traced model; capture and "
                                         "solve again")
-
-        def region_graph(nodes: list[torch.fx.Node], mark: torch.fx.Node | None = None
-                         ) -> tuple[torch.fx.Graph, dict[torch.fx.Node, torch.fx.Node]]:
-            """``nodes`` copied into a graph taking the segment's inputs (no output yet), with a
-            :func:`tail_mark` call before ``mark``."""
-            graph = torch.fx.Graph()
-            local = {u: graph.placeholder(f"in_{u.name}") for u in inputs}
-            for n in nodes:
-                for u in n.all_input_nodes:
-                    if u not in local:
-                        need(u, graph, local)
-                if n is mark:
-                    graph.call_function(tail_mark, tuple(local[u] for u in tail_inputs))
-                local[n] = graph.node_copy(n, lambda u: local[u])
-            return graph, local
-
-        sub, local = region_graph(members, first)
-        sub.output(tuple(local[n] for n in outputs))
-        replay, _ = region_graph(members)
-        replay.output(())  # see CheckpointRegion: the replay holds no outputs
-        ends_at_save = trim_replay(gm, replay)
-        short = None
-        if first is not None:
-            short, slocal = region_graph(members[:members.index(first)])
-            short.output(tuple(slocal[u] for u in tail_inputs))
-        body = _flat_module(gm, sub, f"AutorematSegment{si}", model=model)
-        modules = [gm.get_submodule(str(n.target)) for n in members if n.op == "call_module"]
-        owner = gm if model is None else model
-        read = [buffer_slot(owner, str(u.target)) for n in members for u in n.all_input_nodes if u.op == "get_attr"]
         key = f"autoremat_segment_{si}"
-        attrs[key] = CheckpointRegion(body, modules, preserve_rng=True if may_draw_random(gm, members) else None,
-                                      mode=regions,
-                                      buffers=[slot for slot in read if slot is not None],
-                                      params=tuple(p for n in members for u in n.all_input_nodes if u.op == "get_attr"
-                                                   for p in [_lookup_attr(gm, str(u.target))]
-                                                   if isinstance(p, nn.Parameter)),
-                                      replay=_flat_module(gm, replay, f"AutorematReplay{si}", model=model),
-                                      replay_ends_at_last_save=ends_at_save,
-                                      short_replay=None if short is None else
-                                      _flat_module(gm, short, f"AutorematShortReplay{si}", model=model))
+        attrs[key] = _segment_region(gm, si, members, inputs, outputs, tail, regions, model)
         for u in inputs:
             if u not in env:
-                need(u, new, env)
-        wait(members[0])
+                _need(u, new, env)
+        calls.wait(members[0])
         call = new.call_module(key, tuple(env[u] for u in inputs))
         for i, n in enumerate(outputs):
             env[n] = new.call_function(operator.getitem, (call, i))
-            marked(n)
-    new.output(torch.fx.map_arg(output_node.args[0], lambda u: env[u] if u in env else need(u, new, env)))
+            calls.mark(n, env)
+    new.output(torch.fx.map_arg(output_node.args[0], lambda u: env[u] if u in env else _need(u, new, env)))
     return _flat_module(gm, new, "AutorematForward", attrs, model)
 
 
