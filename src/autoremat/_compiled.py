@@ -11,6 +11,8 @@ checkpoint operators (:func:`autoremat.runtime.region.compiled_region`); Dynamo 
 
 from __future__ import annotations
 
+import sys
+
 from torch import nn
 
 __all__ = ["uncompiled"]
@@ -18,6 +20,8 @@ __all__ = ["uncompiled"]
 
 def uncompiled(model: nn.Module) -> nn.Module:
     """The module a ``torch.compile`` wrapper holds (``_orig_mod``), else ``model`` itself."""
+    if "torch._dynamo" not in sys.modules:  # nothing was compiled: importing Dynamo would cost ~1 s
+        return model
     try:
         from torch._dynamo.eval_frame import OptimizedModule
     except ImportError:  # pragma: no cover - torch without Dynamo

@@ -261,6 +261,7 @@ class GuardedForward:
                  trace: Callable[[], torch.fx.GraphModule], active: Callable[[], bool]) -> None:
         # like a bound method's: the generated forward module (code that inspects the regions)
         self.__self__ = getattr(first, "__self__", None)
+        _eager_lookup()
         self._model = model
         self._build, self._trace, self._active = build, trace, active
         guard = self._guard(gm)
@@ -272,6 +273,10 @@ class GuardedForward:
         if key[0]:
             self._warn("a module whose code the trace ran through has hooks, which the generated forward would not "
                        "call")
+
+    def __setstate__(self, state: dict[str, Any]) -> None:  # unpickled in a fresh process: see _eager_lookup
+        _eager_lookup()
+        self.__dict__.update(state)
 
     def _guard(self, gm: torch.fx.GraphModule) -> _Key:
         return _Key(traced_through(self._model, gm), self._model, gm.meta.get("autoremat_reads"),
@@ -290,7 +295,6 @@ class GuardedForward:
         fn = self._lookup()
         return self.own(*args, **kwargs) if fn is None else fn(*args, **kwargs)
 
-    @torch.compiler.disable  # re-tracing is eager Python: under torch.compile a graph break, not a wrong trace
     def _lookup(self) -> Callable[..., Any] | None:
         for guard, key, fn, *_ in (self._base, *reversed(self._variants)):
             if guard.holds(key):
@@ -333,3 +337,13 @@ class GuardedForward:
         warnings.warn(f"autoremat: {type(self._model).__name__} runs its own forward, without the plan, while {why}. "
                       "Remove the hooks or restore the state to get the plan back, or restore the model, capture "
                       "it in this state and solve again (said once per apply)", StateGuardWarning, stacklevel=4)
+
+
+def _eager_lookup() -> None:
+    """Make :meth:`GuardedForward._lookup` ``torch.compiler.disable``-d (re-tracing is eager
+    Python: under ``torch.compile`` a graph break, not a wrong trace), once, when the first guarded
+    forward is made: as a decorator it imported ``torch._dynamo`` (about a second) with
+    ``import autoremat``."""
+    if not getattr(GuardedForward._lookup, "_autoremat_eager", False):
+        GuardedForward._lookup = torch.compiler.disable(GuardedForward._lookup)
+        GuardedForward._lookup._autoremat_eager = True
