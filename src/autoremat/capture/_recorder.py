@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import torch
+from torch import nn
 
 from .._fsdp import original_class
 from ..measure import LiveStorageCounter, _flatten
@@ -360,6 +361,27 @@ class Timer:
         for (v, a), (_w, b) in zip(self._marks, self._marks[1:]):
             if isinstance(v, int):
                 self.bwd[v].append(self._elapsed(a, b))
+
+    def run_steps(self, module: nn.Module, forward: Callable[[], Any], loss_fn: Callable[[Any], torch.Tensor],
+                  warmup: int, repeats: int, before_step: Callable[[], None] = lambda: None
+                  ) -> tuple[list[float], list[float]]:
+        """Time ``warmup + repeats`` steps of ``forward()`` and its loss's backward (each from no
+        gradients, as the recorded step; the collector paused) and return the medians of the
+        last ``repeats``."""
+        with paused_gc():
+            for i in range(warmup + repeats):
+                module.zero_grad(set_to_none=True)
+                before_step()
+                self.start_step()
+                out = forward()
+                loss = loss_fn(out)
+                del out
+                self.backward(loss)
+                del loss
+                if i < warmup:
+                    self.fwd = [[] for _ in range(self.n)]
+                    self.bwd = [[] for _ in range(self.n)]
+        return self.medians()
 
     def medians(self) -> tuple[list[float], list[float]]:
         f = [statistics.median(x) if x else 0.0 for x in self.fwd]

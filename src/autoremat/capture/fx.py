@@ -14,7 +14,7 @@ from typing import Any
 import torch
 import torch.fx
 
-from ._recorder import NodeRecord, Recorder, Timer, classify_function, classify_module, paused_gc
+from ._recorder import NodeRecord, Recorder, Timer, classify_function, classify_module
 from .signature import tensor_lines
 from ._tracing import SemanticTracer, semantic_trace
 from .inplace import out_of_place
@@ -211,19 +211,7 @@ def time_fx(
     n = len(fx_ops(gm))
     timer = Timer(n, device)
     tinterp = _Interp(gm, timer)
-    with paused_gc():
-        for i in range(warmup + repeats):
-            gm.zero_grad(set_to_none=True)  # each step from no gradients, as the recorded one
-            timer.start_step()
-            out = _run_kwargs(tinterp, gm, args, kwargs)
-            loss = loss_fn(out)
-            del out
-            timer.backward(loss)
-            del loss
-            if i < warmup:
-                timer.fwd = [[] for _ in range(n)]
-                timer.bwd = [[] for _ in range(n)]
-    return timer.medians()
+    return timer.run_steps(gm, lambda: _run_kwargs(tinterp, gm, args, kwargs), loss_fn, warmup, repeats)
 
 
 def _run_kwargs(interp: torch.fx.Interpreter, gm: torch.fx.GraphModule, args: Sequence[Any],

@@ -27,7 +27,7 @@ from torch import nn
 
 from .._fsdp import original_class
 from ._loss_reach import outputs_fed_by_loss
-from ._recorder import NodeRecord, Recorder, Timer, classify_function, classify_module, paused_gc, tensors_in
+from ._recorder import NodeRecord, Recorder, Timer, classify_function, classify_module, tensors_in
 from .blocks import BlockScopes, OpTimer, block_paths, share_times
 from .inplace import MutationLog
 from .signature import tensor_lines
@@ -418,20 +418,8 @@ def time_modules(
         for _path, mod in mods:
             handles.append(mod.register_forward_pre_hook(tpre, with_kwargs=True))
             handles.append(mod.register_forward_hook(tpost))
-        with paused_gc():
-            for i in range(warmup + repeats):
-                model.zero_grad(set_to_none=True)  # each step from no gradients, as the recorded one
-                state["k"] = 0
-                timer.start_step()
-                out = model(*args, **kwargs)
-                loss = loss_fn(out)
-                del out
-                timer.backward(loss)
-                del loss
-                if i < warmup:
-                    timer.fwd = [[] for _ in range(n)]
-                    timer.bwd = [[] for _ in range(n)]
+        return timer.run_steps(model, lambda: model(*args, **kwargs), loss_fn, warmup, repeats,
+                               before_step=lambda: state.update(k=0))
     finally:
         for h in handles:
             h.remove()
-    return timer.medians()
