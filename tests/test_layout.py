@@ -49,3 +49,14 @@ def test_every_module_has_a_test_module(path: Path) -> None:
     folder = ROOT / "tests" / rel.parent
     name = rel.parent.name if rel.name == "__init__.py" else rel.stem
     assert (folder / f"test_{name}.py").exists(), f"{rel}: no tests/{rel.parent}/test_{name}.py"
+
+
+def test_tests_of_a_subpackage_module_live_in_its_mirrored_folder() -> None:
+    """``tests/test_<name>.py`` at the top is for a top-level module (``graph.py``) or a suite that
+    crosses modules (semantics, bad inputs, README); a test module named for a module of a
+    subpackage (``runtime/region.py``) lives in ``tests/runtime/``."""
+    top = {p.stem.lstrip("_") for p in PKG.glob("*.py")}
+    nested = {p.stem.lstrip("_") for p in PKG.rglob("*.py") if p.parent != PKG and p.stem != "__init__"}
+    nested |= {p.name for p in PKG.iterdir() if p.is_dir() and (p / "__init__.py").exists()}
+    misplaced = [t.name for t in (ROOT / "tests").glob("test_*.py") if t.stem[5:] in nested - top]
+    assert not misplaced, f"move these next to their module's path under tests/: {misplaced}"

@@ -8,7 +8,7 @@ region's inputs (the replay would apply it a second time). torchvision-style mod
 place everywhere (``nn.ReLU(inplace=True)``, ``out += identity``), so plans must respect it.
 
 Two mechanisms, decided by measurement on the torchvision-style bottleneck ResNet
-(``autoremat.zoo.resnet50(inplace=True)``; numbers in ``tests/test_inplace.py`` and the report
+(``autoremat.zoo.resnet50(inplace=True)``; numbers in ``tests/capture/test_inplace.py`` and the report
 of issue 26):
 
 1. **Out of place where exact** (:func:`out_of_place`, op level). ``trace`` rewrites each

@@ -5,7 +5,7 @@ from real runs at batch sizes that fit, scaled to the full batch.
 exceed what the device holds. It never runs the unpatched step at a size predicted above
 ``limit_bytes`` (a step-peak limit: bytes above what is resident when the step starts).
 
-How it works (decisions, tested in ``tests/test_capture_scaled.py``; one module per concern):
+How it works (decisions, tested in ``tests/capture/scaled/test_scaled.py``; one module per concern):
 
 1. **Bytes at full size on the meta device** (:mod:`.meta`). The model's parameters and buffers
    are swapped in place for meta tensors of the same shape and dtype (tied parameters stay tied;

@@ -302,7 +302,7 @@ def _compare_gpu(monkeypatch: pytest.MonkeyPatch):  # type: ignore[no-untyped-de
     import sys
     from pathlib import Path
 
-    monkeypatch.syspath_prepend(str(Path(__file__).resolve().parents[1] / "benchmarks"))
+    monkeypatch.syspath_prepend(str(Path(__file__).resolve().parents[2] / "benchmarks"))
     for mod in [m for m in sys.modules if m.split(".")[0] in ("compare", "compare_gpu")]:
         sys.modules.pop(mod)  # submodules too: a stale compare.solving is not bound to a new compare
     return importlib.import_module("compare_gpu")
