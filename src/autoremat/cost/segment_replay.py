@@ -81,6 +81,17 @@ def replay_segment(p: GraphBits, lower: int, upper: int, dangling: int, recomput
     size: dict[int, int] = {}
     refs: dict[int, set[int]] = {}
     live = peak = 0
+
+    def hold(held: set[int], u: int) -> None:
+        """The holders of ``u``'s output while ``S`` runs: its consumers in ``S``, and one for
+        readers after ``upper`` (the step's output in the final segment)."""
+        for w in succ[u]:
+            if inseg[w]:
+                held.add(w * n + u)
+        if beyond_of[u]:
+            held.add(beyond)
+        if is_out[u]:
+            held.add(-2 - u if final else beyond)
     for r in bits(dangling):
         size[r] = alloc_b[r]
         live += alloc_b[r]
@@ -88,13 +99,7 @@ def replay_segment(p: GraphBits, lower: int, upper: int, dangling: int, recomput
         for u in p.members[r]:
             if not lower >> u & 1:
                 continue
-            for w in succ[u]:
-                if inseg[w]:
-                    held.add(w * n + u)
-            if beyond_of[u]:
-                held.add(beyond)
-            if is_out[u]:
-                held.add(-2 - u if final else beyond)
+            hold(held, u)
     if recompute:
         for v in nodes:
             for u in pred[v]:
@@ -119,13 +124,7 @@ def replay_segment(p: GraphBits, lower: int, upper: int, dangling: int, recomput
             live += extra[v]
         held = refs.get(ok)
         if held is not None:
-            for w in succ[v]:
-                if inseg[w]:
-                    held.add(w * n + v)
-            if beyond_of[v]:
-                held.add(beyond)
-            if is_out[v]:
-                held.add(-2 - v if final else beyond)
+            hold(held, v)
         if saving:
             for u in saves[v]:
                 got = refs.get(root[u])

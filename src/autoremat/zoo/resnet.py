@@ -191,8 +191,7 @@ def resnet50(
 ) -> ResNet:
     """ResNet-50 (He et al. 2016): bottleneck stages of 3, 4, 6, 3 blocks;
     ``inplace=True``: torchvision's in-place form (see the module docstring)."""
-    c, _, _ = image_shape(input_shape, "resnet50")
-    return ResNet((3, 4, 6, 3), num_classes, width=width, in_channels=c, inplace=inplace)
+    return _bottleneck_resnet("resnet50", (3, 4, 6, 3), width, input_shape, num_classes, inplace)
 
 
 def resnet152(
@@ -201,5 +200,10 @@ def resnet152(
 ) -> ResNet:
     """ResNet-152 (He et al. 2016): bottleneck stages of 3, 8, 36, 3 blocks;
     ``inplace=True``: torchvision's in-place form (see the module docstring)."""
-    c, _, _ = image_shape(input_shape, "resnet152")
-    return ResNet((3, 8, 36, 3), num_classes, width=width, in_channels=c, inplace=inplace)
+    return _bottleneck_resnet("resnet152", (3, 8, 36, 3), width, input_shape, num_classes, inplace)
+
+
+def _bottleneck_resnet(name: str, stages: tuple[int, ...], width: float, input_shape: tuple[int, ...],
+                       num_classes: int, inplace: bool) -> ResNet:
+    c, _, _ = image_shape(input_shape, name)
+    return ResNet(stages, num_classes, width=width, in_channels=c, inplace=inplace)
