@@ -242,6 +242,26 @@ class Graph:
             self._regions = {p: tuple(vs) for p, vs in regions.items() if p not in pinned}
         return self._regions
 
+    def recompute_units(self) -> list[tuple[int, ...]]:
+        """At module level, the node sets a recomputed segment can be, in execution order: each
+        recomputable module call outside the blocks captured op by op, and each such block as its
+        outermost call region (a region is recomputed as one call, whatever its ops). What a solver planning
+        "one module call at a time" chooses among; ``[]`` at fx level."""
+        if self.meta.get("mode") != "module":
+            return []
+        starts = self.meta.get("call_op_start", {})
+        regions = self.call_regions()
+        outer = [p for p in starts if p in regions and not any(p.startswith(q + ".") for q in starts)]
+        first = {regions[p][0]: regions[p] for p in outer}
+        inside = {v for p in outer for v in regions[p]}
+        units: list[tuple[int, ...]] = []
+        for v in self.nodes:
+            if v in first:
+                units.append(first[v])
+            elif v not in inside and self.nx.nodes[v]["recomputable"]:
+                units.append((v,))
+        return units
+
     def region_of(self, nodes: Iterable[int]) -> str | None:
         """The path of the innermost call region whose nodes are exactly ``nodes`` (else ``None``)."""
         vs = tuple(sorted(set(nodes)))

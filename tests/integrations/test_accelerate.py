@@ -254,3 +254,30 @@ def test_a_failure_on_the_main_process_reaches_the_others(monkeypatch: pytest.Mo
     with pytest.raises(RuntimeError, match="the main process failed while planning, so every process stops"):
         ar.prepare(acc, model, (x,), budget="50%")
     assert not autoremat.is_patched(model)
+
+
+@pytest.mark.slow
+def test_a_solver_planning_one_module_call_at_a_time_gets_blocks_captured_whole() -> None:
+    """xla-greedy recomputes one module call at a time: on a transformers model captured op by op
+    inside its blocks (the default) it finds nothing to recompute, so prepare captures the blocks
+    whole for it (``capture_blocks_for``) and the plan recomputes blocks."""
+    pytest.importorskip("transformers")
+    from autoremat.zoo import hf
+
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    torch.manual_seed(0)
+    model = GPT2LMHeadModel(GPT2Config(n_layer=4, n_embd=128, n_head=4, n_positions=256, vocab_size=1024))
+    ids = torch.randint(0, 1024, (2, 128), generator=torch.Generator().manual_seed(1))
+    reference = copy.deepcopy(model)
+    ar.prepare(Accelerator(cpu=True), model, (ids,), budget="60%", solver="xla-greedy", loss_fn=hf.logits_mean,
+               times="flops")
+    plan = model.__dict__["_autoremat_patch"].plan
+    blocks = [plan.node_names[s.nodes[0]] for s in plan.recompute_segments]
+    assert plan.solver == "xla-greedy" and any(name.startswith("transformer.h.") for name in blocks), blocks
+    torch.manual_seed(0)
+    run_step(reference, (ids,), loss_fn=hf.logits_mean)
+    torch.manual_seed(0)
+    run_step(model, (ids,), loss_fn=hf.logits_mean)
+    assert gradients_equal(gradients(reference), gradients(model))
+    autoremat.restore(model)

@@ -160,3 +160,36 @@ def test_zoo_resnet50_chen(resnet_graph):
     # same with the papers' time convention
     gp = g.with_paper_times()
     _assert_non_increasing(_budget_sweep(gp, "chen", 8))
+
+
+def test_chen_on_a_transformers_model_captured_op_by_op_recomputes_whole_blocks():
+    """The default capture records repeated blocks op by op; Chen's module-level variant plans
+    each block as its call region (Graph.recompute_units), as it did on the block-level graph:
+    the same least budget, and the plan applies with gradients equal to the unpatched model's."""
+    pytest.importorskip("transformers")
+    import copy
+
+    import torch
+
+    from autoremat.zoo import hf
+    from autoremat.measure import gradients, run_step
+
+    model = hf.gpt2()
+    ids = torch.randint(0, 256, (4, 64), generator=torch.Generator().manual_seed(1))
+    ops = autoremat.capture(model, (ids,), loss_fn=hf.logits_mean, times="flops")
+    whole = autoremat.capture(model, (ids,), loss_fn=hf.logits_mean, blocks="module", times="flops")
+    assert ops.meta.get("blocks") == "ops" and len(ops) > 3 * len(whole)
+    least_ops, least_whole = autoremat.min_budget(ops, "chen"), autoremat.min_budget(whole, "chen")
+    assert least_ops < 0.8 * unoptimised_peak_bytes(ops)
+    assert abs(least_ops - least_whole) <= 0.01 * least_whole
+    plan = solve(ops, "min", solver="chen")
+    blocks = [s for s in plan.recompute_segments if len(s.nodes) > 1]
+    assert blocks and all(ops.region_of(s.nodes) is not None for s in blocks)
+    ref = copy.deepcopy(model)
+    autoremat.apply(model, plan)
+    torch.manual_seed(0)
+    run_step(model, (ids,), loss_fn=hf.logits_mean)
+    torch.manual_seed(0)
+    run_step(ref, (ids,), loss_fn=hf.logits_mean)
+    got, want = gradients(model), gradients(ref)
+    assert got.keys() == want.keys() and all(torch.equal(got[k], want[k]) for k in want)

@@ -66,7 +66,7 @@ from ..plan import Plan
 from ..progress import Progress
 from ..resident import allocated_resident_bytes, resident_bytes
 from ..runtime import apply
-from ..solvers import check_solver, solve
+from ..solvers import capture_blocks_for, check_solver, solve
 from ._atomic import Rollback
 from ._common import is_percentage, step_budget_bytes
 from ._planning import as_plan, least_for, measured_step_peak, plan_within
@@ -345,7 +345,7 @@ def _decide(accelerator: Any, model: nn.Module, args: tuple, kwargs: dict, cfg: 
     with progress.phase(f"capture {type(model).__name__}"), accelerator.autocast():
         # never an unpatched step above the device budget
         graph = capture_within(model, args, kwargs, limit_bytes=limit, loss_fn=loss_fn, repeats=cfg.profile_steps,
-                               times=cfg.times)
+                               times=cfg.times, blocks=capture_blocks_for(cfg.solver))
     with progress.phase(f"solve ({len(graph)} nodes, solver {cfg.solver})"):
         plan, step, note = plan_within(graph, cfg.budget, device=device, resident=resident, allocated=allocated,
                                        solver=cfg.solver,

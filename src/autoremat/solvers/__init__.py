@@ -63,11 +63,26 @@ from .xla_greedy import XlaGreedyConfig, solve_xla_greedy
 
 __all__ = ["SOLVERS", "SOLVER_FUNCTIONS", "RegisteredSolver", "CONFIGS", "OFFLOAD_ONLY", "AUTO_ORDER",
            "AUTO_BLOCKS_ENOUGH_NODES", "SolverFn", "SolverConfig", "solve", "finalize_plan", "bare_solver",
-           "min_budget", "check_solver", "least_budget", "DEFAULT_NOISE_TOLERANCE"]
+           "min_budget", "check_solver", "least_budget", "DEFAULT_NOISE_TOLERANCE", "PLANS_CALL_REGIONS",
+           "capture_blocks_for"]
 
 logger = logging.getLogger(__name__)
 
 SolverFn = Callable[..., Plan]
+
+PLANS_CALL_REGIONS = frozenset({"auto", "blocks", "chen", "combined", "dp-approx", "dp-exact", "milp", "none"})
+"""Solvers that plan a module-level graph whose repeated blocks were captured op by op (the
+default ``capture(blocks="auto")``): ``blocks`` inside them, the others a block as one call
+region (``chen``: :meth:`~autoremat.graph.Graph.recompute_units`). ``xla-greedy`` and
+``reforward`` recompute one module call at a time and find nothing to recompute in such blocks,
+and the offload solvers offload module calls' outputs only: capture for them with
+``blocks="module"`` (:func:`capture_blocks_for`; the integrations and the CLI do)."""
+
+
+def capture_blocks_for(solver: str) -> str:
+    """The ``capture(..., blocks=)`` that ``solver`` plans well: ``"auto"`` (blocks op by op) for
+    :data:`PLANS_CALL_REGIONS`, else ``"module"`` (one node per block)."""
+    return "auto" if solver in PLANS_CALL_REGIONS else "module"
 
 SOLVER_FUNCTIONS: dict[str, SolverFn] = {
     "none": solve_none,
@@ -209,6 +224,10 @@ def solve(graph: Graph, budget: Any, *, solver: str = "auto", auto_solvers: Sequ
     if not isinstance(graph, Graph):
         raise TypeError(f"graph must be an autoremat.Graph (from autoremat.capture), got {type(graph).__name__}")
     check_solver(solver)
+    if solver not in PLANS_CALL_REGIONS and graph.meta.get("blocks") == "ops":
+        logger.warning("solver %r plans one module call at a time and finds nothing inside the blocks this graph "
+                       "captured op by op (capture's default): use solver='auto' or 'blocks', or capture(..., "
+                       "blocks='module') for it", solver)
     if is_min(budget):
         budget_bytes = least_budget(graph, solver, auto_solvers=auto_solvers, **options)
     else:

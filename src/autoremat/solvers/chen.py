@@ -20,9 +20,10 @@ and the total saved bytes, plus 0 and the √n split) and every plan is judged b
 :func:`autoremat.simulate`: the plan that fits with the least recomputation wins (the plan
 without recomputation is a candidate too, so a budget that does not bind recomputes nothing).
 
-Module-level graphs can only recompute single module calls: there the variant checkpoints
-module calls in decreasing order of saved bytes per second of recomputation; every prefix of
-that order is simulated and the cheapest one that fits wins.
+Module-level graphs can only recompute single module calls (a block captured op by op, the
+default, as its whole call region: :meth:`~autoremat.graph.Graph.recompute_units`): there the
+variant checkpoints those calls in decreasing order of saved bytes per second of recomputation;
+every prefix of that order is simulated and the cheapest one that fits wins.
 
 Time O(thresholds · n) simulations of O(n + e) each; space O(n). Heuristic (not optimal).
 Infeasible budgets raise with ``min_budget_bytes`` = the least simulated peak among all the
@@ -123,19 +124,29 @@ def _pick(tried: list[tuple[int, float, Plan]], budget_bytes: int, solver: str) 
 
 
 def _module_plans(graph: Graph) -> list[tuple[int, float, Plan]]:
-    order = [v for v in graph.nodes if graph.node(v)["recomputable"] and graph.node(v)["saved_bytes"] > 0]
-    order.sort(key=lambda v: -graph.node(v)["saved_bytes"] / max(graph.node(v)["time_s"], 1e-9))
+    def saved(unit: tuple[int, ...]) -> float:
+        return sum(graph.node(v)["saved_bytes"] for v in unit)
+
+    def time(unit: tuple[int, ...]) -> float:
+        return max(sum(graph.node(v)["time_s"] for v in unit), 1e-9)
+
+    order = [u for u in graph.recompute_units() if saved(u) > 0]
+    order.sort(key=lambda u: -saved(u) / time(u))
 
     def plan_for(k: int) -> Plan:
-        chosen = set(order[:k])
+        chosen = {u[0]: u for u in order[:k]}
         segs: list[Segment] = []
         run: list[int] = []
+        skip: set[int] = set()
         for v in graph.nodes:
+            if v in skip:
+                continue
             if v in chosen:
                 if run:
                     segs.append(Segment(tuple(run), recompute=False))
                     run = []
-                segs.append(Segment((v,), recompute=True))
+                segs.append(Segment(chosen[v], recompute=True))
+                skip.update(chosen[v])
             else:
                 run.append(v)
         if run:
