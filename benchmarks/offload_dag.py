@@ -170,7 +170,7 @@ def to_markdown(result: dict[str, Any]) -> str:
              "|---" * (len(OFFLOAD_SOLVERS) + 2) + "|"]
     for net in result["nets"]:
         dag = net["offload_alone"][-1]
-        bound = next((b for b in net["bound"] if b["fraction"] == dag.get("fraction")), None)
+        bound = next((b for b in net.get("bound", []) if b["fraction"] == dag.get("fraction")), None)
         lines.append(f"| {net['net']} | " + " | ".join(fmt(r) for r in net["offload_alone"])
                      + f" | {'%.3fx time' % bound['time_ratio'] if bound else '-'} |")
     lines += ["", "## The target's point: 0.6x of the peak", "",
@@ -179,7 +179,10 @@ def to_markdown(result: dict[str, Any]) -> str:
               "| net | bound at 0.6x (time ratio) | offload-dag at 0.6x | bandwidth the bound needs for 1.1x |",
               "|---|---|---|---|"]
     for net in result["nets"]:
-        bound = next(b for b in net["bound"] if b["fraction"] == 0.6)
+        bound = next((b for b in net.get("bound", []) if b["fraction"] == 0.6), None)
+        if bound is None:  # a result of the script before the bound (see its "run" field)
+            lines.append(f"| {net['net']} | not in this result | - | - |")
+            continue
         dag = next((p for f, _, p in [(c[0], c[1], c[2]) for c in net["offload_alone"][-1].get("curve", [])] if f == 0.6),
                    None)
         need = net["bandwidth_for_1.1x_at_0.6"]
@@ -190,11 +193,21 @@ def to_markdown(result: dict[str, Any]) -> str:
               " single-node floor |", "|---|---|---|---|---|"]
     for net in result["nets"]:
         c = net["combined"]
+        if "single_node_floor_bytes" not in net:
+            lines.append(f"| {net['net']} | {fmt(c['dp-approx_least'])} (grid point, not the least) | "
+                         f"{fmt(c.get('combined_at_dp_least', {'error': 1}))} | "
+                         f"{fmt(c.get('combined_at_0.7_dp_least', {'error': 1}))} | not in this result |")
+            continue
         floor = net["single_node_floor_bytes"] / net["unpatched_peak_bytes"]
         least = c["dp-approx_least"].get("peak_ratio")
         lines.append(f"| {net['net']} | {fmt(c['dp-approx_least'])} | {fmt(c.get('combined_at_dp_least', {'error': 1}))}"
                      f" | {fmt(c.get('combined_at_0.7_dp_least', {'error': 1}))} | {floor:.3f}x peak "
                      f"({net['single_node_floor_node']}{'; %.2fx of 0.7x the least' % (floor / (0.7 * least)) if least else ''}) |")
+    old = [net["net"] for net in result["nets"] if "bound" not in net]
+    if old:
+        lines += ["", f"Rows of {', '.join(old)}: an earlier run of this script (prefetch one ahead only, no bound, "
+                  "dp-approx's tightest point of a 0.9..0.3 grid instead of its least budget), kept where the "
+                  "rerun did not finish."]
     lines += ["", "## Offload alone: every budget met (budget fraction: peak ratio / time ratio)", ""]
     for net in result["nets"]:
         for r in net["offload_alone"]:
@@ -212,10 +225,11 @@ def main(argv: list[str] | None = None) -> None:
 
     ap.add_argument("--bandwidth", type=float, default=DEFAULT_BANDWIDTH_BYTES_PER_S,
                     help="host<->device bytes per second per direction (default %(default).3g)")
+    ap.add_argument("--report-only", action="store_true", help="rewrite offload_dag.md from the JSON under --out")
     a = ap.parse_args(argv)
     out = Path(a.out)
     out.mkdir(parents=True, exist_ok=True)
-    for net in a.nets.split(","):  # one file per net: a long run keeps what it finished
+    for net in [] if a.report_only else a.nets.split(","):  # one file per net: a long run keeps what it finished
         row = {"machine": machine(), "size": a.size, "torch": torch.__version__, "bandwidth_bytes_per_s": a.bandwidth,
                **run_net(net, a.size, a.bandwidth)}
         (out / f"offload_dag_{net}.json").write_text(json.dumps(row, indent=1))
