@@ -121,6 +121,9 @@ class Plan:
     """The offloaded nodes in order of first backward use: the order the runtime prefetches in
     (:func:`autoremat.solvers.finalize_plan` fills it from the simulator; empty: the runtime
     prefetches the storage whose holder was registered last in forward first)."""
+    offload_prefetch_depth: int = 1
+    """How many offloaded storages backward prefetches ahead of their first use: the first this
+    many when backward starts, then one more at each first use (memory reserved at each start)."""
     graph_mode: str | None = None
     """``"fx"`` or ``"module"``: the capture the plan's node ids refer to (``None``: not from a
     capture, so :func:`autoremat.apply` refuses it)."""
@@ -154,6 +157,7 @@ class Plan:
         self.module_calls = _calls(self.module_calls)
         self.offload_waits = {int(k): int(v) for k, v in dict(self.offload_waits or {}).items()}
         self.offload_order = tuple(int(v) for v in self.offload_order)
+        self.offload_prefetch_depth = int(self.offload_prefetch_depth)
         self.version = PLAN_FORMAT_VERSION
 
     @property
@@ -210,6 +214,7 @@ class Plan:
             offload=tuple(data.get("offload", ())),
             offload_waits=data.get("offload_waits") or {},
             offload_order=tuple(data.get("offload_order") or ()),
+            offload_prefetch_depth=data.get("offload_prefetch_depth", 1),
             graph_mode=data.get("graph_mode"),
             node_names=data.get("node_names"),
             replay_tails=data.get("replay_tails") or {},
@@ -313,6 +318,9 @@ def check_segments(plan: Plan, num_nodes: int, *, is_lower_set: Callable[[set[in
     if plan.offload_order and sorted(plan.offload_order) != list(plan.offload):
         raise PlanFormatError("offload_order", "must list every offloaded node once (the order of first backward "
                               f"use), got {list(plan.offload_order)[:10]} for offload {list(plan.offload)[:10]}")
+    if plan.offload_prefetch_depth < 1:
+        raise PlanFormatError("offload_prefetch_depth", f"must be >= 1 (storages prefetched ahead of their first "
+                              f"backward use), got {plan.offload_prefetch_depth}")
 
 
 def validate_plan(graph: Graph, plan: Plan) -> None:

@@ -50,7 +50,7 @@ GRAPH_KEYS = ("graph_mode", "node_names", "replay_tails", "tensors", "inputs")
 """Top-level fields of format 2 that format 1 kept in ``options``."""
 PLAN_KEYS = frozenset({"format", "version", "segments", "solver", "options", "budget_bytes",
                        "graph_fingerprint", "predicted_peak_bytes", "predicted_extra_time_s", "offload",
-                       "offload_waits", "offload_order", "bandwidth_bytes_per_s", "module_calls", *GRAPH_KEYS})
+                       "offload_waits", "offload_order", "offload_prefetch_depth", "bandwidth_bytes_per_s", "module_calls", *GRAPH_KEYS})
 SEGMENT_KEYS = frozenset({"nodes", "recompute"})
 SEGMENT_OPTIONAL_KEYS = frozenset({"keep"})
 READ_VERSIONS = (1, 2)
@@ -274,6 +274,10 @@ def _check(data: Any) -> None:
     if order and sorted(order) != sorted(set(offload)):
         raise PlanFormatError("offload_order", f"must list every node of offload once (the order of first backward "
                               f"use), got {order[:10]} for offload {sorted(set(offload))[:10]}")
+    depth = data.get("offload_prefetch_depth", 1)
+    if isinstance(depth, bool) or not isinstance(depth, int) or depth < 1:
+        raise PlanFormatError("offload_prefetch_depth", f"expected an int >= 1 (how many offloaded storages backward "
+                              f"prefetches ahead of their first use), got {depth!r}")
 
 
 def _offload_waits(value: Any, offload: set[int], num_nodes: int | None) -> None:

@@ -24,8 +24,9 @@ inputs; an "offloaded checkpoint").
   the same.
 * **Backward**: storages are needed in order of their *first backward use* (the holder that
   runs last in forward: a saver's backward, or the replay of a region, which starts when
-  backward reaches the region's last saving node). The first is prefetched when backward starts;
-  each time one is needed, the next in order is prefetched (one ahead), memory reserved when the
+  backward reaches the region's last saving node). The first ``depth`` (the plan's
+  ``offload_prefetch_depth``, default 1) are prefetched when backward starts; each time one is
+  first needed, the next in order is prefetched (``depth`` ahead), memory reserved when the
   prefetch starts, on the host-to-device link once the storage's copy out is complete. A storage
   whose device copy still exists (its copy out has not completed) is not transferred: the
   holders use the device copy. A prefetch still running when its first use begins stalls the step.
@@ -51,10 +52,12 @@ layer, §3; the runtime, :mod:`autoremat.runtime.offload`, does the same):
   ``y_i``"); on a DAG, any storage the plan keeps for backward, by any number of holders (one host
   copy shared by all), including the inputs of recomputed segments — the paper's conclusion names
   offloading plus recomputation as future work; :mod:`autoremat.solvers.combined` plans it.
-* *When prefetches start*: the paper's schedule chooses; here one storage ahead in order of
-  first backward use (the first when backward starts, the next at each first use), memory
-  reserved when the prefetch starts (D). This is a policy, not an optimum: a schedule that
-  prefetches two ahead can hide more, at more memory.
+* *When prefetches start*: the paper's schedule chooses (its no-wait schedule, Proposition 1,
+  prefetches as early as memory allows); here ``depth`` storages ahead in order of first
+  backward use (``Plan.offload_prefetch_depth``, default 1: the first ``depth`` when backward
+  starts, then one more at each first use), memory reserved when the prefetch starts (D). A
+  policy the runtime can follow without a memory model, not an optimum: a deeper prefetch hides
+  more behind compute at more memory; the solvers choose the depth per plan.
 * *Partial transfers* (the paper's relaxed problem, Theorem 2) are not modelled: a storage moves
   whole.
 """
@@ -90,7 +93,7 @@ class Offload:
 
     def __init__(self, s: StepState, targets: set[int], bytes_per_s: float, *, waits: dict[int, int] | None = None,
                  wait_limit: int | None = None, wait_points: set[int] | None = None,
-                 order: tuple[int, ...] = ()) -> None:
+                 order: tuple[int, ...] = (), depth: int = 1) -> None:
         self.s, self.g, self.targets = s, s.g, targets
         self.out_link, self.in_link = Link(bytes_per_s), Link(bytes_per_s)
         self.clock = 0.0
@@ -109,6 +112,7 @@ class Offload:
         self.wait_points = wait_points or set()
         self.waits: dict[int, int] = {}
         self.given_order = [self.g.root(v) for v in order]
+        self.depth = max(1, int(depth))
 
     # ------------------------------------------------------------------ forward
     def pack(self, r: int, holder: Hashable, use: int) -> None:
@@ -166,7 +170,7 @@ class Offload:
     # ------------------------------------------------------------------ backward
     def start_backward(self) -> None:
         """Order the storages by first backward use (latest holder first; or as the plan's
-        ``offload_order`` says) and prefetch the first."""
+        ``offload_order`` says) and prefetch the first ``depth``."""
         if self.given_order:
             self.order = [r for r in self.given_order if r in self.holders]
         else:
@@ -178,10 +182,14 @@ class Offload:
         return self.keys[r]
 
     def _prefetch_next(self) -> None:
+        """Start prefetches in order until ``depth`` storages not yet used are prefetched."""
+        ahead = sum(1 for r in self.order if r in self.ready_at)
         for r in self.order:
+            if ahead >= self.depth:
+                return
             if r not in self.ready_at:
                 self._prefetch(r)
-                return
+                ahead += 1
 
     def _prefetch(self, r: int) -> None:
         if ("o", r) in self.s.size:  # the copy out has not completed: the device copy serves
@@ -200,7 +208,7 @@ class Offload:
 
     def need(self, r: int) -> None:
         """A holder of ``r`` is about to use it: wait for its prefetch; on its first use, start
-        the prefetch of the next storage in order that is not prefetched yet."""
+        the prefetches of the next storages in order until ``depth`` are ahead."""
         if r not in self.ready_at:
             self._prefetch(r)
         if self.ready_at[r] > self.clock:

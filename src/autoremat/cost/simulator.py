@@ -36,7 +36,8 @@ and who holds it:
   is copied to host when its first holder takes it, on a link per direction that carries one
   transfer at a time; its device memory is released once the copy is complete and forward no
   longer reads it; the forward waits for copies where the plan says so (``plan.offload_waits``);
-  in backward the storages come back in order of first backward use, one prefetch ahead, memory
+  in backward the storages come back in order of first backward use, ``plan.offload_prefetch_depth``
+  prefetches ahead (default one), memory
   reserved when a prefetch starts; a prefetch still running when its first use begins (a
   saver's backward, or a region's replay) stalls the step.
 
@@ -158,7 +159,7 @@ def _run(g: Graph, plan: Plan, s: StepState, bandwidth_bytes_per_s: float | None
     rate = bandwidth_bytes_per_s or g.meta.get("bandwidth_bytes_per_s") or DEFAULT_BANDWIDTH_BYTES_PER_S
     off = Offload(s, offloaded, rate, waits=None if wait_limit is not None else plan.offload_waits,
                   wait_limit=wait_limit, wait_points=wait_points(g, plan) if wait_limit is not None else None,
-                  order=plan.offload_order)
+                  order=plan.offload_order, depth=plan.offload_prefetch_depth)
     pos = {v: i for i, v in enumerate(v for seg in plan.segments for v in seg.nodes)}
     st = _Step(g, nd, plan, off, offloaded, pos, [region_stop(g, seg) for seg in plan.segments])
     seg_inputs = [_forward(s, st, si, seg) for si, seg in enumerate(plan.segments)]

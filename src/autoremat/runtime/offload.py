@@ -17,9 +17,10 @@ device storage is held only until that copy has completed (events are polled on 
 mark, wait and unpack), then released to the caching allocator; every holder of one storage
 shares one host copy. Where the plan says so (``Plan.offload_waits``), the compute stream waits for
 a copy before a node runs and the device storage is released right away. In backward the storages
-come back in the plan's order of first backward use (``Plan.offload_order``): the first prefetch
-starts when backward starts (a gradient hook on the forward's outputs), and each first use of a
-storage starts the prefetch of the next one, on the host-to-device stream; the compute stream
+come back in the plan's order of first backward use (``Plan.offload_order``): the first
+``Plan.offload_prefetch_depth`` prefetches (default 1) start when backward starts (a gradient hook
+on the forward's outputs), and each first use of a storage starts the prefetch of the next one,
+on the host-to-device stream; the compute stream
 waits on the copy's event, and the buffer is ``record_stream``-ed on it; it is dropped (with the
 host copy) when autograd and the regions have freed the storage's last holder. A storage whose
 copy out has not been released yet is used from the device, not transferred. A recomputed region
@@ -172,10 +173,12 @@ class HostInput:
 class Offloader:
     """Pack/unpack hooks and region-input holders for one patched model (see the module docstring).
 
-    ``order``: the offloaded nodes in order of first backward use (``Plan.offload_order``)."""
+    ``order``: the offloaded nodes in order of first backward use (``Plan.offload_order``);
+    ``depth``: how many are prefetched ahead of their first use (``Plan.offload_prefetch_depth``)."""
 
-    def __init__(self, order: Sequence[int] = (), waits: Mapping[int, int] | None = None) -> None:
+    def __init__(self, order: Sequence[int] = (), waits: Mapping[int, int] | None = None, *, depth: int = 1) -> None:
         self.stats = OffloadStats()
+        self.depth = max(1, int(depth))
         self.rank = {v: i for i, v in enumerate(order)}
         self.waits = dict(waits or {})
         self._marked: dict[int, tuple[int, weakref.ref]] = {}
@@ -333,7 +336,7 @@ class Offloader:
 
     # ------------------------------------------------------------------ backward
     def start_backward(self) -> None:
-        """Backward has started: prefetch the first storage in order of use (once per step)."""
+        """Backward has started: prefetch the first ``depth`` storages in order of use (once per step)."""
         if not self._backward_started:
             self._backward_started = True
             self._prefetch_next(None)
@@ -363,18 +366,22 @@ class Offloader:
         self._prefetch_next(h)
 
     def _prefetch_next(self, current: _Handle | None) -> None:
-        """Start the prefetch of the next storage in order of first backward use."""
-        waiting = [h for h in self._all if not h.used and h is not current and not h.prefetched]
-        if not waiting:
-            return
-        if self.rank:
-            nxt = min(waiting, key=lambda h: self.rank.get(h.node, len(self.rank)))
-        else:
-            nxt = max(waiting, key=lambda h: h.tick)
-        self.stats.prefetched_nodes.append(nxt.node)
-        nxt.prefetched = True
-        if nxt.device.type == "cuda" or self.host_tier:
-            self._start_fetch(nxt)
+        """Start prefetches of the next storages in order of first backward use until ``depth``
+        storages not yet used are prefetched."""
+        ahead = sum(1 for h in self._all if not h.used and h is not current and h.prefetched)
+        while ahead < self.depth:
+            waiting = [h for h in self._all if not h.used and h is not current and not h.prefetched]
+            if not waiting:
+                return
+            if self.rank:
+                nxt = min(waiting, key=lambda h: self.rank.get(h.node, len(self.rank)))
+            else:
+                nxt = max(waiting, key=lambda h: h.tick)
+            self.stats.prefetched_nodes.append(nxt.node)
+            nxt.prefetched = True
+            ahead += 1
+            if nxt.device.type == "cuda" or self.host_tier:
+                self._start_fetch(nxt)
 
     def _start_fetch(self, h: _Handle) -> None:
         if h.fetched is not None:

@@ -59,4 +59,4 @@ def new_offloader(plan: Plan) -> Offloader | None:
         logger.info("the plan offloads %d nodes but has no offload_order (it was not finalised by "
                     "autoremat.solve); prefetching the storage whose holder was registered last first",
                     len(plan.offload))
-    return Offloader(plan.offload_order, plan.offload_waits)
+    return Offloader(plan.offload_order, plan.offload_waits, depth=plan.offload_prefetch_depth)

@@ -22,8 +22,9 @@ et al., see :mod:`autoremat.cost.offload_link` for the transfer model):
    candidate recomputing more than the fastest fitting plan so far is skipped: transfers only add
    time): :class:`~autoremat.solvers.offload_dag.OffloadSearch` over its offload candidates
    (prefixes of production and slack orders on a grid of ``offload_grid`` lengths, the set of
-   all region inputs, then pruning), each set judged with and without forward waits.
-4. *Offload alone*: the plan of ``offload-dag`` (with its chain seeds).
+   all region inputs, then pruning), each set judged with and without forward waits, prefetching
+   one ahead (``Plan.offload_prefetch_depth`` 1: deeper prefetches triple the simulations).
+4. *Offload alone*: the plan of ``offload-dag`` (with its chain seeds and prefetch depths).
 5. The fitting plan with the least predicted step time wins. The plain recomputation plans at
    the target and the offload-only plan are candidates, so the result is never predicted slower
    than the better of recomputation alone (the bases) and offload alone (``offload-dag``).

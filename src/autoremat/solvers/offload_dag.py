@@ -12,7 +12,9 @@ Paper: .. [1] O. Beaumont, L. Eyraud-Dubois, A. Shilova, "Optimal GPU-CPU Offloa
    the orders tried here).
 
 Method (a heuristic on the graph itself, no chain; exact on small candidate sets). Every set ``S``
-is judged by the simulator as it is and with the forward waits the simulator derives at the
+is judged by the simulator at each prefetch depth of ``prefetch_depths`` (``Plan.offload_prefetch_depth``:
+how many storages backward fetches ahead of their first use; deeper hides more of each copy
+behind compute and reserves more memory), as it is and with the forward waits the simulator derives at the
 budget (``offload_wait_limit_bytes``: before a node that would lift the level above the budget,
 wait for the fewest pending copies whose completion frees enough); where neither fits, also with
 those derived at 0 (wait for every copy as soon as that frees memory), so that the least peak a
@@ -39,12 +41,15 @@ set reaches is reached at every larger budget.
 
 Options: ``bandwidth_bytes_per_s``, ``offload`` (True, False, ``"auto"``: as the chain offload
 solvers, :func:`~autoremat.solvers.beaumont.offload_flag`), ``prefix_grid``,
-``exhaustive_up_to``, ``chain_seeds``, ``waits`` (judge sets with derived forward waits too).
+``exhaustive_up_to``, ``chain_seeds``, ``waits`` (judge sets with derived forward waits too),
+``prefetch_depths`` (default ``(1, 2, 4)``).
 
-Time: O(n) per simulation; at most ``2 (3 g + 4 step + |C|)`` simulations for ``g =
-prefix_grid`` (plus ``2^(|C|+1)`` when exhaustive) and the chain solvers' own time. Space O(n).
-Limitations: the set search is a heuristic; waits are derived by one rule (wait for the fewest
-copies at the node that would exceed the budget), not searched; prefetches go one ahead.
+Time: O(n) per simulation; at most ``3 d (3 g + 4 step + |C|)`` simulations for ``g =
+prefix_grid`` and ``d`` depths (plus ``3 d 2^|C|`` when exhaustive) and the chain solvers' own
+time. Space O(n). Limitations: the set search is a heuristic; waits are derived by one rule (wait
+for the fewest copies at the node that would exceed the budget), not searched; the prefetch depth
+is one per plan (not a schedule that prefetches as early as memory allows, the paper's no-wait
+policy). How far a plan is from any offload plan's best: :mod:`autoremat.solvers.evaluation.offload_bound`.
 """
 
 from __future__ import annotations
@@ -81,6 +86,8 @@ class OffloadDagConfig(SolverConfig):
     chain_seeds: tuple[str, ...] = field(default=("offload-greedy", "offload-dp"), metadata={
         "help": "Beaumont chain solvers whose offload sets are judged too"})
     waits: bool = field(default=True, metadata={"help": "judge every set with derived forward waits too"})
+    prefetch_depths: tuple[int, ...] = field(default=(1, 2, 4), metadata={
+        "help": "prefetch depths (storages fetched ahead of their first backward use) every set is judged at"})
 
 
 @dataclass
@@ -90,35 +97,42 @@ class _Judged:
     nodes: tuple[int, ...]
     waits: dict[int, int]
     offloaded: int
+    depth: int = 1
 
 
 class OffloadSearch:
     """Offload sets on one base plan, judged by the simulator at one budget (memoised)."""
 
-    def __init__(self, graph: Graph, base: Plan, budget: int, bandwidth: float, waits: bool = True) -> None:
+    def __init__(self, graph: Graph, base: Plan, budget: int, bandwidth: float, waits: bool = True,
+                 depths: Sequence[int] = (1,)) -> None:
         self.graph, self.base, self.budget, self.bandwidth, self.with_waits = graph, base, budget, bandwidth, waits
+        self.depths = tuple(sorted({max(1, int(d)) for d in depths} or {1}))
         self.seen: dict[tuple[int, ...], _Judged] = {}
         self.least_peak: int | None = None
 
     def judge(self, nodes: Iterable[int]) -> _Judged:
         """The better (fits first, then faster) of ``nodes`` without waits, with the waits derived
-        at the budget and, when neither fits, with those derived at 0 (wait for every copy)."""
+        at the budget and, when neither fits, with those derived at 0 (wait for every copy), at
+        each prefetch depth of ``depths``."""
         key = tuple(sorted(set(nodes)))
         if key in self.seen:
             return self.seen[key]
-        plan = self._plan(key, {})
         options = [None, self.budget, 0] if (self.with_waits and key) else [None]
         best: _Judged | None = None
-        for limit in options:
-            if limit == 0 and best is not None and best.peak <= self.budget:
-                break  # waiting for every copy only pays where nothing else fits
-            sim = simulate(self.graph, plan, check=False, record=False, bandwidth_bytes_per_s=self.bandwidth,
-                           offload_wait_limit_bytes=limit)
-            j = _Judged(sim.peak_bytes, sim.extra_time_s, key, sim.offload_waits if limit is not None else {},
-                        sim.offloaded_bytes)
-            self.least_peak = j.peak if self.least_peak is None else min(self.least_peak, j.peak)
-            if best is None or self._better(j, best):
-                best = j
+        for depth in self.depths if key else (1,):
+            plan = self._plan(key, {}, depth)
+            fits_here = False
+            for limit in options:
+                if limit == 0 and fits_here:
+                    break  # waiting for every copy only pays where nothing else fits
+                sim = simulate(self.graph, plan, check=False, record=False, bandwidth_bytes_per_s=self.bandwidth,
+                               offload_wait_limit_bytes=limit)
+                j = _Judged(sim.peak_bytes, sim.extra_time_s, key, sim.offload_waits if limit is not None else {},
+                            sim.offloaded_bytes, depth)
+                fits_here = fits_here or j.peak <= self.budget
+                self.least_peak = j.peak if self.least_peak is None else min(self.least_peak, j.peak)
+                if best is None or self._better(j, best):
+                    best = j
         assert best is not None
         self.seen[key] = best
         return best
@@ -128,19 +142,20 @@ class OffloadSearch:
         if fa != fb:
             return fa
         if fa:
-            return (a.time, a.offloaded, len(a.waits)) < (b.time, b.offloaded, len(b.waits))
-        return a.peak < b.peak
+            return (a.time, a.offloaded, len(a.waits), a.depth) < (b.time, b.offloaded, len(b.waits), b.depth)
+        return (a.peak, a.depth) < (b.peak, b.depth)
 
-    def _plan(self, nodes: tuple[int, ...], waits: dict[int, int]) -> Plan:
+    def _plan(self, nodes: tuple[int, ...], waits: dict[int, int], depth: int = 1) -> Plan:
         return Plan(list(self.base.segments), solver=self.base.solver, options=dict(self.base.options),
-                    offload=nodes, offload_waits=dict(waits), replay_tails=dict(self.base.replay_tails))
+                    offload=nodes, offload_waits=dict(waits), replay_tails=dict(self.base.replay_tails),
+                    offload_prefetch_depth=depth)
 
     def best(self) -> _Judged | None:
         fits = [j for j in self.seen.values() if j.peak <= self.budget]
-        return min(fits, key=lambda j: (j.time, j.offloaded, len(j.waits), j.nodes)) if fits else None
+        return min(fits, key=lambda j: (j.time, j.offloaded, len(j.waits), j.depth, j.nodes)) if fits else None
 
     def plan_of(self, j: _Judged) -> Plan:
-        return self._plan(j.nodes, j.waits)
+        return self._plan(j.nodes, j.waits, j.depth)
 
     # ------------------------------------------------------------------ searches
     def prefixes(self, order: Sequence[int], grid: int) -> None:
@@ -271,7 +286,10 @@ def solve_offload_dag(graph: Graph, budget_bytes: int, *,
     allow = offload_flag(graph, cfg)
     budget = int(budget_bytes)
     base = no_recompute_plan(graph)
-    search = OffloadSearch(graph, base, budget, bandwidth, waits=bool(cfg["waits"]))
+    depths = cfg["prefetch_depths"]
+    if not depths or any(isinstance(d, bool) or not isinstance(d, int) or d < 1 for d in depths):
+        raise ValueError(f"prefetch_depths={depths!r} must be a non-empty tuple of ints >= 1")
+    search = OffloadSearch(graph, base, budget, bandwidth, waits=bool(cfg["waits"]), depths=depths)
     vanilla = search.judge(())
     opts: dict[str, Any] = {"bandwidth_bytes_per_s": bandwidth, "offload_allowed": allow}
     if vanilla.peak <= budget:
