@@ -379,8 +379,8 @@ def timing_noise(samples: Iterable[Sequence[float]]) -> float:
 
     Interference only ever slows an op down, so the fastest repeat is the best estimate of its
     own time and what a median holds above it is noise. Measured on the development machine
-    (x86_64, 2 cores, CPU only, CPU-size ResNet-50 and DenseNet-121, 3 repeats): 0.52-0.95 in
-    31 captures while other processes kept both cores busy (load average 1-16); not measured
+    (x86_64, 2 cores, CPU only, CPU-size ResNet-50 and DenseNet-121, 3 repeats): 0.11-0.95 in
+    36 captures while other processes kept both cores busy (load average 1-16); not measured
     on an idle machine (the synthetic quiet captures of ``tests/solvers/test_stable.py``, 5 %
     jitter, give 0.04)
     (:mod:`autoremat.solvers.stable` keeps the reference plan within this share of the step).

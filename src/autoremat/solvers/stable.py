@@ -42,7 +42,7 @@ In the ResNet-50 capture whose measured plan won (by 25 % of the step), the firs
 median forward was 37.7 ms against 0.48 ms in a quiet capture (78x: slow in most repeats, so
 the median kept it) and seven backward times were 18-430x, while the median node was 1.10x.
 One capture cannot tell such interference from a real cost, but its repeats show it: the timing
-noise of 31 loaded captures was 0.52-0.95, so the plan they prefer must be that much faster,
+noise of 36 loaded captures was 0.11-0.95 (30 of them over 0.5), so the plan they prefer must be that much faster,
 and the reference plan is kept (with it, ten captures each under a load average of 13-14 gave
 one plan per model, where the 5 % rule alone gave 1 and 4; see ``CHANGELOG.md``). A capture on
 a quiet machine (noise of a few per cent; not measured idle, the machine stayed loaded) still
