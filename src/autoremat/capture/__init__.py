@@ -41,7 +41,8 @@ from .module import module_fingerprint, profile_modules
 from .signature import input_signature, tensor_signature
 from .scaled import CaptureDoesNotFitError, capture_within
 
-__all__ = ["capture", "capture_within", "CaptureDoesNotFitError", "CAPTURE_MODES", "TIMES", "resolve_times", "timing_noise",
+__all__ = ["capture", "capture_within", "CaptureDoesNotFitError", "CAPTURE_MODES", "TIMES", "resolve_times",
+           "timing_noise",
            "estimate_time", "DEFAULT_FLOPS_PER_S", "DEFAULT_BYTES_PER_S"]
 
 logger = logging.getLogger(__name__)

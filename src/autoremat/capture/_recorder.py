@@ -25,7 +25,8 @@ from .._fsdp import original_class
 from ..measure import LiveStorageCounter, _flatten
 from .inplace import MutationLog
 
-__all__ = ["NodeRecord", "Recorder", "Timer", "timing_noise", "paused_gc", "preserved_state", "classify_module", "classify_function"]
+__all__ = ["NodeRecord", "Recorder", "Timer", "timing_noise", "paused_gc", "preserved_state", "classify_module",
+           "classify_function"]
 
 
 @dataclass

@@ -42,8 +42,8 @@ In the ResNet-50 capture whose measured plan won (by 25 % of the step), the firs
 median forward was 37.7 ms against 0.48 ms in a quiet capture (78x: slow in most repeats, so
 the median kept it) and seven backward times were 18-430x, while the median node was 1.10x.
 One capture cannot tell such interference from a real cost, but its repeats show it: the timing
-noise of 36 loaded captures was 0.11-0.95 (30 of them over 0.5), so the plan they prefer must be that much faster,
-and the reference plan is kept (with it, ten captures each under a load average of 13-14 gave
+noise of 36 loaded captures was 0.11-0.95 (30 of them over 0.5), so the plan they prefer
+must be that much faster, and the reference plan is kept (with it, ten captures each under a load average of 13-14 gave
 one plan per model, where the 5 % rule alone gave 1 and 4; see ``CHANGELOG.md``). A capture on
 a quiet machine (noise of a few per cent; not measured idle, the machine stayed loaded) still
 picks a measured plan that is really faster (``tests/solvers/test_stable.py``).
@@ -91,8 +91,8 @@ def reference_graph(graph: Graph) -> Graph:
 def stable_plan(graph: Graph, measured: Plan, solve_bytes: Callable[[Graph], Plan],
                 finalize: Callable[[Plan], Plan], tolerance: float) -> Plan:
     """The reference plan where the measured plan is not faster by more than ``tolerance`` (or
-    the graph's ``time_noise``, if larger) of the step time, else ``measured`` (module docstring). ``solve_bytes(g)`` solves ``g`` at the
-    budget ``measured`` was solved at; ``finalize(plan)`` stamps a plan's predictions on ``graph``."""
+    the graph's ``time_noise``, if larger) of the step time, else ``measured`` (module docstring).
+    ``solve_bytes(g)`` solves ``g`` at the budget ``measured`` was solved at; ``finalize(plan)`` stamps a plan's predictions on ``graph``."""
     if not (isinstance(tolerance, (int, float)) and not isinstance(tolerance, bool) and 0 <= tolerance < 1):
         raise ValueError(f"noise_tolerance={tolerance!r} must be a fraction in [0, 1) of the step time "
                          f"(default {DEFAULT_NOISE_TOLERANCE}; 0 keeps the fastest measured plan)")
