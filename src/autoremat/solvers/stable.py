@@ -92,7 +92,8 @@ def stable_plan(graph: Graph, measured: Plan, solve_bytes: Callable[[Graph], Pla
                 finalize: Callable[[Plan], Plan], tolerance: float) -> Plan:
     """The reference plan where the measured plan is not faster by more than ``tolerance`` (or
     the graph's ``time_noise``, if larger) of the step time, else ``measured`` (module docstring).
-    ``solve_bytes(g)`` solves ``g`` at the budget ``measured`` was solved at; ``finalize(plan)`` stamps a plan's predictions on ``graph``."""
+    ``solve_bytes(g)`` solves ``g`` at the budget ``measured`` was solved at; ``finalize(plan)``
+    stamps a plan's predictions on ``graph``."""
     if not (isinstance(tolerance, (int, float)) and not isinstance(tolerance, bool) and 0 <= tolerance < 1):
         raise ValueError(f"noise_tolerance={tolerance!r} must be a fraction in [0, 1) of the step time "
                          f"(default {DEFAULT_NOISE_TOLERANCE}; 0 keeps the fastest measured plan)")
