@@ -162,11 +162,13 @@ def test_cpu_node_times_cover_only_the_op_call(monkeypatch: pytest.MonkeyPatch) 
     x = torch.randn(4, 8)
     monkeypatch.setattr(torch.fx.Interpreter, "fetch_args_kwargs_from_env", slow_args)
     monkeypatch.setattr(torch.fx.Interpreter, "fetch_attr", slow_attr)
-    g = autoremat.capture(model, (x,), mode="fx", repeats=1, warmup=0)
+    g = autoremat.capture(model, (x,), mode="fx", repeats=3, warmup=0)
     names = [g.node(v)["name"] for v in g.nodes]
     assert names == ["lin", "tanh", "view", "sum_1"]  # call_module, call_function, call_method
     times = [g.node(v)["time_s"] for v in g.nodes]
-    assert all(0 < t < delay / 2 for t in times), dict(zip(names, times))
+    # a node time holding the interpreter's work is >= delay in every repeat; the op alone is far
+    # below it (a median of 3, so one preempted repeat on a loaded machine does not reach it)
+    assert all(0 < t < delay for t in times), dict(zip(names, times))
 
 
 class _NoGradStats(nn.Module):

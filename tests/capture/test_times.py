@@ -49,3 +49,25 @@ def test_capture_within_with_flop_times_runs_no_real_step(monkeypatch: pytest.Mo
     assert g.fingerprint == plain.fingerprint and _times(g) == _times(plain)
     assert g.meta["device"] == "cpu" and g.meta["inputs"][0]["device"] == "cpu"
     autoremat.check_inputs(autoremat.solve(g, "60%"), inputs)  # the real batch matches the plan
+
+
+def test_timing_noise_is_the_share_of_the_medians_above_the_fastest_repeat() -> None:
+    from autoremat.capture import timing_noise
+
+    assert timing_noise([]) == 0.0 and timing_noise([[], []]) == 0.0
+    assert timing_noise([[2.0]]) == 0.0  # one repeat: no information
+    assert timing_noise([[1.0, 1.0, 1.0], [3.0, 3.0, 3.0]]) == 0.0
+    assert timing_noise([[1.0, 2.0, 3.0]]) == pytest.approx(0.5)  # median 2, fastest 1
+    assert timing_noise([[1.0, 2.0, 3.0], [4.0, 4.0, 4.0]]) == pytest.approx(1.0 / 6.0)
+    assert 0.0 <= timing_noise([[1e-6, 1.0, 2.0]]) < 1.0
+
+
+def test_measured_captures_record_their_timing_noise() -> None:
+    model, inputs = autoremat.zoo.build("mlp", size="small")
+    for mode in ("fx", "module"):
+        g = autoremat.capture(model, inputs, mode=mode)
+        assert 0.0 <= g.meta["time_noise"] < 1.0, mode
+        assert autoremat.Graph.from_json(g.to_json()).meta["time_noise"] == g.meta["time_noise"]
+    one = autoremat.capture(model, inputs, repeats=1)
+    assert one.meta["time_noise"] == 0.0
+    assert "time_noise" not in autoremat.capture(model, inputs, times="flops").meta

@@ -5,11 +5,13 @@ from __future__ import annotations
 
 import math
 import random
+import statistics
 
 import pytest
 
 import autoremat
 from autoremat import Graph, solve
+from autoremat.capture import timing_noise
 from autoremat.solvers.stable import DEFAULT_NOISE_TOLERANCE, is_measured, reference_graph
 
 
@@ -56,11 +58,83 @@ def test_noisy_captures_give_one_plan(cpu_like: Graph) -> None:
     assert plan.predicted_extra_time_s == pytest.approx(autoremat.simulate(captures[0], plan).extra_time_s)
 
 
-def test_a_plan_clearly_faster_on_the_measured_times_wins() -> None:
-    # two equal branches: the reference costs pick one to recompute; make that one 10x slower
+def _captured(g: Graph, seed: int, *, loaded: bool, stuck: dict[int, float] | None = None,
+              repeats: int = 3) -> Graph:
+    """``g`` as a capture sees it (median of ``repeats`` timed steps, ``time_noise`` from them),
+    seeded: a 5 % jitter on a quiet machine; on a loaded one (what the issue's target met on the
+    shared 2-core machine) also each time of each repeat slowed 5-100x with probability 0.2, and
+    the nodes of ``stuck`` slowed by their factor in every repeat (there: the first convolution's
+    forward, 78x in most repeats)."""
+    rng = random.Random(seed)
+    out, samples = g.copy(), []
+    for v in out.nodes:
+        for attr in ("time_s", "bwd_time_s"):
+            xs = []
+            for _ in range(repeats):
+                x = g.node(v)[attr] * math.exp(rng.gauss(0, 0.05))
+                if loaded and rng.random() < 0.2:
+                    x *= rng.uniform(5, 100)
+                if attr == "time_s" and v in (stuck or {}):
+                    x *= stuck[v]
+                xs.append(x)
+            out.node(v)[attr] = statistics.median(xs)
+            samples.append(xs)
+    out.meta["time_noise"] = timing_noise(samples)
+    return out
+
+
+@pytest.fixture(scope="module")
+def quiet_plan(cpu_like: Graph) -> autoremat.Plan:
+    return solve(_captured(cpu_like, 0, loaded=False), "50%")
+
+
+def test_loaded_captures_give_the_quiet_plan(cpu_like: Graph, quiet_plan: autoremat.Plan) -> None:
+    """The issue-25 target on synthetic captures of a zoo graph: captures under load, one with
+    the recomputed nodes slowed in every repeat, give the plan a quiet capture gives,
+    because their own timing noise is larger than what the measured plans gain; with the 5 %
+    tolerance alone (the rule that failed on the shared machine) that capture's measured plan,
+    predicted faster by more than 5 % of the step, would have been taken instead."""
+    # interference that stays on the nodes the quiet plan recomputes, 10x in every repeat (there:
+    # the first convolution's forward 78x), looks like a real change (see the next test)
+    stuck = dict.fromkeys(quiet_plan.recomputed_nodes, 10.0)
+    captures = [_captured(cpu_like, seed, loaded=True, stuck=stuck if seed == 0 else None) for seed in range(3)]
+    assert all(g.meta["time_noise"] > 0.3 for g in captures)
+    plans = [solve(g, "50%") for g in captures]
+    assert {_key(p) for p in plans} == {_key(quiet_plan)}
+    assert all(p.options["stability"]["chosen"] == "reference" for p in plans)
+    assert plans[0].options["stability"]["time_noise"] == round(captures[0].meta["time_noise"], 6)
+    assert plans[0].options["stability"]["measured_plan_faster_by"] > DEFAULT_NOISE_TOLERANCE
+    assert quiet_plan.options["stability"]["time_noise"] < DEFAULT_NOISE_TOLERANCE
+
+
+def _two_branches() -> Graph:
     edges = [(0, 1), (1, 2), (2, 3), (3, 4), (4, 5), (5, 11), (0, 6), (6, 7), (7, 8), (8, 9), (9, 10), (10, 11)]
     g = Graph.from_edges(12, edges, out_bytes=[1000] * 12)
     g.meta["time_source"] = "perf_counter"
+    return g
+
+
+def test_a_real_change_of_times_changes_the_plan_of_quiet_captures() -> None:
+    """The other direction: the branch the quiet plan recomputes really 10x slower (every
+    repeat), captured quietly twice: the other branch is recomputed, in both captures. (On the
+    ResNet-50 graph at 50 % the budget leaves no plan much faster than the reference one: 10-30x
+    on its recomputed nodes moved the best plan by under 4 % of the step.)"""
+    g = _two_branches()
+    quiet = solve(_captured(g, 0, loaded=False), 0.8)
+    assert quiet.options["stability"]["chosen"] == "reference"
+    for v in quiet.recomputed_nodes:
+        g.node(v)["time_s"] *= 10
+    plans = [solve(_captured(g, seed, loaded=False), 0.8) for seed in range(2)]
+    assert {p.options["stability"]["chosen"] for p in plans} == {"measured"}
+    assert len({_key(p) for p in plans}) == 1
+    assert not plans[0].recomputed_nodes & quiet.recomputed_nodes - {0}
+    gain = plans[0].options["stability"]["measured_plan_faster_by"]
+    assert gain > max(DEFAULT_NOISE_TOLERANCE, plans[0].options["stability"]["time_noise"])
+
+
+def test_a_plan_clearly_faster_on_the_measured_times_wins() -> None:
+    # two equal branches: the reference costs pick one to recompute; make that one 10x slower
+    g = _two_branches()
     ref = solve(g, 0.8)
     assert ref.options["stability"]["chosen"] == "reference"
     for v in ref.recomputed_nodes:

@@ -12,7 +12,8 @@ dtypes of parameters and buffers (``tensors``) and of the example batch (``input
 
 Times (``times=``, default ``"measured"``, or the ``AUTOREMAT_TIMES`` environment variable):
 ``"measured"``: CUDA events on a GPU, ``perf_counter`` on the CPU (median of ``repeats`` steps
-after ``warmup``); ``"flops"``: deterministic, from ``torch.utils.flop_counter`` FLOPs and bytes
+after ``warmup``; ``graph.meta["time_noise"]`` records how much of the medians is interference,
+:func:`timing_noise`); ``"flops"``: deterministic, from ``torch.utils.flop_counter`` FLOPs and bytes
 moved (see :func:`estimate_time`; no timing steps run), so that two captures give the same
 graph and the same plan, e.g. for planning in CI. On the meta device nothing is allocated or run
 for real and times are always FLOP-based. The backward time of a FLOP-timed node is taken as
@@ -33,7 +34,7 @@ from .._compiled import uncompiled
 from ..graph import Graph
 from ..measure import default_loss
 from ..resident import device_of, resident_bytes
-from ._recorder import NodeRecord, Recorder, preserved_state, tensors_in
+from ._recorder import NodeRecord, Recorder, preserved_state, tensors_in, timing_noise
 from .fx import fx_fingerprint, profile_fx, records_from_fx, trace
 from .blocks import BLOCK_MODES
 from .module import module_fingerprint, profile_modules
@@ -41,6 +42,7 @@ from .signature import input_signature, tensor_signature
 from .scaled import CaptureDoesNotFitError, capture_within
 
 __all__ = ["capture", "capture_within", "CaptureDoesNotFitError", "CAPTURE_MODES", "TIMES", "resolve_times",
+           "timing_noise",
            "estimate_time", "DEFAULT_FLOPS_PER_S", "DEFAULT_BYTES_PER_S"]
 
 logger = logging.getLogger(__name__)
@@ -180,6 +182,8 @@ def _capture(
         "out_of_place": list(gm.meta.get("autoremat_out_of_place", ())) if gm is not None else [],
         "pinned_by_mutation": dict(rec.pinned),
     }
+    if rec.time_noise is not None:  # measured times: how much of them is interference (solvers.stable)
+        meta["time_noise"] = round(float(rec.time_noise), 6)
     if getattr(rec, "call_op_start", None) is not None:  # blocks captured op by op
         meta.update(blocks="ops", call_op_start=dict(rec.call_op_start), pinned_regions=list(rec.pinned_regions))
     return _to_graph(rec, meta)

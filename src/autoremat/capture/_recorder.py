@@ -15,7 +15,7 @@ import gc
 import statistics
 import time
 import weakref
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -26,7 +26,8 @@ from .._fsdp import original_class
 from ..measure import LiveStorageCounter, _flatten
 from .inplace import MutationLog
 
-__all__ = ["NodeRecord", "Recorder", "Timer", "paused_gc", "preserved_state", "classify_module", "classify_function"]
+__all__ = ["NodeRecord", "Recorder", "Timer", "timing_noise", "paused_gc", "preserved_state", "classify_module",
+           "classify_function"]
 
 
 @dataclass
@@ -116,6 +117,7 @@ class Recorder:
         self.on_pack: Callable[[int | str | None, int, int], None] | None = None
         self.succs: dict[int, list[int]] = {}
         self.pinned: dict[str, str] = {}
+        self.time_noise: float | None = None  # timing_noise of the timed steps (None: not timed)
         """Nodes made non-recomputable because an input was written in place: name -> writer."""
         self.mutations = MutationLog(lambda: self.current, lambda v: bool(self.nodes[v].module_path))
 
@@ -364,10 +366,10 @@ class Timer:
 
     def run_steps(self, module: nn.Module, forward: Callable[[], Any], loss_fn: Callable[[Any], torch.Tensor],
                   warmup: int, repeats: int, before_step: Callable[[], None] = lambda: None
-                  ) -> tuple[list[float], list[float]]:
+                  ) -> tuple[list[float], list[float], float]:
         """Time ``warmup + repeats`` steps of ``forward()`` and its loss's backward (each from no
-        gradients, as the recorded step; the collector paused) and return the medians of the
-        last ``repeats``."""
+        gradients, as the recorded step; the collector paused): the medians of the last
+        ``repeats`` and their :meth:`noise`."""
         with paused_gc():
             for i in range(warmup + repeats):
                 module.zero_grad(set_to_none=True)
@@ -381,12 +383,38 @@ class Timer:
                 if i < warmup:
                     self.fwd = [[] for _ in range(self.n)]
                     self.bwd = [[] for _ in range(self.n)]
-        return self.medians()
+        return (*self.medians(), self.noise())
 
     def medians(self) -> tuple[list[float], list[float]]:
         f = [statistics.median(x) if x else 0.0 for x in self.fwd]
         b = [statistics.median(x) if x else 0.0 for x in self.bwd]
         return f, b
+
+    def noise(self) -> float:
+        """:func:`timing_noise` of every node's forward and backward repeats."""
+        return timing_noise(self.fwd + self.bwd)
+
+
+def timing_noise(samples: Iterable[Sequence[float]]) -> float:
+    """The share of the median times that lies above each time's fastest repeat:
+    ``sum(median - min) / sum(median)`` over every timed quantity (a node's forward or backward),
+    in ``[0, 1)``; 0 with one repeat or no time.
+
+    Interference only ever slows an op down, so the fastest repeat is the best estimate of its
+    own time and what a median holds above it is noise. Measured on the development machine
+    (x86_64, 2 cores, CPU only, CPU-size ResNet-50 and DenseNet-121, 3 repeats): 0.11-0.95 in
+    36 captures while other processes kept both cores busy (load average 1-16); not measured
+    on an idle machine (the synthetic quiet captures of ``tests/solvers/test_stable.py``, 5 %
+    jitter, give 0.04)
+    (:mod:`autoremat.solvers.stable` keeps the reference plan within this share of the step).
+    """
+    med = spread = 0.0
+    for xs in samples:
+        if xs:
+            m = statistics.median(xs)
+            med += m
+            spread += m - min(xs)
+    return spread / med if med > 0 else 0.0
 
 
 @contextlib.contextmanager

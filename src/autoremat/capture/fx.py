@@ -191,7 +191,7 @@ def profile_fx(
     if time_fn is not None:
         time_fn(recs)
         return rec
-    fwd, bwd = time_fx(gm, args, kwargs, loss_fn, repeats=repeats, warmup=warmup, device=device)
+    fwd, bwd, rec.time_noise = time_fx(gm, args, kwargs, loss_fn, repeats=repeats, warmup=warmup, device=device)
     for r, f, b in zip(recs, fwd, bwd):
         r.time_s, r.bwd_time_s = f, b
     return rec
@@ -206,8 +206,9 @@ def time_fx(
     repeats: int,
     warmup: int,
     device: torch.device,
-) -> tuple[list[float], list[float]]:
-    """Median forward and backward time of every node over ``repeats`` steps after ``warmup``."""
+) -> tuple[list[float], list[float], float]:
+    """Median forward and backward time of every node over ``repeats`` steps after ``warmup``, and
+    the :func:`~autoremat.capture._recorder.timing_noise` of those steps."""
     n = len(fx_ops(gm))
     timer = Timer(n, device)
     tinterp = _Interp(gm, timer)

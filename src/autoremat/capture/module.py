@@ -329,7 +329,7 @@ def profile_modules(
         return rec
     n, calls = len(rec.nodes), 0 if scopes is None else len(scopes.block_calls)
     order = [v if v >= 0 else n - 1 - v for v in rec.call_order]  # block call j: pseudo node n + j
-    fwd, bwd = time_modules(model, order, n + calls, args, kwargs, loss_fn, repeats=repeats,
+    fwd, bwd, rec.time_noise = time_modules(model, order, n + calls, args, kwargs, loss_fn, repeats=repeats,
                             warmup=warmup, device=device)
     for r, f, b in zip(rec.nodes, fwd, bwd):
         r.time_s, r.bwd_time_s = f, b
@@ -393,8 +393,9 @@ def time_modules(
     repeats: int,
     warmup: int,
     device: torch.device,
-) -> tuple[list[float], list[float]]:
-    """Median forward and backward time of the ``n`` nodes over ``repeats`` steps after ``warmup``;
+) -> tuple[list[float], list[float], float]:
+    """Median forward and backward time of the ``n`` nodes over ``repeats`` steps after ``warmup``
+    and their :func:`~autoremat.capture._recorder.timing_noise`;
     ``order`` lists the node of each top-level node-module call of a step, in call order."""
     timer = Timer(n, device)
     mods = node_modules(model)

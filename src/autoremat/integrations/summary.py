@@ -42,7 +42,8 @@ def summarise(plan: Plan, graph: Graph | None, *, step_budget: int | None, resid
         "least_budget_bytes": least, "unoptimised_peak_bytes": vanilla, "predicted_peak_bytes": predicted,
         "measured_peak_bytes": measured,
         "predicted_overhead": None if extra is None or not step else extra / max(step, 1e-12),
-        "stability": stability.get("chosen"), "stability_tolerance": stability.get("tolerance"),
+        "stability": stability.get("chosen"),
+        "stability_tolerance": max(stability.get("tolerance") or 0.0, stability.get("time_noise") or 0.0) or None,
         "batch_size_before": batch_before, "batch_size_after": batch_after,
         "batch_size_not_raised": not_raised,
     }

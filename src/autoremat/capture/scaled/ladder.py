@@ -47,14 +47,15 @@ def _timed_copy(model: nn.Module, gm: torch.fx.GraphModule | None, args: tuple, 
     timing = dict(repeats=opts["repeats"], warmup=opts["warmup"], device=device)
     with preserved_state(model, [device]):
         if gm is not None:
-            fwd, bwd = time_fx(gm, args, kwargs, loss, **timing)
+            fwd, bwd, noise = time_fx(gm, args, kwargs, loss, **timing)
         else:
             order = [v for v in base.nodes if base.node(v)["kind"] != "glue"]
-            fwd, bwd = time_modules(model, order, len(base), args, kwargs, loss, **timing)
+            fwd, bwd, noise = time_modules(model, order, len(base), args, kwargs, loss, **timing)
     g = base.copy()
     for v, f, b in zip(g.nodes, fwd, bwd):
         g.node(v)["time_s"], g.node(v)["bwd_time_s"] = float(f), float(b)
     g.meta["time_source"] = "cuda-events" if device.type == "cuda" else "perf_counter"
+    g.meta["time_noise"] = round(float(noise), 6)
     return g
 
 
@@ -209,6 +210,9 @@ def ladder(model: nn.Module, args: tuple, kwargs: dict, opts: dict, base: Graph 
         replayed[first] = (replayed[first][0], out.node(first)["bwd_time_s"])
     out = with_workspace(with_times(out, replayed), workspace)
     out.meta["time_source"] = f"{hi.meta['time_source']}, scaled"
+    noises = [c.meta["time_noise"] for c in (lo, hi) if c.meta.get("time_noise") is not None]
+    if noises:  # the noisier of the two timed sizes (solvers.stable)
+        out.meta["time_noise"] = max(noises)
     out.meta["input_bytes"] = input_bytes(args, kwargs)
     out.meta["resident_bytes"] = int(sum(out.meta["param_bytes"].values()) + out.meta["input_bytes"]
                                      + sum(b.numel() * b.element_size() for b in model.buffers()))
