@@ -1,7 +1,7 @@
 """The patched model is the user's model (issue 29): same outputs, gradients, buffers and RNG
 stream as the unpatched model in every mode, or a clear refusal.
 
-The table (:data:`semantics_cases.CASES`, 43 model kinds) is trained 3 steps, 3 more, evaluated,
+The table (:data:`semantics_cases.CASES`, 56 model kinds) is trained 3 steps, 3 more, evaluated,
 trained again (after a change of Python state where the kind has one), run on a smaller batch in
 training and eval and under ``no_grad``, patched and unpatched side by side, at fx and module
 level, under ``none``, ``auto`` at two budgets (``1%``: the least budget, recomputing what it can;
@@ -41,9 +41,11 @@ PLANS = [("none", None, "lean"), ("auto", "1%", "lean"), ("each", None, "torch")
 _PLAN_IDS = ["none", "auto-least", "each-torch", "auto-50%", "chen-20%", "dp-approx-40%", "prefix-lean", "prefix-torch",
              "each-lean"]
 REFUSED_FX = {"counter_buffer": "assigns buffer calls", "self_checkpoint_reentrant": "gradients disabled",
-              "custom_autograd_function": "autograd.Function", "amp_inside_forward": "autocast block inside forward"}
+              "custom_autograd_function": "autograd.Function", "amp_inside_forward": "autocast block inside forward",
+              "fx_tracing_branch": r"is_fx_tracing\(\)"}
 """Kinds an fx capture refuses (``mode='auto'`` captures them at module level, where they are equal)."""
-FALLS_BACK_FX = {"container_branch_changed", "string_attribute_routes"}
+FALLS_BACK_FX = {"container_branch_changed", "string_attribute_routes", "other_object_branch_changed",
+                 "global_flag_changed", "closure_flag_changed", "class_default_branch_overridden"}
 """Kinds whose state change makes the model trace to other ops: the patched model runs its own
 forward from then on, with one :class:`StateGuardWarning`."""
 
