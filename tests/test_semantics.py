@@ -490,6 +490,9 @@ def test_state_changing_on_every_call_stops_retracing_and_names_it(monkeypatch: 
 
 
 def test_a_large_container_is_guarded_by_identity_and_length() -> None:
+    """Over :data:`MAX_LEAVES` values: a new object or length re-traces; a value changed in place
+    is not seen, which ``apply`` says once (``UnguardedStateWarning``, naming the attribute)."""
+    from autoremat.runtime import UnguardedStateWarning
     from autoremat.runtime.guard import MAX_LEAVES
 
     class Vocab(nn.Module):
@@ -504,9 +507,11 @@ def test_a_large_container_is_guarded_by_identity_and_length() -> None:
     ref = Vocab()
     model = copy.deepcopy(ref)
     x = _x(8, W)
-    _patched(model, (x,), "each")
-    _equal_steps(ref, model, x, lambda m: setattr(m, "table", {**m.table, 3: 5.0}))  # a new dict: re-traced
-    _equal_steps(ref, model, x, lambda m: m.table.__setitem__(MAX_LEAVES + 20, 1.0))  # grew: re-traced
+    with pytest.warns(UnguardedStateWarning, match=r"reads table, holding more than 512 values") as said:
+        _patched(model, (x,), "each")
+        _equal_steps(ref, model, x, lambda m: setattr(m, "table", {**m.table, 3: 5.0}))  # a new dict: re-traced
+        _equal_steps(ref, model, x, lambda m: m.table.__setitem__(MAX_LEAVES + 20, 1.0))  # grew: re-traced
+    assert len([w for w in said if issubclass(w.category, UnguardedStateWarning)]) == 1
     assert len(model.__dict__["_autoremat_patch"].installed._variants) == 2
 
 
@@ -630,3 +635,81 @@ def test_a_forward_that_asks_for_the_autocast_state_is_guarded_on_it() -> None:
         assert any(issubclass(w.category, StateGuardWarning) and "autocast state" in str(w.message)
                    for w in seen) == warns
         assert len(model.__dict__["_autoremat_patch"].installed._variants) == int(warns)
+
+
+class _AsksHowItRuns(nn.Module):
+    """Runs other ops under ``torch.compile`` / ``torch.jit.trace`` than in eager (both false
+    while fx traces); ``via``: how it asks (an attribute chain, or a name imported into globals)."""
+
+    def __init__(self, via: str) -> None:
+        super().__init__()
+        self.a, self.b = nn.Linear(W, W), nn.Linear(W, W)
+        self.via = via
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = torch.tanh(self.a(x))
+        if self.via == "compile" and torch.compiler.is_compiling():
+            h = h * 2.0
+        if self.via == "jit" and torch.jit.is_tracing():
+            h = h * 3.0
+        return self.b(h)
+
+
+def _compiled_grads(model: nn.Module, x: torch.Tensor) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    out = torch.compile(model, backend="eager")(x)
+    out.sin().mean().backward()
+    return out.detach(), {n: p.grad for n, p in model.named_parameters()}
+
+
+def test_a_branch_on_is_compiling_runs_the_users_forward_under_torch_compile() -> None:
+    """``torch.compiler.is_compiling()`` is false while fx traces: under ``torch.compile`` the
+    patched model runs its own forward (compiled, with its compile branch), with one warning;
+    outputs and gradients equal to the unpatched model compiled the same way. Eager: the plan."""
+    torch._dynamo.reset()
+    torch.manual_seed(0)
+    ref = _AsksHowItRuns("compile")
+    model = copy.deepcopy(ref)
+    x = _x(8, W)
+    _patched(model, (x,), "each")
+    with pytest.warns(StateGuardWarning, match="torch.compile"):
+        got = _compiled_grads(model, x)
+    want = _compiled_grads(ref, x)
+    assert torch.equal(got[0], want[0]) and all(torch.equal(got[1][k], want[1][k]) for k in want[1])
+    assert not torch.equal(got[0], copy.deepcopy(ref)(x))  # the compile branch ran
+    assert model.__dict__["_autoremat_patch"].installed._queries  # the trace saw forward ask
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", StateGuardWarning)
+        _equal_steps(ref, model, x)  # eager, the plan's forward: no warning
+
+
+def test_a_branch_on_jit_is_tracing_runs_the_users_forward_under_jit_trace() -> None:
+    torch.manual_seed(0)
+    ref = _AsksHowItRuns("jit")
+    model = copy.deepcopy(ref)
+    x = _x(8, W)
+    _patched(model, (x,), "each")
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", torch.jit.TracerWarning)
+        with pytest.warns(StateGuardWarning, match="jit.trace"):
+            got = torch.jit.trace(model, (x,), check_trace=False)(x)
+        want = torch.jit.trace(ref, (x,), check_trace=False)(x)
+    assert torch.equal(got, want) and torch.equal(got, ref.b(torch.tanh(ref.a(x)) * 3.0))
+
+
+def test_a_global_bound_to_is_fx_tracing_is_refused_at_fx_level() -> None:
+    """Imported into the module's globals (``from torch.fx._symbolic_trace import is_fx_tracing``),
+    or held in a closure cell (here), the call is found from forward's bytecode; ``mode='auto'``
+    then captures at module level."""
+    class Imported(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.a = nn.Linear(W, W)
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return self.a(x) * (1.0 if tracing() else 2.0)
+
+    tracing = torch.fx._symbolic_trace.is_fx_tracing
+    model, x = Imported(), _x(8, W)
+    with pytest.raises(ValueError, match=r"is_fx_tracing\(\).*mode='module'"):
+        autoremat.capture(model, (x,), mode="fx", repeats=1, warmup=0)
+    assert autoremat.capture(model, (x,), repeats=1, warmup=0).meta["mode"] == "module"

@@ -177,7 +177,10 @@ def _read_function(fn: types.FunctionType, cls: type | None, out: CodeReads, see
                     yield reached
             elif op.opname == "LOAD_DEREF" and code is fn.__code__ and name in cells:
                 cell = cells[name]
-                if id(cell) not in seen_cell:
+                kind = query_kind(getattr(cell, "cell_contents", None))
+                if kind is not None:
+                    out.queries.setdefault(kind, f"closure variable {name} of {where}")
+                elif id(cell) not in seen_cell:
                     seen_cell.add(id(cell))
                     out.cells.append((cell, f"closure variable {name} of {where}"))
                 try:
