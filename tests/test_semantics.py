@@ -713,3 +713,47 @@ def test_a_global_bound_to_is_fx_tracing_is_refused_at_fx_level() -> None:
     with pytest.raises(ValueError, match=r"is_fx_tracing\(\).*mode='module'"):
         autoremat.capture(model, (x,), mode="fx", repeats=1, warmup=0)
     assert autoremat.capture(model, (x,), repeats=1, warmup=0).meta["mode"] == "module"
+
+
+def test_globals_read_through_super_forward_are_guarded() -> None:
+    """A subclass calling ``super().forward``: the parent's code (and the global it reads through a
+    helper) is read too."""
+    import semantics_state as ss
+
+    class Sub(ss.GlobalFlags):
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return super().forward(x) + 1.0
+
+    torch.manual_seed(0)
+    ref = Sub()
+    model = copy.deepcopy(ref)
+    x = _x(8, W)
+    _patched(model, (x,), "each")
+    try:
+        _equal_steps(ref, model, x, ss.change_global_values)
+    finally:
+        ss.reset()
+    assert len(model.__dict__["_autoremat_patch"].installed._variants) == 1  # re-traced once
+
+
+def test_library_objects_forward_reads_are_guarded_by_identity_without_a_warning() -> None:
+    """A logger (its manager holds every logger) is not a config object: identity, no warning."""
+    import logging
+
+    from autoremat.runtime import UnguardedStateWarning
+
+    class Logs(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.a = nn.Linear(W, W)
+            self.log = logging.getLogger("semantics.logs")
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            self.log.debug("forward")
+            return torch.tanh(self.a(x))
+
+    model, x = Logs(), _x(8, W)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", UnguardedStateWarning)
+        _patched(model, (x,), "each")
+        _grads(model, x)

@@ -189,10 +189,13 @@ def _read_function(fn: types.FunctionType, cls: type | None, out: CodeReads, see
                     reached = None
                 if reached is not None:
                     yield reached
-            elif op.opname in ("LOAD_ATTR", "LOAD_METHOD") and cls is not None and isinstance(name, str):
-                reached = _class_function(cls, name)  # self.helper(...): a method of the module's class
-                if reached is not None:
-                    yield reached
+            elif op.opname in ("LOAD_ATTR", "LOAD_METHOD", "LOAD_SUPER_ATTR") and cls is not None \
+                    and isinstance(name, str):
+                # self.helper(...) or super().forward(...): that name's methods along the class's MRO
+                for k in cls.__mro__:
+                    reached = _function(k.__dict__.get(name))
+                    if reached is not None:
+                        yield reached
 
 
 def _add_entry(out: CodeReads, seen: set[tuple[int, str]], table: dict[str, Any], name: str, label: str) -> None:

@@ -19,19 +19,30 @@ the patched forward therefore checks *guards* before each call and decides:
 
   - plain values (``bool``, ``int``, ``float``, ``str``, ``None``) by value, and an attribute
     forward looked up but that did not exist then (``getattr(self, "x", None)``) as ``None``;
-  - containers (``list``, ``tuple``, ``dict``, ``set`` and their subclasses, nested) and
-    config-like objects (dataclass instances, ``SimpleNamespace`` / ``argparse.Namespace``)
+  - containers (``list``, ``tuple``, ``dict``, ``set`` and their subclasses, nested) and plain
+    objects (dataclass instances, namespaces, and any other object with a ``__dict__`` that is
+    not a module, tensor, class or function, nor of a class of torch, the standard library or a
+    training framework: a config object, an object several blocks share)
     by their contents: plain leaves by value, anything else (a tensor in a list, a function)
-    by identity. A container with more than :data:`MAX_LEAVES` leaves is guarded by identity
-    and length only;
+    by identity. One with more than :data:`MAX_LEAVES` leaves is guarded by identity and length
+    only (checking every value on every call would cost more than many forwards): ``apply``
+    says so once, naming it (:class:`UnguardedStateWarning`);
   - tensor attributes (not buffers) by kind only (a tensor, or what replaced it): the generated
     forward reads them at run time (:mod:`autoremat.runtime.buffers`), like buffers;
   - any other object (a function, a module held outside ``_modules``, a device) by identity;
+  - a plain class-level default (``gain = 2.0`` in the class body) by its value, and by whether
+    the instance has set its own since;
 
   the identity of its submodules and parameters (the generated forward holds them: one
   assigned anew, ``model.head = nn.Linear(...)``, re-traces); whether such a module has hooks
   (the root's hooks run in its own ``__call__`` and do not count); whether global module
-  hooks exist; and the autocast state where forward asked for it (``torch.is_autocast_enabled()``);
+  hooks exist; the autocast state where forward asked for it (``torch.is_autocast_enabled()``);
+  and the module globals, attributes of module objects (``config.FLAG``) and closure cells the
+  forward code reads (:mod:`autoremat.capture._code_reads`), valued as attributes are;
+* **the model's own forward** too, with one warning, when forward asked during the trace whether
+  it runs under ``torch.compile`` or ``torch.jit.trace`` (``torch.compiler.is_compiling()``,
+  ``torch.jit.is_tracing()``, false while fx traced) and now it does (a forward that asks
+  ``is_fx_tracing()`` is refused at capture);
 * otherwise a generated forward cached for an earlier state whose guard holds, or **re-trace**
   the model in its new state and, when the traced ops keep their names and edges (the plan still
   maps), build and cache a generated forward with the new trace's guard; when the plan no longer
@@ -43,8 +54,10 @@ the patched forward therefore checks *guards* before each call and decides:
 At most :data:`MAX_VARIANTS` generated forwards are cached per patch. State that changes on
 most calls (a counter forward reads) would re-trace every step: after :data:`MAX_REBUILDS`
 re-traces a new state runs the model's own forward, with the warning naming the attribute that
-keeps changing. Not guarded: attributes of other objects (beyond config-like ones), closures and
-globals forward reads.
+keeps changing. Not guarded: globals read by functions forward reaches other than through a
+global, a closure cell or a method name (see :mod:`autoremat.capture._code_reads`), values inside
+objects or containers over :data:`MAX_LEAVES` leaves (said), and objects without a ``__dict__``
+(``__slots__`` classes, C types) other than by identity.
 """
 
 from __future__ import annotations
@@ -64,7 +77,7 @@ import torch.fx
 from torch import nn
 from torch.nn.modules import module as _module_mod
 
-from ..capture._code_reads import code_reads, traced_through
+from ..capture._code_reads import _foreign, code_reads, traced_through
 from ..capture._tracing import autocast_state
 
 __all__ = ["GuardedForward", "StateGuardWarning", "UnguardedStateWarning", "MAX_VARIANTS", "MAX_REBUILDS", "MAX_LEAVES", "op_structure"]
@@ -140,6 +153,7 @@ def _freeze(value: Any, budget: list[int]) -> Any:
     return _Ident(value)
 
 
+_LIBRARIES = frozenset({"lightning", "pytorch_lightning", "lightning_fabric", "accelerate", "logging", "numpy"})
 _OPAQUE = (nn.Module, torch.Tensor, type, types.ModuleType, types.FunctionType, types.MethodType,
            types.BuiltinFunctionType, functools.partial)
 
@@ -150,7 +164,16 @@ def _by_contents(value: Any) -> bool:
     module, tensor, class, function or module object (by identity)."""
     if isinstance(value, _NAMESPACES) or (dataclasses.is_dataclass(value) and not isinstance(value, type)):
         return True
-    return isinstance(getattr(value, "__dict__", None), dict) and not isinstance(value, _OPAQUE)
+    return (isinstance(getattr(value, "__dict__", None), dict) and not isinstance(value, _OPAQUE)
+            and not _library_class(type(value)))
+
+
+@functools.lru_cache(maxsize=1024)
+def _library_class(cls: type) -> bool:
+    """A class of torch, the standard library or a training framework (a logger, a lock, a
+    trainer): its objects are guarded by identity, not by their attributes."""
+    root = (cls.__module__ or "").split(".")[0]
+    return root in _LIBRARIES or _foreign(root)
 
 
 def freeze(value: Any) -> Any:
