@@ -14,9 +14,12 @@ traceable variant, "module" one with a data-dependent branch). Each run is class
 * ``silent``: ran, and some tensor differs.
 
 Run from the repository root: ``.venv/bin/python benchmarks/semantics_audit.py [--label L]``
-(30-60 s on a loaded 2-core CPU machine); writes ``audit_<label>.json`` and ``audit_<label>.md``
+(1-4 min on a loaded 2-core CPU machine); writes ``audit_<label>.json`` and ``audit_<label>.md``
 under ``benchmarks/results/cpu/semantics_audit/``. The ``before`` results are this script with
-the library of main at 39f4c94 (``PYTHONPATH=<its src>``).
+the library of main at 39f4c94 (``PYTHONPATH=<its src>``); ``after``: the library at the end of
+that work (47 kinds); ``before_state``: the ten kinds of ``tests/semantics_state.py`` (Python
+state outside the modules' attributes: other objects, globals, closure cells, class defaults,
+``is_fx_tracing``) with the library of main at bb8a47f; ``final``: all 57 kinds after guarding them.
 """
 
 from __future__ import annotations

@@ -22,6 +22,7 @@ import autoremat
 from autoremat.plan import Plan, Segment
 
 import semantics_models as sm
+import semantics_state as ss
 
 W = 16
 
@@ -247,7 +248,8 @@ class Blocks(nn.Module):
 @dataclasses.dataclass
 class Case:
     """``autocast``: every forward (capture included) under CPU autocast to bfloat16;
-    ``mutate``: changes Python state of a model (applied to both, before the second training)."""
+    ``mutate``: changes Python state of a model (applied to both, before the second training);
+    ``reset``: puts module-level state (globals, closure cells) back before capture and each run."""
 
     name: str
     make: Callable[[], nn.Module]
@@ -256,6 +258,7 @@ class Case:
     modes: tuple[str, ...] = ("fx", "module")
     autocast: bool = False
     mutate: Callable[[nn.Module], None] | None = None
+    reset: Callable[[], None] | None = None
 
 
 def _ids() -> tuple[torch.Tensor]:
@@ -310,6 +313,18 @@ CASES = [
     Case("batchnorm_frozen_midway", BatchNormNet, lambda: (_x(8, W),), mutate=sm.freeze_batchnorm),
     Case("unfrozen_midway", sm.PartlyFrozen, lambda: (_x(8, W),), mutate=sm.unfreeze),
     Case("parameter_and_head_replaced", sm.FunctionalWeight, lambda: (_x(8, W),), mutate=sm.replace_parameter_and_head),
+    Case("other_object_value_changed", ss.OtherObject, lambda: (_x(8, W),), mutate=ss.change_config_value),
+    Case("other_object_branch_changed", ss.OtherObject, lambda: (_x(8, W),), mutate=ss.change_config_branch),
+    Case("shared_object_changed", ss.Shared, lambda: (_x(8, W),), mutate=ss.change_shared),
+    Case("global_values_changed", ss.GlobalFlags, lambda: (_x(8, W),), mutate=ss.change_global_values,
+         reset=ss.reset),
+    Case("global_flag_changed", ss.GlobalFlags, lambda: (_x(8, W),), mutate=ss.change_global_branch, reset=ss.reset),
+    Case("closure_value_changed", ss.ClosureFlags, lambda: (_x(8, W),), mutate=ss.change_cell_value, reset=ss.reset),
+    Case("closure_flag_changed", ss.ClosureFlags, lambda: (_x(8, W),), mutate=ss.change_cell_branch, reset=ss.reset),
+    Case("class_default_value_overridden", ss.ClassDefaults, lambda: (_x(8, W),), mutate=ss.override_default_value),
+    Case("class_default_branch_overridden", ss.ClassDefaults, lambda: (_x(8, W),),
+         mutate=ss.override_default_branch),
+    Case("fx_tracing_branch", ss.FxTracingBranch, lambda: (_x(8, W),)),
 ]
 
 
@@ -398,6 +413,8 @@ def _amp(case: Case) -> Any:
 def run_phases(model: nn.Module, case: Case, steps: int = 3) -> list[Any]:
     """Per step: phase, outputs, state after the step, RNG state."""
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    if case.reset is not None:
+        case.reset()
     torch.manual_seed(1234)
     record: list[Any] = []
     full = case.args(), case.kwargs()
@@ -425,6 +442,8 @@ def run_phases(model: nn.Module, case: Case, steps: int = 3) -> list[Any]:
 def compare(case: Case, mode: str, solver: str, budget: Any = None, regions: str = "lean") -> str | None:
     """The first difference between the unpatched and the patched model, or ``None``."""
     torch.manual_seed(0)
+    if case.reset is not None:
+        case.reset()
     ref = case.make()
     pat = copy.deepcopy(ref)
     with _amp(case):
@@ -435,6 +454,8 @@ def compare(case: Case, mode: str, solver: str, budget: Any = None, regions: str
         want, got = run_phases(ref, case), run_phases(pat, case)
     finally:
         autoremat.restore(pat)
+        if case.reset is not None:
+            case.reset()
     for i, ((phase, wo, ws, wr), (_, go, gs, gr)) in enumerate(zip(want, got)):
         if len(wo) != len(go) or any(a.dtype != b.dtype or not torch.equal(a, b) for a, b in zip(wo, go)):
             return f"step {i} ({phase}): outputs differ"

@@ -1,7 +1,7 @@
 """The patched model is the user's model (issue 29): same outputs, gradients, buffers and RNG
 stream as the unpatched model in every mode, or a clear refusal.
 
-The table (:data:`semantics_cases.CASES`, 43 model kinds) is trained 3 steps, 3 more, evaluated,
+The table (:data:`semantics_cases.CASES`, 56 model kinds) is trained 3 steps, 3 more, evaluated,
 trained again (after a change of Python state where the kind has one), run on a smaller batch in
 training and eval and under ``no_grad``, patched and unpatched side by side, at fx and module
 level, under ``none``, ``auto`` at two budgets (``1%``: the least budget, recomputing what it can;
@@ -41,9 +41,11 @@ PLANS = [("none", None, "lean"), ("auto", "1%", "lean"), ("each", None, "torch")
 _PLAN_IDS = ["none", "auto-least", "each-torch", "auto-50%", "chen-20%", "dp-approx-40%", "prefix-lean", "prefix-torch",
              "each-lean"]
 REFUSED_FX = {"counter_buffer": "assigns buffer calls", "self_checkpoint_reentrant": "gradients disabled",
-              "custom_autograd_function": "autograd.Function", "amp_inside_forward": "autocast block inside forward"}
+              "custom_autograd_function": "autograd.Function", "amp_inside_forward": "autocast block inside forward",
+              "fx_tracing_branch": r"is_fx_tracing\(\)"}
 """Kinds an fx capture refuses (``mode='auto'`` captures them at module level, where they are equal)."""
-FALLS_BACK_FX = {"container_branch_changed", "string_attribute_routes"}
+FALLS_BACK_FX = {"container_branch_changed", "string_attribute_routes", "other_object_branch_changed",
+                 "global_flag_changed", "closure_flag_changed", "class_default_branch_overridden"}
 """Kinds whose state change makes the model trace to other ops: the patched model runs its own
 forward from then on, with one :class:`StateGuardWarning`."""
 
@@ -488,6 +490,9 @@ def test_state_changing_on_every_call_stops_retracing_and_names_it(monkeypatch: 
 
 
 def test_a_large_container_is_guarded_by_identity_and_length() -> None:
+    """Over :data:`MAX_LEAVES` values: a new object or length re-traces; a value changed in place
+    is not seen, which ``apply`` says once (``UnguardedStateWarning``, naming the attribute)."""
+    from autoremat.runtime import UnguardedStateWarning
     from autoremat.runtime.guard import MAX_LEAVES
 
     class Vocab(nn.Module):
@@ -502,9 +507,11 @@ def test_a_large_container_is_guarded_by_identity_and_length() -> None:
     ref = Vocab()
     model = copy.deepcopy(ref)
     x = _x(8, W)
-    _patched(model, (x,), "each")
-    _equal_steps(ref, model, x, lambda m: setattr(m, "table", {**m.table, 3: 5.0}))  # a new dict: re-traced
-    _equal_steps(ref, model, x, lambda m: m.table.__setitem__(MAX_LEAVES + 20, 1.0))  # grew: re-traced
+    with pytest.warns(UnguardedStateWarning, match=r"reads table, holding more than 512 values") as said:
+        _patched(model, (x,), "each")
+        _equal_steps(ref, model, x, lambda m: setattr(m, "table", {**m.table, 3: 5.0}))  # a new dict: re-traced
+        _equal_steps(ref, model, x, lambda m: m.table.__setitem__(MAX_LEAVES + 20, 1.0))  # grew: re-traced
+    assert len([w for w in said if issubclass(w.category, UnguardedStateWarning)]) == 1
     assert len(model.__dict__["_autoremat_patch"].installed._variants) == 2
 
 
@@ -628,3 +635,125 @@ def test_a_forward_that_asks_for_the_autocast_state_is_guarded_on_it() -> None:
         assert any(issubclass(w.category, StateGuardWarning) and "autocast state" in str(w.message)
                    for w in seen) == warns
         assert len(model.__dict__["_autoremat_patch"].installed._variants) == int(warns)
+
+
+class _AsksHowItRuns(nn.Module):
+    """Runs other ops under ``torch.compile`` / ``torch.jit.trace`` than in eager (both false
+    while fx traces); ``via``: how it asks (an attribute chain, or a name imported into globals)."""
+
+    def __init__(self, via: str) -> None:
+        super().__init__()
+        self.a, self.b = nn.Linear(W, W), nn.Linear(W, W)
+        self.via = via
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = torch.tanh(self.a(x))
+        if self.via == "compile" and torch.compiler.is_compiling():
+            h = h * 2.0
+        if self.via == "jit" and torch.jit.is_tracing():
+            h = h * 3.0
+        return self.b(h)
+
+
+def _compiled_grads(model: nn.Module, x: torch.Tensor) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    out = torch.compile(model, backend="eager")(x)
+    out.sin().mean().backward()
+    return out.detach(), {n: p.grad for n, p in model.named_parameters()}
+
+
+def test_a_branch_on_is_compiling_runs_the_users_forward_under_torch_compile() -> None:
+    """``torch.compiler.is_compiling()`` is false while fx traces: under ``torch.compile`` the
+    patched model runs its own forward (compiled, with its compile branch), with one warning;
+    outputs and gradients equal to the unpatched model compiled the same way. Eager: the plan."""
+    torch._dynamo.reset()
+    torch.manual_seed(0)
+    ref = _AsksHowItRuns("compile")
+    model = copy.deepcopy(ref)
+    x = _x(8, W)
+    _patched(model, (x,), "each")
+    with pytest.warns(StateGuardWarning, match="torch.compile"):
+        got = _compiled_grads(model, x)
+    want = _compiled_grads(ref, x)
+    assert torch.equal(got[0], want[0]) and all(torch.equal(got[1][k], want[1][k]) for k in want[1])
+    assert not torch.equal(got[0], copy.deepcopy(ref)(x))  # the compile branch ran
+    assert model.__dict__["_autoremat_patch"].installed._queries  # the trace saw forward ask
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", StateGuardWarning)
+        _equal_steps(ref, model, x)  # eager, the plan's forward: no warning
+
+
+def test_a_branch_on_jit_is_tracing_runs_the_users_forward_under_jit_trace() -> None:
+    torch.manual_seed(0)
+    ref = _AsksHowItRuns("jit")
+    model = copy.deepcopy(ref)
+    x = _x(8, W)
+    _patched(model, (x,), "each")
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", torch.jit.TracerWarning)
+        with pytest.warns(StateGuardWarning, match="jit.trace"):
+            got = torch.jit.trace(model, (x,), check_trace=False)(x)
+        want = torch.jit.trace(ref, (x,), check_trace=False)(x)
+    assert torch.equal(got, want) and torch.equal(got, ref.b(torch.tanh(ref.a(x)) * 3.0))
+
+
+def test_a_global_bound_to_is_fx_tracing_is_refused_at_fx_level() -> None:
+    """Imported into the module's globals (``from torch.fx._symbolic_trace import is_fx_tracing``),
+    or held in a closure cell (here), the call is found from forward's bytecode; ``mode='auto'``
+    then captures at module level."""
+    class Imported(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.a = nn.Linear(W, W)
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return self.a(x) * (1.0 if tracing() else 2.0)
+
+    tracing = torch.fx._symbolic_trace.is_fx_tracing
+    model, x = Imported(), _x(8, W)
+    with pytest.raises(ValueError, match=r"is_fx_tracing\(\).*mode='module'"):
+        autoremat.capture(model, (x,), mode="fx", repeats=1, warmup=0)
+    assert autoremat.capture(model, (x,), repeats=1, warmup=0).meta["mode"] == "module"
+
+
+def test_globals_read_through_super_forward_are_guarded() -> None:
+    """A subclass calling ``super().forward``: the parent's code (and the global it reads through a
+    helper) is read too."""
+    import semantics_state as ss
+
+    class Sub(ss.GlobalFlags):
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return super().forward(x) + 1.0
+
+    torch.manual_seed(0)
+    ref = Sub()
+    model = copy.deepcopy(ref)
+    x = _x(8, W)
+    _patched(model, (x,), "each")
+    try:
+        _equal_steps(ref, model, x, ss.change_global_values)
+    finally:
+        ss.reset()
+    assert len(model.__dict__["_autoremat_patch"].installed._variants) == 1  # re-traced once
+
+
+def test_library_objects_forward_reads_are_guarded_by_identity_without_a_warning() -> None:
+    """A logger (its manager holds every logger) is not a config object: identity, no warning."""
+    import logging
+
+    from autoremat.runtime import UnguardedStateWarning
+
+    class Logs(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.a = nn.Linear(W, W)
+            self.log = logging.getLogger("semantics.logs")
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            self.log.debug("forward")
+            return torch.tanh(self.a(x))
+
+    model, x = Logs(), _x(8, W)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", UnguardedStateWarning)
+        _patched(model, (x,), "each")
+        _grads(model, x)

@@ -34,6 +34,7 @@ model's semantics (issue 29):
 from __future__ import annotations
 
 import contextlib
+import sys
 from collections import OrderedDict
 from collections.abc import Iterator
 from typing import Any
@@ -43,7 +44,9 @@ import torch.fx
 from torch import nn
 from torch.nn.modules import module as _module_mod
 
-__all__ = ["NoGradBlockError", "AutocastBlockError", "StateAssignmentError", "SemanticTracer", "semantic_trace",
+from ._code_reads import QUERIES, _foreign, code_reads, traced_through
+
+__all__ = ["NoGradBlockError", "AutocastBlockError", "StateAssignmentError", "FxTracingBranchError", "SemanticTracer", "semantic_trace",
            "silenced_hooks", "recorded_reads", "autocast_state"]
 
 _HOOK_DICTS = ("_forward_hooks", "_forward_hooks_with_kwargs", "_forward_hooks_always_called", "_forward_pre_hooks",
@@ -64,6 +67,35 @@ class AutocastBlockError(TypeError):
 
 class StateAssignmentError(TypeError):
     """The traced forward assigns a module attribute, buffer or parameter."""
+
+
+class FxTracingBranchError(TypeError):
+    """The traced forward asks whether fx traces it (``is_fx_tracing()``): the trace would keep the
+    branch for tracing, not the one the model runs."""
+
+
+@contextlib.contextmanager
+def _queries_recorded(seen: dict[str, str]) -> Iterator[None]:
+    """The functions of :data:`QUERIES` (where their module is loaded) record ``kind -> caller``
+    in ``seen`` when called from code outside torch while the block runs."""
+    saved = [(sys.modules[mod], name, kind, getattr(sys.modules[mod], name)) for mod, name, kind in QUERIES
+             if mod in sys.modules and hasattr(sys.modules[mod], name)]
+
+    def recording(fn: Any, kind: str) -> Any:
+        def query(*args: Any, **kwargs: Any) -> Any:
+            caller = sys._getframe(1)
+            if not _foreign(caller.f_globals.get("__name__")):
+                seen.setdefault(kind, f"{caller.f_globals.get('__name__')}.{caller.f_code.co_qualname}")
+            return fn(*args, **kwargs)
+        return query
+
+    try:
+        for mod, name, kind, fn in saved:
+            setattr(mod, name, recording(fn, kind))
+        yield
+    finally:
+        for mod, name, _, fn in saved:
+            setattr(mod, name, fn)
 
 
 @contextlib.contextmanager
@@ -240,9 +272,17 @@ def semantic_trace(model: nn.Module, tracer: SemanticTracer | None = None) -> to
     with _state_kept(model), silenced_hooks(model), torch.enable_grad():  # a no-grad caller is not a no-grad block
         tracer = SemanticTracer() if tracer is None else tracer
         amp: list[bool] = []
-        with recorded_reads(model) as reads, _autocast_queries_recorded(amp):
+        queries: dict[str, str] = {}
+        with recorded_reads(model) as reads, _autocast_queries_recorded(amp), _queries_recorded(queries):
             graph = tracer.trace(model)
     gm = tracer.graph_module(graph, model.__class__.__name__)
+    queries = {**code_reads(traced_through(model, gm)).queries, **queries}
+    if "fx" in queries:
+        raise FxTracingBranchError(
+            f"{queries['fx']} asks whether torch.fx is tracing it (is_fx_tracing()): the trace keeps the branch for "
+            "tracing, the model runs the other one, so a traced graph would run other ops: capture with "
+            "mode='module' (mode='auto' does so by itself)")
     gm.meta["autoremat_reads"] = {path: frozenset(names) for path, names in reads.items()}
     gm.meta["autoremat_reads_autocast"] = bool(amp)
+    gm.meta["autoremat_queries"] = tuple(sorted(queries))
     return gm

@@ -10,6 +10,7 @@ import torch
 from torch import nn
 
 from ..capture._recorder import preserved_state
+from ..capture.scaled.limits import is_oom
 from ..graph import Graph
 from ..plan import Plan
 from ..resident import device_of, storage_bytes
@@ -29,30 +30,55 @@ CONFIRM_TRIES = 4
 """Measured steps tried before giving up when the chosen plan's step runs out of memory."""
 
 
+class _Recorded(Exception):
+    """Raised by the recording hook once the target's inputs are held: the rest of the step is
+    not needed (and, at the user's batch, may not fit the device)."""
+
+
 def record_inputs(cb: "AutoRemat", trainer: "pl.Trainer", pl_module: "pl.LightningModule",
                   size: int | None = None) -> tuple[tuple, dict, int]:
-    """Inputs of the target module in ``training_step`` on a real batch (of ``size`` rows)."""
+    """Inputs of the target module in ``training_step`` on a real batch (of ``size`` rows).
+
+    ``training_step`` runs without gradients only up to the target's first call: a pre-hook keeps
+    its inputs and stops the step there, so the target never runs at the user's batch here
+    (profiling decides what runs at which size, :func:`~autoremat.capture.capture_within`). Where
+    the part of the step before the target runs out of memory, the module is left as it was
+    (state preserved, allocator emptied) and a ``torch.OutOfMemoryError`` says what to change."""
     assert cb._target is not None, "please report"
-    batch = batch_of(trainer, size)
-    batch_bytes = storage_bytes(batch)
     seen: dict[str, Any] = {}
 
     def hook(module: nn.Module, args: tuple, kwargs: dict) -> None:
         if "args" not in seen:
             seen["args"], seen["kwargs"] = args, dict(kwargs)
+        raise _Recorded
 
-    handle = cb._target.register_forward_pre_hook(hook, with_kwargs=True)
     device = device_of(cb._target)
+    handle = cb._target.register_forward_pre_hook(hook, with_kwargs=True)
     try:
         with preserved_state(pl_module, [device]), torch.no_grad(), silenced_logging(pl_module), \
                 trainer.precision_plugin.forward_context():
+            batch = batch_of(trainer, size)
             pl_module.training_step(batch, 0)
+    except _Recorded:
+        pass
+    except RuntimeError as err:  # torch.OutOfMemoryError is a RuntimeError
+        if not (is_oom(err) or is_oom_error(err)):
+            raise
+        seen.clear()
+        if device.type == "cuda":
+            garbage_collection_cuda()
+        raise torch.OutOfMemoryError(
+            f"AutoRemat: recording the inputs of {cb.module or type(pl_module).__name__} ran out of memory before "
+            f"the model was called (loading the batch{'' if size is None else f' of {size} rows'} and the part of "
+            f"training_step before it, without gradients: {str(err).splitlines()[0][:200]}); the module is left "
+            "as it was. Lower the batch size, move that work into the model or the dataloader, or pass module= "
+            "the submodule that needs planning") from err
     finally:
         handle.remove()
     if "args" not in seen:
         raise ValueError(f"training_step never called module {cb.module or type(pl_module).__name__}; "
                          "pass module= the submodule your training_step runs")
-    return tuple(seen["args"]), seen["kwargs"], batch_bytes
+    return tuple(seen["args"]), seen["kwargs"], storage_bytes(batch)
 
 
 def confirmed(cb: "AutoRemat", target: nn.Module, trainer: "pl.Trainer", pl_module: "pl.LightningModule",

@@ -58,7 +58,7 @@ from ..errors import PlanMismatchError
 from ..plan import Plan, check_segments
 from ._rollback import PatchPoints
 from .buffers import buffer_slot, dynamic_buffer_reads
-from .guard import GuardedForward, StateGuardWarning, op_structure, traced_through
+from .guard import GuardedForward, StateGuardWarning, UnguardedStateWarning, op_structure, traced_through
 from .module_targets import module_targets as _module_targets
 from .offload import OffloadBegin, OffloadMark, OffloadWait, Offloader
 from .offload_forward import new_offloader as _new_offloader
@@ -71,7 +71,7 @@ from .selective import SelectiveCall
 from ..replay_tail import tails_of
 
 __all__ = ["apply", "restore", "is_patched", "CheckpointRegion", "offloader_of", "REGION_MODES", "is_recomputing",
-           "StateGuardWarning", "InstanceForwardError"]
+           "StateGuardWarning", "UnguardedStateWarning", "InstanceForwardError"]
 
 logger = logging.getLogger(__name__)
 

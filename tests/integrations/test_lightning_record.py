@@ -1,0 +1,88 @@
+"""The callback's first input recording (``record_inputs``, issue 29/20): it stops the step at
+the target's first call, so the target never runs at the user's batch outside profiling; an
+out-of-memory error before that call leaves the module as it was and says what to change. On
+the simulated device of ``tests/_oom.py``."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import lightning.pytorch as pl
+import pytest
+import torch
+from _oom import SimulatedDevice
+
+import autoremat
+from autoremat.zoo.lightning import LitClassifier
+
+
+class _Augmenting(LitClassifier):
+    """Builds a large tensor from the batch before calling the model (an augmentation step)."""
+
+    def training_step(self, batch, batch_idx):  # type: ignore[no-untyped-def]
+        x, y = batch
+        views = x.repeat(64, 1, 1, 1)
+        x = x + views.mean() * 0
+        return torch.nn.functional.cross_entropy(self.model(x), y)
+
+
+def _trainer(cb: Any, tmp_path: Path) -> pl.Trainer:
+    return pl.Trainer(max_steps=1, accelerator="cpu", devices=1, logger=False, enable_checkpointing=False,
+                      enable_progress_bar=False, enable_model_summary=False, default_root_dir=tmp_path,
+                      callbacks=[cb])
+
+
+def _snapshot(lit: pl.LightningModule) -> dict[str, Any]:
+    out: dict[str, Any] = {k: v.clone() for k, v in lit.state_dict().items()}
+    out.update({f"rg:{n}": p.requires_grad for n, p in lit.named_parameters()})
+    out.update({f"grad:{n}": p.grad for n, p in lit.named_parameters()})
+    out.update({f"hooks:{n}": len(m._forward_pre_hooks) + len(m._forward_hooks) for n, m in lit.named_modules()})
+    return out
+
+
+def _same(a: dict[str, Any], b: dict[str, Any]) -> bool:
+    return a.keys() == b.keys() and all(
+        torch.equal(x, y) if isinstance(x, torch.Tensor) and isinstance(y, torch.Tensor) else x == y
+        for x, y in ((a[k], b[k]) for k in a))
+
+
+def _resident(lit: pl.LightningModule) -> list[torch.Tensor]:
+    return [*lit.parameters(), *lit.buffers()]
+
+
+def test_recording_never_runs_the_model_at_the_users_batch(tmp_path: Path) -> None:
+    """A device on which even a no-grad forward of the model at the user's batch does not fit:
+    recording the inputs does not run it (before: the raw ``OutOfMemoryError`` of that forward);
+    the callback then says clearly that the budget is too small, and the module is as it was."""
+    torch.manual_seed(0)
+    lit = LitClassifier(batch_size=8, samples=16)
+    x = lit.images[:8]
+    with torch.no_grad(), SimulatedDevice(10**12, _resident(lit)) as probe:
+        lit.model(x.clone())  # the batch on the device, then the forward
+    capacity = probe.peak - 1
+    with pytest.raises(torch.OutOfMemoryError), torch.no_grad(), SimulatedDevice(capacity, _resident(lit)):
+        lit.model(x.clone())
+    before = _snapshot(lit)
+    device = SimulatedDevice(capacity, _resident(lit))
+    cb = autoremat.AutoRemat(budget=capacity, module="model", raise_batch_size=False, verbose=False)
+    with pytest.raises((ValueError, autoremat.CaptureDoesNotFitError, autoremat.InfeasibleBudgetError),
+                       match="budget") as err, device:
+        _trainer(cb, tmp_path).fit(lit)
+    assert not isinstance(err.value, torch.OutOfMemoryError) and device.ooms == 0
+    assert _same(before, _snapshot(lit))
+
+
+def test_out_of_memory_before_the_model_is_called_is_a_clear_error(tmp_path: Path) -> None:
+    torch.manual_seed(0)
+    lit = _Augmenting(batch_size=8, samples=16)
+    x = lit.images[:8]
+    capacity = sum(t.numel() * t.element_size() for t in _resident(lit)) + 16 * x.numel() * x.element_size()
+    before = _snapshot(lit)
+    cb = autoremat.AutoRemat(budget=capacity, module="model", raise_batch_size=False, verbose=False)
+    with pytest.raises(torch.OutOfMemoryError, match=r"recording the inputs of model ran out of memory before the "
+                       r"model was called.*Lower the batch size") as err, SimulatedDevice(capacity, _resident(lit)):
+        _trainer(cb, tmp_path).fit(lit)
+    assert isinstance(err.value.__cause__, torch.OutOfMemoryError)  # the device's own error, kept
+    assert _same(before, _snapshot(lit))
+    assert not autoremat.is_patched(lit.model)
