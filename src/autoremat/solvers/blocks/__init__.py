@@ -16,7 +16,9 @@ differently. This solver
    time whose model peak fits the budget;
 4. checks the plan with :func:`autoremat.simulate`; if the model was optimistic (the blocks
    interact beyond what they hold), it lowers its internal budget by the excess and solves
-   again (at most ``retries`` times), logging why.
+   again (at most ``retries`` times), logging why; when none of those fits, the plan of the
+   chain's least-peak choice is the last resort, and its simulated peak is the least budget an
+   :class:`~autoremat.errors.InfeasibleBudgetError` reports (a budget this solver meets).
 
 Related work: the chain structure is the one of rotor [1]_, whose dynamic program for
 heterogeneous chains also recomputes blocks several times (nested checkpoints); Rockmate [2]_
@@ -145,14 +147,12 @@ def solve_blocks(graph: Graph, budget_bytes: int, *, config: dict[str, Any] | Bl
         raise InfeasibleBudgetError(budget_bytes, peak, solver="blocks")
     chain, profile = built
     target = budget_bytes
-    least = None
     for attempt in range(cfg.retries + 1):
         sol = solve_chain(profile, target, units=cfg.units)
         if sol is None:
             break
         plan = chain_plan(graph, chain, sol.choice)
         peak = simulate(graph, plan, check=False, record=False).peak_bytes
-        least = peak if least is None else min(least, peak)
         if peak <= budget_bytes:
             plan.options = {"blocks": len(chain.blocks), "classes": len(chain.options),
                             "choice": _summary(chain, sol.choice), "attempts": attempt + 1}
@@ -160,8 +160,23 @@ def solve_blocks(graph: Graph, budget_bytes: int, *, config: dict[str, Any] | Bl
         logger.info("blocks: the chain model put the plan at %d bytes, the simulator at %d (over a %d-byte budget); "
                     "solving again %d bytes lower", peak - (peak - target), peak, budget_bytes, peak - budget_bytes)
         target -= peak - budget_bytes
-    hint = max(least_peak(profile, units=cfg.units), least or 0)
-    raise InfeasibleBudgetError(budget_bytes, hint, solver="blocks")
+    plan, peak, choice = _least_plan(graph, chain, profile, cfg)
+    if peak <= budget_bytes:  # the retries lowered the model's budget past the plan that fits
+        logger.info("blocks: no least-time plan fit; using the chain's least-peak plan (%d bytes)", peak)
+        plan.options = {"blocks": len(chain.blocks), "classes": len(chain.options),
+                        "choice": _summary(chain, choice), "attempts": cfg.retries + 1, "least_peak_choice": True}
+        return plan
+    raise InfeasibleBudgetError(budget_bytes, peak, solver="blocks")
+
+
+def _least_plan(graph: Graph, chain: BlockChain, profile: ChainProfile,
+                cfg: BlocksConfig) -> tuple[Plan, int, tuple[int, ...]]:
+    """The plan of the choice with the chain model's least peak, its simulated peak and the choice: the
+    least budget :func:`solve_blocks` reports is one it meets (this plan is its last resort)."""
+    sol = solve_chain(profile, least_peak(profile, units=cfg.units), units=cfg.units)
+    assert sol is not None, "the chain's least peak admits a choice"
+    plan = chain_plan(graph, chain, sol.choice)
+    return plan, simulate(graph, plan, check=False, record=False).peak_bytes, sol.choice
 
 
 def _summary(chain: BlockChain, choice: tuple[int, ...]) -> dict[str, int]:
