@@ -53,7 +53,7 @@ import weakref
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
-from ...cost import no_recompute_plan, simulate
+from ...cost import no_recompute_plan, simulate, unoptimised_peak_bytes
 from ...cost.block_chain import BlockChain, ChainProfile, chain_plan, profile_chain
 from ...errors import InfeasibleBudgetError
 from ...graph import Graph
@@ -160,7 +160,11 @@ def solve_blocks(graph: Graph, budget_bytes: int, *, config: dict[str, Any] | Bl
         logger.info("blocks: the chain model put the plan at %d bytes, the simulator at %d (over a %d-byte budget); "
                     "solving again %d bytes lower", peak - (peak - target), peak, budget_bytes, peak - budget_bytes)
         target -= peak - budget_bytes
-    plan, peak, choice = _least_plan(graph, chain, profile, cfg)
+    least = _least_plan(graph, chain, profile, cfg)
+    if least is None:  # no choice at all below the unoptimised peak: the plan without recomputation is the least
+        raise InfeasibleBudgetError(budget_bytes, simulate(graph, vanilla, check=False, record=False).peak_bytes,
+                                    solver="blocks")
+    plan, peak, choice = least
     if peak <= budget_bytes:  # the retries lowered the model's budget past the plan that fits
         logger.info("blocks: no least-time plan fit; using the chain's least-peak plan (%d bytes)", peak)
         plan.options = {"blocks": len(chain.blocks), "classes": len(chain.options),
@@ -170,11 +174,24 @@ def solve_blocks(graph: Graph, budget_bytes: int, *, config: dict[str, Any] | Bl
 
 
 def _least_plan(graph: Graph, chain: BlockChain, profile: ChainProfile,
-                cfg: BlocksConfig) -> tuple[Plan, int, tuple[int, ...]]:
-    """The plan of the choice with the chain model's least peak, its simulated peak and the choice: the
-    least budget :func:`solve_blocks` reports is one it meets (this plan is its last resort)."""
-    sol = solve_chain(profile, least_peak(profile, units=cfg.units), units=cfg.units)
-    assert sol is not None, "the chain's least peak admits a choice"
+                cfg: BlocksConfig) -> tuple[Plan, int, tuple[int, ...]] | None:
+    """The least-time choice at the least model budget the chain program meets, its plan and
+    simulated peak: the least budget :func:`solve_blocks` reports is one it meets (this plan is
+    its last resort). The program's least budget is found from :func:`least_peak` (its states
+    merge by peak, the program's by time, so it may need more) by bisection up to the
+    unoptimised peak; ``None`` when it meets none below that."""
+    lo = least_peak(profile, units=cfg.units)
+    sol = solve_chain(profile, lo, units=cfg.units)
+    if sol is None:
+        hi = unoptimised_peak_bytes(graph)
+        best = solve_chain(profile, hi, units=cfg.units)
+        if best is None:
+            return None
+        while hi - lo > 1:  # solve_chain(lo) is None, best = solve_chain(hi)
+            mid = (lo + hi) // 2
+            found = solve_chain(profile, mid, units=cfg.units)
+            lo, hi, best = (lo, mid, found) if found is not None else (mid, hi, best)
+        sol = best
     plan = chain_plan(graph, chain, sol.choice)
     return plan, simulate(graph, plan, check=False, record=False).peak_bytes, sol.choice
 
