@@ -5,7 +5,8 @@ counter every CPU step-peak measurement uses) that raises ``torch.OutOfMemoryErr
 as the bytes it holds pass ``capacity_bytes``, the way the CUDA caching allocator does.
 ``resident`` tensors (parameters, buffers) count from the start, as they would on a GPU; meta
 tensors count nothing. It records its peak, how many allocations it refused, and each op that
-ran it out of memory.
+ran it out of memory. A gradient sum the engine would have made in place without a dispatch
+mode (:mod:`autoremat.measure`) counts at its in-place level.
 """
 
 from __future__ import annotations
@@ -41,8 +42,14 @@ class SimulatedDevice(LiveStorageCounter):
         self.failed_ops: list[str] = []
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # type: ignore[no-untyped-def, override]
+        settled = self._settle()  # the last gradient sum, out of place after all: its level counts
+        if settled is not None and settled > self.capacity_bytes:
+            self.ooms += 1
+            self.failed_ops.append("aten.add.Tensor (gradient accumulation)")
+            raise torch.OutOfMemoryError(f"simulated device out of memory: {settled} bytes live, capacity "
+                                         f"{self.capacity_bytes} bytes (gradient accumulation)")
         out = super().__torch_dispatch__(func, types, args, kwargs)
-        if self.live > self.capacity_bytes:
+        if self.live - self.accumulation_slack() > self.capacity_bytes:
             self.ooms += 1
             self.failed_ops.append(str(func))
             live = self.live

@@ -216,6 +216,7 @@ PRIVATE_TORCH = {
     "torch.nn.modules.batchnorm._BatchNorm", "torch.utils._python_dispatch.TorchDispatchMode",
     "torch.utils._pytree.tree_flatten", "torch.utils._pytree.tree_unflatten",
     "torch.distributed._composable_state",  # FSDP2's module-state registry (issue 21); in torch since 2.1
+    "torch._C._current_autograd_node",  # the live-storage counter's gradient sums; torch's MemTracker uses it too
 }
 """Private torch names the library uses, each checked to exist in torch 2.11 (the PyTorch of the GPU
 machines the GPU benchmark runs on) and in the pinned 2.13. A private name can vanish between

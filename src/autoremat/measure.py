@@ -5,6 +5,13 @@ On CUDA the step peak comes from the caching allocator's statistics
 step started). On the CPU it comes from :class:`LiveStorageCounter`, a ``TorchDispatchMode``
 that adds the bytes of every new output storage and subtracts them when the storage is
 finalised, so it sees forward, recomputation and backward alike.
+
+Any ``TorchDispatchMode`` changes one thing autograd does: while a mode is active,
+``at::isTensorSubclassLike`` is true for every tensor, so the engine adds a second gradient
+reaching one input out of place (``old + new`` in a third buffer) where the plain engine adds
+it into a buffer it owns alone (``add_``). The counter undoes that one difference: an
+accumulation whose input buffer is released before the next op counts at the level the
+in-place add would have had (:meth:`LiveStorageCounter.peak`).
 """
 
 from __future__ import annotations
@@ -25,6 +32,8 @@ from torch.utils._pytree import tree_flatten
 from ._fsdp import local_tensor
 from .resident import device_of
 
+_ADD = torch.ops.aten.add.Tensor
+
 __all__ = ["LiveStorageCounter", "CollectiveCounter", "Measurement", "measure", "default_loss", "run_step",
            "gradients", "gradients_equal"]
 
@@ -33,6 +42,9 @@ class LiveStorageCounter(TorchDispatchMode):
     """Counts the bytes of live storages created while the mode is active.
 
     ``live`` is the current total, ``peak`` the highest since the last :meth:`reset_peak`.
+    Gradient accumulation counts as the engine does it without a mode (module docstring):
+    an ``aten.add`` in backward of two equal dense tensors, the first made before the current
+    autograd node ran, whose inputs the engine releases at once, would have been in place.
     Storages that existed before the mode was entered are never counted; meta-device storages
     are counted unless ``count_meta`` is false (a simulated device sets it false: meta tensors
     occupy no memory). A ``DTensor`` output counts with its local shard (what this rank holds).
@@ -48,18 +60,51 @@ class LiveStorageCounter(TorchDispatchMode):
     def __init__(self, *, track_resizes: bool = False) -> None:
         super().__init__()
         self.live = 0
-        self.peak = 0
+        self._peak = 0
         self._seen: dict[int, int] = {}
+        self._born: dict[int, tuple[str, int]] = {}
+        """Storage key -> the autograd node that made it (storages made in backward only)."""
+        self._pending: tuple[int, int, tuple[int, ...]] | None = None
+        """An accumulation add not yet settled: level as if in place, level counted, input keys."""
         self.track_resizes = track_resizes
         self._resize: Any = None
         self.on_op: Callable[[Any, tuple, dict, Any], None] | None = None
         """Called as ``on_op(func, args, kwargs, out)`` after each op (capture uses it)."""
 
+    @property
+    def peak(self) -> int:
+        """The highest live level since the last :meth:`reset_peak`."""
+        self._settle()
+        return self._peak
+
+    @peak.setter
+    def peak(self, value: int) -> None:
+        self._pending = None
+        self._peak = value
+
     def reset_peak(self) -> None:
-        self.peak = self.live
+        self._settle()
+        self._peak = self.live
+
+    def _settle(self) -> int | None:
+        """Settle the last accumulation add: in place (its level before the sum) if the engine
+        has released one of its inputs since, out of place otherwise. Returns the level."""
+        if self._pending is None:
+            return None
+        in_place, counted, keys = self._pending
+        self._pending = None
+        level = in_place if any(k not in self._seen for k in keys) else counted
+        self._peak = max(self._peak, level)
+        return level
+
+    def accumulation_slack(self) -> int:
+        """Bytes of an unsettled accumulation's sum (0 when none): ``live`` minus them is the
+        level if the add turns out to be in place."""
+        return 0 if self._pending is None else self._pending[1] - self._pending[0]
 
     def _release(self, key: int) -> None:
         nbytes = self._seen.pop(key, 0)
+        self._born.pop(key, None)
         self.live -= nbytes
 
     def __enter__(self) -> "LiveStorageCounter":
@@ -93,12 +138,17 @@ class LiveStorageCounter(TorchDispatchMode):
             weakref.finalize(storage, self._release, key)
         self._seen[key] = after
         self.live += after - before
-        self.peak = max(self.peak, self.live)
+        self._settle()
+        self._peak = max(self._peak, self.live)
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # type: ignore[override]
+        self._settle()
         out = func(*args, **(kwargs or {}))
+        node = None if torch.is_grad_enabled() else torch._C._current_autograd_node()
+        made = None if node is None else (node.name(), node._sequence_nr())
         flat, _ = tree_flatten(out)
         inputs: set[int] | None = None
+        added = 0
         for t in flat:
             if isinstance(t, torch.Tensor):
                 t = local_tensor(t)
@@ -113,13 +163,35 @@ class LiveStorageCounter(TorchDispatchMode):
                     continue
                 nbytes = st.nbytes()
                 self._seen[key] = nbytes
+                if made is not None:
+                    self._born[key] = made
                 self.live += nbytes
+                added += nbytes
                 weakref.finalize(st, self._release, key)
-        if self.live > self.peak:
-            self.peak = self.live
+        keys = self._accumulated(func, args, kwargs, made) if added else None
+        if keys:
+            self._pending = (self.live - added, self.live, keys)
+        elif self.live > self._peak:
+            self._peak = self.live
         if self.on_op is not None:
             self.on_op(func, args, kwargs or {}, out)
         return out
+
+    def _accumulated(self, func: Any, args: tuple, kwargs: Mapping[str, Any] | None,
+                     made: tuple[str, int] | None) -> tuple[int, ...] | None:
+        """The counted input storages of an accumulation add the engine would have made in place
+        without a mode (``old + new`` on two equal dense tensors in backward, ``old`` made before
+        the current node ran), else None."""
+        if made is None or func is not _ADD or kwargs or len(args) != 2:
+            return None
+        a, b = args
+        if not (isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor)) or a.shape != b.shape \
+                or a.dtype != b.dtype or not (a.is_contiguous() and b.is_contiguous()):
+            return None
+        ka, kb = (local_tensor(t).untyped_storage()._cdata for t in (a, b))
+        if ka not in self._seen or self._born.get(ka) == made:
+            return None
+        return tuple(k for k in (ka, kb) if k in self._seen)
 
 
 class CollectiveCounter(TorchDispatchMode):

@@ -95,4 +95,6 @@ def test_sweep_on_resnet50_is_below_every_need_and_saves_replays(resnet50_search
     monkeypatch.setattr(search.dp, "tight_need", lambda i, j, dang, move=None: (move or search.dp.move(i, j, dang))[3])
     assert search.minimum().budget_bytes == first.minimum().budget_bytes
     assert search.minimum().dp_budget_bytes == first.minimum().dp_budget_bytes
-    assert len(search.dp.replays) > 1.5 * replays
+    # 1.46x on the CPU-size capture since the counter sums gradients in place (issue 28: ResNet's
+    # residual sums no longer add a gradient of workspace to the capture); it was above 1.5x before
+    assert len(search.dp.replays) > 1.4 * replays

@@ -98,3 +98,15 @@ def test_options_are_checked():
     with pytest.raises(ValueError, match="units"):
         BlocksConfig(units=0)
     assert BlocksConfig.parse(None) == BlocksConfig()
+
+
+@pytest.mark.parametrize("seed", [1, 31])
+def test_the_least_budget_it_reports_is_one_it_meets(seed: int):
+    """Graphs where the chain model's least peak is optimistic (the simulator puts that plan
+    higher): the error's least budget used to be the model's, where no plan fit (issue 28)."""
+    g = block_chain(random.Random(seed), 3 + seed % 4, width=7, shared_saved=False)
+    with pytest.raises(InfeasibleBudgetError) as err:
+        solve_blocks(g, 1)
+    least = err.value.min_budget_bytes
+    check_plan(g, SOLVERS["blocks"](g, least), least, "blocks")
+    assert min_budget(g, "blocks") <= least

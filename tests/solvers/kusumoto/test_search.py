@@ -163,24 +163,33 @@ def test_dp_exact_checks_against_chen_too(caplog):
 
 
 @pytest.mark.slow
-def test_never_behind_chen_on_the_zoo_networks_and_transformers(caplog):
+@pytest.mark.parametrize("part", ["zoo", "random-0", "random-1", "random-2", "random-3", "transformers"])
+def test_never_behind_chen_on_the_zoo_networks_and_transformers(part, caplog):
     """The issue's targets: the zoo at CPU size, 100 seeded networks of 30-300 nodes and the
-    6-layer BERT and Llama configurations that fell back."""
+    6-layer BERT and Llama configurations that fell back. In six parts: as one test it passed
+    every budget but ran past the 600 s test timeout (about 740 s of solving on a loaded
+    2-core machine: zoo 50 s, the random networks 654 s, the transformers 35 s)."""
     from autoremat import zoo
 
     checked = 0
-    for name in ("vgg19", "resnet50", "unet", "densenet121", "googlenet", "inception_v3", "pspnet"):
-        checked += assert_never_behind_chen(autoremat.capture(*zoo.build(name, size="small", device="meta")), caplog)
-    for g in random_networks(100):
-        checked += assert_never_behind_chen(g, caplog)
-    transformers = pytest.importorskip("transformers")
-    import torch
+    if part == "zoo":
+        for name in ("vgg19", "resnet50", "unet", "densenet121", "googlenet", "inception_v3", "pspnet"):
+            checked += assert_never_behind_chen(autoremat.capture(*zoo.build(name, size="small", device="meta")), caplog)
+        assert checked >= 20
+    elif part.startswith("random-"):
+        quarter = int(part.split("-")[1])
+        for g in random_networks(100)[25 * quarter:25 * (quarter + 1)]:
+            checked += assert_never_behind_chen(g, caplog)
+        assert checked >= 75
+    else:
+        transformers = pytest.importorskip("transformers")
+        import torch
 
-    from autoremat.zoo import hf
+        from autoremat.zoo import hf
 
-    assert transformers
-    for make in (hf.bert, hf.llama):
-        ids = torch.randint(0, 256, (2, 64))
-        g = autoremat.capture(make(layers=6), (), {"input_ids": ids, "labels": ids}, repeats=1, warmup=0)
-        checked += assert_never_behind_chen(g, caplog)
-    assert checked > 400
+        assert transformers
+        for make in (hf.bert, hf.llama):
+            ids = torch.randint(0, 256, (2, 64))
+            g = autoremat.capture(make(layers=6), (), {"input_ids": ids, "labels": ids}, repeats=1, warmup=0)
+            checked += assert_never_behind_chen(g, caplog)
+        assert checked >= 4

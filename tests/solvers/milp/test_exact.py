@@ -17,8 +17,8 @@ from .milp_oracle import best_within, space_table
 
 
 @pytest.mark.parametrize("seed", range(6))
-def test_auto_reaches_the_optimum_on_small_graphs(seed, monkeypatch):
-    monkeypatch.setattr(exact, "AUTO_MAX_NODES", 120)  # off by default (see its docstring)
+def test_auto_reaches_the_optimum_on_small_graphs(seed):
+    assert exact.AUTO_MAX_NODES == 120  # the default
     g = random_dag(30 + seed, 5 + seed % 2)
     table = space_table(g)
     peaks = sorted({p for p, _, _ in table if p < unoptimised_peak_bytes(g)})
@@ -40,14 +40,13 @@ def test_auto_leaves_large_graphs_to_the_other_solvers(monkeypatch):
     assert autoremat.solve(g, budget, solver="auto").solver != "milp"
 
 
-def test_auto_does_not_ask_the_lattice_by_default():
-    assert exact.AUTO_MAX_NODES == 0
+def test_auto_does_not_ask_the_lattice_when_turned_off(monkeypatch):
+    monkeypatch.setattr(exact, "AUTO_MAX_NODES", 0)
     g = random_dag(34, 6)
     assert exact.auto_improve(g, int(0.8 * unoptimised_peak_bytes(g)), 1.0) is None
 
 
-def test_auto_improve_finds_only_cheaper_plans(monkeypatch):
-    monkeypatch.setattr(exact, "AUTO_MAX_NODES", 120)
+def test_auto_improve_finds_only_cheaper_plans():
     g = random_dag(34, 6)
     table = space_table(g)
     budget = sorted({p for p, _, _ in table})[2]

@@ -16,7 +16,9 @@ differently. This solver
    time whose model peak fits the budget;
 4. checks the plan with :func:`autoremat.simulate`; if the model was optimistic (the blocks
    interact beyond what they hold), it lowers its internal budget by the excess and solves
-   again (at most ``retries`` times), logging why.
+   again (at most ``retries`` times), logging why; when none of those fits, the plan of the
+   chain's least-peak choice is the last resort, and its simulated peak is the least budget an
+   :class:`~autoremat.errors.InfeasibleBudgetError` reports (a budget this solver meets).
 
 Related work: the chain structure is the one of rotor [1]_, whose dynamic program for
 heterogeneous chains also recomputes blocks several times (nested checkpoints); Rockmate [2]_
@@ -51,7 +53,7 @@ import weakref
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
-from ...cost import no_recompute_plan, simulate
+from ...cost import no_recompute_plan, simulate, unoptimised_peak_bytes
 from ...cost.block_chain import BlockChain, ChainProfile, chain_plan, profile_chain
 from ...errors import InfeasibleBudgetError
 from ...graph import Graph
@@ -145,14 +147,12 @@ def solve_blocks(graph: Graph, budget_bytes: int, *, config: dict[str, Any] | Bl
         raise InfeasibleBudgetError(budget_bytes, peak, solver="blocks")
     chain, profile = built
     target = budget_bytes
-    least = None
     for attempt in range(cfg.retries + 1):
         sol = solve_chain(profile, target, units=cfg.units)
         if sol is None:
             break
         plan = chain_plan(graph, chain, sol.choice)
         peak = simulate(graph, plan, check=False, record=False).peak_bytes
-        least = peak if least is None else min(least, peak)
         if peak <= budget_bytes:
             plan.options = {"blocks": len(chain.blocks), "classes": len(chain.options),
                             "choice": _summary(chain, sol.choice), "attempts": attempt + 1}
@@ -160,8 +160,40 @@ def solve_blocks(graph: Graph, budget_bytes: int, *, config: dict[str, Any] | Bl
         logger.info("blocks: the chain model put the plan at %d bytes, the simulator at %d (over a %d-byte budget); "
                     "solving again %d bytes lower", peak - (peak - target), peak, budget_bytes, peak - budget_bytes)
         target -= peak - budget_bytes
-    hint = max(least_peak(profile, units=cfg.units), least or 0)
-    raise InfeasibleBudgetError(budget_bytes, hint, solver="blocks")
+    least = _least_plan(graph, chain, profile, cfg)
+    if least is None:  # no choice at all below the unoptimised peak: the plan without recomputation is the least
+        raise InfeasibleBudgetError(budget_bytes, simulate(graph, vanilla, check=False, record=False).peak_bytes,
+                                    solver="blocks")
+    plan, peak, choice = least
+    if peak <= budget_bytes:  # the retries lowered the model's budget past the plan that fits
+        logger.info("blocks: no least-time plan fit; using the chain's least-peak plan (%d bytes)", peak)
+        plan.options = {"blocks": len(chain.blocks), "classes": len(chain.options),
+                        "choice": _summary(chain, choice), "attempts": cfg.retries + 1, "least_peak_choice": True}
+        return plan
+    raise InfeasibleBudgetError(budget_bytes, peak, solver="blocks")
+
+
+def _least_plan(graph: Graph, chain: BlockChain, profile: ChainProfile,
+                cfg: BlocksConfig) -> tuple[Plan, int, tuple[int, ...]] | None:
+    """The least-time choice at the least model budget the chain program meets, its plan and
+    simulated peak: the least budget :func:`solve_blocks` reports is one it meets (this plan is
+    its last resort). The program's least budget is found from :func:`least_peak` (its states
+    merge by peak, the program's by time, so it may need more) by bisection up to the
+    unoptimised peak; ``None`` when it meets none below that."""
+    lo = least_peak(profile, units=cfg.units)
+    sol = solve_chain(profile, lo, units=cfg.units)
+    if sol is None:
+        hi = unoptimised_peak_bytes(graph)
+        best = solve_chain(profile, hi, units=cfg.units)
+        if best is None:
+            return None
+        while hi - lo > 1:  # solve_chain(lo) is None, best = solve_chain(hi)
+            mid = (lo + hi) // 2
+            found = solve_chain(profile, mid, units=cfg.units)
+            lo, hi, best = (lo, mid, found) if found is not None else (mid, hi, best)
+        sol = best
+    plan = chain_plan(graph, chain, sol.choice)
+    return plan, simulate(graph, plan, check=False, record=False).peak_bytes, sol.choice
 
 
 def _summary(chain: BlockChain, choice: tuple[int, ...]) -> dict[str, int]:
