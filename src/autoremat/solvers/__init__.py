@@ -63,7 +63,7 @@ from .xla_greedy import XlaGreedyConfig, solve_xla_greedy
 
 __all__ = ["SOLVERS", "SOLVER_FUNCTIONS", "RegisteredSolver", "CONFIGS", "OFFLOAD_ONLY", "AUTO_ORDER",
            "AUTO_BLOCKS_ENOUGH_NODES", "SolverFn", "SolverConfig", "solve", "finalize_plan", "bare_solver",
-           "min_budget", "check_solver", "least_budget", "DEFAULT_NOISE_TOLERANCE"]
+           "min_budget", "check_solver", "least_budget", "DEFAULT_NOISE_TOLERANCE", "REGION_SOLVERS"]
 
 logger = logging.getLogger(__name__)
 
@@ -224,7 +224,27 @@ def solve(graph: Graph, budget: Any, *, solver: str = "auto", auto_solvers: Sequ
                            lambda p: finalize_plan(graph, p, budget_bytes, p.solver, options if solver != "auto"
                                                    else _accepted(p.solver, options)), noise_tolerance)
     except InfeasibleBudgetError as err:
-        raise err.with_peak(unoptimised_peak_bytes(graph)) from None
+        raise _with_ops_hint(graph, solver, err).with_peak(unoptimised_peak_bytes(graph)) from None
+
+
+REGION_SOLVERS = ("auto", "blocks", "none")
+"""The solvers that choose module-call regions on a module-level graph whose repeated blocks were
+captured op by op (``capture(blocks="auto")``, the default); every other solver recomputes single
+recomputable nodes, and an op inside such a block is not one (:mod:`autoremat.capture.blocks`)."""
+
+
+def _with_ops_hint(graph: Graph, solver: str, err: InfeasibleBudgetError) -> InfeasibleBudgetError:
+    """``err`` with the reason a node-by-node solver reaches little on an op-by-op capture: the
+    activations inside the blocks (nearly all of them on a transformer) are out of its reach."""
+    if solver in REGION_SOLVERS or graph.meta.get("blocks") != "ops":
+        return err
+    hint = (f"This module-level graph has its repeated blocks captured op by op (capture's default blocks='auto'): "
+            f"an op inside a block is not recomputable on its own, only whole module calls are, and solver "
+            f"{solver!r} chooses single nodes, so it cannot recompute inside the blocks. Use solver='blocks' (or "
+            f"'auto'), or capture with blocks='module' (one node per block) to use {solver!r}.")
+    reason = f"{err.reason} {hint}" if err.reason else hint
+    return InfeasibleBudgetError(err.budget_bytes, err.min_budget_bytes, solver=err.solver,
+                                 unoptimised_peak_bytes=err.unoptimised_peak_bytes, reason=reason)
 
 
 def _solve_bytes(graph: Graph, budget_bytes: int, solver: str, auto_solvers: Sequence[str] | None,
