@@ -254,3 +254,24 @@ def test_a_failure_on_the_main_process_reaches_the_others(monkeypatch: pytest.Mo
     with pytest.raises(RuntimeError, match="the main process failed while planning, so every process stops"):
         ar.prepare(acc, model, (x,), budget="50%")
     assert not autoremat.is_patched(model)
+
+
+@pytest.mark.slow  # ~50-85 s here: prepare profiles GPT-2 at module level
+@pytest.mark.parametrize("solver", ["dp-approx", "blocks"])
+def test_module_level_capture_suits_the_solver(solver: str) -> None:
+    """A transformers model (module level): ``dp-approx`` recomputes single nodes, so ``prepare``
+    captures one node per layer for it (on the default op-by-op capture it reaches nothing below
+    100 % and ``prepare`` stopped at planning); ``blocks`` gets the layers op by op."""
+    from autoremat.zoo import hf
+
+    model, x = hf.gpt2(), torch.randint(0, 256, (2, 32), generator=torch.Generator().manual_seed(0))
+    reference = copy.deepcopy(model)
+    ar.prepare(Accelerator(cpu=True), model, (x,), budget="60%", solver=solver)
+    plan = model.__dict__["_autoremat_patch"].plan
+    assert plan.recompute_segments and plan.graph_mode == "module" and plan.solver == solver
+    assert (len(plan.node_names) > 100) == (solver == "blocks")  # op by op, or one node per layer
+    torch.manual_seed(0)
+    run_step(reference, (x,), loss_fn=hf.logits_mean)
+    torch.manual_seed(0)
+    run_step(model, (x,), loss_fn=hf.logits_mean)
+    assert gradients_equal(gradients(reference), gradients(model))

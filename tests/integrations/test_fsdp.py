@@ -210,12 +210,14 @@ def _two_processes(tmp_path: Path, engine: str, name: str) -> list[dict]:
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("engine,name", [("fsdp2", "cnn"), ("fsdp2", "gpt2"), ("fsdp1", "cnn"), ("fsdp1", "gpt2")])
+@pytest.mark.parametrize("engine,name", [("fsdp2", "cnn"), ("fsdp2", "gpt2"), ("fsdp1", "cnn"), ("fsdp1", "gpt2"),
+                                         ("fsdp2", "gpt2+blocks"), ("fsdp1", "gpt2+blocks")])
 def test_two_processes(tmp_path: Path, engine: str, name: str) -> None:
     """Two ranks: gradients equal to the same sharding without the plan, the same collectives,
     the full state dict's keys and values unchanged, a checkpoint resumed into a fresh patched
     model trains on equally, restore; the per-rank peak within 10 % of the prediction (FSDP2,
-    the target; FSDP1 is checked against the FSDP2 model at 10 % too)."""
+    the target; FSDP1 is checked against the FSDP2 model at 10 % too). ``gpt2+blocks``: the
+    ``blocks`` solver's plan on the default capture (layers op by op, kept ops)."""
     for rank, data in enumerate(_two_processes(tmp_path, engine, name)):
         for order, case in data["orders"].items():
             where = (engine, name, order, rank)

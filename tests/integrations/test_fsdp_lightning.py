@@ -61,6 +61,27 @@ def test_callback_setup_refuses_deepspeed_before_any_work() -> None:
         cb.setup(trainer, nn.Linear(2, 2), "fit")
 
 
+def test_deepspeed_refused_for_the_real_classes_before_any_work() -> None:
+    """Lightning's own ``DeepSpeedStrategy`` and Accelerate's own ``DistributedType.DEEPSPEED``
+    (the objects cannot be made here: both need the ``deepspeed`` package, which is not installed
+    on this CPU-only machine; the strategy is made without its ``__init__``): ``setup`` and
+    ``prepare`` raise before capturing, the model left unpatched."""
+    from accelerate.utils import DistributedType
+    from lightning.pytorch.strategies import DeepSpeedStrategy
+
+    from autoremat.integrations import accelerate as ar
+
+    trainer = SimpleNamespace(strategy=DeepSpeedStrategy.__new__(DeepSpeedStrategy))
+    with pytest.raises(UnsupportedStrategyError, match="Lightning's DeepSpeedStrategy.*Use FSDP"):
+        autoremat.AutoRemat(budget="50%").setup(trainer, nn.Linear(2, 2), "fit")
+    model = nn.Sequential(nn.Linear(4, 4), nn.ReLU(), nn.Linear(4, 4))
+    accelerator = SimpleNamespace(distributed_type=DistributedType.DEEPSPEED, is_main_process=True, num_processes=1,
+                                  device=torch.device("cpu"), state=SimpleNamespace(deepspeed_plugin=object()))
+    with pytest.raises(UnsupportedStrategyError, match="Accelerate's DeepSpeed plugin.*Use FSDP"):
+        ar.prepare(accelerator, model, (torch.randn(2, 4),), budget="50%")
+    assert not autoremat.is_patched(model) and not [n for n, m in model.named_modules() if "forward" in m.__dict__]
+
+
 def test_callback_refuses_offload_and_batch_raising_under_fsdp() -> None:
     trainer = _trainer("ModelParallelStrategy")
     for kwargs in ({"offload": True}, {"raise_batch_size": True}):
