@@ -163,12 +163,17 @@ def _run(tmp_path: Path, script: str, *args: str) -> list[dict]:
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("strategy,model", [("fsdp2", "cnn"), ("fsdp2", "gpt2"), ("fsdp1", "cnn"), ("fsdp1", "gpt2")])
+@pytest.mark.parametrize("strategy,model", [("fsdp2", "cnn"), ("fsdp2", "gpt2"), ("fsdp1", "cnn"), ("fsdp1", "gpt2"),
+                                            ("fsdp2", "gpt2+blocks")])
 def test_lightning_sharded_fit_equals_the_fit_without_autoremat(tmp_path: Path, strategy: str, model: str) -> None:
+    """``gpt2+blocks``: the ``blocks`` solver on the default capture (layers op by op); the others
+    ``dp-approx`` (one node per layer)."""
     (tmp_path / "a").mkdir()
     (tmp_path / "b").mkdir()
     plain = _run(tmp_path / "a", "fsdp_lightning_script.py", strategy, model, "0")
     ar = _run(tmp_path / "b", "fsdp_lightning_script.py", strategy, model, "1")
+    if model.endswith("+blocks"):  # layers op by op: sub-module regions
+        assert ar[0]["plan"]["solver"] == "blocks" and ar[0]["plan"]["module_calls"]
     for rank in (0, 1):
         assert ar[rank]["patched_during_fit"] and ar[rank]["plan"] == ar[0]["plan"]  # one plan, every rank
         assert ar[rank]["summary"]["per_rank"]["world_size"] == 2
@@ -188,8 +193,7 @@ def test_lightning_sharded_fit_equals_the_fit_without_autoremat(tmp_path: Path, 
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("version", [1, 2])
-@pytest.mark.parametrize("model", ["cnn", "gpt2"])
+@pytest.mark.parametrize("version,model", [(1, "cnn"), (2, "cnn"), (1, "gpt2"), (2, "gpt2"), (1, "gpt2+blocks")])
 def test_accelerate_fsdp_plugin(tmp_path: Path, version: int, model: str) -> None:
     (tmp_path / "a").mkdir()
     (tmp_path / "b").mkdir()
