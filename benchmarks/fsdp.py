@@ -36,7 +36,9 @@ import torch
 
 ROOT = Path(__file__).resolve().parents[1]
 SCRIPT = ROOT / "tests" / "integrations" / "fsdp_script.py"
-CASES = (("fsdp2", "cnn"), ("fsdp2", "gpt2"), ("fsdp1", "cnn"), ("fsdp1", "gpt2"))
+CASES = (("fsdp2", "cnn"), ("fsdp2", "gpt2"), ("fsdp1", "cnn"), ("fsdp1", "gpt2"), ("fsdp2", "gpt2+blocks"))
+"""``gpt2+blocks``: the ``blocks`` solver on the default capture (layers op by op); the other GPT-2
+cases use ``dp-approx`` on one node per layer (``tests/integrations/fsdp_script.py``)."""
 
 
 def run_case(engine: str, model: str, budget: str, steps: int) -> list[dict[str, Any]]:

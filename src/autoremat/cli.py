@@ -19,7 +19,8 @@ from .capture.scaled import CaptureDoesNotFitError, capture_within, profile_limi
 from .errors import InfeasibleBudgetError
 from .cost import simulate, unoptimised_peak_bytes
 from .progress import Progress
-from .solvers import SOLVERS, capture_blocks_for, least_budget, solve
+from .integrations._common import capture_blocks
+from .solvers import SOLVERS, least_budget, solve
 
 __all__ = ["main"]
 
@@ -146,7 +147,7 @@ def _captured(progress: Progress, args: argparse.Namespace):  # type: ignore[no-
         limit = None if args.device == "meta" else profile_limit_bytes(
             args.memory_limit, device=args.device, resident_bytes=resident_bytes_of(model, inputs))
         return capture_within(model, inputs, limit_bytes=limit, times=args.times,
-                              blocks=capture_blocks_for(getattr(args, "solver", "auto")))
+                              blocks=capture_blocks(getattr(args, "solver", "auto")))
 
 
 def _profile(console: Console, progress: Progress, args: argparse.Namespace) -> int:

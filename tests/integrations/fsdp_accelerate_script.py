@@ -2,7 +2,7 @@
 processes (gloo), with and without ``autoremat.integrations.accelerate.prepare`` (called before
 ``accelerator.prepare``, the documented order).
 
-Usage: ``fsdp_accelerate_script.py VERSION MODEL USE_AUTOREMAT``; writes, per rank,
+Usage: ``fsdp_accelerate_script.py VERSION MODEL[+SOLVER] USE_AUTOREMAT``; writes, per rank,
 ``$AUTOREMAT_TEST_OUT/rank<N>.pt``: the gradients of two steps (full tensors) and whether the plan
 runs on the FSDP units. Accelerate sets its FSDP distributed type only for accelerator devices;
 on a CPU it runs ``MULTI_CPU`` (DDP), so the script sets the FSDP state by hand after
@@ -23,7 +23,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests/: the shar
 from _fsdp import batch, blocks, build, full_grads, step  # noqa: E402
 
 
-def run(rank: int, port: int, version: int, model_name: str, use: bool) -> None:
+def run(rank: int, port: int, version: int, model_name: str, use: bool, solver: str) -> None:
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), WORLD_SIZE="2",
                       LOCAL_RANK=str(rank), LOCAL_WORLD_SIZE="2")
     torch.set_num_threads(1)
@@ -46,7 +46,7 @@ def run(rank: int, port: int, version: int, model_name: str, use: bool) -> None:
     x = batch(model_name, rank)
     optimizer = torch.optim.SGD(model.parameters(), lr=0.05)
     if use:
-        model = ar.prepare(accelerator, model, (x,), budget="50%", solver="dp-approx", optimizer=optimizer,
+        model = ar.prepare(accelerator, model, (x,), budget="50%", solver=solver, optimizer=optimizer,
                            loss_fn=loss_fn)
     model, optimizer = accelerator.prepare(model, optimizer)
     grads = []
@@ -66,11 +66,12 @@ def run(rank: int, port: int, version: int, model_name: str, use: bool) -> None:
 
 
 def main() -> None:
-    version, model_name, use = int(sys.argv[1]), sys.argv[2], sys.argv[3] == "1"
+    version, use = int(sys.argv[1]), sys.argv[3] == "1"
+    model_name, _, solver = sys.argv[2].partition("+")  # gpt2+blocks: the blocks solver, layers op by op
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    mp.spawn(run, args=(port, version, model_name, use), nprocs=2)
+    mp.spawn(run, args=(port, version, model_name, use, solver or "dp-approx"), nprocs=2)
 
 
 if __name__ == "__main__":

@@ -1,7 +1,7 @@
 """Run by test_fsdp_lightning.py: a 2-process fit (gloo, CPU) under ModelParallelStrategy (FSDP2,
 sharded in configure_model) or FSDPStrategy (FSDP1 wrappers), with or without AutoRemat.
 
-Usage: fsdp_lightning_script.py STRATEGY MODEL USE_AUTOREMAT [RESUME_FROM]; writes, per rank,
+Usage: fsdp_lightning_script.py STRATEGY MODEL[+SOLVER] USE_AUTOREMAT [RESUME_FROM]; writes, per rank,
 ``$AUTOREMAT_TEST_OUT/rank<N>.pt``: the losses, the full state dict at the end, the plan and the
 state_dict keys of the module. FSDPStrategy passes ``device_id=None`` on a CPU, which FSDP1
 refuses; :class:`CPUFSDPStrategy` passes the CPU device (what it does on a GPU with the GPU's).
@@ -77,7 +77,8 @@ class GPT(Sharded, LitGPT2):
 
 
 def main() -> None:
-    strategy_name, model_name, use = sys.argv[1], sys.argv[2], sys.argv[3] == "1"
+    strategy_name, use = sys.argv[1], sys.argv[3] == "1"
+    model_name, _, solver = sys.argv[2].partition("+")  # gpt2+blocks: the blocks solver, layers op by op
     resume = sys.argv[4] if len(sys.argv) > 4 else None
     out = Path(os.environ["AUTOREMAT_TEST_OUT"])
     torch.manual_seed(0)
@@ -91,7 +92,8 @@ def main() -> None:
                                    state_dict_type="full")
     callbacks: list[pl.Callback] = []
     if use:
-        callbacks.append(autoremat.AutoRemat(budget="50%", module="model", solver="dp-approx", verbose=False))
+        callbacks.append(autoremat.AutoRemat(budget="50%", module="model", solver=solver or "dp-approx",
+                                             verbose=False))
     trainer = pl.Trainer(max_steps=4 if resume else 2, accelerator="cpu", devices=2, strategy=strategy, logger=False,
                          enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False,
                          callbacks=callbacks, default_root_dir=str(out))

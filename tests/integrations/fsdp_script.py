@@ -4,8 +4,10 @@ blocks auto-wrapped), with and without an autoremat plan, and compare.
 
 Usage: ``fsdp_script.py ENGINE MODEL ORDERS BUDGET [TIMING_STEPS]`` (ENGINE ``fsdp2``/``fsdp1``,
 MODEL ``cnn`` (zoo ResNet-50, small, fx level) / ``gpt2`` (transformers, small config, module
-level), ORDERS a comma list of ``shard-first``/``apply-first``). Rank zero captures the unsharded
-model and solves; the plan goes to both ranks. Per order and rank it records, in
+level), optionally ``+SOLVER`` (default ``dp-approx`` on one node per block; ``gpt2+blocks``: the
+``blocks`` solver on the default capture, layers op by op), ORDERS a comma list of
+``shard-first``/``apply-first``). Rank zero captures the unsharded model and solves; the plan goes
+to both ranks. Per order and rank it records, in
 ``$AUTOREMAT_TEST_OUT/rank<N>.json``: gradients ``torch.equal`` to the same sharding without the
 plan, the collectives of a step (both), the measured per-rank step peak (live storage counter,
 resizes and ``DTensor`` local shards counted) and the per-rank prediction, ``restore`` under
@@ -165,7 +167,8 @@ def timing(engine: str, model_name: str, plan: Plan, x: torch.Tensor, steps: int
             "ratio_local": med["local+plan"] / med["local"], "ratio_sharded": med["sharded+plan"] / med["sharded"]}
 
 
-def run(rank: int, port: int, engine: str, model_name: str, orders: list[str], budget: str, steps: int) -> None:
+def run(rank: int, port: int, engine: str, model_name: str, orders: list[str], budget: str, steps: int,
+        solver: str) -> None:
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     torch.set_num_threads(1)
     dist.init_process_group("gloo", rank=rank, world_size=2)
@@ -173,9 +176,10 @@ def run(rank: int, port: int, engine: str, model_name: str, orders: list[str], b
     box: list[Any] = [None]
     if rank == 0:
         model, loss_fn = build(model_name)
+        # node-by-node solvers recompute whole layers (one node each); "blocks" inside them (the default capture)
         graph = autoremat.capture(model, (x,), loss_fn=loss_fn, mode="fx" if model_name == "cnn" else "module",
-                                  blocks="module")  # dp-approx recomputes whole layers
-        box = [(graph.to_dict(), autoremat.solve(graph, budget, solver="dp-approx").to_dict())]
+                                  blocks="auto" if solver == "blocks" else "module")
+        box = [(graph.to_dict(), autoremat.solve(graph, budget, solver=solver).to_dict())]
     dist.broadcast_object_list(box, 0)
     graph, plan = Graph.from_dict(box[0][0]), Plan.from_dict(box[0][1])
     out: dict[str, Any] = {"orders": {o: order_case(engine, model_name, o, plan, graph, x) for o in orders}}
@@ -187,12 +191,13 @@ def run(rank: int, port: int, engine: str, model_name: str, orders: list[str], b
 
 
 def main() -> None:
-    engine, model_name, orders, budget = sys.argv[1], sys.argv[2], sys.argv[3].split(","), sys.argv[4]
+    engine, orders, budget = sys.argv[1], sys.argv[3].split(","), sys.argv[4]
+    model_name, _, solver = sys.argv[2].partition("+")
     steps = int(sys.argv[5]) if len(sys.argv) > 5 else 0
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    mp.spawn(run, args=(port, engine, model_name, orders, budget, steps), nprocs=2)
+    mp.spawn(run, args=(port, engine, model_name, orders, budget, steps, solver or "dp-approx"), nprocs=2)
 
 
 if __name__ == "__main__":

@@ -61,6 +61,27 @@ def test_callback_setup_refuses_deepspeed_before_any_work() -> None:
         cb.setup(trainer, nn.Linear(2, 2), "fit")
 
 
+def test_deepspeed_refused_for_the_real_classes_before_any_work() -> None:
+    """Lightning's own ``DeepSpeedStrategy`` and Accelerate's own ``DistributedType.DEEPSPEED``
+    (the objects cannot be made here: both need the ``deepspeed`` package, which is not installed
+    on this CPU-only machine; the strategy is made without its ``__init__``): ``setup`` and
+    ``prepare`` raise before capturing, the model left unpatched."""
+    from accelerate.utils import DistributedType
+    from lightning.pytorch.strategies import DeepSpeedStrategy
+
+    from autoremat.integrations import accelerate as ar
+
+    trainer = SimpleNamespace(strategy=DeepSpeedStrategy.__new__(DeepSpeedStrategy))
+    with pytest.raises(UnsupportedStrategyError, match="Lightning's DeepSpeedStrategy.*Use FSDP"):
+        autoremat.AutoRemat(budget="50%").setup(trainer, nn.Linear(2, 2), "fit")
+    model = nn.Sequential(nn.Linear(4, 4), nn.ReLU(), nn.Linear(4, 4))
+    accelerator = SimpleNamespace(distributed_type=DistributedType.DEEPSPEED, is_main_process=True, num_processes=1,
+                                  device=torch.device("cpu"), state=SimpleNamespace(deepspeed_plugin=object()))
+    with pytest.raises(UnsupportedStrategyError, match="Accelerate's DeepSpeed plugin.*Use FSDP"):
+        ar.prepare(accelerator, model, (torch.randn(2, 4),), budget="50%")
+    assert not autoremat.is_patched(model) and not [n for n, m in model.named_modules() if "forward" in m.__dict__]
+
+
 def test_callback_refuses_offload_and_batch_raising_under_fsdp() -> None:
     trainer = _trainer("ModelParallelStrategy")
     for kwargs in ({"offload": True}, {"raise_batch_size": True}):
@@ -142,12 +163,17 @@ def _run(tmp_path: Path, script: str, *args: str) -> list[dict]:
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("strategy,model", [("fsdp2", "cnn"), ("fsdp2", "gpt2"), ("fsdp1", "cnn"), ("fsdp1", "gpt2")])
+@pytest.mark.parametrize("strategy,model", [("fsdp2", "cnn"), ("fsdp2", "gpt2"), ("fsdp1", "cnn"), ("fsdp1", "gpt2"),
+                                            ("fsdp2", "gpt2+blocks")])
 def test_lightning_sharded_fit_equals_the_fit_without_autoremat(tmp_path: Path, strategy: str, model: str) -> None:
+    """``gpt2+blocks``: the ``blocks`` solver on the default capture (layers op by op); the others
+    ``dp-approx`` (one node per layer)."""
     (tmp_path / "a").mkdir()
     (tmp_path / "b").mkdir()
     plain = _run(tmp_path / "a", "fsdp_lightning_script.py", strategy, model, "0")
     ar = _run(tmp_path / "b", "fsdp_lightning_script.py", strategy, model, "1")
+    if model.endswith("+blocks"):  # layers op by op: sub-module regions
+        assert ar[0]["plan"]["solver"] == "blocks" and ar[0]["plan"]["module_calls"]
     for rank in (0, 1):
         assert ar[rank]["patched_during_fit"] and ar[rank]["plan"] == ar[0]["plan"]  # one plan, every rank
         assert ar[rank]["summary"]["per_rank"]["world_size"] == 2
@@ -167,8 +193,7 @@ def test_lightning_sharded_fit_equals_the_fit_without_autoremat(tmp_path: Path, 
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("version", [1, 2])
-@pytest.mark.parametrize("model", ["cnn", "gpt2"])
+@pytest.mark.parametrize("version,model", [(1, "cnn"), (2, "cnn"), (1, "gpt2"), (2, "gpt2"), (1, "gpt2+blocks")])
 def test_accelerate_fsdp_plugin(tmp_path: Path, version: int, model: str) -> None:
     (tmp_path / "a").mkdir()
     (tmp_path / "b").mkdir()

@@ -236,20 +236,3 @@ def test_a_solver_plan_over_budget_is_never_returned(monkeypatch):
         solve(g, peak - 1, solver="liar")
     assert err.value.min_budget_bytes == peak
 
-
-def test_capture_blocks_for_each_solver_and_the_warning_on_a_graph_it_cannot_plan(caplog) -> None:
-    import logging
-
-    from autoremat.solvers import PLANS_CALL_REGIONS, SOLVERS, capture_blocks_for
-
-    assert {capture_blocks_for(s) for s in PLANS_CALL_REGIONS} == {"auto"}
-    assert {capture_blocks_for(s) for s in set(SOLVERS) - PLANS_CALL_REGIONS} == {"module"}
-    g = autoremat.Graph.chain([100] * 6, [1.0] * 6)
-    g.meta["blocks"] = "ops"
-    with caplog.at_level(logging.WARNING, logger="autoremat.solvers"):
-        autoremat.solve(g, "100%", solver="xla-greedy")
-    assert "capture(..., blocks='module')" in caplog.text
-    caplog.clear()
-    with caplog.at_level(logging.WARNING, logger="autoremat.solvers"):
-        autoremat.solve(g, "100%", solver="chen")
-    assert "blocks" not in caplog.text

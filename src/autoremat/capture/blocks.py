@@ -49,10 +49,12 @@ _PSEUDO = 1 << 40
 """Ids of block calls in the mutation log (above any node id)."""
 
 
-def block_paths(model: nn.Module, node_paths: Sequence[str]) -> list[str]:
+def block_paths(model: nn.Module, node_paths: Sequence[str],
+                modules: Mapping[str, nn.Module] | None = None) -> list[str]:
     """The node modules of ``node_paths`` that are repeated blocks: members of a container
-    (``ModuleList``, ``Sequential``, ``ModuleDict``) that have submodules."""
-    mods = dict(model.named_modules())
+    (``ModuleList``, ``Sequential``, ``ModuleDict``) that have submodules. ``modules``: the
+    model's modules by path to look in instead of its own (a sharded model's canonical ones)."""
+    mods = dict(model.named_modules()) if modules is None else dict(modules)
     containers = (nn.ModuleList, nn.Sequential, nn.ModuleDict)
     out = []
     for path in node_paths:

@@ -68,15 +68,17 @@ def node_modules(model: nn.Module) -> list[tuple[str, nn.Module]]:
 
 def module_fingerprint(model: nn.Module, blocks: str = "module", *,
                        nodes: Sequence[tuple[str, nn.Module]] | None = None,
-                       tensors: Mapping[str, str] | None = None) -> str:
+                       tensors: Mapping[str, str] | None = None,
+                       modules: Mapping[str, nn.Module] | None = None) -> str:
     """Hash of the node modules (``blocks="ops"``: the repeated blocks marked as captured op by
     op) and of the model's parameters' and buffers' shapes and dtypes
     (:mod:`autoremat.capture.signature`); equals ``Graph.fingerprint`` of a module capture.
-    ``nodes`` / ``tensors``: the node modules and tensor signature to hash instead of the
-    model's own (a sharded model's canonical ones, :mod:`autoremat.runtime.sharding`)."""
+    ``nodes`` / ``tensors`` / ``modules``: the node modules, tensor signature and modules by
+    path to use instead of the model's own (a sharded model's canonical ones,
+    :mod:`autoremat.runtime.sharding`)."""
     h = hashlib.sha256(b"module")
     mods = node_modules(model) if nodes is None else list(nodes)
-    ops = set(block_paths(model, [p for p, _ in mods])) if blocks == "ops" else set()
+    ops = set(block_paths(model, [p for p, _ in mods], modules)) if blocks == "ops" else set()
     for path, mod in mods:
         h.update(f"{path}:{original_class(mod).__name__}{':ops' if path in ops else ''};".encode())
     for line in tensor_lines(model) if tensors is None else (f"{k}={v};" for k, v in tensors.items()):

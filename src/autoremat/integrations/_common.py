@@ -1,4 +1,5 @@
-"""What every integration needs, defined once: the device budget turned into a step budget.
+"""What every integration needs, defined once: the device budget turned into a step budget, and
+how a module-level model's repeated blocks are captured for the solver (:func:`capture_blocks`).
 
 Resident bytes, the device of a model and optimizer-state accounting live in
 :mod:`autoremat.resident` (capture uses them too); the solver-name check is
@@ -16,7 +17,17 @@ from ..budget import parse_budget
 from ..graph import Graph
 from ..cost import unoptimised_peak_bytes
 
-__all__ = ["step_budget_bytes", "is_percentage"]
+__all__ = ["step_budget_bytes", "is_percentage", "capture_blocks"]
+
+
+def capture_blocks(solver: str) -> str:
+    """``capture(blocks=)`` for ``solver``: op by op (the default) for the solvers that choose
+    module-call regions inside the blocks (``auto``, ``blocks``); one node per block for the
+    others, which recompute single nodes and cannot recompute an op inside a block (on a
+    transformer captured op by op they reach no budget below the unoptimised peak)."""
+    from ..solvers import REGION_SOLVERS
+
+    return "auto" if solver in REGION_SOLVERS else "module"
 
 
 def is_percentage(budget: int | float | str) -> bool:

@@ -41,8 +41,8 @@ from ..measure import default_loss
 from ..per_rank import per_rank_graph
 from ..resident import allocated_resident_bytes, device_of, resident_bytes
 from ..cost import simulate
-from ._common import step_budget_bytes
-from ._strategies import SHARDED_BLOCKS, UnsupportedStrategyError, deepspeed_refusal, solve_per_rank
+from ._common import capture_blocks, step_budget_bytes
+from ._strategies import UnsupportedStrategyError, deepspeed_refusal, solve_per_rank
 
 if TYPE_CHECKING:
     import lightning.pytorch as pl
@@ -129,7 +129,7 @@ def profile_and_solve_sharded(cb: Any, trainer: "pl.Trainer", pl_module: "pl.Lig
             limit = profile_limit_bytes(cb.budget, device=device, resident_bytes=resident)
             with trainer.precision_plugin.forward_context():
                 graph = capture_within(target, args, kwargs, limit_bytes=limit, loss_fn=loss_fn,
-                                       blocks=SHARDED_BLOCKS,
+                                       blocks=capture_blocks(cb._solver_options(sharded=True)[0]),
                                        repeats=cb.profile_steps, warmup=1)
     if not zero:
         return None

@@ -35,13 +35,7 @@ from ..plan import Plan
 from ..cost import simulate
 
 __all__ = ["UnsupportedStrategyError", "deepspeed_refusal", "predicted_units", "PerRankPlan", "solve_per_rank",
-           "MAX_TRIES", "SHARDED_BLOCKS"]
-
-SHARDED_BLOCKS = "module"
-"""How sharded integrations capture module-level models: one node per block. The default capture
-(blocks op by op) serves the ``blocks`` solver, whose plans (sub-module calls, kept ops) have not
-been verified inside FSDP units; with one node per block every recomputation solver, and the
-plans the FSDP tests check, apply (dp-approx found nothing below 100 % on op-by-op GPT-2)."""
+           "MAX_TRIES"]
 
 logger = logging.getLogger(__name__)
 

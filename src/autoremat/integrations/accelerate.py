@@ -66,11 +66,11 @@ from ..plan import Plan
 from ..progress import Progress
 from ..resident import allocated_resident_bytes, resident_bytes
 from ..runtime import apply
-from ..solvers import capture_blocks_for, check_solver, solve
+from ..solvers import check_solver, solve
 from ._atomic import Rollback
-from ._common import is_percentage, step_budget_bytes
+from ._common import capture_blocks, is_percentage, step_budget_bytes
 from ._planning import as_plan, least_for, measured_step_peak, plan_within
-from ._strategies import SHARDED_BLOCKS, accelerate_units, solve_per_rank
+from ._strategies import accelerate_units, solve_per_rank
 from .summary import print_summary, summarise
 
 __all__ = ["AutoRematConfig", "prepare", "budget_text"]
@@ -305,7 +305,7 @@ def _solve_sharded(accelerator: Any, model: nn.Module, example_args: Sequence[An
     limit = profile_limit_bytes(cfg.budget, device=device, resident_bytes=resident)
     with accelerator.autocast():
         graph = capture_within(model, args, kwargs, limit_bytes=limit, loss_fn=loss_fn or default_loss,
-                               blocks=SHARDED_BLOCKS,
+                               blocks=capture_blocks(cfg.solver),
                                repeats=cfg.profile_steps, times=cfg.times)
     spec = sharding_spec(model, graph, units=units, world=world, fsdp_version=version)
     step_budget = step_budget_bytes(cfg.budget.strip(), per_rank_graph(graph, spec), device, resident,
@@ -345,7 +345,7 @@ def _decide(accelerator: Any, model: nn.Module, args: tuple, kwargs: dict, cfg: 
     with progress.phase(f"capture {type(model).__name__}"), accelerator.autocast():
         # never an unpatched step above the device budget
         graph = capture_within(model, args, kwargs, limit_bytes=limit, loss_fn=loss_fn, repeats=cfg.profile_steps,
-                               times=cfg.times, blocks=capture_blocks_for(cfg.solver))
+                               times=cfg.times, blocks=capture_blocks(cfg.solver))
     with progress.phase(f"solve ({len(graph)} nodes, solver {cfg.solver})"):
         plan, step, note = plan_within(graph, cfg.budget, device=device, resident=resident, allocated=allocated,
                                        solver=cfg.solver,

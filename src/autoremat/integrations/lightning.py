@@ -74,8 +74,8 @@ from ..plan import Plan
 from ..progress import Progress
 from ..resident import allocated_resident_bytes, device_of, resident_bytes, storage_bytes
 from ..runtime import REGION_MODES, apply, is_patched, restore
-from ..solvers import OFFLOAD_ONLY, SOLVERS, capture_blocks_for, check_solver, solve
-from ._common import step_budget_bytes
+from ..solvers import OFFLOAD_ONLY, SOLVERS, check_solver, solve
+from ._common import capture_blocks, step_budget_bytes
 from ._lightning_reuse import cache_key, from_cache, reuse_given
 from ._lightning_sharded import SHARDED, profile_and_solve_sharded, strategy_kind
 from ._lightning_steps import confirmed, record_inputs
@@ -359,7 +359,7 @@ class AutoRemat(Callback):
         with progress.phase(f"capture {type(target).__name__}"), trainer.precision_plugin.forward_context():
             # never an unpatched step above the device budget
             graph = capture_within(target, args, kwargs, limit_bytes=limit, loss_fn=loss_fn, repeats=self.profile_steps,
-                                   warmup=1, times=self.times, blocks=capture_blocks_for(self._solver_options()[0]))
+                                   warmup=1, times=self.times, blocks=capture_blocks(self._solver_options()[0]))
         if device.type == "cuda" and self.offload is not False:
             # offload plans are simulated (and solved) at this machine's host<->device link
             graph.meta["bandwidth_bytes_per_s"] = measure_bandwidth(device)

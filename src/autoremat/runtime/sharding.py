@@ -57,8 +57,8 @@ import torch
 import torch.fx
 from torch import nn
 
-from .._fsdp import (UNKNOWN, canonical_path, fsdp_state_count, has_sharded_params, has_units, inner_module,
-                     logical_signature, units_of)
+from .._fsdp import (UNKNOWN, canonical_modules, canonical_path, fsdp_state_count, has_sharded_params, has_units,
+                     inner_module, logical_signature, units_of)
 from ..capture.fx import fx_fingerprint, fx_ops
 from ..capture.module import module_fingerprint, node_modules
 from ..capture.signature import first_difference, tensor_signature
@@ -355,7 +355,9 @@ def canonical_node_modules(model: nn.Module) -> list[tuple[str, nn.Module]]:
 
 def module_plan_fingerprint(model: nn.Module, plan: Plan) -> tuple[str, list[tuple[str, nn.Module]]]:
     """The module-level fingerprint of a sharded model (canonical node modules; parameters as
-    before sharding), and its canonical node modules."""
+    before sharding), and its canonical node modules. The fingerprint is the one of the capture
+    the plan names when it is either (repeated blocks as one node each, or op by op: the default
+    ``capture(blocks="auto")``), as for an unsharded model."""
     nodes = canonical_node_modules(model)
     recorded = plan.tensors or {}
     own = {_canonical_key(k): v for k, v in tensor_signature(model).items()}
@@ -365,7 +367,11 @@ def module_plan_fingerprint(model: nn.Module, plan: Plan) -> tuple[str, list[tup
         if why:
             raise PlanMismatchError(f"plan was made for other tensors than the sharded {type(model).__name__} holds "
                                     f"({why}); capture this model and solve again")
-    return module_fingerprint(model, nodes=nodes, tensors=recorded or sig), nodes
+    tensors = recorded or sig
+    fp = module_fingerprint(model, nodes=nodes, tensors=tensors)
+    if plan.graph_fingerprint and plan.graph_fingerprint != fp:  # blocks captured op by op?
+        fp = module_fingerprint(model, "ops", nodes=nodes, tensors=tensors, modules=canonical_modules(model))
+    return fp, nodes
 
 
 def _canonical_key(key: str) -> str:

@@ -63,26 +63,12 @@ from .xla_greedy import XlaGreedyConfig, solve_xla_greedy
 
 __all__ = ["SOLVERS", "SOLVER_FUNCTIONS", "RegisteredSolver", "CONFIGS", "OFFLOAD_ONLY", "AUTO_ORDER",
            "AUTO_BLOCKS_ENOUGH_NODES", "SolverFn", "SolverConfig", "solve", "finalize_plan", "bare_solver",
-           "min_budget", "check_solver", "least_budget", "DEFAULT_NOISE_TOLERANCE", "PLANS_CALL_REGIONS",
-           "capture_blocks_for"]
+           "min_budget", "check_solver", "least_budget", "DEFAULT_NOISE_TOLERANCE", "REGION_SOLVERS"]
 
 logger = logging.getLogger(__name__)
 
 SolverFn = Callable[..., Plan]
 
-PLANS_CALL_REGIONS = frozenset({"auto", "blocks", "chen", "combined", "dp-approx", "dp-exact", "milp", "none"})
-"""Solvers that plan a module-level graph whose repeated blocks were captured op by op (the
-default ``capture(blocks="auto")``): ``blocks`` inside them, the others a block as one call
-region (``chen``: :meth:`~autoremat.graph.Graph.recompute_units`). ``xla-greedy`` and
-``reforward`` recompute one module call at a time and find nothing to recompute in such blocks,
-and the offload solvers offload module calls' outputs only: capture for them with
-``blocks="module"`` (:func:`capture_blocks_for`; the integrations and the CLI do)."""
-
-
-def capture_blocks_for(solver: str) -> str:
-    """The ``capture(..., blocks=)`` that ``solver`` plans well: ``"auto"`` (blocks op by op) for
-    :data:`PLANS_CALL_REGIONS`, else ``"module"`` (one node per block)."""
-    return "auto" if solver in PLANS_CALL_REGIONS else "module"
 
 SOLVER_FUNCTIONS: dict[str, SolverFn] = {
     "none": solve_none,
@@ -224,10 +210,6 @@ def solve(graph: Graph, budget: Any, *, solver: str = "auto", auto_solvers: Sequ
     if not isinstance(graph, Graph):
         raise TypeError(f"graph must be an autoremat.Graph (from autoremat.capture), got {type(graph).__name__}")
     check_solver(solver)
-    if solver not in PLANS_CALL_REGIONS and graph.meta.get("blocks") == "ops":
-        logger.warning("solver %r plans one module call at a time and finds nothing inside the blocks this graph "
-                       "captured op by op (capture's default): use solver='auto' or 'blocks', or capture(..., "
-                       "blocks='module') for it", solver)
     if is_min(budget):
         budget_bytes = least_budget(graph, solver, auto_solvers=auto_solvers, **options)
     else:
@@ -243,7 +225,31 @@ def solve(graph: Graph, budget: Any, *, solver: str = "auto", auto_solvers: Sequ
                            lambda p: finalize_plan(graph, p, budget_bytes, p.solver, options if solver != "auto"
                                                    else _accepted(p.solver, options)), noise_tolerance)
     except InfeasibleBudgetError as err:
-        raise err.with_peak(unoptimised_peak_bytes(graph)) from None
+        raise _with_ops_hint(graph, solver, err).with_peak(unoptimised_peak_bytes(graph)) from None
+
+
+REGION_SOLVERS = ("auto", "blocks", "chen", "none")
+"""The solvers that choose module-call regions on a module-level graph whose repeated blocks were
+captured op by op (``capture(blocks="auto")``, the default): ``blocks`` inside the blocks, ``chen``
+a block as one call (:meth:`~autoremat.graph.Graph.recompute_units`). The others recompute single
+recomputable nodes, and an op inside such a block is not one (:mod:`autoremat.capture.blocks`);
+they may still reach a block as a segment of a lower-set plan, but not reliably (dp-approx found
+nothing below 100 % on op-by-op GPT-2 captures): the integrations and the CLI capture blocks whole
+for them (:func:`autoremat.integrations._common.capture_blocks`)."""
+
+
+def _with_ops_hint(graph: Graph, solver: str, err: InfeasibleBudgetError) -> InfeasibleBudgetError:
+    """``err`` with the reason a node-by-node solver reaches little on an op-by-op capture: the
+    activations inside the blocks (nearly all of them on a transformer) are out of its reach."""
+    if solver in REGION_SOLVERS or graph.meta.get("blocks") != "ops":
+        return err
+    hint = (f"This module-level graph has its repeated blocks captured op by op (capture's default blocks='auto'): "
+            f"an op inside a block is not recomputable on its own, only whole module calls are, and solver "
+            f"{solver!r} chooses single nodes, so it cannot recompute inside the blocks. Use solver='blocks', 'chen' "
+            f"(or 'auto'), or capture with blocks='module' (one node per block) to use {solver!r}.")
+    reason = f"{err.reason} {hint}" if err.reason else hint
+    return InfeasibleBudgetError(err.budget_bytes, err.min_budget_bytes, solver=err.solver,
+                                 unoptimised_peak_bytes=err.unoptimised_peak_bytes, reason=reason)
 
 
 def _solve_bytes(graph: Graph, budget_bytes: int, solver: str, auto_solvers: Sequence[str] | None,

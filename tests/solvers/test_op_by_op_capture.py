@@ -1,0 +1,62 @@
+"""Node-by-node solvers on a module-level graph whose repeated blocks were captured op by op
+(``capture(blocks="auto")``, the default; issue 21): an op inside a block is not recomputable on
+its own, only whole module calls are, so ``xla-greedy``/``reforward`` reach nothing below the
+unoptimised peak there (``chen`` recomputes a block as its call region; ``dp-approx`` reaches
+what Chen's plans do, which it checks its own against, but not its own optimum). The error says so and names what to do; the integrations capture one
+node per block for those solvers (:func:`autoremat.integrations._common.capture_blocks`)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from torch import nn
+
+import autoremat
+from autoremat import InfeasibleBudgetError
+from autoremat.cost import unoptimised_peak_bytes
+from autoremat.integrations._common import capture_blocks
+from autoremat.solvers import min_budget
+
+
+def _model() -> nn.Sequential:
+    torch.manual_seed(0)
+    blocks = [nn.Sequential(nn.Linear(32, 128), nn.GELU(), nn.Linear(128, 32), nn.Tanh()) for _ in range(4)]
+    return nn.Sequential(nn.Linear(16, 32), *blocks, nn.Linear(32, 4))
+
+
+@pytest.fixture(scope="module")
+def graphs() -> dict[str, autoremat.Graph]:
+    model, x = _model(), torch.randn(64, 16)
+    return {b: autoremat.capture(model, (x,), mode="module", blocks=b, repeats=1, warmup=0) for b in ("auto", "module")}
+
+
+@pytest.mark.parametrize("solver", ["xla-greedy", "reforward"])
+def test_node_solvers_on_an_op_by_op_capture_name_the_way_out(graphs, solver: str) -> None:
+    ops, module = graphs["auto"], graphs["module"]
+    assert ops.meta["blocks"] == "ops"
+    inside = [v for v in ops.nodes if ops.node(v)["scope"]]
+    assert inside and not any(ops.node(v)["recomputable"] for v in inside)  # only whole calls are
+    assert min_budget(ops, solver) == unoptimised_peak_bytes(ops)
+    with pytest.raises(InfeasibleBudgetError, match=r"captured op by op.*solver='blocks'.*blocks='module'"):
+        autoremat.solve(ops, "80%", solver=solver)
+    assert autoremat.solve(module, "80%", solver=solver).recompute_segments  # one node per block: it can
+    assert autoremat.solve(ops, "80%", solver="blocks").recompute_segments
+
+
+def test_the_hint_is_only_for_node_solvers_on_op_by_op_captures(graphs) -> None:
+    with pytest.raises(InfeasibleBudgetError) as err:
+        autoremat.solve(graphs["module"], "10%", solver="dp-approx")
+    assert "op by op" not in str(err.value)
+    with pytest.raises(InfeasibleBudgetError) as err:
+        autoremat.solve(graphs["auto"], "10%", solver="blocks")
+    assert "op by op" not in str(err.value)
+    assert [capture_blocks(s) for s in ("auto", "blocks", "chen", "dp-approx")] == ["auto", "auto", "auto", "module"]
+
+
+def test_chen_recomputes_blocks_captured_op_by_op_as_their_call_regions(graphs) -> None:
+    ops, module = graphs["auto"], graphs["module"]
+    assert min_budget(ops, "chen") < unoptimised_peak_bytes(ops)
+    assert min_budget(ops, "chen") == pytest.approx(min_budget(module, "chen"), rel=0.01)
+    plan = autoremat.solve(ops, "80%", solver="chen")
+    regions = [s for s in plan.recompute_segments if len(s.nodes) > 1]
+    assert regions and all(ops.region_of(s.nodes) is not None for s in regions)
