@@ -8,6 +8,7 @@ and the per-rank peak against the prediction with the parameters really split in
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import json
 import os
@@ -61,19 +62,28 @@ def _patched(name: str, engine: str, order: str, plan: autoremat.Plan) -> torch.
     return model
 
 
-@pytest.mark.parametrize("name,engine", [("cnn", "fsdp2"), ("cnn", "fsdp1"), ("gpt2", "fsdp2"),
-                                         pytest.param("gpt2", "fsdp1", marks=pytest.mark.slow)])
-def test_plan_composes_with_sharding_in_both_orders(name: str, engine: str) -> None:
-    graph, plan = _plan(name)
+@contextlib.contextmanager
+def _sharded_reference(name: str, engine: str):  # type: ignore[no-untyped-def]
+    """In a process group, with the state guard's fallback an error (the plan must run, not the
+    model's own forward): ``(batch, loss_fn, gradients, collectives of one step)`` of ``name``
+    sharded by ``engine`` without a plan."""
     x, loss_fn = batch(name, small=True), build(name)[1]
     with process_group(), warnings.catch_warnings():
-        warnings.simplefilter("error", StateGuardWarning)  # the plan must run, not the model's own forward
+        warnings.simplefilter("error", StateGuardWarning)
         ref = shard(build(name)[0], engine)
         step(ref, x, loss_fn)
         want = full_grads(ref)
         ref_comm = CollectiveCounter()
         with ref_comm:
             step(ref, x, loss_fn)
+        yield x, loss_fn, want, ref_comm
+
+
+@pytest.mark.parametrize("name,engine", [("cnn", "fsdp2"), ("cnn", "fsdp1"), ("gpt2", "fsdp2"),
+                                         pytest.param("gpt2", "fsdp1", marks=pytest.mark.slow)])
+def test_plan_composes_with_sharding_in_both_orders(name: str, engine: str) -> None:
+    graph, plan = _plan(name)
+    with _sharded_reference(name, engine) as (x, loss_fn, want, ref_comm):
         for order in ORDERS:
             model = _patched(name, engine, order, plan)
             comm = CollectiveCounter()
@@ -115,15 +125,7 @@ def test_blocks_plan_on_the_default_capture_composes_with_sharding(engine: str) 
     from autoremat.runtime.selective import SelectiveCall
 
     plan = _blocks_plan()
-    x, loss_fn = batch("gpt2", small=True), build("gpt2")[1]
-    with process_group(), warnings.catch_warnings():
-        warnings.simplefilter("error", StateGuardWarning)
-        ref = shard(build("gpt2")[0], engine)
-        step(ref, x, loss_fn)
-        want = full_grads(ref)
-        ref_comm = CollectiveCounter()
-        with ref_comm:
-            step(ref, x, loss_fn)
+    with _sharded_reference("gpt2", engine) as (x, loss_fn, want, ref_comm):
         for order in ORDERS:
             model = _patched("gpt2", engine, order, plan)
             selective = [m for m in model.modules() if isinstance(m.__dict__.get("forward"), SelectiveCall)]
