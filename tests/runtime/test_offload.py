@@ -8,6 +8,7 @@ import copy
 from collections.abc import Iterator
 
 import pytest
+from _offloaded import offloaded_step
 import torch
 
 import autoremat
@@ -106,17 +107,7 @@ def test_runtime_bookkeeping_on_cpu(name: str) -> None:
     order = sorted(offloadable_nodes(g, chen))[:6]
     plan = Plan(list(chen.segments), solver="manual", offload=tuple(order))
     plan = autoremat.solvers.finalize_plan(g, plan, 10**12, "manual")
-    reference = copy.deepcopy(model)
-    torch.manual_seed(0)
-    run_step(reference, args)
-    autoremat.apply(model, plan)
-    try:
-        torch.manual_seed(0)
-        run_step(model, args)
-        stats = offloader_of(model).stats
-    finally:
-        autoremat.restore(model)
-    assert gradients_equal(gradients(reference), gradients(model))
+    stats = offloaded_step(model, args, plan)
     assert sorted(stats.packed_nodes) == sorted(order)
     assert stats.packed_bytes == sum(g.node(v)["alloc_bytes"] for v in order)
     assert sorted(stats.fetched_nodes) == sorted(order)
@@ -136,17 +127,7 @@ def test_module_level_offload_bookkeeping() -> None:
     blocks = [v for v in offloadable_nodes(g, base) if g.node(v)["kind"] != "glue"]
     assert blocks
     plan = autoremat.solvers.finalize_plan(g, Plan(list(base.segments), offload=tuple(blocks)), 10**12, "manual")
-    reference = copy.deepcopy(model)
-    torch.manual_seed(1)
-    run_step(reference, (ids,), loss_fn=loss_fn)
-    autoremat.apply(model, plan)
-    try:
-        torch.manual_seed(1)
-        run_step(model, (ids,), loss_fn=loss_fn)
-        stats = offloader_of(model).stats
-    finally:
-        autoremat.restore(model)
-    assert gradients_equal(gradients(reference), gradients(model))
+    stats = offloaded_step(model, (ids,), plan, loss_fn=loss_fn, seed=1)
     assert set(stats.packed_nodes) == set(blocks)
 
 
@@ -174,17 +155,7 @@ def test_chain_solver_plans_run_on_a_cpu_model_with_offload_true(solver: str) ->
     plan = autoremat.solve(g, budget, solver=solver, offload=True)
     assert plan.offload and not plan.recompute_segments
     assert simulate(g, plan).peak_bytes <= budget < peak
-    reference = copy.deepcopy(model)
-    torch.manual_seed(0)
-    run_step(reference, args)
-    autoremat.apply(model, plan)
-    try:
-        torch.manual_seed(0)
-        run_step(model, args)
-        stats = offloader_of(model).stats
-    finally:
-        autoremat.restore(model)
-    assert gradients_equal(gradients(reference), gradients(model))
+    stats = offloaded_step(model, args, plan)
     assert sorted(stats.packed_nodes) == list(plan.offload)
     assert stats.packed_bytes == sum(g.node(v)["alloc_bytes"] for v in plan.offload)
     assert sorted(stats.fetched_nodes) == list(plan.offload)

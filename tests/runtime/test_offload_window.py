@@ -2,16 +2,13 @@
 
 from __future__ import annotations
 
-import copy
-
 import pytest
 import torch
+from _offloaded import offloaded_step
 from torch import nn
 
 import autoremat
-from autoremat.measure import gradients, gradients_equal, run_step
 from autoremat.plan import Plan, offloadable_nodes
-from autoremat.runtime import offloader_of
 from autoremat.cost import no_recompute_plan
 
 
@@ -25,11 +22,6 @@ class _Net(nn.Module):
         return self.c(torch.sigmoid(self.b(self.a(x))))
 
 
-def _step(model: nn.Module, x: torch.Tensor) -> None:
-    torch.manual_seed(0)
-    run_step(model, (x,))
-
-
 @pytest.mark.parametrize("offload_sigmoid", [True, False])
 def test_producers_own_save_goes_to_the_host(offload_sigmoid: bool) -> None:
     model, x = _Net(), torch.randn(16, 32)
@@ -39,15 +31,7 @@ def test_producers_own_save_goes_to_the_host(offload_sigmoid: bool) -> None:
     node = sig if offload_sigmoid else next(v for v in g.nodes if g.node(v)["name"] == "a")
     plan = autoremat.solvers.finalize_plan(
         g, Plan(list(no_recompute_plan(g).segments), offload=(node,)), 10**12, "manual")
-    reference = copy.deepcopy(model)
-    _step(reference, x)
-    autoremat.apply(model, plan)
-    try:
-        _step(model, x)
-        stats = offloader_of(model).stats
-    finally:
-        autoremat.restore(model)
-    assert gradients_equal(gradients(reference), gradients(model))
+    stats = offloaded_step(model, (x,), plan)
     assert stats.packed_nodes == [node] and stats.fetched_nodes == [node]
     # sigmoid's output: saved by sigmoid itself (inside its window) and by c; a's: by b only
     saves_of = sum(1 for w in g.nodes if node in g.node(w)["saves"])
@@ -67,16 +51,6 @@ def test_module_level_window_keeps_other_saves_and_gradients() -> None:
     blocks = [v for v in offloadable_nodes(g, base) if g.node(v)["kind"] != "glue"]
     assert blocks
     plan = autoremat.solvers.finalize_plan(g, Plan(list(base.segments), offload=tuple(blocks)), 10**12, "manual")
-    reference = copy.deepcopy(model)
-    torch.manual_seed(1)
-    run_step(reference, (ids,), loss_fn=hf.logits_mean)
-    autoremat.apply(model, plan)
-    try:
-        torch.manual_seed(1)
-        run_step(model, (ids,), loss_fn=hf.logits_mean)
-        stats = offloader_of(model).stats
-    finally:
-        autoremat.restore(model)
-    assert gradients_equal(gradients(reference), gradients(model))
+    stats = offloaded_step(model, (ids,), plan, loss_fn=hf.logits_mean, seed=1)
     assert set(stats.packed_nodes) == set(blocks)
     assert stats.saves == sum(1 for v in blocks for w in g.nodes if v in g.node(w)["saves"])

@@ -1,0 +1,36 @@
+"""One step of a model unpatched and patched with an offload plan, shared by the offload runtime
+tests (``tests/runtime/test_offload*.py``)."""
+
+from __future__ import annotations
+
+import copy
+from typing import Any
+
+import torch
+from torch import nn
+
+import autoremat
+from autoremat.measure import gradients, gradients_equal, run_step
+from autoremat.plan import Plan
+from autoremat.runtime import offloader_of
+from autoremat.runtime.offload import OffloadStats
+
+__all__ = ["offloaded_step"]
+
+
+def offloaded_step(model: nn.Module, args: tuple, plan: Plan, *, loss_fn: Any = None, regions: str = "lean",
+                   seed: int = 0) -> OffloadStats:
+    """One seeded step of a copy of ``model`` and one of ``model`` patched with ``plan`` (restored
+    afterwards): the offloader's stats; the gradients are checked equal."""
+    reference = copy.deepcopy(model)
+    torch.manual_seed(seed)
+    run_step(reference, args, loss_fn=loss_fn)
+    autoremat.apply(model, plan, regions=regions)
+    try:
+        torch.manual_seed(seed)
+        run_step(model, args, loss_fn=loss_fn)
+        stats = offloader_of(model).stats
+    finally:
+        autoremat.restore(model)
+    assert gradients_equal(gradients(reference), gradients(model))
+    return stats
