@@ -16,17 +16,15 @@ from .._units import fmt_bytes
 from ..budget import parse_budget
 from ..graph import Graph
 from ..cost import unoptimised_peak_bytes
+from ..solvers import REGION_SOLVERS
 
 __all__ = ["step_budget_bytes", "is_percentage", "capture_blocks"]
 
 
 def capture_blocks(solver: str) -> str:
-    """``capture(blocks=)`` for ``solver``: op by op (the default) for the solvers that choose
-    module-call regions inside the blocks (``auto``, ``blocks``); one node per block for the
-    others, which recompute single nodes and cannot recompute an op inside a block (on a
-    transformer captured op by op they reach no budget below the unoptimised peak)."""
-    from ..solvers import REGION_SOLVERS
-
+    """``capture(blocks=)`` for ``solver``: op by op (the default) for the solvers that plan
+    module-call regions of such a capture (:data:`autoremat.solvers.REGION_SOLVERS`); one node per
+    block for the others, which recompute single nodes and cannot recompute an op inside a block."""
     return "auto" if solver in REGION_SOLVERS else "module"
 
 
