@@ -2,7 +2,13 @@
 # One device session's GPU checks (H100/H200), each step under its own time limit so that the
 # results of the steps that finished always come back. Run from the repository root:
 #   OUT=/tmp/out bash benchmarks/gpu_checks.sh [steps...]     (default: tests compare scaled;
-#   also: offload (the offload runtime's GPU tests), diagnose (benchmarks/gpu_diagnose.py))
+#   also: offload (the offload runtime's GPU tests), diagnose (benchmarks/gpu_diagnose.py),
+#   offload_capture / offload_measure (benchmarks/offload_gpu.py's GPU phases; its plan phase runs
+#   anywhere in between, on the graphs offload_capture wrote: unpack $OUT/offload_gpu.tgz into
+#   $OFFLOAD_DIR, run the plan phase, and carry that folder to the measure step))
+# The tests run in parallel (GPU_WORKERS pytest-xdist workers: the memory-fraction tests cap their own
+# process's allocator), each under its own time limit (T_TEST), so that a slow test fails with its
+# traceback instead of cutting the log. Logs are written to $OUT as they grow.
 # Uses the machine's own PyTorch (PYTHONPATH=src). Everything lands in $OUT/gpu_checks.tgz.
 set -u
 export PYTHONPATH=src PYTHONUNBUFFERED=1
@@ -12,7 +18,14 @@ steps=${*:-tests compare scaled}
 { nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv; python3 -c "import torch, sys; print(sys.version); print('torch', torch.__version__, torch.cuda.get_device_name())"; } > "$R/machine.txt" 2>&1
 for s in $steps; do
   case $s in
-    tests)   timeout ${T_TESTS:-150} python3 -m pytest -q -m gpu -p no:cacheprovider -o addopts="" --durations=20 ${GPU_TESTS:-tests} > "$R/gpu_tests.log" 2>&1 ;;
+    tests)   timeout ${T_TESTS:-200} python3 -m pytest -q -m gpu -p no:cacheprovider -o addopts="" -n ${GPU_WORKERS:-4} \
+               --timeout ${T_TEST:-170} -rfE --tb=short --durations=20 ${GPU_TESTS:-tests} > "$OUT/gpu_tests.log" 2>&1 ;;
+    offload_capture) mkdir -p "$R/offload_gpu"; timeout ${T_OCAP:-150} python3 benchmarks/offload_gpu.py capture \
+               --out "$R/offload_gpu" --nets ${OG_NETS:-densenet121,unet,gpt2,resnet50} > "$OUT/offload_capture.log" 2>&1
+             tar czf "$OUT/offload_gpu.tgz" -C "$R/offload_gpu" . ;;
+    offload_measure) timeout ${T_OMEAS:-200} python3 benchmarks/offload_gpu.py measure --out "${OFFLOAD_DIR:?}" \
+               --nets ${OG_NETS:-densenet121,unet,gpt2,resnet50} --rounds ${OG_ROUNDS:-3} > "$OUT/offload_measure.log" 2>&1
+             cp "$OFFLOAD_DIR"/measured.json "$OFFLOAD_DIR"/OFFLOAD_GPU.md "$OUT"/ ;;
     compare) timeout ${T_COMPARE:-200} python3 benchmarks/compare_gpu.py --models ${CMP_MODELS:-resnet50,gpt2} --configs pytorch,autoremat \
                --solvers ${CMP_SOLVERS:-chen,dp-approx} --budgets 0.5 --rounds 3 --no-batch --no-match --torch-regions none \
                --compiled-plans none --solver-timeout 60 --out "$R/compare" > "$R/compare.log" 2>&1 ;;
@@ -25,4 +38,4 @@ for s in $steps; do
   echo "step $s exit $?" >> "$R/machine.txt"
 done
 tar czf "$OUT/gpu_checks.tgz" -C "$R" .
-cat "$R/machine.txt"; for f in "$R"/*.log; do echo "== $f"; tail -n 5 "$f"; done
+cp "$R/machine.txt" "$OUT/"; cat "$R/machine.txt"; for f in "$R"/*.log "$OUT"/*.log; do [ -f "$f" ] && { echo "== $f"; tail -n 8 "$f"; }; done
