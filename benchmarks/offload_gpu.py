@@ -164,19 +164,20 @@ def _grads(w: Any) -> dict[str, torch.Tensor | None]:
 
 
 class _Config:
-    """One row of the measurement: enters and leaves its patching around each use."""
+    """One row of the measurement: patches the model (or enters ``save_on_cpu``) around a use."""
 
     def __init__(self, label: str, plan: autoremat.Plan | None = None, save_on_cpu: bool = False) -> None:
         self.label, self.plan, self.save_on_cpu = label, plan, save_on_cpu
 
-    def run(self, w: Any, fn: Any) -> Any:
+    def run(self, w: Any, *fns: Any) -> list[Any]:
+        """``[fn(w) for fn in fns]`` with the configuration in place (applied once for all)."""
         if self.plan is not None:
             autoremat.apply(w.model, self.plan)
         try:
             if self.save_on_cpu:
                 with torch.autograd.graph.save_on_cpu(pin_memory=True):
-                    return fn(w)
-            return fn(w)
+                    return [fn(w) for fn in fns]
+            return [fn(w) for fn in fns]
         finally:
             if self.plan is not None:
                 autoremat.restore(w.model)
@@ -199,18 +200,18 @@ def measure_phase(out: Path, nets: list[str], rounds: int, device: str = "cuda")
         rows: dict[str, dict[str, Any]] = {c.label: {"times": []} for c in configs}
         ref = _grads(w)
         for c in configs:
-            try:
-                c.run(w, _timed)  # warm-up (a recomputed region's first step replays to its end)
-                rows[c.label]["peak_bytes"] = c.run(w, _peak)
-                equal, diff = compare_grads(ref, c.run(w, _grads))
-                rows[c.label].update(gradients_equal=equal, max_abs_diff=diff)
+            try:  # a warm-up step first (a recomputed region's first step replays to its end)
+                _, peak, grads = c.run(w, _timed, _peak, _grads)
+                equal, diff = compare_grads(ref, grads)
+                rows[c.label].update(peak_bytes=peak, gradients_equal=equal, max_abs_diff=diff)
+                del grads
             except Exception as err:  # noqa: BLE001 - recorded in the results
                 rows[c.label]["error"] = f"{type(err).__name__}: {err}"
                 print(f"  {net} {c.label}: {rows[c.label]['error']}", flush=True)
         for r in range(rounds):  # interleaved, each round starting one configuration later
             for c in configs[r % len(configs):] + configs[:r % len(configs)]:
                 if "error" not in rows[c.label]:
-                    rows[c.label]["times"] += [c.run(w, _timed) for _ in range(2)]
+                    rows[c.label]["times"] += c.run(w, _timed, _timed)
         for c in configs:
             t = rows[c.label]["times"]
             rows[c.label]["step_s"] = statistics.median(t) if t else None

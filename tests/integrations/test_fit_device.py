@@ -382,9 +382,16 @@ def _gpu_fit_under_a_fraction(make: Any, slots: int, tmp_path: Path, *, ratio: f
     return lit, cb
 
 
+GPU_UNET_RATIO = 1.3
+"""On an H200 the U-Net's least plan needed 57 % of its unpatched step peak (cuDNN's backward
+workspace of the long-skip convolutions is in it): at 1.5x the ``"auto"`` budget (52 %, after
+the margin) had no plan."""
+
+
 @pytest.mark.gpu
 def test_gpu_lightning_unet_under_a_memory_fraction(tmp_path: Path) -> None:
-    _gpu_fit_under_a_fraction(lambda: _LitSegmentation(batch_size=64, samples=128), 1, tmp_path, ratio=UNET_RATIO)
+    _gpu_fit_under_a_fraction(lambda: _LitSegmentation(batch_size=64, samples=128), 1, tmp_path,
+                              ratio=GPU_UNET_RATIO)
 
 
 @pytest.mark.gpu

@@ -334,8 +334,9 @@ def test_summary_says_when_raising_was_turned_off(tmp_path: Path) -> None:
 
 
 def test_batch_search_probes_with_the_same_solve_as_the_confirmation(tmp_path: Path) -> None:
-    """The prediction must solve exactly as the confirmation does (``_solve``: solver, offload
-    handling): a size the callback's own solve rejects must never reach a trial step."""
+    """The prediction solves through the callback's own ``_solve`` as the confirmation does
+    (solver, offload handling; recomputation only under ``"auto"``, a subset of what the
+    confirmation weighs): a size the callback's own solve rejects must never reach a trial step."""
     rejected_in_trial: list[int] = []
 
     class Restricted(autoremat.AutoRemat):
@@ -344,14 +345,14 @@ def test_batch_search_probes_with_the_same_solve_as_the_confirmation(tmp_path: P
         base: int | None = None
         trying: bool = False
 
-        def _solve(self, graph, step_budget):  # type: ignore[no-untyped-def]
+        def _solve(self, graph, step_budget, **kwargs):  # type: ignore[no-untyped-def]
             size = graph.total("out_bytes")
             self.base = self.base or size
             if size > 2.2 * self.base:
                 if self.trying:
                     rejected_in_trial.append(size)
                 raise autoremat.InfeasibleBudgetError(step_budget, None, solver="restricted")
-            return super()._solve(graph, step_budget)
+            return super()._solve(graph, step_budget, **kwargs)
 
         def _try_size(self, *args, **kwargs):  # type: ignore[no-untyped-def]
             self.trying = True
@@ -388,3 +389,22 @@ def test_dropout_training_is_unchanged_by_the_callback(tmp_path: Path) -> None:
                                        loss_fn=lambda out: out.loss)])
     for (k, a), (_, b) in zip(reference.state_dict().items(), patched.state_dict().items()):
         assert torch.equal(a, b), k
+
+
+def test_the_batch_prediction_plans_recomputation_only_under_auto(monkeypatch: pytest.MonkeyPatch) -> None:
+    """``_raise``'s prediction solves at every size of its search: under ``solver="auto"`` it leaves
+    out ``combined`` (minutes of offload search on a CUDA graph), unless offload is forced; the
+    confirmation's solve keeps every solver."""
+    import autoremat.integrations.lightning as lightning_mod
+
+    seen: list[dict] = []
+    monkeypatch.setattr(lightning_mod, "solve", lambda graph, budget, **kw: seen.append(kw) or "plan")
+    graph = object()
+    assert autoremat.AutoRemat(verbose=False)._solve(graph, 10, recompute_only=True) == "plan"
+    assert seen[-1]["solver"] == "auto" and "combined" not in seen[-1]["auto_solvers"]
+    autoremat.AutoRemat(verbose=False)._solve(graph, 10)
+    assert "auto_solvers" not in seen[-1]
+    autoremat.AutoRemat(verbose=False, offload=True)._solve(graph, 10, recompute_only=True)
+    assert seen[-1]["solver"] == "combined" and seen[-1]["offload"] is True
+    autoremat.AutoRemat(verbose=False, solver="dp-approx")._solve(graph, 10, recompute_only=True)
+    assert seen[-1] == {"solver": "dp-approx"}

@@ -3,12 +3,10 @@ solvers' plans run by the runtime (bookkeeping on the CPU; real transfers on CUD
 
 from __future__ import annotations
 
-import contextlib
 import copy
-from collections.abc import Iterator
 
 import pytest
-from _offloaded import offloaded_step
+from _offloaded import deterministic, offloaded_step
 import torch
 
 import autoremat
@@ -194,20 +192,8 @@ def test_a_producers_own_save_is_offloaded_too(monkeypatch: pytest.MonkeyPatch) 
         autoremat.restore(model)
 
 
-@contextlib.contextmanager
-def _deterministic() -> Iterator[None]:
-    """Deterministic kernels, so that torch.equal compares the offload and not cuDNN's atomics."""
-    was, warn = torch.are_deterministic_algorithms_enabled(), torch.is_deterministic_algorithms_warn_only_enabled()
-    torch.use_deterministic_algorithms(True, warn_only=True)
-    try:
-        with torch.backends.cudnn.flags(enabled=True, benchmark=False, deterministic=True):
-            yield
-    finally:
-        torch.use_deterministic_algorithms(was, warn_only=warn)
-
-
 def _grads(model: torch.nn.Module, args: tuple) -> dict:
-    with _deterministic():
+    with deterministic():
         torch.manual_seed(0)
         run_step(model, args)
     return gradients(model)

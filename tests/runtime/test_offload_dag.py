@@ -266,7 +266,9 @@ def test_dag_plans_on_cuda_measure_the_predicted_peak(name: str, solver: str):
     from autoremat.measure import measure
 
     model, args, g, plan = _cuda_case(name, 0.6, solver)
-    assert plan.offload
+    # offload-dag must offload to reach 0.6x; combined may find recomputation cheaper there (it
+    # did on an H200: the U-Net's plan recomputed one segment), and its plan is checked as it is.
+    assert plan.offload if solver == "offload-dag" else (plan.offload or plan.recompute_segments)
     before = measure(model, args).peak_bytes
     stats = run_and_compare(model, args, g, plan)
     check_bookkeeping(g, plan, stats)

@@ -90,6 +90,7 @@ def confirmed(cb: "AutoRemat", target: nn.Module, trainer: "pl.Trainer", pl_modu
     :data:`CONFIRM_TRIES` times, each said in a warning. Returns ``(measured, plan, graph,
     batch_size, step_budget)``."""
     plan, graph, batch_size, step_budget = chosen
+    last = ""
     for _ in range(CONFIRM_TRIES):
         try:
             return cb._measure_patched(target, trainer, pl_module, plan, loss_fn, batch_size), \
@@ -97,8 +98,12 @@ def confirmed(cb: "AutoRemat", target: nn.Module, trainer: "pl.Trainer", pl_modu
         except RuntimeError as err:  # torch.OutOfMemoryError is a RuntimeError
             if not is_oom_error(err):
                 raise
-            if torch.cuda.is_available():
-                garbage_collection_cuda()
+            last = str(err).splitlines()[0][:400]
+        # Out of the except block: the error's traceback holds the failed step's frames (its
+        # activations, the patched model's buffers) until the block ends; emptying the cache in
+        # it freed none of them, and each retry started with the last one's memory still held.
+        if torch.cuda.is_available():
+            garbage_collection_cuda()
         if batch_size != original:
             rank_zero_warn(f"AutoRemat: the patched step at the raised batch size {batch_size} ran out of "
                            f"memory; keeping batch size {original}")
@@ -114,4 +119,4 @@ def confirmed(cb: "AutoRemat", target: nn.Module, trainer: "pl.Trainer", pl_modu
     raise torch.OutOfMemoryError(
         f"AutoRemat: the patched step still ran out of memory after {CONFIRM_TRIES} tries down to a "
         f"{step_budget}-byte step budget; raise the margin (AUTOREMAT_MARGIN, now the fraction of free "
-        "memory kept back by budget='auto') or give a smaller budget")
+        f"memory kept back by budget='auto') or give a smaller budget. The last try: {last}")

@@ -406,9 +406,14 @@ class AutoRemat(Callback):
             kwargs["offload"] = True
         return solver, kwargs
 
-    def _solve(self, graph: Graph, step_budget: int | str, sharded: bool = False) -> Plan:
-        """Every solve of the callback (``step_budget``: bytes, or ``"min"``)."""
+    def _solve(self, graph: Graph, step_budget: int | str, sharded: bool = False,
+               recompute_only: bool = False) -> Plan:
+        """Every solve of the callback (``step_budget``: bytes, or ``"min"``). ``recompute_only``:
+        under ``solver="auto"`` (offload not forced), leave out ``combined`` (the batch-size
+        prediction's many solves; see :meth:`_raise`)."""
         solver, kwargs = self._solver_options(sharded)
+        if recompute_only and solver == "auto" and "auto_solvers" not in kwargs and self.offload is not True:
+            kwargs["auto_solvers"] = [n for n in SOLVERS if n != "combined"]
         return solve(graph, step_budget, solver=solver, **kwargs)
 
     def _record_inputs(self, trainer: "pl.Trainer", pl_module: "pl.LightningModule",
@@ -434,8 +439,13 @@ class AutoRemat(Callback):
                batch_bytes: int, phase: Any = None) -> tuple[int, Plan, Graph]:
         """Largest batch size whose plan fits, confirmed by a trial step; backs off on OOM.
 
-        The prediction and the confirmation both solve with :meth:`_plan_at`, so they solve the
-        same problem (solver, offload handling, budget net of the larger batch)."""
+        The prediction and the confirmation both solve with :meth:`_plan_at` (budget net of the
+        larger batch); under ``solver="auto"`` the prediction plans recomputation only: a
+        ``combined`` solve that weighs offloads takes up to a minute on a CUDA graph of ~200 nodes
+        (an H200 run of the raised-batch test spent its 110 s in them), and the prediction solves
+        at every size of a doubling and bisection. A size recomputation fits, ``combined`` fits
+        too (its candidates include the recomputation plans), so the prediction is a size that
+        fits; the confirmed size's plan is solved with every solver."""
         limit = self.max_batch_size
         length = dataset_length(trainer)
         if length is not None:
@@ -443,7 +453,7 @@ class AutoRemat(Callback):
 
         def fits(size: int) -> bool:
             try:
-                self._plan_at(graph, size, original, step_budget, batch_bytes)
+                self._plan_at(graph, size, original, step_budget, batch_bytes, recompute_only=True)
                 return True
             except InfeasibleBudgetError:
                 return False
@@ -462,12 +472,12 @@ class AutoRemat(Callback):
         return size, plan_at_size, scaled
 
     def _plan_at(self, graph: Graph, size: int, original: int, step_budget: int,
-                 batch_bytes: int) -> tuple[Plan, Graph, int]:
+                 batch_bytes: int, recompute_only: bool = False) -> tuple[Plan, Graph, int]:
         """The plan for batch ``size``: the graph scaled from ``original``, under the step budget
         less the extra batch bytes. Raises :class:`InfeasibleBudgetError` when none fits."""
         budget = int(step_budget - max(0.0, batch_bytes * (size / original - 1)))
         scaled = graph.scaled(size / original)
-        return self._solve(scaled, budget), scaled, budget
+        return self._solve(scaled, budget, recompute_only=recompute_only), scaled, budget
 
     def _try_size(self, trainer: "pl.Trainer", pl_module: "pl.LightningModule", graph: Graph, size: int,
                   original: int, step_budget: int, loss_fn: Callable[[Any], torch.Tensor],
@@ -490,6 +500,10 @@ class AutoRemat(Callback):
             if not is_oom_error(err):
                 raise
             logger.info("AutoRemat: batch size %d ran out of memory in the trial step; backing off", size)
+            ran_out = True
+        else:
+            ran_out = False
+        if ran_out:  # out of the except block (its traceback holds the failed step): see confirmed()
             if torch.cuda.is_available():
                 garbage_collection_cuda()
             return None

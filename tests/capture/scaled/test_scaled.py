@@ -402,7 +402,7 @@ def test_replay_reports_workspace_above_the_outputs_and_the_graph_keeps_the_larg
         def start(self) -> None:
             pass
 
-        def peak_delta(self) -> int:
+        def peak_delta(self, kept: int | None = None) -> int:
             return peak
 
     monkeypatch.setattr(replay, "_meter", lambda device: Meter())

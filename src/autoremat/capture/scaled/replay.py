@@ -195,7 +195,8 @@ def _time_node(fn: Callable[..., Any], args: tuple, kwargs: dict, grad_ids: set[
         out = fn(*a, **k)
         t1 = clock.now()
         if meter is not None:
-            ws_f = max(ws_f, meter.peak_delta() - _storage_total(tensors_in(out)))
+            kept = _storage_total(tensors_in(out))
+            ws_f = max(ws_f, meter.peak_delta(kept) - kept)
         outs = [t for t in tensors_in(out) if t.requires_grad]
         took = 0.0
         if outs and (wrt or params):
@@ -209,7 +210,8 @@ def _time_node(fn: Callable[..., Any], args: tuple, kwargs: dict, grad_ids: set[
             t3 = clock.now()
             took = clock.seconds(mark[0] if mark else t1, t3)
             if meter is not None:
-                ws_b = max(ws_b, meter.peak_delta() - _storage_total(got))
+                kept = _storage_total(got)
+                ws_b = max(ws_b, meter.peak_delta(kept) - kept)
             del got
         del out, outs, a, k, wrt
         if i >= warmup:
