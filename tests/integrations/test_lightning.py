@@ -392,9 +392,9 @@ def test_dropout_training_is_unchanged_by_the_callback(tmp_path: Path) -> None:
 
 
 def test_the_batch_prediction_plans_recomputation_only_under_auto(monkeypatch: pytest.MonkeyPatch) -> None:
-    """``_raise``'s prediction solves at every size of its search: under ``solver="auto"`` it leaves
+    """``_raise`` solves at every size of its search and trial: under ``solver="auto"`` it leaves
     out ``combined`` (minutes of offload search on a CUDA graph), unless offload is forced; the
-    confirmation's solve keeps every solver."""
+    plan at the user's own batch size keeps every solver."""
     import autoremat.integrations.lightning as lightning_mod
 
     seen: list[dict] = []

@@ -440,12 +440,11 @@ class AutoRemat(Callback):
         """Largest batch size whose plan fits, confirmed by a trial step; backs off on OOM.
 
         The prediction and the confirmation both solve with :meth:`_plan_at` (budget net of the
-        larger batch); under ``solver="auto"`` the prediction plans recomputation only: a
-        ``combined`` solve that weighs offloads takes up to a minute on a CUDA graph of ~200 nodes
-        (an H200 run of the raised-batch test spent its 110 s in them), and the prediction solves
-        at every size of a doubling and bisection. A size recomputation fits, ``combined`` fits
-        too (its candidates include the recomputation plans), so the prediction is a size that
-        fits; the confirmed size's plan is solved with every solver."""
+        larger batch); under ``solver="auto"`` both plan recomputation only: a ``combined`` solve
+        that weighs offloads takes up to a minute on a CUDA graph of ~200 nodes (an H200 run of
+        the raised-batch test spent its 110 s in them), and the search solves at every size of a
+        doubling and a bisection. So a raised batch runs a recomputation plan (the one its trial
+        step measured); ``solver="combined"`` or ``offload=True`` weigh offloads at every size."""
         limit = self.max_batch_size
         length = dataset_length(trainer)
         if length is not None:
@@ -486,7 +485,7 @@ class AutoRemat(Callback):
         assert self._target is not None, "please report"
         target = self._target
         try:
-            plan, scaled, budget = self._plan_at(graph, size, original, step_budget, batch_bytes)
+            plan, scaled, budget = self._plan_at(graph, size, original, step_budget, batch_bytes, recompute_only=True)
             args, kwargs, _ = self._record_inputs(trainer, pl_module, size)
             apply(target, plan, regions=self.regions)
             try:
