@@ -8,7 +8,9 @@
 #   $OFFLOAD_DIR, run the plan phase, and carry that folder to the measure step))
 # The tests run in parallel (GPU_WORKERS pytest-xdist workers: the memory-fraction tests cap their own
 # process's allocator), each under its own time limit (T_TEST), so that a slow test fails with its
-# traceback instead of cutting the log. Logs are written to $OUT as they grow.
+# traceback instead of cutting the log; each failure's traceback is written to $OUT/gpu_failures.log
+# as it is reported (tests/conftest.py), so a run cut by the lease still says why. Logs are
+# written to $OUT as they grow; keep T_TESTS well above T_TEST.
 # Uses the machine's own PyTorch (PYTHONPATH=src). Everything lands in $OUT/gpu_checks.tgz.
 set -u
 export PYTHONPATH=src PYTHONUNBUFFERED=1
@@ -18,7 +20,7 @@ steps=${*:-tests compare scaled}
 { nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv; python3 -c "import torch, sys; print(sys.version); print('torch', torch.__version__, torch.cuda.get_device_name())"; } > "$R/machine.txt" 2>&1
 for s in $steps; do
   case $s in
-    tests)   timeout ${T_TESTS:-200} python3 -m pytest -q -m gpu -p no:cacheprovider -o addopts="" -n ${GPU_WORKERS:-4} \
+    tests)   AUTOREMAT_FAILURE_LOG="$OUT/gpu_failures.log" timeout ${T_TESTS:-200} python3 -m pytest -q -m gpu -p no:cacheprovider -o addopts="" -n ${GPU_WORKERS:-4} \
                --timeout ${T_TEST:-170} -rfE --tb=short --durations=20 ${GPU_TESTS:-tests} > "$OUT/gpu_tests.log" 2>&1 ;;
     offload_capture) mkdir -p "$R/offload_gpu"; timeout ${T_OCAP:-150} python3 benchmarks/offload_gpu.py capture \
                --out "$R/offload_gpu" --nets ${OG_NETS:-densenet121,unet,gpt2,resnet50} > "$OUT/offload_capture.log" 2>&1

@@ -1,4 +1,6 @@
-"""Shared pytest configuration: ``gpu``-marked tests are skipped on machines without CUDA."""
+"""Shared pytest configuration: ``gpu``-marked tests are skipped on machines without CUDA;
+``AUTOREMAT_FAILURE_LOG=<path>`` appends each failure's traceback to that file as it happens
+(a lent GPU's time limit can end a run before pytest prints its summary)."""
 
 from __future__ import annotations
 
@@ -27,3 +29,18 @@ def pytest_configure(config: pytest.Config) -> None:
         import torch
 
         torch.set_num_threads(1)
+
+
+def pytest_runtest_logreport(report: pytest.TestReport) -> None:
+    """Each failure's traceback, written when it is reported (under pytest-xdist: by the
+    controller, as each worker's report arrives), to ``AUTOREMAT_FAILURE_LOG`` when set."""
+    import os
+
+    path = os.environ.get("AUTOREMAT_FAILURE_LOG")
+    if not path or not report.failed or os.environ.get("PYTEST_XDIST_WORKER"):
+        return
+    with open(path, "a", encoding="utf-8") as f:
+        f.write(f"==== {report.nodeid} ({report.when}, {report.duration:.1f} s)\n{report.longreprtext}\n")
+        for name, text in report.sections:
+            if "log" in name or "stderr" in name:
+                f.write(f"---- {name}\n{text[-4000:]}\n")
