@@ -170,3 +170,42 @@ def test_property_derived_waits_simulate_the_same_from_the_plan():
         again = simulate(g, offloaded, bandwidth_bytes_per_s=bandwidth)
         assert (again.peak_bytes, again.extra_time_s, again.offload_order) == (
             derived.peak_bytes, derived.extra_time_s, derived.offload_order)
+
+
+def test_property_release_waits_simulate_the_same_and_sit_where_copies_are_released():
+    """``release_waits`` adds a wait at each forward node where the simulator releases an
+    offloaded device copy (the last released there, in issue order): the plan with them simulates
+    to the same peak, time and order, and every release at a wait point has one."""
+    from autoremat.plan import release_waits
+
+    seen = 0
+    for rng, g, _plan, offloaded in random_cases(150, seed=3):
+        bandwidth = rng.choice([1.0, 10.0, 100.0, 1e30])
+        before = simulate(g, offloaded, bandwidth_bytes_per_s=bandwidth)
+        for v, r in before.offload_releases.items():
+            assert r in offloaded.offload
+        offloaded.offload_waits = release_waits(g, offloaded, before.offload_releases)
+        assert set(offloaded.offload_waits) <= wait_points(g, offloaded)
+        assert {v for v in before.offload_releases if v in wait_points(g, offloaded)} <= set(offloaded.offload_waits)
+        again = simulate(g, offloaded, bandwidth_bytes_per_s=bandwidth)
+        assert (again.peak_bytes, again.extra_time_s, again.offload_order) == (
+            before.peak_bytes, before.extra_time_s, before.offload_order)
+        seen += len(before.offload_releases)
+    assert seen > 50  # the property was exercised
+
+
+def test_a_finalized_offload_plan_waits_where_its_copies_are_released():
+    """What :func:`autoremat.solvers.finalize_plan` stamps: the solver's plan with the release
+    waits, its prediction the simulator's for that plan."""
+    from autoremat.solvers import finalize_plan
+
+    for _rng, g, _plan, offloaded in random_cases(40, seed=4):
+        if not offloaded.offload:
+            continue
+        g.meta["bandwidth_bytes_per_s"] = 10.0
+        sim = simulate(g, offloaded)
+        plan = finalize_plan(g, Plan(list(offloaded.segments), offload=offloaded.offload), 10**18, "manual")
+        expected = {v for v in sim.offload_releases if v in wait_points(g, plan)}
+        assert expected <= set(plan.offload_waits)
+        again = simulate(g, plan)
+        assert (plan.predicted_peak_bytes, plan.predicted_extra_time_s) == (again.peak_bytes, again.extra_time_s)

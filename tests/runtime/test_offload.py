@@ -332,3 +332,42 @@ def test_a_new_storage_at_a_released_storages_key_gets_its_own_handle() -> None:
     packed_b = off._offload(b, 12345, node=2)  # same key, another storage
     assert off.stats.packed_nodes == [1, 2]
     assert torch.equal(off._unpack(packed_a), a) and torch.equal(off._unpack(packed_b), b)
+
+
+def test_a_wait_releases_every_copy_issued_up_to_it_in_the_gpus_order(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A plan's wait before a node (CUDA path, with a fake stream): the compute stream waits for
+    the named copy, and the device copies of it and of every copy issued before it (one copy
+    stream, in issue order) are dropped at once; later copies, and a storage already fetched back,
+    stay. A wait is where the simulator releases them, not when the CPU sees them complete."""
+    from autoremat.runtime.offload import _Handle
+
+    waited: list[object] = []
+
+    class FakeStream:
+        def wait_event(self, event: object) -> None:
+            waited.append(event)
+
+    class Pending:  # a copy the CPU has not seen complete (the GPU is behind)
+        def __init__(self, name: str) -> None:
+            self.name = name
+
+        def query(self) -> bool:
+            return False
+
+    monkeypatch.setattr(torch.cuda, "current_stream", lambda device=None: FakeStream())
+    off = Offloader(order=(), waits={7: 2})
+    handles = []
+    for node in (0, 1, 2, 3):
+        t = torch.zeros(4)
+        h = _Handle(node, 16, torch.device("cuda"), t.untyped_storage())
+        h.copy_done, h.device_ref = Pending(f"done{node}"), t
+        handles.append(h)
+    off._all.extend(handles)
+    off._by_node.update({h.node: h for h in handles})
+    handles[0].fetched = handles[0].device_ref  # fetched back already: its device copy serves backward
+    off.wait(7)
+    assert [e.name for e in waited] == ["done2"] and off.stats.waits == [(7, 2)]
+    assert handles[0].device_ref is not None  # fetched: kept
+    assert handles[1].device_ref is None        # issued before the awaited copy: done too
+    assert handles[2].device_ref is None        # the awaited copy
+    assert handles[3].device_ref is not None    # issued after it: not known to be done

@@ -111,6 +111,10 @@ class Offload:
         self.limit = wait_limit
         self.wait_points = wait_points or set()
         self.waits: dict[int, int] = {}
+        self.releases: dict[int, int] = {}
+        """Forward node -> the last offloaded storage (in issue order) whose device copy is
+        released just before it (its copy complete by then): where the runtime ties the release to
+        the GPU's order (:func:`autoremat.solvers.finalize_plan`)."""
         self.given_order = [self.g.root(v) for v in order]
         self.depth = max(1, int(depth))
 
@@ -128,14 +132,17 @@ class Offload:
         self.s.addref(("o", r), ("xfer", r))
         self.pending.append((end, r))
 
-    def advance(self) -> None:
-        """Release the device copy of every offload that has completed by now."""
+    def advance(self, at: int | None = None) -> None:
+        """Release the device copy of every offload that has completed by now; ``at``: the forward
+        node about to run, where :attr:`releases` records the last of them in issue order."""
         if not self.pending:
             return
         keep = []
         for end, r in self.pending:
             if end <= self.clock:
                 self.s.decref(("o", r), ("xfer", r))
+                if at is not None:
+                    self.releases[at] = r  # pending is in issue order: the last one covers the others
             else:
                 keep.append((end, r))
         self.pending = keep

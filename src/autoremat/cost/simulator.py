@@ -89,6 +89,9 @@ class Simulation:
     """Forward waits derived from ``offload_wait_limit_bytes`` (node -> offloaded node)."""
     offload_order: list[int] = field(default_factory=list)
     """The offloaded nodes in the order backward first needed them."""
+    offload_releases: dict[int, int] = field(default_factory=dict)
+    """Forward node -> the last offloaded node (in issue order) whose device copy the step releases
+    just before that node runs, its copy to host complete (:attr:`.offload_link.Offload.releases`)."""
 
     @property
     def step_time_s(self) -> float:
@@ -170,7 +173,7 @@ def _run(g: Graph, plan: Plan, s: StepState, bandwidth_bytes_per_s: float | None
     return Simulation(peak_bytes=int(s.peak), extra_time_s=float(extra_time + off.stall_s), fwd_time_s=fwd,
                       bwd_time_s=bwd, peak_at=s.peak_at, timeline=s.timeline, offload_stall_s=off.stall_s,
                       offloaded_bytes=off.offloaded_bytes, offload_wait_s=off.wait_s, offload_waits=dict(off.waits),
-                      offload_order=list(off.needed))
+                      offload_order=list(off.needed), offload_releases=dict(off.releases))
 
 
 def _forward(s: StepState, st: _Step, si: int, seg: Segment) -> set[int]:
@@ -188,7 +191,7 @@ def _forward(s: StepState, st: _Step, si: int, seg: Segment) -> set[int]:
     kept = set(seg.keep)
     for v in seg.nodes:
         d = nd[v]
-        off.advance()
+        off.advance(at=v)
         if offloaded:
             off.before_node(v, d["alloc_bytes"] * (d["alias_of"] is None) + d["extra_saved_bytes"] + d["fwd_temp_bytes"])
         if d["alias_of"] is None:

@@ -16,7 +16,10 @@ stream right away (after an event on the compute stream, so the copy sees the fi
 device storage is held only until that copy has completed (events are polled on every save,
 mark, wait and unpack), then released to the caching allocator; every holder of one storage
 shares one host copy. Where the plan says so (``Plan.offload_waits``), the compute stream waits for
-a copy before a node runs and the device storage is released right away. In backward the storages
+a copy before a node runs and the device storages copied up to it are released right away: the
+plans' waits include every point where the simulator releases a copy (``release_waits``), so
+the memory is free at the simulator's point in the GPU's order, not when the CPU, which may run
+far ahead, happens to see the copy complete. In backward the storages
 come back in the plan's order of first backward use (``Plan.offload_order``): the first
 ``Plan.offload_prefetch_depth`` prefetches (default 1) start when backward starts (a gradient hook
 on the forward's outputs), and each first use of a storage starts the prefetch of the next one,
@@ -239,8 +242,14 @@ class Offloader:
         self.stats.waits.append((before, h.node))
         if h.copy_done is not None and h.device_ref is not None:
             torch.cuda.current_stream(h.device).wait_event(h.copy_done)
-            if h.fetched is None:
-                h.device_ref = None  # later work on the compute stream runs after the copy
+            # Later work on the compute stream runs after the copy, and after every copy issued
+            # before it (one copy stream, in issue order): their device copies go now, in the
+            # GPU's order, where a poll would wait for the CPU to see them complete.
+            for other in self._all:
+                if other.copy_done is not None and other.device_ref is not None and other.fetched is None:
+                    other.device_ref = None
+                if other is h:
+                    break
         self._poll()
 
     @contextlib.contextmanager

@@ -41,7 +41,7 @@ from typing import Any
 from ..budget import is_min, parse_budget
 from ..errors import InfeasibleBudgetError
 from ..graph import Graph
-from ..plan import Plan, module_calls_of, validate_plan
+from ..plan import Plan, module_calls_of, release_waits, validate_plan
 from ..replay_tail import replay_tails
 from ..cost import simulate, unoptimised_peak_bytes
 from ._config import SolverConfig, check_budget, option_names
@@ -179,6 +179,8 @@ def finalize_plan(graph: Graph, plan: Plan, budget_bytes: int, solver: str,
     sim = simulate(graph, plan, check=False, record=False, bandwidth_bytes_per_s=plan.bandwidth_bytes_per_s)
     if plan.offload and not plan.offload_order:  # what the runtime prefetches in (it has no graph)
         plan.offload_order = tuple(sim.offload_order)
+    if plan.offload:  # releases in the GPU's order, where the simulator makes them (same prediction)
+        plan.offload_waits = release_waits(graph, plan, sim.offload_releases)
     plan.predicted_peak_bytes = sim.peak_bytes
     plan.predicted_extra_time_s = sim.extra_time_s
     if sim.peak_bytes > budget_bytes:  # the contract: never a plan over budget, whatever the solver
