@@ -285,3 +285,15 @@ def test_live_storage_counter_counts_storage_resizes() -> None:
         before.untyped_storage().resize_(0)
         assert plain.live == 0
     before.untyped_storage().resize_(4000)
+
+
+def test_deterministic_kernels_hold_inside_the_block_and_are_restored() -> None:
+    from autoremat.measure import deterministic_kernels
+
+    was = (torch.are_deterministic_algorithms_enabled(), torch.backends.cudnn.deterministic,
+           torch.backends.cudnn.benchmark)
+    with deterministic_kernels():
+        assert torch.are_deterministic_algorithms_enabled() and torch.is_deterministic_algorithms_warn_only_enabled()
+        assert torch.backends.cudnn.deterministic and not torch.backends.cudnn.benchmark
+    assert (torch.are_deterministic_algorithms_enabled(), torch.backends.cudnn.deterministic,
+            torch.backends.cudnn.benchmark) == was

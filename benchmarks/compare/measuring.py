@@ -13,7 +13,7 @@ from typing import Any
 
 import torch
 
-from autoremat.measure import LiveStorageCounter, measure
+from autoremat.measure import LiveStorageCounter, deterministic_kernels, measure
 
 from .runners import Runner, _Step
 from .settings import GRAD_SEED
@@ -138,14 +138,8 @@ def deterministic(device: torch.device) -> Iterator[None]:
     if device.type != "cuda":
         yield
         return
-    was = torch.are_deterministic_algorithms_enabled()
-    warn = torch.is_deterministic_algorithms_warn_only_enabled()
-    torch.use_deterministic_algorithms(True, warn_only=True)
-    try:
-        with torch.backends.cudnn.flags(enabled=True, benchmark=False, deterministic=True):
-            yield
-    finally:
-        torch.use_deterministic_algorithms(was, warn_only=warn)
+    with deterministic_kernels():
+        yield
 
 
 def grads_of(r: Runner, w: Workload) -> dict[str, torch.Tensor | None]:

@@ -16,12 +16,13 @@ in-place add would have had (:meth:`LiveStorageCounter.peak`).
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 
 import statistics
 import time
 import weakref
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -35,7 +36,7 @@ from .resident import device_of
 _ADD = torch.ops.aten.add.Tensor
 
 __all__ = ["LiveStorageCounter", "CollectiveCounter", "Measurement", "measure", "default_loss", "run_step",
-           "gradients", "gradients_equal"]
+           "gradients", "gradients_equal", "deterministic_kernels"]
 
 
 class LiveStorageCounter(TorchDispatchMode):
@@ -330,3 +331,19 @@ def gradients_equal(a: Mapping[str, torch.Tensor | None], b: Mapping[str, torch.
         if x is not None and (x.dtype != y.dtype or not torch.equal(x, y)):
             return False
     return True
+
+
+@contextlib.contextmanager
+def deterministic_kernels() -> Iterator[None]:
+    """Deterministic kernels inside the block (``torch.use_deterministic_algorithms(True,
+    warn_only=True)``, cuDNN deterministic without benchmarking), restored after it: on a GPU, two
+    runs of one step then give bit-for-bit equal gradients (:func:`gradients_equal`) whatever the
+    plan, where cuDNN's and atomics' reduction orders would otherwise differ. An op without a
+    deterministic kernel warns (PyTorch's message) instead of failing."""
+    was, warn = torch.are_deterministic_algorithms_enabled(), torch.is_deterministic_algorithms_warn_only_enabled()
+    torch.use_deterministic_algorithms(True, warn_only=True)
+    try:
+        with torch.backends.cudnn.flags(enabled=True, benchmark=False, deterministic=True):
+            yield
+    finally:
+        torch.use_deterministic_algorithms(was, warn_only=warn)

@@ -6,11 +6,11 @@ from __future__ import annotations
 import copy
 
 import pytest
-from _offloaded import deterministic, offloaded_step
+from _offloaded import offloaded_step
 import torch
 
 import autoremat
-from autoremat.measure import gradients, gradients_equal, measure, run_step
+from autoremat.measure import deterministic_kernels, gradients, gradients_equal, measure, run_step
 from autoremat.plan import Plan, offloadable_nodes
 from autoremat.runtime import offloader_of
 from autoremat.offload.bandwidth import measure_bandwidth
@@ -193,7 +193,7 @@ def test_a_producers_own_save_is_offloaded_too(monkeypatch: pytest.MonkeyPatch) 
 
 
 def _grads(model: torch.nn.Module, args: tuple) -> dict:
-    with deterministic():
+    with deterministic_kernels():
         torch.manual_seed(0)
         run_step(model, args)
     return gradients(model)
