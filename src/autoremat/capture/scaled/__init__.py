@@ -76,7 +76,7 @@ from .batch import batch_size_of
 from .fit import linear_peak, scale_to
 from .ladder import ladder
 from .limits import CaptureDoesNotFitError, free_cache, is_oom, profile_limit_bytes, resident_bytes_of
-from .meta import meta_capture, on_meta
+from .meta import meta_capture, on_meta, traced_on_meta
 
 __all__ = ["capture_within", "CaptureDoesNotFitError", "profile_limit_bytes", "resident_bytes_of", "on_meta",
            "batch_size_of", "is_oom", "scale_to"]
@@ -111,7 +111,7 @@ def capture_within(
         CaptureDoesNotFitError: even the smallest batch size tried ran out of memory.
         ValueError: ``limit_bytes`` is negative, or the graph depends on the batch size.
     """
-    from .. import capture, resolve_times
+    from .. import _capture, capture, resolve_times
     from ...resident import device_of
 
     times = resolve_times(times)
@@ -127,7 +127,11 @@ def capture_within(
         raise ValueError(f"limit_bytes={limit_bytes!r} must be an int >= 0 (bytes a profiling step may use "
                          "above what is resident), or None for a plain capture")
     batch = batch_size_of(args, kwargs, batch_dim)
-    base = meta_capture(model, args, kwargs, opts)
+    gm = traced_on_meta(model, mode)  # one trace for every step below
+    if gm is None and mode == "auto":  # fx cannot trace it (logged): module level, without trying again
+        opts["mode"] = "module"
+    meta = meta_capture(model, args, kwargs, opts, gm)
+    base, signatures = meta if meta is not None else (None, {})
     if base is not None and times == "flops":  # bytes exact at full size, times from FLOPs: no real step
         return base
     predict = None
@@ -137,7 +141,7 @@ def capture_within(
         full = unoptimised_peak_bytes(base)
         if full <= limit_bytes:
             try:
-                return capture(model, args, kwargs, **opts)
+                return _capture(model, args, kwargs, **opts, traced=gm)
             except (RuntimeError, torch.OutOfMemoryError) as err:
                 if not is_oom(err):
                     raise
@@ -145,4 +149,4 @@ def capture_within(
                             "smaller batch sizes", full)
             free_cache()
         predict = linear_peak(full, base.param_grad_bytes, batch)
-    return ladder(model, args, kwargs, opts, base, batch, batch_dim, limit_bytes, predict)
+    return ladder(model, args, kwargs, opts, base, batch, batch_dim, limit_bytes, predict, gm, signatures)
