@@ -15,20 +15,26 @@ How it works (decisions, tested in ``tests/capture/scaled/test_scaled.py``; one 
    ``finally`` block. Ops seen before with the same input metadata are answered from a cache.
    The meta device was chosen over ``FakeTensorMode`` because capture already supports it
    (``autoremat profile --device meta``) and the recorder's storage bookkeeping works on it.
+   Batch norm and pointwise ops of shapes not seen before are answered by layout rules verified
+   against their (Python) meta kernels (:mod:`.meta_rules`). The model is traced by fx once,
+   with its tensors on meta (:func:`.meta.traced_on_meta`), and that trace serves the meta
+   capture, every real run and the replay.
 2. **Times from real runs at sizes that fit** (:mod:`.ladder`). The batch (dimension
    ``batch_dim`` of every input tensor whose size there equals the batch, :mod:`.batch`) is cut
    to ``s`` rows. The predicted unoptimised peak at ``s`` is linear in the batch:
    ``P(s) = G + (P(B) - G) * s / B`` with ``G`` the parameter-gradient bytes (which do not
    scale) and ``P(B)`` the meta capture's peak. The largest ``s < B`` predicted to fit and half
-   of it run for real, timing steps only (``warmup + repeats`` each, the bytes being the meta
+   of it run for real, timing steps only (``repeats`` each, with no warm-up step where
+   ``repeats >= 3``: their median leaves out a first step's set-up; the bytes being the meta
    capture's), largest first, halving past a size that runs out of memory. The largest size is
    taken, not a fixed fraction of ``B``: the fit below extrapolates less (from 4 and 8 to 16, the
    noise of the two measurements is multiplied by 3.6; from 4 and 9, by 2.8).
 3. **Scaling** (:mod:`.fit`). Per node and per direction, ``t(B) = a + b * B`` through the two
    measured sizes, clamped where noise makes the slope or the intercept negative.
 4. **Kernels chosen per shape** (:mod:`.replay`). Convolutions and matrix multiplies are timed
-   alone at the full batch (fx captures), their arguments tiled from the small run: a backend
-   may pick another kernel at the full batch than at the sizes measured, which no fit sees.
+   alone at the full batch (fx captures), their arguments tiled from the small run to the
+   full-size shapes the meta capture recorded: a backend may pick another kernel at the full
+   batch than at the sizes measured, which no fit sees.
 5. **Same graph.** The result is the meta capture at full size, with its nodes, edges and
    fingerprint, carrying the scaled times; a small capture whose node names differ from the
    meta capture is an error that says so (it would mean the graph depends on the batch size).

@@ -13,7 +13,10 @@ does; only ops that return fresh tensors are cached (no aliasing or mutating sch
 random or data-dependent op), so the outputs a hit makes (new meta tensors of the cached
 metadata) are exactly what the kernel would have returned, and the recorder sees the same storages
 and bytes. Repeated blocks hit: ResNet-152 1.23 s -> 0.53 s CPU (measurements in
-``benchmarks/results/cpu/scaled_capture/``).
+``benchmarks/results/cpu/scaled_capture/``). Ops of new shapes whose meta kernels are Python
+(batch norm forward and backward, pointwise ops) are answered by layout rules verified against
+those kernels (:mod:`.meta_rules`): DenseNet-161's meta capture 0.75 s -> 0.60 s CPU, its
+layer-for-layer byte counts unchanged on the CPU zoo.
 """
 
 from __future__ import annotations

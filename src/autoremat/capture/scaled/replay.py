@@ -13,11 +13,14 @@ their in-step times at two sizes fit well.
 
 How (fx captures only; module-level nodes are whole blocks and stay fitted):
 
-1. A forward at ``s_a`` rows (each output detached: nothing is kept for a backward) records, for every replayed node (kinds
-   :data:`REPLAYED_KINDS`), the shapes of its tensor arguments and its integer arguments.
-2. Such a forward at ``s_b`` rows stops at each replayed node: every dimension that
-   changed between the two sizes is extrapolated linearly to the full batch (integers too), the
-   argument is tiled to that shape (its values repeated, its stride order kept), and the node
+1. The full-size shapes of every replayed node's (kinds :data:`REPLAYED_KINDS`) tensor
+   arguments and its integer arguments: read exactly while the meta capture's recorded step runs
+   at the full batch (:class:`ArgumentSignatures`; this costs nothing extra, where a forward of
+   its own cost about as much as a real one), or, where there is no meta capture (the fallback),
+   recorded by a forward at ``s_a`` rows (each output detached: nothing is kept for a backward)
+   and extrapolated linearly with step 2's sizes.
+2. A forward at ``s_b`` rows stops at each replayed node: each argument is tiled to its
+   full-size shape (its values repeated, its stride order kept), and the node
    runs alone at full size, ``warmup + repeats`` times: forward, then backward
    (``torch.autograd.grad`` of its outputs with respect to the arguments that require grad in the
    step and its parameters, nothing accumulated), timed from the moment its output's gradient
