@@ -136,6 +136,7 @@ def _pooled(ref: list[float], others: Sequence[list[float]]) -> dict[str, Any]:
 
 
 def _noise_floor(fulls: Sequence[Graph]) -> dict[str, Any]:
+    """Each capture against the median of the others (for the full captures: the noise floor)."""
     errs, weights, step = [], [], []
     for i, g in enumerate(fulls):
         rest = [f for j, f in enumerate(fulls) if j != i]
@@ -144,6 +145,35 @@ def _noise_floor(fulls: Sequence[Graph]) -> dict[str, Any]:
         weights += w
         step.append(s)
     return _summary(errs, weights, step)
+
+
+def _by_kind(first: Graph, timed: set[int], ref: list[float], pairs: Sequence[tuple[list[float], list[float]]],
+             least_share: float = 0.03) -> dict[str, dict[str, Any]]:
+    """Per node kind ("conv*": timed alone at the full batch) and direction holding at least
+    ``least_share`` of the step time (``ref``): share, median |error| and step time within 20 %
+    of each ``(reference, other)`` pair's times, pooled."""
+    labels = [f"{first.node(v)['kind']}{'*' if v in timed else ''} {k.split('_')[0]}"
+              for v in first.nodes for k in _KEYS]
+    total = sum(ref) or 1.0
+    out = {}
+    for label in sorted(set(labels)):
+        idx = [i for i, lab in enumerate(labels) if lab == label]
+        share = sum(ref[i] for i in idx) / total
+        if share < least_share:
+            continue
+        errs, weights, step = [], [], []
+        for a, b in pairs:
+            e, w, st = _errors([a[i] for i in idx], [b[i] for i in idx])
+            errs += e
+            weights += w
+            step.append(st)
+        summary = _summary(errs, weights, step)
+        out[label] = {"share": share, **{k: summary[k] for k in ("median", "p90", "time_share_within_20pct")}}
+    return out
+
+
+def _leave_one_out(graphs: Sequence[Graph]) -> list[tuple[list[float], list[float]]]:
+    return [(_median_times([h for j, h in enumerate(graphs) if j != i]), _times(g)) for i, g in enumerate(graphs)]
 
 
 def _cost(fn: Callable[[], Any]) -> tuple[Any, float, float]:
@@ -172,6 +202,8 @@ def run_model(name: str, limit: float, rounds: int, width_scale: float = 1.0, si
         cost["scaled_cpu"].append(c)
         cost["scaled_wall"].append(w)
     scaled = scaleds[-1]
+    ref = _median_times(fulls)
+    timed = set(scaled.meta["scaled"].get("timed_at_full_batch", []))
     speak = unoptimised_peak_bytes(scaled)
     names = [first.node(v)["name"] for v in first.nodes]
     same = all(s.fingerprint == first.fingerprint and [s.node(v)["name"] for v in s.nodes] == names for s in scaleds)
@@ -183,7 +215,11 @@ def run_model(name: str, limit: float, rounds: int, width_scale: float = 1.0, si
         "bytes_from": scaled.meta["scaled"]["bytes_from"], "limit_bytes": limit_bytes, "same_graph": same,
         "full_peak_bytes": peak, "scaled_peak_bytes": speak, "peak_error": (speak - peak) / peak,
         "step_time_s": sum(_median_times(fulls)),
-        "times": _pooled(_median_times(fulls), [_times(s) for s in scaleds]), "noise_floor": _noise_floor(fulls),
+        "times": _pooled(ref, [_times(s) for s in scaleds]), "noise_floor": _noise_floor(fulls),
+        # what is left when the scaled captures' own noise is taken out (the median of them), and that noise
+        "bias": _pooled(ref, [_median_times(scaleds)]), "scaled_noise": _noise_floor(scaleds),
+        "by_kind": _by_kind(first, timed, ref, [(ref, _times(s)) for s in scaleds]),
+        "noise_by_kind": _by_kind(first, timed, ref, _leave_one_out(fulls), least_share=0.0),
         "cost_s": med, "cost_ratio_cpu": med["scaled_cpu"] / med["full_cpu"],
         "cost_ratio_wall": med["scaled_wall"] / med["full_wall"],
         # on a GPU the host waits for the device: wall time is the cost; on a shared CPU, CPU time
@@ -209,9 +245,9 @@ def _markdown(rows: list[dict[str, Any]], settings: dict[str, Any], machine: dic
         "of the same run). Cost: median seconds, CPU seconds of the process on a CPU, wall seconds on a GPU "
         "(both in the JSON).", "",
         "| model | nodes | batch (sizes run) | timed at B | bytes | same graph | peak error | time err median / p90 "
-        "| noise median / p90 | nodes within 20 % (noise) | step time within 20 % (noise) "
-        "| step time error (noise) | cost full / scaled (s) | cost ratio |",
-        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
+        "| noise median / p90 | bias median / p90 (scaled's own noise) | nodes within 20 % (noise) "
+        "| step time within 20 % (noise) | step time error (noise) | cost full / scaled (s) | cost ratio |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     unit, kind = ("wall" if settings.get("device", "cpu") != "cpu" else "cpu"), ""
     for r in rows:
@@ -220,10 +256,19 @@ def _markdown(rows: list[dict[str, Any]], settings: dict[str, Any], machine: dic
             f"| {r['model']} ({r['mode']}) | {r['nodes']} | {r['batch']} ({', '.join(map(str, r['sizes']))}) "
             f"| {r['timed_at_full_batch']} | {r['bytes_from']} | {'yes' if r['same_graph'] else 'NO'} "
             f"| {r['peak_error']:+.2%} | {t['median']:.1%} / {t['p90']:.1%} | {n['median']:.1%} / {n['p90']:.1%} "
+            f"| {r['bias']['median']:.1%} / {r['bias']['p90']:.1%} ({r['scaled_noise']['median']:.1%}) "
             f"| {t['share_within_20pct']:.0%} ({n['share_within_20pct']:.0%}) "
             f"| {t['time_share_within_20pct']:.0%} ({n['time_share_within_20pct']:.0%}) "
             f"| {t['step_time_error_median']:+.1%} ({n['step_time_error_median']:+.1%}) "
             f"| {c[kind + 'full_' + unit]:.2f} / {c['scaled_' + unit]:.2f} | {r['cost_ratio']:.2f}x |")
+    lines += ["", "Per node kind and direction (kinds holding >= 3 % of the step; `*`: timed alone at the full "
+              "batch): share of the step time, median |error| of the scaled captures (of the full captures "
+              "against the others' median), step time within 20 % (noise).", ""]
+    for r in rows:
+        parts = [f"{k} {v['share']:.0%}: {v['median']:.0%} ({r['noise_by_kind'].get(k, {}).get('median', 0):.0%}), "
+                 f"{v['time_share_within_20pct']:.0%} ({r['noise_by_kind'].get(k, {}).get('time_share_within_20pct', 0):.0%})"
+                 for k, v in r["by_kind"].items()]
+        lines.append(f"- {r['model']}: " + "; ".join(parts))
     return "\n".join(lines) + "\n"
 
 
@@ -255,6 +300,9 @@ def main(argv: Sequence[str] | None = None) -> int:
               f"{row['times']['time_share_within_20pct']:.0%} (noise {row['noise_floor']['time_share_within_20pct']:.0%}), "
               f"cost {row['cost_ratio']:.2f}x", flush=True)
         rows.append(row)
+    import os
+
+    machine["load_avg_1m_end"] = os.getloadavg()[0]
     out = Path(a.out)
     out.mkdir(parents=True, exist_ok=True)
     stem = f"scaled_capture_{a.tag}" if a.tag else "scaled_capture"

@@ -132,9 +132,13 @@ def _capture(
     flop_times: bool = True,
     times: str | None = None,
     blocks: str = "auto",
+    traced: Any = None,
+    watch: Any = None,
 ) -> Graph:
     """:func:`capture`; ``flop_times=False`` skips counting FLOPs on the meta device (times 0),
-    for a caller that takes times from elsewhere (:mod:`autoremat.capture.scaled`)."""
+    for a caller that takes times from elsewhere (:mod:`autoremat.capture.scaled`); ``traced``:
+    ``model`` already traced (:func:`_traced_or_none`), profiled at fx level without tracing again;
+    ``watch``: sees each node of an fx capture's recorded step (:data:`autoremat.capture.fx.Watch`)."""
     model = uncompiled(model)  # a torch.compile wrapper: the module it holds (see autoremat._compiled)
     args, kwargs = _validate(model, args, kwargs, mode, loss_fn)
     if repeats < 1 or warmup < 0:
@@ -160,7 +164,7 @@ def _capture(
 
     rec, gm, fingerprint, tensors, cmode = _trace_and_profile(
         model, args, kwargs, mode, blocks, loss, resident, param_names, param_bytes, device,
-        dict(repeats=repeats, warmup=warmup, time_fn=time_fn, count_flops=count_flops))
+        dict(repeats=repeats, warmup=warmup, time_fn=time_fn, count_flops=count_flops), traced, watch)
     time_source = ("flops" if count_flops else "none" if is_meta
                    else "cuda-events" if device.type == "cuda" else "perf_counter")
     meta = {
@@ -192,30 +196,48 @@ def _capture(
 def _trace_and_profile(model: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any], mode: str, blocks: str,
                        loss: Callable[[Any], torch.Tensor], resident: list[torch.Tensor],
                        param_names: dict[int, str], param_bytes: dict[str, int], device: torch.device,
-                       profile: dict[str, Any]) -> tuple[Recorder, Any, str, Any, str]:
+                       profile: dict[str, Any], traced: Any = None,
+                       watch: Any = None) -> tuple[Recorder, Any, str, Any, str]:
     """Trace ``model`` with fx (``mode`` "auto"/"fx"; "auto" falls back to module level with an
-    info line) and profile the step: ``(recorder, GraphModule or None, fingerprint, tensor
-    signature, capture mode)``. ``profile``: the keyword arguments of the profiler."""
-    gm = None
+    info line; ``traced``: the trace made already) and profile the step: ``(recorder,
+    GraphModule or None, fingerprint, tensor signature, capture mode)``. ``profile``: the keyword
+    arguments of the profiler."""
+    gm = traced
     # tracing runs the Python of forward on real attributes (a counter ``self.n += 1`` moves): it
     # is inside the preserved state too, so a failed capture leaves the model as it was
     with preserved_state(model, [device]):
-        if mode in ("auto", "fx"):
-            try:
-                gm = trace(model)
-            except Exception as exc:  # fx raises many types (TraceError, TypeError, NotImplementedError…)
-                if mode == "fx":
-                    raise ValueError(f"torch.fx cannot trace {type(model).__name__}: {exc}. "
-                                     "Use mode='module' to capture at module level.") from exc
-                logger.info("torch.fx cannot trace %s (%s: %s); capturing at module level",
-                            type(model).__name__, type(exc).__name__, str(exc).splitlines()[0][:200])
+        if gm is None and mode in ("auto", "fx"):
+            gm = _traced_in_state(model, mode)
         if gm is not None:
             rec = profile_fx(gm, records_from_fx(gm, param_names), args, kwargs, loss, resident, param_bytes,
-                             device=device, **profile)
+                             device=device, watch=watch, **profile)
             return rec, gm, fx_fingerprint(gm), tensor_signature(gm), "fx"
         rec = profile_modules(model, args, kwargs, loss, resident, param_names, param_bytes, device=device,
                               blocks=blocks, **profile)
         return rec, None, module_fingerprint(model, blocks), tensor_signature(model), "module"
+
+
+def _traced_in_state(model: nn.Module, mode: str) -> Any:
+    """``trace(model)``, or ``None`` (logged) where fx cannot trace it and ``mode`` is "auto"."""
+    try:
+        return trace(model)
+    except Exception as exc:  # fx raises many types (TraceError, TypeError, NotImplementedError…)
+        if mode == "fx":
+            raise ValueError(f"torch.fx cannot trace {type(model).__name__}: {exc}. "
+                             "Use mode='module' to capture at module level.") from exc
+        logger.info("torch.fx cannot trace %s (%s: %s); capturing at module level",
+                    type(model).__name__, type(exc).__name__, str(exc).splitlines()[0][:200])
+        return None
+
+
+def _traced_or_none(model: nn.Module, mode: str, device: torch.device) -> Any:
+    """The fx trace a capture with ``mode`` would profile (``None`` at module level: ``mode``
+    "module", or "auto" where fx cannot trace, logged), made with the model's state preserved;
+    pass it to several captures of the same model (:mod:`autoremat.capture.scaled`) to trace once."""
+    if mode not in ("auto", "fx"):
+        return None
+    with preserved_state(model, [device]):
+        return _traced_in_state(model, mode)
 
 
 def _to_graph(rec: Recorder, meta: dict[str, Any]) -> Graph:

@@ -19,7 +19,7 @@ from .signature import tensor_lines
 from ._tracing import SemanticTracer, semantic_trace
 from .inplace import out_of_place
 
-__all__ = ["trace", "fx_ops", "fx_fingerprint", "records_from_fx", "profile_fx", "time_fx"]
+__all__ = ["trace", "fx_ops", "fx_fingerprint", "records_from_fx", "profile_fx", "time_fx", "Watch"]
 
 _OPS = ("call_module", "call_function", "call_method")
 
@@ -129,10 +129,15 @@ def _get_attr(gm: torch.nn.Module, target: str) -> Any:
     return obj
 
 
+Watch = Callable[[torch.fx.Interpreter, torch.fx.Node], None]
+"""Called before each op node of the recorded step runs (its arguments are in the interpreter's ``env``)."""
+
+
 class _Interp(torch.fx.Interpreter):
-    def __init__(self, gm: torch.fx.GraphModule, probe: Recorder | Timer) -> None:
+    def __init__(self, gm: torch.fx.GraphModule, probe: Recorder | Timer, watch: Watch | None = None) -> None:
         super().__init__(gm, garbage_collect_values=True)
         self.probe = probe
+        self.watch = watch
         self.ids = {n: i for i, n in enumerate(fx_ops(gm))}
 
     def run_node(self, n: torch.fx.Node) -> Any:
@@ -145,6 +150,8 @@ class _Interp(torch.fx.Interpreter):
         v = self.ids.get(n)
         if v is None:
             return super().run_node(n)
+        if self.watch is not None:
+            self.watch(self, n)
         with self._set_current_node(n):
             args, kwargs = self.fetch_args_kwargs_from_env(n)
             if n.op == "call_module":
@@ -174,13 +181,14 @@ def profile_fx(
     device: torch.device,
     time_fn: Callable[[list[NodeRecord]], None] | None,
     count_flops: bool = False,
+    watch: Watch | None = None,
 ) -> Recorder:
-    """One recorded step (memory) and ``warmup + repeats`` timed steps."""
+    """One recorded step (memory; ``watch`` sees its nodes) and ``warmup + repeats`` timed steps."""
     rec = Recorder(resident, count_flops=count_flops)
     rec.mutations.watch_state([*gm.parameters(), *gm.buffers()])
     for r in recs:
         rec.add_node(r)
-    interp = _Interp(gm, rec)
+    interp = _Interp(gm, rec, watch)
     with rec.recording():
         out = _run_kwargs(interp, gm, args, kwargs)
         loss = rec.run_loss(loss_fn, out)

@@ -436,3 +436,64 @@ def test_a_model_that_cannot_train_on_one_row_is_a_capture_that_does_not_fit() -
     one_row = int(fixed + (peak - fixed) * 1.5 / 16)  # one row predicted to fit, two not
     with pytest.raises(CaptureDoesNotFitError, match="batch of 1"):
         capture_within(model, (x,), limit_bytes=one_row, repeats=1)
+
+
+class _RootParameter(nn.Module):
+    """A parameter of the root read in forward (an fx ``get_attr`` node: the trace keeps its own
+    reference to it) next to a submodule's."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.scale = nn.Parameter(torch.ones(8))
+        self.body = nn.Sequential(nn.Linear(8, 64), nn.Tanh(), nn.Linear(64, 8))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.body(x * self.scale)
+
+
+def test_one_trace_made_on_meta_serves_every_step_and_holds_the_real_tensors(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """capture_within traces the model once, with its tensors on meta (nothing allocated); the
+    trace's own reference to a root parameter is the real tensor afterwards, and the scaled
+    capture's bytes equal a full capture's."""
+    capture_mod = importlib.import_module("autoremat.capture")
+    meta_mod = importlib.import_module("autoremat.capture.scaled.meta")
+    traced: list = []
+    real_trace = capture_mod.trace
+
+    def counting(model: nn.Module) -> torch.fx.GraphModule:
+        gm = real_trace(model)
+        traced.append(gm)
+        return gm
+
+    monkeypatch.setattr(capture_mod, "trace", counting)
+    torch.manual_seed(0)
+    model, x = _RootParameter(), torch.randn(16, 8)
+    gm = meta_mod.traced_on_meta(model, "auto")
+    assert gm.scale is model.scale and gm.scale.device.type == "cpu"
+    full = autoremat.capture(model, (x,), repeats=1)
+    traced.clear()
+    g = capture_within(model, (x,), limit_bytes=_limit(full), repeats=3)
+    assert len(traced) == 1 and "scaled" in g.meta and g.fingerprint == full.fingerprint
+    for v in full.nodes:
+        for key in _BYTES:
+            assert g.node(v)[key] == full.node(v)[key], (v, key)
+    assert model.scale.device.type == "cpu" and model.scale.grad is None
+
+
+def test_timed_sizes_and_full_batch_replays_run_no_warm_up_and_no_shapes_forward() -> None:
+    """With 3 repeats the median drops a first run's set-up: the larger timed size runs 3 steps
+    and each replayed node 3 times alone at the full batch; its full-size argument shapes come
+    from the meta capture, so no forward runs at the larger size for them."""
+    torch.manual_seed(0)
+    model, x = _Tokens(switch_at=10**9), torch.randn(16, 4, 8)
+    full = autoremat.capture(model, (x,), repeats=1)
+    model.switch.seen.clear()
+    g = capture_within(model, (x,), limit_bytes=_limit(full), repeats=3)
+    s_lo, s_hi = g.meta["scaled"]["sizes"]
+    seen = model.switch.seen
+    assert seen.count((s_hi * 4, 8)) == 3  # the timed steps only
+    assert seen.count((s_lo * 4, 8)) == 3 + 1  # the timed steps and the replay's forward
+    assert seen[0] == (16 * 4, 8)  # the meta capture (meta tensors)
+    assert seen.count((16 * 4, 8)) == 1 + 3  # and alone at the full batch, no warm-up call
+    assert seen.count((16 * 4, 8)) + seen.count((s_hi * 4, 8)) + seen.count((s_lo * 4, 8)) == len(seen)

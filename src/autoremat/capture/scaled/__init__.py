@@ -15,20 +15,26 @@ How it works (decisions, tested in ``tests/capture/scaled/test_scaled.py``; one 
    ``finally`` block. Ops seen before with the same input metadata are answered from a cache.
    The meta device was chosen over ``FakeTensorMode`` because capture already supports it
    (``autoremat profile --device meta``) and the recorder's storage bookkeeping works on it.
+   Batch norm and pointwise ops of shapes not seen before are answered by layout rules verified
+   against their (Python) meta kernels (:mod:`.meta_rules`). The model is traced by fx once,
+   with its tensors on meta (:func:`.meta.traced_on_meta`), and that trace serves the meta
+   capture, every real run and the replay.
 2. **Times from real runs at sizes that fit** (:mod:`.ladder`). The batch (dimension
    ``batch_dim`` of every input tensor whose size there equals the batch, :mod:`.batch`) is cut
    to ``s`` rows. The predicted unoptimised peak at ``s`` is linear in the batch:
    ``P(s) = G + (P(B) - G) * s / B`` with ``G`` the parameter-gradient bytes (which do not
    scale) and ``P(B)`` the meta capture's peak. The largest ``s < B`` predicted to fit and half
-   of it run for real, timing steps only (``warmup + repeats`` each, the bytes being the meta
+   of it run for real, timing steps only (``repeats`` each, with no warm-up step where
+   ``repeats >= 3``: their median leaves out a first step's set-up; the bytes being the meta
    capture's), largest first, halving past a size that runs out of memory. The largest size is
    taken, not a fixed fraction of ``B``: the fit below extrapolates less (from 4 and 8 to 16, the
    noise of the two measurements is multiplied by 3.6; from 4 and 9, by 2.8).
 3. **Scaling** (:mod:`.fit`). Per node and per direction, ``t(B) = a + b * B`` through the two
    measured sizes, clamped where noise makes the slope or the intercept negative.
 4. **Kernels chosen per shape** (:mod:`.replay`). Convolutions and matrix multiplies are timed
-   alone at the full batch (fx captures), their arguments tiled from the small run: a backend
-   may pick another kernel at the full batch than at the sizes measured, which no fit sees.
+   alone at the full batch (fx captures), their arguments tiled from the small run to the
+   full-size shapes the meta capture recorded: a backend may pick another kernel at the full
+   batch than at the sizes measured, which no fit sees.
 5. **Same graph.** The result is the meta capture at full size, with its nodes, edges and
    fingerprint, carrying the scaled times; a small capture whose node names differ from the
    meta capture is an error that says so (it would mean the graph depends on the batch size).
@@ -76,7 +82,7 @@ from .batch import batch_size_of
 from .fit import linear_peak, scale_to
 from .ladder import ladder
 from .limits import CaptureDoesNotFitError, free_cache, is_oom, profile_limit_bytes, resident_bytes_of
-from .meta import meta_capture, on_meta
+from .meta import meta_capture, on_meta, traced_on_meta
 
 __all__ = ["capture_within", "CaptureDoesNotFitError", "profile_limit_bytes", "resident_bytes_of", "on_meta",
            "batch_size_of", "is_oom", "scale_to"]
@@ -111,7 +117,7 @@ def capture_within(
         CaptureDoesNotFitError: even the smallest batch size tried ran out of memory.
         ValueError: ``limit_bytes`` is negative, or the graph depends on the batch size.
     """
-    from .. import capture, resolve_times
+    from .. import _capture, capture, resolve_times
     from ...resident import device_of
 
     times = resolve_times(times)
@@ -127,7 +133,11 @@ def capture_within(
         raise ValueError(f"limit_bytes={limit_bytes!r} must be an int >= 0 (bytes a profiling step may use "
                          "above what is resident), or None for a plain capture")
     batch = batch_size_of(args, kwargs, batch_dim)
-    base = meta_capture(model, args, kwargs, opts)
+    gm = traced_on_meta(model, mode)  # one trace for every step below
+    if gm is None and mode == "auto":  # fx cannot trace it (logged): module level, without trying again
+        opts["mode"] = "module"
+    meta = meta_capture(model, args, kwargs, opts, gm)
+    base, signatures = meta if meta is not None else (None, {})
     if base is not None and times == "flops":  # bytes exact at full size, times from FLOPs: no real step
         return base
     predict = None
@@ -137,7 +147,7 @@ def capture_within(
         full = unoptimised_peak_bytes(base)
         if full <= limit_bytes:
             try:
-                return capture(model, args, kwargs, **opts)
+                return _capture(model, args, kwargs, **opts, traced=gm)
             except (RuntimeError, torch.OutOfMemoryError) as err:
                 if not is_oom(err):
                     raise
@@ -145,4 +155,4 @@ def capture_within(
                             "smaller batch sizes", full)
             free_cache()
         predict = linear_peak(full, base.param_grad_bytes, batch)
-    return ladder(model, args, kwargs, opts, base, batch, batch_dim, limit_bytes, predict)
+    return ladder(model, args, kwargs, opts, base, batch, batch_dim, limit_bytes, predict, gm, signatures)

@@ -64,34 +64,32 @@ class _Trial:
     With ``base`` (bytes known) they are timing steps only, on ``gm`` at fx level."""
 
     def __init__(self, model: nn.Module, args: tuple, kwargs: dict, opts: dict, batch: int, batch_dim: int,
-                 limit: int, base: Graph | None) -> None:
+                 limit: int, base: Graph | None, gm: torch.fx.GraphModule | None) -> None:
         self.model, self.args, self.kwargs, self.opts, self.base = model, args, kwargs, opts, base
         self.batch, self.batch_dim, self.limit = batch, batch_dim, limit
         self.smallest = batch
-        self.timed = 0
-        self.gm: torch.fx.GraphModule | None = None
+        self.gm = gm  # the one trace (capture_within's) for the meta capture, every run and the replay
         if base is not None and base.meta["mode"] == "fx":
-            from ..fx import fx_fingerprint, trace
+            from ..fx import fx_fingerprint
 
-            self.gm = trace(model)  # once for every timing run and the replay
-            assert fx_fingerprint(self.gm) == base.fingerprint, "the traced graph changed, please report"
+            assert gm is not None and fx_fingerprint(gm) == base.fingerprint, \
+                "the traced graph changed, please report"
 
     def run(self, size: int) -> Graph | None:
         """A capture at ``size`` rows, or ``None`` when it ran out of memory (state restored)."""
-        from .. import capture
+        from .. import _capture
 
         self.smallest = min(self.smallest, size)
         small: Any = None
         try:
             small = cut_rows(self.args, self.kwargs, self.batch, size, self.batch_dim)
             if self.base is not None:
-                # after one timed size, the next needs no warm-up step of its own: the median of its
-                # repeats leaves out the first step's one-off costs (kernel set-up for new shapes)
-                opts = {**self.opts, "warmup": 0} if self.timed and self.opts["repeats"] >= 3 else self.opts
+                # no warm-up step: the median of three or more repeats leaves out the first step's
+                # one-off costs (kernel set-up for new shapes)
+                opts = {**self.opts, "warmup": 0} if self.opts["repeats"] >= 3 else self.opts
                 g = _timed_copy(self.model, self.gm, *small, opts, self.base)
-                self.timed += 1
                 return g
-            return capture(self.model, *small, **self.opts)
+            return _capture(self.model, *small, **self.opts, traced=self.gm)
         except ValueError as err:
             if size != 1 or "more than 1 value per channel" not in str(err):
                 raise
@@ -157,32 +155,34 @@ class _Trial:
         return fit(peaks[0], peaks[-1], sizes[0], sizes[-1], size)
 
 
-def _replayed(trial: _Trial, out: Graph, s_lo: int, s_hi: int,
-              workspace: dict[int, tuple[int, int]]) -> dict[int, tuple[float, float]]:
+def _replayed(trial: _Trial, out: Graph, s_lo: int, s_hi: int, workspace: dict[int, tuple[int, int]],
+              signatures: dict[str, Any]) -> dict[int, tuple[float, float]]:
     """Full-batch times of the nodes :mod:`.replay` times alone (fx captures, two sizes); their
-    workspace on CUDA into ``workspace``."""
+    workspace on CUDA into ``workspace``. ``signatures``: their full-size arguments from the meta
+    capture (else extrapolated from a forward at ``s_hi``)."""
     from ...resident import device_of
     from .replay import replay_times
 
-    if s_lo == s_hi or out.meta["mode"] != "fx":
+    if s_lo == s_hi or out.meta["mode"] != "fx" or trial.gm is None:
         return {}
-    if trial.gm is None:  # the fallback's real captures traced the model themselves
-        from ..fx import fx_fingerprint, trace
-
-        trial.gm = trace(trial.model)
-        if fx_fingerprint(trial.gm) != out.fingerprint:
-            return {}
-    at = [cut_rows(trial.args, trial.kwargs, trial.batch, s, trial.batch_dim) for s in (s_hi, s_lo)]
+    at_hi = None if signatures else cut_rows(trial.args, trial.kwargs, trial.batch, s_hi, trial.batch_dim)
+    at_lo = cut_rows(trial.args, trial.kwargs, trial.batch, s_lo, trial.batch_dim)
     device = device_of(trial.model, trial.args, trial.kwargs)
-    return replay_times(trial.gm, trial.model, out, at[0], at[1], (s_hi, s_lo, trial.batch),
-                        limit_bytes=trial.limit, repeats=trial.opts["repeats"], warmup=trial.opts["warmup"],
-                        device=device, workspace=workspace)
+    repeats = trial.opts["repeats"]
+    # no warm-up call where the median of three or more leaves out a first call's set-up (new shapes)
+    warmup = 0 if repeats >= 3 else trial.opts["warmup"]
+    return replay_times(trial.gm, trial.model, out, at_hi, at_lo, (s_hi, s_lo, trial.batch),
+                        limit_bytes=trial.limit, repeats=repeats, warmup=warmup,
+                        device=device, workspace=workspace, full_signatures=signatures or None)
 
 
 def ladder(model: nn.Module, args: tuple, kwargs: dict, opts: dict, base: Graph | None, batch: int,
-           batch_dim: int, limit: int, predict: Callable[[int], float] | None) -> Graph:
-    """Capture the two sizes that fit (:func:`autoremat.capture.scaled.capture_within`), scale."""
-    trial = _Trial(model, args, kwargs, opts, batch, batch_dim, limit, base)
+           batch_dim: int, limit: int, predict: Callable[[int], float] | None,
+           gm: torch.fx.GraphModule | None = None, signatures: dict[str, Any] | None = None) -> Graph:
+    """Capture the two sizes that fit (:func:`autoremat.capture.scaled.capture_within`), scale.
+    ``gm``: the model's one trace (``None`` at module level); ``signatures``: the replayed nodes'
+    full-size arguments from the meta capture."""
+    trial = _Trial(model, args, kwargs, opts, batch, batch_dim, limit, base, gm)
     if predict is not None:  # the largest size predicted to fit, and half of it
         got = trial.down(largest_fitting(predict, batch, limit))
     else:
@@ -203,7 +203,7 @@ def ladder(model: nn.Module, args: tuple, kwargs: dict, opts: dict, base: Graph 
         out = scale_to(hi, lo, hi, s_lo, s_hi, batch, bytes_too=True)
         bytes_from = "linear fit"
     workspace: dict[int, tuple[int, int]] = {}
-    replayed = _replayed(trial, out, s_lo, s_hi, workspace)
+    replayed = _replayed(trial, out, s_lo, s_hi, workspace, signatures or {})
     first = min((v for v in out.nodes if out.node(v)["requires_grad"]), default=None)
     if first in replayed:  # the step's timer ends this node's backward when backward returns: it also
         # holds the end of the backward pass (freeing the graph), which no node alone shows

@@ -13,11 +13,14 @@ their in-step times at two sizes fit well.
 
 How (fx captures only; module-level nodes are whole blocks and stay fitted):
 
-1. A forward at ``s_a`` rows (each output detached: nothing is kept for a backward) records, for every replayed node (kinds
-   :data:`REPLAYED_KINDS`), the shapes of its tensor arguments and its integer arguments.
-2. Such a forward at ``s_b`` rows stops at each replayed node: every dimension that
-   changed between the two sizes is extrapolated linearly to the full batch (integers too), the
-   argument is tiled to that shape (its values repeated, its stride order kept), and the node
+1. The full-size shapes of every replayed node's (kinds :data:`REPLAYED_KINDS`) tensor
+   arguments and its integer arguments: read exactly while the meta capture's recorded step runs
+   at the full batch (:class:`ArgumentSignatures`; this costs nothing extra, where a forward of
+   its own cost about as much as a real one), or, where there is no meta capture (the fallback),
+   recorded by a forward at ``s_a`` rows (each output detached: nothing is kept for a backward)
+   and extrapolated linearly with step 2's sizes.
+2. A forward at ``s_b`` rows stops at each replayed node: each argument is tiled to its
+   full-size shape (its values repeated, its stride order kept), and the node
    runs alone at full size, ``warmup + repeats`` times: forward, then backward
    (``torch.autograd.grad`` of its outputs with respect to the arguments that require grad in the
    step and its parameters, nothing accumulated), timed from the moment its output's gradient
@@ -55,7 +58,7 @@ from .._recorder import AllocatorMeter, paused_gc, preserved_state, tensors_in
 from ..fx import _run_kwargs, fx_ops
 from .limits import free_cache, is_oom
 
-__all__ = ["REPLAYED_KINDS", "replay_times", "forward_live_bytes"]
+__all__ = ["REPLAYED_KINDS", "replay_times", "ArgumentSignatures", "forward_live_bytes"]
 
 logger = logging.getLogger(__name__)
 
@@ -134,7 +137,8 @@ def _detached_run(interp: torch.fx.Interpreter, n: torch.fx.Node) -> Any:
 
 
 class _Shapes(torch.fx.Interpreter):
-    """Step 1: the argument signatures of the replayed nodes at ``s_a`` rows."""
+    """Step 1: the argument signatures of the replayed nodes (at ``s_a`` rows, or on the meta
+    device at the full batch)."""
 
     def __init__(self, gm: torch.fx.GraphModule, replayed: set[str]) -> None:
         super().__init__(gm, garbage_collect_values=True)
@@ -231,8 +235,10 @@ class _Replay(torch.fx.Interpreter):
 
     def __init__(self, gm: torch.fx.GraphModule, base: Graph, signatures: Mapping[str, Mapping[str, list[Any]]],
                  sizes: tuple[int, int, int], room_bytes: int, repeats: int, warmup: int,
-                 device: torch.device) -> None:
+                 device: torch.device, exact: bool = False) -> None:
         super().__init__(gm, garbage_collect_values=True)
+        self.exact = exact
+        """Whether ``signatures`` are the full batch's (else at ``sizes[0]``, extrapolated)."""
         self.ids = {n: i for i, n in enumerate(fx_ops(gm))}
         self.base, self.signatures, self.sizes, self.room = base, signatures, sizes, room_bytes
         self.repeats, self.warmup, self.clock = repeats, warmup, _Clock(device)
@@ -271,14 +277,15 @@ class _Replay(torch.fx.Interpreter):
             out: list[Any] = []
             for x, x_a in zip(flat, before):
                 if isinstance(x, torch.Tensor):
-                    shape = tuple(_extrapolate(a, b, s_a, s_b, batch) for a, b in zip(x_a, x.shape))
+                    shape = tuple(x_a) if self.exact else \
+                        tuple(_extrapolate(a, b, s_a, s_b, batch) for a, b in zip(x_a, x.shape))
                     if len(shape) != x.dim() or None in shape:
                         raise ValueError(f"no full-size shape for {u.name}: {tuple(x_a)} at {s_a}, "
                                          f"{tuple(x.shape)} at {s_b}")
                     wants = self.base.node(v)["requires_grad"] if v is not None else x.requires_grad
                     out.append(_Pending(x, shape, bool(wants) and x.is_floating_point()))  # type: ignore[arg-type]
                 elif isinstance(x, int) and not isinstance(x, bool) and x_a is not None:
-                    full = _extrapolate(x_a, x, s_a, s_b, batch)
+                    full = x_a if self.exact else _extrapolate(x_a, x, s_a, s_b, batch)
                     if full is None:
                         raise ValueError(f"no full-size value for {u.name}")
                     out.append(full)
@@ -341,25 +348,54 @@ class _Pending:
         return ("tensor", self.shape, self.value.dtype, order, self.wants_grad)
 
 
-def replay_times(gm: torch.fx.GraphModule, model: torch.nn.Module, base: Graph, at_a: tuple[tuple, dict],
+def _replayed_names(base: Graph) -> set[str]:
+    return {base.node(v)["name"] for v in base.nodes if base.node(v)["kind"] in REPLAYED_KINDS}
+
+
+class ArgumentSignatures:
+    """Step 1 while a capture of ``gm`` at the full batch runs (its ``watch``, on the meta device:
+    :func:`~autoremat.capture.scaled.meta.meta_capture`): ``signatures`` are the exact full-size
+    argument signatures of the nodes of the replayed kinds, for :func:`replay_times`."""
+
+    def __init__(self, gm: torch.fx.GraphModule) -> None:
+        from ..fx import _kind
+
+        self.replayed = {n for n in fx_ops(gm) if _kind(gm, n) in REPLAYED_KINDS}
+        self.signatures: dict[str, dict[str, list[Any]]] = {}
+
+    def __call__(self, interp: torch.fx.Interpreter, n: torch.fx.Node) -> None:
+        if n in self.replayed:
+            self.signatures[n.name] = {u.name: _signature(interp.env[u]) for u in n.all_input_nodes}
+
+
+def replay_times(gm: torch.fx.GraphModule, model: torch.nn.Module, base: Graph, at_a: tuple[tuple, dict] | None,
                  at_b: tuple[tuple, dict], sizes: tuple[int, int, int], *, limit_bytes: int, repeats: int,
-                 warmup: int, device: torch.device,
-                 workspace: dict[int, tuple[int, int]] | None = None) -> dict[int, tuple[float, float]]:
+                 warmup: int, device: torch.device, workspace: dict[int, tuple[int, int]] | None = None,
+                 full_signatures: Mapping[str, Mapping[str, list[Any]]] | None = None,
+                 ) -> dict[int, tuple[float, float]]:
     """Full-batch ``(forward, backward)`` seconds of the replayed nodes of ``base`` (module
     docstring). ``at_a`` and ``at_b`` are the inputs cut to ``sizes[0]`` and ``sizes[1]`` rows,
-    ``sizes[2]`` the full batch; ``gm`` is ``model`` traced (``base``'s fingerprint). On CUDA,
-    ``workspace`` (when given) receives each replayed node's ``(forward, backward)`` workspace
-    bytes at the full batch (step 3)."""
-    names = [base.node(v)["name"] for v in base.nodes]
-    replayed = {names[v] for v in base.nodes if base.node(v)["kind"] in REPLAYED_KINDS}
+    ``sizes[2]`` the full batch; ``gm`` is ``model`` traced (``base``'s fingerprint). With
+    ``full_signatures`` (:class:`ArgumentSignatures`) the full-size shapes are those, exact, and
+    no forward at ``sizes[0]`` runs (``at_a`` may be ``None``). On CUDA, ``workspace`` (when
+    given) receives each replayed node's ``(forward, backward)`` workspace bytes at the full
+    batch (step 3)."""
+    replayed = _replayed_names(base)
     if not replayed:
         return {}
     s_a, s_b, batch = sizes
     room = limit_bytes - int(math.ceil(forward_live_bytes(base) * s_b / batch))
     with preserved_state(model, [device]), paused_gc(), torch.enable_grad():
-        shapes = _Shapes(gm, replayed)
-        _run_kwargs(shapes, gm, *at_a)
-        replay = _Replay(gm, base, shapes.signatures, sizes, room, repeats, warmup, device)
+        if full_signatures is None:
+            if at_a is None:
+                raise ValueError("replay_times needs the inputs at sizes[0] rows (at_a) or full_signatures")
+            shapes = _Shapes(gm, replayed)
+            _run_kwargs(shapes, gm, *at_a)
+            signatures: Mapping[str, Mapping[str, list[Any]]] = shapes.signatures
+        else:
+            signatures = {k: v for k, v in full_signatures.items() if k in replayed}
+        replay = _Replay(gm, base, signatures, sizes, room, repeats, warmup, device,
+                         exact=full_signatures is not None)
         _run_kwargs(replay, gm, *at_b)
     if workspace is not None:
         workspace.update(replay.workspace)
