@@ -3,6 +3,7 @@ confirming the chosen plan with a measured step (backing off when it runs out of
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
@@ -11,10 +12,12 @@ from torch import nn
 
 from ..capture._recorder import preserved_state
 from ..capture.scaled.limits import is_oom
+from ..errors import InfeasibleBudgetError
 from ..graph import Graph
 from ..plan import Plan
 from ..resident import device_of, storage_bytes
-from ._lightning_trainer import batch_of, silenced_logging
+from ..runtime import apply, restore
+from ._lightning_trainer import batch_of, silenced_logging, trial_step
 
 if TYPE_CHECKING:
     import lightning.pytorch as pl
@@ -24,7 +27,9 @@ if TYPE_CHECKING:
 from lightning.pytorch.utilities.memory import garbage_collection_cuda, is_oom_error
 from lightning.pytorch.utilities.rank_zero import rank_zero_warn
 
-__all__ = ["record_inputs", "confirmed", "CONFIRM_TRIES"]
+__all__ = ["record_inputs", "confirmed", "try_size", "CONFIRM_TRIES"]
+
+logger = logging.getLogger("autoremat.integrations.lightning")  # the callback's own log
 
 CONFIRM_TRIES = 4
 """Measured steps tried before giving up when the chosen plan's step runs out of memory."""
@@ -120,3 +125,39 @@ def confirmed(cb: "AutoRemat", target: nn.Module, trainer: "pl.Trainer", pl_modu
         f"AutoRemat: the patched step still ran out of memory after {CONFIRM_TRIES} tries down to a "
         f"{step_budget}-byte step budget; raise the margin (AUTOREMAT_MARGIN, now the fraction of free "
         f"memory kept back by budget='auto') or give a smaller budget. The last try: {last}")
+
+
+def try_size(cb: "AutoRemat", trainer: "pl.Trainer", pl_module: "pl.LightningModule", graph: Graph, size: int,
+             original: int, step_budget: int, loss_fn: Callable[[Any], torch.Tensor],
+             batch_bytes: int) -> tuple[Plan, Graph] | None:
+    """``AutoRemat._try_size``: solve at ``size`` and confirm with a patched trial step on a real
+    batch of that size; ``None`` where it does not fit, runs out of memory or measures over budget."""
+    assert cb._target is not None, "please report"
+    target = cb._target
+    try:
+        plan, scaled, budget = cb._plan_at(graph, size, original, step_budget, batch_bytes, recompute_only=True)
+        args, kwargs, _ = cb._record_inputs(trainer, pl_module, size)
+        apply(target, plan, regions=cb.regions)
+        try:
+            peak = trial_step(target, args, kwargs, loss_fn, trainer)
+        finally:
+            restore(target)
+    except InfeasibleBudgetError as err:
+        logger.info("AutoRemat: batch size %d does not fit (%s); backing off", size, err)
+        return None
+    except RuntimeError as err:  # torch.OutOfMemoryError is a RuntimeError
+        if not is_oom_error(err):
+            raise
+        logger.info("AutoRemat: batch size %d ran out of memory in the trial step; backing off", size)
+        ran_out = True
+    else:
+        ran_out = False
+    if ran_out:  # out of the except block (its traceback holds the failed step): see confirmed()
+        if torch.cuda.is_available():
+            garbage_collection_cuda()
+        return None
+    if peak is not None and peak > budget:
+        logger.info("AutoRemat: batch size %d measured %d bytes over a %d-byte step budget; backing off",
+                    size, peak, budget)
+        return None
+    return plan, scaled

@@ -78,7 +78,7 @@ from ..solvers import OFFLOAD_ONLY, SOLVERS, check_solver, solve
 from ._common import capture_blocks, step_budget_bytes
 from ._lightning_reuse import cache_key, from_cache, reuse_given
 from ._lightning_sharded import SHARDED, profile_and_solve_sharded, strategy_kind
-from ._lightning_steps import confirmed, record_inputs
+from ._lightning_steps import confirmed, record_inputs, try_size
 from ._lightning_trainer import (atomic_fit_start, batch_of, dataset_length, reset_dataloaders, silenced_logging,
                                  trial_step)
 from ._planning import as_plan, least_for, plan_within
@@ -88,7 +88,6 @@ from .summary import print_summary, summarise
 try:
     import lightning.pytorch as pl
     from lightning.pytorch.callbacks import Callback
-    from lightning.pytorch.utilities.memory import garbage_collection_cuda, is_oom_error
     from lightning.pytorch.utilities.parsing import lightning_getattr, lightning_hasattr, lightning_setattr
     from lightning.pytorch.utilities.rank_zero import rank_zero_info, rank_zero_warn
 except ImportError as exc:  # pragma: no cover - lightning is a hard dependency
@@ -482,32 +481,4 @@ class AutoRemat(Callback):
                   original: int, step_budget: int, loss_fn: Callable[[Any], torch.Tensor],
                   batch_bytes: int) -> tuple[Plan, Graph] | None:
         """Solve at ``size`` and confirm with a patched trial step on a real batch of that size."""
-        assert self._target is not None, "please report"
-        target = self._target
-        try:
-            plan, scaled, budget = self._plan_at(graph, size, original, step_budget, batch_bytes, recompute_only=True)
-            args, kwargs, _ = self._record_inputs(trainer, pl_module, size)
-            apply(target, plan, regions=self.regions)
-            try:
-                peak = trial_step(target, args, kwargs, loss_fn, trainer)
-            finally:
-                restore(target)
-        except InfeasibleBudgetError as err:
-            logger.info("AutoRemat: batch size %d does not fit (%s); backing off", size, err)
-            return None
-        except RuntimeError as err:  # torch.OutOfMemoryError is a RuntimeError
-            if not is_oom_error(err):
-                raise
-            logger.info("AutoRemat: batch size %d ran out of memory in the trial step; backing off", size)
-            ran_out = True
-        else:
-            ran_out = False
-        if ran_out:  # out of the except block (its traceback holds the failed step): see confirmed()
-            if torch.cuda.is_available():
-                garbage_collection_cuda()
-            return None
-        if peak is not None and peak > budget:
-            logger.info("AutoRemat: batch size %d measured %d bytes over a %d-byte step budget; backing off",
-                        size, peak, budget)
-            return None
-        return plan, scaled
+        return try_size(self, trainer, pl_module, graph, size, original, step_budget, loss_fn, batch_bytes)

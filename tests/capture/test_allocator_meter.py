@@ -1,4 +1,4 @@
-"""The capture's allocator meter (``autoremat.capture._recorder.AllocatorMeter``) on a fake CUDA
+"""The capture's allocator meter (``autoremat.capture.allocator_meter.AllocatorMeter``) on a fake CUDA
 allocator: a node's workspace is what the allocator handed out above the storages it made, less a
 library allocation that outlives the node (cuBLAS's per-stream workspace, made on first use)."""
 
@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from autoremat.capture._recorder import AllocatorMeter
+from autoremat.capture.allocator_meter import AllocatorMeter
 
 MiB = 2**20
 
