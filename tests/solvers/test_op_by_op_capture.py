@@ -15,7 +15,8 @@ import autoremat
 from autoremat import InfeasibleBudgetError
 from autoremat.cost import unoptimised_peak_bytes
 from autoremat.integrations._common import capture_blocks
-from autoremat.solvers import min_budget
+import autoremat.solvers as solvers_pkg
+from autoremat.solvers import SOLVERS, kusumoto, least_budget, min_budget, plans_single_nodes
 
 
 def _model() -> nn.Sequential:
@@ -36,11 +37,38 @@ def test_node_solvers_on_an_op_by_op_capture_name_the_way_out(graphs, solver: st
     assert ops.meta["blocks"] == "ops"
     inside = [v for v in ops.nodes if ops.node(v)["scope"]]
     assert inside and not any(ops.node(v)["recomputable"] for v in inside)  # only whole calls are
-    assert min_budget(ops, solver) == unoptimised_peak_bytes(ops)
     with pytest.raises(InfeasibleBudgetError, match=r"captured op by op.*solver='blocks'.*blocks='module'"):
         autoremat.solve(ops, "80%", solver=solver)
     assert autoremat.solve(module, "80%", solver=solver).recompute_segments  # one node per block: it can
     assert autoremat.solve(ops, "80%", solver="blocks").recompute_segments
+
+
+@pytest.mark.parametrize("solver", [s for s in SOLVERS if plans_single_nodes(s)])
+def test_min_budget_of_node_solvers_refuses_op_by_op_captures_at_once(graphs, solver: str, monkeypatch) -> None:
+    """The least budget of a node-by-node solver is not searched on an op-by-op capture (minutes
+    on a 64-layer GPT-2, issue 24): a ValueError naming the way out, before any solve runs."""
+    def fail(*_a, **_k):
+        raise AssertionError("a solver ran")
+
+    monkeypatch.setattr(solvers_pkg, "bare_solver", fail)
+    monkeypatch.setattr(kusumoto, "min_budget", fail)
+    with pytest.raises(ValueError, match=rf"min_budget\(solver='{solver}'\).*captured op by op.*blocks='module'"):
+        min_budget(graphs["auto"], solver)
+    monkeypatch.undo()
+    assert min_budget(graphs["module"], solver) < unoptimised_peak_bytes(graphs["module"])
+
+
+def test_region_and_offload_solvers_still_answer_min_budget_on_op_by_op_captures(graphs) -> None:
+    ops = graphs["auto"]
+    assert not plans_single_nodes("vdnn") and not plans_single_nodes("blocks") and plans_single_nodes("dp-approx")
+    assert min_budget(ops, "blocks") < unoptimised_peak_bytes(ops)
+    assert min_budget(ops, "offload-greedy") <= unoptimised_peak_bytes(ops)
+
+
+def test_least_budget_of_auto_leaves_node_solvers_out_on_op_by_op_captures(graphs) -> None:
+    ops = graphs["auto"]
+    assert least_budget(ops) == min(min_budget(ops, "blocks"), min_budget(ops, "chen"))
+    assert autoremat.solve(ops, "min").budget_bytes == least_budget(ops)
 
 
 def test_the_hint_is_only_for_node_solvers_on_op_by_op_captures(graphs) -> None:

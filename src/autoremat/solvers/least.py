@@ -47,8 +47,14 @@ def least_budget(graph: Graph, solver: str = "auto", *, auto_solvers: Sequence[s
         return min(peak, min_budget(graph, solver, config=dict(options) or None)) if solver != "none" else \
             min_budget(graph, "none")
     best = peak
+    from . import plans_single_nodes
+
     for name in auto_order(graph, options, auto_solvers):
         if name == "none":
+            continue
+        if plans_single_nodes(name) and graph.meta.get("blocks") == "ops":
+            logger.info("least budget: %s is not asked on a graph whose blocks were captured op by op (it cannot "
+                        "recompute inside them; autoremat.solvers.minimum)", name)
             continue
         least = min_budget(graph, name, config=_accepted(name, options) or None)
         logger.info("least budget of %s: %d bytes", name, least)

@@ -12,6 +12,13 @@
   first (for solvers that pick the best of a budget-independent candidate set, such as
   ``chen``, that is the answer, found in two or three solves), and otherwise bisects.
 
+Refused: a solver that plans single nodes (:func:`autoremat.solvers.plans_single_nodes`: not a
+region solver, not offload-only) on a module-level graph whose repeated blocks were captured op by
+op (``graph.meta["blocks"] == "ops"``, capture's default) raises a ``ValueError`` at once, naming
+what to use instead: it cannot recompute inside the blocks, and its search over the whole op
+graph is what it would spend its time on (a 64-layer GPT-2, 4,307 nodes: dp-approx, dp-exact,
+reforward, combined and milp each ran over 60 s without an answer; issue 24).
+
 Decision: the result ``b`` always satisfies "the solver meets ``b`` and fails ``b - 1``" (both
 were run). It is the least budget the solver meets when feasibility is monotone in the budget
 (a larger budget never makes it fail); a solver that is not monotone may meet some budget below
@@ -44,9 +51,13 @@ def min_budget(graph: Graph, solver: str = "dp-approx", *, config: Mapping[str, 
     """
     from . import bare_solver, check_solver  # the registry imports this module
 
+    from . import ops_hint, plans_single_nodes
+
     check_solver(solver, allow_auto=False)
     if not isinstance(graph, Graph):
         raise TypeError(f"graph must be an autoremat.Graph (from autoremat.capture), got {type(graph).__name__}")
+    if plans_single_nodes(solver) and graph.meta.get("blocks") == "ops":
+        raise ValueError(f"min_budget(solver={solver!r}) is not computed on this graph. {ops_hint(solver)}")
     if solver in ("dp-approx", "dp-exact"):
         return kusumoto.min_budget(graph, solver, config=None if config is None else dict(config))
     if solver == "milp":  # its own memory-centric mixed-integer program (autoremat.solvers.milp)
