@@ -88,3 +88,23 @@ def test_chen_recomputes_blocks_captured_op_by_op_as_their_call_regions(graphs) 
     plan = autoremat.solve(ops, "80%", solver="chen")
     regions = [s for s in plan.recompute_segments if len(s.nodes) > 1]
     assert regions and all(ops.region_of(s.nodes) is not None for s in regions)
+
+
+def test_auto_leaves_node_solvers_out_on_op_by_op_captures(graphs, monkeypatch, caplog) -> None:
+    """They reach Chen's whole-block plans there (measured on GPT-2: exactly chen's plan each
+    time), at seconds of solve time: ``auto`` asks blocks and chen only, and says so."""
+    import logging
+
+    from autoremat.solvers.least import auto_order
+
+    ops, module = graphs["auto"], graphs["module"]
+    assert auto_order(ops, {}) == ("none", "blocks", "chen")
+    assert "dp-approx" in auto_order(module, {})
+    for name in ("dp-approx", "combined", "milp"):
+        monkeypatch.setitem(solvers_pkg.SOLVERS, name, None)  # would fail if called
+    with caplog.at_level(logging.INFO, logger="autoremat.solvers.least"):
+        plan = autoremat.solve(ops, "80%")
+    assert plan.solver in ("blocks", "chen") and "dp-approx left out" in caplog.text
+    best = min((autoremat.solve(ops, "80%", solver=s) for s in ("blocks", "chen")),
+               key=lambda p: p.predicted_extra_time_s)
+    assert plan.predicted_extra_time_s == best.predicted_extra_time_s
