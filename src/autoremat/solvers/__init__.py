@@ -64,7 +64,7 @@ from .xla_greedy import XlaGreedyConfig, solve_xla_greedy
 __all__ = ["SOLVERS", "SOLVER_FUNCTIONS", "RegisteredSolver", "CONFIGS", "OFFLOAD_ONLY", "AUTO_ORDER",
            "AUTO_BLOCKS_ENOUGH_NODES", "SolverFn", "SolverConfig", "solve", "finalize_plan", "bare_solver",
            "min_budget", "check_solver", "least_budget", "DEFAULT_NOISE_TOLERANCE", "REGION_SOLVERS",
-           "plans_single_nodes", "ops_hint"]
+           "plans_single_nodes", "ops_hint", "large_op_capture"]
 
 logger = logging.getLogger(__name__)
 
@@ -244,6 +244,13 @@ def plans_single_nodes(solver: str) -> bool:
     an offload-only solver): on a graph whose blocks were captured op by op it cannot recompute
     inside the blocks (:data:`REGION_SOLVERS`)."""
     return solver not in REGION_SOLVERS and solver not in OFFLOAD_ONLY
+
+
+def large_op_capture(graph: Graph) -> bool:
+    """Whether ``graph`` is a module-level capture with its repeated blocks op by op and at least
+    :data:`AUTO_BLOCKS_ENOUGH_NODES` nodes: there ``auto`` does not ask the solvers that plan
+    single nodes and their ``min_budget`` refuses (:func:`autoremat.solvers.least.auto_order`)."""
+    return graph.meta.get("blocks") == "ops" and len(graph) >= AUTO_BLOCKS_ENOUGH_NODES
 
 
 def ops_hint(solver: str) -> str:

@@ -83,10 +83,11 @@ def written_in_place(graph: Graph) -> set[int]:
 
 
 def _kept(graph: Graph, region: Sequence[int], fraction: float, times: Mapping[int, float],
-          written: set[int]) -> tuple[int, ...]:
+          written: set[int] | None = None) -> tuple[int, ...]:
     """The ops of ``region`` a knapsack keeps within ``fraction`` of its items' bytes (``written``:
-    :func:`written_in_place` of the graph)."""
+    :func:`written_in_place` of the graph, where the caller has it: it reads every node)."""
     stop = _stop(graph, region)
+    written = written_in_place(graph) if written is None else written
     last = stop - 1 if stops_before_running(graph, stop) else stop  # the replay never runs its stop node
     items = [v for v in region if v <= last and graph.node(v)["op_index"] >= 0 and graph.node(v)["alias_of"] is None
              and graph.node(v)["alloc_bytes"] > 0 and times[v] > 0 and v not in written]
