@@ -51,20 +51,10 @@ class MetaOpCache(TorchDispatchMode):
         return ok
 
     def _key(self, func: Any, args: tuple, kwargs: dict) -> tuple | None:
-        flat, spec = tree_flatten((args, kwargs))
-        key: list[Any] = [func, spec]
-        for x in flat:
-            if isinstance(x, torch.Tensor):
-                if x.device.type != "meta":
-                    return None
-                # not the storage offset: a fresh output's layout follows sizes and strides (gradients
-                # of a concatenation are slices of one storage at many offsets)
-                key.append((tuple(x.shape), x.stride(), x.dtype, x.is_conj(), x.is_neg()))
-            elif isinstance(x, _PLAIN):
-                key.append((type(x), x))
-            else:
-                return None
-        return tuple(key)
+        try:
+            return (func, _meta_key(args), tuple((k, _meta_key(v)) for k, v in sorted(kwargs.items())))
+        except _Uncacheable:
+            return None
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # type: ignore[no-untyped-def, override]
         kwargs = kwargs or {}
@@ -75,15 +65,35 @@ class MetaOpCache(TorchDispatchMode):
         if hit is not None:
             self.hits += 1
             specs, out_spec = hit
-            return tree_unflatten([torch.empty_strided(shape, stride, dtype=dtype, device="meta")
-                                   for shape, stride, dtype in specs], out_spec)
+            made = [torch.empty_strided(shape, stride, dtype=dtype, device="meta") for shape, stride, dtype in specs]
+            return made[0] if out_spec is None else tree_unflatten(made, out_spec)
         self.misses += 1
         out = func(*args, **kwargs)
         flat, out_spec = tree_flatten(out)
         inputs = {a.untyped_storage()._cdata for a in tree_flatten((args, kwargs))[0] if isinstance(a, torch.Tensor)}
         if _fresh(flat, inputs):
-            self._outputs[key] = ([(tuple(t.shape), t.stride(), t.dtype) for t in flat], out_spec)
+            self._outputs[key] = ([(tuple(t.shape), t.stride(), t.dtype) for t in flat],
+                                  None if isinstance(out, torch.Tensor) else out_spec)
         return out
+
+
+class _Uncacheable(Exception):
+    """An argument the cache cannot key on (a tensor off the meta device, an unknown object)."""
+
+
+def _meta_key(x: Any) -> Any:
+    """A hashable key of an op argument: a tensor's metadata (not the storage offset: a fresh
+    output's layout follows sizes and strides; gradients of a concatenation are slices of one
+    storage at many offsets), plain values with their type, lists and tuples element-wise."""
+    if isinstance(x, torch.Tensor):
+        if x.device.type != "meta":
+            raise _Uncacheable
+        return (tuple(x.shape), x.stride(), x.dtype, x.is_conj(), x.is_neg())
+    if isinstance(x, (list, tuple)):
+        return (type(x), tuple(_meta_key(y) for y in x))
+    if isinstance(x, _PLAIN):
+        return (type(x), x)
+    raise _Uncacheable
 
 
 def _fresh(flat: list[Any], inputs: set[int]) -> bool:
