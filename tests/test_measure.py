@@ -285,3 +285,18 @@ def test_live_storage_counter_counts_storage_resizes() -> None:
         before.untyped_storage().resize_(0)
         assert plain.live == 0
     before.untyped_storage().resize_(4000)
+
+
+def test_op_tensors_finds_what_tree_flatten_finds_in_op_arguments() -> None:
+    """The dispatch modes' fast flatten: the tensors of ATen-op arguments and results, in order."""
+    from torch.utils._pytree import tree_flatten
+
+    from autoremat.measure import op_tensors
+
+    a, b, c = torch.ones(2), torch.zeros(3), torch.ones(1)
+    cases = [a, (a, 2, None), ([a, b], 1.5, torch.float32), ((a, [b, (c,)]), {"out": c, "alpha": 2}), (), 3, None,
+             ((a,), {"dim": [0, 1], "x": [None, b]})]
+    for obj in cases:
+        want = [t for t in tree_flatten(obj)[0] if isinstance(t, torch.Tensor)]
+        got = op_tensors(obj)
+        assert len(got) == len(want) and all(g is w for g, w in zip(got, want)), obj
