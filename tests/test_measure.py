@@ -297,3 +297,18 @@ def test_deterministic_kernels_hold_inside_the_block_and_are_restored() -> None:
         assert torch.backends.cudnn.deterministic and not torch.backends.cudnn.benchmark
     assert (torch.are_deterministic_algorithms_enabled(), torch.backends.cudnn.deterministic,
             torch.backends.cudnn.benchmark) == was
+
+
+def test_op_tensors_finds_what_tree_flatten_finds_in_op_arguments() -> None:
+    """The dispatch modes' fast flatten: the tensors of ATen-op arguments and results, in order."""
+    from torch.utils._pytree import tree_flatten
+
+    from autoremat.measure import op_tensors
+
+    a, b, c = torch.ones(2), torch.zeros(3), torch.ones(1)
+    cases = [a, (a, 2, None), ([a, b], 1.5, torch.float32), ((a, [b, (c,)]), {"out": c, "alpha": 2}), (), 3, None,
+             ((a,), {"dim": [0, 1], "x": [None, b]})]
+    for obj in cases:
+        want = [t for t in tree_flatten(obj)[0] if isinstance(t, torch.Tensor)]
+        got = op_tensors(obj)
+        assert len(got) == len(want) and all(g is w for g, w in zip(got, want)), obj

@@ -36,7 +36,7 @@ from .resident import device_of
 _ADD = torch.ops.aten.add.Tensor
 
 __all__ = ["LiveStorageCounter", "CollectiveCounter", "Measurement", "measure", "default_loss", "run_step",
-           "gradients", "gradients_equal", "deterministic_kernels"]
+           "gradients", "gradients_equal", "op_tensors", "deterministic_kernels"]
 
 
 class LiveStorageCounter(TorchDispatchMode):
@@ -147,7 +147,7 @@ class LiveStorageCounter(TorchDispatchMode):
         out = func(*args, **(kwargs or {}))
         node = None if torch.is_grad_enabled() else torch._C._current_autograd_node()
         made = None if node is None else (node.name(), node._sequence_nr())
-        flat, _ = tree_flatten(out)
+        flat = op_tensors(out)
         inputs: set[int] | None = None
         added = 0
         for t in flat:
@@ -158,8 +158,7 @@ class LiveStorageCounter(TorchDispatchMode):
                 if key in self._seen or (not self.count_meta and st.device.type == "meta"):
                     continue
                 if inputs is None:  # views and in-place results share an input's storage
-                    inputs = {local_tensor(a).untyped_storage()._cdata for a in tree_flatten((args, kwargs))[0]
-                              if isinstance(a, torch.Tensor)}
+                    inputs = {local_tensor(a).untyped_storage()._cdata for a in op_tensors((args, kwargs))}
                 if key in inputs:
                     continue
                 nbytes = st.nbytes()
@@ -227,6 +226,21 @@ def default_loss(output: Any) -> torch.Tensor:
     for t in tensors[1:]:
         total = total + t.float().mean()
     return total
+
+
+def op_tensors(obj: Any) -> list[torch.Tensor]:
+    """The tensors in an ATen op's arguments or result, in order: what ``tree_flatten`` finds there
+    (tensors, lists and tuples of them, and scalars, which are left out; ``(args, kwargs)``'s
+    dict), without its per-leaf work (a dispatch mode calls this for every op of a capture)."""
+    if isinstance(obj, torch.Tensor):
+        return [obj]
+    out: list[torch.Tensor] = []
+    for x in (obj.values() if isinstance(obj, dict) else obj if isinstance(obj, (list, tuple)) else ()):
+        if isinstance(x, torch.Tensor):
+            out.append(x)
+        elif isinstance(x, (list, tuple, dict)):
+            out.extend(op_tensors(x))
+    return out
 
 
 def _flatten(obj: Any) -> list[Any]:

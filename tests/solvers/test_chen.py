@@ -193,3 +193,33 @@ def test_chen_on_a_transformers_model_captured_op_by_op_recomputes_whole_blocks(
     run_step(ref, (ids,), loss_fn=hf.logits_mean)
     got, want = gradients(model), gradients(ref)
     assert got.keys() == want.keys() and all(torch.equal(got[k], want[k]) for k in want)
+
+
+def _chen_graphs() -> list[Graph]:
+    import random
+
+    from _graphs import block_chain, random_profiled_graphs
+
+    return [*random_profiled_graphs(6, seed=3), module_graph(12), block_chain(random.Random(2), 4),
+            block_chain(random.Random(4), 3, mode="fx")]
+
+
+@pytest.mark.parametrize("index", range(9))
+def test_min_budget_is_the_least_budget_chen_meets(index: int) -> None:
+    """``min_budget(g, "chen")`` comes from one pass over Chen's plans; it is the least budget
+    the solver meets: it meets it and fails one byte less."""
+    from autoremat.solvers import min_budget
+    from autoremat.solvers.chen import min_budget_chen, solve_chen
+
+    g = _chen_graphs()[index]
+    least = min_budget(g, "chen")
+    assert least == min_budget_chen(g)
+    validate_plan(g, solve_chen(g, least))
+    with pytest.raises(InfeasibleBudgetError):
+        solve_chen(g, least - 1)
+    coarse = min_budget(g, "chen", config={"thresholds": 3})  # the solver's options are honoured
+    solve_chen(g, coarse, config={"thresholds": 3})
+    with pytest.raises(InfeasibleBudgetError):
+        solve_chen(g, coarse - 1, config={"thresholds": 3})
+    with pytest.raises(ValueError, match="thresholds"):
+        min_budget(g, "chen", config={"thresholds": 0})

@@ -15,7 +15,8 @@ import autoremat
 from autoremat import InfeasibleBudgetError
 from autoremat.cost import unoptimised_peak_bytes
 from autoremat.integrations._common import capture_blocks
-from autoremat.solvers import min_budget
+import autoremat.solvers as solvers_pkg
+from autoremat.solvers import SOLVERS, kusumoto, large_op_capture, least_budget, min_budget, plans_single_nodes
 
 
 def _model() -> nn.Sequential:
@@ -41,6 +42,67 @@ def test_node_solvers_on_an_op_by_op_capture_name_the_way_out(graphs, solver: st
         autoremat.solve(ops, "80%", solver=solver)
     assert autoremat.solve(module, "80%", solver=solver).recompute_segments  # one node per block: it can
     assert autoremat.solve(ops, "80%", solver="blocks").recompute_segments
+
+
+@pytest.fixture()
+def large(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The op-by-op fixture graph counts as large (AUTO_BLOCKS_ENOUGH_NODES lowered to its size:
+    a 64-layer GPT-2 at op level has 4,307 nodes, too slow to capture here)."""
+    monkeypatch.setattr(solvers_pkg, "AUTO_BLOCKS_ENOUGH_NODES", 5)
+
+
+@pytest.mark.parametrize("solver", [s for s in SOLVERS if plans_single_nodes(s)])
+def test_min_budget_of_node_solvers_refuses_large_op_by_op_captures_at_once(graphs, solver: str, monkeypatch) -> None:
+    """The least budget of a node-by-node solver is not searched on a large op-by-op capture
+    (minutes on a 64-layer GPT-2, issue 24): a ValueError naming the way out, before any solve
+    runs; on a small one (and on one node per block) it is computed as before."""
+    ops = graphs["auto"]
+    small = min_budget(ops, solver)
+    assert small <= unoptimised_peak_bytes(ops)
+
+    def fail(*_a, **_k):
+        raise AssertionError("a solver ran")
+
+    monkeypatch.setattr(solvers_pkg, "AUTO_BLOCKS_ENOUGH_NODES", len(ops))
+    assert large_op_capture(ops) and not large_op_capture(graphs["module"])
+    monkeypatch.setattr(solvers_pkg, "bare_solver", fail)
+    monkeypatch.setattr(kusumoto, "min_budget", fail)
+    with pytest.raises(ValueError, match=rf"min_budget\(solver='{solver}'\).*captured op by op.*blocks='module'"):
+        min_budget(ops, solver)
+    monkeypatch.undo()
+    assert min_budget(graphs["module"], solver) < unoptimised_peak_bytes(graphs["module"])
+
+
+def test_region_and_offload_solvers_still_answer_min_budget_on_large_op_by_op_captures(graphs, large) -> None:
+    ops = graphs["auto"]
+    assert not plans_single_nodes("vdnn") and not plans_single_nodes("blocks") and plans_single_nodes("dp-approx")
+    assert min_budget(ops, "blocks") < unoptimised_peak_bytes(ops)
+    assert min_budget(ops, "offload-greedy") <= unoptimised_peak_bytes(ops)
+
+
+def test_auto_leaves_node_solvers_out_on_large_op_by_op_captures(graphs, monkeypatch, caplog) -> None:
+    """What auto asks and what least_budget('auto') asks are one list: on a large op-by-op
+    capture blocks and chen only (said in the log), and solve(..., 'min') meets that least."""
+    import logging
+
+    from autoremat.solvers.least import auto_order
+
+    ops = graphs["auto"]
+    assert "dp-approx" in auto_order(ops, {})  # small: the node solvers still run (they may reach more)
+    monkeypatch.setattr(solvers_pkg, "AUTO_BLOCKS_ENOUGH_NODES", 5)
+    assert auto_order(ops, {}) == ("none", "blocks", "chen") and "dp-approx" in auto_order(graphs["module"], {})
+    for name in ("dp-approx", "combined", "milp"):
+        monkeypatch.setitem(solvers_pkg.SOLVERS, name, None)  # would fail if called
+    with caplog.at_level(logging.INFO, logger="autoremat.solvers.least"):
+        plan = autoremat.solve(ops, "80%")
+        with pytest.raises(InfeasibleBudgetError):
+            autoremat.solve(ops, "5%")
+    assert plan.solver in ("blocks", "chen") and "dp-approx left out" in caplog.text
+    best = min((autoremat.solve(ops, "80%", solver=s) for s in ("blocks", "chen")),
+               key=lambda p: p.predicted_extra_time_s)
+    assert plan.predicted_extra_time_s == best.predicted_extra_time_s
+    assert least_budget(ops) == min(min_budget(ops, "blocks"), min_budget(ops, "chen"))
+    assert autoremat.solve(ops, "min").budget_bytes == least_budget(ops)
 
 
 def test_the_hint_is_only_for_node_solvers_on_op_by_op_captures(graphs) -> None:

@@ -22,6 +22,7 @@ twice its forward time.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
@@ -37,6 +38,7 @@ from ..resident import device_of, resident_bytes
 from ._recorder import NodeRecord, Recorder, preserved_state, tensors_in, timing_noise
 from .fx import fx_fingerprint, profile_fx, records_from_fx, trace
 from .blocks import BLOCK_MODES
+from .meta_cache import MetaOpCache
 from .module import module_fingerprint, profile_modules
 from .signature import input_signature, tensor_signature
 from .scaled import CaptureDoesNotFitError, capture_within
@@ -162,9 +164,15 @@ def _capture(
     count_flops = (is_meta and flop_times) or (not is_meta and resolve_times(times) == "flops")
     time_fn = _flop_times(model, args, kwargs) if count_flops else _zero_times if is_meta else None
 
-    rec, gm, fingerprint, tensors, cmode = _trace_and_profile(
-        model, args, kwargs, mode, blocks, loss, resident, param_names, param_bytes, device,
-        dict(repeats=repeats, warmup=warmup, time_fn=time_fn, count_flops=count_flops), traced, watch)
+    # on the meta device repeated ops (identical layers) are answered from a cache of output
+    # metadata instead of running their (mostly Python) meta kernels again: same graph (meta_cache)
+    with MetaOpCache() if is_meta else contextlib.nullcontext() as cache:
+        rec, gm, fingerprint, tensors, cmode = _trace_and_profile(
+            model, args, kwargs, mode, blocks, loss, resident, param_names, param_bytes, device,
+            dict(repeats=repeats, warmup=warmup, time_fn=time_fn, count_flops=count_flops), traced, watch)
+    if cache is not None:
+        logger.debug("autoremat: meta capture: %d ops answered from the cache (%d by layout rules), %d run",
+                     cache.hits, cache.rules.used, cache.misses)
     time_source = ("flops" if count_flops else "none" if is_meta
                    else "cuda-events" if device.type == "cuda" else "perf_counter")
     meta = {

@@ -77,7 +77,7 @@ import torch.fx
 import torch.nn.functional as F
 from torch import nn
 from torch.nn.modules.batchnorm import _BatchNorm
-from torch.utils._pytree import tree_flatten
+from ..measure import op_tensors
 
 __all__ = ["out_of_place", "mutated_input", "MutationLog"]
 
@@ -293,7 +293,7 @@ def _written_args(func: Any) -> tuple[tuple[int, str], ...]:
 
 
 def _tensors(obj: Any) -> list[torch.Tensor]:
-    return [t for t in tree_flatten(obj)[0] if isinstance(t, torch.Tensor)]
+    return op_tensors(obj)
 
 
 class MutationLog:

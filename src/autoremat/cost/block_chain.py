@@ -45,6 +45,7 @@ from dataclasses import dataclass, field
 from ..graph import Graph
 from ..plan import Plan, Segment
 from ..replay_tail import replay_tails
+from .block_window import ReferenceWindows
 from .simulator import StepLevels, step_levels
 
 __all__ = ["BlockChain", "ChainProfile", "chain_plan", "profile_chain", "chain_peak", "chain_time", "chain_slack",
@@ -140,19 +141,23 @@ def contexts(chain: BlockChain) -> list[tuple[int | None, int, int | None]]:
     return [(c[j - 1] if j else None, c[j], c[j + 1] if j + 1 < len(c) else None) for j in range(len(c))]
 
 
-def profile_chain(graph: Graph, chain: BlockChain, representative: Sequence[int] | None = None) -> ChainProfile:
+def profile_chain(graph: Graph, chain: BlockChain, representative: Sequence[int] | None = None, *,
+                  windows: bool = True) -> ChainProfile:
     """The model's terms from the simulator: one step of ``R`` and one per (context, option)
     with a representative block of the context (:func:`contexts`; default: its middle block,
     or the blocks ``representative`` names, one per context in order of first appearance)
-    under the option."""
+    under the option. ``windows``: simulate each option only where it differs from ``R``
+    (:mod:`.block_window`, the same terms); ``False``: a whole step each."""
     n_blocks = len(chain.blocks)
-    ref = step_levels(graph, chain_plan(graph, chain, [0] * n_blocks))
     members: dict[tuple, list[int]] = {}
     ctx = contexts(chain)
     for j, key in enumerate(ctx):
         members.setdefault(key, []).append(j)
     rep = {key: (representative[i] if representative is not None else js[len(js) // 2])
            for i, (key, js) in enumerate(members.items())}
+    reference = chain_plan(graph, chain, [0] * n_blocks)
+    window = ReferenceWindows(graph, reference, chain.blocks, rep.values()) if windows else None
+    ref = window.levels if window is not None else step_levels(graph, reference)
     ref_levels = [_block_levels(ref, nodes) for nodes in chain.blocks]
     per_class: dict[tuple, list[tuple[tuple[int, int], int, int, float]]] = {}
     sims = 1
@@ -161,8 +166,13 @@ def profile_chain(graph: Graph, chain: BlockChain, representative: Sequence[int]
         for o in range(1, len(chain.options[key[1]])):
             choice = [0] * n_blocks
             choice[k] = o
-            lv = step_levels(graph, chain_plan(graph, chain, choice))
+            plan = chain_plan(graph, chain, choice)
             sims += 1
+            if window is not None:
+                t = window.price(plan, k)
+                rows.append(((t.held_max, t.held_min), t.fwd_peak, t.bwd_peak, t.extra_time_s))
+                continue
+            lv = step_levels(graph, plan)
             fwd, bwd = _block_levels(lv, chain.blocks[k])
             rows.append((_held(lv, ref, chain.blocks[k][-1]), fwd, bwd, lv.extra_time_s))
         per_class[key] = rows

@@ -51,7 +51,7 @@ and is held to it by a property test on seeded random graphs (see the package do
 
 from __future__ import annotations
 
-from collections.abc import Hashable
+from collections.abc import Callable, Hashable
 from dataclasses import dataclass, field
 
 from ..graph import Graph
@@ -62,6 +62,9 @@ from .offload_link import Offload
 
 __all__ = ["Simulation", "simulate", "no_recompute_plan", "unoptimised_peak_bytes",
            "DEFAULT_BANDWIDTH_BYTES_PER_S", "StepLevels", "step_levels", "stops_before_running"]
+
+SegmentHook = Callable[[str, int, StepState], None]
+"""Called by the step at segment boundaries (see ``_run``)."""
 
 DEFAULT_BANDWIDTH_BYTES_PER_S = 12e9
 """Default host<->device bandwidth for offload (pinned copies over PCIe 4 x16 reach about this);
@@ -155,25 +158,41 @@ class _Step:
 
 
 def _run(g: Graph, plan: Plan, s: StepState, bandwidth_bytes_per_s: float | None,
-         wait_limit: int | None = None) -> Simulation:
-    """The step: forward of every segment, the loss, backward of every segment in reverse."""
-    nd = [g.node(v) for v in g.nodes]
-    offloaded = {g.root(v) for v in plan.offload}
-    rate = bandwidth_bytes_per_s or g.meta.get("bandwidth_bytes_per_s") or DEFAULT_BANDWIDTH_BYTES_PER_S
-    off = Offload(s, offloaded, rate, waits=None if wait_limit is not None else plan.offload_waits,
-                  wait_limit=wait_limit, wait_points=wait_points(g, plan) if wait_limit is not None else None,
-                  order=plan.offload_order, depth=plan.offload_prefetch_depth)
-    pos = {v: i for i, v in enumerate(v for seg in plan.segments for v in seg.nodes)}
-    st = _Step(g, nd, plan, off, offloaded, pos, [region_stop(g, seg) for seg in plan.segments])
-    seg_inputs = [_forward(s, st, si, seg) for si, seg in enumerate(plan.segments)]
-    _loss(s, g, nd)
-    extra_time = _backward(s, st, seg_inputs)
+         wait_limit: int | None = None, at: SegmentHook | None = None) -> Simulation:
+    """The step: forward of every segment, the loss, backward of every segment in reverse.
+    ``at`` is called before each segment's forward (``"fwd"``), after it (``"fwd end"``) and before
+    its backward (``"bwd"``) with the segment's index and the state (:mod:`.block_window`)."""
+    st = _step_of(g, plan, s, bandwidth_bytes_per_s, wait_limit)
+    off = st.off
+    seg_inputs = []
+    for si, seg in enumerate(plan.segments):
+        if at is not None:
+            at("fwd", si, s)
+        seg_inputs.append(_forward(s, st, si, seg))
+        if at is not None:
+            at("fwd end", si, s)
+    _loss(s, g, st.nd)
+    extra_time = _backward(s, st, seg_inputs, at)
     fwd = float(g.total("time_s"))
     bwd = float(g.total("bwd_time_s"))
     return Simulation(peak_bytes=int(s.peak), extra_time_s=float(extra_time + off.stall_s), fwd_time_s=fwd,
                       bwd_time_s=bwd, peak_at=s.peak_at, timeline=s.timeline, offload_stall_s=off.stall_s,
                       offloaded_bytes=off.offloaded_bytes, offload_wait_s=off.wait_s, offload_waits=dict(off.waits),
                       offload_order=list(off.needed), offload_releases=dict(off.releases))
+
+
+def _step_of(g: Graph, plan: Plan, s: StepState, bandwidth_bytes_per_s: float | None,
+             wait_limit: int | None = None, nd: list[dict] | None = None) -> _Step:
+    """What every phase of one simulated step of ``plan`` reads (``nd``: the nodes' attributes,
+    where the caller has them)."""
+    nd = [g.node(v) for v in g.nodes] if nd is None else nd
+    offloaded = {g.root(v) for v in plan.offload}
+    rate = bandwidth_bytes_per_s or g.meta.get("bandwidth_bytes_per_s") or DEFAULT_BANDWIDTH_BYTES_PER_S
+    off = Offload(s, offloaded, rate, waits=None if wait_limit is not None else plan.offload_waits,
+                  wait_limit=wait_limit, wait_points=wait_points(g, plan) if wait_limit is not None else None,
+                  order=plan.offload_order, depth=plan.offload_prefetch_depth)
+    pos = {v: i for i, v in enumerate(v for seg in plan.segments for v in seg.nodes)}
+    return _Step(g, nd, plan, off, offloaded, pos, [region_stop(g, seg) for seg in plan.segments])
 
 
 def _forward(s: StepState, st: _Step, si: int, seg: Segment) -> set[int]:
@@ -244,39 +263,50 @@ def _loss(s: StepState, g: Graph, nd: list[dict]) -> None:
     s.mark("loss", -1)
 
 
-def _backward(s: StepState, st: _Step, seg_inputs: list[set[int]]) -> float:
+def _backward(s: StepState, st: _Step, seg_inputs: list[set[int]], at: SegmentHook | None = None) -> float:
     """Backward of every segment in reverse order, replaying the recomputed ones; returns the
     replayed forward time."""
-    g, nd, plan, off, offloaded = st.g, st.nd, st.plan, st.off, st.offloaded
     extra_time = 0.0
-    tails = tails_of(plan)
-    param_bytes: dict[str, int] = g.meta.get("param_bytes", {})
-    off.start_backward()
-    for si in range(len(plan.segments) - 1, -1, -1):
-        seg = plan.segments[si]
-        stop = st.stops[si]
-        held = {u: g.root(u) for u in sorted(seg_inputs[si], key=g.root) if g.root(u) in offloaded} if stop >= 0 else {}
-        rroot: dict[int, Hashable] = {}
-        for v in reversed(seg.nodes):
-            off.advance()
-            if v == stop:
-                for u, r in held.items():  # the replay reads the region's offloaded inputs (and views of them)
-                    off.need(r)
-                    rroot[u] = rroot[r] = off.key(r)
-                spent = _recompute(s, g, nd, seg, stop, rroot, tails.get(si))
-                extra_time += spent
-                off.clock += spent
-            if not seg.recompute and nd[v]["requires_grad"]:
-                for u in nd[v]["saves"]:
-                    if g.root(u) in offloaded:
-                        off.need(g.root(u))
-            _backward_node(s, g, nd, v, recomputed=seg.recompute, rroot=rroot, param_bytes=param_bytes, off=off)
-            off.clock += nd[v]["bwd_time_s"]
-        if seg.recompute:
-            for u in seg_inputs[si]:
-                s.decref(off.key(held[u]) if u in held else _okey(g, u), ("seg", si))
-            for v in seg.keep:  # kept outputs the replay did not reach (after its early stop)
-                s.decref(_okey(g, v), ("keep", v))
+    tails = tails_of(st.plan)
+    param_bytes: dict[str, int] = st.g.meta.get("param_bytes", {})
+    st.off.start_backward()
+    for si in range(len(st.plan.segments) - 1, -1, -1):
+        if at is not None:
+            at("bwd", si, s)
+        extra_time += _backward_segment(s, st, si, seg_inputs[si], tails.get(si), param_bytes)
+    return extra_time
+
+
+def _backward_segment(s: StepState, st: _Step, si: int, inputs: set[int], tail: tuple[int, list[int]] | None,
+                      param_bytes: dict[str, int]) -> float:
+    """Backward of segment ``si`` (``inputs``: what its forward returned), replaying it when it is
+    recomputed; returns the replayed forward time."""
+    g, nd, off, offloaded = st.g, st.nd, st.off, st.offloaded
+    seg = st.plan.segments[si]
+    stop = st.stops[si]
+    extra_time = 0.0
+    held = {u: g.root(u) for u in sorted(inputs, key=g.root) if g.root(u) in offloaded} if stop >= 0 else {}
+    rroot: dict[int, Hashable] = {}
+    for v in reversed(seg.nodes):
+        off.advance()
+        if v == stop:
+            for u, r in held.items():  # the replay reads the region's offloaded inputs (and views of them)
+                off.need(r)
+                rroot[u] = rroot[r] = off.key(r)
+            spent = _recompute(s, g, nd, seg, stop, rroot, tail)
+            extra_time += spent
+            off.clock += spent
+        if not seg.recompute and nd[v]["requires_grad"]:
+            for u in nd[v]["saves"]:
+                if g.root(u) in offloaded:
+                    off.need(g.root(u))
+        _backward_node(s, g, nd, v, recomputed=seg.recompute, rroot=rroot, param_bytes=param_bytes, off=off)
+        off.clock += nd[v]["bwd_time_s"]
+    if seg.recompute:
+        for u in inputs:
+            s.decref(off.key(held[u]) if u in held else _okey(g, u), ("seg", si))
+        for v in seg.keep:  # kept outputs the replay did not reach (after its early stop)
+            s.decref(_okey(g, v), ("keep", v))
     return extra_time
 
 
@@ -444,13 +474,14 @@ class StepLevels:
     extra_time_s: float = 0.0
 
 
-def step_levels(graph: Graph, plan: Plan | None = None) -> StepLevels:
+def step_levels(graph: Graph, plan: Plan | None = None, *, at: SegmentHook | None = None) -> StepLevels:
     """The levels :func:`simulate` sees at each node's forward, replay and backward under
     ``plan`` (default: nothing recomputed; what :func:`autoremat.cost.chain.chain_from_graph`
-    turns into the chain's terms, and :mod:`autoremat.cost.block_chain` into its blocks')."""
+    turns into the chain's terms, and :mod:`autoremat.cost.block_chain` into its blocks'); ``at``: see
+    ``_run``)."""
     levels: dict[str, dict[int, int]] = {phase: {} for phase in (*PEAK_PLACES, "after bwd", "pgrad after bwd")}
     plan = no_recompute_plan(graph) if plan is None else plan
-    sim = _run(graph, plan, StepState(graph, record=False, levels=levels), None)
+    sim = _run(graph, plan, StepState(graph, record=False, levels=levels), None, at=at)
     n = len(graph)
     return StepLevels(fwd_touch=[levels["fwd"].get(v) for v in range(n)],
                       bwd_touch=[levels["bwd"].get(v) for v in range(n)], bwd_after=[levels["after bwd"][v] for v in range(n)],

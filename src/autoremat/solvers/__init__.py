@@ -63,7 +63,8 @@ from .xla_greedy import XlaGreedyConfig, solve_xla_greedy
 
 __all__ = ["SOLVERS", "SOLVER_FUNCTIONS", "RegisteredSolver", "CONFIGS", "OFFLOAD_ONLY", "AUTO_ORDER",
            "AUTO_BLOCKS_ENOUGH_NODES", "SolverFn", "SolverConfig", "solve", "finalize_plan", "bare_solver",
-           "min_budget", "check_solver", "least_budget", "DEFAULT_NOISE_TOLERANCE", "REGION_SOLVERS"]
+           "min_budget", "check_solver", "least_budget", "DEFAULT_NOISE_TOLERANCE", "REGION_SOLVERS",
+           "plans_single_nodes", "ops_hint", "large_op_capture"]
 
 logger = logging.getLogger(__name__)
 
@@ -240,15 +241,34 @@ nothing below 100 % on op-by-op GPT-2 captures): the integrations and the CLI ca
 for them (:func:`autoremat.integrations._common.capture_blocks`)."""
 
 
-def _with_ops_hint(graph: Graph, solver: str, err: InfeasibleBudgetError) -> InfeasibleBudgetError:
-    """``err`` with the reason a node-by-node solver reaches little on an op-by-op capture: the
-    activations inside the blocks (nearly all of them on a transformer) are out of its reach."""
-    if solver in REGION_SOLVERS or graph.meta.get("blocks") != "ops":
-        return err
-    hint = (f"This module-level graph has its repeated blocks captured op by op (capture's default blocks='auto'): "
+def plans_single_nodes(solver: str) -> bool:
+    """Whether ``solver`` recomputes single recomputable nodes (not module-call regions, and not
+    an offload-only solver): on a graph whose blocks were captured op by op it cannot recompute
+    inside the blocks (:data:`REGION_SOLVERS`)."""
+    return solver not in REGION_SOLVERS and solver not in OFFLOAD_ONLY
+
+
+def large_op_capture(graph: Graph) -> bool:
+    """Whether ``graph`` is a module-level capture with its repeated blocks op by op and at least
+    :data:`AUTO_BLOCKS_ENOUGH_NODES` nodes: there ``auto`` does not ask the solvers that plan
+    single nodes and their ``min_budget`` refuses (:func:`autoremat.solvers.least.auto_order`)."""
+    return graph.meta.get("blocks") == "ops" and len(graph) >= AUTO_BLOCKS_ENOUGH_NODES
+
+
+def ops_hint(solver: str) -> str:
+    """Why ``solver`` reaches little on an op-by-op capture, and what to do instead."""
+    return (f"This module-level graph has its repeated blocks captured op by op (capture's default blocks='auto'): "
             f"an op inside a block is not recomputable on its own, only whole module calls are, and solver "
             f"{solver!r} chooses single nodes, so it cannot recompute inside the blocks. Use solver='blocks', 'chen' "
             f"(or 'auto'), or capture with blocks='module' (one node per block) to use {solver!r}.")
+
+
+def _with_ops_hint(graph: Graph, solver: str, err: InfeasibleBudgetError) -> InfeasibleBudgetError:
+    """``err`` with the reason a node-by-node solver reaches little on an op-by-op capture: the
+    activations inside the blocks (nearly all of them on a transformer) are out of its reach."""
+    if not plans_single_nodes(solver) or graph.meta.get("blocks") != "ops":
+        return err
+    hint = ops_hint(solver)
     reason = f"{err.reason} {hint}" if err.reason else hint
     return InfeasibleBudgetError(err.budget_bytes, err.min_budget_bytes, solver=err.solver,
                                  unoptimised_peak_bytes=err.unoptimised_peak_bytes, reason=reason)

@@ -42,7 +42,7 @@ from ..plan import Plan, Segment, segments_from_lower_sets
 from ..cost import no_recompute_plan, simulate
 from ._config import SolverConfig
 
-__all__ = ["solve_chen", "chen_plans", "split_candidates", "segment_by_threshold", "ChenConfig"]
+__all__ = ["solve_chen", "min_budget_chen", "chen_plans", "split_candidates", "segment_by_threshold", "ChenConfig"]
 
 
 def split_candidates(graph: Graph) -> list[int]:
@@ -74,12 +74,22 @@ class ChenConfig(SolverConfig):
 
 
 def solve_chen(graph: Graph, budget_bytes: int, *, config: dict[str, Any] | ChenConfig | None = None) -> Plan:
+    return _pick(chen_plans(graph, _thresholds(config)), budget_bytes, "chen")
+
+
+def min_budget_chen(graph: Graph, *, config: dict[str, Any] | ChenConfig | None = None) -> int:
+    """The least budget :func:`solve_chen` meets: the least simulated peak of the plans it tries
+    (it meets a budget exactly when one of them fits it), from one pass over them."""
+    return min(peak for peak, _t, _p in chen_plans(graph, _thresholds(config)))
+
+
+def _thresholds(config: dict[str, Any] | ChenConfig | None) -> int:
     grid = ChenConfig.parse(config).thresholds
     if isinstance(grid, bool) or not isinstance(grid, int):
         raise ValueError(f"thresholds={grid!r} must be an int >= 1")
     if grid < 1:
         raise ValueError(f"thresholds={grid} must be >= 1")
-    return _pick(chen_plans(graph, grid), budget_bytes, "chen")
+    return grid
 
 
 def chen_plans(graph: Graph, thresholds: int = 48) -> list[tuple[int, float, Plan]]:

@@ -4,6 +4,8 @@
   the DP's family (see :mod:`.kusumoto`).
 * ``milp``: its memory-centric program (:func:`.milp.min_budget_milp`).
 * ``none``: the unoptimised step peak (its one plan).
+* ``chen``: the least simulated peak of the plans it tries (:func:`.chen.min_budget_chen`: one
+  pass over them; the search below took four, 280 simulated steps on a 64-layer GPT-2 at op level).
 * Every other registered solver (no closed form): a search over budgets with the solver's own
   feasibility. It starts from a budget the solver fails (0, unless it meets 0) and one it meets
   (the unoptimised peak, which every registered solver meets by returning the plan without
@@ -11,6 +13,14 @@
   ``min_budget_bytes`` that each :class:`~autoremat.errors.InfeasibleBudgetError` reports
   first (for solvers that pick the best of a budget-independent candidate set, such as
   ``chen``, that is the answer, found in two or three solves), and otherwise bisects.
+
+Refused: a solver that plans single nodes (:func:`autoremat.solvers.plans_single_nodes`: not a
+region solver, not offload-only) on a large module-level graph whose repeated blocks were
+captured op by op (:func:`autoremat.solvers.large_op_capture`: capture's default, at least
+``AUTO_BLOCKS_ENOUGH_NODES`` nodes, where ``auto`` does not ask them either) raises a
+``ValueError`` at once, naming what to use instead: it cannot recompute inside the blocks, and
+its search over every op is what it would spend its time on (a 64-layer GPT-2, 4,307 nodes:
+dp-approx, dp-exact, reforward, combined and milp each ran over 60 s without an answer; issue 24).
 
 Decision: the result ``b`` always satisfies "the solver meets ``b`` and fails ``b - 1``" (both
 were run). It is the least budget the solver meets when feasibility is monotone in the budget
@@ -44,9 +54,14 @@ def min_budget(graph: Graph, solver: str = "dp-approx", *, config: Mapping[str, 
     """
     from . import bare_solver, check_solver  # the registry imports this module
 
+    from . import large_op_capture, ops_hint, plans_single_nodes
+
     check_solver(solver, allow_auto=False)
     if not isinstance(graph, Graph):
         raise TypeError(f"graph must be an autoremat.Graph (from autoremat.capture), got {type(graph).__name__}")
+    if plans_single_nodes(solver) and large_op_capture(graph):
+        raise ValueError(f"min_budget(solver={solver!r}) is not computed on this graph of {len(graph)} nodes "
+                         f"(autoremat.solvers.large_op_capture). {ops_hint(solver)}")
     if solver in ("dp-approx", "dp-exact"):
         return kusumoto.min_budget(graph, solver, config=None if config is None else dict(config))
     if solver == "milp":  # its own memory-centric mixed-integer program (autoremat.solvers.milp)
@@ -55,6 +70,10 @@ def min_budget(graph: Graph, solver: str = "dp-approx", *, config: Mapping[str, 
         return min_budget_milp(graph, config=None if config is None else dict(config))
     if solver == "none":
         return simulate(graph, no_recompute_plan(graph), check=False, record=False).peak_bytes
+    if solver == "chen":
+        from .chen import min_budget_chen
+
+        return min_budget_chen(graph, config=None if config is None else dict(config))
     fn = bare_solver(solver)
     return _searched(graph, lambda b: fn(graph, b, config=None if config is None else dict(config)), solver)
 

@@ -16,7 +16,7 @@ How it works (decisions, tested in ``tests/capture/scaled/test_scaled.py``; one 
    The meta device was chosen over ``FakeTensorMode`` because capture already supports it
    (``autoremat profile --device meta``) and the recorder's storage bookkeeping works on it.
    Batch norm and pointwise ops of shapes not seen before are answered by layout rules verified
-   against their (Python) meta kernels (:mod:`.meta_rules`). The model is traced by fx once,
+   against their (Python) meta kernels (:mod:`autoremat.capture.meta_rules`). The model is traced by fx once,
    with its tensors on meta (:func:`.meta.traced_on_meta`), and that trace serves the meta
    capture, every real run and the replay.
 2. **Times from real runs at sizes that fit** (:mod:`.ladder`). The batch (dimension

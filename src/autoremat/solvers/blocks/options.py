@@ -82,10 +82,12 @@ def written_in_place(graph: Graph) -> set[int]:
     return out
 
 
-def _kept(graph: Graph, region: Sequence[int], fraction: float, times: Mapping[int, float]) -> tuple[int, ...]:
-    """The ops of ``region`` a knapsack keeps within ``fraction`` of its items' bytes."""
+def _kept(graph: Graph, region: Sequence[int], fraction: float, times: Mapping[int, float],
+          written: set[int] | None = None) -> tuple[int, ...]:
+    """The ops of ``region`` a knapsack keeps within ``fraction`` of its items' bytes (``written``:
+    :func:`written_in_place` of the graph, where the caller has it: it reads every node)."""
     stop = _stop(graph, region)
-    written = written_in_place(graph)
+    written = written_in_place(graph) if written is None else written
     last = stop - 1 if stops_before_running(graph, stop) else stop  # the replay never runs its stop node
     items = [v for v in region if v <= last and graph.node(v)["op_index"] >= 0 and graph.node(v)["alias_of"] is None
              and graph.node(v)["alloc_bytes"] > 0 and times[v] > 0 and v not in written]
@@ -136,15 +138,16 @@ def block_options(graph: Graph, path: str, nodes: Sequence[int], times: Mapping[
         found.setdefault(_segments(nodes, regions), name)
 
     module = graph.meta.get("mode") == "module"
+    written = written_in_place(graph) if module and keep_fractions else set()
     whole = tuple(nodes)
     if _whole_ok(graph, path, nodes) and _stop(graph, whole) >= 0:
         add("whole", [(whole, ())])
         for f in keep_fractions if module else ():
-            add(f"whole+keep{f:g}", [(whole, _kept(graph, whole, f, times))])
+            add(f"whole+keep{f:g}", [(whole, _kept(graph, whole, f, times, written))])
     parts = block_parts(graph, path, nodes)
     for subset in _subsets(len(parts), max_parts):
         add("split" + "".join(str(i) for i in subset), [(parts[i], ()) for i in subset])
     if parts and module:
         for f in keep_fractions:
-            add(f"split+keep{f:g}", [(p, _kept(graph, p, f, times)) for p in parts])
+            add(f"split+keep{f:g}", [(p, _kept(graph, p, f, times, written)) for p in parts])
     return [(name, segs) for segs, name in found.items()]

@@ -2,7 +2,7 @@
 
 Why. The meta kernels of batch norm (forward and backward) and of the pointwise ops are Python
 decompositions (``torch._decomp`` / ``torch._refs``): 1.3-1.4 ms per batch-norm call on the
-development machine (x86_64, CPU only), ~0.3 ms per ReLU. :class:`~.meta.MetaOpCache` answers
+development machine (x86_64, CPU only), ~0.3 ms per ReLU. :class:`~.meta_cache.MetaOpCache` answers
 an op seen before with the same input metadata, but every distinct channel count is a new key:
 DenseNet-161's meta capture ran 85 distinct batch norms forward and backward, 0.23 s of its
 0.75 s, which made the scaled capture cost about 2x a full capture.

@@ -8,9 +8,9 @@ import importlib
 import torch
 import torch.nn.functional as F
 
-from autoremat.capture.scaled.meta_rules import CONFIRMATIONS, LayoutRules, ruled, structure
+from autoremat.capture.meta_rules import CONFIRMATIONS, LayoutRules, ruled, structure
 
-meta = importlib.import_module("autoremat.capture.scaled.meta")
+meta = importlib.import_module("autoremat.capture.meta_cache")
 
 
 def _layout(t: torch.Tensor) -> tuple:
