@@ -55,6 +55,7 @@ import numpy as np
 from ...cost.backward_floor import TransitionBounds
 from ...cost.bitsets import GraphBits, bits
 from ...cost.segment_replay import SegmentCost, bookkeeping, exact_transition, pair_bookkeeping
+from .cost_to_go import CostToGo
 
 __all__ = ["Lattice", "LatticeAnswer"]
 
@@ -105,6 +106,8 @@ class Lattice:
         self._module = module
         self.pairs: list[dict[int, tuple]] = [{} for _ in family]  # per set: its steps' plan-free terms
         self.moves: list[list[tuple]] = [[] for _ in family]  # per set: (step, key gap, flag) in key order
+        self._arrays: dict[int, tuple] = {}
+        self._ctg: dict[int, CostToGo] = {}
 
     # -------------------------------------------------------------- steps
     def successors(self, i: int, limit: int) -> list[int]:
@@ -134,6 +137,45 @@ class Lattice:
                 for f in self.flags(i, j):
                     lst.append((self.keys[j] - ki, j, f, *self.step(i, j, f)))
         return lst
+
+    def move_arrays(self, i: int, budget: int):
+        """Set ``i``'s steps within ``budget`` as numpy arrays ``(need bound, kept bytes added,
+        time, target set)`` for :class:`.cost_to_go.CostToGo`, whatever the dangling roots beyond
+        :meth:`certain_dangling` (``None`` without steps; cached)."""
+        moves = self.moves_of(i, budget)
+        got = self._arrays.get(i)
+        if got is None or got[0] != len(moves):
+            if not moves:
+                return None
+            cd, nbytes, last = self.certain_dangling(i), self.p.nbytes, self.last
+            rows = []
+            final = None
+            for gap, j, flag, cheap, dt, reach, add, _, _, low in moves:
+                if j == last:  # a plain last segment holds what it saves at the loss, and the dangling roots
+                    if final is None:
+                        _, r, a, _, _ = pair_bookkeeping(self.p, self.fam[i], self.p.full, False)
+                        final = max(a + nbytes(r & cd), nbytes(cd))
+                    rows.append((max(gap, cheap, 0 if flag else final), 0, dt, j))
+                    continue
+                held = nbytes(reach & cd)
+                rows.append((max(gap, cheap, low + add + held, nbytes(cd & ~reach)), add + held, dt, j))
+            a = np.array(rows, dtype=np.float64)
+            got = self._arrays[i] = (len(moves), (a[:, 0].astype(np.int64), a[:, 1].astype(np.int64), a[:, 2],
+                                                   a[:, 3].astype(np.intp)))
+        return got[1]
+
+    def certain_dangling(self, i: int) -> int:
+        """Roots that dangle at set ``i`` on every path: alive after it, and no node of it saves
+        or reads them (any storage of theirs), so no step so far has held them."""
+        p, lower = self.p, self.fam[i]
+        saved = 0
+        for v in bits(lower & p.rg_mask):
+            saved |= p.saves_roots[v]
+        out = 0
+        for r in bits(p.info(lower).alive & lower & ~saved):
+            if not any(p.succmask[u] & lower for u in p.members[r]):
+                out |= 1 << r
+        return out
 
     def flags(self, i: int, j: int) -> tuple[bool, ...]:
         """The flags a segment ``L_j \\ L_i`` may take: plain always; recomputed when it has a
@@ -199,36 +241,56 @@ class Lattice:
 
     # -------------------------------------------------------------- searches
     def least_time(self, budget: int, incumbent: float = math.inf, deadline: float = math.inf,
-                   progress: float = 5.0) -> LatticeAnswer:
+                   progress: float = 5.0, heuristic: bool = True) -> LatticeAnswer:
         """The least extra time of a path whose every step fits ``budget`` (see the module docstring).
+
+        Labels are taken in increasing ``t + h`` (A*, ``h`` from :class:`.cost_to_go.CostToGo`;
+        ``heuristic=False``: ``h = 0``); a label is dominated at its state by a taken one with
+        no more time and no more kept bytes.
 
         Long by design: the label-setting loop (the lattice's inner loop) keeps its tables in locals."""
         last, moves_of, nbytes = self.last, self.moves_of, self.p.nbytes
+        if heuristic:
+            ctg = self.cost_to_go(budget, deadline)
+            if ctg is None:
+                return LatticeAnswer(None, None, None, 0.0, "time_limit", 0, len(self.replays))
+            table, grid = ctg.rows, ctg.points
+            h0 = table[0][0]
+            if h0 == math.inf or h0 >= incumbent:
+                return LatticeAnswer(None, None, None, incumbent, "infeasible" if incumbent == math.inf else "optimal",
+                                     0, len(self.replays))
+        else:
+            table, grid, h0 = [[0.0]] * len(self.fam), [0], 0.0
+        lastcol = len(grid) - 1
         # label: (t, m, set, dangling, parent, check, flag); check: (i, room) of the step to verify
         labels: list[tuple] = [(0.0, 0, 0, 0, -1, None, False)]
-        heap: list[tuple[float, int, int]] = [(0.0, 0, 0)]
-        best: dict[tuple[int, int], int] = {}
+        heap: list[tuple[float, float, int, int]] = [(h0, 0.0, 0, 0)]
+        best: dict[tuple[int, int], list[tuple[int, float]]] = {}
         taken = 0
         next_log = time.monotonic() + progress
-        bound = 0.0
+        bound = h0
         while heap:
-            t, m, lid = heap[0]
-            if t >= incumbent:
+            f, t, m, lid = heap[0]
+            if f >= incumbent:
                 return LatticeAnswer(None, None, None, incumbent, "optimal", taken, len(self.replays))
             if time.monotonic() > deadline:
-                return LatticeAnswer(None, None, None, t, "time_limit", taken, len(self.replays))
+                return LatticeAnswer(None, None, None, f, "time_limit", taken, len(self.replays))
             heappop(heap)
             _, _, j, dang, parent, check, flag = labels[lid]
             state = (j, dang)
-            if m >= best.get(state, 1 << 62):
+            seen = best.get(state)
+            if seen is not None and any(m0 <= m and t0 <= t for m0, t0 in seen):
                 continue
             if check is not None:
                 i, room = check
                 if self.need(i, j, labels[parent][3], flag, room) > room:
                     continue
-            best[state] = m
+            if seen is None:
+                best[state] = [(m, t)]
+            else:
+                seen.append((m, t))
             taken += 1
-            bound = t
+            bound = f
             if j == last:
                 seq, flags = self.path(labels, lid)
                 return LatticeAnswer(seq, flags, t, t, "optimal", taken, len(self.replays))
@@ -237,7 +299,7 @@ class Lattice:
                 logger.info("milp (lattice): %d labels taken, %d queued, time bound %.6g s, %d replays", taken,
                             len(heap), bound, len(self.replays))
             room = budget - m
-            for gap, k, f, cheap, dt, reach, add, alive, fresh, low in moves_of(j, room):
+            for gap, k, fl, cheap, dt, reach, add, alive, fresh, low in moves_of(j, room):
                 if gap > room:
                     break
                 t2 = t + dt
@@ -249,13 +311,31 @@ class Lattice:
                 if low + add > room:
                     continue
                 m2 = m + add
+                if k == last:
+                    f2 = t2
+                else:
+                    col = bisect_right(grid, m2) - 1 if m2 < budget else lastcol
+                    f2 = t2 + table[k][col]
+                    if f2 >= incumbent:
+                        continue
                 dang2 = ((dang & ~held) & alive) | fresh
-                if m2 >= best.get((k, dang2), 1 << 62):
+                seen = best.get((k, dang2))
+                if seen is not None and any(m0 <= m2 and t0 <= t2 for m0, t0 in seen):
                     continue
-                labels.append((t2, m2, k, dang2, lid, (j, room), f))
-                heappush(heap, (t2, m2, len(labels) - 1))
+                labels.append((t2, m2, k, dang2, lid, (j, room), fl))
+                heappush(heap, (f2, t2, m2, len(labels) - 1))
         return LatticeAnswer(None, None, None, math.inf if incumbent == math.inf else incumbent,
                              "infeasible" if incumbent == math.inf else "optimal", taken, len(self.replays))
+
+    def cost_to_go(self, budget: int, deadline: float = math.inf):
+        """:class:`.cost_to_go.CostToGo` at ``budget`` (cached per budget; ``None`` past ``deadline``)."""
+        got = self._ctg.get(budget)
+        if got is None:
+            got = CostToGo(self, budget, deadline=deadline)
+            if got.table is None:
+                return None
+            self._ctg = {budget: got}
+        return got
 
     def least_peak(self, incumbent: int | None = None, deadline: float = math.inf,
                    progress: float = 5.0) -> LatticeAnswer:
