@@ -37,7 +37,7 @@ import numpy as np
 
 __all__ = ["CostToGo", "GRID"]
 
-GRID = 1024
+GRID = 8192
 """Grid points of ``m`` in ``[0, budget]`` (more: a tighter ``h``, a dearer DP)."""
 
 
@@ -45,35 +45,38 @@ class CostToGo:
     """``h(L, m)`` over one lattice at one budget (see the module docstring)."""
 
     def __init__(self, lattice, budget: int, grid: int = GRID, deadline: float = math.inf) -> None:
-        self.budget = budget
+        self.budget = max(0, int(budget))
         self.deadline = deadline
-        g = max(2, grid)
-        self.grid = (np.arange(g, dtype=np.float64) * (budget / (g - 1))).astype(np.int64)
-        self.grid[-1] = budget
+        # grid step: a power of two (tensor sizes are mostly multiples of one: their kept bytes
+        # then land on the grid and lose nothing), at most `grid` points up to the budget
+        unit = 1
+        while self.budget // unit + 1 > max(2, grid):
+            unit *= 2
+        self.unit = unit
+        self.last = lattice.last
         self.table = self._solve(lattice)
         self.rows = None if self.table is None else self.table.tolist()
-        self.points = self.grid.tolist()
 
-    def index(self, m):
-        """The grid index of kept bytes ``m`` (the largest point at or below it; ``G`` above the budget)."""
-        return np.searchsorted(self.grid, m, side="right") - 1 if np.ndim(m) else \
-            int(np.searchsorted(self.grid, m, side="right")) - 1
+    def col(self, m: int) -> int:
+        """The grid index of kept bytes ``m <= budget`` (the largest point at or below it)."""
+        return m // self.unit
 
     def at(self, j: int, m: int) -> float:
         """``h(L_j, m)``: a lower bound of the extra time still to pay (``inf``: no continuation fits)."""
         if m > self.budget:
-            return 0.0 if j == self.last else float("inf")
-        return float(self.table[j, int(np.searchsorted(self.grid, m, side="right")) - 1])
+            return 0.0 if j == self.last else math.inf
+        assert self.table is not None
+        return float(self.table[j, m // self.unit])
 
     def _solve(self, lat) -> np.ndarray | None:
-        fam, budget = lat.fam, self.budget
-        G = len(self.grid)
-        self.last = lat.last
-        # one extra column: kept bytes above the budget (only the full set is reached from there)
-        table = np.full((len(fam), G + 1), np.inf)
+        """The backward DP (supersets first). A step from grid point ``k`` with ``add`` kept bytes
+        lands at or above point ``k + add // unit``; it fits from every ``k`` with
+        ``k * unit + need <= budget`` (a prefix of the row)."""
+        fam, budget, unit = lat.fam, self.budget, self.unit
+        G = budget // unit + 1
+        table = np.full((len(fam), G + 1), np.inf)  # column G: above the budget
         table[lat.last, :] = 0.0
         order = sorted(range(len(fam)), key=lambda k: -fam[k].bit_count())
-        g = self.grid
         for n, i in enumerate(order):
             if i == lat.last:
                 continue
@@ -83,11 +86,15 @@ class CostToGo:
             if arrays is None:
                 continue
             req, add, dt, j = arrays
-            fits = g[None, :] + req[:, None] <= budget  # (moves, G)
-            end = g[None, :] + add[:, None]
-            col = np.searchsorted(g, end, side="right") - 1
-            col[end > budget] = G
-            vals = dt[:, None] + table[j[:, None], col]
-            vals[~fits] = np.inf
-            table[i, :G] = vals.min(axis=0)
+            row = table[i]
+            top = (budget - req) // unit  # the last grid point the move fits from
+            shift = add // unit
+            for t, s, d, k in zip(top.tolist(), shift.tolist(), dt.tolist(), j.tolist()):
+                if t < 0:
+                    continue
+                span = min(t + 1, G)
+                src = table[k, s:s + span]
+                if len(src) < span:  # beyond the budget: only the full set is reached from there
+                    src = np.concatenate([src, np.full(span - len(src), table[k, G])])
+                np.minimum(row[:span], src + d, out=row[:span])
         return table[:, :G]

@@ -158,7 +158,7 @@ class Lattice:
                     rows.append((max(gap, cheap, 0 if flag else final), 0, dt, j))
                     continue
                 held = nbytes(reach & cd)
-                rows.append((max(gap, cheap, low + add + held, nbytes(cd & ~reach)), add + held, dt, j))
+                rows.append((max(gap, cheap, low + add + held), add + held, dt, j))
             a = np.array(rows, dtype=np.float64)
             got = self._arrays[i] = (len(moves), (a[:, 0].astype(np.int64), a[:, 1].astype(np.int64), a[:, 2],
                                                    a[:, 3].astype(np.intp)))
@@ -254,14 +254,13 @@ class Lattice:
             ctg = self.cost_to_go(budget, deadline)
             if ctg is None:
                 return LatticeAnswer(None, None, None, 0.0, "time_limit", 0, len(self.replays))
-            table, grid = ctg.rows, ctg.points
+            table, unit = ctg.rows, ctg.unit
             h0 = table[0][0]
             if h0 == math.inf or h0 >= incumbent:
                 return LatticeAnswer(None, None, None, incumbent, "infeasible" if incumbent == math.inf else "optimal",
                                      0, len(self.replays))
         else:
-            table, grid, h0 = [[0.0]] * len(self.fam), [0], 0.0
-        lastcol = len(grid) - 1
+            table, unit, h0 = [[0.0]] * len(self.fam), budget + 1, 0.0
         # label: (t, m, set, dangling, parent, check, flag); check: (i, room) of the step to verify
         labels: list[tuple] = [(0.0, 0, 0, 0, -1, None, False)]
         heap: list[tuple[float, float, int, int]] = [(h0, 0.0, 0, 0)]
@@ -312,12 +311,13 @@ class Lattice:
                     continue
                 m2 = m + add
                 if k == last:
-                    f2 = t2
-                else:
-                    col = bisect_right(grid, m2) - 1 if m2 < budget else lastcol
-                    f2 = t2 + table[k][col]
+                    f2 = t2 if t2 > f else f
+                else:  # pathmax: a path through the child is one through this label
+                    f2 = t2 + table[k][m2 // unit]
                     if f2 >= incumbent:
                         continue
+                    if f2 < f:
+                        f2 = f
                 dang2 = ((dang & ~held) & alive) | fresh
                 seen = best.get((k, dang2))
                 if seen is not None and any(m0 <= m2 and t0 <= t2 for m0, t0 in seen):
