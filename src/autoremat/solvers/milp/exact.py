@@ -86,6 +86,8 @@ def lattice_time(graph: Graph, budget: int, time_limit_s: float, seeds: Iterable
         peak, extra = judge(graph, plan)
         if peak <= budget and extra < cost:
             best, cost = Plan(list(plan.segments), solver="milp"), extra
+    share = LATTICE_SHARE * time_limit_s
+    lat.cost_to_go(budget, start + 0.6 * share)  # the A* bound (cached; a search without it when not in time)
     n = len(graph)
     ans = lat.least_time(budget, incumbent=cost * (1 - 1e-9) if best is not None else math.inf,
                          deadline=start + LATTICE_SHARE * time_limit_s)

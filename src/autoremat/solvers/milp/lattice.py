@@ -108,6 +108,7 @@ class Lattice:
         self.moves: list[list[tuple]] = [[] for _ in family]  # per set: (step, key gap, flag) in key order
         self._arrays: dict[int, tuple] = {}
         self._ctg: dict[int, CostToGo] = {}
+        self._ctg_failed: dict[int, float] = {}  # budget -> seconds it was given and did not finish in
 
     # -------------------------------------------------------------- steps
     def successors(self, i: int, limit: int) -> list[int]:
@@ -147,16 +148,9 @@ class Lattice:
         if got is None or got[0] != len(moves):
             if not moves:
                 return None
-            cd, nbytes, last = self.certain_dangling(i), self.p.nbytes, self.last
+            cd, nbytes = self.certain_dangling(i), self.p.nbytes
             rows = []
-            final = None
-            for gap, j, flag, cheap, dt, reach, add, _, _, low in moves:
-                if j == last:  # a plain last segment holds what it saves at the loss, and the dangling roots
-                    if final is None:
-                        _, r, a, _, _ = pair_bookkeeping(self.p, self.fam[i], self.p.full, False)
-                        final = max(a + nbytes(r & cd), nbytes(cd))
-                    rows.append((max(gap, cheap, 0 if flag else final), 0, dt, j))
-                    continue
+            for gap, j, _, cheap, dt, reach, add, _, _, low in moves:
                 held = nbytes(reach & cd)
                 rows.append((max(gap, cheap, low + add + held), add + held, dt, j))
             a = np.array(rows, dtype=np.float64)
@@ -203,7 +197,12 @@ class Lattice:
             p, b = self.p, self.bounds
             if j == self.last:
                 dt = pair_bookkeeping(p, self.fam[i], self.fam[j], True)[0] if flag else 0.0
-                got = (b.cheap_bound(i, j, False), dt, 0, 0, 0, 0, 0)
+                if flag:  # the replay's bounds hold for the last segment too
+                    got = (b.cheap_bound(i, j, True), dt, 0, 0, 0, 0, b.move_bound(i, j, 0, True))
+                else:  # at the loss it holds what it saves (its own roots, the dangling ones it
+                    # saves: `reach`) and their extras; nothing joins the kept bytes after it
+                    _, reach, add, _, _ = pair_bookkeeping(p, self.fam[i], self.fam[j], False)
+                    got = (b.cheap_bound(i, j, False), 0.0, reach, 0, 0, 0, add)
             else:
                 dt, reach, add, alive, fresh = pair_bookkeeping(p, self.fam[i], self.fam[j], flag)
                 low = b.move_bound(i, j, 0, flag)
@@ -250,17 +249,18 @@ class Lattice:
 
         Long by design: the label-setting loop (the lattice's inner loop) keeps its tables in locals."""
         last, moves_of, nbytes = self.last, self.moves_of, self.p.nbytes
-        if heuristic:
-            ctg = self.cost_to_go(budget, deadline)
-            if ctg is None:
-                return LatticeAnswer(None, None, None, 0.0, "time_limit", 0, len(self.replays))
+        now = time.monotonic()
+        ctg = self.cost_to_go(budget, now + (deadline - now) / 3) if heuristic else None
+        if ctg is None and heuristic:
+            logger.info("milp (lattice): no cost-to-go bound within a third of the time; searching without it")
+        if ctg is not None:
             table, unit = ctg.rows, ctg.unit
             h0 = table[0][0]
             if h0 == math.inf or h0 >= incumbent:
                 return LatticeAnswer(None, None, None, incumbent, "infeasible" if incumbent == math.inf else "optimal",
                                      0, len(self.replays))
         else:
-            table, unit, h0 = [[0.0]] * len(self.fam), budget + 1, 0.0
+            table, unit, h0 = [[0.0]] * len(self.fam), budget + 1, 0.0  # h = 0: labels by time alone
         # label: (t, m, set, dangling, parent, check, flag); check: (i, room) of the step to verify
         labels: list[tuple] = [(0.0, 0, 0, 0, -1, None, False)]
         heap: list[tuple[float, float, int, int]] = [(h0, 0.0, 0, 0)]
@@ -331,8 +331,12 @@ class Lattice:
         """:class:`.cost_to_go.CostToGo` at ``budget`` (cached per budget; ``None`` past ``deadline``)."""
         got = self._ctg.get(budget)
         if got is None:
+            if self._ctg_failed.get(budget, -1.0) >= deadline - time.monotonic():
+                return None  # it did not finish in at least as much time before
+            started = time.monotonic()
             got = CostToGo(self, budget, deadline=deadline)
             if got.table is None:
+                self._ctg_failed[budget] = deadline - started
                 return None
             self._ctg = {budget: got}
         return got
