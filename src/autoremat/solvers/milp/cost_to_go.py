@@ -35,10 +35,13 @@ import time
 
 import numpy as np
 
-__all__ = ["CostToGo", "GRID"]
+__all__ = ["CostToGo", "GRID", "CELLS"]
 
 GRID = 8192
 """Grid points of ``m`` in ``[0, budget]`` (more: a tighter ``h``, a dearer DP)."""
+
+CELLS = 1 << 22
+"""At most this many table cells (lower sets × grid points: 32 MiB of float64)."""
 
 
 class CostToGo:
@@ -49,13 +52,13 @@ class CostToGo:
         self.deadline = deadline
         # grid step: a power of two (tensor sizes are mostly multiples of one: their kept bytes
         # then land on the grid and lose nothing), at most `grid` points up to the budget
+        points = max(2, min(grid, CELLS // max(1, len(lattice.fam))))
         unit = 1
-        while self.budget // unit + 1 > max(2, grid):
+        while self.budget // unit + 1 > points:
             unit *= 2
         self.unit = unit
         self.last = lattice.last
         self.table = self._solve(lattice)
-        self.rows = None if self.table is None else self.table.tolist()
 
     def col(self, m: int) -> int:
         """The grid index of kept bytes ``m <= budget`` (the largest point at or below it)."""
