@@ -43,7 +43,7 @@ from autoremat.errors import InfeasibleBudgetError
 from autoremat.graph import Graph
 from autoremat.plan import Plan
 from autoremat.cost import unoptimised_peak_bytes
-from autoremat.solvers.milp import min_budget_milp, optimality_gap
+from autoremat.solvers.milp import Gap, optimality_gap
 from autoremat.solvers.milp.search import judge
 
 SOLVERS = ("chen", "dp-approx", "dp-exact", "xla-greedy", "reforward", "auto", "milp")
@@ -121,16 +121,23 @@ def _at(graph: Graph, budget: int, time_limit: float) -> dict[str, Any]:
             rows[solver] = {"error": f"{type(err).__name__}: {err}", "seconds": time.perf_counter() - start}
     # milp, seeded with every plan above (and its own seeds), k = 12: its plan and the proven bound
     best = min(plans.values(), key=lambda p: judge(graph, p)[1], default=None)
-    if best is None:
-        rows["milp"] = {"error": "no solver found a plan to start from"}
-        return rows
     start = time.perf_counter()
-    gap = optimality_gap(graph, best, budget, time_limit_s=time_limit)  # k: 12 or the longest seed
+    if best is None:  # no other solver fits (below their least budgets): milp alone, its own bound
+        try:
+            mine = autoremat.solve(graph, budget, solver="milp", time_limit_s=time_limit)
+        except (InfeasibleBudgetError, RuntimeError) as err:
+            rows["milp"] = {"error": f"{type(err).__name__}: {err}", "seconds": time.perf_counter() - start}
+            return rows
+        o = mine.options
+        gap = Gap(judge(graph, mine)[1], o["optimum_bound_s"], o["optimality_gap"], o["milp_status"] == "optimal",
+                  mine, judge(graph, mine)[1], o["k"], o["milp_bound_basis"])
+    else:
+        gap = optimality_gap(graph, best, budget, time_limit_s=time_limit)  # k: 12 or the longest seed
+        mine = gap.optimum_plan
     bound = gap.bound_s
-    mine = gap.optimum_plan
     rows["milp"] = {"extra_time_s": gap.optimum_extra_time_s, "segments": None if mine is None else len(mine.segments),
                     "seconds": time.perf_counter() - start, "proven_optimal": gap.proven_optimal, "bound_s": bound}
-    rows["optimum"] = {"bound_s": bound, "proven_optimal": gap.proven_optimal, "k": gap.k}
+    rows["optimum"] = {"bound_s": bound, "proven_optimal": gap.proven_optimal, "k": gap.k, "basis": gap.basis}
     for solver in [*plans, "milp"]:
         row = rows[solver]
         extra = row.get("extra_time_s")
@@ -222,6 +229,7 @@ def write_markdown(data: dict[str, Any], path: Path) -> None:
             lines.append(f"| {solver} | {lb} | " + " | ".join(cells) + " |")
         opt = [f"{f}: bound {res['budgets'][f]['optimum']['bound_s'] * 1e3:.4g} ms, k = {res['budgets'][f]['optimum']['k']}"
                f"{' (proven optimal)' if res['budgets'][f]['optimum']['proven_optimal'] else ''}"
+               f"{', ' + res['budgets'][f]['optimum']['basis'] if res['budgets'][f]['optimum'].get('basis') else ''}"
                for f in res["budgets"] if "optimum" in res["budgets"][f]]
         lines += ["", "Optimum: " + "; ".join(opt), ""]
     path.write_text("\n".join(lines) + "\n")
