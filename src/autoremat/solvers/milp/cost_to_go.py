@@ -16,8 +16,12 @@ the relaxation's cost-to-go is non-decreasing in ``m`` (less kept bytes admit ev
 do), so it is a lower bound of the exact one.
 
 It is computed by a backward DP over the lower sets (supersets first) on a grid of ``m``
-(``G`` points from 0 to the budget): ``h(L, g)`` for a grid point ``g`` is taken as the value
-for every ``m`` in ``[g, next g)``, and a step's end ``g + add`` is rounded down to the grid.
+(points ``0, u, 2u, …`` up to the budget, ``u`` the least power of two giving at most
+:data:`GRID` points and :data:`CELLS` cells; tensor sizes are mostly multiples of a power of
+two, so most steps' kept bytes land on the grid): ``h(L, g)`` for a grid point ``g`` is taken
+as the value for every ``m`` in ``[g, g + u)``, and a step's end ``g + add`` is rounded down to
+the grid (measured on DenseNet-121 at 50 %: ``h`` at the empty set 3.75e-6 s with 1024
+points, 3.95e-6 s with 8192, the optimum's incumbent 4.49e-6 s).
 Both roundings only lower ``h`` (it is non-decreasing in ``m``), so ``h`` stays a lower bound;
 it is also consistent (``h(L, m) <= dt + h(L', m')`` along every exact step), so the first
 label taken at the full set is optimal and ``t + h`` never decreases along a path (the least
@@ -59,10 +63,6 @@ class CostToGo:
         self.unit = unit
         self.last = lattice.last
         self.table = self._solve(lattice)
-
-    def col(self, m: int) -> int:
-        """The grid index of kept bytes ``m <= budget`` (the largest point at or below it)."""
-        return m // self.unit
 
     def at(self, j: int, m: int) -> float:
         """``h(L_j, m)``: a lower bound of the extra time still to pay (``inf``: no continuation fits)."""
