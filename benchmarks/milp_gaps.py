@@ -211,8 +211,9 @@ def write_markdown(data: dict[str, Any], path: Path) -> None:
              "percentage is the gap to the optimum's proven lower bound, `(extra - bound) / extra`, "
              "over canonical strategies of at most k segments (k = 12, or the most segments of a plan "
              "compared; † : the plan has more, so the bound does not cover it). The `milp` row is the milp search seeded with every other "
-             "solver's plan at that budget, within the time limit (not run where no solver found a plan); "
+             "solver's plan at that budget, within the time limit (alone where no other solver fits); "
              "its least budget is the memory-centric search's (with its proven lower bound).", "",
+             *([data["note"], ""] if data.get("note") else []),
              "## Target: `milp` proves a gap of at most 1 % at the least budget and at 50 %", "",
              *target_rows(data), ""]
     for res in data["graphs"]:
