@@ -1,7 +1,7 @@
 """``milp``'s first stage: the lattice search (:mod:`.lattice`) where the graph has few lower sets.
 
 Where a graph has at most :data:`MAX_LOWER_SETS` lower sets, ``milp`` (with ``k`` left at
-``None``) first runs the exact label-setting search over every canonical strategy with free
+``None``) first runs the exact label-setting (A*) search over every canonical strategy with free
 flags (no limit on the number of segments, so ``k`` is the node count); the HiGHS program of
 :mod:`.search` then gets the time left, only when the lattice did not close.
 
@@ -15,8 +15,10 @@ flags (no limit on the number of segments, so ``k`` is the node count); the HiGH
   seeded random DAGs of its tests and differs from it only where a boundary gradient arrives
   through a pass-through op or a recomputed segment views its input; the plan's summary and
   :class:`~autoremat.solvers.milp.Gap` say which basis a proof has.
-* Time limit: the lattice gets :data:`LATTICE_SHARE` of ``time_limit_s``; when it stops there,
-  its bound (the next label's key) is kept beside the program's.
+* Time limit: the lattice gets :data:`LATTICE_SHARE` of ``time_limit_s`` (its A* bound,
+  :class:`.cost_to_go.CostToGo`, up to 60 % of that; the search without it when it does not
+  finish there); when it stops there, its bound (the next label's key) is kept beside the
+  program's.
 
 Complexity: enumerating the lower sets is O(sets × n) and stops at the limit; the search is
 described in :mod:`.lattice`. A lattice is kept per graph (weakly) and reused across budgets.
@@ -86,6 +88,8 @@ def lattice_time(graph: Graph, budget: int, time_limit_s: float, seeds: Iterable
         peak, extra = judge(graph, plan)
         if peak <= budget and extra < cost:
             best, cost = Plan(list(plan.segments), solver="milp"), extra
+    share = LATTICE_SHARE * time_limit_s
+    lat.cost_to_go(budget, start + 0.6 * share)  # the A* bound (cached; a search without it when not in time)
     n = len(graph)
     ans = lat.least_time(budget, incumbent=cost * (1 - 1e-9) if best is not None else math.inf,
                          deadline=start + LATTICE_SHARE * time_limit_s)
