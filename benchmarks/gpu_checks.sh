@@ -20,8 +20,8 @@ steps=${*:-tests compare scaled}
 { nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv; python3 -c "import torch, sys; print(sys.version); print('torch', torch.__version__, torch.cuda.get_device_name())"; } > "$R/machine.txt" 2>&1
 for s in $steps; do
   case $s in
-    tests)   AUTOREMAT_FAILURE_LOG="$OUT/gpu_failures.log" timeout ${T_TESTS:-200} python3 -m pytest -q -m gpu -p no:cacheprovider -o addopts="" -n ${GPU_WORKERS:-4} \
-               --timeout ${T_TEST:-170} -rfE --tb=short --durations=20 ${GPU_TESTS:-tests} > "$OUT/gpu_tests.log" 2>&1 ;;
+    tests)   AUTOREMAT_FAILURE_LOG="$OUT/gpu_failures.log" timeout ${T_TESTS:-280} python3 -m pytest -q -m gpu -p no:cacheprovider -o addopts="" -n ${GPU_WORKERS:-4} \
+               --timeout ${T_TEST:-120} -rfE --tb=short --durations=20 ${GPU_TESTS:-tests} > "$OUT/gpu_tests.log" 2>&1 ;;
     offload_capture) mkdir -p "$R/offload_gpu"; timeout ${T_OCAP:-150} python3 benchmarks/offload_gpu.py capture \
                --out "$R/offload_gpu" --nets ${OG_NETS:-densenet121,unet,gpt2,resnet50} > "$OUT/offload_capture.log" 2>&1
              tar czf "$OUT/offload_gpu.tgz" -C "$R/offload_gpu" . ;;
