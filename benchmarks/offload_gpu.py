@@ -55,16 +55,12 @@ OFFLOAD_FRACTIONS = (0.8, 0.7, 0.6)
 COMBINED_CUT = 0.7
 
 
-SIZE = {"size": "paper"}
-"""Zoo size of every phase (``--size small``: a smoke run on the CPU)."""
+def _workload(net: str, device: str, size: str) -> Any:
+    """``net`` at ``size`` (``"small"``: a smoke run on the CPU, at the zoo's own batch)."""
+    return build_workload(net, size=size, batch=GPU_BATCH[net] if size == "paper" else None, device=device)
 
 
-def _workload(net: str, device: str) -> Any:
-    paper = SIZE["size"] == "paper"
-    return build_workload(net, size=SIZE["size"], batch=GPU_BATCH[net] if paper else None, device=device)
-
-
-def capture_phase(out: Path, nets: list[str], device: str = "cuda") -> None:
+def capture_phase(out: Path, nets: list[str], device: str = "cuda", size: str = "paper") -> None:
     from autoremat.offload.bandwidth import measure_link
 
     link = measure_link() if device == "cuda" else None
@@ -72,7 +68,7 @@ def capture_phase(out: Path, nets: list[str], device: str = "cuda") -> None:
     meta = {"machine": _machine(), "bandwidth_bytes_per_s": bandwidth,
             "link": link.to_dict() if link is not None else None, "nets": {}}
     for net in nets:
-        w = _workload(net, device)
+        w = _workload(net, device, size)
         graph = autoremat.capture(w.model, w.args, loss_fn=w.loss_fn, blocks="module")
         graph.meta["bandwidth_bytes_per_s"] = float(bandwidth)
         graph.to_json(str(out / f"graph_{net}.json"))
@@ -140,17 +136,9 @@ def _timed(w: Any) -> float:
 
 
 def _peak(w: Any) -> int:
-    if w.args[0].device.type != "cuda":  # a smoke run: the live-storage counter
-        return int(autoremat.measure(w.model, w.args, loss_fn=w.loss_fn, steps=1, warmup=0).peak_bytes)
-    w.model.zero_grad(set_to_none=True)
-    torch.cuda.synchronize()
-    torch.cuda.reset_peak_memory_stats()
-    base = torch.cuda.memory_allocated()
-    w.loss_fn(w.model(*w.args)).backward()
-    torch.cuda.synchronize()
-    peak = torch.cuda.max_memory_allocated() - base
-    w.model.zero_grad(set_to_none=True)
-    return int(peak)
+    """The step peak above the step's start: the allocator's on CUDA, the live-storage counter's
+    on a CPU (a smoke run)."""
+    return int(autoremat.measure(w.model, w.args, loss_fn=w.loss_fn, steps=1, warmup=0).peak_bytes)
 
 
 def _grads(w: Any) -> dict[str, torch.Tensor | None]:
@@ -183,7 +171,7 @@ class _Config:
                 autoremat.restore(w.model)
 
 
-def measure_phase(out: Path, nets: list[str], rounds: int, device: str = "cuda") -> None:
+def measure_phase(out: Path, nets: list[str], rounds: int, device: str = "cuda", size: str = "paper") -> None:
     results: dict[str, Any] = {"machine": _machine(), "nets": {}}
     for net in nets:
         path = out / f"plans_{net}.json"
@@ -192,7 +180,7 @@ def measure_phase(out: Path, nets: list[str], rounds: int, device: str = "cuda")
             continue
         planned = json.loads(path.read_text())
         torch.manual_seed(0)
-        w = _workload(net, device)
+        w = _workload(net, device, size)
         configs = [_Config("none"), _Config("save-on-cpu", save_on_cpu=True)]
         for row in planned["rows"]:
             if row["status"] == "ok":
@@ -284,15 +272,14 @@ def main(argv: list[str] | None = None) -> None:
     if unknown:
         raise SystemExit(f"--nets: unknown {unknown}; choose from {','.join(NETS)}")
     a.out.mkdir(parents=True, exist_ok=True)
-    SIZE["size"] = a.size
     if a.phase in ("capture", "measure") and a.device == "cuda" and not torch.cuda.is_available():
         raise SystemExit(f"the {a.phase} phase needs a CUDA GPU (torch.cuda.is_available() is False)")
     if a.phase == "capture":
-        capture_phase(a.out, nets, a.device)
+        capture_phase(a.out, nets, a.device, a.size)
     elif a.phase == "plan":
         plan_phase(a.out, nets, a.timeout)
     else:
-        measure_phase(a.out, nets, a.rounds, a.device)
+        measure_phase(a.out, nets, a.rounds, a.device, a.size)
 
 
 if __name__ == "__main__":

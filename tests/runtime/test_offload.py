@@ -199,6 +199,18 @@ def _grads(model: torch.nn.Module, args: tuple) -> dict:
     return gradients(model)
 
 
+def _patched_run(model: torch.nn.Module, args: tuple, plan: Plan) -> tuple[dict, object, int]:
+    """``model`` patched with ``plan`` (restored after): its gradients, the offloader's stats and
+    its measured step peak."""
+    autoremat.apply(model, plan)
+    try:
+        got = _grads(model, args)
+        stats = offloader_of(model).stats
+        return got, stats, measure(model, args).peak_bytes
+    finally:
+        autoremat.restore(model)
+
+
 @pytest.mark.gpu
 def test_real_transfers_on_cuda() -> None:
     model, args = autoremat.zoo.build("resnet50", size="small", batch_size=64, device="cuda")
@@ -210,13 +222,7 @@ def test_real_transfers_on_cuda() -> None:
     reference = copy.deepcopy(model)
     ref = _grads(reference, args)
     before = measure(model, args).peak_bytes
-    autoremat.apply(model, plan)
-    try:
-        got = _grads(model, args)
-        stats = offloader_of(model).stats
-        after = measure(model, args).peak_bytes
-    finally:
-        autoremat.restore(model)
+    got, stats, after = _patched_run(model, args, plan)
     assert gradients_equal(ref, got)
     assert sorted(stats.packed_nodes) == order[: len(order) // 2] and stats.prefetched_ahead > 0
     assert after < before
@@ -241,13 +247,8 @@ def test_solver_plans_on_cuda_lower_the_measured_peak(solver: str) -> None:
     reference = copy.deepcopy(model)
     ref = _grads(reference, args)
     before = measure(reference, args).peak_bytes
-    autoremat.apply(model, plan)
-    try:
-        got = _grads(model, args)
-        assert sorted(offloader_of(model).stats.packed_nodes) == list(plan.offload)
-        after = measure(model, args).peak_bytes
-    finally:
-        autoremat.restore(model)
+    got, stats, after = _patched_run(model, args, plan)
+    assert sorted(stats.packed_nodes) == list(plan.offload)
     assert gradients_equal(ref, got)
     assert after < before, (f"measured peak {after} not below the unpatched {before} "
                             f"(predicted {plan.predicted_peak_bytes}, budget {budget})")

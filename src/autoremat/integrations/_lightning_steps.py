@@ -149,15 +149,12 @@ def try_size(cb: "AutoRemat", trainer: "pl.Trainer", pl_module: "pl.LightningMod
         if not is_oom_error(err):
             raise
         logger.info("AutoRemat: batch size %d ran out of memory in the trial step; backing off", size)
-        ran_out = True
     else:
-        ran_out = False
-    if ran_out:  # out of the except block (its traceback holds the failed step): see confirmed()
-        if torch.cuda.is_available():
-            garbage_collection_cuda()
-        return None
-    if peak is not None and peak > budget:
-        logger.info("AutoRemat: batch size %d measured %d bytes over a %d-byte step budget; backing off",
-                    size, peak, budget)
-        return None
-    return plan, scaled
+        if peak is not None and peak > budget:
+            logger.info("AutoRemat: batch size %d measured %d bytes over a %d-byte step budget; backing off",
+                        size, peak, budget)
+            return None
+        return plan, scaled
+    if torch.cuda.is_available():  # out of the except block (its traceback holds the failed step): see confirmed()
+        garbage_collection_cuda()
+    return None

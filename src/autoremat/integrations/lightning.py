@@ -392,12 +392,13 @@ class AutoRemat(Callback):
             progress.line(f"plan cached in {path}")
         return payload
 
-    def _solver_options(self, sharded: bool = False) -> tuple[str, dict[str, Any]]:
+    def _solver_options(self, sharded: bool = False, recompute_only: bool = False) -> tuple[str, dict[str, Any]]:
         """The solver and the options ``solve`` gets, after the ``offload`` setting (no offload
-        under sharding: FSDP moves the parameters itself)."""
+        under sharding: FSDP moves the parameters itself; nor with ``recompute_only`` unless
+        offload is forced: the batch-size search's many solves, see :meth:`_raise`)."""
         kwargs: dict[str, Any] = {}
         solver = self.solver
-        if (self.offload is False or sharded) and solver == "auto":
+        if (self.offload is False or sharded or (recompute_only and self.offload is not True)) and solver == "auto":
             kwargs["auto_solvers"] = [n for n in SOLVERS if n != "combined"]
         elif self.offload is True and solver in ("auto", "combined"):
             solver, kwargs["offload"] = "combined", True
@@ -407,12 +408,8 @@ class AutoRemat(Callback):
 
     def _solve(self, graph: Graph, step_budget: int | str, sharded: bool = False,
                recompute_only: bool = False) -> Plan:
-        """Every solve of the callback (``step_budget``: bytes, or ``"min"``). ``recompute_only``:
-        under ``solver="auto"`` (offload not forced), leave out ``combined`` (the batch-size
-        prediction's many solves; see :meth:`_raise`)."""
-        solver, kwargs = self._solver_options(sharded)
-        if recompute_only and solver == "auto" and "auto_solvers" not in kwargs and self.offload is not True:
-            kwargs["auto_solvers"] = [n for n in SOLVERS if n != "combined"]
+        """Every solve of the callback (``step_budget``: bytes, or ``"min"``; see :meth:`_solver_options`)."""
+        solver, kwargs = self._solver_options(sharded, recompute_only)
         return solve(graph, step_budget, solver=solver, **kwargs)
 
     def _record_inputs(self, trainer: "pl.Trainer", pl_module: "pl.LightningModule",
