@@ -73,6 +73,25 @@ def test_min_budget_of_node_solvers_refuses_large_op_by_op_captures_at_once(grap
     assert min_budget(graphs["module"], solver) < unoptimised_peak_bytes(graphs["module"])
 
 
+@pytest.mark.parametrize("solver", [s for s in SOLVERS if plans_single_nodes(s)])
+def test_solve_by_name_refuses_large_op_by_op_captures_at_once(graphs, solver: str, monkeypatch) -> None:
+    """``solve(..., solver=<a node-by-node solver>)`` on a large op-by-op capture is refused before
+    any solve runs, as its min_budget is (dp-approx searched 16 s+ on a 64-layer GPT-2 before
+    its hint); a small one and one node per block are solved as before."""
+    ops = graphs["auto"]
+
+    def fail(*_a, **_k):
+        raise AssertionError("a solver ran")
+
+    monkeypatch.setattr(solvers_pkg, "AUTO_BLOCKS_ENOUGH_NODES", len(ops))
+    monkeypatch.setattr(solvers_pkg, "bare_solver", fail)
+    for budget in ("80%", "min"):
+        with pytest.raises(ValueError, match=rf"solve\(solver='{solver}'\).*captured op by op.*solver='blocks'"):
+            autoremat.solve(ops, budget, solver=solver)
+    monkeypatch.undo()
+    assert autoremat.solve(graphs["module"], "95%", solver=solver).budget_bytes > 0
+
+
 def test_region_and_offload_solvers_still_answer_min_budget_on_large_op_by_op_captures(graphs, large) -> None:
     ops = graphs["auto"]
     assert not plans_single_nodes("vdnn") and not plans_single_nodes("blocks") and plans_single_nodes("dp-approx")

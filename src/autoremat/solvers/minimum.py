@@ -54,14 +54,12 @@ def min_budget(graph: Graph, solver: str = "dp-approx", *, config: Mapping[str, 
     """
     from . import bare_solver, check_solver  # the registry imports this module
 
-    from . import large_op_capture, ops_hint, plans_single_nodes
+    from . import refuse_large_op_capture
 
     check_solver(solver, allow_auto=False)
     if not isinstance(graph, Graph):
         raise TypeError(f"graph must be an autoremat.Graph (from autoremat.capture), got {type(graph).__name__}")
-    if plans_single_nodes(solver) and large_op_capture(graph):
-        raise ValueError(f"min_budget(solver={solver!r}) is not computed on this graph of {len(graph)} nodes "
-                         f"(autoremat.solvers.large_op_capture). {ops_hint(solver)}")
+    refuse_large_op_capture(graph, solver, "min_budget")
     if solver in ("dp-approx", "dp-exact"):
         return kusumoto.min_budget(graph, solver, config=None if config is None else dict(config))
     if solver == "milp":  # its own memory-centric mixed-integer program (autoremat.solvers.milp)
