@@ -174,15 +174,24 @@ def solve_combined(graph: Graph, budget_bytes: int, *, config: dict[str, Any] | 
         candidates += checkpoint_plans(graph, int(cfg["checkpoint_steps"]))
     judged = [(judge(p), p) for p in candidates]
     if allow:
+        completed: list[tuple[float, OffloadSearch]] = []
         for (peak, recompute_s), base in sorted(judged, key=lambda x: x[0][1]):
             if peak <= budget_bytes or recompute_s >= best_time():
                 continue
             search = OffloadSearch(graph, base, budget_bytes, bandwidth)
-            search_offloads(search, int(cfg["offload_grid"]), 0, seeds=[_region_inputs(graph, base)])
+            if search.judge(offloadable_nodes(graph, base)).peak > budget_bytes:
+                least.append(search.least_peak if search.least_peak is not None else peak)
+                continue  # even everything offloaded does not fit: no set is searched (module docstring)
+            search_offloads(search, int(cfg["offload_grid"]), 0, seeds=[_region_inputs(graph, base)], prune=False)
             least.append(search.least_peak if search.least_peak is not None else peak)
             best = search.best()
             if best is not None:
                 judge(search.plan_of(best))
+                completed.append((best.time, search))
+        if completed:  # step 3's pruning, on the fastest completion only (it rarely changes the order)
+            search = min(completed, key=lambda c: c[0])[1]
+            search.prune()
+            judge(search.plan_of(search.best()))
         try:
             judge(solve_offload_dag(graph, budget_bytes, config={"bandwidth_bytes_per_s": bandwidth, "offload": True}))
         except InfeasibleBudgetError as err:
