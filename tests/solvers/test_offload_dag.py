@@ -237,10 +237,19 @@ def test_the_floor_form_has_the_least_peak_of_every_form(seed: int):
             budget = int(rng.choice([0.4, 0.7, 0.9]) * unoptimised_peak_bytes(g))
             for waits in (True, False):
                 search = OffloadSearch(g, base, budget, bandwidth, waits=waits, depths=(1, 2, 4))
-                forms = [simulate(g, search._plan(nodes, {}, d), check=False, record=False, bandwidth_bytes_per_s=bandwidth,
-                                  offload_wait_limit_bytes=limit).peak_bytes
+                forms = [simulate(g, search._plan(nodes, {}, d), check=False, record=False,
+                                  bandwidth_bytes_per_s=bandwidth, offload_wait_limit_bytes=limit)
                          for d in (1, 2, 4) for limit in ((None, budget, 0) if waits else (None,))]
-                assert search.floor(nodes).peak == min(forms)
+                assert search.floor(nodes).peak == min(f.peak_bytes for f in forms)
+                # judge: never slower than any fitting form without waits or with the budget's
+                # (those judge used to simulate one by one), and the least peak where none fits
+                j = search.judge(nodes)
+                plain = [f.extra_time_s for k, f in enumerate(forms) if f.peak_bytes <= budget
+                         and (not waits or k % 3 != 2)]
+                if plain:
+                    assert j.peak <= budget and j.time <= min(plain) + 1e-12
+                elif j.peak > budget:
+                    assert j.peak == min(f.peak_bytes for f in forms)
 
 
 def test_a_set_whose_floor_does_not_fit_costs_one_simulation(monkeypatch):
@@ -261,7 +270,7 @@ def test_a_set_whose_floor_does_not_fit_costs_one_simulation(monkeypatch):
     roomy = od.OffloadSearch(g, base, 10**9, 1000.0, depths=(1, 2))
     calls.clear()
     fits = roomy.judge(cands[:1])
-    assert fits.peak <= 10**9 and len(calls) == 3  # the floor, then no waits at depths 1 and 2 (fit: no more)
+    assert fits.peak <= 10**9 and len(calls) == 3  # the floor, then the budget's waits (none) at depths 1 and 2
 
 
 def test_prune_keeps_a_fitting_set_no_slower_and_judged_at_every_depth():

@@ -155,8 +155,7 @@ class _Step:
     """Node -> its index in the forward's execution order (segment by segment)."""
     stops: list[int]
     """Per segment: the node whose backward starts its replay (-1: none, or not recomputed)."""
-    ok: list[tuple[str, int]]
-    """Node -> the key of the storage its output lives in (``_okey``, precomputed)."""
+    ok: list[tuple[str, int]]  # node -> the key of the storage its output lives in (``_okey``)
 
 
 def _run(g: Graph, plan: Plan, s: StepState, bandwidth_bytes_per_s: float | None,
@@ -194,8 +193,8 @@ def _step_of(g: Graph, plan: Plan, s: StepState, bandwidth_bytes_per_s: float | 
                   wait_limit=wait_limit, wait_points=wait_points(g, plan) if wait_limit is not None else None,
                   order=plan.offload_order, depth=plan.offload_prefetch_depth)
     pos = {v: i for i, v in enumerate(v for seg in plan.segments for v in seg.nodes)}
-    return _Step(g, nd, plan, off, offloaded, pos, [region_stop(g, seg) for seg in plan.segments],
-                 [_okey(g, v) for v in g.nodes])
+    stops = [region_stop(g, seg) for seg in plan.segments]
+    return _Step(g, nd, plan, off, offloaded, pos, stops, [_okey(g, v) for v in g.nodes])
 
 
 def _forward(s: StepState, st: _Step, si: int, seg: Segment) -> set[int]:
@@ -211,8 +210,7 @@ def _forward(s: StepState, st: _Step, si: int, seg: Segment) -> set[int]:
             else:
                 s.addref(_okey(g, u), ("seg", si))
     kept = set(seg.keep)
-    okeys, root, succ, pred = st.ok, g.root, g.succ, g.pred
-    alloc, addref, decref = s.alloc, s.addref, s.decref
+    okeys, root, succ, pred, alloc, addref, decref = st.ok, g.root, g.succ, g.pred, s.alloc, s.addref, s.decref
     for v in seg.nodes:
         d = nd[v]
         if off.pending and off.pending[0][0] <= off.clock:  # else advance releases nothing

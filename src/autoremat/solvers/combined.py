@@ -22,8 +22,12 @@ et al., see :mod:`autoremat.cost.offload_link` for the transfer model):
    candidate recomputing more than the fastest fitting plan so far is skipped: transfers only add
    time): :class:`~autoremat.solvers.offload_dag.OffloadSearch` over its offload candidates
    (prefixes of production and slack orders on a grid of ``offload_grid`` lengths, the set of
-   all region inputs, then pruning), each set judged with and without forward waits, prefetching
-   one ahead (``Plan.offload_prefetch_depth`` 1: deeper prefetches triple the simulations).
+   all region inputs), each set judged with and without forward waits, prefetching one ahead
+   (``Plan.offload_prefetch_depth`` 1: deeper prefetches triple the simulations). A candidate
+   that does not fit even with every storage it keeps offloaded (in the least-memory form) is
+   not searched further: on the H200 graphs of ``benchmarks/results/nvidia-h200/offload_gpu`` that
+   set's peak was every search's least, and on seeded random graphs 2 of 3,596 such searches found
+   a fitting set (a heuristic). Only the fastest completion is pruned (offload-dag's step 6).
 4. *Offload alone*: the plan of ``offload-dag`` (with its chain seeds and prefetch depths).
 5. The fitting plan with the least predicted step time wins. The plain recomputation plans at
    the target and the offload-only plan are candidates, so the result is never predicted slower

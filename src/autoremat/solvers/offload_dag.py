@@ -18,7 +18,10 @@ behind compute and reserves more memory), as it is and with the forward waits th
 budget (``offload_wait_limit_bytes``: before a node that would lift the level above the budget,
 wait for the fewest pending copies whose completion frees enough); where neither fits, also with
 those derived at 0 (wait for every copy as soon as that frees memory), so that the least peak a
-set reaches is reached at every larger budget.
+set reaches is reached at every larger budget. A set is first simulated in its *least-memory
+form* (the shallowest depth, waiting for every copy: :meth:`OffloadSearch.floor`); where that does
+not fit, no other form is (its peak is the least of all forms: property test on seeded random
+graphs), so a set that cannot fit costs one simulation.
 
 1. *Not binding*: the base plan fits, it is returned without offloads.
 2. *Candidates* ``C``: :func:`~autoremat.plan.offloadable_nodes` of the base plan.
@@ -27,14 +30,15 @@ set reaches is reached at every larger budget.
    have the most compute to hide behind); slack order (the compute between the first holder and
    the first backward use over the round trip ``2 |r| / B``, largest first: bytes per second of
    slack); and the storages whose round trip fits that window, largest first. Prefix lengths on an
-   even grid (``prefix_grid``), then every length around the grid point with the least peak and
-   just below the first that fits (neither peak nor stalls are monotone in the length: more
+   even grid (``prefix_grid``), then every length just below the first that fits or, where none
+   fits on the grid, around the grid point with the least peak (neither peak nor stalls are monotone in the length: more
    copies keep the links busy, and a copy in flight holds its memory).
 5. *Seeds*: the offload sets of Beaumont's chain solvers (``chain_seeds``, default GREEDY and
    DYNPROG) where they find one, judged the same way: the result is never predicted slower than
    theirs, nor is the least budget met higher.
 6. *Prune*: from the fastest fitting set, members are dropped one at a time (largest first)
-   while the plan still fits and is no slower (fewer copies free the links).
+   while the plan still fits and is no slower (fewer copies free the links), each trial judged at
+   the set's own prefetch depth (the pruned set at every depth).
 7. The fitting plan with the least predicted step time wins (then fewer offloaded bytes).
    Infeasible: :class:`~autoremat.errors.InfeasibleBudgetError` with the least simulated peak
    of every plan judged.
@@ -128,7 +132,9 @@ class OffloadSearch:
         floor = self.floor(key) if key else None
         if floor is not None and floor.peak > self.budget:
             return floor
-        options = [None, self.budget, 0] if (self.with_waits and key) else [None]
+        # (no waits) is not simulated with waits on: where it fits, the waits derived at the budget are
+        # none and that simulation is the same; where it does not, the budget's waits come next anyway
+        options = [self.budget, 0] if (self.with_waits and key) else [None]
         best: _Judged | None = floor
         for depth in depths:
             plan = self._plan(key, {}, depth)
