@@ -394,3 +394,35 @@ def test_milp_gaps_quick_reports_the_target_table(tmp_path: Path, monkeypatch: p
     assert least["milp"]["bound_s"] <= least["milp"]["extra_time_s"] + 1e-12
     text = (tmp_path / "RESULTS.md").read_text()
     assert "| chain-skips-12-seed0 | 0.00 % (proven optimal) | 0.00 % (proven optimal) | yes |" in text
+
+
+def test_combined_speed_times_one_case_and_compares_plans(monkeypatch: pytest.MonkeyPatch) -> None:
+    """``benchmarks/combined_speed.py``: one case in process (the H200 GPT-2 graph at dp-approx's
+    least budget: a plan within it, simulations counted) and the before/after verdicts."""
+    monkeypatch.syspath_prepend(str(BENCH))
+    sys.modules.pop("combined_speed", None)
+    speed = importlib.import_module("combined_speed")
+    row = speed.one("gpt2", "least")
+    assert row["peak_bytes"] <= row["budget_bytes"] and row["simulations"] > 0 and row["nodes"] == 36
+    slower = {**row, "extra_time_s": row["extra_time_s"] * 2}
+    assert speed._verdict(row, dict(row)) == "same plan"
+    assert speed._verdict(slower, row) == "faster" and speed._verdict(row, slower) == "SLOWER"
+    assert "x, +" in speed._plan_text(row)
+
+
+def test_block_internals_estimate_moves_each_blocks_saved_tensors_into_a_unit(monkeypatch: pytest.MonkeyPatch) -> None:
+    """``benchmarks/block_internals_estimate.py`` on the H200 GPT-2 graph: the rewrite keeps the
+    unpatched peak and step, gives each block one unit node, and offload-dag offloads units."""
+    monkeypatch.syspath_prepend(str(BENCH))
+    sys.modules.pop("block_internals_estimate", None)
+    est = importlib.import_module("block_internals_estimate")
+    g = autoremat.Graph.from_json(str(est.GRAPHS / "graph_gpt2.json"))
+    split = est.split_internals(g)
+    units = [v for v in split.nodes if split.node(v)["kind"] == "internals"]
+    assert len(units) == 12 and len(split) == len(g) + 12
+    assert sum(split.node(v)["alloc_bytes"] for v in units) == sum(
+        g.node(v)["extra_saved_bytes"] for v in g.nodes if g.node(v)["kind"] == "gpt2block")
+    plain = autoremat.cost.no_recompute_plan
+    assert autoremat.simulate(split, plain(split)).peak_bytes == autoremat.simulate(g, plain(g)).peak_bytes
+    (row,) = est.main(["--fractions", "0.8"])
+    assert row["peak_ratio"] <= 0.8 and row["units"] >= 1

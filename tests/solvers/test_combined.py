@@ -46,3 +46,24 @@ def test_budget_steps_and_infeasible_budgets():
     with pytest.raises(InfeasibleBudgetError) as err:
         solve_combined(g, 0)
     assert err.value.min_budget_bytes > 0 and err.value.solver == "combined"
+
+
+def test_a_completion_that_cannot_fit_with_everything_offloaded_is_not_searched(monkeypatch):
+    """Step 3 first judges each candidate with every storage it keeps offloaded; where even that
+    (in its least-memory form) does not fit, no offload set of that candidate is searched, and its
+    least peak still counts towards the infeasible budget's reported least budget."""
+    import autoremat.solvers.offload_dag as od
+
+    searched = []
+    real = od.search_offloads
+    monkeypatch.setattr(od, "search_offloads", lambda s, *a, **k: searched.append(s.depths) or real(s, *a, **k))
+    g = graph()
+    with pytest.raises(InfeasibleBudgetError) as err:
+        solve_combined(g, 1)
+    assert searched == [(1, 2, 4)]  # offload-dag's own search only
+    assert err.value.min_budget_bytes > 1
+    roomy = int(0.6 * unoptimised_peak_bytes(g))
+    searched.clear()
+    plan = solve_combined(g, roomy)
+    assert plan.predicted_peak_bytes is None or plan.predicted_peak_bytes <= roomy
+    assert simulate(g, plan).peak_bytes <= roomy and (1,) in searched

@@ -203,3 +203,89 @@ def test_a_deeper_prefetch_is_chosen_where_it_hides_more():
     assert one.offload_prefetch_depth == 1 and deeper.offload_prefetch_depth > 1
     assert deeper.predicted_peak_bytes <= budget
     assert deeper.predicted_extra_time_s < one.predicted_extra_time_s
+
+
+def _bases(g: Graph, rng: random.Random) -> list[autoremat.Plan]:
+    """The plan without recomputation, a checkpoint plan and a chen plan of ``g`` (those that exist)."""
+    from autoremat.solvers.combined import checkpoint_plans
+
+    bases = [autoremat.cost.no_recompute_plan(g), *checkpoint_plans(g, 2)[:1]]
+    try:
+        bases.append(solve(g, int(unoptimised_peak_bytes(g) * rng.choice([0.5, 0.8])), solver="chen"))
+    except InfeasibleBudgetError:
+        pass
+    return bases
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_the_floor_form_has_the_least_peak_of_every_form(seed: int):
+    """``OffloadSearch.floor`` (the shallowest prefetch depth, the forward waiting for every copy
+    that frees memory) is where :meth:`judge` stops for a set that does not fit, so its peak must be
+    the least of every form judge would try: checked on seeded random graphs, bases with and without
+    recomputation, random sets and budgets, with and without waits."""
+    from autoremat.solvers.offload_dag import OffloadSearch
+
+    rng = random.Random(seed)
+    for _ in range(8):
+        g = on_device(rich_dag(rng, rng.randint(4, 24)))
+        bandwidth = rng.choice([20.0, 100.0, 1000.0])
+        for base in _bases(g, rng):
+            cands = sorted(offloadable_nodes(g, base))
+            if not cands:
+                continue
+            nodes = tuple(sorted(rng.sample(cands, rng.randint(1, len(cands)))))
+            budget = int(rng.choice([0.4, 0.7, 0.9]) * unoptimised_peak_bytes(g))
+            for waits in (True, False):
+                search = OffloadSearch(g, base, budget, bandwidth, waits=waits, depths=(1, 2, 4))
+                forms = [simulate(g, search._plan(nodes, {}, d), check=False, record=False,
+                                  bandwidth_bytes_per_s=bandwidth, offload_wait_limit_bytes=limit)
+                         for d in (1, 2, 4) for limit in ((None, budget, 0) if waits else (None,))]
+                assert search.floor(nodes).peak == min(f.peak_bytes for f in forms)
+                # judge: never slower than any fitting form without waits or with the budget's
+                # (those judge used to simulate one by one), and the least peak where none fits
+                j = search.judge(nodes)
+                plain = [f.extra_time_s for k, f in enumerate(forms) if f.peak_bytes <= budget
+                         and (not waits or k % 3 != 2)]
+                if plain:
+                    assert j.peak <= budget and j.time <= min(plain) + 1e-12
+                elif j.peak > budget:
+                    assert j.peak == min(f.peak_bytes for f in forms)
+
+
+def test_a_set_whose_floor_does_not_fit_costs_one_simulation(monkeypatch):
+    """judge simulates a set that cannot fit once (its floor) and remembers it; a set that fits is
+    judged in its other forms too, the floor among them."""
+    import autoremat.solvers.offload_dag as od
+
+    g = on_device(unet_like())
+    base = autoremat.cost.no_recompute_plan(g)
+    cands = sorted(offloadable_nodes(g, base))
+    calls = []
+    real = od.simulate
+    monkeypatch.setattr(od, "simulate", lambda *a, **k: calls.append(k) or real(*a, **k))
+    search = od.OffloadSearch(g, base, 1, 1000.0, depths=(1, 2))
+    j = search.judge(cands[:1])
+    assert j.peak > 1 and len(calls) == 1 and calls[0]["offload_wait_limit_bytes"] == 0
+    assert search.judge(cands[:1]) is j and len(calls) == 1
+    roomy = od.OffloadSearch(g, base, 10**9, 1000.0, depths=(1, 2))
+    calls.clear()
+    fits = roomy.judge(cands[:1])
+    assert fits.peak <= 10**9 and len(calls) == 3  # the floor, then the budget's waits (none) at depths 1 and 2
+
+
+def test_prune_keeps_a_fitting_set_no_slower_and_judged_at_every_depth():
+    """prune drops members (trials at the set's own depth) while the set fits and is no slower; the
+    pruned set is then judged at every depth, so best() is never slower than before pruning."""
+    from autoremat.solvers.offload_dag import OffloadSearch, search_offloads
+
+    g = on_device(unet_like(depth=5), bandwidth=100.0)
+    base = autoremat.cost.no_recompute_plan(g)
+    budget = int(0.7 * unoptimised_peak_bytes(g))
+    search = OffloadSearch(g, base, budget, 100.0, depths=(1, 2, 4))
+    search_offloads(search, 4, 0, prune=False)
+    before = search.best()
+    assert before is not None
+    search.prune()
+    after = search.best()
+    assert after.peak <= budget and after.time <= before.time and len(after.nodes) <= len(before.nodes)
+    assert after.nodes in search.seen

@@ -117,6 +117,10 @@ class Offload:
         the GPU's order (:func:`autoremat.solvers.finalize_plan`)."""
         self.given_order = [self.g.root(v) for v in order]
         self.depth = max(1, int(depth))
+        self.ahead = 0
+        """How many storages of :attr:`order` (not yet used) are prefetched."""
+        self.waiting: set[int] = set()
+        """The storages of :attr:`order`, as a set."""
 
     # ------------------------------------------------------------------ forward
     def pack(self, r: int, holder: Hashable, use: int) -> None:
@@ -183,6 +187,7 @@ class Offload:
             self.order = [r for r in self.given_order if r in self.holders]
         else:
             self.order = sorted(self.holders, key=lambda r: (-max(self.holders[r].values()), r))
+        self.waiting = set(self.order)
         self._prefetch_next()
 
     def key(self, r: int) -> Hashable:
@@ -191,7 +196,7 @@ class Offload:
 
     def _prefetch_next(self) -> None:
         """Start prefetches in order until ``depth`` storages not yet used are prefetched."""
-        ahead = sum(1 for r in self.order if r in self.ready_at)
+        ahead = self.ahead
         for r in self.order:
             if ahead >= self.depth:
                 return
@@ -200,6 +205,8 @@ class Offload:
                 ahead += 1
 
     def _prefetch(self, r: int) -> None:
+        if r in self.waiting:  # one more of ``order`` ahead
+            self.ahead += 1
         if ("o", r) in self.s.size:  # the copy out has not completed: the device copy serves
             key: Hashable = ("o", r)
             self.ready_at[r] = self.clock
@@ -222,7 +229,9 @@ class Offload:
         if self.ready_at[r] > self.clock:
             self.stall_s += self.ready_at[r] - self.clock
             self.clock = self.ready_at[r]
-        if r in self.order:  # its first use: start the next prefetch
+        if r in self.waiting:  # its first use: start the next prefetch
             self.order.remove(r)
+            self.waiting.discard(r)
+            self.ahead -= 1
             self.needed.append(r)
             self._prefetch_next()

@@ -155,6 +155,7 @@ class _Step:
     """Node -> its index in the forward's execution order (segment by segment)."""
     stops: list[int]
     """Per segment: the node whose backward starts its replay (-1: none, or not recomputed)."""
+    ok: list[tuple[str, int]]  # node -> the key of the storage its output lives in (``_okey``)
 
 
 def _run(g: Graph, plan: Plan, s: StepState, bandwidth_bytes_per_s: float | None,
@@ -173,8 +174,8 @@ def _run(g: Graph, plan: Plan, s: StepState, bandwidth_bytes_per_s: float | None
             at("fwd end", si, s)
     _loss(s, g, st.nd)
     extra_time = _backward(s, st, seg_inputs, at)
-    fwd = float(g.total("time_s"))
-    bwd = float(g.total("bwd_time_s"))
+    fwd = float(sum(d["time_s"] for d in st.nd))  # Graph.total's sum, in node order, without networkx
+    bwd = float(sum(d["bwd_time_s"] for d in st.nd))
     return Simulation(peak_bytes=int(s.peak), extra_time_s=float(extra_time + off.stall_s), fwd_time_s=fwd,
                       bwd_time_s=bwd, peak_at=s.peak_at, timeline=s.timeline, offload_stall_s=off.stall_s,
                       offloaded_bytes=off.offloaded_bytes, offload_wait_s=off.wait_s, offload_waits=dict(off.waits),
@@ -192,7 +193,8 @@ def _step_of(g: Graph, plan: Plan, s: StepState, bandwidth_bytes_per_s: float | 
                   wait_limit=wait_limit, wait_points=wait_points(g, plan) if wait_limit is not None else None,
                   order=plan.offload_order, depth=plan.offload_prefetch_depth)
     pos = {v: i for i, v in enumerate(v for seg in plan.segments for v in seg.nodes)}
-    return _Step(g, nd, plan, off, offloaded, pos, [region_stop(g, seg) for seg in plan.segments])
+    stops = [region_stop(g, seg) for seg in plan.segments]
+    return _Step(g, nd, plan, off, offloaded, pos, stops, [_okey(g, v) for v in g.nodes])
 
 
 def _forward(s: StepState, st: _Step, si: int, seg: Segment) -> set[int]:
@@ -208,33 +210,35 @@ def _forward(s: StepState, st: _Step, si: int, seg: Segment) -> set[int]:
             else:
                 s.addref(_okey(g, u), ("seg", si))
     kept = set(seg.keep)
+    okeys, root, succ, pred, alloc, addref, decref = st.ok, g.root, g.succ, g.pred, s.alloc, s.addref, s.decref
     for v in seg.nodes:
         d = nd[v]
-        off.advance(at=v)
+        if off.pending and off.pending[0][0] <= off.clock:  # else advance releases nothing
+            off.advance(at=v)
         if offloaded:
             off.before_node(v, d["alloc_bytes"] * (d["alias_of"] is None) + d["extra_saved_bytes"] + d["fwd_temp_bytes"])
         if d["alias_of"] is None:
-            s.alloc(("o", v), d["alloc_bytes"])
-        ok = _okey(g, v)
+            alloc(("o", v), d["alloc_bytes"])
+        ok = okeys[v]
         s.touch(d["extra_saved_bytes"] + d["fwd_temp_bytes"], "fwd", v)
         off.clock += d["time_s"]
         saving = not seg.recompute and d["requires_grad"]
         if saving and d["extra_saved_bytes"]:
-            s.alloc(("x", v), d["extra_saved_bytes"])
-        for w in g.succ(v):
-            s.addref(ok, ("f", w, v))
+            alloc(("x", v), d["extra_saved_bytes"])
+        for w in succ(v):
+            addref(ok, ("f", w, v))
         if v in kept:
-            s.addref(ok, ("keep", v))
+            addref(ok, ("keep", v))
         if d["is_output"]:
-            s.addref(ok, ("out", v))
+            addref(ok, ("out", v))
         if saving:
             for u in d["saves"]:
-                if g.root(u) in offloaded:
-                    off.pack(g.root(u), ("s", v), st.pos[v])
+                if offloaded and root(u) in offloaded:
+                    off.pack(root(u), ("s", v), st.pos[v])
                 else:
-                    s.addref(_okey(g, u), ("s", v))
-        for u in g.pred(v):
-            s.decref(_okey(g, u), ("f", v, u))
+                    addref(okeys[u], ("s", v))
+        for u in pred(v):
+            decref(okeys[u], ("f", v, u))
         s.maybe_free(ok)
         s.mark("fwd", v)
     return inputs
@@ -288,7 +292,8 @@ def _backward_segment(s: StepState, st: _Step, si: int, inputs: set[int], tail: 
     held = {u: g.root(u) for u in sorted(inputs, key=g.root) if g.root(u) in offloaded} if stop >= 0 else {}
     rroot: dict[int, Hashable] = {}
     for v in reversed(seg.nodes):
-        off.advance()
+        if off.pending and off.pending[0][0] <= off.clock:  # else advance releases nothing
+            off.advance()
         if v == stop:
             for u, r in held.items():  # the replay reads the region's offloaded inputs (and views of them)
                 off.need(r)
@@ -300,7 +305,8 @@ def _backward_segment(s: StepState, st: _Step, si: int, inputs: set[int], tail: 
             for u in nd[v]["saves"]:
                 if g.root(u) in offloaded:
                     off.need(g.root(u))
-        _backward_node(s, g, nd, v, recomputed=seg.recompute, rroot=rroot, param_bytes=param_bytes, off=off)
+        _backward_node(s, g, nd, v, recomputed=seg.recompute, rroot=rroot, param_bytes=param_bytes, off=off,
+                       okeys=st.ok)
         off.clock += nd[v]["bwd_time_s"]
     if seg.recompute:
         for u in inputs:
@@ -381,7 +387,8 @@ def _recompute(s: StepState, g: Graph, nd: list[dict], seg: Segment, stop: int,
 
 
 def _backward_node(s: StepState, g: Graph, nd: list[dict], v: int, *, recomputed: bool,
-                   rroot: dict[int, Hashable], param_bytes: dict[str, int], off: Offload) -> None:
+                   rroot: dict[int, Hashable], param_bytes: dict[str, int], off: Offload,
+                   okeys: list[tuple[str, int]]) -> None:
     """Node ``v``'s backward: its inputs' gradients (new, shared by a pass-through, or
     accumulated), its parameters' gradients on first use, its workspace; then what it saved is
     released."""
@@ -401,15 +408,16 @@ def _backward_node(s: StepState, g: Graph, nd: list[dict], v: int, *, recomputed
         s.touch(transient + d["bwd_temp_bytes"], "bwd", v)
         s.decref(gv, ("gb", v))
     if d["requires_grad"]:
-        tag = "rs" if recomputed else "s"
+        holder = ("rs" if recomputed else "s", v)
+        targets = off.targets
         for u in d["saves"]:
             if recomputed:
                 key = _rkey(g, rroot, u)
-            elif g.root(u) in off.targets:
+            elif targets and g.root(u) in targets:
                 key = off.key(g.root(u))
             else:
-                key = _okey(g, u)
-            s.decref(key, (tag, v))
+                key = okeys[u]
+            s.decref(key, holder)
         xkey = ("rx", v) if recomputed else ("x", v)
         if xkey in s.size:
             s.free(xkey)

@@ -22,8 +22,12 @@ et al., see :mod:`autoremat.cost.offload_link` for the transfer model):
    candidate recomputing more than the fastest fitting plan so far is skipped: transfers only add
    time): :class:`~autoremat.solvers.offload_dag.OffloadSearch` over its offload candidates
    (prefixes of production and slack orders on a grid of ``offload_grid`` lengths, the set of
-   all region inputs, then pruning), each set judged with and without forward waits, prefetching
-   one ahead (``Plan.offload_prefetch_depth`` 1: deeper prefetches triple the simulations).
+   all region inputs), each set judged with and without forward waits, prefetching one ahead
+   (``Plan.offload_prefetch_depth`` 1: deeper prefetches triple the simulations). A candidate
+   that does not fit even with every storage it keeps offloaded (in the least-memory form) is
+   not searched further: on the H200 graphs of ``benchmarks/results/nvidia-h200/offload_gpu`` that
+   set's peak was every search's least, and on seeded random graphs 2 of 3,596 such searches found
+   a fitting set (a heuristic). Only the fastest completion is pruned (offload-dag's step 6).
 4. *Offload alone*: the plan of ``offload-dag`` (with its chain seeds and prefetch depths).
 5. The fitting plan with the least predicted step time wins. The plain recomputation plans at
    the target and the offload-only plan are candidates, so the result is never predicted slower
@@ -174,15 +178,24 @@ def solve_combined(graph: Graph, budget_bytes: int, *, config: dict[str, Any] | 
         candidates += checkpoint_plans(graph, int(cfg["checkpoint_steps"]))
     judged = [(judge(p), p) for p in candidates]
     if allow:
+        completed: list[tuple[float, OffloadSearch]] = []
         for (peak, recompute_s), base in sorted(judged, key=lambda x: x[0][1]):
             if peak <= budget_bytes or recompute_s >= best_time():
                 continue
             search = OffloadSearch(graph, base, budget_bytes, bandwidth)
-            search_offloads(search, int(cfg["offload_grid"]), 0, seeds=[_region_inputs(graph, base)])
+            if search.judge(offloadable_nodes(graph, base)).peak > budget_bytes:
+                least.append(search.least_peak if search.least_peak is not None else peak)
+                continue  # even everything offloaded does not fit: no set is searched (module docstring)
+            search_offloads(search, int(cfg["offload_grid"]), 0, seeds=[_region_inputs(graph, base)], prune=False)
             least.append(search.least_peak if search.least_peak is not None else peak)
             best = search.best()
             if best is not None:
                 judge(search.plan_of(best))
+                completed.append((best.time, search))
+        if completed:  # step 3's pruning, on the fastest completion only (it rarely changes the order)
+            search = min(completed, key=lambda c: c[0])[1]
+            search.prune()
+            judge(search.plan_of(search.best()))
         try:
             judge(solve_offload_dag(graph, budget_bytes, config={"bandwidth_bytes_per_s": bandwidth, "offload": True}))
         except InfeasibleBudgetError as err:

@@ -18,7 +18,10 @@ behind compute and reserves more memory), as it is and with the forward waits th
 budget (``offload_wait_limit_bytes``: before a node that would lift the level above the budget,
 wait for the fewest pending copies whose completion frees enough); where neither fits, also with
 those derived at 0 (wait for every copy as soon as that frees memory), so that the least peak a
-set reaches is reached at every larger budget.
+set reaches is reached at every larger budget. A set is first simulated in its *least-memory
+form* (the shallowest depth, waiting for every copy: :meth:`OffloadSearch.floor`); where that does
+not fit, no other form is (its peak is the least of all forms: property test on seeded random
+graphs), so a set that cannot fit costs one simulation.
 
 1. *Not binding*: the base plan fits, it is returned without offloads.
 2. *Candidates* ``C``: :func:`~autoremat.plan.offloadable_nodes` of the base plan.
@@ -27,14 +30,15 @@ set reaches is reached at every larger budget.
    have the most compute to hide behind); slack order (the compute between the first holder and
    the first backward use over the round trip ``2 |r| / B``, largest first: bytes per second of
    slack); and the storages whose round trip fits that window, largest first. Prefix lengths on an
-   even grid (``prefix_grid``), then every length around the grid point with the least peak and
-   just below the first that fits (neither peak nor stalls are monotone in the length: more
+   even grid (``prefix_grid``), then every length just below the first that fits or, where none
+   fits on the grid, around the grid point with the least peak (neither peak nor stalls are monotone in the length: more
    copies keep the links busy, and a copy in flight holds its memory).
 5. *Seeds*: the offload sets of Beaumont's chain solvers (``chain_seeds``, default GREEDY and
    DYNPROG) where they find one, judged the same way: the result is never predicted slower than
    theirs, nor is the least budget met higher.
 6. *Prune*: from the fastest fitting set, members are dropped one at a time (largest first)
-   while the plan still fits and is no slower (fewer copies free the links).
+   while the plan still fits and is no slower (fewer copies free the links), each trial judged at
+   the set's own prefetch depth (the pruned set at every depth).
 7. The fitting plan with the least predicted step time wins (then fewer offloaded bytes).
    Infeasible: :class:`~autoremat.errors.InfeasibleBudgetError` with the least simulated peak
    of every plan judged.
@@ -113,29 +117,59 @@ class OffloadSearch:
     def judge(self, nodes: Iterable[int]) -> _Judged:
         """The better (fits first, then faster) of ``nodes`` without waits, with the waits derived
         at the budget and, when neither fits, with those derived at 0 (wait for every copy), at
-        each prefetch depth of ``depths``."""
+        each prefetch depth of ``depths``. A set is first judged in its least-memory form
+        (:meth:`floor`); where that does not fit, no other form is judged (it would not fit either:
+        property-tested on seeded random graphs) and the set's peak is the floor's."""
         key = tuple(sorted(set(nodes)))
         if key in self.seen:
             return self.seen[key]
-        options = [None, self.budget, 0] if (self.with_waits and key) else [None]
-        best: _Judged | None = None
-        for depth in self.depths if key else (1,):
+        best = self._judge_at(key, self.depths if key else (1,))
+        self.seen[key] = best
+        return best
+
+    def _judge_at(self, key: tuple[int, ...], depths: Sequence[int]) -> _Judged:
+        """:meth:`judge`'s forms of ``key`` at ``depths`` (the floor first), not memoised."""
+        floor = self.floor(key) if key else None
+        if floor is not None and floor.peak > self.budget:
+            return floor
+        # (no waits) is not simulated with waits on: where it fits, the waits derived at the budget are
+        # none and that simulation is the same; where it does not, the budget's waits come next anyway
+        options = [self.budget, 0] if (self.with_waits and key) else [None]
+        best: _Judged | None = floor
+        for depth in depths:
             plan = self._plan(key, {}, depth)
             fits_here = False
             for limit in options:
-                if limit == 0 and fits_here:
-                    break  # waiting for every copy only pays where nothing else fits
-                sim = simulate(self.graph, plan, check=False, record=False, bandwidth_bytes_per_s=self.bandwidth,
-                               offload_wait_limit_bytes=limit)
-                j = _Judged(sim.peak_bytes, sim.extra_time_s, key, sim.offload_waits if limit is not None else {},
-                            sim.offloaded_bytes, depth)
+                if limit is not None and fits_here:
+                    break  # fits without (more) waiting: the budget's waits are none, and waiting longer only costs
+                if floor is not None and (depth, limit) == self._floor_form:
+                    j = floor
+                else:
+                    j = self._simulate(plan, key, depth, limit)
                 fits_here = fits_here or j.peak <= self.budget
-                self.least_peak = j.peak if self.least_peak is None else min(self.least_peak, j.peak)
                 if best is None or self._better(j, best):
                     best = j
         assert best is not None
-        self.seen[key] = best
         return best
+
+    @property
+    def _floor_form(self) -> tuple[int, int | None]:
+        return self.depths[0], (0 if self.with_waits else None)
+
+    def floor(self, key: tuple[int, ...]) -> _Judged:
+        """``key`` in its least-memory form: the shallowest prefetch depth, and (with waits) the
+        forward waiting for every copy that frees memory (limit 0). Its peak is the least of every
+        form :meth:`judge` tries (tests/solvers/test_offload_dag.py checks it on random graphs)."""
+        depth, limit = self._floor_form
+        return self._simulate(self._plan(key, {}, depth), key, depth, limit)
+
+    def _simulate(self, plan: Plan, key: tuple[int, ...], depth: int, limit: int | None) -> _Judged:
+        sim = simulate(self.graph, plan, check=False, record=False, bandwidth_bytes_per_s=self.bandwidth,
+                       offload_wait_limit_bytes=limit)
+        j = _Judged(sim.peak_bytes, sim.extra_time_s, key, sim.offload_waits if limit is not None else {},
+                    sim.offloaded_bytes, depth)
+        self.least_peak = j.peak if self.least_peak is None else min(self.least_peak, j.peak)
+        return j
 
     def _better(self, a: _Judged, b: _Judged) -> bool:
         fa, fb = a.peak <= self.budget, b.peak <= self.budget
@@ -159,8 +193,9 @@ class OffloadSearch:
 
     # ------------------------------------------------------------------ searches
     def prefixes(self, order: Sequence[int], grid: int) -> None:
-        """Prefixes of ``order`` on an even grid of lengths, refined around the least peak and
-        just below the first length that fits (step 4 of the module docstring)."""
+        """Prefixes of ``order`` on an even grid of lengths, then every length just below the first
+        that fits (shorter prefixes offload less) or, where none fits, around the least peak (step
+        4 of the module docstring)."""
         n = len(order)
         if not n:
             return
@@ -168,11 +203,12 @@ class OffloadSearch:
         step = max(1, n // points)
         lengths = sorted({min(n, 1 + i * step) for i in range(points)} | {n})
         peaks = {k: self.judge(order[:k]).peak for k in lengths}
-        best_k = min(lengths, key=lambda k: peaks[k])
-        around = set(range(max(1, best_k - step), min(n, best_k + step) + 1))
         first_fit = next((k for k in lengths if peaks[k] <= self.budget), None)
-        if first_fit is not None:
-            around |= set(range(max(1, first_fit - step), first_fit))
+        if first_fit is None:
+            best_k = min(lengths, key=lambda k: peaks[k])
+            around = set(range(max(1, best_k - step), min(n, best_k + step) + 1))
+        else:  # (the least peak's neighbours offload more than the first fit: slower, as a rule)
+            around = set(range(max(1, first_fit - step), first_fit))
         for k in sorted(around - set(lengths)):
             self.judge(order[:k])
 
@@ -182,16 +218,18 @@ class OffloadSearch:
                 self.judge(subset)
 
     def prune(self) -> None:
-        """Drop members of the fastest fitting set, largest first, while it fits and is no slower."""
+        """Drop members of the fastest fitting set, largest first, while it fits and is no slower;
+        each trial is judged at that set's prefetch depth only (the pruned set then at every depth)."""
         cur = self.best()
         if cur is None:
             return
         nodes = list(cur.nodes)
         for r in sorted(cur.nodes, key=lambda v: -self.graph.node(v)["alloc_bytes"]):
-            trial = [v for v in nodes if v != r]
-            j = self.judge(trial)
+            trial = tuple(v for v in nodes if v != r)
+            j = self.seen.get(trial) or self._judge_at(trial, (cur.depth,) if trial else (1,))
             if j.peak <= self.budget and j.time <= cur.time:
-                nodes, cur = trial, j
+                nodes, cur = list(trial), j
+        self.judge(nodes)
 
 
 def slack_windows(graph: Graph, plan: Plan) -> dict[int, float]:
@@ -243,8 +281,9 @@ def candidate_orders(graph: Graph, plan: Plan, bandwidth: float) -> list[list[in
 
 
 def search_offloads(search: OffloadSearch, grid: int, exhaustive_up_to: int,
-                    seeds: Sequence[Sequence[int]] = ()) -> None:
-    """Steps 3-6 of the module docstring on ``search``'s base plan."""
+                    seeds: Sequence[Sequence[int]] = (), prune: bool = True) -> None:
+    """Steps 3-6 of the module docstring on ``search``'s base plan (``prune=False``: 3-5 only;
+    the caller prunes the search it keeps, :meth:`OffloadSearch.prune`)."""
     graph, base = search.graph, search.base
     cands = sorted(offloadable_nodes(graph, base))
     search.judge(())
@@ -255,7 +294,8 @@ def search_offloads(search: OffloadSearch, grid: int, exhaustive_up_to: int,
             search.prefixes(order, grid)
     for seed in seeds:
         search.judge([v for v in seed if v in set(cands)])
-    search.prune()
+    if prune:
+        search.prune()
 
 
 def chain_seed_sets(graph: Graph, budget: int, names: Sequence[str], cfg: dict[str, Any]) -> list[tuple[int, ...]]:
