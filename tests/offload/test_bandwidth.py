@@ -121,3 +121,43 @@ def test_measures_with_a_smaller_buffer_under_a_memory_fraction():
     finally:
         torch.cuda.set_per_process_memory_fraction(1.0)
     assert link.measured and link.nbytes == 8 * 2**20 and link.bytes_per_s > 1e8
+
+
+def test_a_cuda_capture_records_the_link_once_per_device(monkeypatch: pytest.MonkeyPatch) -> None:
+    """``record_link`` (what ``capture`` and ``capture_within`` call): a graph captured on a CUDA
+    device gets the measured link in its meta, measured once per device and process; a CPU graph
+    keeps the simulator's default, and a link already set is kept."""
+    import autoremat
+    from autoremat.offload import bandwidth
+
+    calls: list[str] = []
+
+    def fake(device):  # type: ignore[no-untyped-def]
+        calls.append(str(device))
+        return 3.0e10
+
+    monkeypatch.setattr(bandwidth, "measure_bandwidth", fake)
+    monkeypatch.setattr(bandwidth, "_LINKS", {})
+    model = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.ReLU(), torch.nn.Linear(8, 2))
+    x = torch.randn(3, 4)
+    cpu = autoremat.capture(model, (x,), repeats=1, warmup=0)
+    assert "bandwidth_bytes_per_s" not in cpu.meta and not calls
+    graphs = [autoremat.capture(model, (x,), repeats=1, warmup=0) for _ in range(3)]
+    for g in graphs:
+        g.meta["device"] = "cuda:0"  # as captured there
+        bandwidth.record_link(g)
+    assert calls == ["cuda:0"] and all(g.meta["bandwidth_bytes_per_s"] == 3.0e10 for g in graphs)
+    graphs[0].meta.update(device="cuda:1", bandwidth_bytes_per_s=5e10)
+    bandwidth.record_link(graphs[0])
+    assert graphs[0].meta["bandwidth_bytes_per_s"] == 5e10 and calls == ["cuda:0"]
+
+
+@pytest.mark.gpu
+def test_capture_on_cuda_records_the_measured_link() -> None:
+    import autoremat
+    from autoremat.capture.scaled import capture_within
+
+    model = torch.nn.Sequential(torch.nn.Linear(64, 64), torch.nn.ReLU(), torch.nn.Linear(64, 8)).cuda()
+    x = torch.randn(32, 64, device="cuda")
+    for g in (autoremat.capture(model, (x,), repeats=1, warmup=0), capture_within(model, (x,), limit_bytes=2**30)):
+        assert 1e8 < g.meta["bandwidth_bytes_per_s"] < 2e12

@@ -117,9 +117,15 @@ def capture(
     captures the blocks op by op so that plans can recompute parts of a layer and keep op
     outputs inside it (:mod:`autoremat.capture.blocks`); ``"auto"`` (the default) is ``"ops"``.
     For a step that may not fit the device, see :func:`autoremat.capture.scaled.capture_within`.
+    On a CUDA device the host<->device link is measured too (once per process), for offload
+    plans: ``graph.meta["bandwidth_bytes_per_s"]`` (:func:`autoremat.offload.bandwidth.record_link`).
     """
-    return _capture(model, args, kwargs, loss_fn=loss_fn, mode=mode, repeats=repeats, warmup=warmup, times=times,
-                    blocks=blocks)
+    from ..offload.bandwidth import record_link
+
+    graph = _capture(model, args, kwargs, loss_fn=loss_fn, mode=mode, repeats=repeats, warmup=warmup, times=times,
+                     blocks=blocks)
+    record_link(graph)
+    return graph
 
 
 def _capture(

@@ -69,7 +69,6 @@ from ..capture.scaled import capture_within, profile_limit_bytes
 from ..errors import InfeasibleBudgetError
 from ..graph import Graph
 from ..measure import default_loss
-from ..offload.bandwidth import measure_bandwidth
 from ..plan import Plan
 from ..progress import Progress
 from ..resident import allocated_resident_bytes, device_of, resident_bytes, storage_bytes
@@ -359,9 +358,6 @@ class AutoRemat(Callback):
             # never an unpatched step above the device budget
             graph = capture_within(target, args, kwargs, limit_bytes=limit, loss_fn=loss_fn, repeats=self.profile_steps,
                                    warmup=1, times=self.times, blocks=capture_blocks(self._solver_options()[0]))
-        if device.type == "cuda" and self.offload is not False:
-            # offload plans are simulated (and solved) at this machine's host<->device link
-            graph.meta["bandwidth_bytes_per_s"] = measure_bandwidth(device)
         solver, solve_kwargs = self._solver_options()
         with progress.phase(f"solve ({len(graph)} nodes, solver {self.solver})"):
             plan, step_budget, note = plan_within(graph, self.budget, device=device, resident=resident,

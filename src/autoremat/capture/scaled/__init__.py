@@ -111,12 +111,36 @@ def capture_within(
     :func:`~autoremat.capture.capture`. Otherwise the graph's
     bytes come from a meta-device capture at the full batch and its times from real captures at
     batch sizes that fit, scaled (module docstring). ``graph.meta["scaled"]`` records the sizes
-    and sources; it is absent when the full step ran.
+    and sources; it is absent when the full step ran. On a CUDA device the host<->device link is
+    measured too (once per process), for offload plans (:func:`autoremat.offload.bandwidth.record_link`).
 
     Raises:
         CaptureDoesNotFitError: even the smallest batch size tried ran out of memory.
         ValueError: ``limit_bytes`` is negative, or the graph depends on the batch size.
     """
+    from ...offload.bandwidth import record_link
+
+    graph = _capture_within(model, args, kwargs, limit_bytes=limit_bytes, loss_fn=loss_fn, mode=mode,
+                            repeats=repeats, warmup=warmup, batch_dim=batch_dim, times=times, blocks=blocks)
+    record_link(graph)
+    return graph
+
+
+def _capture_within(
+    model: nn.Module,
+    args: Sequence[Any] | torch.Tensor,
+    kwargs: Mapping[str, Any] | None = None,
+    *,
+    limit_bytes: int | None,
+    loss_fn: Callable[[Any], torch.Tensor] | None = None,
+    mode: str = "auto",
+    repeats: int = 3,
+    warmup: int = 1,
+    batch_dim: int = 0,
+    times: str | None = None,
+    blocks: str = "auto",
+) -> Graph:
+    """:func:`capture_within` without measuring the link."""
     from .. import _capture, capture, resolve_times
     from ...resident import device_of
 
