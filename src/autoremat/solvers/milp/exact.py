@@ -137,11 +137,22 @@ def lattice_peak(graph: Graph, time_limit_s: float) -> Outcome | None:
 
 
 AUTO_SECONDS = 2.0
-"""How long ``solve(solver="auto")`` lets the lattice look for a cheaper plan (:func:`auto_improve`)."""
+"""How long ``solve(solver="auto")`` lets the lattice look for a cheaper plan (:func:`auto_improve`;
+as long again for the least-peak plan where no other solver fits, :func:`auto_least_peak`).
+
+Measured on the seeded random networks of the benchmarks (x86_64, 2 cores, shared; 6 s per
+search, 50 % and Chen's least budget): where the search closes on graphs of at most ~100 nodes
+it does so in 0.2-1.4 s (49-node dense block 0.3-0.4 s, 97-node chain with skips 0.2-1.4 s); a
+97-node dense block, a 75-node transformer at 50 % and every network of 137-277 nodes but one
+did not close in 6 s (the exceptions: 3.4 s, 5.1 s); ResNet-50 at CPU size (175 nodes, 240
+lower sets) closes in 2.6 s at its least budget, 9 s at Chen's least, 17 s at 50 %, 31 s at 75 %.
+So a longer limit buys little and would cost every ``auto`` solve on such graphs."""
 
 AUTO_MAX_NODES = 120
 """``auto`` asks the lattice only on graphs of at most this many nodes (and
-:data:`AUTO_MAX_LOWER_SETS` lower sets), where it usually closes within :data:`AUTO_SECONDS`.
+:data:`AUTO_MAX_LOWER_SETS` lower sets), where it may close within :data:`AUTO_SECONDS` (it
+often does below ~100 nodes, rarely above: see there). Large op-by-op captures (the 64-layer
+GPT-2 of ``benchmarks/solver_speed.py``, 4,307 nodes) are left out at this test, before any work.
 
 Its cheapest plans often reorder the forward with plain segments (a pool recomputed between
 plain segments on the zoo U-Net). They were off (0) while the CPU measurement read them above
