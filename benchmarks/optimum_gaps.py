@@ -115,17 +115,55 @@ def run_graph(name: str, graph: Graph, limit: float, solvers: tuple[str, ...], f
             if solver == "dp-approx":
                 row[solver]["warnings"] = list(log.messages)
         row["milp"] = _milp(graph, budget, limit)
-        bound = row["milp"].get("bound_s")
+        bound, best = row["milp"].get("bound_s"), row["milp"].get("extra_time_s")
         for solver in solvers:
             extra = row[solver].get("extra_time_s")
             if extra is not None and bound is not None:
-                row[solver]["over_bound"] = extra / bound if bound > 0 else (1.0 if extra <= 0 else float("inf"))
+                row[solver]["over_bound"] = _ratio(extra, bound)
+            if extra is not None and best is not None:  # the best plan milp found: an upper bound of the optimum
+                row[solver]["over_best"] = _ratio(extra, min(best, extra))
         res["budgets"][label] = row
         print(f"  {name} {label}: " + json.dumps({k: (v if not isinstance(v, dict) else
               {a: b for a, b in v.items() if a in ("extra_time_s", "over_bound", "status", "gap", "basis",
                                                     "infeasible", "seconds")}) for k, v in row.items()},
               default=str)[:900], flush=True)
     return res
+
+
+def _ratio(extra: float, bound: float) -> float:
+    return extra / bound if bound > 0 else (1.0 if extra <= 0 else float("inf"))
+
+
+def _quantile(xs: list[float], q: float) -> float | None:
+    xs = sorted(xs)
+    return xs[min(len(xs) - 1, int(q * len(xs)))] if xs else None
+
+
+def auto_distribution(data: dict[str, Any], part: str) -> dict[str, Any]:
+    """Per budget label: how many graphs have ``auto`` within 5 % of the proven bound and of the
+    best plan milp found, the distribution of both ratios (median, p90, worst), where auto found
+    no plan, and where milp could not prove a gap of 5 % (there the bound says little)."""
+    out: dict[str, Any] = {}
+    labels = sorted({lb for g in data["graphs"] if g["part"] == part for lb in g["budgets"]})
+    for label in labels:
+        rows = [(g["graph"], g["budgets"][label]) for g in data["graphs"] if g["part"] == part and label in g["budgets"]]
+        auto = [(name, r["auto"]) for name, r in rows]
+        ob = [a["over_bound"] for _, a in auto if "over_bound" in a]
+        bb = [a["over_best"] for _, a in auto if "over_best" in a]
+        out[label] = {
+            "graphs": len(rows),
+            "auto_no_plan": sum("extra_time_s" not in a for _, a in auto),
+            "auto_within_5pct_of_bound": sum(x <= 1.05 for x in ob),
+            "auto_within_5pct_of_best_found": sum(x <= 1.05 for x in bb),
+            "auto_chose_milp": sum(a.get("chosen") == "milp" for _, a in auto),
+            "over_bound": {"median": _quantile(ob, 0.5), "p90": _quantile(ob, 0.9), "worst": max(ob, default=None)},
+            "over_best_found": {"median": _quantile(bb, 0.5), "p90": _quantile(bb, 0.9), "worst": max(bb, default=None)},
+            "milp_gap_over_5pct": sorted(name for name, r in rows if r["milp"].get("gap", 0.0) > 0.05),
+            "milp_no_answer": sorted(name for name, r in rows if "gap" not in r["milp"]),
+            "auto_seconds_median": _quantile([a["seconds"] for _, a in auto], 0.5),
+            "auto_seconds_max": max((a["seconds"] for _, a in auto), default=None),
+        }
+    return out
 
 
 def summary(data: dict[str, Any]) -> dict[str, Any]:
@@ -155,6 +193,7 @@ def summary(data: dict[str, Any]) -> dict[str, Any]:
                   and r["dp-approx"].get("extra_time_s", float("inf")) > r["chen"]["extra_time_s"] * (1 + 1e-9) + 1e-15]
         s["dp_approx_behind_chen"] = behind
         s["dp_approx_warnings"] = sum(len(r["dp-approx"].get("warnings", [])) for _, _, r in rows)
+        s["auto_per_budget"] = auto_distribution(data, part)
         out[part] = s
     return out
 

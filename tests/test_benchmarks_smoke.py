@@ -426,3 +426,54 @@ def test_block_internals_estimate_moves_each_blocks_saved_tensors_into_a_unit(mo
     assert autoremat.simulate(split, plain(split)).peak_bytes == autoremat.simulate(g, plain(g)).peak_bytes
     (row,) = est.main(["--fractions", "0.8"])
     assert row["peak_ratio"] <= 0.8 and row["units"] >= 1
+
+
+def test_auto_gaps_compares_auto_with_stored_bounds(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """``benchmarks/auto_gaps.py`` on the zoo U-Net against a stored bound: auto's extra time over
+    the bound and over the best plan found, and a graph that is not the stored one is skipped."""
+    from autoremat import zoo
+    from autoremat.cost import unoptimised_peak_bytes
+
+    monkeypatch.syspath_prepend(str(BENCH))
+    sys.modules.pop("auto_gaps", None)
+    bench = importlib.import_module("auto_gaps")
+    g = autoremat.capture(*zoo.build("unet", size="small", device="meta"))
+    peak = unoptimised_peak_bytes(g)
+    budget = int(0.75 * peak)
+    extra = bench._auto(g, budget)["extra_time_s"]
+    row = {"budget_bytes": budget, "optimum": {"bound_s": extra / 2, "proven_optimal": False},
+           "milp": {"extra_time_s": extra}, "auto": {"extra_time_s": 2 * extra}}
+    assert extra > 0
+    stored = {"graphs": [{"graph": "unet (CPU size)", "nodes": len(g), "unoptimised_peak_bytes": peak,
+                          "budgets": {"75%": row}},
+                         {"graph": "vgg19 (CPU size)", "nodes": 1, "unoptimised_peak_bytes": 1, "budgets": {}}]}
+    (tmp_path / "bounds.json").write_text(json.dumps(stored))
+    data = bench.main(["--bounds", str(tmp_path / "bounds.json"), "--models", "unet,vgg19", "--out", str(tmp_path)])
+    unet, vgg = data["graphs"]
+    got = unet["budgets"]["75%"]
+    assert got["over_bound"] == pytest.approx(2.0) and got["over_best"] == pytest.approx(1.0)
+    assert "graph differs" in vgg["skipped"]
+    text = (tmp_path / "RESULTS.md").read_text()
+    assert "| unet (CPU size) | 75% (" in text and "2.000x | 1.000x | no |" in text
+
+
+def test_optimum_gaps_reports_auto_per_budget(monkeypatch: pytest.MonkeyPatch) -> None:
+    """``benchmarks/optimum_gaps.py``'s distribution of auto against the bound and the best plan found."""
+    monkeypatch.syspath_prepend(str(BENCH))
+    monkeypatch.syspath_prepend(str(BENCH.parent / "tests"))
+    sys.modules.pop("optimum_gaps", None)
+    bench = importlib.import_module("optimum_gaps")
+
+    def row(ob: float, bb: float, gap: float) -> dict:
+        return {"auto": {"extra_time_s": 1.0, "over_bound": ob, "over_best": bb, "seconds": 0.1, "chosen": "milp"},
+                "milp": {"gap": gap}}
+
+    data = {"graphs": [{"graph": f"g{i}", "part": "random", "budgets": {"50%": row(1 + i / 50, 1.0, i / 50)}}
+                       for i in range(5)]}
+    data["graphs"][0]["budgets"]["least"] = {"auto": {"infeasible": True, "seconds": 0.2}, "milp": {}}
+    dist = bench.auto_distribution(data, "random")
+    half = dist["50%"]
+    assert half["graphs"] == 5 and half["auto_within_5pct_of_bound"] == 3 and half["auto_within_5pct_of_best_found"] == 5
+    assert half["over_bound"]["worst"] == pytest.approx(1.08) and half["over_bound"]["median"] == pytest.approx(1.04)
+    assert half["milp_gap_over_5pct"] == ["g3", "g4"] and half["auto_chose_milp"] == 5
+    assert dist["least"]["auto_no_plan"] == 1 and dist["least"]["milp_no_answer"] == ["g0"]

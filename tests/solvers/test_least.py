@@ -27,7 +27,7 @@ def test_min_is_the_named_solvers_least_budget(solver: str) -> None:
 def test_auto_min_is_the_least_of_the_solvers_auto_tries() -> None:
     g = _skip_chain()
     least = least_budget(g)
-    assert least == min(min_budget(g, "chen"), min_budget(g, "dp-approx"))
+    assert least <= min(min_budget(g, "chen"), min_budget(g, "dp-approx"))  # the lattice may reach lower
     plan = solve(g, " MIN ")
     assert plan.budget_bytes == least and simulate(g, plan).peak_bytes <= least
     with pytest.raises(InfeasibleBudgetError) as info:

@@ -33,6 +33,8 @@ module and one line of :data:`SOLVER_FUNCTIONS`.
 
 from __future__ import annotations
 
+import math
+
 import functools
 import logging
 from collections.abc import Callable, Mapping, Sequence
@@ -57,7 +59,7 @@ from .offload_dag import OffloadDagConfig, solve_offload_dag
 from .beaumont import (OffloadDPConfig, OffloadGreedyConfig, VdnnConfig, solve_offload_dp, solve_offload_greedy,
                             solve_vdnn)
 from .reforward import ReforwardConfig, solve_reforward
-from .least import auto_order, least_budget
+from .least import auto_lattice_least, auto_order, least_budget
 from .stable import DEFAULT_NOISE_TOLERANCE, is_measured, stable_plan
 from .xla_greedy import XlaGreedyConfig, solve_xla_greedy
 
@@ -201,7 +203,8 @@ def solve(graph: Graph, budget: Any, *, solver: str = "auto", auto_solvers: Sequ
     the solvers of :data:`AUTO_ORDER` that fits, stopping after ``"blocks"`` on a large graph
     where it found one, see :data:`AUTO_BLOCKS_ENOUGH_NODES`; ``auto_solvers`` narrows the
     solvers ``"auto"`` tries; on graphs of at most 120 nodes with deterministic times it also gives
-    ``milp``'s exact lattice search up to 2 s to find a cheaper plan, :func:`autoremat.solvers.milp.exact.auto_improve`).
+    ``milp``'s exact lattice search up to 2 s to find a cheaper plan, or one at all where no other
+    solver fits, :func:`autoremat.solvers.milp.exact.auto_improve`; without ``highspy`` too).
     ``noise_tolerance``: on measured times, the plan chosen from per-node reference costs is
     kept unless a plan is predicted faster by more than this fraction of the step time, so that
     captures differing only by timing noise give one plan (:mod:`.stable`; 0 turns it off).
@@ -310,32 +313,43 @@ def _solve_bytes(graph: Graph, budget_bytes: int, solver: str, auto_solvers: Seq
             logger.info("solver='auto': %d nodes and a plan of the blocks solver; not trying the node-by-node "
                         "solvers (AUTO_BLOCKS_ENOUGH_NODES)", len(graph))
             break
-    if best is None:
-        raise InfeasibleBudgetError(budget_bytes, least_min, solver="auto")
     best = _lattice_for_auto(graph, budget_bytes, best)
-    logger.info("solver='auto' chose %s", best.solver)
+    if best is None:
+        lattice = auto_lattice_least(graph)
+        if lattice is not None and (least_min is None or lattice < least_min):
+            least_min = lattice
+        raise InfeasibleBudgetError(budget_bytes, least_min, solver="auto")
+    logger.info("solver='auto' chose %s (extra time %.6g s)", best.solver, best.predicted_extra_time_s or 0.0)
     return best
 
 
-def _lattice_for_auto(graph: Graph, budget_bytes: int, best: Plan) -> Plan:
+def _lattice_for_auto(graph: Graph, budget_bytes: int, best: Plan | None) -> Plan | None:
     """On small graphs ``auto`` also asks the exact lattice search (:func:`.milp.exact.auto_improve`,
-    a couple of seconds at most) for a plan that recomputes less than ``best``, on deterministic
+    a couple of seconds at most) for a plan that recomputes less than ``best`` (any plan that fits
+    where ``best`` is ``None``: no other solver fits the budget), on deterministic
     times only (FLOP counts, the meta device): on measured times the exact optimum among plans
     that differ by timing noise changes from capture to capture (two quiet captures of a
     two-branch graph, 5 % jitter, gave two lattice plans, each faster than the heuristics' by more
     than :mod:`.stable`'s tolerance), and a deadline-bound search depends on the machine's load."""
     if is_measured(graph):
+        logger.debug("solver='auto': not asking the lattice search (measured times)")
         return best
     from .milp.exact import auto_improve
 
-    found = auto_improve(graph, budget_bytes, best.predicted_extra_time_s or 0.0)
+    to_beat = math.inf if best is None else best.predicted_extra_time_s or 0.0
+    found = auto_improve(graph, budget_bytes, to_beat)
     if found is None:
         return best
     try:
         plan = finalize_plan(graph, found, budget_bytes, "milp")
     except InfeasibleBudgetError:  # its replay tails raise the peak: keep the other plan
+        logger.debug("solver='auto': the lattice's plan is over the budget with its replay tails; not taken")
         return best
-    return plan if (plan.predicted_extra_time_s or 0.0) < (best.predicted_extra_time_s or 0.0) else best
+    if (plan.predicted_extra_time_s or 0.0) >= to_beat:
+        return best
+    logger.info("solver='auto': the lattice search found a plan recomputing %.6g s (best other: %s)",
+                plan.predicted_extra_time_s or 0.0, "none fits" if best is None else f"{to_beat:.6g} s")
+    return plan
 
 
 def _accepted(solver: str, options: Mapping[str, Any]) -> dict[str, Any]:

@@ -4,7 +4,8 @@
 the integrations and the CLI print as the low end of the reachable range. For a named solver
 it is :func:`autoremat.solvers.min_budget`; for ``"auto"`` it is the least over the solvers
 ``"auto"`` tries (the same list and the same offload filter as :func:`autoremat.solve`), so
-that ``solve(graph, least_budget(graph))`` always finds a plan. Cost: one ``min_budget`` per
+that ``solve(graph, least_budget(graph))`` always finds a plan (on small graphs with
+deterministic times the lattice search ``auto`` asks counts too: :func:`auto_lattice_least`). Cost: one ``min_budget`` per
 solver tried (chen: two or three solves; dp-approx: its own search; see
 :mod:`autoremat.solvers.minimum`).
 """
@@ -18,7 +19,7 @@ from typing import Any
 from ..graph import Graph
 from ..cost import unoptimised_peak_bytes
 
-__all__ = ["least_budget", "auto_order"]
+__all__ = ["least_budget", "auto_order", "auto_lattice_least"]
 
 logger = logging.getLogger(__name__)
 
@@ -69,4 +70,20 @@ def least_budget(graph: Graph, solver: str = "auto", *, auto_solvers: Sequence[s
         least = min_budget(graph, name, config=_accepted(name, options) or None)
         logger.info("least budget of %s: %d bytes", name, least)
         best = min(best, least)
+    lattice = auto_lattice_least(graph)
+    if lattice is not None and lattice < best:
+        logger.info("least budget of the lattice search (milp, for auto): %d bytes", lattice)
+        best = lattice
     return best
+
+
+def auto_lattice_least(graph: Graph) -> int | None:
+    """The least budget ``auto``'s lattice search reaches on small graphs with deterministic times
+    (:func:`autoremat.solvers.milp.exact.auto_least_peak`), else ``None``."""
+    from .stable import is_measured
+
+    if is_measured(graph):
+        return None
+    from .milp.exact import auto_least_peak
+
+    return auto_least_peak(graph)

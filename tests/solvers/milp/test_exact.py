@@ -55,3 +55,69 @@ def test_auto_improve_finds_only_cheaper_plans():
     plan = exact.auto_improve(g, budget, best * 2 + 1.0)
     assert plan is not None and simulate(g, plan).extra_time_s == pytest.approx(best)
     assert plan.options["milp_bound_basis"] == "exact model"
+
+
+def _auto_extra(g, budget, monkeypatch, lattice: bool):
+    monkeypatch.setattr(exact, "AUTO_MAX_NODES", 120 if lattice else 0)
+    try:
+        return simulate(g, autoremat.solve(g, budget, solver="auto")).extra_time_s
+    except autoremat.InfeasibleBudgetError:
+        return None
+
+
+def test_auto_asks_the_lattice_where_no_other_solver_fits(monkeypatch, caplog):
+    g = random_dag(40, 7)
+    best = best_within(space_table(g), 42)
+    assert _auto_extra(g, 42, monkeypatch, lattice=False) is None  # every heuristic is over 42 bytes
+    with caplog.at_level("INFO", logger="autoremat.solvers"):
+        assert _auto_extra(g, 42, monkeypatch, lattice=True) == pytest.approx(best)
+    assert "none fits" in caplog.text and "chose milp" in caplog.text
+
+
+def test_auto_returns_the_optimum_where_the_heuristics_are_far_off_and_is_never_worse(monkeypatch):
+    g = random_dag(59, 7)
+    table = space_table(g)
+    off, on = _auto_extra(g, 58, monkeypatch, False), _auto_extra(g, 58, monkeypatch, True)
+    assert off > 1.05 * best_within(table, 58)  # the heuristics: 9 s against an optimum of 4 s
+    assert on == pytest.approx(best_within(table, 58))
+    for budget in sorted({p for p, _, _ in table if p < unoptimised_peak_bytes(g)})[::3]:
+        off, on = _auto_extra(g, budget, monkeypatch, False), _auto_extra(g, budget, monkeypatch, True)
+        assert off is None or on <= off + 1e-12, budget
+
+
+def test_auto_says_why_it_does_not_ask_the_lattice(monkeypatch, caplog):
+    g = random_dag(33, 6)
+    monkeypatch.setattr(exact, "AUTO_MAX_NODES", 3)
+    with caplog.at_level("DEBUG", logger="autoremat.solvers.milp"):
+        assert exact.auto_improve(g, int(0.8 * unoptimised_peak_bytes(g)), 1.0) is None
+    assert "6 nodes > AUTO_MAX_NODES=3" in caplog.text
+    monkeypatch.setattr(exact, "AUTO_MAX_NODES", 120)
+    monkeypatch.setattr(exact, "AUTO_MAX_LOWER_SETS", 2)
+    caplog.clear()
+    with caplog.at_level("DEBUG", logger="autoremat.solvers.milp"):
+        assert exact.auto_improve(random_dag(35, 6), int(0.8 * unoptimised_peak_bytes(g)), 1.0) is None
+    assert "more than AUTO_MAX_LOWER_SETS=2 lower sets" in caplog.text
+
+
+def test_auto_least_budget_counts_the_lattice_and_solve_meets_it(monkeypatch):
+    g = random_dag(40, 7)
+    table = space_table(g)
+    monkeypatch.setattr(exact, "AUTO_MAX_NODES", 0)
+    heuristics = autoremat.solvers.least_budget(g)
+    monkeypatch.setattr(exact, "AUTO_MAX_NODES", 120)
+    least = autoremat.solvers.least_budget(g)
+    assert least == min(p for p, _, _ in table) < heuristics  # the space's least peak, below the heuristics'
+    plan = autoremat.solve(g, "min")
+    assert plan.budget_bytes == least and simulate(g, plan).peak_bytes <= least
+    with pytest.raises(autoremat.InfeasibleBudgetError) as info:
+        autoremat.solve(g, least - 1)
+    assert info.value.min_budget_bytes == least
+
+
+def test_auto_falls_back_to_the_least_peak_plan_when_the_search_does_not_close(monkeypatch):
+    g = random_dag(40, 7)
+    least = exact.auto_least_peak(g)
+    monkeypatch.setattr(exact, "AUTO_SECONDS", 0.0)  # the time search stops at once
+    plan = exact.auto_improve(g, least, float("inf"))
+    assert plan is not None and simulate(g, plan).peak_bytes <= least
+    assert exact.auto_improve(g, least - 1, float("inf")) is None
