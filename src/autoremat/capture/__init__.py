@@ -170,12 +170,9 @@ def _capture(
     count_flops = (is_meta and flop_times) or (not is_meta and resolve_times(times) == "flops")
     time_fn = _flop_times(model, args, kwargs) if count_flops else _zero_times if is_meta else None
 
-    # on the meta device repeated ops (identical layers) are answered from a cache of output
-    # metadata instead of running their (mostly Python) meta kernels again: same graph (meta_cache);
-    # and Python's cyclic collector is paused there (nothing device-sized to free): its collections
-    # over the tens of thousands of records a deep model makes were a fifth of a 64-layer GPT-2's
-    # meta capture (0.35-0.45 s of 1.6 s, issue 24); on a real device it runs, so that garbage
-    # holding device memory is freed between the capture's steps
+    # on meta, repeated ops are answered from a cache of output metadata (meta_cache; same graph), and
+    # the cyclic collector is paused (a fifth of a 64-layer GPT-2's meta capture, nothing device-sized
+    # to free; on a real device it runs, so garbage holding device memory is freed between steps)
     with paused_gc() if is_meta else contextlib.nullcontext(), \
             MetaOpCache() if is_meta else contextlib.nullcontext() as cache:
         rec, gm, fingerprint, tensors, cmode = _trace_and_profile(
