@@ -118,30 +118,8 @@ def capture_within(
         CaptureDoesNotFitError: even the smallest batch size tried ran out of memory.
         ValueError: ``limit_bytes`` is negative, or the graph depends on the batch size.
     """
-    from ...offload.bandwidth import record_link
-
-    graph = _capture_within(model, args, kwargs, limit_bytes=limit_bytes, loss_fn=loss_fn, mode=mode,
-                            repeats=repeats, warmup=warmup, batch_dim=batch_dim, times=times, blocks=blocks)
-    record_link(graph)
-    return graph
-
-
-def _capture_within(
-    model: nn.Module,
-    args: Sequence[Any] | torch.Tensor,
-    kwargs: Mapping[str, Any] | None = None,
-    *,
-    limit_bytes: int | None,
-    loss_fn: Callable[[Any], torch.Tensor] | None = None,
-    mode: str = "auto",
-    repeats: int = 3,
-    warmup: int = 1,
-    batch_dim: int = 0,
-    times: str | None = None,
-    blocks: str = "auto",
-) -> Graph:
-    """:func:`capture_within` without measuring the link."""
     from .. import _capture, capture, resolve_times
+    from ...offload.bandwidth import record_link
     from ...resident import device_of
 
     times = resolve_times(times)
@@ -163,6 +141,7 @@ def _capture_within(
     meta = meta_capture(model, args, kwargs, opts, gm)
     base, signatures = meta if meta is not None else (None, {})
     if base is not None and times == "flops":  # bytes exact at full size, times from FLOPs: no real step
+        record_link(base)
         return base
     predict = None
     if base is not None:
@@ -171,7 +150,9 @@ def _capture_within(
         full = unoptimised_peak_bytes(base)
         if full <= limit_bytes:
             try:
-                return _capture(model, args, kwargs, **opts, traced=gm)
+                graph = _capture(model, args, kwargs, **opts, traced=gm)
+                record_link(graph)
+                return graph
             except (RuntimeError, torch.OutOfMemoryError) as err:
                 if not is_oom(err):
                     raise
@@ -179,4 +160,6 @@ def _capture_within(
                             "smaller batch sizes", full)
             free_cache()
         predict = linear_peak(full, base.param_grad_bytes, batch)
-    return ladder(model, args, kwargs, opts, base, batch, batch_dim, limit_bytes, predict, gm, signatures)
+    graph = ladder(model, args, kwargs, opts, base, batch, batch_dim, limit_bytes, predict, gm, signatures)
+    record_link(graph)
+    return graph
