@@ -477,3 +477,16 @@ def test_optimum_gaps_reports_auto_per_budget(monkeypatch: pytest.MonkeyPatch) -
     assert half["over_bound"]["worst"] == pytest.approx(1.08) and half["over_bound"]["median"] == pytest.approx(1.04)
     assert half["milp_gap_over_5pct"] == ["g3", "g4"] and half["auto_chose_milp"] == 5
     assert dist["least"]["auto_no_plan"] == 1 and dist["least"]["milp_no_answer"] == ["g0"]
+
+
+def test_polish_gain_compares_auto_with_the_stored_best_plans(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """``benchmarks/polish_gain.py`` on the first two stored random networks: auto now against the
+    stored best plans, never worse than the stored auto row, and a report written."""
+    monkeypatch.syspath_prepend(str(BENCH))
+    sys.modules.pop("polish_gain", None)
+    bench = importlib.import_module("polish_gain")
+    gaps = BENCH / "results" / "cpu" / "optimum_gaps" / "random" / "gaps.json"
+    assert bench.main(["--gaps", str(gaps), "--count", "2", "--out", str(tmp_path)]) == 0
+    rows = json.loads((tmp_path / "polish_gain.json").read_text())["rows"]
+    assert rows and all(r["now"] <= r["before"] * (1 + 1e-7) for rs in rows.values() for r in rs)
+    assert "| 50% |" in (tmp_path / "polish_gain.md").read_text()

@@ -313,7 +313,7 @@ def _solve_bytes(graph: Graph, budget_bytes: int, solver: str, auto_solvers: Seq
             logger.info("solver='auto': %d nodes and a plan of the blocks solver; not trying the node-by-node "
                         "solvers (AUTO_BLOCKS_ENOUGH_NODES)", len(graph))
             break
-    best = _lattice_for_auto(graph, budget_bytes, best)
+    best = _polished(graph, budget_bytes, _lattice_for_auto(graph, budget_bytes, best))
     if best is None:
         lattice = auto_lattice_least(graph)
         if lattice is not None and (least_min is None or lattice < least_min):
@@ -321,6 +321,29 @@ def _solve_bytes(graph: Graph, budget_bytes: int, solver: str, auto_solvers: Seq
         raise InfeasibleBudgetError(budget_bytes, least_min, solver="auto")
     logger.info("solver='auto' chose %s (extra time %.6g s)", best.solver, best.predicted_extra_time_s or 0.0)
     return best
+
+
+def _polished(graph: Graph, budget_bytes: int, best: Plan | None) -> Plan | None:
+    """``best`` after :func:`.polish.polish` (a hill climb on its segment boundaries, judged by the
+    simulator) where that recomputes less and still fits once finalised; deterministic times only
+    (as the lattice search, :func:`_lattice_for_auto`)."""
+    if best is None or best.solver == "none" or is_measured(graph):
+        return best
+    from .polish import polish
+
+    found = polish(graph, best, budget_bytes)
+    if found is None:
+        return best
+    try:
+        plan = finalize_plan(graph, found, budget_bytes, best.solver, best.options)
+    except (InfeasibleBudgetError, ValueError):  # its replay tails raise the peak: keep the plan as it was
+        return best
+    if (plan.predicted_extra_time_s or 0.0) >= (best.predicted_extra_time_s or 0.0):
+        return best
+    logger.info("solver='auto': %s's plan polished (%d moves): extra time %.6g s -> %.6g s", best.solver,
+                plan.options.get("polished_moves", 0), best.predicted_extra_time_s or 0.0,
+                plan.predicted_extra_time_s or 0.0)
+    return plan
 
 
 def _lattice_for_auto(graph: Graph, budget_bytes: int, best: Plan | None) -> Plan | None:
