@@ -122,10 +122,8 @@ def capture(
     """
     from ..offload.bandwidth import record_link
 
-    graph = _capture(model, args, kwargs, loss_fn=loss_fn, mode=mode, repeats=repeats, warmup=warmup, times=times,
-                     blocks=blocks)
-    record_link(graph)
-    return graph
+    return record_link(_capture(model, args, kwargs, loss_fn=loss_fn, mode=mode, repeats=repeats, warmup=warmup,
+                                times=times, blocks=blocks))
 
 
 def _capture(

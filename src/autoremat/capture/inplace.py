@@ -292,10 +292,6 @@ def _written_args(func: Any) -> tuple[tuple[int, str], ...]:
     return got
 
 
-def _tensors(obj: Any) -> list[torch.Tensor]:
-    return op_tensors(obj)
-
-
 class MutationLog:
     """What each node read and what was written in place, op by op, during a recorded forward.
 
@@ -324,7 +320,7 @@ class MutationLog:
             return
         t, self._t = self._t, self._t + 1
         v = self.who()
-        ins = _tensors((args, kwargs))
+        ins = op_tensors((args, kwargs))
         if isinstance(v, int):
             created = self._created.setdefault(v, set())
             reads = self._reads.setdefault(v, {})
@@ -334,13 +330,13 @@ class MutationLog:
                 in_refs.add(ref)
                 if ref not in created and ref not in reads:
                     reads[ref] = t
-            for x in _tensors(out):
+            for x in op_tensors(out):
                 ref = weakref.ref(x.untyped_storage())
                 if ref not in in_refs:
                     created.add(ref)
         for i, name in _written_args(func):
             value = args[i] if i < len(args) else kwargs.get(name)
-            for x in _tensors(value):
+            for x in op_tensors(value):
                 st = x.untyped_storage()
                 if isinstance(v, int) and st._cdata in self.state and self.is_module(v):
                     continue

@@ -39,7 +39,8 @@ from typing import Any
 
 from ..cost import DEFAULT_BANDWIDTH_BYTES_PER_S
 
-__all__ = ["measure_bandwidth", "measure_link", "record_link", "LinkBandwidth", "DEFAULT_NBYTES", "DEFAULT_REPEATS", "MIN_NBYTES", "shrinking"]
+__all__ = ["measure_bandwidth", "measure_link", "record_link", "LinkBandwidth", "DEFAULT_NBYTES", "DEFAULT_REPEATS",
+           "MIN_NBYTES", "shrinking"]
 
 logger = logging.getLogger(__name__)
 
@@ -179,16 +180,16 @@ _LINKS: dict[str, float] = {}
 """The link :func:`record_link` measured, per device, for this process."""
 
 
-def record_link(graph: Any) -> None:
-    """Set ``graph.meta["bandwidth_bytes_per_s"]`` to this machine's host<->device link
+def record_link(graph: Any) -> Any:
+    """``graph``, with ``graph.meta["bandwidth_bytes_per_s"]`` set to this machine's host<->device link
     (:func:`measure_bandwidth`, once per device and process: the link does not change) when the
     graph was captured on a CUDA device, so that offload plans are simulated (and solved) at it
     whoever captured it: :func:`autoremat.capture`, ``capture_within``, the integrations, the CLI.
     A value already there is kept; other devices keep the simulator's default
     (:data:`~autoremat.cost.DEFAULT_BANDWIDTH_BYTES_PER_S`)."""
     dev = str(graph.meta.get("device", ""))
-    if not dev.startswith("cuda") or graph.meta.get("bandwidth_bytes_per_s"):
-        return
-    if dev not in _LINKS:
-        _LINKS[dev] = measure_bandwidth(dev)
-    graph.meta["bandwidth_bytes_per_s"] = _LINKS[dev]
+    if dev.startswith("cuda") and not graph.meta.get("bandwidth_bytes_per_s"):
+        if dev not in _LINKS:
+            _LINKS[dev] = measure_bandwidth(dev)
+        graph.meta["bandwidth_bytes_per_s"] = _LINKS[dev]
+    return graph

@@ -336,7 +336,7 @@ def _polished(graph: Graph, budget_bytes: int, best: Plan | None) -> Plan | None
         return best
     try:
         plan = finalize_plan(graph, found, budget_bytes, best.solver, best.options)
-    except (InfeasibleBudgetError, ValueError):  # its replay tails raise the peak: keep the plan as it was
+    except (InfeasibleBudgetError, ValueError):  # over budget with its replay tails, or not executable: keep best
         return best
     if (plan.predicted_extra_time_s or 0.0) >= (best.predicted_extra_time_s or 0.0):
         return best

@@ -141,8 +141,7 @@ def capture_within(
     meta = meta_capture(model, args, kwargs, opts, gm)
     base, signatures = meta if meta is not None else (None, {})
     if base is not None and times == "flops":  # bytes exact at full size, times from FLOPs: no real step
-        record_link(base)
-        return base
+        return record_link(base)
     predict = None
     if base is not None:
         from ...cost import unoptimised_peak_bytes
@@ -150,9 +149,7 @@ def capture_within(
         full = unoptimised_peak_bytes(base)
         if full <= limit_bytes:
             try:
-                graph = _capture(model, args, kwargs, **opts, traced=gm)
-                record_link(graph)
-                return graph
+                return record_link(_capture(model, args, kwargs, **opts, traced=gm))
             except (RuntimeError, torch.OutOfMemoryError) as err:
                 if not is_oom(err):
                     raise
@@ -160,6 +157,4 @@ def capture_within(
                             "smaller batch sizes", full)
             free_cache()
         predict = linear_peak(full, base.param_grad_bytes, batch)
-    graph = ladder(model, args, kwargs, opts, base, batch, batch_dim, limit_bytes, predict, gm, signatures)
-    record_link(graph)
-    return graph
+    return record_link(ladder(model, args, kwargs, opts, base, batch, batch_dim, limit_bytes, predict, gm, signatures))
