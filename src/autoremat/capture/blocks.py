@@ -40,6 +40,8 @@ from torch import nn
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils.checkpoint import SAC_IGNORED_OPS
 
+from .kv_cache import cache_arguments
+
 __all__ = ["BLOCK_MODES", "BlockScopes", "block_paths", "OpTimer", "share_times"]
 
 BLOCK_MODES = ("auto", "module", "ops")
@@ -76,6 +78,8 @@ class BlockScopes:
         self.start: dict[str, int] = {}
         self.block_calls: list[str] = []
         """The blocks in call order (one entry per call)."""
+        self.cache_calls: dict[str, str] = {}
+        """Calls inside the blocks handed a key/value cache (:mod:`autoremat.capture.kv_cache`)."""
         self._inner: list[tuple[str, nn.Module]] = []
         mods = dict(model.named_modules())
         for path in blocks:
@@ -112,13 +116,15 @@ class BlockScopes:
         """Hooks on every module inside the blocks that keep the call stack; returns the handles."""
         handles = []
         for path, mod in self._inner:
-            handles.append(mod.register_forward_pre_hook(self._pre(path)))
+            handles.append(mod.register_forward_pre_hook(self._pre(path), with_kwargs=True))
             handles.append(mod.register_forward_hook(self._post(path)))
         return handles
 
     def _pre(self, path: str) -> Callable[..., None]:
-        def hook(_m: nn.Module, _a: tuple) -> None:
+        def hook(_m: nn.Module, args: tuple, kwargs: dict) -> None:
             if self.active is not None:
+                if names := cache_arguments(args, kwargs):
+                    self.cache_calls[path] = ", ".join(names)
                 self.stack.append(path)
                 self.calls[path] = self.calls.get(path, 0) + 1
                 self.start[path] = self.count

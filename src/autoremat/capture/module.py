@@ -30,6 +30,7 @@ from ._loss_reach import outputs_fed_by_loss
 from ._recorder import NodeRecord, Recorder, Timer, classify_function, classify_module, tensors_in
 from .blocks import BlockScopes, OpTimer, block_paths, share_times
 from .inplace import MutationLog
+from .kv_cache import cache_arguments
 from .signature import tensor_lines
 
 __all__ = ["node_modules", "module_fingerprint", "profile_modules", "time_modules"]
@@ -107,6 +108,8 @@ class _ModuleRecorder(Recorder):
         self.call_op_start: dict[str, int] | None = None
         """Blocks captured op by op: where each call region's op sequence starts."""
         self.pinned_regions: list[str] = []
+        self.cache_calls: dict[str, str] = {}
+        """Calls handed a key/value cache (:mod:`autoremat.capture.kv_cache`): path -> argument."""
         self.block_of: dict[int, tuple[int, int]] = {}
         """Op nodes of blocks: node -> (block call, op index)."""
         if scopes is not None:  # a block call reads its inputs as one region (pinning)
@@ -181,6 +184,8 @@ class _ModuleRecorder(Recorder):
 
     def pre_hook(self, path: str, mod: nn.Module) -> Callable[..., None]:
         def hook(module: nn.Module, args: tuple, kwargs: dict) -> None:
+            if self.depth == 0 and self.glue_enabled and (names := cache_arguments(args, kwargs)):
+                self.cache_calls[path] = ", ".join(names)
             if self.depth == 0 and self.glue_enabled and self.scopes is not None and path in self.scopes.blocks:
                 self.mark_glue()
                 self._pending_glue.clear()  # input saves of the block's first op: read from its node
@@ -321,7 +326,8 @@ def profile_modules(
         for h in handles:
             h.remove()
     for r in rec.nodes:
-        if r.kind != "glue" and r.op_index < 0 and rec.calls.get(r.module_path, 0) > 1:
+        if r.kind != "glue" and r.op_index < 0 and (rec.calls.get(r.module_path, 0) > 1
+                                                    or r.module_path in rec.cache_calls):
             r.recomputable = False
     if scopes is not None:
         _settle_scopes(rec, scopes)
@@ -354,7 +360,8 @@ def _settle_scopes(rec: _ModuleRecorder, scopes: BlockScopes) -> None:
         if call in pinned_calls:
             pinned.update(r.scope)
     rec.call_op_start = {p: scopes.start[p] for p in single}
-    rec.pinned_regions = sorted(pinned)
+    rec.cache_calls.update(scopes.cache_calls)
+    rec.pinned_regions = sorted(pinned | (set(rec.cache_calls) & single))
 
 
 def _time_block_ops(model: nn.Module, blocks: Collection[str], args: Sequence[Any], kwargs: Mapping[str, Any],

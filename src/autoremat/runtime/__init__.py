@@ -483,7 +483,7 @@ def _apply_module(model: nn.Module, plan: Plan, names: list[str], regions: str) 
         if keep:
             call = SelectiveCall(orig, stateful_buffers([mod]), tuple(mod.parameters()), keep, path)
         else:
-            call = ProbedCall(orig, stateful_buffers([mod]), regions, tuple(mod.parameters()))
+            call = ProbedCall(orig, stateful_buffers([mod]), regions, tuple(mod.parameters()), path)
         state.wrapped.append((mod, had, mod.__dict__.get("forward"), call))
         mod.__dict__["forward"] = call
     return state

@@ -11,6 +11,7 @@ import torch
 from torch import nn
 from torch.utils.checkpoint import checkpoint
 
+from ..capture.kv_cache import refuse_cache_writes
 from .recompute_state import SeededProbe, checkpoint_kwargs
 from .region import _run, compiled_region, refuse_offloaded_inputs
 
@@ -25,8 +26,8 @@ class ProbedCall:
     :data:`_FILLS_SAVED` ran."""
 
     def __init__(self, fn: Callable[..., Any], stateful: list[tuple[nn.Module, str]], mode: str,
-                 params: tuple[torch.Tensor, ...] = ()) -> None:
-        self.fn, self.stateful, self.mode, self.params = fn, stateful, mode, params
+                 params: tuple[torch.Tensor, ...] = (), where: str = "a module call") -> None:
+        self.fn, self.stateful, self.mode, self.params, self.where = fn, stateful, mode, params, where
         self.probed: SeededProbe | None = None
         self.active = True  # False after restore: a user wrapper still holding it runs plain fn
 
@@ -35,6 +36,7 @@ class ProbedCall:
             return self.fn(*args, **kwargs)
         if torch.compiler.is_compiling():  # the buffer guard (context_fn) is eager code
             return compiled_region(self.fn, True, args, kwargs)
+        refuse_cache_writes(self.where, args, kwargs)
         if self.probed is None:
             with SeededProbe() as probe:
                 out = self._call(True, False, args, kwargs)

@@ -188,8 +188,8 @@ class SelectiveCall(ProbedCall):
 
     def __init__(self, fn: Callable[..., Any], stateful: list[tuple[nn.Module, str]], params: tuple[torch.Tensor, ...],
                  keep: Mapping[int, str], where: str) -> None:
-        super().__init__(fn, stateful, "torch", params)
-        self.keep, self.where = dict(keep), where
+        super().__init__(fn, stateful, "torch", params, where)
+        self.keep = dict(keep)
 
     def _call(self, rng: bool, stop: bool, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
         context = functools.partial(_selective_contexts, self.stateful, self.params, self.keep, self.where)
