@@ -139,8 +139,9 @@ class _ModuleRecorder(Recorder):
         self._glue_marks.clear()
 
     def _read_saves(self, v: int, refs: list[weakref.ref]) -> None:
-        """What op node ``v``'s autograd node saved, read from its ``_saved_*`` fields (exact, where
-        the order of pack hooks cannot tell an op's input saves from the previous op's output saves)."""
+        """What op node ``v``'s autograd node saved, read from its ``_saved_*`` fields, or, for a
+        custom ``autograd.Function`` (Bloom's GELU), its ``saved_tensors`` (exact, where the order of
+        pack hooks cannot tell an op's input saves from the previous op's output saves)."""
         rec = self.nodes[v]
         alive = [t for t in (r() for r in refs) if t is not None]
         if alive:  # autograd has attached the history now: whether the op's output takes part
@@ -149,23 +150,19 @@ class _ModuleRecorder(Recorder):
         if fn is None:
             return
         extra: dict[int, int] = {}
-        for name in dir(fn):
-            if not name.startswith("_saved_"):
+        custom = isinstance(fn, torch.autograd.function.BackwardCFunction)
+        for t in _saved_by(fn):
+            key = t.untyped_storage()._cdata
+            if key in self.resident:
                 continue
-            try:
-                value = getattr(fn, name)
-            except RuntimeError:  # a field freed or not saved
-                continue
-            for t in value if isinstance(value, (list, tuple)) else (value,):
-                if not isinstance(t, torch.Tensor):
-                    continue
-                key = t.untyped_storage()._cdata
-                if key in self.resident:
-                    continue
-                if key in self.owner:
-                    rec.saves.add(self.owner[key])
-                else:
-                    extra[key] = t.untyped_storage().nbytes()
+            if key in self.owner:
+                u = self.owner[key]
+                rec.saves.add(u)
+                if custom and u != v and u not in rec.preds:  # a Function's input, read by its ops
+                    rec.preds.append(u)  # inside: the Function reads it (and gets its gradient)
+                    self.succs.setdefault(u, []).append(v)
+            else:
+                extra[key] = t.untyped_storage().nbytes()
         rec.extra_saved_bytes += sum(extra.values())
 
     def _pack(self, t: torch.Tensor) -> torch.Tensor:
@@ -264,8 +261,10 @@ class _ModuleRecorder(Recorder):
             rec.alias_of = next(iter(roots))
         rec.requires_grad = any(t.requires_grad for t in ins) and any(t.is_floating_point() for t in outs)
         # glue: a view or an in-place write has its owner's backward; an op of a block is marked
-        # either way, so that a view's backward is seen to pass its gradient on (grad_passthrough)
-        if rec.requires_grad and (fresh or in_block):
+        # either way, so that a view's backward is seen to pass its gradient on (grad_passthrough),
+        # and whatever its inputs: the last op of a custom autograd.Function (Bloom's GELU) reads
+        # tensors made without history, yet its output gets the Function's (mark_glue checks)
+        if (rec.requires_grad and fresh) or (in_block and any(t.is_floating_point() for t in outs)):
             first = next(t for t in outs if t.is_floating_point())
             self._glue_marks.append((v, weakref.ref(first)))
         for k, nb in self._pending_glue:
@@ -346,6 +345,22 @@ def profile_modules(
         for v, (f, b) in share_times(rec.block_of, op_times, fwd[n:], bwd[n:]).items():
             rec.nodes[v].time_s, rec.nodes[v].bwd_time_s = f, b
     return rec
+
+
+def _saved_by(fn: Any) -> list[torch.Tensor]:
+    """The tensors autograd node ``fn`` keeps for its backward: its ``_saved_*`` fields, or a custom
+    ``autograd.Function``'s ``saved_tensors``."""
+    values: list[Any] = []
+    names = [n for n in dir(fn) if n.startswith("_saved_")]
+    if isinstance(fn, torch.autograd.function.BackwardCFunction):
+        names.append("saved_tensors")
+    for name in names:
+        try:
+            value = getattr(fn, name)
+        except RuntimeError:  # a field freed or not saved
+            continue
+        values.extend(value if isinstance(value, (list, tuple)) else (value,))
+    return [t for t in values if isinstance(t, torch.Tensor)]
 
 
 def _settle_scopes(rec: _ModuleRecorder, scopes: BlockScopes) -> None:
