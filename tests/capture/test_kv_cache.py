@@ -59,6 +59,8 @@ def test_cache_writing_calls_are_kept_and_training_is_exact(caplog: pytest.LogCa
                for r in caplog.records)
     regions = graph.call_regions()
     assert not set(pinned) & set(regions), "a call handed the cache is a region a plan may recompute"
+    with pytest.raises(autoremat.InfeasibleBudgetError, match=r"write a key/value cache.*use_cache=False"):
+        autoremat.solve(graph, "10%")
     plan = autoremat.solve(graph, "min")
     assert plan.recompute_segments, "the calls without the cache (MLPs, norms) are still recomputed"
     autoremat.apply(model, plan)

@@ -75,7 +75,7 @@ def plan_within(graph: Graph, budget: Any, *, device: torch.device | str, reside
     except InfeasibleBudgetError as err:
         if on_infeasible != "min":
             raise InfeasibleBudgetError(step, err.min_budget_bytes, solver=f"{who}/{solver}",
-                                        unoptimised_peak_bytes=peak) from None
+                                        unoptimised_peak_bytes=peak, reason=err.reason) from None
     plan = run("min")
     least = int(plan.budget_bytes or 0)
     text = (f"budget={budget!r} ({fmt_bytes(step)} of step peak, {100 * step / max(peak, 1):.0f} %) is below "

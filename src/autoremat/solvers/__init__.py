@@ -232,7 +232,7 @@ def solve(graph: Graph, budget: Any, *, solver: str = "auto", auto_solvers: Sequ
                            lambda p: finalize_plan(graph, p, budget_bytes, p.solver, options if solver != "auto"
                                                    else _accepted(p.solver, options)), noise_tolerance)
     except InfeasibleBudgetError as err:
-        raise _with_ops_hint(graph, solver, err).with_peak(unoptimised_peak_bytes(graph)) from None
+        raise _with_hints(graph, solver, err).with_peak(unoptimised_peak_bytes(graph)) from None
 
 
 REGION_SOLVERS = ("auto", "blocks", "chen", "none")
@@ -276,15 +276,23 @@ def ops_hint(solver: str) -> str:
             f"(or 'auto'), or capture with blocks='module' (one node per block) to use {solver!r}.")
 
 
-def _with_ops_hint(graph: Graph, solver: str, err: InfeasibleBudgetError) -> InfeasibleBudgetError:
-    """``err`` with the reason a node-by-node solver reaches little on an op-by-op capture: the
-    activations inside the blocks (nearly all of them on a transformer) are out of its reach."""
-    if not plans_single_nodes(solver) or graph.meta.get("blocks") != "ops":
+def _with_hints(graph: Graph, solver: str, err: InfeasibleBudgetError) -> InfeasibleBudgetError:
+    """``err`` with what keeps the least budget up on this graph: module calls kept because they
+    write a key/value cache (:mod:`autoremat.capture.kv_cache`), and why a node-by-node solver
+    reaches little on an op-by-op capture (the activations inside the blocks, nearly all of them on
+    a transformer, are out of its reach)."""
+    hints = [err.reason] if err.reason else []
+    cached = graph.meta.get("pinned_by_cache") or {}
+    if cached:
+        hints.append(f"{len(cached)} module call(s) (e.g. {next(iter(cached))}) write a key/value cache and are "
+                     "kept, not recomputed: pass use_cache=False to the model (as gradient_checkpointing_enable() "
+                     "does) to let them be recomputed.")
+    if plans_single_nodes(solver) and graph.meta.get("blocks") == "ops":
+        hints.append(ops_hint(solver))
+    if not hints or hints == [err.reason]:
         return err
-    hint = ops_hint(solver)
-    reason = f"{err.reason} {hint}" if err.reason else hint
     return InfeasibleBudgetError(err.budget_bytes, err.min_budget_bytes, solver=err.solver,
-                                 unoptimised_peak_bytes=err.unoptimised_peak_bytes, reason=reason)
+                                 unoptimised_peak_bytes=err.unoptimised_peak_bytes, reason=" ".join(hints))
 
 
 def _solve_bytes(graph: Graph, budget_bytes: int, solver: str, auto_solvers: Sequence[str] | None,
