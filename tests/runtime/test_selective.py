@@ -116,3 +116,51 @@ def test_selective_call_keeps_ops_updates_statistics_once_and_checks_op_names() 
     with pytest.raises(RuntimeError, match="other ops than when it was captured"):
         run_step(model, (x,))
     autoremat.restore(model)
+
+
+class _CastBlock(torch.nn.Module):
+    """Two linears with a float32 cast between them: under bf16 autocast the region dispatches
+    activation casts and parameter casts (``aten._to_copy``) interleaved."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.a, self.b = torch.nn.Linear(8, 16), torch.nn.Linear(16, 8)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.b(torch.relu(self.a(x)).float())
+
+
+def test_selective_call_under_autocast_with_backward_inside_it() -> None:
+    """A replay inside the forward's autocast region finds the parameter casts in autocast's cache
+    and does not dispatch them; selective checkpointing pairs stored outputs with ops by count, so a
+    kept parameter cast went to an activation cast (Mixtral under AMP: a metadata error). The region
+    runs without the cache, and keeps what it kept."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+    from torch.utils.checkpoint import SAC_IGNORED_OPS
+
+    from autoremat.runtime.region import stateful_buffers
+    from autoremat.runtime.selective import SelectiveCall
+
+    torch.manual_seed(0)
+    block, x = _CastBlock(), torch.randn(4, 8)
+    ops: list[str] = []
+
+    class Ops(TorchDispatchMode):
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # type: ignore[no-untyped-def]
+            if func not in SAC_IGNORED_OPS:
+                ops.append(str(func))
+            return func(*args, **(kwargs or {}))
+
+    with torch.autocast("cpu", dtype=torch.bfloat16), Ops():
+        block(x)
+    casts = [i for i, name in enumerate(ops) if name == "aten._to_copy.default"]
+    assert len(casts) >= 4, ops  # x, a's weight and bias, the float32 cast, b's casts
+    keep = {casts[1]: ops[casts[1]]}  # a's weight cast
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        torch.manual_seed(1)
+        block(x).float().sum().backward()
+        reference = gradients(block)
+        block.zero_grad(set_to_none=True)
+        call = SelectiveCall(block.forward, stateful_buffers([block]), tuple(block.parameters()), keep, "block")
+        call(x).float().sum().backward()
+    assert gradients_equal(reference, gradients(block))
