@@ -150,19 +150,30 @@ class _ModuleRecorder(Recorder):
         if fn is None:
             return
         extra: dict[int, int] = {}
+        own: dict[int, int] = {}
         custom = isinstance(fn, torch.autograd.function.BackwardCFunction)
         for t in _saved_by(fn):
             key = t.untyped_storage()._cdata
             if key in self.resident:
                 continue
-            if key in self.owner:
+            if self.owner.get(key) == v:
+                own[key] = t.untyped_storage().nbytes()
+            elif key in self.owner:
                 u = self.owner[key]
                 rec.saves.add(u)
-                if custom and u != v and u not in rec.preds:  # a Function's input, read by its ops
-                    rec.preds.append(u)  # inside: the Function reads it (and gets its gradient)
+                if custom and u not in rec.preds:  # a Function's input, read by its ops inside:
+                    rec.preds.append(u)  # the Function reads it (and gets its gradient)
                     self.succs.setdefault(u, []).append(v)
             else:
                 extra[key] = t.untyped_storage().nbytes()
+        if own and sum(own.values()) < rec.alloc_bytes:
+            # some of its outputs only (layer norm's mean and rstd, not its result): those are saved
+            # bytes of its own, not the node's output, which its consumers may free (under autocast
+            # they save a cast of it); kept as one output they stayed until its backward
+            rec.alloc_bytes -= sum(own.values())
+            extra.update(own)
+        elif own:
+            rec.saves.add(v)
         rec.extra_saved_bytes += sum(extra.values())
 
     def _pack(self, t: torch.Tensor) -> torch.Tensor:

@@ -73,8 +73,8 @@ from torch import nn
 from torch.utils.checkpoint import checkpoint, get_device_states, set_device_states
 
 from .offload import HostInput, Offloader, active_offloader
-from .recompute_state import (SeededProbe, RestoreBuffers, check_params, checkpoint_kwargs, is_recomputing,
-                              param_versions, snapshot_buffers, stateful_buffers)
+from .recompute_state import (SeededProbe, RestoreBuffers, UncachedAutocast, check_params, checkpoint_kwargs,
+                              is_recomputing, param_versions, snapshot_buffers, stateful_buffers)
 
 __all__ = ["CheckpointRegion", "REGION_MODES", "compiled_region", "recomputed_call", "RecomputationMismatchError",
            "tail_mark", "is_recomputing", "snapshot_buffers", "refuse_offloaded_inputs"]
@@ -257,6 +257,7 @@ class _Frame:
             for dev, mine, theirs in zip(_AUTOCAST_DEVICES, self.autocast, now):  # the forward's state where it differs
                 if (mine != theirs or (mine[0] and cache != now[-1])) and (dev == "cpu" or torch.cuda.is_available()):
                     stack.enter_context(torch.autocast(dev, enabled=mine[0], dtype=mine[1], cache_enabled=cache))
+            stack.enter_context(UncachedAutocast())
             stack.enter_context(torch.enable_grad())
             stack.enter_context(RestoreBuffers(self.stateful, self.snapshot))
             stack.enter_context(torch.autograd.graph.saved_tensors_hooks(collect, _identity))
@@ -352,13 +353,13 @@ def _run(fn: Callable[..., Any], replay: Callable[..., Any], stateful: list[tupl
         return compiled_region(fn, preserve_rng, args, kwargs)
     frame = _Frame(replay, stateful, args, kwargs, preserve_rng, stop, short, params)
     if short is None:
-        with torch.autograd.graph.saved_tensors_hooks(frame.pack, _unpack):
+        with torch.autograd.graph.saved_tensors_hooks(frame.pack, _unpack), UncachedAutocast():
             out = fn(*args, **kwargs)
     else:
         outer = getattr(_ACTIVE, "frame", None)
         _ACTIVE.frame = frame
         try:
-            with torch.autograd.graph.saved_tensors_hooks(frame.pack, _unpack):
+            with torch.autograd.graph.saved_tensors_hooks(frame.pack, _unpack), UncachedAutocast():
                 out = fn(*args, **kwargs)
         finally:
             _ACTIVE.frame = outer

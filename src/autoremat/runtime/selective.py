@@ -39,7 +39,6 @@ baseline of the benchmarks) refuses modules with running statistics.
 
 from __future__ import annotations
 
-import contextlib
 import functools
 from collections.abc import Callable, Collection, Mapping
 from typing import Any
@@ -177,31 +176,7 @@ def _selective_contexts(stateful: list[tuple[nn.Module, str]], params: tuple[tor
     parameter-checking ones (:func:`.recompute_state.checkpoint_kwargs`)."""
     fwd, rec = restoring_contexts(stateful, params)
     sac_fwd, sac_rec = create_selective_checkpoint_contexts(_KeptOps(keep, where))
-    return (BothContexts(BothContexts(fwd, _UncachedAutocast()), sac_fwd),
-            BothContexts(BothContexts(rec, _UncachedAutocast()), sac_rec))
-
-
-class _UncachedAutocast:
-    """Autocast as it is, without its cache of parameter casts, for a selective region's forward and
-    replay. Selective checkpointing pairs a stored output with an op by how many times that op ran;
-    autocast dispatches a parameter's cast only on its first use in an autocast region, so a replay
-    inside the forward's autocast region (backward under ``autocast``) skipped the casts the forward
-    dispatched, and Mixtral's stored casts went to other casts (a metadata error; a wrong value
-    where the shapes agree). Without the cache both dispatch every cast. Entered when the region
-    runs (forward, or replay), not when the contexts are made."""
-
-    def __init__(self) -> None:
-        self.stack = contextlib.ExitStack()
-
-    def __enter__(self) -> "_UncachedAutocast":
-        for device in ("cpu", "cuda"):
-            if torch.is_autocast_enabled(device):
-                self.stack.enter_context(torch.autocast(device, dtype=torch.get_autocast_dtype(device),
-                                                        cache_enabled=False))
-        return self
-
-    def __exit__(self, *exc: Any) -> None:
-        self.stack.close()
+    return BothContexts(fwd, sac_fwd), BothContexts(rec, sac_rec)
 
 
 class SelectiveCall(ProbedCall):
