@@ -67,3 +67,18 @@ def test_a_completion_that_cannot_fit_with_everything_offloaded_is_not_searched(
     plan = solve_combined(g, roomy)
     assert plan.predicted_peak_bytes is None or plan.predicted_peak_bytes <= roomy
     assert simulate(g, plan).peak_bytes <= roomy and (1,) in searched
+
+
+@pytest.mark.parametrize("fraction", [0.8, 0.6, 0.5])
+def test_saved_units_never_make_combined_slower(fraction: float):
+    """The H200's GPT-2 graph (module level, the blocks' own saved tensors offloadable): combined
+    with the units as candidates (default) is never predicted slower than without them, and
+    fits wherever it fits without; at 0.8x it offloads block internals at no predicted cost."""
+    g = Graph.from_json("benchmarks/results/nvidia-h200/offload_gpu/graph_gpt2.json")
+    budget = int(fraction * unoptimised_peak_bytes(g))
+    without = solve(g, budget, solver="combined", saved_units=False)
+    plan = solve(g, budget, solver="combined")
+    validate_plan(g, plan)
+    assert plan.predicted_extra_time_s <= without.predicted_extra_time_s + 1e-12
+    if fraction == 0.8:
+        assert plan.offload_saved and plan.predicted_extra_time_s < without.predicted_extra_time_s
