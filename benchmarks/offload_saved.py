@@ -67,6 +67,22 @@ def solve_row(g: autoremat.Graph, solver: str, frac: float, bw: float, units: bo
     return row
 
 
+def least_row(g: autoremat.Graph, solver: str, units: bool) -> dict[str, Any]:
+    """The least budget ``solver`` meets (``min_budget``, at the graph's link) and its plan there."""
+    base = simulate(g, no_recompute_plan(g))
+    t0 = time.perf_counter()
+    config = {"saved_units": units} if solver != "dp-approx" else {}
+    least = autoremat.min_budget(g, solver, config=config)
+    plan = autoremat.solve(g, least, solver=solver, **config)
+    sim = simulate(g, plan)
+    row = {"solver": solver, "saved_units": units, "least_ratio": least / base.peak_bytes,
+           "time_ratio": sim.step_time_s / base.step_time_s, "offloaded": len(plan.offload),
+           "units": len(plan.offload_saved), "recomputed": len(plan.recompute_segments),
+           "solve_s": time.perf_counter() - t0}
+    print(row, flush=True)
+    return row
+
+
 def graphs(nets: list[str], fractions: list[float], bandwidths: list[float]) -> dict[str, Any]:
     out: dict[str, Any] = {}
     for net in nets:
@@ -78,6 +94,8 @@ def graphs(nets: list[str], fractions: list[float], bandwidths: list[float]) -> 
                                 "peak_bytes": peak, "rows": []}
         print(net, {k: v for k, v in info.items() if k != "rows"}, flush=True)
         if cands:
+            info["least"] = [least_row(g, solver, units) for solver in ("offload-dag", "combined", "dp-approx")
+                             for units in ((True, False) if solver != "dp-approx" else (False,))]
             for bw in bandwidths:
                 for solver in ("offload-dag", "combined"):
                     for frac in fractions:
@@ -125,6 +143,7 @@ def hf_end_to_end(steps: int = 2, fraction: float = 0.6) -> dict[str, Any]:
         autoremat.restore(model)
     assert stats is not None
     predicted = simulate(g, plan, bandwidth_bytes_per_s=1e18).peak_bytes
+    times = step_times(model, reference, plan, (ids,), hf.logits_mean)
     row = {"model": "GPT2LMHeadModel n_layer=4 n_embd=64 n_head=4 vocab=256, batch 4 x 64", "nodes": len(g),
            "capture_s": capture_s, "unpatched_peak_bytes": unpatched, "budget_fraction": fraction,
            "plan": plan.describe(), "units": list(plan.offload_saved), "offload": list(plan.offload),
@@ -132,9 +151,32 @@ def hf_end_to_end(steps: int = 2, fraction: float = 0.6) -> dict[str, Any]:
            "measured_peak_bytes": measured, "gradients_equal": equal,
            "unit_bytes": {str(k): v for k, v in stats.unit_bytes.items()},
            "unit_left_bytes": {str(k): v for k, v in stats.unit_left_bytes.items()},
-           "extra_saved_bytes": {str(v): g.node(v)["extra_saved_bytes"] for v in plan.offload_saved}}
+           "extra_saved_bytes": {str(v): g.node(v)["extra_saved_bytes"] for v in plan.offload_saved}, **times}
     print(row, flush=True)
     return row
+
+
+def step_times(model: Any, reference: Any, plan: Any, args: tuple, loss_fn: Any, rounds: int = 7) -> dict[str, Any]:
+    """Median wall-clock step of the unpatched copy and of the patched model (CPU bookkeeping: the
+    hooks' Python work, no copies), interleaved in one process."""
+    import statistics
+
+    from autoremat.measure import run_step
+
+    autoremat.apply(model, plan)
+    out: dict[str, list[float]] = {"unpatched": [], "patched": []}
+    try:
+        for r in range(rounds):
+            for name, m in (("unpatched", reference), ("patched", model))[:: 1 if r % 2 else -1]:
+                t0 = time.perf_counter()
+                run_step(m, args, loss_fn=loss_fn)
+                out[name].append(time.perf_counter() - t0)
+                m.zero_grad(set_to_none=True)
+    finally:
+        autoremat.restore(model)
+    med = {k: statistics.median(v[1:]) for k, v in out.items()}
+    return {"step_s_unpatched": med["unpatched"], "step_s_patched": med["patched"],
+            "step_ratio": med["patched"] / med["unpatched"]}
 
 
 def markdown(result: dict[str, Any]) -> str:
@@ -146,6 +188,12 @@ def markdown(result: dict[str, Any]) -> str:
                      f"{info['candidate_bytes'] / 1e9:.2f} GB of own saved tensors, peak {info['peak_bytes'] / 1e9:.2f} GB\n")
         if not info["rows"]:
             continue
+        if info.get("least"):
+            lines += [f"Least budgets at the graph's link ({'min_budget'}):\n", "| solver | saved_units | least | time there | "
+                      "offl./units/recomp. |", "|---|---|---|---|---|"]
+            lines += [f"| {r['solver']} | {r['saved_units']} | {r['least_ratio']:.4f}x | {r['time_ratio']:.3f}x | "
+                      f"{r['offloaded']}/{r['units']}/{r['recomputed']} |" for r in info["least"]]
+            lines.append("")
         lines += ["| link GB/s | solver | budget | units on: peak | time | offl./units/recomp. | units off: peak | "
                   "time | estimate (53.99) |", "|---|---|---|---|---|---|---|---|---|"]
         rows = info["rows"]
@@ -170,6 +218,8 @@ def markdown(result: dict[str, Any]) -> str:
                   f"{hf_row['measured_peak_bytes']} B; predicted at an unbounded link: "
                   f"{hf_row['predicted_peak_bytes_unbounded']} B (at the planning link, 12 GB/s: "
                   f"{hf_row['predicted_peak_bytes_at_link']} B); unpatched: {hf_row['unpatched_peak_bytes']} B.",
+                  f"CPU step (bookkeeping, no copies; median of 6 interleaved): {hf_row['step_s_unpatched'] * 1e3:.1f} ms "
+                  f"unpatched, {hf_row['step_s_patched'] * 1e3:.1f} ms patched ({hf_row['step_ratio']:.2f}x).",
                   f"Unit bytes (node: copied / left on the device, what save_on_cpu would copy too): "
                   + ", ".join(f"{k}: {v} / {hf_row['unit_left_bytes'].get(k, 0)}" for k, v in hf_row["unit_bytes"].items()),
                   ""]
