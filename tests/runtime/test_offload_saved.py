@@ -154,13 +154,19 @@ def test_blocks_saved_tensors_on_cuda_measure_the_predicted_peak():
     on CUDA, captured with one node per block and the link measured; offload-dag at 0.6x of the
     unpatched peak offloads block internals; gradients equal, the measured CUDA step peak within
     10 % of the prediction and below the unpatched step's."""
-    from autoremat.measure import deterministic_kernels, measure
+    import transformers
+
+    from autoremat.measure import measure
     from autoremat.offload.bandwidth import measure_bandwidth
 
-    model = hf.gpt2(n_layer=6, n_embd=256, n_head=4, vocab_size=1024, seq=256).cuda()
+    # eager attention: the memory-efficient kernel's backward is not reproducible (an H200 run's
+    # GPT-2 reference differed from itself), and gradients are compared bit for bit
+    cfg = transformers.GPT2Config(n_layer=6, n_embd=256, n_head=4, vocab_size=1024, n_positions=256,
+                                  use_cache=False, attn_implementation="eager")
+    torch.manual_seed(0)
+    model = transformers.GPT2LMHeadModel(cfg).train().cuda()
     ids = torch.randint(0, 1024, (8, 256), device="cuda")
-    with deterministic_kernels():
-        g = autoremat.capture(model, (ids,), loss_fn=hf.logits_mean, blocks="module")
+    g = autoremat.capture(model, (ids,), loss_fn=hf.logits_mean, blocks="module")
     g.meta["bandwidth_bytes_per_s"] = measure_bandwidth()
     plan = autoremat.solve(g, int(0.6 * simulate(g, no_recompute_plan(g)).peak_bytes), solver="offload-dag")
     assert plan.offload_saved
