@@ -162,7 +162,7 @@ def test_blocks_saved_tensors_on_cuda_measure_the_predicted_peak():
     # eager attention: the memory-efficient kernel's backward is not reproducible (an H200 run's
     # GPT-2 reference differed from itself), and gradients are compared bit for bit
     cfg = transformers.GPT2Config(n_layer=6, n_embd=256, n_head=4, vocab_size=1024, n_positions=256,
-                                  use_cache=False, attn_implementation="eager")
+                                  use_cache=False, attn_implementation="eager", bos_token_id=0, eos_token_id=0)
     torch.manual_seed(0)
     model = transformers.GPT2LMHeadModel(cfg).train().cuda()
     ids = torch.randint(0, 1024, (8, 256), device="cuda")
@@ -179,3 +179,57 @@ def test_blocks_saved_tensors_on_cuda_measure_the_predicted_peak():
         autoremat.restore(model)
     assert abs(after - plan.predicted_peak_bytes) <= 0.10 * after, (after, plan.predicted_peak_bytes)
     assert after < before
+
+
+class _Block(torch.nn.Module):
+    """Saves tensors of its own (tanh's output, a dropout mask) and its own output (ReLU)."""
+
+    def __init__(self, width: int) -> None:
+        super().__init__()
+        self.a, self.b = torch.nn.Linear(width, 2 * width), torch.nn.Linear(2 * width, width)
+        self.drop = torch.nn.Dropout(0.2)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.relu(self.b(self.drop(torch.tanh(self.a(x)))))
+
+
+def test_a_call_whose_output_is_offloaded_too_and_saved_by_itself():
+    """A plain module captured at module level: each block saves its own output (ReLU) and
+    tensors of its own. Both offloaded: the output's own save waits in the offloader's window for
+    the output's mark and joins the output's host copy (not the unit); the unit holds the rest.
+    Gradients equal (dropout reproduced), bytes and order as simulated, host-tier peak as predicted."""
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(*[_Block(32) for _ in range(4)], torch.nn.Linear(32, 4))
+    x = torch.randn(16, 32)
+    g = autoremat.capture(model, (x,), mode="module", repeats=1, warmup=0, blocks="module")
+    blocks = [v for v in g.nodes if g.node(v)["module_path"] in {"0", "1", "2", "3"}]
+    assert all(v in g.node(v)["saves"] and g.node(v)["extra_saved_bytes"] > 0 for v in blocks)
+    plan = units_plan(g, outputs=True)
+    assert set(blocks) <= set(plan.offload) & set(plan.offload_saved)
+    stats = offloaded_step(model, (x,), plan)
+    sim = simulate(g, plan)
+    assert stats.unit_bytes == {v: g.node(v)["extra_saved_bytes"] for v in plan.offload_saved}
+    assert stats.packed_bytes == sim.offloaded_bytes
+    assert sorted(stats.fetched_nodes) == sorted(sim.offload_order)
+    base = no_recompute_plan(g)
+    predicted = simulate(g, plan, bandwidth_bytes_per_s=1e18).peak_bytes
+    reference = __import__("copy").deepcopy(model)
+    torch.manual_seed(0)
+    run_step(reference, (x,))
+    autoremat.apply(model, plan)
+    try:
+        offloader_of(model).host_tier = True
+        counter = LiveStorageCounter()
+        torch.manual_seed(0)
+        with counter:
+            run_step(model, (x,))
+    finally:
+        autoremat.restore(model)
+    assert gradients_equal(gradients(reference), gradients(model))
+    # within 10 % (the bound of the other CPU prediction tests), and never above: the simulator
+    # counts every storage a node's backward reads as first used when that backward starts, so the
+    # next prefetch is reserved during all of it; autograd unpacks a block's input (saved by its
+    # first op) at the end of the block's backward, and the prefetch it starts comes later
+    # (measured 77,592 B against 83,984 B predicted)
+    assert 0.9 * predicted <= counter.peak <= predicted, (counter.peak, predicted)
+    assert counter.peak < simulate(g, base).peak_bytes
