@@ -233,3 +233,17 @@ def test_a_call_whose_output_is_offloaded_too_and_saved_by_itself():
     # (measured 77,592 B against 83,984 B predicted)
     assert 0.9 * predicted <= counter.peak <= predicted, (counter.peak, predicted)
     assert counter.peak < simulate(g, base).peak_bytes
+
+
+def test_a_plan_naming_a_glue_op_is_refused_and_nothing_is_patched():
+    """``offload_saved`` naming a node that is not a module call (a glue op here; validate_plan
+    refuses it too): apply raises before the model is patched, and a failure part-way is rolled
+    back."""
+    model, args, g = gpt2_case()
+    plan = units_plan(g)
+    glue = max(v for v in g.nodes if g.node(v)["kind"] == "glue")  # after the blocks: wrapped first
+    plan.offload_saved = (*plan.offload_saved, glue)
+    plan.offload_order = ()
+    with pytest.raises(PlanMismatchError, match="not a module call"):
+        autoremat.apply(model, plan)
+    assert all("forward" not in m.__dict__ for m in model.modules()) and offloader_of(model) is None
