@@ -11,13 +11,12 @@ check at the end (``-m gpu``) measures real copies.
 from __future__ import annotations
 
 import pytest
-from _offloaded import offloaded_step
+from _offloaded import measured_with_host_tier, offloaded_step
 import torch
 
 import autoremat
 from autoremat.cost import no_recompute_plan, simulate
 from autoremat.errors import PlanMismatchError
-from autoremat.measure import LiveStorageCounter, gradients, gradients_equal, run_step
 from autoremat.plan import Plan, offloadable_nodes, saved_unit_nodes
 from autoremat.runtime import offloader_of
 from autoremat.solvers import finalize_plan
@@ -86,24 +85,6 @@ def first_use(g: autoremat.Graph, u: int) -> int:
     return -1 - u if u < 0 else max(w for w in g.nodes if u in {g.root(x) for x in g.node(w)["saves"]})
 
 
-def measured_with_host_tier(model, args, plan: Plan) -> int:
-    reference = __import__("copy").deepcopy(model)
-    torch.manual_seed(0)
-    run_step(reference, args, loss_fn=hf.logits_mean)
-    autoremat.apply(model, plan)
-    try:
-        offloader_of(model).host_tier = True
-        counter = LiveStorageCounter()
-        torch.manual_seed(0)
-        with counter:
-            run_step(model, args, loss_fn=hf.logits_mean)
-        assert offloader_of(model).stats.prefetched_ahead > 0
-    finally:
-        autoremat.restore(model)
-    assert gradients_equal(gradients(reference), gradients(model))
-    return counter.peak
-
-
 @pytest.mark.parametrize("depth", [1, 2])
 def test_measured_peak_with_the_host_tier_is_the_simulators(depth: int):
     """Copies that complete at once (the CPU's host tier): the units leave the counted memory when
@@ -116,7 +97,7 @@ def test_measured_peak_with_the_host_tier_is_the_simulators(depth: int):
     plan = units_plan(g, depth=depth)
     predicted = simulate(g, plan, bandwidth_bytes_per_s=1e18).peak_bytes
     without = simulate(g, no_recompute_plan(g)).peak_bytes
-    measured = measured_with_host_tier(model, args, plan)
+    measured = measured_with_host_tier(model, args, plan, loss_fn=hf.logits_mean)
     assert abs(measured - predicted) <= 0.01 * measured, (measured, predicted, without)
     assert measured < (0.8 if depth == 1 else 1.0) * without  # depth 2 reserves two blocks ahead of three
 
@@ -213,26 +194,14 @@ def test_a_call_whose_output_is_offloaded_too_and_saved_by_itself():
     assert sorted(stats.fetched_nodes) == sorted(sim.offload_order)
     base = no_recompute_plan(g)
     predicted = simulate(g, plan, bandwidth_bytes_per_s=1e18).peak_bytes
-    reference = __import__("copy").deepcopy(model)
-    torch.manual_seed(0)
-    run_step(reference, (x,))
-    autoremat.apply(model, plan)
-    try:
-        offloader_of(model).host_tier = True
-        counter = LiveStorageCounter()
-        torch.manual_seed(0)
-        with counter:
-            run_step(model, (x,))
-    finally:
-        autoremat.restore(model)
-    assert gradients_equal(gradients(reference), gradients(model))
+    measured = measured_with_host_tier(model, (x,), plan)
     # within 10 % (the bound of the other CPU prediction tests), and never above: the simulator
     # counts every storage a node's backward reads as first used when that backward starts, so the
     # next prefetch is reserved during all of it; autograd unpacks a block's input (saved by its
     # first op) at the end of the block's backward, and the prefetch it starts comes later
     # (measured 77,592 B against 83,984 B predicted)
-    assert 0.9 * predicted <= counter.peak <= predicted, (counter.peak, predicted)
-    assert counter.peak < simulate(g, base).peak_bytes
+    assert 0.9 * predicted <= measured <= predicted, (measured, predicted)
+    assert measured < simulate(g, base).peak_bytes
 
 
 def test_a_plan_naming_a_glue_op_is_refused_and_nothing_is_patched():
