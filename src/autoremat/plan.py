@@ -31,7 +31,8 @@ from .plan_offload import (check_offload_saved, offload_units, offloadable_nodes
 from .plan_schema import check_plan_dict, load_plan_json
 
 __all__ = ["Segment", "Plan", "validate_plan", "release_waits", "check_segments", "PLAN_FORMAT_VERSION", "segments_from_lower_sets",
-           "offloadable_nodes", "region_stop", "wait_points", "GRAPH_FIELDS", "saved_unit_nodes", "offload_units", "ReplayTails", "ModuleCalls",
+           "offloadable_nodes", "region_stop", "wait_points", "GRAPH_FIELDS", "saved_unit_nodes", "offload_units",
+           "ReplayTails", "ModuleCalls",
            "module_calls_of"]
 
 PLAN_FORMAT_VERSION = 2

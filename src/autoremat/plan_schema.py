@@ -52,7 +52,8 @@ GRAPH_KEYS = ("graph_mode", "node_names", "replay_tails", "tensors", "inputs")
 """Top-level fields of format 2 that format 1 kept in ``options``."""
 PLAN_KEYS = frozenset({"format", "version", "segments", "solver", "options", "budget_bytes",
                        "graph_fingerprint", "predicted_peak_bytes", "predicted_extra_time_s", "offload",
-                       "offload_saved", "offload_waits", "offload_order", "offload_prefetch_depth", "bandwidth_bytes_per_s", "module_calls", *GRAPH_KEYS})
+                       "offload_saved", "offload_waits", "offload_order", "offload_prefetch_depth",
+                       "bandwidth_bytes_per_s", "module_calls", *GRAPH_KEYS})
 SEGMENT_KEYS = frozenset({"nodes", "recompute"})
 SEGMENT_OPTIONAL_KEYS = frozenset({"keep"})
 READ_VERSIONS = (1, 2)

@@ -80,7 +80,8 @@ class _UnitHandle(_Handle):
             return
         assert self.host is not None, "offloaded unit without a host copy, please report"
         if self.device.type != "cuda":  # the CPU's host tier: copies the storage counters see
-            self.fetched = [self.host[b:b + n].clone() for b, n in zip(self.bases, self.part_bytes)]  # type: ignore[assignment]
+            parts = [self.host[b:b + n].clone() for b, n in zip(self.bases, self.part_bytes)]
+            self.fetched = parts  # type: ignore[assignment]
             return
         stream = off._stream("in", self.device)
         bufs = [torch.empty(n, dtype=torch.uint8, device=self.device) for n in self.part_bytes]

@@ -162,8 +162,8 @@ def _region_inputs(graph: Graph, plan: Plan) -> list[int]:
 
 
 def _complete(graph: Graph, budget_bytes: int, cfg: dict[str, Any], bandwidth: float,
-              judged: list[tuple[tuple[int, float], Plan]], judge: Callable[[Plan], Any], best_time: Callable[[], float],
-              least: list[int], units: bool) -> None:
+              judged: list[tuple[tuple[int, float], Plan]], judge: Callable[[Plan], Any],
+              best_time: Callable[[], float], least: list[int], units: bool) -> None:
     """Step 3 on the candidates ``judged`` (``units``: with the nodes' own saved tensors as offload
     candidates too, step 3b); completions go to ``judge``, least peaks of searches to ``least``."""
     from .offload_dag import OffloadSearch, offload_candidates, search_offloads
