@@ -490,3 +490,19 @@ def test_polish_gain_compares_auto_with_the_stored_best_plans(tmp_path: Path, mo
     rows = json.loads((tmp_path / "polish_gain.json").read_text())["rows"]
     assert rows and all(r["now"] <= r["before"] * (1 + 1e-7) for rs in rows.values() for r in rs)
     assert "| 50% |" in (tmp_path / "polish_gain.md").read_text()
+
+
+def test_offload_saved_benchmark_compares_with_and_without_units(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """``benchmarks/offload_saved.py`` on the H200 GPT-2 graph at one budget and link: offload-dag
+    with the blocks' own saved tensors fits 0.6x where it cannot without them; the op-level U-Net
+    has no candidates; the markdown has a row per solver."""
+    monkeypatch.syspath_prepend(str(BENCH))
+    sys.modules.pop("offload_saved", None)
+    bench = importlib.import_module("offload_saved")
+    result = bench.main(["--graphs", "gpt2,unet", "--fractions", "0.6", "--bandwidths", "53.99e9",
+                         "--out", str(tmp_path)])
+    assert result["graphs"]["unet"]["candidates"] == 0 and not result["graphs"]["unet"]["rows"]
+    on, off = result["graphs"]["gpt2"]["rows"][:2]
+    assert on["saved_units"] and on["peak_ratio"] <= 0.6 and on["units"] > 0 and off["least_ratio"] > 0.95
+    text = (tmp_path / "offload_saved.md").read_text()
+    assert "| 53.99 | offload-dag | 0.6 |" in text and "| 53.99 | combined | 0.6 |" in text

@@ -26,10 +26,13 @@ from typing import Any
 from .errors import PlanFormatError, PlanMismatchError
 from ._jsonio import dump_json
 from .graph import Graph
+from .plan_offload import (check_offload_saved, offload_units, offloadable_nodes, region_stop, release_waits,
+                           saved_unit_nodes, wait_points)
 from .plan_schema import check_plan_dict, load_plan_json
 
 __all__ = ["Segment", "Plan", "validate_plan", "release_waits", "check_segments", "PLAN_FORMAT_VERSION", "segments_from_lower_sets",
-           "offloadable_nodes", "region_stop", "wait_points", "GRAPH_FIELDS", "ReplayTails", "ModuleCalls",
+           "offloadable_nodes", "region_stop", "wait_points", "GRAPH_FIELDS", "saved_unit_nodes", "offload_units",
+           "ReplayTails", "ModuleCalls",
            "module_calls_of"]
 
 PLAN_FORMAT_VERSION = 2
@@ -113,14 +116,21 @@ class Plan:
     released once the copy is complete and forward no longer reads it, and it is prefetched back
     in order of first backward use (the transfer model: :mod:`autoremat.cost.offload_link`). Views
     share their base's storage: name the base node."""
+    offload_saved: tuple[int, ...] = ()
+    """Nodes whose own saved tensors (``extra_saved_bytes``: what a module call's autograd graph keeps
+    besides node outputs) live in host memory as one unit between the node's forward and its
+    backward: ``save_on_cpu`` scoped to that call (:mod:`autoremat.plan_offload`); never a node of a
+    recomputed segment."""
     offload_waits: dict[int, int] = field(default_factory=dict)
-    """Forward waits: node ``v`` -> offloaded node ``r``: before ``v`` runs, the forward waits
-    until the copy of ``r`` to host is complete (so its device memory is free). ``v`` must be a
-    :func:`wait_points` node; without a wait the forward never waits for a copy."""
+    """Forward waits: node ``v`` -> offloaded unit ``r`` (a node of ``offload``, or ``-1 - w`` for
+    ``w`` of ``offload_saved``): before ``v`` runs, the forward waits until the copy of ``r`` to
+    host is complete (so its device memory is free). ``v`` must be a :func:`wait_points` node;
+    without a wait the forward never waits for a copy."""
     offload_order: tuple[int, ...] = ()
-    """The offloaded nodes in order of first backward use: the order the runtime prefetches in
-    (:func:`autoremat.solvers.finalize_plan` fills it from the simulator; empty: the runtime
-    prefetches the storage whose holder was registered last in forward first)."""
+    """The offloaded units (``offload``, and ``-1 - w`` for ``w`` of ``offload_saved``) in order of
+    first backward use: the order the runtime prefetches in (:func:`autoremat.solvers.finalize_plan`
+    fills it from the simulator; empty: the runtime prefetches the storage whose holder was
+    registered last in forward first)."""
     offload_prefetch_depth: int = 1
     """How many offloaded storages backward prefetches ahead of their first use: the first this
     many when backward starts, then one more at each first use (memory reserved at each start)."""
@@ -144,6 +154,7 @@ class Plan:
 
     def __post_init__(self) -> None:
         self.offload = tuple(sorted({int(v) for v in self.offload}))
+        self.offload_saved = tuple(sorted({int(v) for v in self.offload_saved}))
         if any(key in self.options for key in GRAPH_FIELDS):  # plan format 1: in options
             self.options = dict(self.options)
             for key in GRAPH_FIELDS:
@@ -165,6 +176,11 @@ class Plan:
         return [s for s in self.segments if s.recompute]
 
     @property
+    def offloads(self) -> bool:
+        """Whether the plan offloads anything (node outputs or nodes' own saved tensors)."""
+        return bool(self.offload or self.offload_saved)
+
+    @property
     def recomputed_nodes(self) -> set[int]:
         return {v for s in self.segments if s.recompute for v in s.nodes}
 
@@ -175,7 +191,8 @@ class Plan:
         kept = sum(len(s.keep) for s in self.segments)
         short += f", {kept} op outputs kept in them" if kept else ""
         waits = f" ({len(self.offload_waits)} forward waits)" if self.offload_waits else ""
-        off = f", {len(self.offload)} offloaded{waits}" if self.offload else ""
+        inner = f", {len(self.offload_saved)} nodes' saved tensors offloaded" if self.offload_saved else ""
+        off = f", {len(self.offload)} offloaded{inner}{waits}" if self.offloads else ""
         gap = self.options.get("optimality_gap")  # "milp": proven distance from the optimum
         proof = "proven" if self.options.get("milp_bound_basis") != "exact model" else "proven in the exact model"
         opt = "" if gap is None else (f", optimal ({proof})" if gap <= 1e-9
@@ -189,6 +206,7 @@ class Plan:
         d["segments"] = [{"nodes": list(s.nodes), "recompute": s.recompute,
                           **({"keep": list(s.keep)} if s.keep else {})} for s in self.segments]
         d["offload"] = list(self.offload)
+        d["offload_saved"] = list(self.offload_saved)
         d["node_names"] = None if self.node_names is None else list(self.node_names)
         d["replay_tails"] = {str(k): [first, list(inputs)] for k, (first, inputs) in sorted(self.replay_tails.items())}
         d["module_calls"] = {str(k): {"path": path, "keep_ops": [i for i, _ in ops], "keep_names": [n for _, n in ops]}
@@ -212,6 +230,7 @@ class Plan:
             predicted_peak_bytes=data.get("predicted_peak_bytes"),
             predicted_extra_time_s=data.get("predicted_extra_time_s"),
             offload=tuple(data.get("offload", ())),
+            offload_saved=tuple(data.get("offload_saved", ())),
             offload_waits=data.get("offload_waits") or {},
             offload_order=tuple(data.get("offload_order") or ()),
             offload_prefetch_depth=data.get("offload_prefetch_depth", 1),
@@ -304,20 +323,30 @@ def check_segments(plan: Plan, num_nodes: int, *, is_lower_set: Callable[[set[in
         missing = sorted(set(range(n)) - seen)
         raise PlanFormatError("segments", f"segments do not cover the graph; missing nodes {missing[:10]} "
                               f"of 0..{n - 1}")
-    for j, v in enumerate(plan.offload):
+    for v in plan.offload:
         if not 0 <= v < n:
             raise PlanMismatchError(f"offload names node {v}, but the graph has {n} nodes (ids 0..{n - 1}); "
                                     "capture this model and solve again")
+    recomputed = plan.recomputed_nodes
+    for v in plan.offload_saved:
+        if not 0 <= v < n:
+            raise PlanMismatchError(f"offload_saved names node {v}, but the graph has {n} nodes (ids 0..{n - 1}); "
+                                    "capture this model and solve again")
+        if v in recomputed:
+            raise PlanFormatError("offload_saved", f"node {v} is in a recomputed segment: it saves nothing in forward "
+                                  "(its replay saves again just before its backward); drop it from offload_saved")
+    units = offload_units(plan)
     for v, r in plan.offload_waits.items():
         if not 0 <= v < n:
             raise PlanMismatchError(f"offload_waits names node {v}, but the graph has {n} nodes (ids 0..{n - 1}); "
                                     "capture this model and solve again")
-        if r not in plan.offload:
-            raise PlanFormatError(f"offload_waits.{v}", f"waits for the copy of node {r}, which the plan does not "
-                                  f"offload (offload: {list(plan.offload)[:10]})")
-    if plan.offload_order and sorted(plan.offload_order) != list(plan.offload):
-        raise PlanFormatError("offload_order", "must list every offloaded node once (the order of first backward "
-                              f"use), got {list(plan.offload_order)[:10]} for offload {list(plan.offload)[:10]}")
+        if r not in units:
+            raise PlanFormatError(f"offload_waits.{v}", f"waits for the copy of unit {r}, which the plan does not "
+                                  f"offload (units: {list(units)[:10]}; -1 - w is node w's own saved tensors)")
+    if plan.offload_order and sorted(plan.offload_order) != sorted(units):
+        raise PlanFormatError("offload_order", "must list every offloaded unit once (the order of first backward "
+                              f"use; -1 - w for node w of offload_saved), got {list(plan.offload_order)[:10]} for "
+                              f"units {sorted(units)[:10]}")
     if plan.offload_prefetch_depth < 1:
         raise PlanFormatError("offload_prefetch_depth", f"must be >= 1 (storages prefetched ahead of their first "
                               f"backward use), got {plan.offload_prefetch_depth}")
@@ -364,6 +393,7 @@ def validate_plan(graph: Graph, plan: Plan) -> None:
                              "node outside a recomputed segment saves it and no recomputed segment that replays "
                              "anything takes it as an input), or that are views, glue ops, or out of range: "
                              "nothing to offload there")
+    check_offload_saved(graph, plan)
     if plan.offload_waits:
         points = wait_points(graph, plan)
         bad = sorted(v for v in plan.offload_waits if v not in points)
@@ -395,75 +425,4 @@ def module_calls_of(graph: Graph, plan: Plan) -> ModuleCalls:
         ops = tuple((int(graph.node(v)["op_index"]) - int(starts[path]), str(graph.node(v)["target"]))
                     for v in seg.keep)
         out[i] = (str(path), ops)
-    return out
-
-
-def offloadable_nodes(graph: Graph, plan: Plan) -> set[int]:
-    """Storage roots the plan keeps for backward: saved by some node outside the plan's recomputed
-    segments, or an input of a recomputed segment whose replay runs (:func:`region_stop`). In
-    module-level graphs glue ops (tensor code between module calls) and the ops of a block
-    captured op by op are left out: the runtime marks outputs of module calls only."""
-    recomputed = plan.recomputed_nodes
-    module = graph.meta.get("mode") == "module"
-    out: set[int] = set()
-    for w in graph.nodes:
-        d = graph.node(w)
-        if w in recomputed or not d["requires_grad"]:
-            continue
-        for u in d["saves"]:
-            r = graph.root(u)
-            if graph.node(r)["alloc_bytes"] > 0 and not (module and graph.node(r)["op_index"] >= 0):
-                out.add(r)
-    for seg in plan.segments:
-        if seg.recompute and region_stop(graph, seg) >= 0:
-            members = set(seg.nodes)
-            for u in {u for v in seg.nodes for u in graph.pred(v) if u not in members}:
-                if graph.node(graph.root(u))["alloc_bytes"] > 0:
-                    out.add(graph.root(u))
-    if module:
-        out = {r for r in out if graph.node(r)["kind"] != "glue" and graph.node(r)["op_index"] < 0}
-    return out
-
-
-def region_stop(graph: Graph, seg: Segment) -> int:
-    """The node of recomputed ``seg`` whose backward replays it: its last node that saves something
-    for backward (PyTorch's early stop); -1 when it saves nothing or is not recomputed."""
-    if not seg.recompute:
-        return -1
-    holders = [v for v in seg.nodes if (graph.node(v)["saves"] or graph.node(v)["extra_saved_bytes"])
-               and graph.node(v)["requires_grad"]]
-    return max(holders) if holders else -1
-
-
-def release_waits(graph: Graph, plan: Plan, releases: Mapping[int, int]) -> dict[int, int]:
-    """``plan.offload_waits`` with a wait added where the simulator releases offloaded device
-    copies (``releases``: node -> the last of them in issue order,
-    :attr:`~autoremat.cost.Simulation.offload_releases`), at the nodes the runtime can wait at.
-
-    The runtime otherwise releases a device copy when the CPU sees its copy complete; a CPU that
-    runs ahead of the GPU sees that late and holds the memory on (an H200 measured a U-Net offload
-    plan at 0.770x of the unpatched peak against 0.599x predicted). A wait makes the compute stream
-    wait for the copy before the node and drops the device copies issued up to it, so the memory is
-    free at the simulator's point in the GPU's order; the simulator's copy is complete there, so
-    the wait costs no predicted time and the prediction is unchanged. An explicit wait already at a
-    node is kept."""
-    points = wait_points(graph, plan)
-    waits = dict(plan.offload_waits)
-    for v, r in releases.items():
-        if v in points and v not in waits:
-            waits[int(v)] = int(r)
-    return waits
-
-
-def wait_points(graph: Graph, plan: Plan) -> set[int]:
-    """Nodes before which the runtime can make the forward wait for a copy to host: nodes outside
-    the recomputed segments and the first node of each recomputed segment (the wait comes before
-    the region); at module level only module calls (not glue ops, nor the ops of a block captured
-    op by op: the runtime hooks module calls)."""
-    out: set[int] = set()
-    module = graph.meta.get("mode") == "module"
-    for seg in plan.segments:
-        nodes = seg.nodes[:1] if seg.recompute else seg.nodes
-        out.update(v for v in nodes if not (module and (graph.node(v)["kind"] == "glue"
-                                                        or graph.node(v)["op_index"] >= 0)))
     return out

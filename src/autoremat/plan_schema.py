@@ -22,8 +22,10 @@ Decisions (tested in ``tests/test_plan.py`` and ``tests/test_bad_inputs.py``):
 * Booleans are JSON booleans: ``"recompute": "false"`` or ``0`` is refused, never read as true.
 * Node ids are non-negative integers (not bools, not ``1.0``); byte counts are non-negative
   integers; times are finite non-negative numbers.
-* ``offload_waits`` is an object of node id (digits) -> node id, and every node it waits for
-  is in ``offload``; ``offload_order``, when given, lists the nodes of ``offload`` once each.
+* ``offload_saved`` is a list of node ids (nodes whose own saved tensors are offloaded). A unit id
+  is a node id of ``offload`` or ``-1 - w`` for ``w`` of ``offload_saved``
+  (:mod:`autoremat.plan_offload`); ``offload_waits`` is an object of node id (digits) -> unit id,
+  and every unit it waits for is offloaded; ``offload_order``, when given, lists the units once each.
 * Segments must be non-empty and disjoint; when the plan names its graph's nodes
   (``node_names``), every node id must be below their number and the segments must
   cover them all. Whether segments are lower sets of the model's graph is checked against the
@@ -50,7 +52,8 @@ GRAPH_KEYS = ("graph_mode", "node_names", "replay_tails", "tensors", "inputs")
 """Top-level fields of format 2 that format 1 kept in ``options``."""
 PLAN_KEYS = frozenset({"format", "version", "segments", "solver", "options", "budget_bytes",
                        "graph_fingerprint", "predicted_peak_bytes", "predicted_extra_time_s", "offload",
-                       "offload_waits", "offload_order", "offload_prefetch_depth", "bandwidth_bytes_per_s", "module_calls", *GRAPH_KEYS})
+                       "offload_saved", "offload_waits", "offload_order", "offload_prefetch_depth",
+                       "bandwidth_bytes_per_s", "module_calls", *GRAPH_KEYS})
 SEGMENT_KEYS = frozenset({"nodes", "recompute"})
 SEGMENT_OPTIONAL_KEYS = frozenset({"keep"})
 READ_VERSIONS = (1, 2)
@@ -66,6 +69,13 @@ def _node_id(field: str, value: Any) -> int:
         raise PlanFormatError(field, f"expected a node id (an integer >= 0), got {value!r} ({_kind(value)})")
     if value < 0:
         raise PlanFormatError(field, f"expected a node id (an integer >= 0), got {value}")
+    return value
+
+
+def _unit_id(field: str, value: Any) -> int:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise PlanFormatError(field, f"expected an offload unit id (an integer: a node id, or -1 - w for node w of "
+                              f"offload_saved), got {value!r} ({_kind(value)})")
     return value
 
 
@@ -265,15 +275,23 @@ def _check(data: Any) -> None:
     _opt_bytes("predicted_peak_bytes", data.get("predicted_peak_bytes"))
     _opt_seconds("predicted_extra_time_s", data.get("predicted_extra_time_s"))
     offload = _node_list("offload", data.get("offload", []))
+    saved = _node_list("offload_saved", data.get("offload_saved", []))
     if num_nodes is not None:
-        for j, v in enumerate(offload):
-            if v >= num_nodes:
-                raise PlanFormatError(f"offload[{j}]", f"node {v} is out of range: the plan's graph has {num_nodes} nodes")
-    _offload_waits(data.get("offload_waits"), set(offload), num_nodes)
-    order = _node_list("offload_order", data.get("offload_order", []))
-    if order and sorted(order) != sorted(set(offload)):
-        raise PlanFormatError("offload_order", f"must list every node of offload once (the order of first backward "
-                              f"use), got {order[:10]} for offload {sorted(set(offload))[:10]}")
+        for name, nodes in (("offload", offload), ("offload_saved", saved)):
+            for j, v in enumerate(nodes):
+                if v >= num_nodes:
+                    raise PlanFormatError(f"{name}[{j}]", f"node {v} is out of range: the plan's graph has "
+                                          f"{num_nodes} nodes")
+    units = set(offload) | {-1 - v for v in saved}
+    _offload_waits(data.get("offload_waits"), units, num_nodes)
+    order = data.get("offload_order", [])
+    if not isinstance(order, (list, tuple)):
+        raise PlanFormatError("offload_order", f"expected a list of unit ids, got {order!r} ({_kind(order)})")
+    order = [_unit_id(f"offload_order[{j}]", v) for j, v in enumerate(order)]
+    if order and sorted(order) != sorted(units):
+        raise PlanFormatError("offload_order", f"must list every offloaded unit once (the order of first backward "
+                              f"use; -1 - w for node w of offload_saved), got {order[:10]} for units "
+                              f"{sorted(units)[:10]}")
     depth = data.get("offload_prefetch_depth", 1)
     if isinstance(depth, bool) or not isinstance(depth, int) or depth < 1:
         raise PlanFormatError("offload_prefetch_depth", f"expected an int >= 1 (how many offloaded storages backward "
@@ -293,8 +311,8 @@ def _offload_waits(value: Any, offload: set[int], num_nodes: int | None) -> None
             raise PlanFormatError(field, f"expected a node id (digits) as the key, got {k!r}")
         if num_nodes is not None and int(k) >= num_nodes:
             raise PlanFormatError(field, f"node {k} is out of range: the plan's graph has {num_nodes} nodes")
-        if _node_id(field, r) not in offload:
-            raise PlanFormatError(field, f"waits for the copy of node {r}, which is not in offload "
+        if _unit_id(field, r) not in offload:
+            raise PlanFormatError(field, f"waits for the copy of unit {r}, which the plan does not offload "
                                   f"({sorted(offload)[:10]}); add it there or drop the wait")
 
 

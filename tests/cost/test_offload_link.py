@@ -209,3 +209,70 @@ def test_a_finalized_offload_plan_waits_where_its_copies_are_released():
         assert expected <= set(plan.offload_waits)
         again = simulate(g, plan)
         assert (plan.predicted_peak_bytes, plan.predicted_extra_time_s) == (again.peak_bytes, again.extra_time_s)
+
+
+# ------------------------------------------------ a node's own saved tensors as one unit (offload_saved)
+def saved_plan(g: Graph, nodes, **kw) -> Plan:
+    return Plan(list(no_recompute_plan(g).segments), graph_fingerprint=g.fingerprint, offload_saved=tuple(nodes), **kw)
+
+
+def test_a_nodes_own_saved_tensors_leave_after_its_forward_and_come_back_for_its_backward():
+    """module_graph: each call keeps 50 + 10 v bytes of its own. Offloaded at a free link, they
+    are gone from the forward's level once copied (the peak falls by about their sum less the
+    units prefetched ahead), the bytes moved are theirs, backward needs them in reverse order,
+    and nothing stalls; a slow link stalls backward, and the stall is the extra time."""
+    from _graphs import module_graph
+
+    g = module_graph(10)
+    base = simulate(g, no_recompute_plan(g))
+    units = tuple(range(10))
+    fast = simulate(g, saved_plan(g, units), bandwidth_bytes_per_s=1e12)
+    assert fast.offloaded_bytes == sum(50 + 10 * v for v in units)
+    assert fast.offload_order == [-1 - v for v in reversed(units)]
+    assert fast.extra_time_s < 1e-6
+    assert fast.peak_bytes <= base.peak_bytes - sum(50 + 10 * v for v in range(8))
+    slow = simulate(g, saved_plan(g, units), bandwidth_bytes_per_s=1.0)
+    assert slow.offload_stall_s > 0 and slow.extra_time_s == pytest.approx(slow.offload_stall_s)
+    assert slow.peak_bytes >= fast.peak_bytes
+
+
+def test_offloaded_units_of_both_kinds_share_the_link_in_issue_order():
+    """A node's output and its own saved tensors: one copy at a time in the order the forward
+    issues them; a wait for a unit of saved tensors runs like any other (derived waits replay)."""
+    from _graphs import module_graph
+
+    g = module_graph(6)
+    plan = saved_plan(g, (1, 2), offload=(0, 1))
+    sim = simulate(g, plan, bandwidth_bytes_per_s=10.0, offload_wait_limit_bytes=0)
+    assert sim.offloaded_bytes == 10 + 10 + 60 + 70
+    assert set(sim.offload_order) == {0, 1, -2, -3}
+    assert any(r < 0 for r in sim.offload_waits.values())
+    again = simulate(g, saved_plan(g, (1, 2), offload=(0, 1), offload_waits=sim.offload_waits),
+                     bandwidth_bytes_per_s=10.0)
+    assert (again.peak_bytes, again.extra_time_s) == (sim.peak_bytes, sim.extra_time_s)
+
+
+@pytest.mark.parametrize("seed", range(40))
+def test_saved_units_at_a_free_link_never_raise_the_peak_on_random_graphs(seed: int):
+    """Random profiled DAGs (views, nodes without grad, saved extras), with and without output
+    offloads: adding every node's own saved tensors at a free link never raises the peak nor
+    costs time, moves exactly their bytes, and a plan in the simulator's own order and waits
+    replays the same."""
+    rng = random.Random(seed)
+    g = random_profiled(rng, rng.randint(4, 24)) if seed % 2 else random_dag_with_views(seed, rng.randint(4, 24))
+    base = no_recompute_plan(g)
+    from autoremat.plan import saved_unit_nodes
+
+    units = tuple(sorted(saved_unit_nodes(g, base)))
+    outs = tuple(sorted(offloadable_nodes(g, base)))[: rng.randint(0, 3)]
+    without = simulate(g, Plan(list(base.segments), offload=outs), bandwidth_bytes_per_s=1e15)
+    with_units = simulate(g, Plan(list(base.segments), offload=outs, offload_saved=units), bandwidth_bytes_per_s=1e15)
+    assert with_units.peak_bytes <= without.peak_bytes
+    assert with_units.extra_time_s < 1e-6
+    assert with_units.offloaded_bytes - without.offloaded_bytes == sum(g.node(v)["extra_saved_bytes"] for v in units)
+    slow = simulate(g, Plan(list(base.segments), offload=outs, offload_saved=units), bandwidth_bytes_per_s=3.0,
+                    offload_wait_limit_bytes=0)
+    replay = Plan(list(base.segments), offload=outs, offload_saved=units, offload_waits=slow.offload_waits,
+                  offload_order=tuple(slow.offload_order))
+    again = simulate(g, replay, bandwidth_bytes_per_s=3.0)
+    assert (again.peak_bytes, again.extra_time_s) == (slow.peak_bytes, slow.extra_time_s)

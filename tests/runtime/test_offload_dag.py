@@ -11,16 +11,14 @@ bandwidth. The GPU checks at the end (``-m gpu``) measure real copies.
 
 from __future__ import annotations
 
-import copy
-
 import pytest
-from _offloaded import offloaded_step
+from _offloaded import measured_with_host_tier, offloaded_step
 import torch
 from torch import nn
 
 import autoremat
 from autoremat.cost import simulate
-from autoremat.measure import LiveStorageCounter, gradients, gradients_equal, run_step
+from autoremat.measure import run_step
 from autoremat.plan import Plan, Segment, offloadable_nodes, wait_points
 from autoremat.runtime import offloader_of
 from autoremat.solvers import finalize_plan
@@ -164,28 +162,6 @@ def test_module_level_offloaded_checkpoints():
     stats = run_and_compare(model, (ids,), g, plan, loss_fn=hf.logits_mean)
     assert stats.region_inputs > 0 and sorted(stats.packed_nodes) == list(plan.offload)
     assert stats.fetched_nodes == simulate(g, plan).offload_order
-
-
-def measured_with_host_tier(model: nn.Module, args: tuple, plan: Plan, *, loss_fn=None) -> int:
-    """The step peak a :class:`~autoremat.measure.LiveStorageCounter` measures with the CPU's host
-    tier on (offloaded storages leave the counted memory once a holder took them, and come back
-    when prefetched); gradients checked against the unpatched model."""
-    reference = copy.deepcopy(model)
-    torch.manual_seed(0)  # the U-Net has dropout
-    run_step(reference, args, loss_fn=loss_fn)
-    autoremat.apply(model, plan)
-    try:
-        offloader_of(model).host_tier = True
-        model.zero_grad(set_to_none=True)
-        counter = LiveStorageCounter()
-        torch.manual_seed(0)
-        with counter:
-            run_step(model, args, loss_fn=loss_fn)
-        assert offloader_of(model).stats.prefetched_ahead > 0
-    finally:
-        autoremat.restore(model)
-    assert gradients_equal(gradients(reference), gradients(model))
-    return counter.peak
 
 
 @pytest.mark.parametrize("name", ["unet", "densenet121"])

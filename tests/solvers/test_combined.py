@@ -67,3 +67,46 @@ def test_a_completion_that_cannot_fit_with_everything_offloaded_is_not_searched(
     plan = solve_combined(g, roomy)
     assert plan.predicted_peak_bytes is None or plan.predicted_peak_bytes <= roomy
     assert simulate(g, plan).peak_bytes <= roomy and (1,) in searched
+
+
+@pytest.mark.parametrize("fraction", [0.8, 0.6, 0.5])
+def test_saved_units_never_make_combined_slower(fraction: float):
+    """The H200's GPT-2 graph (module level, the blocks' own saved tensors offloadable): combined
+    with the units as candidates (default) is never predicted slower than without them, and
+    fits wherever it fits without; at 0.8x it offloads block internals at no predicted cost."""
+    g = Graph.from_json("benchmarks/results/nvidia-h200/offload_gpu/graph_gpt2.json")
+    budget = int(fraction * unoptimised_peak_bytes(g))
+    without = solve(g, budget, solver="combined", saved_units=False)
+    plan = solve(g, budget, solver="combined")
+    validate_plan(g, plan)
+    assert plan.predicted_extra_time_s <= without.predicted_extra_time_s + 1e-12
+    if fraction == 0.8:
+        assert plan.offload_saved and plan.predicted_extra_time_s < without.predicted_extra_time_s
+
+
+def test_saved_units_never_make_combined_slower_on_random_graphs():
+    """Seeded random DAGs whose nodes keep tensors of their own (ten times rich_dag's, meta device):
+    with the units combined is never predicted slower and meets every budget it met without them;
+    on some it is faster (the units hide behind compute where recomputation costs time)."""
+    import random
+
+    from _graphs import rich_dag
+
+    compared = faster = 0
+    for seed in range(4):
+        rng = random.Random(seed)
+        d = rich_dag(rng, rng.randint(10, 18))
+        for v in d.nodes:
+            d.nx.nodes[v]["extra_saved_bytes"] *= 10
+        g = Graph(d.nx, {**d.meta, "device": "meta", "bandwidth_bytes_per_s": rng.choice([50.0, 500.0])})
+        for frac in (0.7, 0.9):
+            budget = int(frac * unoptimised_peak_bytes(g))
+            try:
+                without = solve(g, budget, solver="combined", saved_units=False)
+            except InfeasibleBudgetError:
+                continue
+            plan = solve(g, budget, solver="combined")
+            assert plan.predicted_extra_time_s <= without.predicted_extra_time_s + 1e-12
+            compared += 1
+            faster += plan.predicted_extra_time_s < without.predicted_extra_time_s
+    assert compared >= 4 and faster >= 1

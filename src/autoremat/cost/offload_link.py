@@ -60,6 +60,12 @@ layer, §3; the runtime, :mod:`autoremat.runtime.offload`, does the same):
   more behind compute at more memory; the solvers choose the depth per plan.
 * *Partial transfers* (the paper's relaxed problem, Theorem 2) are not modelled: a storage moves
   whole.
+* *A node's own saved tensors* (``Plan.offload_saved``, unit ``-1 - v``: :mod:`autoremat.plan_offload`)
+  move as one unit of ``extra_saved_bytes``, held by the node alone: the copy out is issued when the
+  node's forward ends (after the copies of what it saves that its own forward was the first to
+  keep), on the same link and in the same order as every other copy; the unit is first used at
+  the node's backward, before the node's other saved storages (it sorts first among units of the
+  same first use), and freed when that backward ends.
 """
 
 from __future__ import annotations
@@ -88,13 +94,16 @@ class Link:
 class Offload:
     """The offloaded storages of one simulated step (see the module docstring).
 
-    ``waits``: explicit forward waits (node -> offloaded root); ``wait_limit``: derive them
-    instead, at nodes of ``wait_points``."""
+    ``waits``: explicit forward waits (node -> offloaded unit); ``wait_limit``: derive them
+    instead, at nodes of ``wait_points``. Units are node ids (output storages, ``targets``) and
+    ``-1 - v`` for the nodes ``v`` of ``units`` (their own saved tensors)."""
 
     def __init__(self, s: StepState, targets: set[int], bytes_per_s: float, *, waits: dict[int, int] | None = None,
                  wait_limit: int | None = None, wait_points: set[int] | None = None,
-                 order: tuple[int, ...] = (), depth: int = 1) -> None:
+                 order: tuple[int, ...] = (), depth: int = 1, units: frozenset[int] = frozenset()) -> None:
         self.s, self.g, self.targets = s, s.g, targets
+        self.units = units
+        """Nodes whose own saved tensors are offloaded (``Plan.offload_saved``; unit ``-1 - v``)."""
         self.out_link, self.in_link = Link(bytes_per_s), Link(bytes_per_s)
         self.clock = 0.0
         self.stall_s = 0.0
@@ -115,12 +124,21 @@ class Offload:
         """Forward node -> the last offloaded storage (in issue order) whose device copy is
         released just before it (its copy complete by then): where the runtime ties the release to
         the GPU's order (:func:`autoremat.solvers.finalize_plan`)."""
-        self.given_order = [self.g.root(v) for v in order]
+        self.given_order = [self.g.root(v) if v >= 0 else v for v in order]
         self.depth = max(1, int(depth))
         self.ahead = 0
         """How many storages of :attr:`order` (not yet used) are prefetched."""
         self.waiting: set[int] = set()
         """The storages of :attr:`order`, as a set."""
+
+    def store(self, r: int) -> Hashable:
+        """The ledger key of unit ``r``'s device storage: a node's output, or a node's own saved
+        tensors (``r < 0``: node ``-1 - r``)."""
+        return ("o", r) if r >= 0 else ("x", -1 - r)
+
+    def nbytes(self, r: int) -> int:
+        d = self.g.node(r if r >= 0 else -1 - r)
+        return int(d["alloc_bytes"] if r >= 0 else d["extra_saved_bytes"])
 
     # ------------------------------------------------------------------ forward
     def pack(self, r: int, holder: Hashable, use: int) -> None:
@@ -129,11 +147,11 @@ class Offload:
         self.holders.setdefault(r, {})[holder] = use
         if not first:
             return
-        nbytes = self.g.node(r)["alloc_bytes"]
+        nbytes = self.nbytes(r)
         _start, end = self.out_link.transfer(nbytes, self.clock)
         self.copied_at[r] = end
         self.offloaded_bytes += nbytes
-        self.s.addref(("o", r), ("xfer", r))
+        self.s.addref(self.store(r), ("xfer", r))
         self.pending.append((end, r))
 
     def advance(self, at: int | None = None) -> None:
@@ -145,7 +163,7 @@ class Offload:
         for end, r in self.pending:
             if end > self.clock:
                 break
-            self.s.decref(("o", r), ("xfer", r))
+            self.s.decref(self.store(r), ("xfer", r))
             done += 1
             if at is not None:
                 self.releases[at] = r  # the last in issue order covers the others
@@ -163,8 +181,8 @@ class Offload:
         excess = self.s.live + need_bytes - self.limit
         freed, last = 0, None
         for end, r in sorted(self.pending):
-            if self.s.refs[("o", r)] == {("xfer", r)}:  # its completion frees the device copy
-                freed += self.s.size[("o", r)]
+            if self.s.refs[self.store(r)] == {("xfer", r)}:  # its completion frees the device copy
+                freed += self.s.size[self.store(r)]
                 last = r
                 if freed >= excess:
                     break
@@ -207,11 +225,11 @@ class Offload:
     def _prefetch(self, r: int) -> None:
         if r in self.waiting:  # one more of ``order`` ahead
             self.ahead += 1
-        if ("o", r) in self.s.size:  # the copy out has not completed: the device copy serves
-            key: Hashable = ("o", r)
+        if self.store(r) in self.s.size:  # the copy out has not completed: the device copy serves
+            key: Hashable = self.store(r)
             self.ready_at[r] = self.clock
         else:
-            nbytes = self.g.node(r)["alloc_bytes"]
+            nbytes = self.nbytes(r)
             _start, end = self.in_link.transfer(nbytes, max(self.clock, self.copied_at[r]))
             self.ready_at[r] = end
             key = ("pf", r)
@@ -219,7 +237,7 @@ class Offload:
         self.keys[r] = key
         for holder in self.holders[r]:
             self.s.addref(key, holder)
-        self.s.touch(0, "prefetch", r)
+        self.s.touch(0, "prefetch", r if r >= 0 else -1 - r)
 
     def need(self, r: int) -> None:
         """A holder of ``r`` is about to use it: wait for its prefetch; on its first use, start

@@ -28,18 +28,15 @@ and who holds it:
   first use (they stay until the step ends), and frees its output gradient and saved tensors
   when it is done;
 * the measured transient workspace of each node (``fwd_temp_bytes``/``bwd_temp_bytes``) is
-  added on top while it runs.
-
-* offloaded storages (``plan.offload``) follow Beaumont et al.'s model on the DAG
-  (:mod:`.offload_link`): any storage the plan keeps for backward — saved by a node outside a
-  recomputed segment, or kept as the input of a recomputed segment (an offloaded checkpoint) —
-  is copied to host when its first holder takes it, on a link per direction that carries one
-  transfer at a time; its device memory is released once the copy is complete and forward no
-  longer reads it; the forward waits for copies where the plan says so (``plan.offload_waits``);
-  in backward the storages come back in order of first backward use, ``plan.offload_prefetch_depth``
-  prefetches ahead (default one), memory
-  reserved when a prefetch starts; a prefetch still running when its first use begins (a
-  saver's backward, or a region's replay) stalls the step.
+  added on top while it runs;
+* offloaded units follow Beaumont et al.'s model on the DAG (:mod:`.offload_link`): a storage the
+  plan keeps for backward (``plan.offload``: saved by a node outside a recomputed segment, or the
+  input of a recomputed segment, an offloaded checkpoint) or a node's own saved tensors
+  (``plan.offload_saved``) is copied to host when its first holder takes it, one transfer at a
+  time per direction; its device memory is released once the copy is complete and forward no
+  longer reads it; forward waits where ``plan.offload_waits`` says; backward brings the units back
+  in order of first use, ``plan.offload_prefetch_depth`` ahead, memory reserved when a prefetch
+  starts; a prefetch still running at its first use (a saver's backward, a replay) stalls the step.
 
 The step peak is relative to what was live when the step started (see DESIGN.md). Extra time
 is the forward time of every replayed node plus offload stalls (forward waits included); the
@@ -63,9 +60,7 @@ from .offload_link import Offload
 __all__ = ["Simulation", "simulate", "no_recompute_plan", "unoptimised_peak_bytes",
            "DEFAULT_BANDWIDTH_BYTES_PER_S", "StepLevels", "step_levels", "stops_before_running"]
 
-SegmentHook = Callable[[str, int, StepState], None]
-"""Called by the step at segment boundaries (see ``_run``)."""
-
+SegmentHook = Callable[[str, int, StepState], None]  # called at segment boundaries (see ``_run``)
 DEFAULT_BANDWIDTH_BYTES_PER_S = 12e9
 """Default host<->device bandwidth for offload (pinned copies over PCIe 4 x16 reach about this);
 a default, not a measurement: capture on a GPU measures it, or set it in ``graph.meta``."""
@@ -83,18 +78,15 @@ class Simulation:
     timeline: list[tuple[str, int, int]] = field(default_factory=list)
     """``(phase, node, live_bytes)`` after each event; phase is fwd, loss, recompute or bwd."""
     offload_stall_s: float = 0.0
-    """Time the step waits for offload transfers: forward waits for copies to host and backward
-    waits for prefetches (included in ``extra_time_s``)."""
+    """Time the step waits for transfers (forward: copies to host; backward: prefetches); in ``extra_time_s``."""
     offloaded_bytes: int = 0
-    offload_wait_s: float = 0.0
-    """The forward's part of ``offload_stall_s``."""
+    offload_wait_s: float = 0.0  # the forward's part of ``offload_stall_s``
     offload_waits: dict[int, int] = field(default_factory=dict)
-    """Forward waits derived from ``offload_wait_limit_bytes`` (node -> offloaded node)."""
+    """Forward waits derived from ``offload_wait_limit_bytes`` (node -> offloaded unit)."""
     offload_order: list[int] = field(default_factory=list)
-    """The offloaded nodes in the order backward first needed them."""
+    """The offloaded units (:mod:`autoremat.plan_offload`) in the order backward first needed them."""
     offload_releases: dict[int, int] = field(default_factory=dict)
-    """Forward node -> the last offloaded node (in issue order) whose device copy the step releases
-    just before that node runs, its copy to host complete (:attr:`.offload_link.Offload.releases`)."""
+    """Forward node -> the last unit (in issue order) whose device copy is released just before it."""
 
     @property
     def step_time_s(self) -> float:
@@ -156,6 +148,8 @@ class _Step:
     stops: list[int]
     """Per segment: the node whose backward starts its replay (-1: none, or not recomputed)."""
     ok: list[tuple[str, int]]  # node -> the key of the storage its output lives in (``_okey``)
+    units: frozenset[int] = frozenset()
+    """Nodes whose own saved tensors are offloaded (``plan.offload_saved``)."""
 
 
 def _run(g: Graph, plan: Plan, s: StepState, bandwidth_bytes_per_s: float | None,
@@ -188,19 +182,20 @@ def _step_of(g: Graph, plan: Plan, s: StepState, bandwidth_bytes_per_s: float | 
     where the caller has them)."""
     nd = [g.node(v) for v in g.nodes] if nd is None else nd
     offloaded = {g.root(v) for v in plan.offload}
+    units = frozenset(plan.offload_saved)
     rate = bandwidth_bytes_per_s or g.meta.get("bandwidth_bytes_per_s") or DEFAULT_BANDWIDTH_BYTES_PER_S
     off = Offload(s, offloaded, rate, waits=None if wait_limit is not None else plan.offload_waits,
                   wait_limit=wait_limit, wait_points=wait_points(g, plan) if wait_limit is not None else None,
-                  order=plan.offload_order, depth=plan.offload_prefetch_depth)
+                  order=plan.offload_order, depth=plan.offload_prefetch_depth, units=units)
     pos = {v: i for i, v in enumerate(v for seg in plan.segments for v in seg.nodes)}
     stops = [region_stop(g, seg) for seg in plan.segments]
-    return _Step(g, nd, plan, off, offloaded, pos, stops, [_okey(g, v) for v in g.nodes])
+    return _Step(g, nd, plan, off, offloaded, pos, stops, [_okey(g, v) for v in g.nodes], units)
 
 
 def _forward(s: StepState, st: _Step, si: int, seg: Segment) -> set[int]:
     """The forward of segment ``si``; returns its inputs (held by a recomputed segment until its
     backward is over: non-reentrant checkpoint keeps its inputs; an offloaded one in host memory)."""
-    g, nd, off, offloaded = st.g, st.nd, st.off, st.offloaded
+    g, nd, off, offloaded, units = st.g, st.nd, st.off, st.offloaded, st.units
     members = set(seg.nodes)
     inputs = {u for v in seg.nodes for u in g.pred(v) if u not in members}
     if seg.recompute:
@@ -215,7 +210,7 @@ def _forward(s: StepState, st: _Step, si: int, seg: Segment) -> set[int]:
         d = nd[v]
         if off.pending and off.pending[0][0] <= off.clock:  # else advance releases nothing
             off.advance(at=v)
-        if offloaded:
+        if offloaded or units:
             off.before_node(v, d["alloc_bytes"] * (d["alias_of"] is None) + d["extra_saved_bytes"] + d["fwd_temp_bytes"])
         if d["alias_of"] is None:
             alloc(("o", v), d["alloc_bytes"])
@@ -237,6 +232,8 @@ def _forward(s: StepState, st: _Step, si: int, seg: Segment) -> set[int]:
                     off.pack(root(u), ("s", v), st.pos[v])
                 else:
                     addref(okeys[u], ("s", v))
+            if v in units:  # its own saved tensors, one unit (Plan.offload_saved)
+                off.pack(-1 - v, ("s", v), st.pos[v])
         for u in pred(v):
             decref(okeys[u], ("f", v, u))
         s.maybe_free(ok)
@@ -302,6 +299,8 @@ def _backward_segment(s: StepState, st: _Step, si: int, inputs: set[int], tail: 
             extra_time += spent
             off.clock += spent
         if not seg.recompute and nd[v]["requires_grad"]:
+            if v in st.units:
+                off.need(-1 - v)  # first among what v's backward reads (offload_link's order)
             for u in nd[v]["saves"]:
                 if g.root(u) in offloaded:
                     off.need(g.root(u))
@@ -419,7 +418,9 @@ def _backward_node(s: StepState, g: Graph, nd: list[dict], v: int, *, recomputed
                 key = okeys[u]
             s.decref(key, holder)
         xkey = ("rx", v) if recomputed else ("x", v)
-        if xkey in s.size:
+        if not recomputed and v in off.units:  # the prefetched unit, or the device copy still there
+            s.decref(off.key(-1 - v), holder)
+        elif xkey in s.size:
             s.free(xkey)
     s.mark("bwd", v)
 

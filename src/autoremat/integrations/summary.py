@@ -36,7 +36,7 @@ def summarise(plan: Plan, graph: Graph | None, *, step_budget: int | None, resid
     stability = plan.options.get("stability") or {}
     return {
         "source": source, "solver": plan.solver, "segments": len(plan.segments),
-        "recomputed": len(plan.recompute_segments), "offloaded": len(plan.offload),
+        "recomputed": len(plan.recompute_segments), "offloaded": len(plan.offload) + len(plan.offload_saved),
         "graph_nodes": nodes, "graph_mode": mode, "time_source": times,
         "step_budget_bytes": step_budget, "budget_note": budget_note, "resident_bytes": resident,
         "least_budget_bytes": least, "unoptimised_peak_bytes": vanilla, "predicted_peak_bytes": predicted,

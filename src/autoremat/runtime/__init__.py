@@ -63,6 +63,7 @@ from .module_targets import module_targets as _module_targets
 from .offload import OffloadBegin, OffloadMark, OffloadWait, Offloader
 from .offload_forward import new_offloader as _new_offloader
 from .offload_forward import offloading_forward as _offloading_forward
+from .offload_saved import install_saved_units
 from .sharding import ShardingWatch, apply_fx_sharded, is_sharded, module_plan_fingerprint
 from .probed_call import ProbedCall
 from .region import REGION_MODES, CheckpointRegion, is_recomputing, stateful_buffers, tail_mark
@@ -451,7 +452,7 @@ def _apply_module(model: nn.Module, plan: Plan, names: list[str], regions: str) 
                                 "solve again")
     check_segments(plan, len(names), module_level=True)
     mods = dict(node_modules(model) if canonical is None else canonical)
-    if sharded and plan.offload:
+    if sharded and plan.offloads:
         raise PlanMismatchError("offload plans are not supported on FSDP-sharded models; solve without offload")
     for v in plan.offload:
         if names[v] not in mods:
@@ -461,10 +462,9 @@ def _apply_module(model: nn.Module, plan: Plan, names: list[str], regions: str) 
     state = _PatchState(plan=plan, had_instance_forward="forward" in model.__dict__,
                         instance_forward=model.__dict__.get("forward"), offloader=offloader)
     if offloader is not None:
+        install_saved_units(mods, names, plan.offload_saved, offloader, state.wrapped)
         for v in plan.offload:
-            path = names[v]
-            if path not in mods:
-                raise PlanMismatchError(f"plan offloads {path!r}, which is not a module call of {type(model).__name__}")
+            path = names[v]  # a module call: checked above
             state.hooks.append(mods[path].register_forward_pre_hook(
                 lambda _m, _a, v=v: offloader.begin_node(v)))
             state.hooks.append(mods[path].register_forward_hook(

@@ -86,7 +86,12 @@ class OffloadStats:
     region_inputs: int = 0
     """Inputs of recomputed regions kept on the host path (offloaded checkpoints)."""
     waits: list[tuple[int, int]] = field(default_factory=list)
-    """``(node the forward waited before, offloaded node waited for)``, in order."""
+    """``(node the forward waited before, offloaded unit waited for)``, in order."""
+    unit_bytes: dict[int, int] = field(default_factory=dict)
+    """Node -> bytes of its own saved tensors sent to the host as one unit (``Plan.offload_saved``)."""
+    unit_left_bytes: dict[int, int] = field(default_factory=dict)
+    """Node -> bytes its call saved that stay out of its unit: parameters, inputs, outputs (what
+    ``save_on_cpu`` would copy too; :mod:`autoremat.runtime.offload_saved`)."""
 
 
 class _Pending:
@@ -133,6 +138,11 @@ class _Packed:
         self.dtype, self.size, self.stride, self.offset = t.dtype, tuple(t.size()), tuple(t.stride()), t.storage_offset()
         self.tensor = t if keep else None  # CPU bookkeeping: the tensor itself
         h.holders += 1
+
+    def view(self, fetched: torch.Tensor) -> torch.Tensor:
+        """The saved tensor, over the storage backward reads (``fetched``)."""
+        return torch.empty(0, dtype=self.dtype, device=self.handle.device).set_(
+            fetched.untyped_storage(), self.offset, self.size, self.stride)
 
     def __del__(self) -> None:
         h = self.handle
@@ -362,8 +372,7 @@ class Offloader:
             return packed.tensor
         flat = self._fetch(h)
         self._note_use(h)
-        return torch.empty(0, dtype=packed.dtype, device=h.device).set_(
-            flat.untyped_storage(), packed.offset, packed.size, packed.stride)
+        return packed.view(flat)
 
     def _note_use(self, h: _Handle) -> None:
         if h.used:
@@ -394,6 +403,9 @@ class Offloader:
 
     def _start_fetch(self, h: _Handle) -> None:
         if h.fetched is not None:
+            return
+        if hasattr(h, "fetch_parts"):  # a node's own saved tensors (autoremat.runtime.offload_saved)
+            h.fetch_parts(self)
             return
         if h.device_ref is not None:  # the copy out has not been released: the device copy serves
             h.fetched = h.device_ref
@@ -430,7 +442,8 @@ class Offloader:
         if h.ready is not None:
             current.wait_event(h.ready)
         assert h.fetched is not None, "please report"
-        h.fetched.record_stream(current)
+        if isinstance(h.fetched, torch.Tensor):  # (a unit's device storages: made on this stream)
+            h.fetched.record_stream(current)
         return h.fetched
 
 

@@ -53,10 +53,16 @@ def _output_tensors(value: Any) -> list[torch.Tensor]:
 
 
 def new_offloader(plan: Plan) -> Offloader | None:
-    if not plan.offload:
+    if not plan.offloads:
         return None
+    if plan.offload_saved and plan.graph_mode != "module":
+        from ..errors import PlanMismatchError
+
+        raise PlanMismatchError(f"offload_saved names nodes {list(plan.offload_saved)[:5]} of a {plan.graph_mode!r} "
+                                "capture: a node's own saved tensors are offloaded around module calls; capture with "
+                                "mode='module', or offload the nodes' outputs instead (offload)")
     if not plan.offload_order:
-        logger.info("the plan offloads %d nodes but has no offload_order (it was not finalised by "
+        logger.info("the plan offloads %d units but has no offload_order (it was not finalised by "
                     "autoremat.solve); prefetching the storage whose holder was registered last first",
-                    len(plan.offload))
+                    len(plan.offload) + len(plan.offload_saved))
     return Offloader(plan.offload_order, plan.offload_waits, depth=plan.offload_prefetch_depth)

@@ -133,7 +133,7 @@ def snap_plan(plan: Plan, canon: CanonicalTrace) -> Plan:
     """``plan`` with its segments cut where an FSDP unit starts or ends (module docstring):
     the same graph, nodes and recompute choices; replay tails are dropped (a cut segment's tail
     is another one). Raises :class:`PlanMismatchError` for an offload plan."""
-    if plan.offload:
+    if plan.offloads:
         raise PlanMismatchError("offload plans are not supported on FSDP-sharded models (FSDP moves the parameters "
                                 "itself); solve without offload (solver other than 'combined'/'offload-*', or "
                                 "AutoRemat(offload=False))")

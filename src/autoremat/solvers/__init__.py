@@ -180,9 +180,9 @@ def finalize_plan(graph: Graph, plan: Plan, budget_bytes: int, solver: str,
     if plan.bandwidth_bytes_per_s is None:
         plan.bandwidth_bytes_per_s = plan.options.get("bandwidth_bytes_per_s")
     sim = simulate(graph, plan, check=False, record=False, bandwidth_bytes_per_s=plan.bandwidth_bytes_per_s)
-    if plan.offload and not plan.offload_order:  # what the runtime prefetches in (it has no graph)
+    if plan.offloads and not plan.offload_order:  # what the runtime prefetches in (it has no graph)
         plan.offload_order = tuple(sim.offload_order)
-    if plan.offload:  # releases in the GPU's order, where the simulator makes them (same prediction)
+    if plan.offloads:  # releases in the GPU's order, where the simulator makes them (same prediction)
         plan.offload_waits = release_waits(graph, plan, sim.offload_releases)
     plan.predicted_peak_bytes = sim.peak_bytes
     plan.predicted_extra_time_s = sim.extra_time_s

@@ -28,6 +28,11 @@ et al., see :mod:`autoremat.cost.offload_link` for the transfer model):
    not searched further: on the H200 graphs of ``benchmarks/results/nvidia-h200/offload_gpu`` that
    set's peak was every search's least, and on seeded random graphs 2 of 3,596 such searches found
    a fitting set (a heuristic). Only the fastest completion is pruned (offload-dag's step 6).
+3b. *The nodes' own saved tensors* (``saved_units``, default on; ``Plan.offload_saved``: a module
+   call's internal activations as one unit, :mod:`autoremat.plan_offload`): where some candidate
+   keeps nodes with such tensors, step 3 runs again with them among the offload candidates of every
+   candidate (with recomputation: some calls recomputed, others' internals in host memory). Step 3
+   without them ran first, unchanged, so the result is never predicted slower than without them.
 4. *Offload alone*: the plan of ``offload-dag`` (with its chain seeds and prefetch depths).
 5. The fitting plan with the least predicted step time wins. The plain recomputation plans at
    the target and the offload-only plan are candidates, so the result is never predicted slower
@@ -45,13 +50,14 @@ among all candidates tried.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
 from ..cost import no_recompute_plan, simulate, unoptimised_peak_bytes
 from ..errors import InfeasibleBudgetError
 from ..graph import Graph
-from ..plan import Plan, offloadable_nodes, region_stop, segments_from_lower_sets
+from ..plan import Plan, region_stop, saved_unit_nodes, segments_from_lower_sets
 from ._config import SolverConfig
 
 __all__ = ["solve_combined", "offload_allowed", "CombinedConfig", "checkpoint_plans"]
@@ -74,6 +80,8 @@ class CombinedConfig(SolverConfig):
         "help": "host<->device bandwidth (default graph.meta's, else the simulator's default)"})
     offload: bool | str = field(default="auto", metadata={
         "help": "True, False, or 'auto' (offload on CUDA and meta captures)"})
+    saved_units: bool = field(default=True, metadata={
+        "help": "also offload module calls' own saved tensors, one unit per call (Plan.offload_saved)"})
 
 
 def offload_allowed(graph: Graph, config: dict[str, Any]) -> bool:
@@ -153,10 +161,38 @@ def _region_inputs(graph: Graph, plan: Plan) -> list[int]:
     return sorted(r for r in out if graph.node(r)["alloc_bytes"] > 0)
 
 
+def _complete(graph: Graph, budget_bytes: int, cfg: dict[str, Any], bandwidth: float,
+              judged: list[tuple[tuple[int, float], Plan]], judge: Callable[[Plan], Any],
+              best_time: Callable[[], float], least: list[int], units: bool) -> None:
+    """Step 3 on the candidates ``judged`` (``units``: with the nodes' own saved tensors as offload
+    candidates too, step 3b); completions go to ``judge``, least peaks of searches to ``least``."""
+    from .offload_dag import OffloadSearch, offload_candidates, search_offloads
+
+    completed: list[tuple[float, OffloadSearch]] = []
+    for (peak, recompute_s), base in sorted(judged, key=lambda x: x[0][1]):
+        if peak <= budget_bytes or recompute_s >= best_time():
+            continue
+        search = OffloadSearch(graph, base, budget_bytes, bandwidth)
+        if search.judge(offload_candidates(graph, base, units)).peak > budget_bytes:
+            least.append(search.least_peak if search.least_peak is not None else peak)
+            continue  # even everything offloaded does not fit: no set is searched (module docstring)
+        search_offloads(search, int(cfg["offload_grid"]), 0, seeds=[_region_inputs(graph, base)], prune=False,
+                        units=units)
+        least.append(search.least_peak if search.least_peak is not None else peak)
+        best = search.best()
+        if best is not None:
+            judge(search.plan_of(best))
+            completed.append((best.time, search))
+    if completed:  # step 3's pruning, on the fastest completion only (it rarely changes the order)
+        search = min(completed, key=lambda c: c[0])[1]
+        search.prune()
+        judge(search.plan_of(search.best()))
+
+
 def solve_combined(graph: Graph, budget_bytes: int, *, config: dict[str, Any] | CombinedConfig | None = None
                    ) -> Plan:
     from .beaumont import offload_bandwidth
-    from .offload_dag import OffloadSearch, search_offloads, solve_offload_dag
+    from .offload_dag import solve_offload_dag
 
     cfg = CombinedConfig.parse(config).as_dict()
     allow = offload_allowed(graph, cfg)
@@ -178,33 +214,19 @@ def solve_combined(graph: Graph, budget_bytes: int, *, config: dict[str, Any] | 
         candidates += checkpoint_plans(graph, int(cfg["checkpoint_steps"]))
     judged = [(judge(p), p) for p in candidates]
     if allow:
-        completed: list[tuple[float, OffloadSearch]] = []
-        for (peak, recompute_s), base in sorted(judged, key=lambda x: x[0][1]):
-            if peak <= budget_bytes or recompute_s >= best_time():
-                continue
-            search = OffloadSearch(graph, base, budget_bytes, bandwidth)
-            if search.judge(offloadable_nodes(graph, base)).peak > budget_bytes:
-                least.append(search.least_peak if search.least_peak is not None else peak)
-                continue  # even everything offloaded does not fit: no set is searched (module docstring)
-            search_offloads(search, int(cfg["offload_grid"]), 0, seeds=[_region_inputs(graph, base)], prune=False)
-            least.append(search.least_peak if search.least_peak is not None else peak)
-            best = search.best()
-            if best is not None:
-                judge(search.plan_of(best))
-                completed.append((best.time, search))
-        if completed:  # step 3's pruning, on the fastest completion only (it rarely changes the order)
-            search = min(completed, key=lambda c: c[0])[1]
-            search.prune()
-            judge(search.plan_of(search.best()))
+        _complete(graph, budget_bytes, cfg, bandwidth, judged, judge, best_time, least, units=False)
+        if cfg["saved_units"] and any(saved_unit_nodes(graph, p) for _, p in judged):
+            _complete(graph, budget_bytes, cfg, bandwidth, judged, judge, best_time, least, units=True)
         try:
-            judge(solve_offload_dag(graph, budget_bytes, config={"bandwidth_bytes_per_s": bandwidth, "offload": True}))
+            judge(solve_offload_dag(graph, budget_bytes, config={"bandwidth_bytes_per_s": bandwidth, "offload": True,
+                                                                 "saved_units": bool(cfg["saved_units"])}))
         except InfeasibleBudgetError as err:
             if err.min_budget_bytes is not None:
                 least.append(int(err.min_budget_bytes))
     fits = [t for t in tried if t[0] <= budget_bytes]
     if not fits:
         raise InfeasibleBudgetError(budget_bytes, min([t[0] for t in tried] + least), solver="combined")
-    fits.sort(key=lambda t: (t[1], t[0], len(t[2].offload)))
+    fits.sort(key=lambda t: (t[1], t[0], len(t[2].offload) + len(t[2].offload_saved)))
     best = fits[0][2]
     best.solver = "combined"
     best.options = {**best.options, "offload_allowed": allow, "bandwidth_bytes_per_s": bandwidth}

@@ -40,6 +40,11 @@ graphs), so a set that cannot fit costs one simulation.
    while the plan still fits and is no slower (fewer copies free the links), each trial judged at
    the set's own prefetch depth (the pruned set at every depth).
 7. The fitting plan with the least predicted step time wins (then fewer offloaded bytes).
+8. *The nodes' own saved tensors* (``saved_units``, default on; ``Plan.offload_saved``: a module
+   call's internal activations, one unit each, :mod:`autoremat.plan_offload`): where the base plan
+   has such candidates, steps 3-6 run again with them beside the storages (each unit in the
+   production order right after its node), on the same judged sets; steps 3-6 without them ran
+   first, unchanged, so the plan is never predicted slower than without them (a wider search).
    Infeasible: :class:`~autoremat.errors.InfeasibleBudgetError` with the least simulated peak
    of every plan judged.
 
@@ -68,9 +73,10 @@ from ..cost import no_recompute_plan, simulate
 from ..errors import InfeasibleBudgetError
 from ..graph import Graph
 from ..plan import Plan, offloadable_nodes, region_stop
+from ..plan_offload import saved_unit, saved_unit_nodes, unit_bytes, unit_node
 from ._config import SolverConfig
 
-__all__ = ["solve_offload_dag", "OffloadDagConfig", "OffloadSearch", "slack_windows"]
+__all__ = ["solve_offload_dag", "OffloadDagConfig", "OffloadSearch", "slack_windows", "offload_candidates"]
 
 logger = logging.getLogger(__name__)
 
@@ -92,6 +98,8 @@ class OffloadDagConfig(SolverConfig):
     waits: bool = field(default=True, metadata={"help": "judge every set with derived forward waits too"})
     prefetch_depths: tuple[int, ...] = field(default=(1, 2, 4), metadata={
         "help": "prefetch depths (storages fetched ahead of their first backward use) every set is judged at"})
+    saved_units: bool = field(default=True, metadata={
+        "help": "also offload module calls' own saved tensors, one unit per call (Plan.offload_saved)"})
 
 
 @dataclass
@@ -179,10 +187,11 @@ class OffloadSearch:
             return (a.time, a.offloaded, len(a.waits), a.depth) < (b.time, b.offloaded, len(b.waits), b.depth)
         return (a.peak, a.depth) < (b.peak, b.depth)
 
-    def _plan(self, nodes: tuple[int, ...], waits: dict[int, int], depth: int = 1) -> Plan:
+    def _plan(self, units: tuple[int, ...], waits: dict[int, int], depth: int = 1) -> Plan:
+        """The base plan offloading ``units`` (node outputs, and ``-1 - v``: node ``v``'s own saved tensors)."""
         return Plan(list(self.base.segments), solver=self.base.solver, options=dict(self.base.options),
-                    offload=nodes, offload_waits=dict(waits), replay_tails=dict(self.base.replay_tails),
-                    offload_prefetch_depth=depth)
+                    offload=tuple(u for u in units if u >= 0), offload_saved=tuple(-1 - u for u in units if u < 0),
+                    offload_waits=dict(waits), replay_tails=dict(self.base.replay_tails), offload_prefetch_depth=depth)
 
     def best(self) -> _Judged | None:
         fits = [j for j in self.seen.values() if j.peak <= self.budget]
@@ -224,7 +233,7 @@ class OffloadSearch:
         if cur is None:
             return
         nodes = list(cur.nodes)
-        for r in sorted(cur.nodes, key=lambda v: -self.graph.node(v)["alloc_bytes"]):
+        for r in sorted(cur.nodes, key=lambda u: (-unit_bytes(self.graph, u), u)):
             trial = tuple(v for v in nodes if v != r)
             j = self.seen.get(trial) or self._judge_at(trial, (cur.depth,) if trial else (1,))
             if j.peak <= self.budget and j.time <= cur.time:
@@ -265,15 +274,27 @@ def slack_windows(graph: Graph, plan: Plan) -> dict[int, float]:
                 first = pos[seg.nodes[0]] - 1
                 keep[r] = min(keep.get(r, first), first)
                 use[r] = max(use.get(r, pos[stop]), pos[stop])
+    for v in saved_unit_nodes(graph, plan):  # its own saved tensors: from its forward to its backward
+        keep[saved_unit(v)] = use[saved_unit(v)] = pos[v]
     return {r: total_fwd - (fwd_end[keep[r]] if keep[r] >= 0 else 0.0) + bwd_after[use[r] + 1]
-            for r in offloadable_nodes(graph, plan) if r in keep}
+            for r in offload_candidates(graph, plan) if r in keep}
 
 
-def candidate_orders(graph: Graph, plan: Plan, bandwidth: float) -> list[list[int]]:
+def offload_candidates(graph: Graph, plan: Plan, units: bool = True) -> list[int]:
+    """The units ``plan`` may offload in production order: the storages it keeps for backward
+    (:func:`~autoremat.plan.offloadable_nodes`) and, with ``units``, the own saved tensors of its
+    nodes (``-1 - v``: :func:`~autoremat.plan.saved_unit_nodes`), each right after its node."""
+    cands = list(offloadable_nodes(graph, plan))
+    if units:
+        cands += [saved_unit(v) for v in saved_unit_nodes(graph, plan)]
+    return sorted(cands, key=lambda u: (unit_node(u), u < 0))
+
+
+def candidate_orders(graph: Graph, plan: Plan, bandwidth: float, units: bool = False) -> list[list[int]]:
     """Step 4's orders of the candidates: production, slack, hideable by size."""
-    cands = sorted(offloadable_nodes(graph, plan))
+    cands = offload_candidates(graph, plan, units)
     window = slack_windows(graph, plan)
-    size = {r: int(graph.node(r)["alloc_bytes"]) for r in cands}
+    size = {r: unit_bytes(graph, r) for r in cands}
     trip = {r: 2 * size[r] / bandwidth for r in cands}
     slack = sorted(cands, key=lambda r: (-(window.get(r, 0.0) / max(trip[r], 1e-30)), r))
     hideable = sorted((r for r in cands if trip[r] <= window.get(r, 0.0)), key=lambda r: (-size[r], r))
@@ -281,16 +302,17 @@ def candidate_orders(graph: Graph, plan: Plan, bandwidth: float) -> list[list[in
 
 
 def search_offloads(search: OffloadSearch, grid: int, exhaustive_up_to: int,
-                    seeds: Sequence[Sequence[int]] = (), prune: bool = True) -> None:
+                    seeds: Sequence[Sequence[int]] = (), prune: bool = True, units: bool = False) -> None:
     """Steps 3-6 of the module docstring on ``search``'s base plan (``prune=False``: 3-5 only;
-    the caller prunes the search it keeps, :meth:`OffloadSearch.prune`)."""
+    the caller prunes the search it keeps, :meth:`OffloadSearch.prune`); ``units``: the
+    candidates include the nodes' own saved tensors (step 8)."""
     graph, base = search.graph, search.base
-    cands = sorted(offloadable_nodes(graph, base))
+    cands = offload_candidates(graph, base, units)
     search.judge(())
     if len(cands) <= exhaustive_up_to:
         search.exhaustive(cands)
     else:
-        for order in candidate_orders(graph, base, search.bandwidth):
+        for order in candidate_orders(graph, base, search.bandwidth, units):
             search.prefixes(order, grid)
     for seed in seeds:
         search.judge([v for v in seed if v in set(cands)])
@@ -338,10 +360,13 @@ def solve_offload_dag(graph: Graph, budget_bytes: int, *,
         raise offload_refused(graph, cfg, budget, vanilla.peak, "offload-dag")
     seeds = chain_seed_sets(graph, budget, list(cfg["chain_seeds"]), {**cfg, "bandwidth_bytes_per_s": bandwidth})
     search_offloads(search, int(cfg["prefix_grid"]), int(cfg["exhaustive_up_to"]), seeds)
+    units = bool(cfg["saved_units"]) and bool(saved_unit_nodes(graph, base))
+    if units:  # step 8: the same search with the nodes' own saved tensors as candidates too
+        search_offloads(search, int(cfg["prefix_grid"]), int(cfg["exhaustive_up_to"]), units=True)
     best = search.best()
     if best is None:
         raise InfeasibleBudgetError(budget, search.least_peak, solver="offload-dag")
-    opts.update(candidates=len(offloadable_nodes(graph, base)), judged=len(search.seen))
+    opts.update(candidates=len(offload_candidates(graph, base, units)), judged=len(search.seen))
     return _finish(search, best, "offload-dag", opts)
 
 

@@ -53,7 +53,7 @@ _SHIFTS = (1, -1, 2, -2, 3, -3, 4, -4, 6, -6, 8, -8, 12, -12, 16, -16)
 def _ranges(graph: Graph, plan: Plan) -> tuple[list[int], list[bool]] | None:
     """``(starts, recompute flags)`` of ``plan``'s segments where they are contiguous ranges of
     node ids covering the graph in order, else ``None``."""
-    if plan.offload or any(s.keep for s in plan.segments):
+    if plan.offloads or any(s.keep for s in plan.segments):
         return None
     starts, flags, nxt = [], [], 0
     for seg in plan.segments:

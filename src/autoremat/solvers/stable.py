@@ -97,7 +97,7 @@ def stable_plan(graph: Graph, measured: Plan, solve_bytes: Callable[[Graph], Pla
     if not (isinstance(tolerance, (int, float)) and not isinstance(tolerance, bool) and 0 <= tolerance < 1):
         raise ValueError(f"noise_tolerance={tolerance!r} must be a fraction in [0, 1) of the step time "
                          f"(default {DEFAULT_NOISE_TOLERANCE}; 0 keeps the fastest measured plan)")
-    if tolerance == 0 or not is_measured(graph) or not (measured.recompute_segments or measured.offload):
+    if tolerance == 0 or not is_measured(graph) or not (measured.recompute_segments or measured.offloads):
         return measured  # deterministic times, or nothing recomputed (nothing faster exists)
     noise = float(graph.meta.get("time_noise") or 0.0)
     try:

@@ -1,0 +1,243 @@
+"""A module call's own saved tensors in host memory, as one unit (``Plan.offload_saved``).
+
+``torch.autograd.graph.save_on_cpu`` scoped to one module call, on the offloader's streams and in
+its prefetch order (:mod:`autoremat.runtime.offload`; the model: :mod:`autoremat.cost.offload_link`,
+unit ``-1 - v`` of node ``v``, :mod:`autoremat.plan_offload`).
+
+The call runs inside a ``saved_tensors_hooks`` scope whose pack hook only collects what autograd
+saves. When the call returns, each collected tensor is sorted:
+
+* **left where it is** (handed to the offloader's own pack hook, as if no scope were open): a
+  parameter or buffer of the module (or a view of one: same storage), a tensor in the call's
+  arguments or its output (or a view of one). These are not the node's own saved tensors: the
+  capture counts them as resident, or as node outputs (``Graph.node(v)["saves"]``), which the
+  plan offloads on their own (``Plan.offload``) or keeps. ``save_on_cpu`` copies them too:
+  weights every step, and a block's input once per block that saves it
+  (:attr:`~autoremat.runtime.offload.OffloadStats.unit_left_bytes` counts what is not copied);
+* **the unit**: everything else (the call's internal activations), each storage once. On CUDA
+  they are copied, in the order saved, into one pinned host buffer on the device-to-host stream
+  (after the call's work; each storage at an offset aligned to 16 bytes) and released once the
+  copy has completed, like any offloaded storage; in backward the unit comes back in the plan's
+  prefetch order into one device buffer per storage (reserved when the prefetch starts), each
+  saved tensor unpacked as a view of its storage's buffer, and each buffer freed once autograd
+  has released the last tensor saved in it (as without the offload). Where the copy out
+  has not been released when backward needs the unit, the device storages serve (no transfer). On
+  a CPU-only machine the unit is exact bookkeeping (tensors kept as they are), and with the host
+  tier (``Offloader.host_tier``) a numpy copy the storage counters do not see, copied back when
+  prefetched.
+
+Copying at the end of the call is the simulator's point (the node's forward ends); a call that
+runs again in the same step (the same module used twice) makes a unit per call.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+import torch
+from torch import nn
+
+from .offload import Offloader, _flat, _Handle, _Packed, _tensors, active_offloader
+
+__all__ = ["SavedCall", "install_saved_units"]
+
+_ALIGN = 16
+"""Byte alignment of each storage in a unit's buffer (any dtype's element size divides it)."""
+
+
+class _Save:
+    """One tensor autograd saved inside the scope: until the call returns, the tensor; then its
+    packed form (the unit's, or what the offloader's own pack hook made of it)."""
+
+    __slots__ = ("tensor", "packed", "__weakref__")
+
+    def __init__(self, t: torch.Tensor) -> None:
+        self.tensor: torch.Tensor | None = t
+        self.packed: Any = None
+
+
+class _UnitHandle(_Handle):
+    """A unit: its storages' sizes and places in the host buffer; in backward one device buffer per
+    storage (``fetched``: a list), each freed once autograd has released the last tensor saved in
+    it, as without the offload (the capture's backward workspace is measured with the node's saved
+    tensors freed one by one); the host buffer goes with the last."""
+
+    __slots__ = ("bases", "part_bytes", "part_holders")
+
+    def __init__(self, node: int, device: torch.device, storage: Any, bases: list[int], part_bytes: list[int],
+                 total: int) -> None:
+        super().__init__(node, total, device, storage)
+        self.bases, self.part_bytes = bases, part_bytes
+        self.part_holders = [0] * len(bases)
+
+    def fetch_parts(self, off: Offloader) -> None:
+        """Start bringing the unit back (the offloader's prefetch, :meth:`Offloader._start_fetch`)."""
+        if self.device_ref is not None:  # the copy out has not been released: the device storages serve
+            self.fetched = self.device_ref  # type: ignore[assignment]
+            return
+        assert self.host is not None, "offloaded unit without a host copy, please report"
+        if self.device.type != "cuda":  # the CPU's host tier: copies the storage counters see
+            parts = [self.host[b:b + n].clone() for b, n in zip(self.bases, self.part_bytes)]
+            self.fetched = parts  # type: ignore[assignment]
+            return
+        stream = off._stream("in", self.device)
+        bufs = [torch.empty(n, dtype=torch.uint8, device=self.device) for n in self.part_bytes]
+        stream.wait_stream(torch.cuda.current_stream(self.device))  # (see Offloader._start_fetch)
+        with torch.cuda.stream(stream):
+            stream.wait_event(self.copy_done)
+            for buf, b, n in zip(bufs, self.bases, self.part_bytes):
+                buf.copy_(self.host[b:b + n], non_blocking=True)
+            self.ready = torch.cuda.Event()
+            self.ready.record(stream)
+        for buf in bufs:
+            buf.record_stream(stream)
+        self.fetched = bufs  # type: ignore[assignment]
+
+
+class _UnitPacked(_Packed):
+    """A saved tensor of a unit: which of the unit's storages it is in."""
+
+    __slots__ = ("part",)
+
+    def __init__(self, h: _UnitHandle, t: torch.Tensor, keep: bool, part: int) -> None:
+        super().__init__(h, t, keep)
+        self.part = part
+        h.part_holders[part] += 1
+
+    def view(self, fetched: Any) -> torch.Tensor:
+        return torch.empty(0, dtype=self.dtype, device=self.handle.device).set_(
+            fetched[self.part].untyped_storage(), self.offset, self.size, self.stride)
+
+    def __del__(self) -> None:
+        h = self.handle
+        h.part_holders[self.part] -= 1
+        if h.part_holders[self.part] == 0 and h.used and isinstance(h.fetched, list):
+            h.fetched[self.part] = None
+        super().__del__()
+
+
+def _unpack(save: _Save, offloader: Offloader) -> torch.Tensor:
+    assert save.packed is not None, "a saved tensor unpacked before its module call returned; please report"
+    return offloader._unpack(save.packed)
+
+
+class SavedCall:
+    """A module's ``forward`` whose own saved tensors are offloaded as unit ``-1 - node`` (see the
+    module docstring); outside a patched training forward it runs the module as it is."""
+
+    def __init__(self, forward: Any, module: nn.Module, offloader: Offloader, node: int) -> None:
+        self.forward, self.module, self.offloader, self.node = forward, module, offloader, node
+        self.active = True
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        off = self.offloader
+        if not self.active or not torch.is_grad_enabled() or active_offloader() is not off:
+            return self.forward(*args, **kwargs)
+        saves: list[_Save] = []
+
+        def pack(t: torch.Tensor) -> _Save:
+            saves.append(_Save(t))
+            return saves[-1]
+
+        with torch.autograd.graph.saved_tensors_hooks(pack, functools.partial(_unpack, offloader=off)):
+            out = self.forward(*args, **kwargs)
+        self._close(saves, (args, kwargs), out)
+        # autograd keeps the pack hook (this closure) with every tensor saved in the scope: emptied,
+        # it holds none of them, and each storage's buffer is freed when its own saves are released
+        saves.clear()
+        return out
+
+    def _close(self, saves: Sequence[_Save], inputs: Any, out: Any) -> None:
+        """Sort the call's saves (module docstring): the offloader's pack for what stays, then the unit."""
+        off = self.offloader
+        left = {t.untyped_storage()._cdata for t in (*_tensors(inputs), *_tensors(out))}
+        left |= {t.untyped_storage()._cdata for t in (*self.module.parameters(), *self.module.buffers())}
+        unit: list[_Save] = []
+        left_bytes: dict[int, int] = {}
+        for s in saves:
+            t = s.tensor
+            assert t is not None, "please report"
+            if t.untyped_storage()._cdata in left or off.owner_of(t) is not None:
+                left_bytes[t.untyped_storage()._cdata] = t.untyped_storage().nbytes()
+                s.packed, s.tensor = off._pack(t), None
+            else:
+                unit.append(s)
+        off.stats.unit_left_bytes[self.node] = off.stats.unit_left_bytes.get(self.node, 0) + sum(left_bytes.values())
+        if unit:
+            self._offload_unit(unit)
+
+    def _offload_unit(self, unit: Sequence[_Save]) -> None:
+        off = self.offloader
+        parts: list[torch.Tensor] = []  # one flat uint8 view per distinct storage, in the order saved
+        where: dict[int, tuple[int, int]] = {}  # storage key -> (part, byte offset in the buffer)
+        total = 0
+        for s in unit:
+            st = s.tensor.untyped_storage()  # type: ignore[union-attr]
+            if st._cdata not in where:
+                where[st._cdata] = (len(parts), total)
+                parts.append(_flat(s.tensor))  # type: ignore[arg-type]
+                total += -(-st.nbytes() // _ALIGN) * _ALIGN
+        first = unit[0].tensor
+        assert first is not None, "please report"
+        uid = -1 - self.node
+        part_bytes = [p.numel() for p in parts]
+        bases = [where[st][1] for st in sorted(where, key=lambda k: where[k][0])]
+        h = _UnitHandle(uid, first.device, first.untyped_storage(), bases, part_bytes, total)
+        off._tick += 1
+        h.tick = off._tick
+        off._all.append(h)
+        off._by_node[uid] = h
+        off.stats.packed_bytes += sum(part_bytes)
+        off.stats.packed_nodes.append(uid)
+        off.stats.unit_bytes[self.node] = off.stats.unit_bytes.get(self.node, 0) + sum(part_bytes)
+        cuda = first.device.type == "cuda"
+        if cuda:
+            _copy_out(off, h, parts, bases)
+        elif off.host_tier:  # a copy the storage counters do not see (see Offloader.host_tier)
+            host = np.zeros(total, dtype=np.uint8)
+            for p, b in zip(parts, bases):
+                host[b:b + p.numel()] = p.numpy()
+            h.host = torch.from_numpy(host)
+        keep = not cuda and not off.host_tier  # CPU bookkeeping: the tensors themselves
+        for s in unit:
+            t = s.tensor
+            assert t is not None, "please report"
+            s.packed, s.tensor = _UnitPacked(h, t, keep, where[t.untyped_storage()._cdata][0]), None
+        off.stats.saves += len(unit)
+        off._poll()
+
+
+def _copy_out(off: Offloader, h: _UnitHandle, parts: Sequence[torch.Tensor], bases: Sequence[int]) -> None:
+    """The unit's storages into one pinned host buffer on the device-to-host stream, after the
+    compute stream's work so far (the call's kernels); the device storages are held until done."""
+    stream = off._stream("out", h.device)
+    produced = torch.cuda.Event()
+    produced.record(torch.cuda.current_stream(h.device))
+    h.host = torch.empty(h.nbytes, dtype=torch.uint8, pin_memory=True)
+    with torch.cuda.stream(stream):
+        stream.wait_event(produced)
+        for p, b in zip(parts, bases):
+            h.host[b:b + p.numel()].copy_(p, non_blocking=True)
+        h.copy_done = torch.cuda.Event()
+        h.copy_done.record(stream)
+    h.device_ref = list(parts)  # type: ignore[assignment]
+
+
+def install_saved_units(mods: dict[str, nn.Module], names: Sequence[str], node_ids: Sequence[int],
+                        offloader: Offloader, wrapped: list[tuple[nn.Module, bool, Any, Any]]) -> None:
+    """Wrap the forward of each module call of ``node_ids`` (``Plan.offload_saved``) in a
+    :class:`SavedCall`; ``wrapped`` records it for :func:`autoremat.restore`."""
+    from ..errors import PlanMismatchError
+
+    for v in node_ids:
+        mod = mods.get(names[v])
+        if mod is None:
+            raise PlanMismatchError(f"plan offloads the saved tensors of {names[v]!r}, which is not a module call "
+                                    "of this model; capture it and solve again")
+        had = "forward" in mod.__dict__
+        call = SavedCall(mod.forward, mod, offloader, v)
+        wrapped.append((mod, had, mod.__dict__.get("forward"), call))
+        mod.__dict__["forward"] = call
