@@ -179,12 +179,6 @@ def _capture(
     if cache is not None:
         logger.debug("autoremat: meta capture: %d ops answered from the cache (%d by layout rules), %d run",
                      cache.hits, cache.rules.used, cache.misses)
-    cache_calls = dict(getattr(rec, "cache_calls", {}))
-    if cache_calls:
-        logger.warning("autoremat: %d module call(s) write a key/value cache (%s: %s) and are kept, not "
-                       "recomputed (a replay would write the cache twice); pass use_cache=False to the model, as "
-                       "gradient_checkpointing_enable() does, if the training step does not use the returned cache",
-                       len(cache_calls), next(iter(cache_calls)), next(iter(cache_calls.values())))
     time_source = ("flops" if count_flops else "none" if is_meta
                    else "cuda-events" if device.type == "cuda" else "perf_counter")
     meta = {
@@ -205,13 +199,24 @@ def _capture(
         # issue 26 (autoremat.capture.inplace): in-place ops run out of place; nodes pinned by one
         "out_of_place": list(gm.meta.get("autoremat_out_of_place", ())) if gm is not None else [],
         "pinned_by_mutation": dict(rec.pinned),
-        "pinned_by_cache": cache_calls,  # autoremat.capture.kv_cache
+        "pinned_by_cache": _cache_calls(rec),  # autoremat.capture.kv_cache
     }
     if rec.time_noise is not None:  # measured times: how much of them is interference (solvers.stable)
         meta["time_noise"] = round(float(rec.time_noise), 6)
     if getattr(rec, "call_op_start", None) is not None:  # blocks captured op by op
         meta.update(blocks="ops", call_op_start=dict(rec.call_op_start), pinned_regions=list(rec.pinned_regions))
     return _to_graph(rec, meta)
+
+
+def _cache_calls(rec: Recorder) -> dict[str, str]:
+    """The module calls kept because they write a key/value cache (:mod:`.kv_cache`), said once."""
+    calls = dict(getattr(rec, "cache_calls", {}))
+    if calls:
+        logger.warning("autoremat: %d module call(s) write a key/value cache (%s: %s) and are kept, not "
+                       "recomputed (a replay would write the cache twice); pass use_cache=False to the model, as "
+                       "gradient_checkpointing_enable() does, if the training step does not use the returned cache",
+                       len(calls), next(iter(calls)), next(iter(calls.values())))
+    return calls
 
 
 def _trace_and_profile(model: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any], mode: str, blocks: str,
