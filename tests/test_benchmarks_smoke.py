@@ -506,3 +506,15 @@ def test_offload_saved_benchmark_compares_with_and_without_units(tmp_path: Path,
     assert on["saved_units"] and on["peak_ratio"] <= 0.6 and on["units"] > 0 and off["least_ratio"] > 0.95
     text = (tmp_path / "offload_saved.md").read_text()
     assert "| 53.99 | offload-dag | 0.6 |" in text and "| 53.99 | combined | 0.6 |" in text
+
+
+def test_hf_breadth_runs_and_reports(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    pytest.importorskip("transformers")
+    hb = _load("hf_breadth", monkeypatch)
+    assert hb.main(["--names", "bloom", "--precision", "bf16", "--out", str(tmp_path)]) == 0
+    row = json.loads((tmp_path / "hf_breadth.json").read_text())["rows"][0]
+    assert "error" not in row and row["gradients_equal"] and 0.9 <= row["least_pred_over_meas"] <= 1.1, row
+    text = (tmp_path / "hf_breadth.md").read_text()
+    assert "| bloom | bf16 |" in text and "gradients equal: 1 of 1" in text
+    broken = hb.report([{"name": "x", "precision": "fp32", "error": "ValueError: no"}], "m")
+    assert "error: ValueError: no" in broken and "errors: 1" in broken

@@ -1,0 +1,123 @@
+"""More Hugging Face architectures, as a user would train them, beside :mod:`autoremat.zoo.hf`'s
+six families: default configs (the causal LMs keep ``use_cache=True``), small sizes, nothing
+downloaded. Each entry of :data:`CASES` builds ``(model, args, kwargs, loss_fn)``; the tests
+(``tests/zoo/test_hf_breadth.py``) and ``benchmarks/hf_breadth.py`` share them. ``transformers``
+is imported when an entry is built.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import torch
+
+__all__ = ["CASES", "build"]
+
+Case = tuple[torch.nn.Module, tuple[Any, ...], dict[str, Any], Callable[[Any], torch.Tensor]]
+
+
+class _Lazy:
+    """``transformers`` attribute access at build time (it is an optional dependency)."""
+
+    def __getattr__(self, name: str) -> Any:
+        import transformers
+
+        return getattr(transformers, name)
+
+
+T = _Lazy()
+V = 256
+def _ids(batch: int, seq: int, seed: int, low: int = 0) -> torch.Tensor:
+    return torch.randint(low, V, (batch, seq), generator=torch.Generator().manual_seed(seed))
+
+
+def _lm(out: Any) -> torch.Tensor:
+    return out.logits.float().mean()
+
+
+def _loss(out: Any) -> torch.Tensor:
+    return out.loss
+
+
+def _decoder(cls: str, cfg: str, **kw: Any) -> Callable[[], Case]:
+    def make() -> Case:
+        config = getattr(T, cfg)(vocab_size=V, **kw)
+        return getattr(T, cls)(config), (_ids(4, 64, 1),), {}, _lm
+    return make
+
+
+def _image(batch: int, size: int) -> torch.Tensor:
+    return torch.randn(batch, 3, size, size, generator=torch.Generator().manual_seed(6))
+
+
+LLAMA_LIKE = dict(hidden_size=64, intermediate_size=128, num_hidden_layers=3, num_attention_heads=4,
+                  num_key_value_heads=2)
+CASES: dict[str, Callable[[], Case]] = {
+    "qwen2": _decoder("Qwen2ForCausalLM", "Qwen2Config", **LLAMA_LIKE),
+    "mixtral": _decoder("MixtralForCausalLM", "MixtralConfig", **LLAMA_LIKE, num_local_experts=4,
+                        num_experts_per_tok=2),
+    "bloom": _decoder("BloomForCausalLM", "BloomConfig", hidden_size=64, n_layer=3, n_head=4),
+    "mistral": _decoder("MistralForCausalLM", "MistralConfig", **LLAMA_LIKE, sliding_window=16),
+    "gemma": _decoder("GemmaForCausalLM", "GemmaConfig", **{**LLAMA_LIKE, "num_key_value_heads": 1}, head_dim=16),
+    "phi3": _decoder("Phi3ForCausalLM", "Phi3Config", **LLAMA_LIKE, pad_token_id=0),
+    "gpt_neox": _decoder("GPTNeoXForCausalLM", "GPTNeoXConfig", hidden_size=64, intermediate_size=128,
+                         num_hidden_layers=3, num_attention_heads=4),
+    "falcon": _decoder("FalconForCausalLM", "FalconConfig", hidden_size=64, num_hidden_layers=3,
+                       num_attention_heads=4),
+    "gptj": _decoder("GPTJForCausalLM", "GPTJConfig", n_embd=64, n_layer=3, n_head=4, rotary_dim=8, n_positions=128,
+                     bos_token_id=0, eos_token_id=0),
+    "gpt2_labels": lambda: (T.GPT2LMHeadModel(T.GPT2Config(vocab_size=V, n_embd=64, n_layer=3, n_head=4,
+                                                           n_positions=128, bos_token_id=0, eos_token_id=0)),
+                            (_ids(4, 64, 1),), {"labels": _ids(4, 64, 1)}, _loss),
+    "distilbert": lambda: (T.DistilBertForMaskedLM(T.DistilBertConfig(vocab_size=V, dim=64, hidden_dim=128,
+                                                                      n_layers=3, n_heads=4)),
+                           (_ids(4, 64, 2),), {}, _lm),
+    "roberta": lambda: (T.RobertaForMaskedLM(T.RobertaConfig(vocab_size=V, hidden_size=64, intermediate_size=128,
+                                                             num_hidden_layers=3, num_attention_heads=4)),
+                        (_ids(4, 64, 2, low=3),), {}, _lm),
+    "deberta_v2": lambda: (T.DebertaV2ForMaskedLM(T.DebertaV2Config(
+        vocab_size=V, hidden_size=64, intermediate_size=128, num_hidden_layers=3, num_attention_heads=4,
+        relative_attention=True, position_buckets=16, pos_att_type=["p2c", "c2p"])), (_ids(4, 64, 2),), {}, _lm),
+    "bart": lambda: (T.BartForConditionalGeneration(T.BartConfig(
+        vocab_size=V, d_model=64, encoder_layers=2, decoder_layers=2, encoder_attention_heads=4,
+        decoder_attention_heads=4, encoder_ffn_dim=128, decoder_ffn_dim=128, max_position_embeddings=128)),
+        (_ids(4, 48, 4),), {"decoder_input_ids": _ids(4, 16, 5)}, _lm),
+    "whisper": lambda: (T.WhisperForConditionalGeneration(T.WhisperConfig(
+        vocab_size=V, d_model=64, encoder_layers=2, decoder_layers=2, encoder_attention_heads=4,
+        decoder_attention_heads=4, encoder_ffn_dim=128, decoder_ffn_dim=128, num_mel_bins=16,
+        max_source_positions=32, max_target_positions=32, pad_token_id=0, bos_token_id=0, eos_token_id=0,
+        decoder_start_token_id=0)),
+        (torch.randn(2, 16, 64, generator=torch.Generator().manual_seed(3)),), {"decoder_input_ids": _ids(2, 16, 5)},
+        _lm),
+    "swin": lambda: (T.SwinForImageClassification(T.SwinConfig(image_size=32, patch_size=2, embed_dim=16,
+                                                               depths=[2, 2], num_heads=[2, 4], window_size=4)),
+                     (_image(4, 32),), {}, _lm),
+    "convnext": lambda: (T.ConvNextForImageClassification(T.ConvNextConfig(hidden_sizes=[16, 32, 64, 64],
+                                                                           depths=[1, 1, 2, 1])),
+                         (_image(4, 64),), {}, _lm),
+    "clip": lambda: (T.CLIPModel(T.CLIPConfig(
+        text_config=dict(vocab_size=V, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                         num_attention_heads=4, bos_token_id=0, eos_token_id=2, pad_token_id=1),
+        vision_config=dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+                           image_size=32, patch_size=8), projection_dim=32)),
+        (), {"input_ids": _ids(4, 16, 1), "pixel_values": _image(4, 32), "return_loss": True}, _loss),
+    "segformer": lambda: (T.SegformerForSemanticSegmentation(T.SegformerConfig(
+        num_encoder_blocks=2, depths=[1, 1], sr_ratios=[2, 1], hidden_sizes=[16, 32], num_attention_heads=[1, 2],
+        decoder_hidden_size=32, num_labels=4, patch_sizes=[7, 3], strides=[4, 2])), (_image(2, 64),), {}, _lm),
+}
+"""Builders by name: decoders with rotary embeddings, grouped-query attention, sliding windows,
+ALiBi (Bloom), mixture of experts (Mixtral), parallel residuals (GPT-NeoX, GPT-J, Falcon); a GPT-2
+whose loss is computed inside ``forward`` (``labels``); encoders (DistilBERT, RoBERTa, DeBERTa-v2
+with relative attention); encoder-decoders (BART, Whisper); vision (Swin, ConvNeXt, SegFormer) and
+a two-tower model (CLIP)."""
+
+
+def build(name: str, *, seed: int = 0) -> Case:
+    """The model (train mode, seeded), example batch and loss function of :data:`CASES` ``name``."""
+    if name not in CASES:
+        raise ValueError(f"unknown architecture {name!r}; expected one of {sorted(CASES)}")
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        model, args, kwargs, loss = CASES[name]()
+    return model.train(), args, kwargs, loss
