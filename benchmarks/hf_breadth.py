@@ -16,6 +16,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
+import os
 import platform
 import sys
 import time
@@ -100,7 +101,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--out", type=Path, default=Path(__file__).parent / "results" / "cpu" / "hf_breadth")
     a = p.parse_args(argv)
     torch.set_num_threads(1)
-    machine = f"{platform.machine()}, {torch.get_num_threads()} thread, torch {torch.__version__}, CPU"
+    machine = (f"{platform.machine()}, {os.cpu_count()} cores (1 intra-op thread), CPU only, torch {torch.__version__}, "
+               f"load average {os.getloadavg()[0]:.1f} at the start")
     rows = []
     for name in a.names:
         for precision in a.precision:
