@@ -31,6 +31,7 @@ from ._recorder import NodeRecord, Recorder, Timer, classify_function, classify_
 from .blocks import BlockScopes, OpTimer, block_paths, share_times
 from .inplace import MutationLog
 from .kv_cache import cache_arguments
+from .lingering import Lingering
 from .signature import tensor_lines
 
 __all__ = ["node_modules", "module_fingerprint", "profile_modules", "time_modules"]
@@ -114,6 +115,20 @@ class _ModuleRecorder(Recorder):
         """Op nodes of blocks: node -> (block call, op index)."""
         if scopes is not None:  # a block call reads its inputs as one region (pinning)
             self.mutations = MutationLog(self._reader, self._is_module_reader)
+        self.lingering = Lingering() if scopes is not None else None
+
+    def own(self, t: torch.Tensor, v: int) -> None:
+        prev = self.owner.get(t.untyped_storage()._cdata)
+        super().own(t, v)
+        if self.lingering is not None:
+            if prev is not None and prev != v:
+                self.lingering.died(prev)
+            self.lingering.born(v)
+
+    def _disown(self, key: int, v: int) -> None:
+        if self.lingering is not None and self.owner.get(key) == v:
+            self.lingering.died(v)
+        super()._disown(key, v)
 
     def _reader(self) -> int | str | None:
         pseudo = self.scopes.pseudo_id() if self.scopes is not None else None
@@ -198,6 +213,7 @@ class _ModuleRecorder(Recorder):
                 self.mark_glue()
                 self._pending_glue.clear()  # input saves of the block's first op: read from its node
                 self.scopes.enter_block(path)
+                self.lingering.enter_call()
                 self.call_order.append(-len(self.scopes.block_calls))  # block call j: -(j + 1)
             elif self.depth == 0 and self.glue_enabled:
                 self.mark_glue()
@@ -282,6 +298,8 @@ class _ModuleRecorder(Recorder):
             self._packed.append((v, k, nb))
         self._pending_glue.clear()
         self.last_glue = v
+        if in_block:
+            self.lingering.after_op(v)
 
 
 def profile_modules(
@@ -342,6 +360,8 @@ def profile_modules(
     if scopes is not None:
         _settle_scopes(rec, scopes)
     rec.finish(param_bytes)
+    if rec.lingering is not None:
+        rec.lingering.apply(rec.nodes, rec.succs, rec.loss_saves)
     if time_fn is not None:
         time_fn(rec.nodes)
         return rec
