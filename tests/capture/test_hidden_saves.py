@@ -230,6 +230,5 @@ def test_python_locals_outliving_their_consumers_count_in_forward_and_replay() -
         peak = _amp_peak(model, x)
     finally:
         autoremat.restore(model)
-    # without the locals: unpatched 0.72x of measured. The replay measured here also runs the block's
-    # closing add (128 KiB), which the model's replay stops before: 0.953x
-    assert abs(plan.predicted_peak_bytes - peak) <= 0.06 * peak, (plan.predicted_peak_bytes, peak)
+    # without the locals the unpatched step was predicted at 0.72x of measured
+    assert abs(plan.predicted_peak_bytes - peak) <= 0.03 * peak, (plan.predicted_peak_bytes, peak)
