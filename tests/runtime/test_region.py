@@ -365,3 +365,50 @@ def test_replayed_batch_norm_skips_its_count_where_a_momentum_makes_it_unread(mo
     else:
         assert seen[1] is None
     assert patched.bn.num_batches_tracked is real and int(real) == 1
+
+
+class _TailBlock(nn.Module):
+    """Its last op (the residual add) saves nothing: an early-stopped replay never runs it."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.up, self.down = nn.Linear(32, 128), nn.Linear(128, 32)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x + self.down(torch.tanh(self.up(x)))
+
+
+def test_the_probing_step_replays_a_module_call_only_as_far_as_later_steps() -> None:
+    """A module-level region's first forward probes what it runs; its replay used to run to the end
+    (the closing add and its output, above the predicted peak) because the probe's verdict was not
+    known when the region was made. It is known before the replay: every step stops at the last
+    saved tensor, unless the forward ran an op that fills what it saves."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    from autoremat.runtime import is_recomputing
+
+    torch.manual_seed(0)
+    model = nn.Sequential(*[_TailBlock() for _ in range(4)])
+    x = torch.randn(512, 32)
+    graph = autoremat.capture(model, (x,), mode="module", blocks="module", repeats=1, warmup=0)
+    plan = autoremat.solve(graph, "min")
+    assert plan.recompute_segments
+    replayed: list[list[str]] = []
+
+    class Replayed(TorchDispatchMode):
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # type: ignore[no-untyped-def]
+            if is_recomputing():
+                replayed[-1].append(str(func))
+            return func(*args, **(kwargs or {}))
+
+    autoremat.apply(model, plan)
+    try:
+        for _ in range(2):
+            replayed.append([])
+            loss = model(x).sum()
+            with Replayed():
+                loss.backward()
+    finally:
+        autoremat.restore(model)
+    assert replayed[0] == replayed[1] and replayed[0], replayed
+    assert "aten.add.Tensor" not in replayed[0]

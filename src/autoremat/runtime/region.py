@@ -136,10 +136,12 @@ class _Frame:
                  "short", "tail", "tail_at", "sources", "whole", "offloaded")
 
     def __init__(self, replay: Callable[..., Any], stateful: list[tuple[nn.Module, str]], args: tuple[Any, ...],
-                 kwargs: dict[str, Any], preserve_rng: bool, stop: bool = True,
+                 kwargs: dict[str, Any], preserve_rng: bool, stop: bool | Callable[[], bool] = True,
                  short: Callable[..., Any] | None = None, params: tuple[torch.Tensor, ...] = ()) -> None:
         self.replay = replay
-        self.stop = stop  # stop the replay by an exception once it saved all (else it ends there)
+        # stop the replay by an exception once it saved all (else it ends there); a callable decides
+        # at the replay (a probing forward knows only once it has run: ProbedCall)
+        self.stop = stop
         # the replay without the region's tail (autoremat.replay_tail), returning the tail inputs;
         # while the tail runs in forward, ``tail`` holds those inputs and each tensor the tail saves
         # is traced to one of them (its index) or to a parameter (the tensor itself) in ``sources``;
@@ -206,7 +208,8 @@ class _Frame:
     def recompute(self) -> list[torch.Tensor | None]:
         if self.tail_at >= 0 and not self.whole:
             return self._recompute_short()
-        return self._replayed(self.replay, self.count if self.stop else -1)[0]
+        stop = self.stop() if callable(self.stop) else self.stop
+        return self._replayed(self.replay, self.count if stop else -1)[0]
 
     def _recompute_short(self) -> list[torch.Tensor | None]:
         """The replay without the tail; what the tail saved comes from its inputs (returned by
@@ -340,7 +343,7 @@ def tail_mark(*values: Any) -> None:
 
 
 def _run(fn: Callable[..., Any], replay: Callable[..., Any], stateful: list[tuple[nn.Module, str]],
-         preserve_rng: bool, args: tuple[Any, ...], kwargs: dict[str, Any], stop: bool = True,
+         preserve_rng: bool, args: tuple[Any, ...], kwargs: dict[str, Any], stop: bool | Callable[[], bool] = True,
          short: Callable[..., Any] | None = None, params: tuple[torch.Tensor, ...] = ()) -> Any:
     """:func:`recomputed_call`, with ``replay`` (same ops as ``fn``) run for recomputation; ``stop``:
     stop the replay by an exception once it saved what the forward saved (``False``: the replay

@@ -191,7 +191,7 @@ class SelectiveCall(ProbedCall):
         super().__init__(fn, stateful, "torch", params, where)
         self.keep = dict(keep)
 
-    def _call(self, rng: bool, stop: bool, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+    def _call(self, rng: bool, stop: bool | Callable[[], bool], args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
         context = functools.partial(_selective_contexts, self.stateful, self.params, self.keep, self.where)
         return checkpoint(self.fn, *args, use_reentrant=False, preserve_rng_state=rng, context_fn=context,
-                          early_stop=stop, **kwargs)
+                          early_stop=stop if isinstance(stop, bool) else False, **kwargs)
