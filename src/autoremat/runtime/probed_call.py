@@ -40,7 +40,7 @@ class ProbedCall:
         if self.probed is None:
             with SeededProbe() as probe:
                 # the replay stops early unless the forward ran an op that fills what it saves: known
-                # once the forward has run, before the replay (ran to its end: 1.05x the predicted peak on a test block)
+                # once the forward has run, before the replay (it ran to its end: 1.05x the prediction)
                 out = self._call(True, lambda: not probe.fills_saved, args, kwargs)
             self.probed = probe
             return out
