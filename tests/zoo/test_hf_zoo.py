@@ -89,3 +89,15 @@ def test_example_rejects_unknown_names_and_batches() -> None:
         hf.example("bert", batch=0)
     with pytest.raises(ValueError, match="kv_heads"):
         hf.llama(heads=4, kv_heads=3)
+
+
+def test_a_model_with_hf_gradient_checkpointing_enabled_is_refused_with_the_fix() -> None:
+    """Its captured step would already recompute (and a capture of DistilBERT's crashed on backward
+    ops it could not place): refused up front, naming gradient_checkpointing_disable()."""
+    ex = hf.example("bert")
+    ex.model.gradient_checkpointing_enable()
+    with pytest.raises(ValueError, match=r"gradient checkpointing enabled .*gradient_checkpointing_disable\(\)"):
+        autoremat.capture(ex.model, ex.args, ex.kwargs, loss_fn=ex.loss_fn, repeats=1, warmup=0)
+    ex.model.gradient_checkpointing_disable()
+    graph = autoremat.capture(ex.model, ex.args, ex.kwargs, loss_fn=ex.loss_fn, repeats=1, warmup=0)
+    assert len(graph) > 0

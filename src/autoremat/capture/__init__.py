@@ -93,6 +93,13 @@ def _validate(model: Any, args: Any, kwargs: Any, mode: str, loss_fn: Any) -> tu
         raise TypeError(f"loss_fn must be callable (outputs -> scalar tensor), got {type(loss_fn).__name__}")
     if not tensors_in((tuple(args), dict(kwargs))):
         raise TypeError("args/kwargs hold no tensor: pass an example batch, e.g. capture(model, (x,))")
+    checkpointing = next((n for n, m in model.named_modules() if getattr(m, "gradient_checkpointing", False) is True
+                          and hasattr(m, "_gradient_checkpointing_func")), None)
+    if checkpointing is not None:
+        raise ValueError(
+            f"{type(model).__name__} has Hugging Face gradient checkpointing enabled ({checkpointing or 'the model'}): "
+            "autoremat chooses what to recompute itself, and a capture of a step that already recomputes cannot be "
+            "planned. Call model.gradient_checkpointing_disable() before profiling (AutoRemat's plan replaces it)")
     return tuple(args), dict(kwargs)
 
 
