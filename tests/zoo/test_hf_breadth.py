@@ -15,43 +15,17 @@ import torch
 
 import autoremat
 from autoremat.cost import no_recompute_plan, simulate
-from autoremat.measure import LiveStorageCounter, gradients, gradients_equal, measure, run_step
+from autoremat.measure import LiveStorageCounter, gradients, gradients_equal
 
 pytest.importorskip("transformers")
+from _hf_exact import TOLERANCE, trains_exactly  # noqa: E402
 from autoremat.zoo.hf_breadth import CASES, build  # noqa: E402  (needs transformers)
 
-TOLERANCE = 0.10
 FAST = ["qwen2", "mixtral", "bloom"]
 
 
-def _grads(model: torch.nn.Module, args: tuple, kwargs: dict, loss: Any) -> dict:
-    torch.manual_seed(11)  # the same dropout masks in every run
-    run_step(model, args, kwargs, loss)
-    return gradients(model)
-
-
 def _check(name: str) -> None:
-    model, args, kwargs, loss = build(name)
-    graph = autoremat.capture(model, args, kwargs, loss_fn=loss, repeats=1, warmup=0)
-    vanilla = measure(model, args, kwargs, loss_fn=loss, steps=1, warmup=0).peak_bytes
-    predicted = simulate(graph, no_recompute_plan(graph)).peak_bytes
-    assert abs(predicted - vanilla) <= TOLERANCE * vanilla, (name, predicted, vanilla)
-    reference = _grads(model, args, kwargs, loss)
-    plans = [autoremat.solve(graph, "min")]
-    try:
-        plans.append(autoremat.solve(graph, "50%"))
-    except autoremat.InfeasibleBudgetError:
-        pass
-    for plan in plans:
-        autoremat.apply(model, plan)
-        try:
-            peak = measure(model, args, kwargs, loss_fn=loss, steps=1, warmup=0).peak_bytes
-            grads = _grads(model, args, kwargs, loss)
-        finally:
-            autoremat.restore(model)
-        assert gradients_equal(reference, grads), f"{name}: gradients changed under {plan.describe()}"
-        assert abs(plan.predicted_peak_bytes - peak) <= TOLERANCE * peak, (name, plan.predicted_peak_bytes, peak)
-        assert peak <= vanilla
+    trains_exactly(name, *build(name))
 
 
 @pytest.mark.parametrize("name", FAST)

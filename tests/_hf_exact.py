@@ -1,0 +1,59 @@
+"""One check for every Hugging Face model the tests train: capture, plans, apply; gradients bit for
+bit the unpatched model's and the step peak within 10 % of the prediction (CPU storage counter)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+import autoremat
+from autoremat.cost import no_recompute_plan, simulate
+from autoremat.measure import gradients, gradients_equal, measure, run_step
+
+TOLERANCE = 0.10
+
+
+def _grads(model: torch.nn.Module, args: tuple, kwargs: dict, loss: Any) -> dict:
+    torch.manual_seed(11)  # the same dropout masks in every run
+    run_step(model, args, kwargs, loss)
+    return gradients(model)
+
+
+def plans_at(graph: autoremat.Graph, fractions: tuple[float, ...]) -> list[autoremat.Plan]:
+    """Plans at these fractions of the predicted peak and at the least budget (a budget below the
+    least one gives the least plan instead), without repeats."""
+    plans: list[autoremat.Plan] = []
+    vanilla = simulate(graph, no_recompute_plan(graph)).peak_bytes
+    for budget in (*(int(f * vanilla) for f in fractions), 1):
+        try:
+            plan = autoremat.solve(graph, budget)
+        except autoremat.InfeasibleBudgetError as err:
+            assert err.min_budget_bytes is not None and err.min_budget_bytes > budget
+            plan = autoremat.solve(graph, err.min_budget_bytes)
+        if all(p.segments != plan.segments for p in plans):
+            plans.append(plan)
+    return plans
+
+
+def trains_exactly(name: str, model: torch.nn.Module, args: tuple, kwargs: dict, loss: Any,
+                   fractions: tuple[float, ...] = (0.5,)) -> autoremat.Graph:
+    """The check (module docstring) at :func:`plans_at` ``fractions``; returns the graph."""
+    graph = autoremat.capture(model, args, kwargs, loss_fn=loss, repeats=1, warmup=0)
+    vanilla = measure(model, args, kwargs, loss_fn=loss, steps=1, warmup=0).peak_bytes
+    predicted = simulate(graph, no_recompute_plan(graph)).peak_bytes
+    assert abs(predicted - vanilla) <= TOLERANCE * vanilla, (name, predicted, vanilla)
+    reference = _grads(model, args, kwargs, loss)
+    plans = plans_at(graph, fractions)
+    assert any(p.recompute_segments for p in plans), f"{name}: no plan recomputes anything"
+    for plan in plans:
+        autoremat.apply(model, plan)
+        try:
+            peak = measure(model, args, kwargs, loss_fn=loss, steps=1, warmup=0).peak_bytes
+            grads = _grads(model, args, kwargs, loss)
+        finally:
+            autoremat.restore(model)
+        assert gradients_equal(reference, grads), f"{name}: gradients changed under {plan.describe()}"
+        assert abs(plan.predicted_peak_bytes - peak) <= TOLERANCE * peak, (name, plan.predicted_peak_bytes, peak)
+        assert peak <= vanilla
+    return graph
