@@ -69,3 +69,13 @@ def test_architecture_under_bf16_autocast(name: str) -> None:
         autoremat.restore(model)
     assert gradients_equal(reference, grads)
     assert abs(plan.predicted_peak_bytes - peak) <= TOLERANCE * peak, (name, plan.predicted_peak_bytes, peak)
+
+
+def test_a_layer_shared_by_every_layer_is_said_to_be_kept() -> None:
+    """ALBERT runs one layer module for every layer: a plan wraps a module's forward, which would
+    recompute every call, so it is kept, and an infeasible budget says why."""
+    model, args, kwargs, loss = build("albert")
+    graph = autoremat.capture(model, args, kwargs, loss_fn=loss, repeats=1, warmup=0)
+    assert graph.meta["reused_modules"] == {"albert.encoder.albert_layer_groups.0": 4}
+    with pytest.raises(autoremat.InfeasibleBudgetError, match=r"run more than once per step .*4 calls"):
+        autoremat.solve(graph, "30%")

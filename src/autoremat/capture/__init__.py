@@ -207,6 +207,7 @@ def _capture(
         "out_of_place": list(gm.meta.get("autoremat_out_of_place", ())) if gm is not None else [],
         "pinned_by_mutation": dict(rec.pinned),
         "pinned_by_cache": _cache_calls(rec),  # autoremat.capture.kv_cache
+        "reused_modules": dict(getattr(rec, "reused", {})),  # called more than once: never recomputed
     }
     if rec.time_noise is not None:  # measured times: how much of them is interference (solvers.stable)
         meta["time_noise"] = round(float(rec.time_noise), 6)

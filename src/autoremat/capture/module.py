@@ -109,6 +109,8 @@ class _ModuleRecorder(Recorder):
         self.call_op_start: dict[str, int] | None = None
         """Blocks captured op by op: where each call region's op sequence starts."""
         self.pinned_regions: list[str] = []
+        self.reused: dict[str, int] = {}
+        """Node modules and blocks called more than once in the step (never recomputed): path -> calls."""
         self.cache_calls: dict[str, str] = {}
         """Calls handed a key/value cache (:mod:`autoremat.capture.kv_cache`): path -> argument."""
         self.block_of: dict[int, tuple[int, int]] = {}
@@ -357,6 +359,9 @@ def profile_modules(
         if r.kind != "glue" and r.op_index < 0 and (rec.calls.get(r.module_path, 0) > 1
                                                     or r.module_path in rec.cache_calls):
             r.recomputable = False
+    rec.reused = {p: n for p, n in rec.calls.items() if n > 1}  # modules run more than once: kept
+    if scopes is not None:
+        rec.reused.update({p: n for p, n in scopes.calls.items() if n > 1 and p in scopes.blocks})
     if scopes is not None:
         _settle_scopes(rec, scopes)
     rec.finish(param_bytes)

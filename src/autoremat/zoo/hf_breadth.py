@@ -73,6 +73,9 @@ CASES: dict[str, Callable[[], Case]] = {
     "distilbert": lambda: (T.DistilBertForMaskedLM(T.DistilBertConfig(vocab_size=V, dim=64, hidden_dim=128,
                                                                       n_layers=3, n_heads=4)),
                            (_ids(4, 64, 2),), {}, _lm),
+    "albert": lambda: (T.AlbertForMaskedLM(T.AlbertConfig(vocab_size=V, embedding_size=32, hidden_size=64,
+                                                          intermediate_size=128, num_hidden_layers=4,
+                                                          num_attention_heads=4)), (_ids(4, 64, 2),), {}, _lm),
     "roberta": lambda: (T.RobertaForMaskedLM(T.RobertaConfig(vocab_size=V, hidden_size=64, intermediate_size=128,
                                                              num_hidden_layers=3, num_attention_heads=4)),
                         (_ids(4, 64, 2, low=3),), {}, _lm),
@@ -108,8 +111,8 @@ CASES: dict[str, Callable[[], Case]] = {
 }
 """Builders by name: decoders with rotary embeddings, grouped-query attention, sliding windows,
 ALiBi (Bloom), mixture of experts (Mixtral), parallel residuals (GPT-NeoX, GPT-J, Falcon); a GPT-2
-whose loss is computed inside ``forward`` (``labels``); encoders (DistilBERT, RoBERTa, DeBERTa-v2
-with relative attention); encoder-decoders (BART, Whisper); vision (Swin, ConvNeXt, SegFormer) and
+whose loss is computed inside ``forward`` (``labels``); encoders (DistilBERT, ALBERT with one
+layer shared by all, RoBERTa, DeBERTa-v2 with relative attention); encoder-decoders (BART, Whisper); vision (Swin, ConvNeXt, SegFormer) and
 a two-tower model (CLIP)."""
 
 
