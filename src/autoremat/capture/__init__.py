@@ -205,9 +205,7 @@ def _capture(
         "loss_bwd_temp_bytes": int(rec.loss_bwd_temp_bytes),
         # issue 26 (autoremat.capture.inplace): in-place ops run out of place; nodes pinned by one
         "out_of_place": list(gm.meta.get("autoremat_out_of_place", ())) if gm is not None else [],
-        "pinned_by_mutation": dict(rec.pinned),
-        "pinned_by_cache": _cache_calls(rec),  # autoremat.capture.kv_cache
-        "reused_modules": dict(getattr(rec, "reused", {})),  # called more than once: never recomputed
+        **_kept_calls(rec),
     }
     if rec.time_noise is not None:  # measured times: how much of them is interference (solvers.stable)
         meta["time_noise"] = round(float(rec.time_noise), 6)
@@ -216,15 +214,18 @@ def _capture(
     return _to_graph(rec, meta)
 
 
-def _cache_calls(rec: Recorder) -> dict[str, str]:
-    """The module calls kept because they write a key/value cache (:mod:`.kv_cache`), said once."""
+def _kept_calls(rec: Recorder) -> dict[str, dict[str, Any]]:
+    """What capture keeps from recomputation, and why, for the graph's meta: nodes whose input is
+    written in place (:mod:`.inplace`), calls handed a key/value cache (:mod:`.kv_cache`, said once
+    here) and modules run more than once in the step."""
     calls = dict(getattr(rec, "cache_calls", {}))
     if calls:
         logger.warning("autoremat: %d module call(s) write a key/value cache (%s: %s) and are kept, not "
                        "recomputed (a replay would write the cache twice); pass use_cache=False to the model, as "
                        "gradient_checkpointing_enable() does, if the training step does not use the returned cache",
                        len(calls), next(iter(calls)), next(iter(calls.values())))
-    return calls
+    return {"pinned_by_mutation": dict(rec.pinned), "pinned_by_cache": calls,
+            "reused_modules": dict(getattr(rec, "reused", {}))}
 
 
 def _trace_and_profile(model: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any], mode: str, blocks: str,
