@@ -18,7 +18,9 @@ Decisions: a node of a recomputed segment saves nothing in forward (its replay s
 before its backward), so offloading its own saved tensors is refused, not ignored. At op level
 (fx captures) a node's own saved tensors are small (batch-norm statistics, dropout masks) and the
 runtime does not scope single ops: ``offload_saved`` is for module-level graphs (and graphs without
-a capture mode, for the solvers' tests).
+a capture mode, for the solvers' tests). Where blocks were captured op by op (``blocks="auto"``), a
+block's first node in ``offload_saved`` stands for its whole call: everything the block's ops save
+(:mod:`autoremat.region_units`); other ops of a block are refused.
 """
 
 from __future__ import annotations
@@ -28,6 +30,7 @@ from typing import TYPE_CHECKING
 
 from .errors import PlanFormatError, PlanMismatchError
 from .graph import Graph
+from .region_units import region_unit, region_units
 
 if TYPE_CHECKING:
     from .plan import Plan, Segment
@@ -54,6 +57,9 @@ def offload_units(plan: "Plan") -> tuple[int, ...]:
 def unit_bytes(graph: Graph, u: int) -> int:
     """Bytes one transfer of unit ``u`` moves."""
     d = graph.node(unit_node(u))
+    ru = region_unit(graph, -1 - u) if u < 0 else None
+    if ru is not None:
+        return ru.nbytes
     return int(d["extra_saved_bytes"] if u < 0 else d["alloc_bytes"])
 
 
@@ -68,9 +74,14 @@ def saved_unit_nodes(graph: Graph, plan: "Plan") -> set[int]:
     out = set()
     for v in graph.nodes:
         d = graph.node(v)
+        if mode == "module" and d["op_index"] >= 0:  # an op of a block: the block's first, as its region
+            ru = region_unit(graph, v)
+            if ru is not None and ru.nbytes > 0 and not recomputed.intersection(ru.nodes):
+                out.add(v)
+            continue
         if v in recomputed or not d["requires_grad"] or d["extra_saved_bytes"] <= 0:
             continue
-        if mode == "module" and (d["kind"] == "glue" or d["op_index"] >= 0):
+        if mode == "module" and d["kind"] == "glue":
             continue
         out.add(v)
     return out
@@ -92,6 +103,9 @@ def check_offload_saved(graph: Graph, plan: "Plan") -> None:
                                     f"0..{len(graph) - 1}); capture this model and solve again")
         d = graph.node(v)
         where = f"offload_saved: node {v} ({d['name']})"
+        if mode == "module" and d["op_index"] >= 0:
+            _check_region_unit(graph, plan, v, where)
+            continue
         if v in recomputed:
             raise PlanFormatError("offload_saved", f"{where} is in a recomputed segment: it saves nothing in forward "
                                   "(its replay saves again just before its backward), so there is nothing to "
@@ -100,9 +114,42 @@ def check_offload_saved(graph: Graph, plan: "Plan") -> None:
             raise PlanFormatError("offload_saved", f"{where} saves no tensors of its own for backward (extra_saved_"
                                   f"bytes={d['extra_saved_bytes']}, requires_grad={d['requires_grad']}); offload its "
                                   "output instead (offload), or drop it")
-        if mode == "module" and (d["kind"] == "glue" or d["op_index"] >= 0):
-            raise PlanFormatError("offload_saved", f"{where} is not a module call (a glue op, or an op of a block "
-                                  "captured op by op): the runtime offloads the saved tensors of module calls")
+        if mode == "module" and d["kind"] == "glue":
+            raise PlanFormatError("offload_saved", f"{where} is not a module call (a glue op): the runtime "
+                                  "offloads the saved tensors of module calls")
+
+
+def _check_region_unit(graph: Graph, plan: "Plan", v: int, where: str) -> None:
+    """An op of a block captured op by op in ``offload_saved``: the first node of a block region
+    whose call can be offloaded as one unit (:mod:`autoremat.region_units`), else a clear error."""
+    ru = region_unit(graph, v)
+    if ru is None:
+        scope = graph.node(v)["scope"]
+        path = scope[0] if scope else graph.node(v)["module_path"]
+        pinned = set(graph.meta.get("pinned_regions", ()))
+        if path in pinned:
+            why = (f"its block {path!r} is pinned (graph.meta['pinned_regions']: an input written in place, or "
+                   "a key/value cache the call writes), so its saved tensors are not one call's own")
+        elif path in graph.call_regions() and graph.call_regions()[path][0] == v:
+            why = f"its block {path!r} is not one call (its ops are not consecutive: called more than once)"
+        else:
+            firsts = sorted(region_unit_starts(graph))[:5]
+            why = (f"it is not the first op of a block captured op by op (the first ops of the blocks that "
+                   f"can be offloaded whole: {firsts})")
+        raise PlanFormatError("offload_saved", f"{where} is an op of a block captured op by op, and {why}; "
+                              "name a block's first op to offload all it saves, or drop it")
+    if plan.recomputed_nodes.intersection(ru.nodes):
+        raise PlanFormatError("offload_saved", f"{where} is the first op of block {ru.path!r}, which the plan "
+                              "also recomputes: a recomputed block saves nothing in forward (its replay saves "
+                              "again just before its backward); keep the block, or drop it from offload_saved")
+    if ru.nbytes <= 0:
+        raise PlanFormatError("offload_saved", f"{where}: block {ru.path!r} saves nothing of its own for "
+                              "backward; drop it from offload_saved")
+
+
+def region_unit_starts(graph: Graph) -> set[int]:
+    """The first nodes of the blocks that ``offload_saved`` may name (:mod:`autoremat.region_units`)."""
+    return set(region_units(graph))
 
 
 def offloadable_nodes(graph: Graph, plan: Plan) -> set[int]:
