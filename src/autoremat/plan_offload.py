@@ -213,11 +213,13 @@ def wait_points(graph: Graph, plan: Plan) -> set[int]:
     """Nodes before which the runtime can make the forward wait for a copy to host: nodes outside
     the recomputed segments and the first node of each recomputed segment (the wait comes before
     the region); at module level only module calls (not glue ops, nor the ops of a block captured
-    op by op: the runtime hooks module calls)."""
+    op by op: the runtime hooks module calls), the first op of such a block standing for its call
+    (:mod:`autoremat.region_units`)."""
     out: set[int] = set()
     module = graph.meta.get("mode") == "module"
+    blocks = region_units(graph) if module else {}
     for seg in plan.segments:
         nodes = seg.nodes[:1] if seg.recompute else seg.nodes
-        out.update(v for v in nodes if not (module and (graph.node(v)["kind"] == "glue"
-                                                        or graph.node(v)["op_index"] >= 0)))
+        out.update(v for v in nodes if v in blocks or not (module and (graph.node(v)["kind"] == "glue"
+                                                                       or graph.node(v)["op_index"] >= 0)))
     return out

@@ -102,6 +102,21 @@ def test_offload_dag_and_combined_take_block_units_where_they_help():
     assert abs(measured - predicted) <= 0.01 * measured, (measured, predicted)
 
 
+def test_the_forward_waits_before_a_block_for_a_units_copy():
+    """A wait at a block's first op (where the simulator can wait, ``wait_points``) runs before the
+    block's call (a pre-hook on the block); one at an inner op is refused."""
+    model, args, g = gpt2_case()
+    plan = units_plan(g)
+    first, second = sorted(region_units(g))[:2]
+    plan.offload_waits = {second: -1 - first}
+    autoremat.plan.validate_plan(g, plan)
+    stats = offloaded_step(model, args, plan, loss_fn=hf.logits_mean)
+    assert stats.waits == [(second, -1 - first)]
+    plan.offload_waits = {second + 1: -1 - first}
+    with pytest.raises(PlanFormatError, match="first op of a block"):
+        autoremat.plan.validate_plan(g, plan)
+
+
 def test_an_inner_op_of_a_block_is_refused():
     model, args, g = gpt2_case()
     plan = units_plan(g)
