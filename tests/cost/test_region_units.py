@@ -13,6 +13,7 @@ import pytest
 from _graphs import block_chain
 
 from autoremat.cost import no_recompute_plan, simulate
+from autoremat.cost.offload_link import block_needs
 from autoremat.errors import PlanFormatError
 from autoremat.graph import Graph
 from autoremat.plan import Plan, Segment, saved_unit_nodes, validate_plan
@@ -128,3 +129,22 @@ def test_a_recomputed_block_a_pinned_block_and_an_inner_op_are_refused():
     assert first not in region_units(pinned) and first not in saved_unit_nodes(pinned, no_recompute_plan(pinned))
     with pytest.raises(PlanFormatError, match="pinned"):
         validate_plan(pinned, units_plan(pinned, (first,)))
+
+
+def test_a_derived_wait_before_a_block_weighs_all_of_it():
+    """The runtime waits before a block's call, not inside it: with a memory limit the block's
+    first op waits if the whole block's forward (``block_needs``: its most above the level it starts
+    at, in the plain step) would pass the limit, not only the first op's own allocation."""
+    g = block_chain(random.Random(1), 4)
+    starts = sorted(region_units(g))
+    need = block_needs(g)
+    assert set(need) == set(starts) and all(n > 0 for n in need.values())
+    plan = units_plan(g, tuple(starts[:2]))
+    free = simulate(g, plan, bandwidth_bytes_per_s=1.0)  # copies still running through the forward
+    before = next(live for phase, v, live in free.timeline if phase == "fwd" and v == starts[2] - 1)
+    first = g.node(starts[2])
+    assert first["alloc_bytes"] + first["extra_saved_bytes"] + first["fwd_temp_bytes"] < need[starts[2]]
+    limited = simulate(g, plan, bandwidth_bytes_per_s=1.0, offload_wait_limit_bytes=before + need[starts[2]] - 1)
+    assert min(limited.offload_waits) == starts[2] and limited.offload_wait_s > 0
+    roomy = simulate(g, plan, bandwidth_bytes_per_s=1.0, offload_wait_limit_bytes=before + need[starts[2]])
+    assert starts[2] not in roomy.offload_waits
