@@ -133,7 +133,7 @@ def _check_region_unit(graph: Graph, plan: "Plan", v: int, where: str) -> None:
         elif path in graph.call_regions() and graph.call_regions()[path][0] == v:
             why = f"its block {path!r} is not one call (its ops are not consecutive: called more than once)"
         else:
-            firsts = sorted(region_unit_starts(graph))[:5]
+            firsts = sorted(region_units(graph))[:5]
             why = (f"it is not the first op of a block captured op by op (the first ops of the blocks that "
                    f"can be offloaded whole: {firsts})")
         raise PlanFormatError("offload_saved", f"{where} is an op of a block captured op by op, and {why}; "
@@ -146,10 +146,6 @@ def _check_region_unit(graph: Graph, plan: "Plan", v: int, where: str) -> None:
         raise PlanFormatError("offload_saved", f"{where}: block {ru.path!r} saves nothing of its own for "
                               "backward; drop it from offload_saved")
 
-
-def region_unit_starts(graph: Graph) -> set[int]:
-    """The first nodes of the blocks that ``offload_saved`` may name (:mod:`autoremat.region_units`)."""
-    return set(region_units(graph))
 
 
 def offloadable_nodes(graph: Graph, plan: Plan) -> set[int]:

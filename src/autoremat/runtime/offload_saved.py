@@ -248,7 +248,8 @@ def install_saved_units(mods: dict[str, nn.Module], names: Sequence[str], node_i
     from ..errors import PlanMismatchError
 
     for v in node_ids:
-        mod = mods.get(names[v], None) or mods.get(block_of(names[v], mods) or "")
+        path = names[v] if names[v] in mods else block_of(names[v], mods)
+        mod = None if path is None else mods[path]
         if mod is None:
             raise PlanMismatchError(f"plan offloads the saved tensors of {names[v]!r}, which is not a module call "
                                     "of this model nor an op of one; capture it and solve again")
