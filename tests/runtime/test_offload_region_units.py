@@ -67,7 +67,8 @@ def test_blocks_go_as_one_unit_each_and_the_host_tier_peak_is_the_prediction(dep
     first uses and prefetches in the plan's order; the host-tier step peak within 0.1 % of the
     prediction at an unbounded link, below 0.8x of the step without offload at depth 1."""
     model, args, g = gpt2_case()
-    plan = units_plan(g, depth)
+    plan = Plan.from_json(units_plan(g, depth).to_json())  # as a saved plan file
+    autoremat.plan.validate_plan(g, plan)
     blocks = sorted(region_units(g))
     assert set(blocks) <= set(plan.offload_saved)
     stats = offloaded_step(model, args, plan, loss_fn=hf.logits_mean)
