@@ -152,9 +152,11 @@ def offloadable_nodes(graph: Graph, plan: Plan) -> set[int]:
     """Storage roots the plan keeps for backward: saved by some node outside the plan's recomputed
     segments, or an input of a recomputed segment whose replay runs (:func:`region_stop`). In
     module-level graphs glue ops (tensor code between module calls) and the ops of a block
-    captured op by op are left out: the runtime marks outputs of module calls only."""
+    captured op by op are left out: the runtime marks outputs of module calls only; but the op
+    whose output a block returns stands for the block's call (:attr:`~autoremat.region_units.RegionUnit.output`)."""
     recomputed = plan.recomputed_nodes
     module = graph.meta.get("mode") == "module"
+    returned = {ru.output for ru in region_units(graph).values()} if module else set()
     out: set[int] = set()
     for w in graph.nodes:
         d = graph.node(w)
@@ -162,7 +164,7 @@ def offloadable_nodes(graph: Graph, plan: Plan) -> set[int]:
             continue
         for u in d["saves"]:
             r = graph.root(u)
-            if graph.node(r)["alloc_bytes"] > 0 and not (module and graph.node(r)["op_index"] >= 0):
+            if graph.node(r)["alloc_bytes"] > 0 and (r in returned or not (module and graph.node(r)["op_index"] >= 0)):
                 out.add(r)
     for seg in plan.segments:
         if seg.recompute and region_stop(graph, seg) >= 0:
@@ -171,7 +173,7 @@ def offloadable_nodes(graph: Graph, plan: Plan) -> set[int]:
                 if graph.node(graph.root(u))["alloc_bytes"] > 0:
                     out.add(graph.root(u))
     if module:
-        out = {r for r in out if graph.node(r)["kind"] != "glue" and graph.node(r)["op_index"] < 0}
+        out = {r for r in out if r in returned or (graph.node(r)["kind"] != "glue" and graph.node(r)["op_index"] < 0)}
     return out
 
 

@@ -45,6 +45,9 @@ class RegionUnit:
     first_use: int
     """The region node whose backward first reads a part (the last one in forward that holds one);
     -1 when the unit is empty."""
+    output: int = -1
+    """The region's last node when its output is the only storage the block hands on (what the
+    block's call returns; a plan may offload it as the call's output, ``Plan.offload``), else -1."""
 
     @property
     def last(self) -> int:
@@ -104,7 +107,8 @@ def _unit(graph: Graph, path: str, nodes: tuple[int, ...]) -> RegionUnit:
             first_use = w
     nbytes = sum(int(graph.node(w)["extra_saved_bytes"]) for w in extra)
     nbytes += sum(int(graph.node(r)["alloc_bytes"]) for r in roots)
-    return RegionUnit(path, tuple(nodes), tuple(extra), tuple(roots), nbytes, first_use)
+    output = nodes[-1] if outputs == {nodes[-1]} else -1
+    return RegionUnit(path, tuple(nodes), tuple(extra), tuple(roots), nbytes, first_use, output)
 
 
 def unit_span(graph: Graph, u: int) -> tuple[int, int]:

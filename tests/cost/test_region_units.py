@@ -16,7 +16,7 @@ from autoremat.cost import no_recompute_plan, simulate
 from autoremat.cost.offload_link import block_needs
 from autoremat.errors import PlanFormatError
 from autoremat.graph import Graph
-from autoremat.plan import Plan, Segment, saved_unit_nodes, validate_plan
+from autoremat.plan import Plan, Segment, offloadable_nodes, saved_unit_nodes, validate_plan
 from autoremat.plan_offload import check_offload_saved, unit_bytes
 from autoremat.region_units import region_units, unit_span
 
@@ -44,7 +44,10 @@ def test_every_block_is_a_unit_of_its_ops_saved_bytes():
         assert unit_bytes(g, -1 - v) == ru.nbytes > 0 and unit_span(g, -1 - v) == (ru.last, ru.first_use)
         outputs = {w for w in ru.nodes if any(s not in ru.nodes for s in g.succ(w))}
         assert not outputs & set(ru.roots) and all(g.root(r) == r for r in ru.roots)
+        assert ru.output == (ru.last if outputs == {ru.last} else -1)
     assert set(found) <= saved_unit_nodes(g, no_recompute_plan(g))
+    returned = {ru.output for ru in found.values()} - {-1}
+    assert returned and returned <= offloadable_nodes(g, no_recompute_plan(g))  # a block's output: its call's
 
 
 @pytest.mark.parametrize("i", range(30))

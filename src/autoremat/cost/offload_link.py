@@ -108,8 +108,9 @@ def block_needs(g: Graph) -> dict[int, int]:
             touch = step_levels(g).fwd_touch
             for v, ru in regions.items():
                 d = g.node(v)
-                start = touch[v] - d["alloc_bytes"] * (d["alias_of"] is None) - d["extra_saved_bytes"] - d["fwd_temp_bytes"]
-                need[v] = max(t for t in (touch[w] for w in ru.nodes) if t is not None) - start  # type: ignore[operator]
+                own = d["alloc_bytes"] * (d["alias_of"] is None) + d["extra_saved_bytes"] + d["fwd_temp_bytes"]
+                most = max(t for t in (touch[w] for w in ru.nodes) if t is not None)
+                need[v] = most - (touch[v] - own)  # type: ignore[operator]
         _BLOCK_NEED[g] = need
     return _BLOCK_NEED[g]
 

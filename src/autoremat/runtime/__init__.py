@@ -454,8 +454,9 @@ def _apply_module(model: nn.Module, plan: Plan, names: list[str], regions: str) 
     mods = dict(node_modules(model) if canonical is None else canonical)
     if sharded and plan.offloads:
         raise PlanMismatchError("offload plans are not supported on FSDP-sharded models; solve without offload")
-    for v in plan.offload:
-        if names[v] not in mods:
+    calls = {v: names[v] if names[v] in mods else block_of(names[v], mods) for v in plan.offload}  # a block's output
+    for v, path in calls.items():
+        if path is None:
             raise PlanMismatchError(f"plan offloads {names[v]!r}, which is not a module call of {type(model).__name__}")
     targets = _module_targets(model, plan, names, sharded)
     offloader = _new_offloader(plan)
@@ -463,8 +464,7 @@ def _apply_module(model: nn.Module, plan: Plan, names: list[str], regions: str) 
                         instance_forward=model.__dict__.get("forward"), offloader=offloader)
     if offloader is not None:
         install_saved_units(mods, names, plan.offload_saved, offloader, state.wrapped)
-        for v in plan.offload:
-            path = names[v]  # a module call: checked above
+        for v, path in calls.items():  # module calls: checked above
             state.hooks.append(mods[path].register_forward_pre_hook(
                 lambda _m, _a, v=v: offloader.begin_node(v)))
             state.hooks.append(mods[path].register_forward_hook(
