@@ -33,7 +33,7 @@ for s in $steps; do
                --compiled-plans none --solver-timeout 60 --out "$R/compare" > "$R/compare.log" 2>&1 ;;
     scaled)  timeout ${T_SCALED:-60} python3 benchmarks/scaled_capture.py --device cuda --size paper --models ${SC_MODELS:-resnet50,densenet121} \
                --rounds 2 --out "$R/scaled" > "$R/scaled.log" 2>&1 ;;
-    offload) timeout ${T_OFFLOAD:-90} python3 -m pytest -q -m gpu -p no:cacheprovider -o addopts="" tests/runtime/test_offload.py tests/runtime/test_offload_saved.py > "$R/offload_tests.log" 2>&1 ;;
+    offload) timeout ${T_OFFLOAD:-90} python3 -m pytest -q -m gpu -p no:cacheprovider -o addopts="" tests/runtime/test_offload.py tests/runtime/test_offload_saved.py tests/runtime/test_offload_region_units.py > "$R/offload_tests.log" 2>&1 ;;
     diagnose) timeout ${T_DIAG:-150} python3 benchmarks/gpu_diagnose.py --out "$R/diagnose" > "$R/diagnose.log" 2>&1 ;;
     *) echo "unknown step $s" >> "$R/machine.txt" ;;
   esac

@@ -120,7 +120,8 @@ class Plan:
     """Nodes whose own saved tensors (``extra_saved_bytes``: what a module call's autograd graph keeps
     besides node outputs) live in host memory as one unit between the node's forward and its
     backward: ``save_on_cpu`` scoped to that call (:mod:`autoremat.plan_offload`); never a node of a
-    recomputed segment."""
+    recomputed segment. Where blocks were captured op by op, a block's first op stands for all the
+    block's call saves (:mod:`autoremat.region_units`)."""
     offload_waits: dict[int, int] = field(default_factory=dict)
     """Forward waits: node ``v`` -> offloaded unit ``r`` (a node of ``offload``, or ``-1 - w`` for
     ``w`` of ``offload_saved``): before ``v`` runs, the forward waits until the copy of ``r`` to
@@ -400,7 +401,7 @@ def validate_plan(graph: Graph, plan: Plan) -> None:
         if bad:
             raise PlanFormatError("offload_waits", f"nodes {bad[:5]} are not places the runtime can wait at (a "
                                   "node outside the recomputed segments, the first node of a recomputed segment; "
-                                  "at module level a module call)")
+                                  "at module level a module call, or the first op of a block captured op by op)")
 
 
 def module_calls_of(graph: Graph, plan: Plan) -> ModuleCalls:

@@ -18,7 +18,9 @@ Decisions: a node of a recomputed segment saves nothing in forward (its replay s
 before its backward), so offloading its own saved tensors is refused, not ignored. At op level
 (fx captures) a node's own saved tensors are small (batch-norm statistics, dropout masks) and the
 runtime does not scope single ops: ``offload_saved`` is for module-level graphs (and graphs without
-a capture mode, for the solvers' tests).
+a capture mode, for the solvers' tests). Where blocks were captured op by op (``blocks="auto"``), a
+block's first node in ``offload_saved`` stands for its whole call: everything the block's ops save
+(:mod:`autoremat.region_units`); other ops of a block are refused.
 """
 
 from __future__ import annotations
@@ -28,6 +30,7 @@ from typing import TYPE_CHECKING
 
 from .errors import PlanFormatError, PlanMismatchError
 from .graph import Graph
+from .region_units import region_unit, region_units
 
 if TYPE_CHECKING:
     from .plan import Plan, Segment
@@ -54,6 +57,9 @@ def offload_units(plan: "Plan") -> tuple[int, ...]:
 def unit_bytes(graph: Graph, u: int) -> int:
     """Bytes one transfer of unit ``u`` moves."""
     d = graph.node(unit_node(u))
+    ru = region_unit(graph, -1 - u) if u < 0 else None
+    if ru is not None:
+        return ru.nbytes
     return int(d["extra_saved_bytes"] if u < 0 else d["alloc_bytes"])
 
 
@@ -68,9 +74,14 @@ def saved_unit_nodes(graph: Graph, plan: "Plan") -> set[int]:
     out = set()
     for v in graph.nodes:
         d = graph.node(v)
+        if mode == "module" and d["op_index"] >= 0:  # an op of a block: the block's first, as its region
+            ru = region_unit(graph, v)
+            if ru is not None and ru.nbytes > 0 and not recomputed.intersection(ru.nodes):
+                out.add(v)
+            continue
         if v in recomputed or not d["requires_grad"] or d["extra_saved_bytes"] <= 0:
             continue
-        if mode == "module" and (d["kind"] == "glue" or d["op_index"] >= 0):
+        if mode == "module" and d["kind"] == "glue":
             continue
         out.add(v)
     return out
@@ -92,6 +103,9 @@ def check_offload_saved(graph: Graph, plan: "Plan") -> None:
                                     f"0..{len(graph) - 1}); capture this model and solve again")
         d = graph.node(v)
         where = f"offload_saved: node {v} ({d['name']})"
+        if mode == "module" and d["op_index"] >= 0:
+            _check_region_unit(graph, plan, v, where)
+            continue
         if v in recomputed:
             raise PlanFormatError("offload_saved", f"{where} is in a recomputed segment: it saves nothing in forward "
                                   "(its replay saves again just before its backward), so there is nothing to "
@@ -100,18 +114,49 @@ def check_offload_saved(graph: Graph, plan: "Plan") -> None:
             raise PlanFormatError("offload_saved", f"{where} saves no tensors of its own for backward (extra_saved_"
                                   f"bytes={d['extra_saved_bytes']}, requires_grad={d['requires_grad']}); offload its "
                                   "output instead (offload), or drop it")
-        if mode == "module" and (d["kind"] == "glue" or d["op_index"] >= 0):
-            raise PlanFormatError("offload_saved", f"{where} is not a module call (a glue op, or an op of a block "
-                                  "captured op by op): the runtime offloads the saved tensors of module calls")
+        if mode == "module" and d["kind"] == "glue":
+            raise PlanFormatError("offload_saved", f"{where} is not a module call (a glue op): the runtime "
+                                  "offloads the saved tensors of module calls")
+
+
+def _check_region_unit(graph: Graph, plan: "Plan", v: int, where: str) -> None:
+    """An op of a block captured op by op in ``offload_saved``: the first node of a block region
+    whose call can be offloaded as one unit (:mod:`autoremat.region_units`), else a clear error."""
+    ru = region_unit(graph, v)
+    if ru is None:
+        scope = graph.node(v)["scope"]
+        path = scope[0] if scope else graph.node(v)["module_path"]
+        pinned = set(graph.meta.get("pinned_regions", ()))
+        if path in pinned:
+            why = (f"its block {path!r} is pinned (graph.meta['pinned_regions']: an input written in place, or "
+                   "a key/value cache the call writes), so its saved tensors are not one call's own")
+        elif path in graph.call_regions() and graph.call_regions()[path][0] == v:
+            why = f"its block {path!r} is not one call (its ops are not consecutive: called more than once)"
+        else:
+            firsts = sorted(region_units(graph))[:5]
+            why = (f"it is not the first op of a block captured op by op (the first ops of the blocks that "
+                   f"can be offloaded whole: {firsts})")
+        raise PlanFormatError("offload_saved", f"{where} is an op of a block captured op by op, and {why}; "
+                              "name a block's first op to offload all it saves, or drop it")
+    if plan.recomputed_nodes.intersection(ru.nodes):
+        raise PlanFormatError("offload_saved", f"{where} is the first op of block {ru.path!r}, which the plan "
+                              "also recomputes: a recomputed block saves nothing in forward (its replay saves "
+                              "again just before its backward); keep the block, or drop it from offload_saved")
+    if ru.nbytes <= 0:
+        raise PlanFormatError("offload_saved", f"{where}: block {ru.path!r} saves nothing of its own for "
+                              "backward; drop it from offload_saved")
+
 
 
 def offloadable_nodes(graph: Graph, plan: Plan) -> set[int]:
     """Storage roots the plan keeps for backward: saved by some node outside the plan's recomputed
     segments, or an input of a recomputed segment whose replay runs (:func:`region_stop`). In
     module-level graphs glue ops (tensor code between module calls) and the ops of a block
-    captured op by op are left out: the runtime marks outputs of module calls only."""
+    captured op by op are left out: the runtime marks outputs of module calls only; but the op
+    whose output a block returns stands for the block's call (:attr:`~autoremat.region_units.RegionUnit.output`)."""
     recomputed = plan.recomputed_nodes
     module = graph.meta.get("mode") == "module"
+    returned = {ru.output for ru in region_units(graph).values()} if module else set()
     out: set[int] = set()
     for w in graph.nodes:
         d = graph.node(w)
@@ -119,7 +164,7 @@ def offloadable_nodes(graph: Graph, plan: Plan) -> set[int]:
             continue
         for u in d["saves"]:
             r = graph.root(u)
-            if graph.node(r)["alloc_bytes"] > 0 and not (module and graph.node(r)["op_index"] >= 0):
+            if graph.node(r)["alloc_bytes"] > 0 and (r in returned or not (module and graph.node(r)["op_index"] >= 0)):
                 out.add(r)
     for seg in plan.segments:
         if seg.recompute and region_stop(graph, seg) >= 0:
@@ -128,7 +173,7 @@ def offloadable_nodes(graph: Graph, plan: Plan) -> set[int]:
                 if graph.node(graph.root(u))["alloc_bytes"] > 0:
                     out.add(graph.root(u))
     if module:
-        out = {r for r in out if graph.node(r)["kind"] != "glue" and graph.node(r)["op_index"] < 0}
+        out = {r for r in out if r in returned or (graph.node(r)["kind"] != "glue" and graph.node(r)["op_index"] < 0)}
     return out
 
 
@@ -166,11 +211,13 @@ def wait_points(graph: Graph, plan: Plan) -> set[int]:
     """Nodes before which the runtime can make the forward wait for a copy to host: nodes outside
     the recomputed segments and the first node of each recomputed segment (the wait comes before
     the region); at module level only module calls (not glue ops, nor the ops of a block captured
-    op by op: the runtime hooks module calls)."""
+    op by op: the runtime hooks module calls), the first op of such a block standing for its call
+    (:mod:`autoremat.region_units`)."""
     out: set[int] = set()
     module = graph.meta.get("mode") == "module"
+    blocks = region_units(graph) if module else {}
     for seg in plan.segments:
         nodes = seg.nodes[:1] if seg.recompute else seg.nodes
-        out.update(v for v in nodes if not (module and (graph.node(v)["kind"] == "glue"
-                                                        or graph.node(v)["op_index"] >= 0)))
+        out.update(v for v in nodes if v in blocks or not (module and (graph.node(v)["kind"] == "glue"
+                                                                       or graph.node(v)["op_index"] >= 0)))
     return out

@@ -66,15 +66,53 @@ layer, §3; the runtime, :mod:`autoremat.runtime.offload`, does the same):
   keep), on the same link and in the same order as every other copy; the unit is first used at
   the node's backward, before the node's other saved storages (it sorts first among units of the
   same first use), and freed when that backward ends.
+* *A block captured op by op* (``Plan.offload_saved`` naming its first op, :mod:`autoremat.region_units`)
+  moves as one unit of its parts (its ops' ``extra_saved_bytes`` and the storages they save that the
+  block produced and does not return): the copy out is issued when the block's forward ends (its
+  last node), on the same link, and the device storages are released together once it completes;
+  the unit is first used at the backward of the block's last node that holds a part (first among
+  what it reads). In backward each part comes back into its own buffer, held by the nodes that
+  saved it and freed as they release it, as without the offload (the runtime's one device buffer
+  per storage). With a free link this is the plain per-node accounting plus the prefetched parts
+  (``tests/cost/test_region_units.py``).
 """
 
 from __future__ import annotations
 
+import weakref
 from collections.abc import Hashable
 
+from ..graph import Graph
+from ..region_units import RegionUnit, region_unit, region_units
 from .ledger import StepState
 
-__all__ = ["Link", "Offload"]
+__all__ = ["Link", "Offload", "block_needs"]
+
+
+_BLOCK_NEED: "weakref.WeakKeyDictionary[Graph, dict[int, int]]" = weakref.WeakKeyDictionary()
+
+
+def block_needs(g: Graph) -> dict[int, int]:
+    """First op of each block captured op by op (:func:`~autoremat.region_units.region_units`) ->
+    the most the block's forward holds above the level it starts at, in the plain step
+    (:func:`~autoremat.cost.simulator.step_levels`, once per graph). The runtime can wait before a
+    block's call but not inside it, so a derived wait (``wait_limit``) before a block weighs all of
+    it, not its first op alone (without this, waits came one block late: a GPT-2 at 0.7x of its
+    peak was planned at 0.775x). A recomputed block holds less than this: it may wait early."""
+    if g not in _BLOCK_NEED:
+        need: dict[int, int] = {}
+        regions = region_units(g)
+        if regions:
+            from .simulator import step_levels
+
+            touch = step_levels(g).fwd_touch
+            for v, ru in regions.items():
+                d = g.node(v)
+                own = d["alloc_bytes"] * (d["alias_of"] is None) + d["extra_saved_bytes"] + d["fwd_temp_bytes"]
+                most = max(t for t in (touch[w] for w in ru.nodes) if t is not None)
+                need[v] = most - (touch[v] - own)  # type: ignore[operator]
+        _BLOCK_NEED[g] = need
+    return _BLOCK_NEED[g]
 
 
 class Link:
@@ -102,8 +140,23 @@ class Offload:
                  wait_limit: int | None = None, wait_points: set[int] | None = None,
                  order: tuple[int, ...] = (), depth: int = 1, units: frozenset[int] = frozenset()) -> None:
         self.s, self.g, self.targets = s, s.g, targets
-        self.units = units
+        self.regions: dict[int, RegionUnit] = {v: ru for v in units if (ru := region_unit(self.g, v)) is not None}
+        """Units that are a block captured op by op (first node -> its region)."""
+        self.units = frozenset(units) - set(self.regions)
         """Nodes whose own saved tensors are offloaded (``Plan.offload_saved``; unit ``-1 - v``)."""
+        self.pack_at: dict[int, list[int]] = {v: [v] for v in self.units}
+        """Node -> the nodes of ``units``/``regions`` whose unit is copied out after its forward."""
+        self.need_at: dict[int, list[int]] = {v: [-1 - v] for v in self.units}
+        """Node -> the units its backward reads first."""
+        for v, ru in sorted(self.regions.items()):
+            self.pack_at.setdefault(ru.last, []).append(v)
+            self.need_at.setdefault(ru.first_use, []).append(-1 - v)
+        self.parts: dict[int, list[tuple[Hashable, int, set[Hashable]]]] = {}
+        """Region unit -> its parts: (device storage, bytes, the holders that read it in backward)."""
+        self.cur: dict[Hashable, Hashable] = {}
+        """A region unit's device storage -> where its holders read it once prefetched."""
+        self.block_need = block_needs(self.g) if wait_limit is not None else {}
+        """A block's first op -> what the block's forward adds at most (the limit's wait before a block)."""
         self.out_link, self.in_link = Link(bytes_per_s), Link(bytes_per_s)
         self.clock = 0.0
         self.stall_s = 0.0
@@ -136,7 +189,13 @@ class Offload:
         tensors (``r < 0``: node ``-1 - r``)."""
         return ("o", r) if r >= 0 else ("x", -1 - r)
 
+    def device_keys(self, r: int) -> list[Hashable]:
+        """The ledger keys of unit ``r``'s device storages (a region unit's parts)."""
+        return [k for k, _n, _h in self.parts[r]] if r in self.parts else [self.store(r)]
+
     def nbytes(self, r: int) -> int:
+        if r < 0 and -1 - r in self.regions:
+            return self.regions[-1 - r].nbytes
         d = self.g.node(r if r >= 0 else -1 - r)
         return int(d["alloc_bytes"] if r >= 0 else d["extra_saved_bytes"])
 
@@ -151,8 +210,27 @@ class Offload:
         _start, end = self.out_link.transfer(nbytes, self.clock)
         self.copied_at[r] = end
         self.offloaded_bytes += nbytes
-        self.s.addref(self.store(r), ("xfer", r))
+        for k in self.device_keys(r):
+            self.s.addref(k, ("xfer", r))
         self.pending.append((end, r))
+
+    def pack_saved(self, v: int, pos: dict[int, int]) -> None:
+        """After node ``v``'s forward (its inputs released): copy out the own saved tensors of the
+        nodes of :attr:`pack_at` (``v``'s, or those of the block ``v`` ends)."""
+        for w in self.pack_at[v]:
+            ru = self.regions.get(w)
+            if ru is None:
+                self.pack(-1 - w, ("s", w), pos[w])
+                continue
+            parts = []
+            for k in [("x", x) for x in ru.extra] + [("o", q) for q in ru.roots]:
+                holders = set(self.s.refs[k]) | ({("s", k[1])} if k[0] == "x" else set())
+                assert all(h[0] == "s" and h[1] in ru.nodes for h in holders), \
+                    f"a part {k} of block {ru.path!r} is held by {holders} after the block; please report"
+                self.s.refs[k].clear()  # the holders read the part from where the prefetch puts it
+                parts.append((k, self.s.size[k], holders))
+            self.parts[-1 - w] = parts
+            self.pack(-1 - w, ("s", ru.first_use), pos[ru.first_use])
 
     def advance(self, at: int | None = None) -> None:
         """Release the device copy of every offload that has completed by now; ``at``: the forward
@@ -163,7 +241,8 @@ class Offload:
         for end, r in self.pending:
             if end > self.clock:
                 break
-            self.s.decref(self.store(r), ("xfer", r))
+            for k in self.device_keys(r) if self.parts else (self.store(r),):
+                self.s.decref(k, ("xfer", r))
             done += 1
             if at is not None:
                 self.releases[at] = r  # the last in issue order covers the others
@@ -176,13 +255,16 @@ class Offload:
         if v in self.explicit:
             self._wait_until(self.copied_at.get(self.explicit[v], 0.0))
             return
+        if v in self.block_need:  # a block captured op by op: no wait inside it, so all of it here
+            need_bytes = max(need_bytes, self.block_need[v])
         if self.limit is None or v not in self.wait_points or self.s.live + need_bytes <= self.limit:
             return
         excess = self.s.live + need_bytes - self.limit
         freed, last = 0, None
         for end, r in sorted(self.pending):
-            if self.s.refs[self.store(r)] == {("xfer", r)}:  # its completion frees the device copy
-                freed += self.s.size[self.store(r)]
+            keys = [k for k in self.device_keys(r) if self.s.refs[k] == {("xfer", r)}]
+            if keys:  # its completion frees these device copies
+                freed += sum(self.s.size[k] for k in keys)
                 last = r
                 if freed >= excess:
                     break
@@ -225,6 +307,9 @@ class Offload:
     def _prefetch(self, r: int) -> None:
         if r in self.waiting:  # one more of ``order`` ahead
             self.ahead += 1
+        if r in self.parts:
+            self._prefetch_parts(r)
+            return
         if self.store(r) in self.s.size:  # the copy out has not completed: the device copy serves
             key: Hashable = self.store(r)
             self.ready_at[r] = self.clock
@@ -238,6 +323,25 @@ class Offload:
         for holder in self.holders[r]:
             self.s.addref(key, holder)
         self.s.touch(0, "prefetch", r if r >= 0 else -1 - r)
+
+    def _prefetch_parts(self, r: int) -> None:
+        """A region unit: one transfer, a buffer per part held by the part's holders (or the
+        device storages, where the copy out has not completed)."""
+        parts = self.parts[r]
+        if parts and parts[0][0] in self.s.size:  # the device copies serve (released together)
+            self.ready_at[r] = self.clock
+            new = [k for k, _n, _h in parts]
+        else:
+            _start, self.ready_at[r] = self.in_link.transfer(self.nbytes(r), max(self.clock, self.copied_at[r]))
+            new = [("pf", r, i) for i in range(len(parts))]
+            for key, (_k, n, _h) in zip(new, parts):
+                self.s.alloc(key, n)
+        for key, (k, _n, holders) in zip(new, parts):
+            self.cur[k] = key
+            for h in holders:
+                self.s.addref(key, h)
+        self.keys[r] = ("pf", r)
+        self.s.touch(0, "prefetch", -1 - r)
 
     def need(self, r: int) -> None:
         """A holder of ``r`` is about to use it: wait for its prefetch; on its first use, start

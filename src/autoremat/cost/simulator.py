@@ -62,8 +62,7 @@ __all__ = ["Simulation", "simulate", "no_recompute_plan", "unoptimised_peak_byte
 
 SegmentHook = Callable[[str, int, StepState], None]  # called at segment boundaries (see ``_run``)
 DEFAULT_BANDWIDTH_BYTES_PER_S = 12e9
-"""Default host<->device bandwidth for offload (pinned copies over PCIe 4 x16 reach about this);
-a default, not a measurement: capture on a GPU measures it, or set it in ``graph.meta``."""
+"""Default host<->device bandwidth for offload (pinned PCIe 4 x16 copies reach about this; not a measurement)."""
 
 
 @dataclass
@@ -77,8 +76,7 @@ class Simulation:
     peak_at: str
     timeline: list[tuple[str, int, int]] = field(default_factory=list)
     """``(phase, node, live_bytes)`` after each event; phase is fwd, loss, recompute or bwd."""
-    offload_stall_s: float = 0.0
-    """Time the step waits for transfers (forward: copies to host; backward: prefetches); in ``extra_time_s``."""
+    offload_stall_s: float = 0.0  # waits for transfers (forward: copies out; backward: prefetches), in extra_time_s
     offloaded_bytes: int = 0
     offload_wait_s: float = 0.0  # the forward's part of ``offload_stall_s``
     offload_waits: dict[int, int] = field(default_factory=dict)
@@ -232,10 +230,10 @@ def _forward(s: StepState, st: _Step, si: int, seg: Segment) -> set[int]:
                     off.pack(root(u), ("s", v), st.pos[v])
                 else:
                     addref(okeys[u], ("s", v))
-            if v in units:  # its own saved tensors, one unit (Plan.offload_saved)
-                off.pack(-1 - v, ("s", v), st.pos[v])
         for u in pred(v):
             decref(okeys[u], ("f", v, u))
+        if v in off.pack_at:  # own saved tensors (Plan.offload_saved): a node's, or its block's at the block's end
+            off.pack_saved(v, st.pos)
         s.maybe_free(ok)
         s.mark("fwd", v)
     return inputs
@@ -299,8 +297,8 @@ def _backward_segment(s: StepState, st: _Step, si: int, inputs: set[int], tail: 
             extra_time += spent
             off.clock += spent
         if not seg.recompute and nd[v]["requires_grad"]:
-            if v in st.units:
-                off.need(-1 - v)  # first among what v's backward reads (offload_link's order)
+            for r in off.need_at.get(v, ()):
+                off.need(r)  # first among what v's backward reads (offload_link's order)
             for u in nd[v]["saves"]:
                 if g.root(u) in offloaded:
                     off.need(g.root(u))
@@ -414,12 +412,14 @@ def _backward_node(s: StepState, g: Graph, nd: list[dict], v: int, *, recomputed
                 key = _rkey(g, rroot, u)
             elif targets and g.root(u) in targets:
                 key = off.key(g.root(u))
-            else:
-                key = okeys[u]
+            else:  # (a part of a block's unit: where its prefetch put it, offload_link)
+                key = off.cur.get(okeys[u], okeys[u]) if off.cur else okeys[u]
             s.decref(key, holder)
         xkey = ("rx", v) if recomputed else ("x", v)
         if not recomputed and v in off.units:  # the prefetched unit, or the device copy still there
             s.decref(off.key(-1 - v), holder)
+        elif xkey in off.cur:
+            s.decref(off.cur[xkey], holder)
         elif xkey in s.size:
             s.free(xkey)
     s.mark("bwd", v)

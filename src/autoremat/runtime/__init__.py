@@ -63,7 +63,7 @@ from .module_targets import module_targets as _module_targets
 from .offload import OffloadBegin, OffloadMark, OffloadWait, Offloader
 from .offload_forward import new_offloader as _new_offloader
 from .offload_forward import offloading_forward as _offloading_forward
-from .offload_saved import install_saved_units
+from .offload_saved import block_of, install_saved_units
 from .sharding import ShardingWatch, apply_fx_sharded, is_sharded, module_plan_fingerprint
 from .probed_call import ProbedCall
 from .region import REGION_MODES, CheckpointRegion, is_recomputing, stateful_buffers, tail_mark
@@ -454,8 +454,9 @@ def _apply_module(model: nn.Module, plan: Plan, names: list[str], regions: str) 
     mods = dict(node_modules(model) if canonical is None else canonical)
     if sharded and plan.offloads:
         raise PlanMismatchError("offload plans are not supported on FSDP-sharded models; solve without offload")
-    for v in plan.offload:
-        if names[v] not in mods:
+    calls = {v: names[v] if names[v] in mods else block_of(names[v], mods) for v in plan.offload}  # a block's output
+    for v, path in calls.items():
+        if path is None:
             raise PlanMismatchError(f"plan offloads {names[v]!r}, which is not a module call of {type(model).__name__}")
     targets = _module_targets(model, plan, names, sharded)
     offloader = _new_offloader(plan)
@@ -463,17 +464,17 @@ def _apply_module(model: nn.Module, plan: Plan, names: list[str], regions: str) 
                         instance_forward=model.__dict__.get("forward"), offloader=offloader)
     if offloader is not None:
         install_saved_units(mods, names, plan.offload_saved, offloader, state.wrapped)
-        for v in plan.offload:
-            path = names[v]  # a module call: checked above
+        for v, path in calls.items():  # module calls: checked above
             state.hooks.append(mods[path].register_forward_pre_hook(
                 lambda _m, _a, v=v: offloader.begin_node(v)))
             state.hooks.append(mods[path].register_forward_hook(
                 lambda _m, _a, out, v=v: offloader.mark(out, v)))
-        for v in plan.offload_waits:
-            if names[v] not in mods:
+        for v in plan.offload_waits:  # a module call, or a block captured op by op (before its first op)
+            path = names[v] if names[v] in mods else block_of(names[v], mods)
+            if path is None:
                 raise PlanMismatchError(f"plan waits before {names[v]!r}, which is not a module call of "
                                         f"{type(model).__name__}")
-            state.hooks.append(mods[names[v]].register_forward_pre_hook(lambda _m, _a, v=v: offloader.wait(v)))
+            state.hooks.append(mods[path].register_forward_pre_hook(lambda _m, _a, v=v: offloader.wait(v)))
         state.installed = _offloading_forward(model.forward, offloader)
         model.__dict__["forward"] = state.installed
     for path, mod, keep in targets:

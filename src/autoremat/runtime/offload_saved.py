@@ -26,6 +26,10 @@ saves. When the call returns, each collected tensor is sorted:
   tier (``Offloader.host_tier``) a numpy copy the storage counters do not see, copied back when
   prefetched.
 
+A block captured op by op (``capture(..., blocks="auto")``) is one such call: the plan names its
+first op and the block's call is wrapped (:func:`block_of`), its unit being all its ops save
+(:mod:`autoremat.region_units`).
+
 Copying at the end of the call is the simulator's point (the node's forward ends); a call that
 runs again in the same step (the same module used twice) makes a unit per call.
 """
@@ -226,17 +230,29 @@ def _copy_out(off: Offloader, h: _UnitHandle, parts: Sequence[torch.Tensor], bas
     h.device_ref = list(parts)  # type: ignore[assignment]
 
 
+def block_of(name: str, mods: dict[str, nn.Module]) -> str | None:
+    """The node module (a block captured op by op) whose call ran an op of module ``name`` (the
+    plan's node name of an op: its module's path)."""
+    path = name.partition(":")[0]
+    found = [p for p in mods if path == p or path.startswith(p + ".")]
+    return min(found, key=len) if found else None
+
+
 def install_saved_units(mods: dict[str, nn.Module], names: Sequence[str], node_ids: Sequence[int],
                         offloader: Offloader, wrapped: list[tuple[nn.Module, bool, Any, Any]]) -> None:
     """Wrap the forward of each module call of ``node_ids`` (``Plan.offload_saved``) in a
-    :class:`SavedCall`; ``wrapped`` records it for :func:`autoremat.restore`."""
+    :class:`SavedCall`; ``wrapped`` records it for :func:`autoremat.restore`. A node that is an op
+    of a block captured op by op (named by its module's path; the plan names the block's first op, checked
+    against the graph by :func:`autoremat.plan.validate_plan`) wraps that block's call: all its
+    ops save (:mod:`autoremat.region_units`)."""
     from ..errors import PlanMismatchError
 
     for v in node_ids:
-        mod = mods.get(names[v])
+        path = names[v] if names[v] in mods else block_of(names[v], mods)
+        mod = None if path is None else mods[path]
         if mod is None:
             raise PlanMismatchError(f"plan offloads the saved tensors of {names[v]!r}, which is not a module call "
-                                    "of this model; capture it and solve again")
+                                    "of this model nor an op of one; capture it and solve again")
         had = "forward" in mod.__dict__
         call = SavedCall(mod.forward, mod, offloader, v)
         wrapped.append((mod, had, mod.__dict__.get("forward"), call))

@@ -41,7 +41,8 @@ graphs), so a set that cannot fit costs one simulation.
    the set's own prefetch depth (the pruned set at every depth).
 7. The fitting plan with the least predicted step time wins (then fewer offloaded bytes).
 8. *The nodes' own saved tensors* (``saved_units``, default on; ``Plan.offload_saved``: a module
-   call's internal activations, one unit each, :mod:`autoremat.plan_offload`): where the base plan
+   call's internal activations, one unit each, :mod:`autoremat.plan_offload`; a block captured op by
+   op: all its ops save, :mod:`autoremat.region_units`): where the base plan
    has such candidates, steps 3-6 run again with them beside the storages (each unit in the
    production order right after its node), on the same judged sets; steps 3-6 without them ran
    first, unchanged, so the plan is never predicted slower than without them (a wider search).
@@ -73,7 +74,8 @@ from ..cost import no_recompute_plan, simulate
 from ..errors import InfeasibleBudgetError
 from ..graph import Graph
 from ..plan import Plan, offloadable_nodes, region_stop
-from ..plan_offload import saved_unit, saved_unit_nodes, unit_bytes, unit_node
+from ..plan_offload import saved_unit, saved_unit_nodes, unit_bytes
+from ..region_units import unit_span
 from ._config import SolverConfig
 
 __all__ = ["solve_offload_dag", "OffloadDagConfig", "OffloadSearch", "slack_windows", "offload_candidates"]
@@ -274,8 +276,9 @@ def slack_windows(graph: Graph, plan: Plan) -> dict[int, float]:
                 first = pos[seg.nodes[0]] - 1
                 keep[r] = min(keep.get(r, first), first)
                 use[r] = max(use.get(r, pos[stop]), pos[stop])
-    for v in saved_unit_nodes(graph, plan):  # its own saved tensors: from its forward to its backward
-        keep[saved_unit(v)] = use[saved_unit(v)] = pos[v]
+    for v in saved_unit_nodes(graph, plan):  # its own saved tensors (its block's): from its forward to its backward
+        last, first_use = unit_span(graph, saved_unit(v))
+        keep[saved_unit(v)], use[saved_unit(v)] = pos[last], pos[first_use]
     return {r: total_fwd - (fwd_end[keep[r]] if keep[r] >= 0 else 0.0) + bwd_after[use[r] + 1]
             for r in offload_candidates(graph, plan) if r in keep}
 
@@ -283,11 +286,12 @@ def slack_windows(graph: Graph, plan: Plan) -> dict[int, float]:
 def offload_candidates(graph: Graph, plan: Plan, units: bool = True) -> list[int]:
     """The units ``plan`` may offload in production order: the storages it keeps for backward
     (:func:`~autoremat.plan.offloadable_nodes`) and, with ``units``, the own saved tensors of its
-    nodes (``-1 - v``: :func:`~autoremat.plan.saved_unit_nodes`), each right after its node."""
+    nodes (``-1 - v``: :func:`~autoremat.plan.saved_unit_nodes`), each right after its node (a
+    block's, :mod:`autoremat.region_units`: right after the block's last node)."""
     cands = list(offloadable_nodes(graph, plan))
     if units:
         cands += [saved_unit(v) for v in saved_unit_nodes(graph, plan)]
-    return sorted(cands, key=lambda u: (unit_node(u), u < 0))
+    return sorted(cands, key=lambda u: (unit_span(graph, u)[0], u < 0))
 
 
 def candidate_orders(graph: Graph, plan: Plan, bandwidth: float, units: bool = False) -> list[list[int]]:
