@@ -314,6 +314,9 @@ def _solve_bytes(graph: Graph, budget_bytes: int, solver: str, auto_solvers: Seq
                         "solvers (AUTO_BLOCKS_ENOUGH_NODES)", len(graph))
             break
     best = _polished(graph, budget_bytes, _lattice_for_auto(graph, budget_bytes, best))
+    found = _chain_for_auto(graph, budget_bytes, best)
+    if found is not best:  # the chain search's plan recomputes less; polished in turn
+        best = _polished(graph, budget_bytes, found)
     if best is None:
         lattice = auto_lattice_least(graph)
         if lattice is not None and (least_min is None or lattice < least_min):
@@ -343,6 +346,32 @@ def _polished(graph: Graph, budget_bytes: int, best: Plan | None) -> Plan | None
     logger.info("solver='auto': %s's plan polished (%d moves): extra time %.6g s -> %.6g s", best.solver,
                 plan.options.get("polished_moves", 0), best.predicted_extra_time_s or 0.0,
                 plan.predicted_extra_time_s or 0.0)
+    return plan
+
+
+def _chain_for_auto(graph: Graph, budget_bytes: int, best: Plan | None) -> Plan | None:
+    """``best``, or the plan of ``milp``'s chain search (:func:`.milp.chain.chain_improve`: a beam
+    search of the exact model's steps over the prefixes of ``best``'s order, free flags) where
+    that recomputes less and still fits once finalised; deterministic times only (as
+    :func:`_lattice_for_auto`), and not after the lattice proved ``best`` optimal. It runs after
+    the polish (and its plan is polished in turn), so ``auto`` is never worse than without it."""
+    if is_measured(graph) or (best is not None and (best.solver == "none" or best.options.get("milp_status") == "optimal")):
+        return best
+    from .milp.chain import chain_improve
+
+    to_beat = math.inf if best is None else best.predicted_extra_time_s or 0.0
+    found = chain_improve(graph, best, budget_bytes, to_beat)
+    if found is None:
+        return best
+    try:
+        plan = finalize_plan(graph, found, budget_bytes, "milp")
+    except (InfeasibleBudgetError, ValueError):  # over budget with its replay tails, or not executable
+        logger.debug("solver='auto': the chain search's plan fails once finalised; not taken")
+        return best
+    if (plan.predicted_extra_time_s or 0.0) >= to_beat:
+        return best
+    logger.info("solver='auto': the chain search found a plan recomputing %.6g s (best other: %s)",
+                plan.predicted_extra_time_s or 0.0, "none fits" if best is None else f"{to_beat:.6g} s")
     return plan
 
 

@@ -65,7 +65,7 @@ from ...cost.bitsets import GraphBits, bits
 from ...cost.segment_replay import SegmentCost, bookkeeping, exact_transition, pair_bookkeeping
 from .cost_to_go import CostToGo
 
-__all__ = ["Lattice", "LatticeAnswer"]
+__all__ = ["Lattice", "LatticeAnswer", "dominated", "add_label"]
 
 logger = logging.getLogger("autoremat.solvers.milp")
 
@@ -272,7 +272,7 @@ class Lattice:
         # label: (t, m, set, dangling, parent, check, flag); check: (i, room) of the step to verify
         labels: list[tuple] = [(0.0, 0, 0, 0, -1, None, False)]
         heap: list[tuple[float, float, int, int]] = [(h0, 0.0, 0, 0)]
-        best: dict[tuple[int, int], list[tuple[int, float]]] = {}
+        best: dict[tuple[int, int], tuple[list[int], list[float]]] = {}  # state -> its Pareto front (_add)
         taken = 0
         next_log = time.monotonic() + progress
         bound = h0
@@ -286,16 +286,16 @@ class Lattice:
             _, _, j, dang, parent, check, flag = labels[lid]
             state = (j, dang)
             seen = best.get(state)
-            if seen is not None and any(m0 <= m and t0 <= t for m0, t0 in seen):
+            if seen is not None and dominated(seen, m, t):
                 continue
             if check is not None:
                 i, room = check
                 if self.need(i, j, labels[parent][3], flag, room) > room:
                     continue
             if seen is None:
-                best[state] = [(m, t)]
+                best[state] = ([m], [t])
             else:
-                seen.append((m, t))
+                add_label(seen, m, t)
             taken += 1
             bound = f
             if j == last:
@@ -328,7 +328,7 @@ class Lattice:
                         f2 = f
                 dang2 = ((dang & ~held) & alive) | fresh
                 seen = best.get((k, dang2))
-                if seen is not None and any(m0 <= m2 and t0 <= t2 for m0, t0 in seen):
+                if seen is not None and dominated(seen, m2, t2):
                     continue
                 labels.append((t2, m2, k, dang2, lid, (j, room), fl))
                 heappush(heap, (f2, t2, m2, len(labels) - 1))
@@ -408,6 +408,28 @@ class Lattice:
                 heappush(heap, (P2, m2, len(labels) - 1))
         return LatticeAnswer(None, None, None, cap, "optimal" if incumbent is not None else "infeasible", taken,
                              len(self.replays))
+
+
+def dominated(front: tuple[list[int], list[float]], m: int, t: float) -> bool:
+    """Whether a label on ``front`` has no more kept bytes than ``m`` and no more time than ``t``.
+    ``front``: a state's Pareto front of taken labels, kept bytes ascending and time strictly
+    descending (:func:`add_label`), so the entry with the most kept bytes ``<= m`` has the least
+    time of those: O(log) where a scan of every label taken at the state was O(labels) (a third
+    of the search's time on ResNet-50 at CPU size; the same answers)."""
+    ms, ts = front
+    i = bisect_right(ms, m)
+    return i > 0 and ts[i - 1] <= t
+
+
+def add_label(front: tuple[list[int], list[float]], m: int, t: float) -> None:
+    """Put a label ``(m, t)`` that :func:`dominated` let through on the front, dropping the
+    entries it dominates (no fewer kept bytes and no less time: a run right after its place)."""
+    ms, ts = front
+    i = j = bisect_left(ms, m)
+    while j < len(ms) and ts[j] >= t:
+        j += 1
+    ms[i:j] = [m]
+    ts[i:j] = [t]
 
 
 def lattice_plan_nodes(seq: list[int]) -> list[list[int]]:
