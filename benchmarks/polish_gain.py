@@ -33,19 +33,23 @@ def _ratio(new: float, best: float) -> float:
     return new / best if best > 0 else (1.0 if new == 0 else float("inf"))
 
 
-def _solve(g: Any, budget: int, chain: bool) -> tuple[Any, float]:
-    """``auto`` at ``budget`` with its chain search on or off (:data:`CHAIN_MAX_NODES` set to 0),
-    and its wall time."""
+def _solve(g: Any, budget: int, chain: bool) -> tuple[float, float]:
+    """auto's extra time at ``budget`` (``inf`` where it finds no plan: its lattice search has a
+    wall-clock limit, so on a loaded machine it may miss a plan it found before) with its chain
+    search on or off (``CHAIN_MAX_NODES`` set to 0), and its wall time; the chosen stage."""
     from autoremat.solvers.milp import chain as chain_mod
 
     keep = chain_mod.CHAIN_MAX_NODES
     chain_mod.CHAIN_MAX_NODES = keep if chain else 0
+    start = time.perf_counter()
     try:
-        start = time.perf_counter()
         plan = autoremat.solve(g, budget)
-        return plan, time.perf_counter() - start
+    except autoremat.InfeasibleBudgetError:
+        return float("inf"), time.perf_counter() - start, "no plan"
     finally:
         chain_mod.CHAIN_MAX_NODES = keep
+    stage = plan.options.get("auto_stage") or ("polish" if plan.options.get("polished_moves") else plan.solver)
+    return plan.predicted_extra_time_s or 0.0, time.perf_counter() - start, stage
 
 
 def compare(gaps: dict[str, Any], count: int, baseline: dict[str, Any] | None = None,
@@ -68,13 +72,11 @@ def compare(gaps: dict[str, Any], count: int, baseline: dict[str, Any] | None = 
             best = a["extra_time_s"] / a["over_best"]
             bound = a["extra_time_s"] / a["over_bound"] if a.get("over_bound") else None
             runs = [(_solve(g, bb["budget_bytes"], on), on) for on in ((True, False) if i % 2 else (False, True))]
-            (plan, secs), (off_plan, off_secs) = [r for r, _ in sorted(runs, key=lambda x: not x[1])]
-            extra = plan.predicted_extra_time_s or 0.0
+            (extra, secs, stage), (off_extra, off_secs, _) = [r for r, _ in sorted(runs, key=lambda x: not x[1])]
             row = {"graph": rec["graph"], "nodes": len(g), "before": a["over_best"], "now": _ratio(extra, best),
-                   "off": _ratio(off_plan.predicted_extra_time_s or 0.0, best), "main": prev.get((name, rec["graph"])),
+                   "off": _ratio(off_extra, best), "main": prev.get((name, rec["graph"])),
                    "now_bound": None if bound is None else _ratio(extra, bound), "seconds": secs,
-                   "seconds_off": off_secs, "stage": plan.options.get("auto_stage") or
-                   ("polish" if plan.options.get("polished_moves") else plan.solver)}
+                   "seconds_off": off_secs, "stage": stage}
             out.setdefault(name, []).append(row)
             print(f"  {rec['graph']} {name}: now {row['now']:.3f} off {row['off']:.3f} ({secs:.2f} s / {off_secs:.2f} s, "
                   f"{row['stage']})", flush=True)

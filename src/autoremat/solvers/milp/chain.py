@@ -67,6 +67,7 @@ CHAIN_SLACK = 0.01
 """Dominance slack, as a fraction of the budget (kept bytes) and of the plan to beat (time)."""
 
 _chains: weakref.WeakKeyDictionary[Graph, tuple[tuple[int, ...], Lattice]] = weakref.WeakKeyDictionary()
+_bounds: weakref.WeakKeyDictionary[Lattice, dict[int, CostToGo]] = weakref.WeakKeyDictionary()
 
 
 def _lattice(graph: Graph, order: tuple[int, ...]) -> Lattice:
@@ -109,8 +110,8 @@ def beam(lat: Lattice, budget: int, incumbent: float, width: int, slack: tuple[i
     for j in range(last + 1):
         if not waiting[j]:
             continue
-        order = (_alternate(sorted(waiting[j]), sorted(waiting[j], key=_by_bytes)) if spread
-                 else (e[3] for e in sorted(waiting[j])))
+        order = (_alternate(sorted(waiting[j]), sorted(waiting[j], key=_by_bytes)) if spread and j != last
+                 else (e[3] for e in sorted(waiting[j])))  # at the last set: the least time that fits
         waiting[j] = []
         fronts: dict[int, tuple[list[int], list[float]]] = {}
         kept = 0
@@ -172,9 +173,10 @@ def _alternate(by_time: list[tuple], by_bytes: list[tuple]) -> Iterator[int]:
 
 def _cost_to_go(lat: Lattice, budget: int) -> CostToGo:
     """``h`` for :func:`beam` on a grid of :data:`CHAIN_GRID` points (kept per lattice and budget)."""
-    got = lat._ctg.get(("chain", budget))
+    mine = _bounds.setdefault(lat, {})
+    got = mine.get(budget)
     if got is None:
-        got = lat._ctg[("chain", budget)] = CostToGo(lat, budget, grid=CHAIN_GRID)
+        got = mine[budget] = CostToGo(lat, budget, grid=CHAIN_GRID)
     return got
 
 
