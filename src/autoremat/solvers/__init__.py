@@ -362,17 +362,23 @@ def _chain_for_auto(graph: Graph, budget_bytes: int, best: Plan | None) -> Plan 
     from .milp.chain import chain_improve
 
     to_beat = math.inf if best is None else best.predicted_extra_time_s or 0.0
-    found = chain_improve(graph, best, budget_bytes, to_beat)
+    return _if_cheaper(graph, budget_bytes, chain_improve(graph, best, budget_bytes, to_beat), best, "chain search")
+
+
+def _if_cheaper(graph: Graph, budget_bytes: int, found: Plan | None, best: Plan | None, what: str) -> Plan | None:
+    """``found`` (a bare ``milp`` plan from ``what``) finalised, where it fits with its replay
+    tails, is executable and recomputes less than ``best``; else ``best``."""
     if found is None:
         return best
+    to_beat = math.inf if best is None else best.predicted_extra_time_s or 0.0
     try:
         plan = finalize_plan(graph, found, budget_bytes, "milp")
     except (InfeasibleBudgetError, ValueError):  # over budget with its replay tails, or not executable
-        logger.debug("solver='auto': the chain search's plan fails once finalised; not taken")
+        logger.debug("solver='auto': the %s's plan fails once finalised; not taken", what)
         return best
     if (plan.predicted_extra_time_s or 0.0) >= to_beat:
         return best
-    logger.info("solver='auto': the chain search found a plan recomputing %.6g s (best other: %s)",
+    logger.info("solver='auto': the %s found a plan recomputing %.6g s (best other: %s)", what,
                 plan.predicted_extra_time_s or 0.0, "none fits" if best is None else f"{to_beat:.6g} s")
     return plan
 
@@ -391,19 +397,7 @@ def _lattice_for_auto(graph: Graph, budget_bytes: int, best: Plan | None) -> Pla
     from .milp.exact import auto_improve
 
     to_beat = math.inf if best is None else best.predicted_extra_time_s or 0.0
-    found = auto_improve(graph, budget_bytes, to_beat)
-    if found is None:
-        return best
-    try:
-        plan = finalize_plan(graph, found, budget_bytes, "milp")
-    except InfeasibleBudgetError:  # its replay tails raise the peak: keep the other plan
-        logger.debug("solver='auto': the lattice's plan is over the budget with its replay tails; not taken")
-        return best
-    if (plan.predicted_extra_time_s or 0.0) >= to_beat:
-        return best
-    logger.info("solver='auto': the lattice search found a plan recomputing %.6g s (best other: %s)",
-                plan.predicted_extra_time_s or 0.0, "none fits" if best is None else f"{to_beat:.6g} s")
-    return plan
+    return _if_cheaper(graph, budget_bytes, auto_improve(graph, budget_bytes, to_beat), best, "lattice search")
 
 
 def _accepted(solver: str, options: Mapping[str, Any]) -> dict[str, Any]:

@@ -106,7 +106,7 @@ def beam(lat: Lattice, budget: int, incumbent: float, width: int, slack: tuple[i
     ctg = _cost_to_go(lat, budget)
     if ctg.table is None or ctg.table.item(0, 0) >= incumbent:
         return None
-    table, unit, last, nbytes = ctg.table, ctg.unit, lat.last, lat.p.nbytes
+    table, unit, last = ctg.table, ctg.unit, lat.last
     labels: list[tuple] = [(0.0, 0, 0, 0, -1, None, False)]  # (t, m, set, dangling, parent, check, flag)
     waiting: list[list[tuple[float, float, int, int]]] = [[] for _ in lat.fam]  # (t + h, t, m, label)
     waiting[0].append((0.0, 0.0, 0, 0))
@@ -136,23 +136,12 @@ def beam(lat: Lattice, budget: int, incumbent: float, width: int, slack: tuple[i
             else:
                 add_label(seen, m, t)
             room = budget - m
-            for gap, k, fl, cheap, dt, reach, add, alive, fresh, low in lat.moves_of(j, room):
-                if gap > room:
-                    break
-                t2 = t + dt
-                if cheap > room or t2 >= incumbent:
-                    continue
-                held = dang & reach
-                if held:
-                    add += nbytes(held)
-                if low + add > room:
-                    continue
-                m2 = m + add
+            for k, fl, t2, m2, dang2 in lat.children(j, t, m, dang, room, incumbent):
                 f2 = t2 if k == last else t2 + table.item(k, m2 // unit)
                 if f2 >= incumbent:
                     continue
                 waiting[k].append((f2, t2, m2, len(labels)))
-                labels.append((t2, m2, k, ((dang & ~held) & alive) | fresh, lid, (j, room), fl))
+                labels.append((t2, m2, k, dang2, lid, (j, room), fl))
             kept += 1
             if kept >= width:
                 break

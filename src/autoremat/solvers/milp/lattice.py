@@ -55,6 +55,7 @@ import logging
 import math
 import time
 from bisect import bisect_left, bisect_right
+from collections.abc import Iterator
 from dataclasses import dataclass
 from heapq import heappop, heappush
 
@@ -256,7 +257,7 @@ class Lattice:
         no more time and no more kept bytes.
 
         Long by design: the label-setting loop (the lattice's inner loop) keeps its tables in locals."""
-        last, moves_of, nbytes = self.last, self.moves_of, self.p.nbytes
+        last = self.last
         now = time.monotonic()
         ctg = self.cost_to_go(budget, now + (deadline - now) / 3) if heuristic else None
         if ctg is None and heuristic:
@@ -306,18 +307,7 @@ class Lattice:
                 logger.info("milp (lattice): %d labels taken, %d queued, time bound %.6g s, %d replays", taken,
                             len(heap), bound, len(self.replays))
             room = budget - m
-            for gap, k, fl, cheap, dt, reach, add, alive, fresh, low in moves_of(j, room):
-                if gap > room:
-                    break
-                t2 = t + dt
-                if cheap > room or t2 >= incumbent:
-                    continue
-                held = dang & reach
-                if held:
-                    add += nbytes(held)
-                if low + add > room:
-                    continue
-                m2 = m + add
+            for k, fl, t2, m2, dang2 in self.children(j, t, m, dang, room, incumbent):
                 if k == last:
                     f2 = t2 if t2 > f else f
                 else:  # pathmax: a path through the child is one through this label
@@ -326,7 +316,6 @@ class Lattice:
                         continue
                     if f2 < f:
                         f2 = f
-                dang2 = ((dang & ~held) & alive) | fresh
                 seen = best.get((k, dang2))
                 if seen is not None and dominated(seen, m2, t2):
                     continue
@@ -334,6 +323,26 @@ class Lattice:
                 heappush(heap, (f2, t2, m2, len(labels) - 1))
         return LatticeAnswer(None, None, None, math.inf if incumbent == math.inf else incumbent,
                              "infeasible" if incumbent == math.inf else "optimal", taken, len(self.replays))
+
+    def children(self, j: int, t: float, m: int, dang: int, room: int,
+                 incumbent: float) -> Iterator[tuple[int, bool, float, int, int]]:
+        """The steps out of a label ``(t, m)`` at state ``(j, dang)`` that its lower bounds do not
+        rule out for ``room`` bytes left and that stay below ``incumbent`` seconds: ``(set, flag,
+        time, kept bytes, dangling roots)`` after each (the need itself is checked when the child
+        is taken: :meth:`need`). Shared by :meth:`least_time` and ``auto``'s beam (:mod:`.chain`)."""
+        nbytes = self.p.nbytes
+        for gap, k, fl, cheap, dt, reach, add, alive, fresh, low in self.moves_of(j, room):
+            if gap > room:
+                break
+            t2 = t + dt
+            if cheap > room or t2 >= incumbent:
+                continue
+            held = dang & reach
+            if held:
+                add += nbytes(held)
+            if low + add > room:
+                continue
+            yield k, fl, t2, m + add, ((dang & ~held) & alive) | fresh
 
     def cost_to_go(self, budget: int, deadline: float = math.inf):
         """:class:`.cost_to_go.CostToGo` at ``budget`` (cached per budget; ``None`` past ``deadline``)."""
