@@ -29,7 +29,8 @@ the same graph and budget give the same plan on any machine, at any load.
 
 The plan found is simulated (:func:`.search.judge`) and returned only where it fits the budget
 and recomputes less than the plan to beat; the caller finalises it (replay tails, the budget
-check) and keeps its own plan otherwise. Graphs of at most :data:`CHAIN_MAX_NODES` nodes.
+check) and keeps its own plan otherwise. Graphs of at most :data:`CHAIN_MAX_NODES` nodes; ``auto``
+does not ask it for measured captures (``solvers._chain_for_auto`` says why).
 
 Complexity: per beam, at most ``width`` labels expanded per set, each over its ``O(n)`` steps
 (``2 n`` with the flags), ``O(width n²)`` labels made and one replay (``O(segment)``) per label
