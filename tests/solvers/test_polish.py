@@ -66,7 +66,7 @@ def test_plans_not_of_its_form_and_large_graphs_are_left_alone(monkeypatch: pyte
     assert polish(g, autoremat.Plan(plain.segments, offload=(3,)), budget) is None  # offloads
     shuffled = autoremat.Plan([autoremat.Segment((1,), recompute=False), autoremat.Segment((0,), recompute=False),
                                autoremat.Segment(tuple(range(2, len(g))), recompute=False)])
-    assert polish(g, shuffled, budget) is None  # not ranges in order
+    assert polish(g, shuffled, budget) is None  # not a topological order
     monkeypatch.setattr(polish_mod, "POLISH_MAX_NODES", len(g) - 1)
     dp = autoremat.solve(g, int(0.5 * unoptimised_peak_bytes(g)), solver="dp-approx")
     assert polish(g, dp, int(0.5 * unoptimised_peak_bytes(g))) is None

@@ -17,8 +17,10 @@ simulations.
 
 Decisions (tested in ``tests/solvers/test_polish.py``):
 
-* Only plans whose segments are contiguous ranges of node ids covering the graph in order (node
-  ids are a topological order, so every prefix is a lower set); a move the runtime cannot execute
+* Boundaries move along the plan's own order (its segments in turn, each in node order: a
+  topological order, so every prefix is a lower set); until issue 28's second pass only plans of
+  contiguous node-id ranges were polished, which left out every ``dp-approx`` plan on a graph with
+  branches (ResNet-50's downsample paths). A move the runtime cannot execute
   (:func:`autoremat.plan.validate_plan`: e.g. recomputing ops inside a module-level block captured
   op by op) is skipped; plans with selective saves (``keep``) or offloads are returned as they are.
 * Graphs of at most :data:`POLISH_MAX_NODES` nodes (a simulation costs about 2-5 ms at 100 nodes
@@ -37,7 +39,7 @@ from ..cost import simulate
 from ..graph import Graph
 from ..plan import Plan, Segment, validate_plan
 
-__all__ = ["polish", "POLISH_MAX_NODES", "POLISH_MAX_TRIALS"]
+__all__ = ["polish", "plan_order", "POLISH_MAX_NODES", "POLISH_MAX_TRIALS"]
 
 logger = logging.getLogger(__name__)
 
@@ -50,24 +52,37 @@ POLISH_MAX_TRIALS = 120
 _SHIFTS = (1, -1, 2, -2, 3, -3, 4, -4, 6, -6, 8, -8, 12, -12, 16, -16)
 
 
-def _ranges(graph: Graph, plan: Plan) -> tuple[list[int], list[bool]] | None:
-    """``(starts, recompute flags)`` of ``plan``'s segments where they are contiguous ranges of
-    node ids covering the graph in order, else ``None``."""
-    if plan.offloads or any(s.keep for s in plan.segments):
+def plan_order(graph: Graph, plan: Plan) -> tuple[int, ...] | None:
+    """``plan``'s segments in turn, each in node order, where that is a topological order of
+    ``graph`` covering it once (then every prefix is a lower set and each segment a range of it);
+    else ``None``."""
+    order = tuple(v for seg in plan.segments for v in seg.nodes)
+    if sorted(order) != list(range(len(graph))):
         return None
-    starts, flags, nxt = [], [], 0
+    pos = {v: i for i, v in enumerate(order)}
+    return None if any(pos[u] > pos[v] for v in graph.nodes for u in graph.pred(v)) else order
+
+
+def _ranges(graph: Graph, plan: Plan) -> tuple[tuple[int, ...], list[int], list[bool]] | None:
+    """``(order, starts, recompute flags)``: ``plan``'s order (its segments in turn, each in node
+    order) and where each segment starts in it, where the segments cover the graph once, else
+    ``None``. Each segment is the difference of two lower sets and node ids are a topological
+    order, so every prefix of that order is a lower set: a boundary moved along it keeps one."""
+    if plan.offloads or any(s.keep for s in plan.segments) or any(not s.nodes for s in plan.segments):
+        return None
+    order = plan_order(graph, plan)
+    if order is None:
+        return None
+    starts, at = [], 0
     for seg in plan.segments:
-        if not seg.nodes or seg.nodes != tuple(range(seg.nodes[0], seg.nodes[-1] + 1)) or seg.nodes[0] != nxt:
-            return None
-        starts.append(seg.nodes[0])
-        flags.append(bool(seg.recompute))
-        nxt = seg.nodes[-1] + 1
-    return (starts, flags) if nxt == len(graph) else None
+        starts.append(at)
+        at += len(seg.nodes)
+    return order, starts, [bool(seg.recompute) for seg in plan.segments]
 
 
-def _plan_of(n: int, starts: list[int], flags: list[bool]) -> Plan:
-    ends = starts[1:] + [n]
-    return Plan([Segment(tuple(range(a, b)), recompute=f) for a, b, f in zip(starts, ends, flags)])
+def _plan_of(order: tuple[int, ...], starts: list[int], flags: list[bool]) -> Plan:
+    ends = starts[1:] + [len(order)]
+    return Plan([Segment(order[a:b], recompute=f) for a, b, f in zip(starts, ends, flags)])
 
 
 def _moves(n: int, starts: list[int], flags: list[bool]) -> Iterator[tuple[list[int], list[bool]]]:
@@ -95,15 +110,15 @@ def polish(graph: Graph, plan: Plan, budget_bytes: int) -> Plan | None:
     if form is None:
         return None
     n = len(graph)
-    starts, flags = form
-    best = simulate(graph, _plan_of(n, starts, flags), check=False, record=False).extra_time_s
+    order, starts, flags = form
+    best = simulate(graph, _plan_of(order, starts, flags), check=False, record=False).extra_time_s
     trials = moved = 0
     improved = True
     while improved and trials < POLISH_MAX_TRIALS:
         improved = False
         for cand_starts, cand_flags in _moves(n, starts, flags):
             trials += 1
-            cand = _plan_of(n, cand_starts, cand_flags)
+            cand = _plan_of(order, cand_starts, cand_flags)
             try:
                 validate_plan(graph, cand)  # e.g. a module-level op no runtime region can wrap
             except ValueError:
@@ -118,6 +133,6 @@ def polish(graph: Graph, plan: Plan, budget_bytes: int) -> Plan | None:
     if not moved:
         return None
     logger.debug("polish: %d moves in %d simulations, extra time %.6g s", moved, trials, best)
-    out = _plan_of(n, starts, flags)
+    out = _plan_of(order, starts, flags)
     out.options = {"polished_moves": moved}
     return out

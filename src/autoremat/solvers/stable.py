@@ -60,7 +60,7 @@ from ..graph import Graph
 from ..plan import Plan
 from ..cost import simulate
 
-__all__ = ["DEFAULT_NOISE_TOLERANCE", "MEASURED_TIME_SOURCES", "is_measured", "reference_graph", "stable_plan"]
+__all__ = ["DEFAULT_NOISE_TOLERANCE", "MEASURED_TIME_SOURCES", "REFERENCE_TIME_SOURCE", "is_measured", "reference_graph", "stable_plan"]
 
 DEFAULT_NOISE_TOLERANCE = 0.05
 """Fraction of the planned step time by which a measured plan must beat the reference plan."""
@@ -84,8 +84,12 @@ def reference_graph(graph: Graph) -> Graph:
     for v in ref.nodes:
         ref.node(v)["time_s"] = t
         ref.node(v)["bwd_time_s"] = 2.0 * t
-    ref.meta["time_source"] = "reference (one cost per node)"
+    ref.meta["time_source"] = REFERENCE_TIME_SOURCE
     return ref
+
+
+REFERENCE_TIME_SOURCE = "reference (one cost per node)"
+"""``time_source`` of :func:`reference_graph`: a stand-in for a measured capture."""
 
 
 def stable_plan(graph: Graph, measured: Plan, solve_bytes: Callable[[Graph], Plan],

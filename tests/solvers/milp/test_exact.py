@@ -11,6 +11,7 @@ from _graphs import random_dag
 
 import autoremat
 from autoremat.cost import simulate, unoptimised_peak_bytes
+from autoremat.solvers.milp import chain as chain_mod
 from autoremat.solvers.milp import exact
 
 from .milp_oracle import best_within, space_table
@@ -57,8 +58,11 @@ def test_auto_improve_finds_only_cheaper_plans():
     assert plan.options["milp_bound_basis"] == "exact model"
 
 
-def _auto_extra(g, budget, monkeypatch, lattice: bool):
+def _auto_extra(g, budget, monkeypatch, lattice: bool, chain: bool = False):
+    """auto's extra time with the lattice on or off; its chain search (:mod:`autoremat.solvers.milp.chain`,
+    tested in ``test_chain.py``) off unless asked, so that these tests see the lattice alone."""
     monkeypatch.setattr(exact, "AUTO_MAX_NODES", 120 if lattice else 0)
+    monkeypatch.setattr(chain_mod, "CHAIN_MAX_NODES", 300 if chain else 0)
     try:
         return simulate(g, autoremat.solve(g, budget, solver="auto")).extra_time_s
     except autoremat.InfeasibleBudgetError:

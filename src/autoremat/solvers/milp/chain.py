@@ -1,0 +1,205 @@
+"""``auto``'s chain search: the lattice search (:mod:`.lattice`) over the prefixes of one order.
+
+Why (issue 28, ``benchmarks/results/cpu/auto_gaps/ANALYSIS.md``): on ResNet-50 at CPU size
+``auto``'s plan (``dp-approx``'s) recomputed 1.18-1.56x the proven optimum. The optimum is not of
+another kind: it recomputes the middle of each bottleneck block (conv2 .. bn3) and keeps the
+add, its ReLU and the next conv1 .. relu1 plain, ~25 short segments alternating recomputed and
+plain, and a plan of the same extra time (0.2 % more at the least budget) has every segment a
+contiguous range of node ids. ``dp-approx`` recomputes every segment but the last (no plain
+segment between recomputed ones) and the polish (:mod:`..polish`) only moves boundaries: neither
+reaches a plan of 25 segments with free flags. The full lattice finds it but closes in 3-12 s
+there, and ``auto`` asks it only below 120 nodes.
+
+:func:`chain_improve` searches the exact model's steps (:mod:`autoremat.cost.segment_replay`, as
+the lattice search) on a *chain* of lower sets: the prefixes of a topological order ``π`` (every
+prefix of a topological order is a lower set), so the family has ``n + 1`` sets whatever the
+graph's width, every segment is a range of ``π`` and its flag is free. ``π`` is the order of
+``auto``'s own plan (:func:`..polish.plan_order`), so that plan's boundaries are prefixes too
+(node order where no plan fits). On ResNet-50 the exact search over this chain (A*, the lattice's
+``least_time``) reaches the optimum (0.2 % above it at the least budget) but takes 2-5 s and on
+random U-Nets of 170-250 nodes did not close in 30 s, so ``auto`` runs a bounded heuristic
+instead, :func:`beam`: the sets in chain order, :data:`CHAIN_WIDTH` labels kept per set,
+dominance within :data:`CHAIN_SLACK`, and a second beam that also keeps the labels holding the
+fewest bytes; the better plan of the two is taken. (The second was first run only where the first
+found nothing, the random U-Nets' case; on the U-Nets where the first found a plan the second's
+was 13-22 % better: at Chen's least budget 1.275 -> 1.000, 1.151 -> 1.006 and 1.108 -> 0.91 times
+the best plan known, on ResNet-50 and the other families within 1 % of the first's either way.)
+Its work does not depend on a clock:
+the same graph and budget give the same plan on any machine, at any load.
+
+The plan found is simulated (:func:`.search.judge`) and returned only where it fits the budget
+and recomputes less than the plan to beat; the caller finalises it (replay tails, the budget
+check) and keeps its own plan otherwise. Graphs of at most :data:`CHAIN_MAX_NODES` nodes; ``auto``
+does not ask it for measured captures (``solvers._chain_for_auto`` says why).
+
+Complexity: per beam, at most ``width`` labels expanded per set, each over its ``O(n)`` steps
+(``2 n`` with the flags), ``O(width n²)`` labels made and one replay (``O(segment)``) per label
+kept; ``h`` (:class:`.cost_to_go.CostToGo`) over the ``n + 1`` sets and ``O(n²)`` steps.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import weakref
+from collections.abc import Iterator
+
+from ...cost.bitsets import GraphBits
+from ...graph import Graph
+from ...plan import Plan, Segment
+from ..polish import plan_order
+from .cost_to_go import CostToGo
+from .lattice import Lattice, add_label, dominated, lattice_plan_nodes
+from .search import judge
+
+__all__ = ["CHAIN_MAX_NODES", "CHAIN_WIDTH", "CHAIN_GRID", "beam", "CHAIN_SLACK", "chain_improve"]
+
+logger = logging.getLogger("autoremat.solvers.milp")
+
+CHAIN_MAX_NODES = 300
+""":func:`chain_improve` leaves larger graphs alone (as the polish, :data:`..polish.POLISH_MAX_NODES`)."""
+
+CHAIN_WIDTH = 8
+"""Labels :func:`beam` keeps per set. Measured (x86_64, 2 cores, loaded) on random 173-245-node
+networks at 50 %: width 16 took 1.3-2.4x as long as 8 for plans within 0-1.3 % of width 8's;
+on ResNet-50 width 8 and 16 gave plans within 1 % of each other."""
+
+CHAIN_GRID = 1024
+"""Grid points of ``h``'s kept bytes (:class:`.cost_to_go.CostToGo`; 8192 for the exact search:
+1.3 s of a random 245-node U-Net's 6 s at 50 %)."""
+
+CHAIN_SLACK = 0.01
+"""Dominance slack, as a fraction of the budget (kept bytes) and of the plan to beat (time)."""
+
+_chains: weakref.WeakKeyDictionary[Graph, tuple[tuple[int, ...], Lattice]] = weakref.WeakKeyDictionary()
+_bounds: weakref.WeakKeyDictionary[Lattice, dict[int, CostToGo]] = weakref.WeakKeyDictionary()
+
+
+def _lattice(graph: Graph, order: tuple[int, ...]) -> Lattice:
+    """The chain of ``order``'s prefixes as a lattice (the last one per graph kept: ``auto``
+    solves one graph at several budgets, and one order serves them while its plan does)."""
+    got = _chains.get(graph)
+    if got is not None and got[0] == order:
+        return got[1]
+    family, acc = [0], 0
+    for v in order:
+        acc |= 1 << v
+        family.append(acc)
+    lat = Lattice(GraphBits(graph), family)
+    _chains[graph] = (order, lat)
+    return lat
+
+
+def beam(lat: Lattice, budget: int, incumbent: float, width: int, slack: tuple[int, float], spread: bool = False
+         ) -> tuple[list[int], list[bool], float] | None:
+    """The least extra time found by a beam search over a chain lattice (sets in chain order:
+    every step goes to a later set), ``(sets, flags, model time)``, or ``None``.
+
+    The sets are taken in order; at each, its waiting labels ``(t, m, dangling roots)`` are
+    sorted by ``t + h`` (:class:`.cost_to_go.CostToGo`), checked (the exact model's need of the
+    step that made them, as the lattice search does when it takes a label) and the first
+    ``width`` that no kept label dominates (within ``slack``) are kept and expanded (``spread``:
+    taken in turn from that order and from the fewest kept bytes up, :func:`_alternate`); labels
+    that cannot beat ``incumbent`` (by ``t + h``) are never made. Every set is visited once, so
+    the work is at most ``width`` expansions per set: bounded where the A* search is not (on
+    random U-Nets it did not close in 30 s). Deterministic (ties broken by time, bytes, order
+    made). Long by design: one loop over the sets with its tables in locals."""
+    ctg = _cost_to_go(lat, budget)
+    if ctg.table is None or ctg.table.item(0, 0) >= incumbent:
+        return None
+    table, unit, last = ctg.table, ctg.unit, lat.last
+    labels: list[tuple] = [(0.0, 0, 0, 0, -1, None, False)]  # (t, m, set, dangling, parent, check, flag)
+    waiting: list[list[tuple[float, float, int, int]]] = [[] for _ in lat.fam]  # (t + h, t, m, label)
+    waiting[0].append((0.0, 0.0, 0, 0))
+    sm, st = slack
+    for j in range(last + 1):
+        if not waiting[j]:
+            continue
+        order = (_alternate(sorted(waiting[j]), sorted(waiting[j], key=_by_bytes)) if spread and j != last
+                 else (e[3] for e in sorted(waiting[j])))  # at the last set: the least time that fits
+        waiting[j] = []
+        fronts: dict[int, tuple[list[int], list[float]]] = {}
+        kept = 0
+        for lid in order:
+            t, m, _, dang, parent, check, flag = labels[lid]
+            seen = fronts.get(dang)
+            if seen is not None and dominated(seen, m + sm, t + st):
+                continue
+            if check is not None:
+                i, room = check
+                if lat.need(i, j, labels[parent][3], flag, room) > room:
+                    continue
+            if j == last:
+                seq, flags = lat.path(labels, lid)
+                return seq, flags, t
+            if seen is None:
+                fronts[dang] = ([m], [t])
+            else:
+                add_label(seen, m, t)
+            room = budget - m
+            for k, fl, t2, m2, dang2 in lat.children(j, t, m, dang, room, incumbent):
+                f2 = t2 if k == last else t2 + table.item(k, m2 // unit)
+                if f2 >= incumbent:
+                    continue
+                waiting[k].append((f2, t2, m2, len(labels)))
+                labels.append((t2, m2, k, dang2, lid, (j, room), fl))
+            kept += 1
+            if kept >= width:
+                break
+    return None
+
+
+def _by_bytes(entry: tuple[float, float, int, int]) -> tuple[int, float, int]:
+    return entry[2], entry[0], entry[3]
+
+
+def _alternate(by_time: list[tuple], by_bytes: list[tuple]) -> Iterator[int]:
+    """Label ids from the two orders in turn, each once: the beam keeps the labels closest to
+    the least time and those keeping the fewest bytes (on random U-Nets a beam of the first
+    only ran out of memory room at the long skips' ends and found no plan at widths 8-16)."""
+    seen: set[int] = set()
+    for a, b in zip(by_time, by_bytes):
+        for lid in (a[3], b[3]):
+            if lid not in seen:
+                seen.add(lid)
+                yield lid
+
+
+def _cost_to_go(lat: Lattice, budget: int) -> CostToGo:
+    """``h`` for :func:`beam` on a grid of :data:`CHAIN_GRID` points (kept per lattice and budget)."""
+    mine = _bounds.setdefault(lat, {})
+    got = mine.get(budget)
+    if got is None:
+        got = mine[budget] = CostToGo(lat, budget, grid=CHAIN_GRID)
+    return got
+
+
+def chain_improve(graph: Graph, plan: Plan | None, budget: int, extra_s: float) -> Plan | None:
+    """A plan over the prefixes of ``plan``'s order (module docstring) that the simulator puts
+    within ``budget`` and below ``extra_s`` seconds of extra time (``math.inf``: any plan that
+    fits), or ``None`` (too large a graph, or neither beam found anything cheaper; logged at DEBUG).
+    The plan returned is bare: the caller finalises it."""
+    n = len(graph)
+    if n > CHAIN_MAX_NODES or extra_s <= 0:
+        return None
+    order = None if plan is None else plan_order(graph, plan)
+    lat = _lattice(graph, tuple(range(n)) if order is None else order)
+    slack = (int(CHAIN_SLACK * budget), 0.0 if extra_s == math.inf else CHAIN_SLACK * extra_s)
+    incumbent = extra_s * (1 - 1e-9)
+    found, best = None, incumbent
+    for spread in (False, True):
+        got = beam(lat, budget, incumbent, CHAIN_WIDTH, slack, spread)
+        if got is None:
+            continue
+        plan = Plan([Segment(tuple(nodes), f) for nodes, f in zip(lattice_plan_nodes(got[0]), got[1])], solver="milp")
+        peak, extra = judge(graph, plan)
+        if peak <= budget and extra < best:
+            found, best = plan, extra
+        else:
+            logger.debug("milp (chain, for auto): a beam's plan simulates at %d bytes, extra %.6g s (budget %d, to "
+                         "beat %.6g s); not taken", peak, extra, budget, best)
+    if found is None:
+        logger.debug("milp (chain, for auto): no plan below %.6g s in either beam", extra_s)
+        return None
+    found.options["auto_stage"] = "chain"
+    return found
