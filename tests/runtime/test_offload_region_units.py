@@ -149,27 +149,30 @@ def test_an_inner_op_of_a_block_is_refused():
 
 
 @pytest.mark.gpu
-def test_blocks_captured_op_by_op_on_cuda_measure_the_predicted_peak():
+@pytest.mark.parametrize("blocks", ["module", "auto"])
+def test_blocks_saved_tensors_on_cuda_measure_the_predicted_peak(blocks: str) -> None:
     """Real copies (not run on the CPU-only machine this was written on): a GPT-2 small config on
-    CUDA with the default capture (blocks op by op) and the link measured; offload-dag at 0.6x of
-    the unpatched peak offloads blocks as units; gradients equal, the measured CUDA step peak within
-    10 % of the prediction and below the unpatched step's."""
+    CUDA, captured with one node per block (``"module"``: module-level units) or op by op (the
+    default: block units), the link measured; offload-dag at 0.6x of the unpatched peak offloads
+    blocks as units; gradients equal, the measured CUDA step peak within 10 % of the prediction
+    and below the unpatched step's."""
     import transformers
 
     from autoremat.measure import measure
     from autoremat.offload.bandwidth import measure_bandwidth
 
-    # eager attention: gradients are compared bit for bit (see test_offload_saved.py's GPU test)
+    # eager attention: the memory-efficient kernel's backward is not reproducible (an H200 run's
+    # GPT-2 reference differed from itself), and gradients are compared bit for bit
     cfg = transformers.GPT2Config(n_layer=6, n_embd=256, n_head=4, vocab_size=1024, n_positions=256,
                                   use_cache=False, attn_implementation="eager", bos_token_id=0, eos_token_id=0)
     torch.manual_seed(0)
     model = transformers.GPT2LMHeadModel(cfg).train().cuda()
     ids = torch.randint(0, 1024, (8, 256), device="cuda")
-    g = autoremat.capture(model, (ids,), loss_fn=hf.logits_mean)
-    assert g.meta.get("blocks") == "ops"
+    g = autoremat.capture(model, (ids,), loss_fn=hf.logits_mean, blocks=blocks)
+    assert (g.meta.get("blocks") == "ops") == (blocks == "auto")
     g.meta["bandwidth_bytes_per_s"] = measure_bandwidth()
     plan = autoremat.solve(g, int(0.6 * simulate(g, no_recompute_plan(g)).peak_bytes), solver="offload-dag")
-    assert set(plan.offload_saved) & set(region_units(g))
+    assert plan.offload_saved and (blocks == "module" or set(plan.offload_saved) & set(region_units(g)))
     before = measure(model, (ids,), loss_fn=hf.logits_mean).peak_bytes
     offloaded_step(model, (ids,), plan, loss_fn=hf.logits_mean)
     autoremat.apply(model, plan)

@@ -129,39 +129,6 @@ def test_a_plan_offloading_saved_tensors_of_an_fx_capture_is_refused():
     assert "forward" not in model.__dict__
 
 
-@pytest.mark.gpu
-def test_blocks_saved_tensors_on_cuda_measure_the_predicted_peak():
-    """Real copies (not run on the CPU-only machine this was written on): a GPT-2 small config
-    on CUDA, captured with one node per block and the link measured; offload-dag at 0.6x of the
-    unpatched peak offloads block internals; gradients equal, the measured CUDA step peak within
-    10 % of the prediction and below the unpatched step's."""
-    import transformers
-
-    from autoremat.measure import measure
-    from autoremat.offload.bandwidth import measure_bandwidth
-
-    # eager attention: the memory-efficient kernel's backward is not reproducible (an H200 run's
-    # GPT-2 reference differed from itself), and gradients are compared bit for bit
-    cfg = transformers.GPT2Config(n_layer=6, n_embd=256, n_head=4, vocab_size=1024, n_positions=256,
-                                  use_cache=False, attn_implementation="eager", bos_token_id=0, eos_token_id=0)
-    torch.manual_seed(0)
-    model = transformers.GPT2LMHeadModel(cfg).train().cuda()
-    ids = torch.randint(0, 1024, (8, 256), device="cuda")
-    g = autoremat.capture(model, (ids,), loss_fn=hf.logits_mean, blocks="module")
-    g.meta["bandwidth_bytes_per_s"] = measure_bandwidth()
-    plan = autoremat.solve(g, int(0.6 * simulate(g, no_recompute_plan(g)).peak_bytes), solver="offload-dag")
-    assert plan.offload_saved
-    before = measure(model, (ids,), loss_fn=hf.logits_mean).peak_bytes
-    offloaded_step(model, (ids,), plan, loss_fn=hf.logits_mean)
-    autoremat.apply(model, plan)
-    try:
-        after = measure(model, (ids,), loss_fn=hf.logits_mean).peak_bytes
-    finally:
-        autoremat.restore(model)
-    assert abs(after - plan.predicted_peak_bytes) <= 0.10 * after, (after, plan.predicted_peak_bytes)
-    assert after < before
-
-
 class _Block(torch.nn.Module):
     """Saves tensors of its own (tanh's output, a dropout mask) and its own output (ReLU)."""
 
