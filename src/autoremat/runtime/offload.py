@@ -13,32 +13,31 @@ path:
 
 On CUDA the first holder copies the whole storage to a pinned host buffer on the device-to-host
 stream right away (after an event on the compute stream, so the copy sees the finished value); the
-device storage is held only until that copy has completed (events are polled on every save,
-mark, wait and unpack), then released to the caching allocator; every holder of one storage
-shares one host copy. Where the plan says so (``Plan.offload_waits``), the compute stream waits for
-a copy before a node runs and the device storages copied up to it are released right away: the
-plans' waits include every point where the simulator releases a copy (``release_waits``), so
-the memory is free at the simulator's point in the GPU's order, not when the CPU, which may run
-far ahead, happens to see the copy complete. In backward the storages
-come back in the plan's order of first backward use (``Plan.offload_order``): the first
-``Plan.offload_prefetch_depth`` prefetches (default 1) start when backward starts (a gradient hook
-on the forward's outputs), and each first use of a storage starts the prefetch of the next one,
-on the host-to-device stream into a buffer from the compute stream's pool; the compute stream
-waits on the copy's event; the buffer is dropped (with the
-host copy) when autograd and the regions have freed the storage's last holder. A storage whose
-copy out has not been released yet is used from the device, not transferred. A recomputed region
-brings its offloaded inputs back in node order (the simulator's order), not argument order.
+device storage is held only until that copy has completed (events are polled on every save, mark,
+wait and unpack), then released to the caching allocator; every holder of one storage shares one
+host copy. Where the plan says so (``Plan.offload_waits``), the compute stream waits for a copy
+before a node runs and the device storages copied up to it are released right away: the plans'
+waits include every point where the simulator releases a copy (``release_waits``), so the memory is
+free at the simulator's point in the GPU's order, not when the CPU, which may run far ahead,
+happens to see the copy complete. In backward the storages come back in the plan's order of first
+backward use (``Plan.offload_order``): the first ``Plan.offload_prefetch_depth`` prefetches
+(default 1) start when backward starts (a gradient hook on the forward's outputs), and each first
+use of a storage starts the prefetch of the next one, on the host-to-device stream into a buffer
+from the compute stream's pool; the compute stream waits on the copy's event; the buffer is dropped
+(with the host copy) when autograd and the regions have freed the storage's last holder. A storage
+whose copy out has not been released yet is used from the device, not transferred. A recomputed
+region brings its offloaded inputs back in node order (the simulator's order), not argument order.
 
 A node often saves its own output (ReLU, sigmoid, softmax...) before it returns and can be marked.
 So the generated forward opens a *window* (:meth:`Offloader.begin_node`) just before an offloaded
 node runs: saves made inside it are packed into a small pending holder, and :meth:`Offloader.mark`
 moves those of the output's storage onto the host path like any later save.
 
-On a CPU-only machine there is no separate host memory: the same path runs as exact
-bookkeeping (no copies): marks, holders, waits, the order of prefetches and of first use, and
-bytes are recorded in :class:`OffloadStats`, tensors are returned as they were. With
-``Offloader.host_tier`` set, a CPU run instead behaves as a device whose copies complete at once
-(copies the storage counters do not see, originals released, copies back on prefetch), so that a
+On a CPU-only machine there is no separate host memory: the same path runs as exact bookkeeping (no
+copies): marks, holders, waits, the order of prefetches and of first use, and bytes are recorded in
+:class:`OffloadStats`, tensors are returned as they were. With ``Offloader.host_tier`` set, a CPU
+run instead behaves as a device whose copies complete at once (copies the storage counters do not
+see, originals released, copies back on prefetch), so that a
 :class:`~autoremat.measure.LiveStorageCounter` measures what the simulator predicts at an unbounded
 bandwidth. Gradients are identical either way.
 """
@@ -124,6 +123,12 @@ class _Handle:
         self.tick = 0  # when its last holder was registered (the order without Plan.offload_order)
         self.holders = 0  # live packed holders: when the last is gone, both copies are dropped
         self.prefetched = False
+
+    def spans(self) -> list[tuple[int, int]]:  # (offset, bytes) in the host copy of each prefetch buffer
+        return [(0, self.nbytes)]
+
+    def fetched_from(self, bufs: list[torch.Tensor]) -> Any:  # what holders unpack from: the storage
+        return bufs[0]
 
 
 class _Packed:
@@ -315,12 +320,9 @@ class Offloader:
         if h is None or h.storage() is not st:  # a new storage at a released one's address (CUDA)
             h = _Handle(node, st.nbytes(), t.device, st)
             self._handles[key] = h
-            self._all.append(h)
-            self._by_node[node] = h
-            self.stats.packed_bytes += h.nbytes
-            self.stats.packed_nodes.append(h.node)
+            self.adopt(h, h.nbytes)
             if t.device.type == "cuda":
-                self._copy_out(h, t)
+                self.copy_out(h, [_flat(t)], [0])
             elif self.host_tier:
                 # the host tier is not the device's memory: a copy made by numpy is not an op the
                 # storage counters (dispatch modes) see; its copy back (prefetch) is
@@ -335,18 +337,27 @@ class Offloader:
             self._streams[direction] = torch.cuda.Stream(device)
         return self._streams[direction]
 
-    def _copy_out(self, h: _Handle, t: torch.Tensor) -> None:
-        stream = self._stream("out", t.device)
+    def adopt(self, h: _Handle, packed_bytes: int) -> None:
+        """Count ``h`` among the step's offloaded storages (``packed_bytes`` of them)."""
+        self._all.append(h)
+        self._by_node[h.node] = h
+        self.stats.packed_bytes += packed_bytes
+        self.stats.packed_nodes.append(h.node)
+
+    def copy_out(self, h: _Handle, parts: Sequence[torch.Tensor], bases: Sequence[int]) -> None:
+        """``parts`` (flat uint8 device views) into a pinned host buffer at ``bases``, on the device-to-host
+        stream after the compute work so far; they are held (``h.device_ref``) until it completes."""
+        stream = self._stream("out", h.device)
         produced = torch.cuda.Event()
-        produced.record(torch.cuda.current_stream(t.device))
-        flat = _flat(t)
+        produced.record(torch.cuda.current_stream(h.device))
         h.host = torch.empty(h.nbytes, dtype=torch.uint8, pin_memory=True)
         with torch.cuda.stream(stream):
             stream.wait_event(produced)
-            h.host.copy_(flat, non_blocking=True)
+            for p, b in zip(parts, bases):
+                h.host[b:b + p.numel()].copy_(p, non_blocking=True)
             h.copy_done = torch.cuda.Event()
             h.copy_done.record(stream)
-        h.device_ref = flat  # held until the copy is complete
+        h.device_ref = h.fetched_from(list(parts))  # as a prefetch would give them: the storage(s)
 
     def _poll(self) -> None:
         for h in self._all:
@@ -404,34 +415,30 @@ class Offloader:
     def _start_fetch(self, h: _Handle) -> None:
         if h.fetched is not None:
             return
-        if hasattr(h, "fetch_parts"):  # a node's own saved tensors (autoremat.runtime.offload_saved)
-            h.fetch_parts(self)
-            return
         if h.device_ref is not None:  # the copy out has not been released: the device copy serves
             h.fetched = h.device_ref
             return
+        assert h.host is not None, "offload handle without a host copy, please report"
+        spans = h.spans()  # one storage, or a unit's (autoremat.runtime.offload_saved)
         if h.device.type != "cuda":  # the CPU's host tier (``host_tier``): a synchronous copy back
-            assert h.host is not None, "offload handle without a host copy, please report"
-            h.fetched = h.host.clone()
+            h.fetched = h.fetched_from([h.host[b:b + n].clone() for b, n in spans])
             return
         stream = self._stream("in", h.device)
-        assert h.host is not None, "offload handle without a host copy, please report"
-        # The buffer comes from the compute stream's pool: the caching allocator reuses a freed
-        # block only on the stream that allocated it, so buffers made on the copy stream formed a
-        # second pool the compute stream could not use (on an H200 under a memory fraction, 112
-        # MiB of a 708 MiB cap sat free in it when the step ran out of memory). The copy waits for
-        # the compute work queued so far (the block may be one that work frees), and the block is
-        # recorded on the copy stream so that it is not handed out again before the copy is done.
+        # Buffers from the compute stream's pool (the allocator reuses a block only on its own stream: ones
+        # made on the copy stream left 112 MiB of a 708 MiB cap unusable on an H200); the copy waits for the
+        # compute work so far (it may free the block), recorded on the copy stream until the copy is done.
         compute = torch.cuda.current_stream(h.device)
-        buf = torch.empty(h.nbytes, dtype=torch.uint8, device=h.device)
+        bufs = [torch.empty(n, dtype=torch.uint8, device=h.device) for _, n in spans]
         stream.wait_stream(compute)
         with torch.cuda.stream(stream):
             stream.wait_event(h.copy_done)
-            buf.copy_(h.host, non_blocking=True)
+            for buf, (b, n) in zip(bufs, spans):
+                buf.copy_(h.host[b:b + n], non_blocking=True)
             h.ready = torch.cuda.Event()
             h.ready.record(stream)
-        buf.record_stream(stream)
-        h.fetched = buf
+        for buf in bufs:
+            buf.record_stream(stream)
+        h.fetched = h.fetched_from(bufs)
 
     def _fetch(self, h: _Handle) -> torch.Tensor:
         self._start_fetch(h)

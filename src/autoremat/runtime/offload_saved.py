@@ -77,28 +77,12 @@ class _UnitHandle(_Handle):
         self.bases, self.part_bytes = bases, part_bytes
         self.part_holders = [0] * len(bases)
 
-    def fetch_parts(self, off: Offloader) -> None:
-        """Start bringing the unit back (the offloader's prefetch, :meth:`Offloader._start_fetch`)."""
-        if self.device_ref is not None:  # the copy out has not been released: the device storages serve
-            self.fetched = self.device_ref  # type: ignore[assignment]
-            return
-        assert self.host is not None, "offloaded unit without a host copy, please report"
-        if self.device.type != "cuda":  # the CPU's host tier: copies the storage counters see
-            parts = [self.host[b:b + n].clone() for b, n in zip(self.bases, self.part_bytes)]
-            self.fetched = parts  # type: ignore[assignment]
-            return
-        stream = off._stream("in", self.device)
-        bufs = [torch.empty(n, dtype=torch.uint8, device=self.device) for n in self.part_bytes]
-        stream.wait_stream(torch.cuda.current_stream(self.device))  # (see Offloader._start_fetch)
-        with torch.cuda.stream(stream):
-            stream.wait_event(self.copy_done)
-            for buf, b, n in zip(bufs, self.bases, self.part_bytes):
-                buf.copy_(self.host[b:b + n], non_blocking=True)
-            self.ready = torch.cuda.Event()
-            self.ready.record(stream)
-        for buf in bufs:
-            buf.record_stream(stream)
-        self.fetched = bufs  # type: ignore[assignment]
+    def spans(self) -> list[tuple[int, int]]:
+        """One device buffer per storage of the unit, from its place in the host buffer."""
+        return list(zip(self.bases, self.part_bytes))
+
+    def fetched_from(self, bufs: list[torch.Tensor]) -> Any:
+        return bufs  # a list, as the device storages the copy out held (``device_ref``)
 
 
 class _UnitPacked(_Packed):
@@ -192,14 +176,11 @@ class SavedCall:
         h = _UnitHandle(uid, first.device, first.untyped_storage(), bases, part_bytes, total)
         off._tick += 1
         h.tick = off._tick
-        off._all.append(h)
-        off._by_node[uid] = h
-        off.stats.packed_bytes += sum(part_bytes)
-        off.stats.packed_nodes.append(uid)
+        off.adopt(h, sum(part_bytes))
         off.stats.unit_bytes[self.node] = off.stats.unit_bytes.get(self.node, 0) + sum(part_bytes)
         cuda = first.device.type == "cuda"
         if cuda:
-            _copy_out(off, h, parts, bases)
+            off.copy_out(h, parts, bases)
         elif off.host_tier:  # a copy the storage counters do not see (see Offloader.host_tier)
             host = np.zeros(total, dtype=np.uint8)
             for p, b in zip(parts, bases):
@@ -212,22 +193,6 @@ class SavedCall:
             s.packed, s.tensor = _UnitPacked(h, t, keep, where[t.untyped_storage()._cdata][0]), None
         off.stats.saves += len(unit)
         off._poll()
-
-
-def _copy_out(off: Offloader, h: _UnitHandle, parts: Sequence[torch.Tensor], bases: Sequence[int]) -> None:
-    """The unit's storages into one pinned host buffer on the device-to-host stream, after the
-    compute stream's work so far (the call's kernels); the device storages are held until done."""
-    stream = off._stream("out", h.device)
-    produced = torch.cuda.Event()
-    produced.record(torch.cuda.current_stream(h.device))
-    h.host = torch.empty(h.nbytes, dtype=torch.uint8, pin_memory=True)
-    with torch.cuda.stream(stream):
-        stream.wait_event(produced)
-        for p, b in zip(parts, bases):
-            h.host[b:b + p.numel()].copy_(p, non_blocking=True)
-        h.copy_done = torch.cuda.Event()
-        h.copy_done.record(stream)
-    h.device_ref = list(parts)  # type: ignore[assignment]
 
 
 def block_of(name: str, mods: dict[str, nn.Module]) -> str | None:
