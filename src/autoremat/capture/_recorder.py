@@ -257,17 +257,19 @@ class Recorder:
             self.succs.setdefault(u, []).append(v)
         return v
 
+    def root(self, u: int) -> int:
+        """The node whose storage node ``u``'s output lives in (itself unless a view or in-place write)."""
+        while self.nodes[u].alias_of is not None:
+            u = self.nodes[u].alias_of
+        return u
+
     def _fold_hidden_saves(self) -> None:
         """A node that saves the output of an earlier node it does not read, which nothing reads
         either, saves a tensor made for its backward only: autograd's copy of the original ``self``
         of an in-place op (Mixtral's router, ``top_value /= top_value.sum(...)``, dispatches a
         ``clone`` before its ``div_``). That output is the saver's extra saved bytes: it lives
         from the saver's forward to its backward, not from a producer whose output nobody holds."""
-        def root(u: int) -> int:
-            while self.nodes[u].alias_of is not None:
-                u = self.nodes[u].alias_of
-            return u
-
+        root = self.root
         for v, rec in enumerate(self.nodes):
             read = {root(p) for p in rec.preds} | {root(v)}
             for u in sorted(rec.saves):

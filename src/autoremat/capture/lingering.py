@@ -15,7 +15,6 @@ op runs, in forward and in a replay alike.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from typing import Any
 
 __all__ = ["Lingering"]
@@ -49,16 +48,15 @@ class Lingering:
         self.seen.append((v, tuple(u for u in self._call if u in self.live)))
         self._call.append(v)
 
-    def apply(self, nodes: Sequence[Any], succs: dict[int, list[int]], loss_saves: set[int]) -> None:
-        """Add each op's lingering bytes to its ``fwd_temp_bytes`` (``nodes``: the capture's records)."""
-        last = {u: max(vs) for u, vs in succs.items() if vs}
-        for w, rec in enumerate(nodes):  # a view's consumers read its root's storage
-            root = w
-            while nodes[root].alias_of is not None:
-                root = nodes[root].alias_of
+    def apply(self, rec: Any) -> None:
+        """Add each op's lingering bytes to its ``fwd_temp_bytes`` (``rec``: the capture's recorder)."""
+        nodes = rec.nodes
+        last = {u: max(vs) for u, vs in rec.succs.items() if vs}
+        for w in range(len(nodes)):  # a view's consumers read its root's storage
+            root = rec.root(w)
             if w != root and w in last:
                 last[root] = max(last.get(root, -1), last[w])
-        saved = {u for rec in nodes for u in rec.saves} | set(loss_saves)
+        saved = {u for r in nodes for u in r.saves} | set(rec.loss_saves)
         for v, alive in self.seen:
             extra = sum(nodes[u].alloc_bytes for u in alive
                         if last.get(u, u) < v and u not in saved and not nodes[u].is_output)

@@ -366,7 +366,7 @@ def profile_modules(
         _settle_scopes(rec, scopes)
     rec.finish(param_bytes)
     if rec.lingering is not None:
-        rec.lingering.apply(rec.nodes, rec.succs, rec.loss_saves)
+        rec.lingering.apply(rec)
     if time_fn is not None:
         time_fn(rec.nodes)
         return rec
