@@ -2,7 +2,9 @@
 allocated.
 
 The model's parameters and buffers are swapped in place for meta tensors (:func:`on_meta`), the
-inputs replaced by meta tensors of the same shapes, and the ordinary capture runs on that.
+inputs replaced by meta tensors of the same shapes, and the ordinary capture runs on that, with
+the composite functions that pick their ops by device (attention) dispatching as the real device
+would (:class:`autoremat.capture.device_parity.AsDevice`).
 
 **Cost.** Many meta kernels are Python; :func:`autoremat.capture.capture` answers repeated ops on
 the meta device from :class:`autoremat.capture.meta_cache.MetaOpCache`, and batch norm and
@@ -108,6 +110,7 @@ def meta_capture(model: nn.Module, args: tuple, kwargs: dict, opts: dict,
     capture's recorded step runs (:class:`~.replay.ArgumentSignatures`), else it is empty."""
     from .. import _capture
     from ...resident import device_of
+    from ..device_parity import as_device
     from .replay import ArgumentSignatures
 
     device = device_of(model, args, kwargs)
@@ -118,7 +121,7 @@ def meta_capture(model: nn.Module, args: tuple, kwargs: dict, opts: dict,
     margs, mkwargs = meta_inputs(args, kwargs)
     watch = ArgumentSignatures(gm) if gm is not None else None
     try:
-        with on_meta(model, *(() if gm is None else (gm,))):
+        with on_meta(model, *(() if gm is None else (gm,))), as_device(device) as parity:
             g = _capture(model, margs, mkwargs, **{**opts, "repeats": 1, "warmup": 0},
                          flop_times=opts.get("times") == "flops", traced=gm, watch=watch)
     except Exception as exc:  # data-dependent Python on meta raises many types; fall back and say so
@@ -127,6 +130,8 @@ def meta_capture(model: nn.Module, args: tuple, kwargs: dict, opts: dict,
                     str(exc).splitlines()[0][:200] if str(exc) else "")
         return None
     g.meta["device"] = str(device)
+    if parity.choices:
+        logger.debug("autoremat: meta capture: attention backends as on %s: %s", device, parity.choices)
     from ..signature import input_signature
 
     g.meta["inputs"] = input_signature(args, kwargs)  # the real batch's devices, not "meta"
