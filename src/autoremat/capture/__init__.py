@@ -147,11 +147,12 @@ def _capture(
     blocks: str = "auto",
     traced: Any = None,
     watch: Any = None,
+    shadows: Any = None,
 ) -> Graph:
-    """:func:`capture`; ``flop_times=False`` skips counting FLOPs on the meta device (times 0),
-    for a caller that takes times from elsewhere (:mod:`autoremat.capture.scaled`); ``traced``:
-    ``model`` already traced (:func:`_traced_or_none`), profiled at fx level without tracing again;
-    ``watch``: sees each node of an fx capture's recorded step (:data:`autoremat.capture.fx.Watch`)."""
+    """:func:`capture`; ``flop_times=False``: no FLOPs counted on meta (times 0, the caller's);
+    ``traced``: ``model`` already traced (:func:`_traced_or_none`); ``watch``: sees each node of an
+    fx capture's recorded step (:data:`.fx.Watch`); ``shadows``: a meta capture's
+    :class:`~.shadow_values.ShadowValues`, entered below the recorder, above the meta-op cache."""
     model = uncompiled(model)  # a torch.compile wrapper: the module it holds (see autoremat._compiled)
     args, kwargs = _validate(model, args, kwargs, mode, loss_fn)
     if repeats < 1 or warmup < 0:
@@ -175,11 +176,11 @@ def _capture(
     count_flops = (is_meta and flop_times) or (not is_meta and resolve_times(times) == "flops")
     time_fn = _flop_times(model, args, kwargs) if count_flops else _zero_times if is_meta else None
 
-    # on meta, repeated ops are answered from a cache of output metadata (meta_cache; same graph), and
-    # the cyclic collector is paused (a fifth of a 64-layer GPT-2's meta capture, nothing device-sized
-    # to free; on a real device it runs, so garbage holding device memory is freed between steps)
+    # on meta: repeated ops answered from a cache of output metadata (meta_cache; same graph); the cyclic
+    # collector paused (a fifth of a 64-layer GPT-2's meta capture; on a real device it frees memory)
     with paused_gc() if is_meta else contextlib.nullcontext(), \
-            MetaOpCache() if is_meta else contextlib.nullcontext() as cache:
+            MetaOpCache() if is_meta else contextlib.nullcontext() as cache, \
+            shadows if shadows is not None else contextlib.nullcontext():
         rec, gm, fingerprint, tensors, cmode = _trace_and_profile(
             model, args, kwargs, mode, blocks, loss, resident, param_names, param_bytes, device,
             dict(repeats=repeats, warmup=warmup, time_fn=time_fn, count_flops=count_flops), traced, watch)

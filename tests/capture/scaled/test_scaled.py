@@ -99,9 +99,11 @@ def test_bytes_from_meta_equal_a_full_capture_and_the_graph_is_the_same() -> Non
     autoremat.restore(model)
 
 
-def test_module_level_gpt2_falls_back_to_a_linear_fit_within_five_percent(caplog: pytest.LogCaptureFixture) -> None:
-    """transformers' mask code calls ``.item()``, which the meta device cannot answer: real
-    captures at two sizes, bytes fitted per node; same nodes, peak within the 5 % target."""
+def test_module_level_gpt2_runs_on_meta_with_the_mask_codes_values(caplog: pytest.LogCaptureFixture) -> None:
+    """transformers' mask code reads position ids (``.item()``), which the meta device cannot
+    answer alone: the meta capture runs with the values of the inputs and constants beside it
+    (``autoremat.capture.shadow_values``). Bytes exact at the full size, same nodes; it fell back
+    to a linear fit of real captures before (peak -0.3 %)."""
     pytest.importorskip("transformers")
     from autoremat.zoo.hf import gpt2, logits_mean
 
@@ -110,12 +112,12 @@ def test_module_level_gpt2_falls_back_to_a_linear_fit_within_five_percent(caplog
     full = autoremat.capture(model, (), {"input_ids": ids}, loss_fn=logits_mean, repeats=1)
     with caplog.at_level(logging.INFO, logger="autoremat.capture.scaled"):
         g = capture_within(model, (), {"input_ids": ids}, loss_fn=logits_mean, limit_bytes=_limit(full), repeats=1)
-    assert "cannot run on meta tensors" in caplog.text
-    assert g.meta["mode"] == "module" and g.meta["scaled"]["bytes_from"] == "linear fit"
+    assert "cannot run on meta tensors" not in caplog.text
+    assert g.meta["mode"] == "module" and g.meta["scaled"]["bytes_from"] == "meta"
     assert len(g.meta["scaled"]["sizes"]) == 2 and max(g.meta["scaled"]["sizes"]) < 8
     assert [g.node(v)["name"] for v in g.nodes] == [full.node(v)["name"] for v in full.nodes]
     assert g.fingerprint == full.fingerprint
-    assert abs(unoptimised_peak_bytes(g) - unoptimised_peak_bytes(full)) <= 0.05 * unoptimised_peak_bytes(full)
+    assert unoptimised_peak_bytes(g) == unoptimised_peak_bytes(full)
 
 
 def test_never_runs_a_step_above_the_limit_where_a_plain_capture_runs_out_of_memory() -> None:

@@ -41,8 +41,11 @@ How it works (decisions, tested in ``tests/capture/scaled/test_scaled.py``; one 
 5. **Same graph.** The result is the meta capture at full size, with its nodes, edges and
    fingerprint, carrying the scaled times; a small capture whose node names differ from the
    meta capture is an error that says so (it would mean the graph depends on the batch size).
-6. **Fallback.** Where the model cannot run on meta tensors (data-dependent Python such as
-   ``if x.sum() > 0``, or transformers' mask code, which calls ``.item()``; a tensor attribute
+6. **Fallback.** Python that reads values of tensors made from the inputs, buffers and constants
+   (transformers' mask code: position ids, padding checks) runs on meta with those values beside
+   the meta tensors (:mod:`autoremat.capture.shadow_values`; tried only after a first meta
+   capture without them raised). Where the model still cannot run on meta tensors (data-dependent
+   Python on activations such as ``if x.sum() > 0``, Mixtral's expert routing; a tensor attribute
    that is not a buffer) or autocast is active (autocast does not apply to meta tensors, so
    bytes would be those of full precision), the ladder is walked with real (recorded) captures
    from ``max(1, B // 8)`` upwards, doubling while the peak predicted from the captures so far
@@ -54,10 +57,10 @@ How it works (decisions, tested in ``tests/capture/scaled/test_scaled.py``; one 
    half the limit: that prediction misses workspace a small size hides (below), and the factor
    two keeps it from running an unpatched step above the limit. The fit is approximate where a
    small size hides a workspace (the recorder clamps a negative workspace at zero): a GPT-2
-   measured -0.3 %, a toy MLP dominated by gradients and workspace -8.6 %. ``FakeTensorMode``
+   measured -0.3 % (when it took this path), a toy MLP dominated by gradients and workspace -8.6 %. ``FakeTensorMode``
    was tried for transformers (it counts as tracing there): bytes matched, but transformers then
    takes another mask path whose glue ops differ, so the graph would not be the full-size
-   capture's.
+   capture's; the values beside meta tensors keep transformers on its eager path.
 7. **Out of memory** (:mod:`.limits`). A ``torch.OutOfMemoryError`` (or the CPU allocator's)
    during any real capture is caught; capture has already restored RNG, buffers and gradients
    (parameters and optimizer state are never written by profiling; profiling steps start from no

@@ -21,6 +21,7 @@ from typing import Any
 
 import torch
 from torch import nn
+from torch.utils._pytree import tree_flatten
 
 from ...graph import Graph
 from .batch import map_batch
@@ -108,10 +109,7 @@ def meta_capture(model: nn.Module, args: tuple, kwargs: dict, opts: dict,
     ``gm``: ``model`` traced (captured at fx level without tracing again); then the second item
     is the full-size argument signatures of the nodes :mod:`.replay` times alone, read while the
     capture's recorded step runs (:class:`~.replay.ArgumentSignatures`), else it is empty."""
-    from .. import _capture
     from ...resident import device_of
-    from ..device_parity import as_device
-    from .replay import ArgumentSignatures
 
     device = device_of(model, args, kwargs)
     if autocast_on(device):
@@ -119,20 +117,54 @@ def meta_capture(model: nn.Module, args: tuple, kwargs: dict, opts: dict,
                     "fit of real captures at batch sizes that fit")
         return None
     margs, mkwargs = meta_inputs(args, kwargs)
-    watch = ArgumentSignatures(gm) if gm is not None else None
     try:
-        with on_meta(model, *(() if gm is None else (gm,))), as_device(device) as parity:
-            g = _capture(model, margs, mkwargs, **{**opts, "repeats": 1, "warmup": 0},
-                         flop_times=opts.get("times") == "flops", traced=gm, watch=watch)
+        try:  # without values first: a model that reads none pays nothing for them
+            g, watch, parity, shadows = _attempt(model, args, kwargs, margs, mkwargs, opts, gm, device, False)
+        except RuntimeError as exc:
+            if "meta" not in str(exc):
+                raise
+            logger.debug("autoremat: meta capture read a tensor's value (%s); again with the values of the "
+                         "inputs and buffers", str(exc).splitlines()[0][:200] if str(exc) else "")
+            g, watch, parity, shadows = _attempt(model, args, kwargs, margs, mkwargs, opts, gm, device, True)
     except Exception as exc:  # data-dependent Python on meta raises many types; fall back and say so
         logger.info("autoremat: %s cannot run on meta tensors (%s: %s); bytes come from a linear fit of real "
                     "captures at batch sizes that fit", type(model).__name__, type(exc).__name__,
                     str(exc).splitlines()[0][:200] if str(exc) else "")
         return None
     g.meta["device"] = str(device)
+    if shadows is not None and shadows.answered:
+        logger.debug("autoremat: meta capture: %d value reads answered from the inputs' and buffers' values",
+                     shadows.answered)
     if parity.choices:
         logger.debug("autoremat: meta capture: attention backends as on %s: %s", device, parity.choices)
     from ..signature import input_signature
 
     g.meta["inputs"] = input_signature(args, kwargs)  # the real batch's devices, not "meta"
     return g, (watch.signatures if watch is not None else {})
+
+
+def _attempt(model: nn.Module, args: tuple, kwargs: dict, margs: tuple, mkwargs: dict, opts: dict,
+             gm: torch.fx.GraphModule | None, device: torch.device, values: bool) -> tuple[Graph, Any, Any, Any]:
+    """One meta capture, dispatching as on ``device``
+    (:func:`autoremat.capture.device_parity.as_device`); with ``values``, small integer inputs
+    and buffers carry their values (:class:`autoremat.capture.shadow_values.ShadowValues`), so
+    Python that reads them runs. ``(graph, watch, parity mode, shadows or None)``."""
+    from .. import _capture
+    from ..device_parity import as_device
+    from ..shadow_values import ShadowValues
+    from .replay import ArgumentSignatures
+
+    watch = ArgumentSignatures(gm) if gm is not None else None
+    shadows = ShadowValues() if values else None
+    if shadows is not None:
+        for m, r in zip(tree_flatten((margs, mkwargs))[0], tree_flatten((args, kwargs))[0]):
+            if isinstance(m, torch.Tensor) and isinstance(r, torch.Tensor):
+                shadows.seed(m, r, floats=False)
+    with on_meta(model, *(() if gm is None else (gm,))) as real_of, as_device(device, shadows) as parity:
+        if shadows is not None:
+            for b in model.buffers():
+                if id(b) in real_of:
+                    shadows.seed(b, real_of[id(b)], floats=False)
+        g = _capture(model, margs, mkwargs, **{**opts, "repeats": 1, "warmup": 0},
+                     flop_times=opts.get("times") == "flops", traced=gm, watch=watch, shadows=shadows)
+    return g, watch, parity, shadows
