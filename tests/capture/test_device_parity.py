@@ -74,12 +74,17 @@ ATTENTION: dict[str, Callable[[str], torch.Tensor]] = {
 }
 
 
-@pytest.mark.parametrize("case", sorted(ATTENTION))
-def test_attention_on_meta_dispatches_the_cpu_ops(case: str) -> None:
-    cpu = _ops(ATTENTION[case], "cpu", parity=False)
-    meta = _ops(ATTENTION[case], "meta", parity=True)
+def _same_on_meta(fn: Callable[[str], torch.Tensor]) -> None:
+    """``fn`` on meta under the parity dispatches the CPU's ops, with the CPU's output layouts."""
+    cpu = _ops(fn, "cpu", parity=False)
+    meta = _ops(fn, "meta", parity=True)
     assert meta.ops == cpu.ops
     assert meta.outs == cpu.outs
+
+
+@pytest.mark.parametrize("case", sorted(ATTENTION))
+def test_attention_on_meta_dispatches_the_cpu_ops(case: str) -> None:
+    _same_on_meta(ATTENTION[case])
 
 
 def test_without_parity_meta_attention_takes_the_math_path() -> None:
@@ -123,10 +128,7 @@ CONV: dict[str, Callable[[str], torch.Tensor]] = {
 
 @pytest.mark.parametrize("case", sorted(CONV))
 def test_convolution_on_meta_has_the_cpu_layout(case: str) -> None:
-    cpu = _ops(CONV[case], "cpu", parity=False)
-    meta = _ops(CONV[case], "meta", parity=True)
-    assert meta.ops == cpu.ops
-    assert meta.outs == cpu.outs
+    _same_on_meta(CONV[case])
 
 
 def test_the_cuda_glue_runs_on_meta_with_backward() -> None:
