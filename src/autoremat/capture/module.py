@@ -30,6 +30,7 @@ from ._loss_reach import outputs_fed_by_loss
 from ._recorder import NodeRecord, Recorder, Timer, classify_function, classify_module, tensors_in
 from .blocks import BlockScopes, OpTimer, block_paths, share_times
 from .inplace import MutationLog
+from .held_outputs import OutputHold
 from .kv_cache import cache_arguments
 from .lingering import Lingering
 from .signature import tensor_lines
@@ -349,7 +350,9 @@ def profile_modules(
             for vs in producers.values():  # outputs the loss does not read get no gradient seed
                 for v in vs - fed:
                     rec.nodes[v].is_output = False
+            hold = OutputHold(rec.owner)  # the step drops its output object here, before backward
             del out, outs, producers
+            hold.mark(rec.nodes)
             rec.run_backward(loss)
             del loss
     finally:

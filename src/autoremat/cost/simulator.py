@@ -222,7 +222,7 @@ def _forward(s: StepState, st: _Step, si: int, seg: Segment) -> set[int]:
             addref(ok, ("f", w, v))
         if v in kept:
             addref(ok, ("keep", v))
-        if d["is_output"]:
+        if d["is_output"] or d["held_by_output"]:  # Graph.held_to_loss, without the call
             addref(ok, ("out", v))
         if saving:
             for u in d["saves"]:
@@ -247,7 +247,7 @@ def _loss(s: StepState, g: Graph, nd: list[dict]) -> None:
     for u in meta["loss_saves"]:
         s.addref(_okey(g, u), ("s", "loss"))
     for v in g.nodes:
-        if nd[v]["is_output"]:
+        if g.held_to_loss(v):  # the output object is dropped: outputs and what it holds
             s.decref(_okey(g, v), ("out", v))
     s.mark("loss", -1)
     outputs = [v for v in g.nodes if nd[v]["is_output"] and nd[v]["requires_grad"]]
