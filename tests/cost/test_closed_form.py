@@ -12,7 +12,7 @@ from __future__ import annotations
 import random
 
 import pytest
-from _graphs import random_dag, random_dag_with_views
+from _graphs import random_dag, random_dag_with_views, with_held_outputs
 
 from autoremat.cost import simulate
 from autoremat.cost.bitsets import GraphBits, bits
@@ -29,7 +29,8 @@ def random_sequence(p: GraphBits, family: list[int], rng: random.Random) -> list
     return seq
 
 
-@pytest.mark.parametrize("maker", [random_dag, random_dag_with_views])
+@pytest.mark.parametrize("maker", [random_dag, random_dag_with_views,
+                                   lambda s, n: with_held_outputs(random_dag_with_views(s, n), s)])
 def test_peak_within_the_bound_and_time_equal(maker):
     rng = random.Random(3)
     exact = 0
