@@ -27,7 +27,7 @@ and by nothing else (anything still holding them, a node's saved tensors or the 
 longer anyway). This needs no knowledge of the object's layout (a ``DynamicCache``'s layers, a
 tuple of hidden states). Not covered: storages made inside a module-level node (``blocks="module"``)
 that the object holds, which are no node's output; blocks captured op by op (the default) record
-each op's output as a node.
+each op's output as a node. An fx capture marks every tensor the model returns an output already.
 """
 
 from __future__ import annotations
