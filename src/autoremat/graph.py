@@ -37,8 +37,8 @@ Node attributes (all plain numbers and strings, so solvers never need torch):
     Whether the node's backward hands its output gradient to its inputs without a new
     allocation (``add``, views).
 ``is_output``
-    Whether the node's value is an output of the model that the loss reads: held until the
-    loss, its gradient seeded there.
+    Whether the node's value is an output of the model whose gradient the loss seeds (module
+    capture: one the loss reads; :mod:`autoremat.capture._loss_reach`): held until the loss.
 ``held_by_output``
     Whether the node's output storage is held by the object the model returned (a key/value
     cache, hidden states, attentions, logits beside a loss computed in ``forward``) though the

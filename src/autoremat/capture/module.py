@@ -29,8 +29,8 @@ from .._fsdp import original_class
 from ._loss_reach import outputs_fed_by_loss
 from ._recorder import NodeRecord, Recorder, Timer, classify_function, classify_module, tensors_in
 from .blocks import BlockScopes, OpTimer, block_paths, share_times
-from .inplace import MutationLog
 from .held_outputs import OutputHold
+from .inplace import MutationLog
 from .kv_cache import cache_arguments
 from .lingering import Lingering
 from .signature import tensor_lines

@@ -247,7 +247,7 @@ def _loss(s: StepState, g: Graph, nd: list[dict]) -> None:
     for u in meta["loss_saves"]:
         s.addref(_okey(g, u), ("s", "loss"))
     for v in g.nodes:
-        if nd[v]["is_output"] or nd[v]["held_by_output"]:  # Graph.held_to_loss: the output object is dropped
+        if nd[v]["is_output"] or nd[v]["held_by_output"]:  # Graph.held_to_loss: the object is dropped
             s.decref(_okey(g, v), ("out", v))
     s.mark("loss", -1)
     outputs = [v for v in g.nodes if nd[v]["is_output"] and nd[v]["requires_grad"]]
