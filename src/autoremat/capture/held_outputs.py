@@ -14,12 +14,13 @@ measured before this was modelled). Capture marks such nodes ``held_by_output``
 **What "held" means here: until the loss has been computed.** The step this project measures and
 plans drops the output object once the loss is computed, before backward:
 :func:`autoremat.measure.run_step` (``loss_fn(model(...)).backward()``), ``benchmarks/hf_breadth.py``,
-capture's own recorded step (below), and Lightning's ``training_step`` returning ``out.loss`` (the
-step's locals are gone when Lightning runs backward). A loop that keeps the object through backward
-(``outputs = model(**batch); accelerator.backward(outputs.loss)``, the usual Accelerate loop) holds
-these bytes to the end of backward as well; that is not modelled (the prediction is then low by up
-to those bytes while backward runs): drop the object first (``loss = model(**batch).loss``), or pass
-``use_cache=False`` when the cache is not used.
+capture's own recorded step (below), the integrations' trial steps, and Lightning's ``training_step``
+returning ``out.loss`` (its locals are gone when Lightning runs backward). A loop that keeps the
+object through backward (``outputs = model(**batch); accelerator.backward(outputs.loss)``, the usual
+Accelerate loop; a ``training_step`` returning a dict, whose other entries Lightning keeps for the
+closure) holds these bytes to the end of backward as well; that is not modelled (the prediction is
+then low by up to those bytes while backward runs): drop the object first (``loss =
+model(**batch).loss``), or pass ``use_cache=False`` when the cache is not used.
 
 **How they are found: by measurement.** Capture's recorded step drops the output object right after
 the loss, as the step does; the node outputs whose storage is freed at that moment were held by it
