@@ -20,6 +20,9 @@ Every generator is deterministic in its arguments. Import it as ``from _graphs i
     :meth:`Graph.from_edges` (each node saves its output), with and without a chain backbone;
   - :func:`block_chain` (``rng, blocks``): repeated blocks captured op by op (scopes, call
     regions, op indices), the shape the chain-of-blocks model and the ``blocks`` solver work on;
+  - :func:`with_held_outputs` (``graph, seed``): marks some nodes of any of these
+    ``held_by_output`` (held by the returned object until the loss, no gradient seed), for the
+    cost models' property tests;
   - :func:`random_from_edges` (``seed``): a chain with short skips, sizes and times from a few
     values; :func:`random_edges` (``n, p, rng``): an Erdős-Rényi DAG in execution order;
 
@@ -39,7 +42,7 @@ from autoremat.graph import Graph
 
 __all__ = ["diamond", "skip_connection", "module_chain", "module_graph", "skip_chain", "random_dag",
            "random_dag_with_views", "random_profiled", "random_profiled_graphs", "rich_dag", "plain_dag",
-           "random_chain_dag", "random_from_edges", "random_edges", "FAMILIES", "random_network", "random_networks",
+           "random_chain_dag", "random_from_edges", "with_held_outputs", "random_edges", "FAMILIES", "random_network", "random_networks",
            "block_chain"]
 
 
@@ -111,6 +114,22 @@ def random_dag(seed: int, n: int) -> Graph:
         g.nodes[v]["is_output"] = g.out_degree(v) == 0
     outs = [v for v in range(n) if g.out_degree(v) == 0]
     return Graph(g, {"mode": "synthetic", "loss_saves": outs[:1], "param_bytes": {"a": 4, "b": 1, "c": 2}})
+
+
+def with_held_outputs(g: Graph, seed: int, share: float = 0.25) -> Graph:
+    """``g`` with about ``share`` of its non-output nodes marked ``held_by_output`` (the returned
+    object holds them until the loss, as a key/value cache does), in place; drawn from a generator
+    of their own (``seed``), so ``g``'s other draws are unchanged. The ops of repeated blocks
+    (``op_index >= 0``) are marked by op index, alike in every block."""
+    rng = random.Random(f"held:{seed}:{len(g)}")
+    by_index: dict[int, bool] = {}
+    for v in g.nodes:
+        d = g.node(v)
+        pick = rng.random() < share
+        if d["op_index"] >= 0:
+            pick = by_index.setdefault(d["op_index"], pick)
+        d["held_by_output"] = pick and not d["is_output"]
+    return g
 
 
 def random_dag_with_views(seed: int, n: int) -> Graph:

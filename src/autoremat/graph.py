@@ -37,7 +37,13 @@ Node attributes (all plain numbers and strings, so solvers never need torch):
     Whether the node's backward hands its output gradient to its inputs without a new
     allocation (``add``, views).
 ``is_output``
-    Whether the node's value is an output of the model.
+    Whether the node's value is an output of the model whose gradient the loss seeds (module
+    capture: one the loss reads; :mod:`autoremat.capture._loss_reach`): held until the loss.
+``held_by_output``
+    Whether the node's output storage is held by the object the model returned (a key/value
+    cache, hidden states, attentions, logits beside a loss computed in ``forward``) though the
+    loss seeds no gradient into it: held until the loss has been computed, when the step drops
+    that object (:mod:`autoremat.capture.held_outputs`). :meth:`Graph.held_to_loss` is either.
 ``recomputable``
     Whether the runtime can run this node inside a checkpoint region on its own
     (module-level capture: module calls are, glue ops are not).
@@ -92,6 +98,7 @@ NODE_DEFAULTS: dict[str, Any] = {
     "requires_grad": True,
     "grad_passthrough": False,
     "is_output": False,
+    "held_by_output": False,
     "recomputable": True,
     "scope": (),
     "op_index": -1,
@@ -206,6 +213,13 @@ class Graph:
     def root(self, v: int) -> int:
         """The node whose storage ``v``'s output lives in (itself unless it is a view)."""
         return self._root[v]
+
+    def held_to_loss(self, v: int) -> bool:
+        """Whether node ``v``'s output storage is held until the loss has been computed: a model
+        output (``is_output``) or held by the returned output object (``held_by_output``). The
+        one rule every cost model uses for it; the gradient seed is ``is_output``'s alone."""
+        d = self.nx.nodes[v]
+        return bool(d["is_output"] or d["held_by_output"])
 
     def _refresh(self) -> None:
         n = len(self)

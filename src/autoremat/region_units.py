@@ -86,7 +86,7 @@ def region_unit(graph: Graph, v: int) -> RegionUnit | None:
 def _unit(graph: Graph, path: str, nodes: tuple[int, ...]) -> RegionUnit:
     members = set(nodes)
     outputs = {graph.root(v) for v in nodes
-               if graph.node(v)["is_output"] or any(w not in members for w in graph.succ(v))}
+               if graph.held_to_loss(v) or any(w not in members for w in graph.succ(v))}
     extra: list[int] = []
     roots: dict[int, None] = {}
     first_use = -1

@@ -5,7 +5,7 @@ from __future__ import annotations
 import random
 
 import pytest
-from _graphs import random_dag_with_views
+from _graphs import random_dag_with_views, with_held_outputs
 
 from autoremat.cost.bitsets import GraphBits, bit_list, bits
 from autoremat.solvers.kusumoto.families import all_lower_sets
@@ -19,7 +19,7 @@ def test_bits_of_a_mask():
 
 @pytest.mark.parametrize("seed", range(10))
 def test_per_set_quantities_are_their_definitions(seed):
-    g = random_dag_with_views(seed, 4 + seed % 8)
+    g = with_held_outputs(random_dag_with_views(seed, 4 + seed % 8), seed)
     p = GraphBits(g)
     n = len(g)
     readers = {u: {w for w in g.succ(u)} | {x for x in g.nodes if u in g.node(x)["saves"] and x != u}
@@ -28,9 +28,10 @@ def test_per_set_quantities_are_their_definitions(seed):
         inside = set(bits(lower))
         boundary = {u for u in inside if readers[u] - inside}
         outputs = {u for u in inside if g.node(u)["is_output"]}
+        held = {u for u in inside if g.held_to_loss(u)}  # outputs and what the returned object holds
         info = p.info(lower)
         assert set(bits(info.boundary)) == boundary
-        assert set(bits(info.alive)) == {g.root(u) for u in boundary | outputs}
+        assert set(bits(info.alive)) == {g.root(u) for u in boundary | held}
         assert set(bits(p.roots(lower))) == {g.root(u) for u in inside}
         assert p.nbytes(info.alive) == sum(g.node(r)["alloc_bytes"] for r in bits(info.alive))
         outside_params = {q for v in g.nodes if v not in inside for q in g.node(v)["params"]

@@ -8,7 +8,7 @@ import random
 
 import pytest
 
-from _graphs import block_chain
+from _graphs import block_chain, with_held_outputs
 from autoremat.cost import simulate
 from autoremat.cost.block_chain import (BlockChain, chain_peak, chain_plan, chain_slack, chain_time, contexts,
                                        profile_chain)
@@ -18,8 +18,8 @@ from autoremat.solvers.blocks import chain_of
 
 def _random_choices(seed: int, shared_saved: bool):
     rng = random.Random(seed)
-    g = block_chain(rng, rng.randint(2, 6), width=rng.randint(4, 9), classes=rng.randint(1, 2),
-                    shared_saved=shared_saved)
+    g = with_held_outputs(block_chain(rng, rng.randint(2, 6), width=rng.randint(4, 9), classes=rng.randint(1, 2),
+                                      shared_saved=shared_saved), seed)
     chain, profile = chain_of(g)
     assert len(chain.blocks) >= 2 and all(len(opts) > 2 for opts in chain.options)
     for _ in range(15):

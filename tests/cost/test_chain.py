@@ -11,10 +11,11 @@ from __future__ import annotations
 import random
 
 import pytest
-from _graphs import random_dag, random_profiled
+from _graphs import random_dag, random_profiled, with_held_outputs
 
 import autoremat
 from autoremat.cost import unoptimised_peak_bytes
+from autoremat.graph import Graph
 from autoremat.cost.chain import Chain, chain_from_graph, layer_cuts, split_points
 from autoremat.cost.chain_schedule import validate_schedule
 from autoremat.solvers.beaumont.chain_solvers import lower_bound, offload_dp, offload_greedy, vdnn
@@ -88,6 +89,7 @@ def test_chain_peak_is_the_simulated_peak_on_random_graphs(seed):
     dependencies hold."""
     rng = random.Random(seed)
     g = random_profiled(rng, rng.randint(1, 25)) if seed % 2 else random_dag(seed, 2 + seed % 10)
+    with_held_outputs(g, seed)
     sim_peak = unoptimised_peak_bytes(g)
     for grouping in ("fine", "split-points"):
         c = chain_from_graph(g, grouping=grouping)
@@ -96,3 +98,14 @@ def test_chain_peak_is_the_simulated_peak_on_random_graphs(seed):
         assert [last for _, last in c.layer_nodes] == layer_cuts(g, grouping)
         assert sum(c.fwd_time_s) == pytest.approx(g.total("time_s"))
     assert split_points(g)[-1] == len(g) - 1
+
+
+def test_no_cut_falls_after_a_node_the_returned_object_holds():
+    """A node held by the returned object (``held_by_output``) waits for the loss as an output
+    does: no split point or layer cut until the end, and the chain's peak is the simulator's."""
+    g = Graph.chain([8, 4, 2, 1], saves_own_output=False)
+    assert split_points(g) == [0, 1, 2, 3]
+    g.node(1)["held_by_output"] = True
+    assert split_points(g) == [0, 1, 3]
+    assert layer_cuts(g, "split-points") == [0, 1, 3]
+    assert chain_from_graph(g).peak_bytes == unoptimised_peak_bytes(g)

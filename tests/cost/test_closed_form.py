@@ -12,7 +12,7 @@ from __future__ import annotations
 import random
 
 import pytest
-from _graphs import random_dag, random_dag_with_views
+from _graphs import random_dag, random_dag_with_views, with_held_outputs
 
 from autoremat.cost import simulate
 from autoremat.cost.bitsets import GraphBits, bits
@@ -29,7 +29,8 @@ def random_sequence(p: GraphBits, family: list[int], rng: random.Random) -> list
     return seq
 
 
-@pytest.mark.parametrize("maker", [random_dag, random_dag_with_views])
+@pytest.mark.parametrize("maker", [random_dag, random_dag_with_views,
+                                   lambda s, n: with_held_outputs(random_dag_with_views(s, n), s)])
 def test_peak_within_the_bound_and_time_equal(maker):
     rng = random.Random(3)
     exact = 0
@@ -87,3 +88,17 @@ def test_sparse_table_range_maximum():
         for hi in range(lo, len(values)):
             k = (hi - lo + 1).bit_length() - 1
             assert max(table[k][lo], table[k][hi - (1 << k) + 1]) == max(values[lo:hi + 1])
+
+
+def test_a_node_the_returned_object_holds_is_charged_as_an_output_is():
+    """``R(L)`` of the closed form is the bitsets' alive set: a node held until the loss
+    (``held_by_output``) stays charged after ``L`` though nothing outside ``L`` reads it."""
+    from autoremat.graph import Graph
+
+    g = Graph.chain([8, 4, 2, 1], saves_own_output=False)
+    lower = 0b11  # {0, 1}: node 0 is read by node 1 only
+    assert ClosedForm(GraphBits(g)).terms(lower).charge == ((4, 0b10),)
+    g.node(0)["held_by_output"] = True
+    p = GraphBits(g)
+    assert set(bits(p.info(lower).alive)) == {0, 1}
+    assert dict(ClosedForm(p).terms(lower).charge) == {8: 0b01, 4: 0b10}

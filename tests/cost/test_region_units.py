@@ -10,7 +10,7 @@ from __future__ import annotations
 import random
 
 import pytest
-from _graphs import block_chain
+from _graphs import block_chain, with_held_outputs
 
 from autoremat.cost import no_recompute_plan, simulate
 from autoremat.cost.offload_link import block_needs
@@ -25,8 +25,9 @@ FREE = float("inf")
 
 def chains(count: int = 30) -> list[Graph]:
     rng = random.Random(7)
-    return [block_chain(random.Random(rng.random()), rng.randint(2, 6), width=rng.randint(4, 9),
-                        classes=rng.randint(1, 2), shared_saved=rng.random() < 0.3) for _ in range(count)]
+    return [with_held_outputs(block_chain(random.Random(rng.random()), rng.randint(2, 6), width=rng.randint(4, 9),
+                                          classes=rng.randint(1, 2), shared_saved=rng.random() < 0.3), i)
+            for i in range(count)]
 
 
 def units_plan(g: Graph, units: tuple[int, ...], depth: int = 1, segments: list[Segment] | None = None) -> Plan:

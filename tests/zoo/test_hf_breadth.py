@@ -4,7 +4,9 @@ gradients bit for bit the unpatched model's, measured step peak within 10 % of t
 The first three each broke once: Qwen2 (a recomputed layer wrote its key/value cache twice),
 Mixtral (an in-place op's copy of its input crashed ``simulate``), Bloom (its custom GELU Function:
 peak predicted 22 % low). Under bf16 autocast (forward and loss under autocast, backward outside,
-as Lightning and Accelerate run it) the same, for the default run's three."""
+as Lightning and Accelerate run it) the same, for the default run's three and GPT-NeoX (its key/value
+cache holds fp32 keys and values until the loss, while attention saves bf16 casts of them: predicted
+at 0.837x of measured before ``held_by_output``)."""
 
 from __future__ import annotations
 
@@ -53,7 +55,7 @@ def _amp_step(model: torch.nn.Module, args: tuple, kwargs: dict, loss: Any) -> t
     return counter.peak, grads
 
 
-@pytest.mark.parametrize("name", FAST)
+@pytest.mark.parametrize("name", [*FAST, "gpt_neox"])
 def test_architecture_under_bf16_autocast(name: str) -> None:
     model, args, kwargs, loss = build(name)
     with torch.autocast("cpu", dtype=torch.bfloat16):

@@ -6,9 +6,9 @@ loss does not read: no gradient is seeded into them at the loss, theirs arrives 
 cross-entropy ops recorded as glue nodes, and the output object that holds them is dropped
 before backward (as in :func:`autoremat.measure.run_step`). Capture therefore marks as graph
 outputs (``is_output``: kept until the loss, gradient seeded there) only the outputs the loss
-reaches directly. An output it does not reach is freed after its last forward consumer, not at
-the loss; the difference is the few ops between that consumer and the end of forward, which
-allocate little where it matters (a loss computed inside ``forward``).
+reaches directly. An output it does not reach is still held until the loss by the returned object,
+without a gradient seed: capture marks it ``held_by_output`` when the object's drop frees it
+(:mod:`.held_outputs`).
 """
 
 from __future__ import annotations

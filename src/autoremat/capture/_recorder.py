@@ -43,6 +43,7 @@ class NodeRecord:
     params: list[str] = field(default_factory=list)
     recomputable: bool = True
     is_output: bool = False
+    held_by_output: bool = False
     out_bytes: int = 0
     alloc_bytes: int = 0
     alias_of: int | None = None

@@ -9,8 +9,8 @@ fp32 originals outlive their consumers for nothing the graph shows: a recomputed
 measured 1.26x its prediction (Swin, bf16). :class:`Lingering` records, after each op of a block
 call, which earlier ops of that call still have a live output, and at the end of the capture adds
 the bytes of those the model would already have freed (last consumer earlier, saved by nobody, not
-an output) to the op's forward workspace (``fwd_temp_bytes``), which the simulator counts while the
-op runs, in forward and in a replay alike.
+an output, not held by the returned object: :mod:`.held_outputs`) to the op's forward workspace
+(``fwd_temp_bytes``), which the simulator counts while the op runs, in forward and in a replay alike.
 """
 
 from __future__ import annotations
@@ -59,6 +59,7 @@ class Lingering:
         saved = {u for r in nodes for u in r.saves} | set(rec.loss_saves)
         for v, alive in self.seen:
             extra = sum(nodes[u].alloc_bytes for u in alive
-                        if last.get(u, u) < v and u not in saved and not nodes[u].is_output)
+                        if last.get(u, u) < v and u not in saved and not nodes[u].is_output
+                        and not nodes[u].held_by_output)
             if extra:
                 nodes[v].fwd_temp_bytes += extra

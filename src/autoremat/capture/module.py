@@ -29,6 +29,7 @@ from .._fsdp import original_class
 from ._loss_reach import outputs_fed_by_loss
 from ._recorder import NodeRecord, Recorder, Timer, classify_function, classify_module, tensors_in
 from .blocks import BlockScopes, OpTimer, block_paths, share_times
+from .held_outputs import OutputHold
 from .inplace import MutationLog
 from .kv_cache import cache_arguments
 from .lingering import Lingering
@@ -336,20 +337,15 @@ def profile_modules(
             rec.mark_glue()
             rec.glue_enabled = False
             rec.settle_saves()
-            outs = tensors_in(out)
-            producers: dict[Any, set[int]] = {}
-            for t in outs:
-                k = t.untyped_storage()._cdata
-                if k in rec.owner:
-                    rec.nodes[rec.owner[k]].is_output = True
-                    if t.grad_fn is not None:
-                        producers.setdefault(t.grad_fn, set()).add(rec.owner[k])
+            producers = _mark_outputs(rec, out)
             loss = rec.run_loss(loss_fn, out)
             fed = outputs_fed_by_loss(loss, producers)
             for vs in producers.values():  # outputs the loss does not read get no gradient seed
                 for v in vs - fed:
                     rec.nodes[v].is_output = False
-            del out, outs, producers
+            hold = OutputHold(rec.owner)  # the step drops its output object here, before backward
+            del out, producers
+            hold.mark(rec.nodes)
             rec.run_backward(loss)
             del loss
     finally:
@@ -381,6 +377,20 @@ def profile_modules(
         for v, (f, b) in share_times(rec.block_of, op_times, fwd[n:], bwd[n:]).items():
             rec.nodes[v].time_s, rec.nodes[v].bwd_time_s = f, b
     return rec
+
+
+def _mark_outputs(rec: Recorder, out: Any) -> dict[Any, set[int]]:
+    """Mark the nodes whose storage holds a tensor of the model's output ``out`` as outputs;
+    returns their autograd nodes -> those nodes. A function of its own, so that no local of the
+    caller (a loop variable) holds an output tensor once ``out`` is dropped."""
+    producers: dict[Any, set[int]] = {}
+    for t in tensors_in(out):
+        k = t.untyped_storage()._cdata
+        if k in rec.owner:
+            rec.nodes[rec.owner[k]].is_output = True
+            if t.grad_fn is not None:
+                producers.setdefault(t.grad_fn, set()).add(rec.owner[k])
+    return producers
 
 
 def _saved_by(fn: Any) -> list[torch.Tensor]:

@@ -27,7 +27,8 @@ class SetInfo:
     boundary: int
     """``∂(L)``: nodes of ``L`` whose storage a node outside it reads (plus saved-by)."""
     alive: int
-    """``R(L)``: storage roots alive in forward after ``L`` (its boundary and its outputs)."""
+    """``R(L)``: storage roots alive in forward after ``L`` (its boundary, and what is held until
+    the loss: its outputs and what the returned object holds)."""
 
 
 @dataclass(slots=True)
@@ -75,7 +76,8 @@ class GraphBits:
         self.out = [int(d["out_bytes"]) for d in nd]
         self.rg = [bool(d["requires_grad"]) for d in nd]
         self.passthru = [bool(d["grad_passthrough"]) for d in nd]
-        self.is_out = [bool(d["is_output"]) for d in nd]
+        self.is_out = [bool(d["is_output"]) for d in nd]  # the loss seeds its gradient
+        self.held = [graph.held_to_loss(v) for v in range(n)]  # its storage is held until the loss
         self.saves = [tuple(d["saves"]) for d in nd]
         self.extra = [int(d["extra_saved_bytes"]) for d in nd]
         self.ftemp = [int(d["fwd_temp_bytes"]) for d in nd]
@@ -125,6 +127,7 @@ class GraphBits:
                     need[u] |= bit[x]
         self.need = need
         self.out_mask = sum(bit[v] for v in range(n) if self.is_out[v])
+        self.held_mask = sum(bit[v] for v in range(n) if self.held[v])
         self.view_mask = sum(bit[v] for v in range(n) if self.root[v] != v)
         self.members: list[tuple[int, ...]] = [() for _ in range(n)]  # nodes living in root r's storage
         tmp: dict[int, list[int]] = {}
@@ -222,11 +225,12 @@ class GraphBits:
         return got
 
     def info(self, lower: int) -> SetInfo:
-        """``(∂(L), R(L))``: boundary nodes, and roots alive in forward after ``L`` (boundary, outputs)."""
+        """``(∂(L), R(L))``: boundary nodes, and roots alive in forward after ``L`` (boundary, and
+        what is held until the loss)."""
         got = self._info.get(lower)
         if got is None:
             bnd = self.boundary(lower)
-            got = self._info[lower] = SetInfo(bnd, self.roots(bnd | (self.out_mask & lower)))
+            got = self._info[lower] = SetInfo(bnd, self.roots(bnd | (self.held_mask & lower)))
         return got
 
     def after(self, upper: int) -> After:

@@ -171,7 +171,7 @@ class ReferenceWindows:
 
 def _uses(graph: Graph) -> tuple[dict[int, int], set[int]]:
     """Per storage root, the last node whose forward reads, views or saves it; the roots the loss
-    reads (its saves and the outputs)."""
+    reads (its saves and the outputs) or the returned object holds until it."""
     last: dict[int, int] = {}
     for w in graph.nodes:
         d = graph.node(w)
@@ -179,7 +179,7 @@ def _uses(graph: Graph) -> tuple[dict[int, int], set[int]]:
             r = graph.root(u)
             last[r] = max(last.get(r, -1), w)
     loss = {graph.root(u) for u in graph.meta.get("loss_saves", ())}
-    loss |= {graph.root(v) for v in graph.nodes if graph.node(v)["is_output"]}
+    loss |= {graph.root(v) for v in graph.nodes if graph.held_to_loss(v)}
     return last, loss
 
 

@@ -234,10 +234,11 @@ class Chain:
 def split_points(graph: Graph) -> list[int]:
     """Nodes ``v`` after which every edge leaving ``{0..v}`` starts at ``v``.
 
-    A model output (or a node the loss saves) counts as an edge to the loss, so no cut falls
-    after a node whose value still waits for the loss. The last node is always included.
+    A model output, a node the returned object holds (:meth:`Graph.held_to_loss`) or a node the
+    loss saves counts as an edge to the loss, so no cut falls after a node whose value still waits
+    for the loss. The last node is always included.
     """
-    sink = {v for v in graph.nodes if graph.node(v)["is_output"]} | {int(u) for u in graph.meta.get("loss_saves", [])}
+    sink = {v for v in graph.nodes if graph.held_to_loss(v)} | {int(u) for u in graph.meta.get("loss_saves", [])}
     out = graph.prefix_cuts(sink)
     if len(graph) and (not out or out[-1] != len(graph) - 1):
         out.append(len(graph) - 1)
@@ -281,13 +282,14 @@ def layer_cuts(graph: Graph, grouping: str = "fine") -> list[int]:
     for v in graph.nodes:
         d = graph.node(v)
         r = graph.root(v)
-        if grouping == "split-points" or r in kept or d["is_output"]:
+        held = graph.held_to_loss(v)
+        if grouping == "split-points" or r in kept or held:
             for w in graph.succ(v):
                 users.setdefault(r, set()).add(w)
         if d["requires_grad"]:
             for u in d["saves"]:
                 users.setdefault(graph.root(u), set()).add(v)
-        if d["is_output"]:
+        if held:
             users.setdefault(r, set()).add(n - 1)
     for u in graph.meta.get("loss_saves", []):
         users.setdefault(graph.root(int(u)), set()).add(n - 1)

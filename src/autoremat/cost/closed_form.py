@@ -179,7 +179,7 @@ class ClosedForm:
             tsum -= p.time[w]
             inside -= self.single[w]
         pg = self.spre[p.n] - inside + sum(b for users, b in self.shared if users & ~lower)
-        rn = p.boundary(lower) | (p.out_mask & lower)
+        rn = p.boundary(lower) | (p.held_mask & lower)
         plain_groups: dict[int, int] = {}
         groups: dict[int, int] = {}
         holders: dict[int, int] = {}

@@ -199,7 +199,8 @@ class JointGraph:
             if req[v] and int(d["extra_saved_bytes"]) > 0:
                 extra[v] = b.add([fwd[v]], int(d["extra_saved_bytes"]), 0.0, 0, "extra", v)
         outputs = [v for v in graph.nodes if nd[v]["is_output"]]
-        loss_ins = sorted({j for u in outputs + [int(u) for u in graph.meta["loss_saves"]] for j in storage(u)})
+        held = [v for v in graph.nodes if graph.held_to_loss(v)]  # outputs and what the returned object holds
+        loss_ins = sorted({j for u in held + [int(u) for u in graph.meta["loss_saves"]] for j in storage(u)})
         seed_bytes = sum(int(nd[v]["out_bytes"]) for v in outputs if req[v])
         loss = b.add(loss_ins, seed_bytes, 0.0, int(graph.meta.get("loss_bwd_temp_bytes", 0)), "loss", None)
         bwd: dict[int, int] = {}

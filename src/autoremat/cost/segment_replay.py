@@ -74,7 +74,7 @@ def replay_segment(p: GraphBits, lower: int, upper: int, dangling: int, recomput
         inseg[v] = 1
     beyond_of = p.beyond_flags(upper)  # node's storage is read after upper
     root, succ, pred, saves, alloc_b = p.root, p.succ, p.pred, p.saves, p.alloc
-    rg, extra, ftemp, is_out = p.rg, p.extra, p.ftemp, p.is_out
+    rg, extra, ftemp, held_to_loss = p.rg, p.extra, p.ftemp, p.held
     nn = n * n
     beyond, seg_ref = -1, -2 - 2 * n          # holders; ("out", v) is -2 - v
     s_base, rs_base, rf_base, gb_base = nn, nn + n + 1, 2 * nn + 2 * n + 2, 3 * nn + 3 * n + 3
@@ -90,7 +90,7 @@ def replay_segment(p: GraphBits, lower: int, upper: int, dangling: int, recomput
                 held.add(w * n + u)
         if beyond_of[u]:
             held.add(beyond)
-        if is_out[u]:
+        if held_to_loss[u]:
             held.add(-2 - u if final else beyond)
     for r in bits(dangling):
         size[r] = alloc_b[r]
@@ -154,7 +154,7 @@ def replay_segment(p: GraphBits, lower: int, upper: int, dangling: int, recomput
             got = refs.get(root[u])
             if got is not None:
                 got.add(s_base + n)
-        for v in bits(p.out_mask):
+        for v in bits(p.held_mask):  # the output object is dropped
             key = root[v]
             got = refs.get(key)
             if got is not None:

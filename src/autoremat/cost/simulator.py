@@ -4,9 +4,9 @@ The simulator replays one training step (forward, loss, backward) of eager PyTor
 :class:`~autoremat.graph.Graph` under a :class:`~autoremat.plan.Plan`, tracking every storage
 and who holds it:
 
-* a node's output storage lives while a later node still has to read it in forward, while
-  the backward of some node that saved it is pending, or while a checkpoint region that takes
-  it as input has not finished its backward (non-reentrant checkpoint keeps its inputs);
+* a node's output storage lives while a later node still has to read it in forward, until the loss
+  where the returned object holds it (:meth:`Graph.held_to_loss`: outputs, a KV cache), while a node
+  that saved it awaits its backward, or while a checkpoint region taking it as input does (it keeps its inputs);
 * a node's own saved extras (batch-norm statistics, dropout masks…) live until its backward;
 * inside a recomputed segment nothing is saved in forward; when backward reaches the last
   node of the segment that saved something, the segment's forward is replayed up to that
@@ -222,7 +222,7 @@ def _forward(s: StepState, st: _Step, si: int, seg: Segment) -> set[int]:
             addref(ok, ("f", w, v))
         if v in kept:
             addref(ok, ("keep", v))
-        if d["is_output"]:
+        if d["is_output"] or d["held_by_output"]:  # Graph.held_to_loss, without the call
             addref(ok, ("out", v))
         if saving:
             for u in d["saves"]:
@@ -247,7 +247,7 @@ def _loss(s: StepState, g: Graph, nd: list[dict]) -> None:
     for u in meta["loss_saves"]:
         s.addref(_okey(g, u), ("s", "loss"))
     for v in g.nodes:
-        if nd[v]["is_output"]:
+        if nd[v]["is_output"] or nd[v]["held_by_output"]:  # Graph.held_to_loss: the object is dropped
             s.decref(_okey(g, v), ("out", v))
     s.mark("loss", -1)
     outputs = [v for v in g.nodes if nd[v]["is_output"] and nd[v]["requires_grad"]]

@@ -144,7 +144,7 @@ def _lifetimes(graph: Graph, plan, order: list[int], pos: dict[int, int], start:
             continue
         size[r] = int(graph.node(r)["alloc_bytes"])
         produced.setdefault(r, start[("f", r)] + graph.node(r)["time_s"])
-        last = len(order) if graph.node(v)["is_output"] else pos[r]
+        last = len(order) if graph.held_to_loss(v) else pos[r]
         last_read[r] = max(last_read.get(r, pos[r]), last, *(pos[w] for w in graph.succ(v)))
     for w in order:
         d = graph.node(w)

@@ -70,7 +70,7 @@ def _loss_rows(f: Formulation, st: Storages) -> None:
     """The loss forward (outputs alive) and backward (outputs' gradients, loss saves)."""
     g, k, b, cin = f.graph, f.k, f.b, f.cin
     alloc, savers, inputs, extras = st.alloc, st.savers, st.inputs, st.extras
-    outs = {g.root(v) for v in g.nodes if g.node(v)["is_output"]}
+    outs = {g.root(v) for v in g.nodes if g.held_to_loss(v)}  # alive at the loss
     lsaves = {g.root(u) for u in g.meta["loss_saves"]}
     fwd: Expr = {}
     bwd: Expr = {}

@@ -59,7 +59,7 @@ class TreeModel:
                 pred[x].append(u + 1)
             for w in graph.succ(v):
                 succ[x].append(w + 1)
-            if not graph.succ(v) or graph.node(v)["is_output"]:
+            if not graph.succ(v) or graph.held_to_loss(v):
                 succ[x].append(N - 1)
                 pred[N - 1].append(x)
         if n == 0:
