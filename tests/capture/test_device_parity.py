@@ -166,8 +166,8 @@ def test_attention_on_meta_dispatches_the_cuda_ops(case: str) -> None:
 pytest.importorskip("transformers")
 
 NODE_FIELDS = ("name", "out_bytes", "alloc_bytes", "alias_of", "saves", "extra_saved_bytes", "fwd_temp_bytes",
-               "bwd_temp_bytes", "param_grad_bytes", "requires_grad", "is_output", "recomputable", "scope",
-               "op_index")
+               "bwd_temp_bytes", "param_grad_bytes", "requires_grad", "is_output", "held_by_output",
+               "recomputable", "scope", "op_index")
 
 
 def _same_graph_on_meta(name: str, use_cache: bool | None = None) -> None:
