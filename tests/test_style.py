@@ -218,6 +218,11 @@ PRIVATE_TORCH = {
     "torch.utils._pytree.tree_flatten", "torch.utils._pytree.tree_unflatten",
     "torch.distributed._composable_state",  # FSDP2's module-state registry (issue 21); in torch since 2.1
     "torch._C._current_autograd_node",  # the live-storage counter's gradient sums; torch's MemTracker uses it too
+    # a meta capture dispatching as the real device (capture.device_parity, capture.shadow_values); each
+    # checked in the 2.11 wheel's stubs and sources, used there by FakeTensorMode's convolution rule the same way
+    "torch._fused_sdp_choice", "torch._C._select_conv_backend", "torch._C._conv_determine_backend_memory_format",
+    "torch._subclasses.fake_tensor.FakeTensorMode", "torch.utils._python_dispatch._disable_current_modes",
+    "torch.utils._pytree.tree_map",
 }
 """Private torch names the library uses, each checked to exist in torch 2.11 (the PyTorch of the GPU
 machines the GPU benchmark runs on) and in the pinned 2.13. A private name can vanish between

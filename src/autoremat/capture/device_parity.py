@@ -66,8 +66,11 @@ __all__ = ["AsDevice", "DeviceLayouts", "as_device", "MATH", "FLASH", "EFFICIENT
 
 logger = logging.getLogger(__name__)
 
-MATH, FLASH, EFFICIENT, CUDNN = 0, 1, 2, 3
-"""``torch.nn.attention.SDPBackend`` values as ``torch._fused_sdp_choice`` returns them."""
+# ``torch.nn.attention.SDPBackend`` values as ``torch._fused_sdp_choice`` returns them
+MATH = 0
+FLASH = 1
+EFFICIENT = 2
+CUDNN = 3
 
 _SDPA_ARGS = ("attn_mask", "dropout_p", "is_causal", "scale", "enable_gqa")
 _SDPA_DEFAULTS = (None, 0.0, False, None, False)
