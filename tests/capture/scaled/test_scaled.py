@@ -47,6 +47,23 @@ class _DataDependent(nn.Module):
         return self.head(x)
 
 
+class _OneRowChecked(nn.Module):
+    """Blocks that run one more op on a batch of one row (as transformers' GPT-2 does)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.blocks = nn.ModuleList(nn.Linear(32, 32) for _ in range(3))
+        self.head = nn.Linear(32, 4)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        for block in self.blocks:
+            y = block(x)
+            if y.shape[0] == 1:
+                y = y * 1.0
+            x = torch.tanh(y) + x
+        return self.head(x)
+
+
 class _DeviceChecked(nn.Module):
     """Blocks that run one more op on meta tensors than on the CPU (a Python device check, as
     transformers' Mixtral experts have): the meta capture is not the real graph."""
@@ -155,6 +172,20 @@ def test_a_meta_graph_the_model_does_not_run_falls_back_to_the_real_captures(cap
     assert "is not the one the model runs" in caplog.text
     assert g.meta["scaled"]["bytes_from"] == "linear fit"
     assert [g.node(v)["name"] for v in g.nodes] == [full.node(v)["name"] for v in full.nodes]
+
+
+def test_a_size_whose_graph_differs_is_left_out(caplog: pytest.LogCaptureFixture) -> None:
+    """The sizes that fit are 2 and 1 rows; at 1 row the model takes another path: the scaled
+    graph is timed from 2 rows alone, bytes from meta (the Lightning GPT-2 example met this)."""
+    torch.manual_seed(0)
+    model = _OneRowChecked()
+    x = torch.randn(4, 32)
+    full = autoremat.capture(model, (x,), mode="module", repeats=1)
+    with caplog.at_level(logging.INFO, logger="autoremat.capture.scaled"):
+        g = capture_within(model, (x,), limit_bytes=_limit(full, 0.55), mode="module", repeats=1)
+    assert "is not the full-size graph" in caplog.text
+    assert g.meta["scaled"]["bytes_from"] == "meta" and g.meta["scaled"]["sizes"] == [2]
+    assert unoptimised_peak_bytes(g) == unoptimised_peak_bytes(full)
 
 
 def test_never_runs_a_step_above_the_limit_where_a_plain_capture_runs_out_of_memory() -> None:

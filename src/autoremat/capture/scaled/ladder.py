@@ -179,18 +179,33 @@ def _replayed(trial: _Trial, out: Graph, s_lo: int, s_hi: int, workspace: dict[i
                         device=device, workspace=workspace, full_signatures=signatures or None)
 
 
-def _differs(base: Graph, small: tuple[Graph, ...], sizes: tuple[int, ...]) -> bool:
-    """Whether a recorded capture at a smaller size is not the meta capture's graph (logged: the
-    bytes then come from the real captures); a timing step's copy of ``base`` never differs."""
-    for g, size in zip(small, sizes):
-        try:
-            check_same(base, g, size)
-        except ValueError:
-            logger.warning("autoremat: the meta capture's graph (%d nodes) is not the one the model runs at "
-                           "batch size %d (%d nodes); bytes come from a linear fit of the real captures",
-                           len(base), size, len(g))
-            return True
-    return False
+def _same(base: Graph, g: Graph, size: int) -> bool:
+    try:
+        check_same(base, g, size)
+    except ValueError:
+        return False
+    return True
+
+
+def _to_scale(base: Graph | None, got: dict[int, Graph]) -> tuple[dict[int, Graph], str]:
+    """The captures to scale from and where the bytes come from. With a meta capture: the sizes
+    whose recorded graph is the meta graph (transformers takes other paths at one row: that size
+    is left out, logged); where none is, the meta capture is not the graph the model runs
+    (warned) and the bytes come from a linear fit of the real captures. A timing step's copy of
+    ``base`` is always the same graph."""
+    if base is None:
+        return got, "linear fit"
+    same = {s: g for s, g in got.items() if _same(base, g, s)}
+    if same:
+        if len(same) < len(got):
+            logger.info("autoremat: the graph at batch size %s is not the full-size graph (the model takes "
+                        "another path there); times from batch size %s", sorted(set(got) - set(same)), sorted(same))
+        return same, "meta"
+    logger.warning("autoremat: the meta capture's graph (%d nodes) is not the one the model runs at batch sizes %s "
+                   "(%s nodes); bytes come from a linear fit of the real captures", len(base), sorted(got),
+                   [len(got[s]) for s in sorted(got)])
+    hi = max(got)
+    return {s: g for s, g in got.items() if _same(got[hi], g, s)}, "linear fit"
 
 
 def ladder(model: nn.Module, args: tuple, kwargs: dict, opts: dict, base: Graph | None, batch: int,
@@ -206,17 +221,16 @@ def ladder(model: nn.Module, args: tuple, kwargs: dict, opts: dict, base: Graph 
         got = trial.up(max(max(1, batch // 8), min(2, batch // 2)))  # batch 1 often takes other paths
         if batch in got:
             return got[batch]
+    got, bytes_from = _to_scale(base, got)
     sizes = sorted(got)
     s_hi = sizes[-1]
     s_lo = sizes[-2] if len(sizes) > 1 else s_hi
     lo, hi = got[s_lo], got[s_hi]
-    if base is not None and not _differs(base, (lo, hi), (s_lo, s_hi)):
+    if bytes_from == "meta":
         out = scale_to(base, lo, hi, s_lo, s_hi, batch, bytes_too=False)
-        bytes_from = "meta"
     else:
         check_same(hi, lo, s_lo)
         out = scale_to(hi, lo, hi, s_lo, s_hi, batch, bytes_too=True)
-        bytes_from = "linear fit"
     workspace: dict[int, tuple[int, int]] = {}
     replayed = _replayed(trial, out, s_lo, s_hi, workspace, signatures or {})
     first = min((v for v in out.nodes if out.node(v)["requires_grad"]), default=None)
