@@ -170,7 +170,7 @@ NODE_FIELDS = ("name", "out_bytes", "alloc_bytes", "alias_of", "saves", "extra_s
                "recomputable", "scope", "op_index")
 
 
-def _same_graph_on_meta(name: str, use_cache: bool | None = None) -> None:
+def _same_graph_on_meta(name: str, use_cache: bool | None = None, device: str = "cpu") -> None:
     from autoremat.capture import capture
     from autoremat.capture.scaled import capture_within
     from autoremat.zoo.hf_breadth import build
@@ -178,6 +178,9 @@ def _same_graph_on_meta(name: str, use_cache: bool | None = None) -> None:
     model, args, kwargs, loss = build(name)
     if use_cache is not None:
         model.config.use_cache = use_cache
+    model = model.to(device)
+    args = tuple(a.to(device) for a in args)
+    kwargs = {k: v.to(device) if isinstance(v, torch.Tensor) else v for k, v in kwargs.items()}
     full = capture(model, args, kwargs, loss_fn=loss, times="flops")
     meta = capture_within(model, args, kwargs, limit_bytes=1, loss_fn=loss, times="flops")
     assert meta.meta.get("scaled") is None and meta.meta["time_source"] == "flops"  # the meta capture itself
@@ -202,3 +205,13 @@ def test_meta_capture_is_the_cpu_capture_node_for_node(name: str, use_cache: boo
                                   "deberta_v2", "bart", "phi3"])
 def test_meta_capture_is_the_cpu_capture_node_for_node_slow(name: str) -> None:
     _same_graph_on_meta(name)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+@pytest.mark.parametrize("name, use_cache", [("qwen2", None), ("qwen2", False), ("segformer", None),
+                                             ("whisper", None), ("gpt_neox", None)])
+def test_meta_capture_is_the_cuda_capture_node_for_node(name: str, use_cache: bool | None) -> None:
+    """On CUDA the attention backends are flash, memory-efficient or cuDNN attention, each with its
+    own glue in the composite; the meta capture must match the CUDA capture as it matches the CPU's."""
+    _same_graph_on_meta(name, use_cache, device="cuda")
