@@ -36,14 +36,15 @@ than on the device the model trains on:
   a dtype change needs; the move to meta is not recorded. A 0-d tensor is not moved at all (it
   mixes with meta tensors as a scalar, and the recorder sees its consumers read it: DeBERTa-v2's
   relative positions); a larger one reaches meta unseen, so its consumers' edge to it is lost.
-* **Convolution layouts.** :class:`DeviceLayouts` gives meta convolutions (forward and backward)
-  the memory format of the backend the real device would pick (SegFormer's depthwise
-  convolution reads a channels-last view; the meta kernel answers contiguous).
+* **Layouts.** :class:`DeviceLayouts` gives meta convolutions (forward and backward) the memory
+  format of the backend the real device would pick (SegFormer's depthwise convolution reads a
+  channels-last view; the meta kernel answers contiguous), and layer norm's input gradient the
+  contiguous layout the CPU and CUDA kernels give it (the meta kernel follows the output
+  gradient's: Swin's is transposed, and a view's backward then copied).
 
 Measured on the CPU (x86_64): 19 of the 20 architectures of :mod:`autoremat.zoo.hf_breadth`
 run on meta (Mixtral's experts take a path for non-CPU devices that needs bf16) and, with the
-cache on and off, give the CPU capture's graph node for node (bytes, edges); Swin's predicted
-peak is 0.3 % above (a gradient's layout from a meta kernel lets a view's backward copy). Cost:
+cache on and off, give the CPU capture's graph node for node (bytes, edges, predicted peak). Cost:
 the meta capture of ResNet-50 0.18 -> 0.21 s CPU (median of 5). Tested on the CPU against the real composite op for op (``tests/capture/test_device_parity.py``:
 no mask, boolean and additive masks, causal, grouped-query, dropout, no grad); the CUDA glue is
 checked the same way by GPU-marked tests there (not run without a GPU).
@@ -225,6 +226,11 @@ class DeviceLayouts(TorchDispatchMode):
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # type: ignore[no-untyped-def, override]
         out = func(*args, **(kwargs or {}))
+        if func is _LN_BACKWARD and self.device.type != "meta" and _on_meta(out[0]) \
+                and not out[0].is_contiguous():
+            # the CPU and CUDA kernels make the input's gradient contiguous; the meta kernel follows
+            # the output gradient's layout (Swin: a transposed one, and the next view's backward copied)
+            return (_in_format(out[0], torch.contiguous_format), *out[1:])
         if func not in self._OPS or self.device.type == "meta":
             return out
         bound = dict(zip((a.name for a in func._schema.arguments), args), **(kwargs or {}))
@@ -271,6 +277,9 @@ class DeviceLayouts(TorchDispatchMode):
             logger.debug("autoremat: the %s convolution backend check failed (%s); the meta kernel's layout is "
                          "kept", self.device.type, exc)
             return None
+
+
+_LN_BACKWARD = torch.ops.aten.native_layer_norm_backward.default
 
 
 def _in_format(t: torch.Tensor | None, fmt: torch.memory_format) -> torch.Tensor | None:
