@@ -86,3 +86,20 @@ def test_a_graph_without_the_attribute_reads_as_not_held() -> None:
     again = autoremat.Graph.from_dict(data)
     assert not any(again.node(v)["held_by_output"] for v in again.nodes)
     assert simulate(again, no_recompute_plan(again)).peak_bytes == simulate(g, no_recompute_plan(g)).peak_bytes
+
+
+def test_the_integrations_summary_says_what_the_output_holds() -> None:
+    """The summary both integrations print names the held bytes and what a loop keeping the
+    output through backward should do (plans assume it is dropped at the loss)."""
+    from autoremat.integrations.summary import held_by_output_bytes, summarise, summary_table
+
+    torch.manual_seed(0)
+    model, x = CachingModel(), torch.randn(64, 32)
+    g = autoremat.capture(model, (x,), loss_fn=_logits, mode="module", repeats=1)
+    held = held_by_output_bytes(g)
+    assert held == 3 * x.shape[0] * 32 * 16 * 4  # the three cached keys, each once
+    table = summary_table(summarise(no_recompute_plan(g), g, step_budget=None, resident=None))
+    assert "use_cache=False" in str(table.caption)
+    plain = autoremat.capture(nn.Sequential(nn.Linear(32, 32), nn.Tanh()), (x,), repeats=1)
+    assert held_by_output_bytes(plain) == 0
+    assert summary_table(summarise(no_recompute_plan(plain), plain, step_budget=None, resident=None)).caption is None

@@ -15,7 +15,7 @@ from ..graph import Graph
 from ..plan import Plan
 from ..cost import simulate, unoptimised_peak_bytes
 
-__all__ = ["summarise", "summary_table", "print_summary"]
+__all__ = ["summarise", "summary_table", "print_summary", "held_by_output_bytes"]
 
 
 def summarise(plan: Plan, graph: Graph | None, *, step_budget: int | None, resident: int | None,
@@ -29,10 +29,11 @@ def summarise(plan: Plan, graph: Graph | None, *, step_budget: int | None, resid
         predicted, extra, step = sim.peak_bytes, sim.extra_time_s, sim.step_time_s - sim.extra_time_s
         vanilla: int | None = unoptimised_peak_bytes(graph)
         nodes, mode, times = len(graph), graph.meta.get("mode"), graph.meta.get("time_source")
+        held: int | None = held_by_output_bytes(graph)
     else:
         predicted, extra, step = plan.predicted_peak_bytes, plan.predicted_extra_time_s, None
-        vanilla, nodes, mode, times = None, len(plan.node_names or ()), \
-            plan.graph_mode, None
+        vanilla, nodes, mode, times, held = None, len(plan.node_names or ()), \
+            plan.graph_mode, None, None
     stability = plan.options.get("stability") or {}
     return {
         "source": source, "solver": plan.solver, "segments": len(plan.segments),
@@ -45,8 +46,17 @@ def summarise(plan: Plan, graph: Graph | None, *, step_budget: int | None, resid
         "stability": stability.get("chosen"),
         "stability_tolerance": max(stability.get("tolerance") or 0.0, stability.get("time_noise") or 0.0) or None,
         "batch_size_before": batch_before, "batch_size_after": batch_after,
-        "batch_size_not_raised": not_raised,
+        "batch_size_not_raised": not_raised, "held_by_output_bytes": held,
     }
+
+
+def held_by_output_bytes(graph: Graph) -> int:
+    """Bytes the model's returned object holds that the loss does not read (a key/value cache,
+    hidden states: :mod:`autoremat.capture.held_outputs`), each storage once. Plans assume the step
+    drops the object once the loss is computed; a loop that keeps it through backward holds these
+    bytes that much longer."""
+    roots = {graph.root(v) for v in graph.nodes if graph.node(v).get("held_by_output")}
+    return sum(int(graph.node(r)["out_bytes"]) for r in roots)
 
 
 def _bytes(value: int | None) -> str:
@@ -92,9 +102,17 @@ def summary_table(summary: dict[str, Any], title: str = "AutoRemat") -> Any:
     ]
     for key, value in rows:
         table.add_row(key, str(value))
+    captions = []
     if s.get("stability") == "reference":
         tolerance = s.get("stability_tolerance") or 0.0
-        table.caption = f"a rerun keeps this plan: within timing noise ({tolerance:.0%} of the step) of the fastest"
+        captions.append(f"a rerun keeps this plan: within timing noise ({tolerance:.0%} of the step) of the fastest")
+    if s.get("held_by_output_bytes"):
+        captions.append(f"the model's output holds {fmt_bytes(s['held_by_output_bytes'])} the loss does not read "
+                        "(a key/value cache, hidden states) until the loss; a loop that keeps the output through "
+                        "backward holds it longer than planned: drop it first (loss = model(...).loss) or pass "
+                        "use_cache=False")
+    if captions:
+        table.caption = "\n".join(captions)
     return table
 
 
