@@ -203,7 +203,8 @@ def solve(graph: Graph, budget: Any, *, solver: str = "auto", auto_solvers: Sequ
     the solvers of :data:`AUTO_ORDER` that fits, stopping after ``"blocks"`` on a large graph
     where it found one, see :data:`AUTO_BLOCKS_ENOUGH_NODES`; ``auto_solvers`` narrows the
     solvers ``"auto"`` tries; on graphs of at most 120 nodes with deterministic times it also gives
-    ``milp``'s exact lattice search up to 2 s to find a cheaper plan, or one at all where no other
+    ``milp``'s exact lattice search a bounded amount of work (about 2 s on an idle machine; a count,
+    not a clock, so the same plan at any load) to find a cheaper plan, or one at all where no other
     solver fits, :func:`autoremat.solvers.milp.exact.auto_improve`; without ``highspy`` too; on
     graphs of at most 300 nodes with deterministic times it then polishes the plan's boundaries,
     :mod:`.polish`, and runs a bounded beam search over the prefixes of the plan's order with free
@@ -405,12 +406,12 @@ def _if_cheaper(graph: Graph, budget_bytes: int, found: Plan | None, best: Plan 
 
 def _lattice_for_auto(graph: Graph, budget_bytes: int, best: Plan | None) -> Plan | None:
     """On small graphs ``auto`` also asks the exact lattice search (:func:`.milp.exact.auto_improve`,
-    a couple of seconds at most) for a plan that recomputes less than ``best`` (any plan that fits
+    bounded by a count of work, :data:`.milp.exact.AUTO_WORK`, ~2 s idle) for a plan that recomputes less than ``best`` (any plan that fits
     where ``best`` is ``None``: no other solver fits the budget), on deterministic
     times only (FLOP counts, the meta device): on measured times the exact optimum among plans
     that differ by timing noise changes from capture to capture (two quiet captures of a
     two-branch graph, 5 % jitter, gave two lattice plans, each faster than the heuristics' by more
-    than :mod:`.stable`'s tolerance), and a deadline-bound search depends on the machine's load."""
+    than :mod:`.stable`'s tolerance)."""
     if is_measured(graph):
         logger.debug("solver='auto': not asking the lattice search (measured times)")
         return best
