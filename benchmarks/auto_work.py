@@ -2,6 +2,8 @@
 
     python benchmarks/auto_work.py                    # 24 seeded networks of 30-120 nodes + zoo VGG19, U-Net
     python benchmarks/auto_work.py --count 8 --cap 4
+    python benchmarks/auto_work.py --limit-only        # only auto's searches at AUTO_WORK, cold
+    python benchmarks/auto_work.py --in-auto           # auto itself on the stored <= 120-node networks
 
 ``auto`` asks the exact lattice search (:mod:`autoremat.solvers.milp.lattice`) on graphs of at most
 120 nodes and 1000 lower sets. It used to stop it after 2 s of wall-clock time, so the same graph
@@ -35,6 +37,7 @@ import autoremat
 from autoremat import zoo
 from autoremat.cost import unoptimised_peak_bytes
 from autoremat.cost.bitsets import GraphBits
+from autoremat.errors import InfeasibleBudgetError
 from autoremat.solvers.chen import chen_plans
 from autoremat.solvers.kusumoto.families import all_lower_sets
 from autoremat.solvers.milp import lattice as L
@@ -45,7 +48,8 @@ from autoremat.solvers.milp.lattice import Lattice
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 from _graphs import random_networks  # noqa: E402  (the seeded generators the tests use)
 
-OUT = Path(__file__).resolve().parent / "results" / "cpu" / "auto_work"
+HERE = Path(__file__).resolve().parent
+OUT = HERE / "results" / "cpu" / "auto_work"
 WEIGHTS = (L.LABEL_WORK, L.CHILD_WORK, L.CHECK_WORK)
 MACHINE = "x86_64, 2 cores, CPU only, shared/loaded"
 
@@ -123,13 +127,58 @@ def at_the_limit(graph: Any, name: str) -> list[dict[str, Any]]:
     return out
 
 
+def in_auto(out: Path) -> dict[str, Any]:
+    """``auto`` itself on the seeded networks of ``benchmarks/optimum_gaps.py`` that it asks the
+    lattice on (<= 120 nodes), at their stored budgets in turn (warm caches and incumbents, as
+    ``auto`` runs): each lattice search's status, work and CPU seconds; the ones the limit stopped
+    are what :data:`AUTO_WORK` costs."""
+    stored = json.loads((HERE / "results" / "cpu" / "optimum_gaps" / "random" / "gaps.json").read_text())
+    nets = random_networks(100, seed=0, lo=30, hi=300)
+    log: list[dict[str, Any]] = []
+    real = {"least_time": Lattice.least_time, "least_peak": Lattice.least_peak}
+
+    def wrap(name: str):
+        def run(self, *a, **k):  # type: ignore[no-untyped-def]
+            ans, cpu, wall = _timed(lambda: real[name](self, *a, **k))
+            log.append({"search": name, "status": ans.status, "work": ans.work, "cpu_s": cpu, "wall_s": wall})
+            return ans
+        return run
+
+    load = os.getloadavg()
+    try:
+        Lattice.least_time, Lattice.least_peak = wrap("least_time"), wrap("least_peak")
+        for i, row in enumerate(stored["graphs"]):
+            if row["nodes"] > AUTO_MAX_NODES:
+                continue
+            for label, b in row["budgets"].items():
+                try:
+                    autoremat.solve(nets[i], b["budget_bytes"], solver="auto")
+                except InfeasibleBudgetError:
+                    pass
+    finally:
+        Lattice.least_time, Lattice.least_peak = real["least_time"], real["least_peak"]
+    stopped = [r for r in log if r["status"] == "time_limit"]
+    cpu = sorted(r["cpu_s"] for r in stopped)
+    summary = {"machine": MACHINE, "load_avg_start": load, "load_avg_end": os.getloadavg(), "AUTO_WORK": AUTO_WORK,
+               "searches": len(log), "stopped_by_the_limit": len(stopped),
+               "stopped_cpu_s": [round(c, 2) for c in cpu], "stopped_cpu_s_median": statistics.median(cpu) if cpu else None,
+               "closed_work_max": max((r["work"] for r in log if r["status"] != "time_limit"), default=None)}
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "in_auto.json").write_text(json.dumps({"summary": summary, "searches": log}, indent=1))
+    print(json.dumps(summary, indent=1))
+    return summary
+
+
 def main(argv: list[str] | None = None) -> dict[str, Any]:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--count", type=int, default=24)
     ap.add_argument("--cap", type=float, default=8.0, help="wall-clock cap per search (s)")
     ap.add_argument("--out", default=str(OUT))
     ap.add_argument("--limit-only", action="store_true", help="only auto's calls at AUTO_WORK (no fit)")
+    ap.add_argument("--in-auto", action="store_true", help="the lattice searches of auto itself on the stored networks")
     opts = ap.parse_args(argv)
+    if opts.in_auto:
+        return in_auto(Path(opts.out))
     graphs = [(f"{g.graph.get('name', 'random')}-{i}" if hasattr(g, "graph") else f"random-{i}", g)
               for i, g in enumerate(random_networks(opts.count, seed=0, lo=30, hi=AUTO_MAX_NODES))]
     for model in ("vgg19", "unet"):
