@@ -133,7 +133,7 @@ class Lattice:
         self.moves: list[list[tuple]] = [[] for _ in family]  # per set: (step, key gap, flag) in key order
         self._arrays: dict[int, tuple] = {}
         self._ctg: dict[int, CostToGo] = {}
-        self._ctg_failed: dict[int, float] = {}  # budget -> seconds it was given and did not finish in
+        self._ctg_failed: dict[int, tuple[float, float]] = {}  # budget -> (seconds, work) it did not finish in
 
     # -------------------------------------------------------------- steps
     def successors(self, i: int, limit: int) -> list[int]:
