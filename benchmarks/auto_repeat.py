@@ -18,6 +18,7 @@ Writes ``repeat.json`` and ``RESULTS.md`` under ``--out`` (default ``benchmarks/
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 import os
 import statistics
@@ -54,8 +55,9 @@ def worker(index: int, bounds: str) -> None:
             except InfeasibleBudgetError:
                 out = {"infeasible": True}
             else:
+                segs = json.dumps([[list(s.nodes), s.recompute] for s in plan.segments])
                 out = {"extra_time_s": judge(graph, plan)[1], "chosen": plan.solver,
-                       "plan": [[list(s.nodes), s.recompute] for s in plan.segments]}
+                       "plan_sha1": hashlib.sha1(segs.encode()).hexdigest()[:12]}
             out.update({"graph": row["graph"], "budget": label, "attempt": attempt,
                         "seconds": time.perf_counter() - start})
             print(json.dumps(out), flush=True)
@@ -109,7 +111,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         pairs: dict[tuple[str, str], list[dict[str, Any]]] = {}
         for r in version:
             pairs.setdefault((r["graph"], r["budget"]), []).append(r)
-        differ = [k for k, (a, b) in pairs.items() if (a.get("plan"), a.get("infeasible")) != (b.get("plan"), b.get("infeasible"))]
+        differ = [k for k, (a, b) in pairs.items()
+                  if (a.get("plan_sha1"), a.get("infeasible")) != (b.get("plan_sha1"), b.get("infeasible"))]
         within = [k for k, rs in pairs.items() if rs[0].get("extra_time_s") is not None and best.get(k) is not None
                   and rs[0]["extra_time_s"] <= 1.05 * best[k] + 1e-15]
         feasible = [k for k, rs in pairs.items() if rs[0].get("extra_time_s") is not None]
