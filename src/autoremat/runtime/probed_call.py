@@ -12,7 +12,7 @@ from torch import nn
 from torch.utils.checkpoint import checkpoint
 
 from ..capture.kv_cache import refuse_cache_writes
-from .recompute_state import SeededProbe, checkpoint_kwargs
+from .recompute_state import SeededProbe, checkpoint_kwargs, prepare_scratch
 from .region import _run, compiled_region, refuse_offloaded_inputs
 
 __all__ = ["ProbedCall"]
@@ -28,6 +28,7 @@ class ProbedCall:
     def __init__(self, fn: Callable[..., Any], stateful: list[tuple[nn.Module, str]], mode: str,
                  params: tuple[torch.Tensor, ...] = (), where: str = "a module call") -> None:
         self.fn, self.stateful, self.mode, self.params, self.where = fn, stateful, mode, params, where
+        prepare_scratch(stateful)
         self.probed: SeededProbe | None = None
         self.active = True  # False after restore: a user wrapper still holding it runs plain fn
 

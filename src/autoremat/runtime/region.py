@@ -74,7 +74,8 @@ from torch.utils.checkpoint import checkpoint, get_device_states, set_device_sta
 
 from .offload import HostInput, Offloader, active_offloader
 from .recompute_state import (SeededProbe, RestoreBuffers, UncachedAutocast, check_params, checkpoint_kwargs,
-                              is_recomputing, param_versions, snapshot_buffers, stateful_buffers)
+                              is_recomputing, param_versions, prepare_scratch, snapshot_buffers,
+                              stateful_buffers)
 
 __all__ = ["CheckpointRegion", "REGION_MODES", "compiled_region", "recomputed_call", "RecomputationMismatchError",
            "tail_mark", "is_recomputing", "snapshot_buffers", "refuse_offloaded_inputs"]
@@ -418,6 +419,7 @@ class CheckpointRegion(nn.Module):
         for slot in buffers or ():  # buffers the region's ops read or update (fx get_attr)
             if not any(slot[0] is m and slot[1] == n for m, n in self.stateful):
                 self.stateful.append(slot)
+        prepare_scratch(self.stateful)
         seen: set[int] = set()
         self.params = tuple(p for p in (*(q for m in modules for q in m.parameters()), *params)
                             if not (id(p) in seen or seen.add(id(p))))  # type: ignore[func-returns-value]

@@ -60,7 +60,7 @@ from .beaumont import (OffloadDPConfig, OffloadGreedyConfig, VdnnConfig, solve_o
                             solve_vdnn)
 from .reforward import ReforwardConfig, solve_reforward
 from .least import auto_lattice_least, auto_order, least_budget
-from .stable import DEFAULT_NOISE_TOLERANCE, REFERENCE_TIME_SOURCE, is_measured, stable_plan
+from .stable import DEFAULT_NOISE_TOLERANCE, is_measured, stable_plan
 from .xla_greedy import XlaGreedyConfig, solve_xla_greedy
 
 __all__ = ["SOLVERS", "SOLVER_FUNCTIONS", "RegisteredSolver", "CONFIGS", "OFFLOAD_ONLY", "AUTO_ORDER",
@@ -203,7 +203,8 @@ def solve(graph: Graph, budget: Any, *, solver: str = "auto", auto_solvers: Sequ
     the solvers of :data:`AUTO_ORDER` that fits, stopping after ``"blocks"`` on a large graph
     where it found one, see :data:`AUTO_BLOCKS_ENOUGH_NODES`; ``auto_solvers`` narrows the
     solvers ``"auto"`` tries; on graphs of at most 120 nodes with deterministic times it also gives
-    ``milp``'s exact lattice search up to 2 s to find a cheaper plan, or one at all where no other
+    ``milp``'s exact lattice search a bounded amount of work (about 2 s on an idle machine; a count,
+    not a clock, so the same plan at any load) to find a cheaper plan, or one at all where no other
     solver fits, :func:`autoremat.solvers.milp.exact.auto_improve`; without ``highspy`` too; on
     graphs of at most 300 nodes with deterministic times it then polishes the plan's boundaries,
     :mod:`.polish`, and runs a bounded beam search over the prefixes of the plan's order with free
@@ -371,12 +372,12 @@ def _chain_for_auto(graph: Graph, budget_bytes: int, best: Plan | None) -> Plan 
     that recomputes less and still fits once finalised; deterministic times only (as
     :func:`_lattice_for_auto`), and not after the lattice proved ``best`` optimal. It runs after
     the polish (and its plan is polished in turn), so ``auto`` is never worse than without it.
-    Not on the uniform-cost stand-in of a measured capture either (:func:`.stable.reference_graph`):
-    on the Lightning CPU CNN (ResNet-50) at 50 % its plan, 1.5 KB under the budget, measured 4.2 KB
-    over its prediction in the Lightning step (the same plan measured 8 B over it by
-    :func:`autoremat.measure.measure` outside Lightning; the dp-approx plan 8 B over in both); why
-    is not found yet (issue 28), so measured captures keep the plans they had."""
-    if is_measured(graph) or graph.meta.get("time_source") == REFERENCE_TIME_SOURCE or (
+    On a measured capture it runs on the uniform-cost stand-in (:func:`.stable.reference_graph`), as
+    the polish does, not on the measured times. (It was off there too while its plan for the
+    Lightning CPU CNN, ResNet-50 at 50 %, measured 4.2 KB over its prediction in the callback's
+    measured step: that step was the plan's first, which made the recomputed batch norms' scratch
+    statistics; ``apply`` makes them now, :func:`autoremat.runtime.recompute_state.prepare_scratch`.)"""
+    if is_measured(graph) or (
             best is not None and (best.solver == "none" or best.options.get("milp_status") == "optimal")):
         return best
     from .milp.chain import chain_improve
@@ -405,12 +406,12 @@ def _if_cheaper(graph: Graph, budget_bytes: int, found: Plan | None, best: Plan 
 
 def _lattice_for_auto(graph: Graph, budget_bytes: int, best: Plan | None) -> Plan | None:
     """On small graphs ``auto`` also asks the exact lattice search (:func:`.milp.exact.auto_improve`,
-    a couple of seconds at most) for a plan that recomputes less than ``best`` (any plan that fits
+    bounded by a count of work, :data:`.milp.exact.AUTO_WORK`, ~2 s idle) for a plan that recomputes less than ``best`` (any plan that fits
     where ``best`` is ``None``: no other solver fits the budget), on deterministic
     times only (FLOP counts, the meta device): on measured times the exact optimum among plans
     that differ by timing noise changes from capture to capture (two quiet captures of a
     two-branch graph, 5 % jitter, gave two lattice plans, each faster than the heuristics' by more
-    than :mod:`.stable`'s tolerance), and a deadline-bound search depends on the machine's load."""
+    than :mod:`.stable`'s tolerance)."""
     if is_measured(graph):
         logger.debug("solver='auto': not asking the lattice search (measured times)")
         return best

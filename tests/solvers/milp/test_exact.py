@@ -121,7 +121,62 @@ def test_auto_least_budget_counts_the_lattice_and_solve_meets_it(monkeypatch):
 def test_auto_falls_back_to_the_least_peak_plan_when_the_search_does_not_close(monkeypatch):
     g = random_dag(40, 7)
     least = exact.auto_least_peak(g)
-    monkeypatch.setattr(exact, "AUTO_SECONDS", 0.0)  # the time search stops at once
+    monkeypatch.setattr(exact, "AUTO_WORK", 0)  # the time search stops at once
     plan = exact.auto_improve(g, least, float("inf"))
     assert plan is not None and simulate(g, plan).peak_bytes <= least
     assert exact.auto_improve(g, least - 1, float("inf")) is None
+
+
+class _Clock:
+    """A stand-in for the ``time`` module of the lattice modules: ``monotonic`` advances ``step``
+    seconds per call (0: a frozen clock; 1000: a machine so loaded every deadline has passed)."""
+
+    def __init__(self, step: float) -> None:
+        self.now, self.step = 0.0, step
+
+    def monotonic(self) -> float:
+        self.now += self.step
+        return self.now
+
+
+def _clocked(monkeypatch, step: float) -> None:
+    from autoremat.solvers.milp import cost_to_go, lattice
+
+    for mod in (exact, lattice, cost_to_go):
+        monkeypatch.setattr(mod, "time", _Clock(step))
+
+
+@pytest.mark.parametrize("step", [0.0, 1000.0])
+def test_auto_gives_the_same_plan_however_fast_the_clock_runs(monkeypatch, step):
+    # a fresh graph each time: the lattice and least-peak caches are per graph
+    monkeypatch.setattr(chain_mod, "CHAIN_MAX_NODES", 0)  # the lattice alone
+    calm = autoremat.solve(random_dag(59, 7), 58, solver="auto")
+    _clocked(monkeypatch, step)
+    loaded = autoremat.solve(random_dag(59, 7), 58, solver="auto")
+    assert calm.solver == loaded.solver == "milp"  # the lattice's optimum (with a 2 s deadline: none at step 1000)
+    assert [(s.nodes, s.recompute) for s in calm.segments] == [(s.nodes, s.recompute) for s in loaded.segments]
+    least = exact.auto_least_peak(random_dag(40, 7))
+    assert least is not None and least == exact.auto_least_peak(random_dag(40, 7))
+
+
+def test_a_search_stopped_by_work_stops_at_the_same_label_at_any_clock_and_cache(monkeypatch):
+    from autoremat.cost.bitsets import GraphBits
+    from autoremat.solvers.kusumoto.families import all_lower_sets
+    from autoremat.solvers.milp.lattice import Lattice
+
+    from _graphs import random_network
+
+    g = random_network("chain_skips", 5, 60)
+    p = GraphBits(g)
+    budget = int(0.5 * unoptimised_peak_bytes(g))
+
+    def run(lat, step):
+        _clocked(monkeypatch, step)
+        return [(a.status, a.bound, a.labels, a.work, a.seq) for a in
+                (lat.least_time(budget, work=40_000), lat.least_peak(work=3_000))]
+
+    cold = run(Lattice(p, all_lower_sets(p, 10**6)), 1000.0)
+    assert [r[0] for r in cold] == ["time_limit", "time_limit"]  # stopped by the work, not by the clock
+    warm = Lattice(p, all_lower_sets(p, 10**6))
+    warm.least_time(int(0.6 * unoptimised_peak_bytes(g)), work=200_000)  # other replays and bounds cached
+    assert run(warm, 0.0) == cold

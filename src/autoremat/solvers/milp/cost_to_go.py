@@ -39,7 +39,7 @@ import time
 
 import numpy as np
 
-__all__ = ["CostToGo", "GRID", "CELLS"]
+__all__ = ["CostToGo", "GRID", "CELLS", "STEP_WORK"]
 
 GRID = 8192
 """Grid points of ``m`` in ``[0, budget]`` (more: a tighter ``h``, a dearer DP)."""
@@ -49,12 +49,20 @@ CELLS = 1 << 24
 1545 lower sets, keeps all 8192 points, as in the benchmark)."""
 
 
+STEP_WORK = 7
+"""Work units per step relaxed (the ``work`` limit; calibrated with the search's units,
+:data:`.lattice.CHECK_WORK`)."""
+
+
 class CostToGo:
     """``h(L, m)`` over one lattice at one budget (see the module docstring)."""
 
-    def __init__(self, lattice, budget: int, grid: int = GRID, deadline: float = math.inf) -> None:
+    def __init__(self, lattice, budget: int, grid: int = GRID, deadline: float = math.inf,
+                 work: float = math.inf) -> None:
         self.budget = max(0, int(budget))
         self.deadline = deadline
+        self.work_limit = work
+        self.work = 0  # STEP_WORK per step relaxed so far (the table is None when it passed `work`)
         # grid step: a power of two (tensor sizes are mostly multiples of one: their kept bytes
         # then land on the grid and lose nothing), at most `grid` points up to the budget
         points = max(2, min(grid, CELLS // max(1, len(lattice.fam))))
@@ -90,6 +98,9 @@ class CostToGo:
             if arrays is None:
                 continue
             req, add, dt, j = arrays
+            self.work += STEP_WORK * len(j)
+            if self.work > self.work_limit:
+                return None
             row = table[i]
             top = (budget - req) // unit  # the last grid point the move fits from
             shift = add // unit

@@ -39,7 +39,7 @@ from ..kusumoto.families import all_lower_sets
 from .lattice import Lattice, LatticeAnswer, lattice_plan_nodes
 from .search import Outcome, judge
 
-__all__ = ["MAX_LOWER_SETS", "LATTICE_SHARE", "AUTO_SECONDS", "AUTO_MAX_NODES", "AUTO_MAX_LOWER_SETS", "lattice_of",
+__all__ = ["MAX_LOWER_SETS", "LATTICE_SHARE", "AUTO_WORK", "AUTO_MAX_NODES", "AUTO_MAX_LOWER_SETS", "lattice_of",
            "lattice_time", "lattice_peak", "auto_improve", "auto_least_peak"]
 
 logger = logging.getLogger("autoremat.solvers.milp")
@@ -136,11 +136,22 @@ def lattice_peak(graph: Graph, time_limit_s: float) -> Outcome | None:
     return out
 
 
-AUTO_SECONDS = 2.0
-"""How long ``solve(solver="auto")`` lets the lattice look for a cheaper plan (:func:`auto_improve`;
-as long again for the least-peak plan where no other solver fits, :func:`auto_least_peak`).
+AUTO_WORK = 1_400_000
+"""How much work ``solve(solver="auto")`` lets the lattice spend looking for a cheaper plan
+(:func:`auto_improve`; as much again for the least-peak plan where no other solver fits,
+:func:`auto_least_peak`), in the units of :data:`.lattice.CHECK_WORK` (labels, steps, checks,
+cost-to-go steps). A count, not a clock: the same graph and budget give the same plan at any load
+(with a 2 s deadline, 57-75-node networks got different plans run to run on a loaded machine).
 
-Measured on the seeded random networks of the benchmarks (x86_64, 2 cores, shared; 6 s per
+Calibrated to what the 2 s deadline it replaces allowed on an idle machine
+(``benchmarks/auto_work.py``, results in ``benchmarks/results/cpu/auto_work/``; x86_64, 2 cores):
+in ``auto`` itself (``--in-auto``: the 31 seeded networks of at most 120 nodes of
+``benchmarks/optimum_gaps.py`` at their stored budgets; warm caches and incumbents), the searches
+the limit stopped took a median of 1.77 s of CPU at 1.3 M units and 2.47 s at 1.6 M; at 1.4 M,
+36 of 97 searches stopped there after 1.44-2.48 s, median 1.96 s. (On cold lattices without an
+incumbent a unit costs more: at 1.2 M 1.3-2.3 s, median 1.9 s.)
+
+What the 2 s bought, measured on the seeded random networks of the benchmarks (x86_64, 2 cores, shared; 6 s per
 search, 50 % and Chen's least budget): where the search closes on graphs of at most ~100 nodes
 it does so in 0.2-1.4 s (49-node dense block 0.3-0.4 s, 97-node chain with skips 0.2-1.4 s); a
 97-node dense block, a 75-node transformer at 50 % and every network of 137-277 nodes but one
@@ -150,7 +161,7 @@ So a longer limit buys little and would cost every ``auto`` solve on such graphs
 
 AUTO_MAX_NODES = 120
 """``auto`` asks the lattice only on graphs of at most this many nodes (and
-:data:`AUTO_MAX_LOWER_SETS` lower sets), where it may close within :data:`AUTO_SECONDS` (it
+:data:`AUTO_MAX_LOWER_SETS` lower sets), where it may close within :data:`AUTO_WORK` (it
 often does below ~100 nodes, rarely above: see there). Large op-by-op captures (the 64-layer
 GPT-2 of ``benchmarks/solver_speed.py``, 4,307 nodes) are left out at this test, before any work.
 
@@ -185,7 +196,7 @@ def _auto_lattice(graph: Graph) -> Lattice | None:
 def auto_least_peak(graph: Graph) -> int | None:
     """The simulated peak of the lattice's least-peak plan (the least over its space when the
     model is exact there) when ``auto`` may ask the lattice and it closes within
-    :data:`AUTO_SECONDS`; else ``None``. Cached per graph; the plan is kept, so
+    :data:`AUTO_WORK`; else ``None``. Cached per graph; the plan is kept, so
     :func:`auto_improve` finds a plan at every budget at or above it."""
     if graph in _auto_least:
         got = _auto_least[graph]
@@ -194,9 +205,10 @@ def auto_least_peak(graph: Graph) -> int | None:
     if lat is None:
         return None
     start = time.monotonic()
-    ans = lat.least_peak(deadline=start + AUTO_SECONDS)
+    ans = lat.least_peak(work=AUTO_WORK)
     if ans.seq is None:
-        logger.debug("milp (lattice, for auto): least peak %s after %.1f s", ans.status, time.monotonic() - start)
+        logger.debug("milp (lattice, for auto): least peak %s after %.1f s (%.0f work units)", ans.status,
+                     time.monotonic() - start, ans.work)
         _auto_least[graph] = None
         return None
     plan = _plan(ans)
@@ -206,7 +218,7 @@ def auto_least_peak(graph: Graph) -> int | None:
 
 
 def auto_improve(graph: Graph, budget: int, extra_s: float) -> Plan | None:
-    """The lattice's optimum at ``budget`` when it closes within :data:`AUTO_SECONDS` and
+    """The lattice's optimum at ``budget`` when it closes within :data:`AUTO_WORK` and
     recomputes less than ``extra_s`` (the best other plan's extra time; ``math.inf`` where no
     other solver fits: then any plan that fits, the least-peak plan of :func:`auto_least_peak`
     when the search does not close), simulated to fit; else ``None`` (too large a graph, not
@@ -217,11 +229,12 @@ def auto_improve(graph: Graph, budget: int, extra_s: float) -> Plan | None:
     if lat is None:
         return None
     start = time.monotonic()
-    ans = lat.least_time(budget, incumbent=extra_s * (1 - 1e-9), deadline=start + AUTO_SECONDS)
+    ans = lat.least_time(budget, incumbent=extra_s * (1 - 1e-9), work=AUTO_WORK)
     if ans.seq is None:
-        logger.debug("milp (lattice, for auto): %s after %.1f s (%d labels); %s", ans.status,
-                     time.monotonic() - start, ans.labels, "nothing recomputes less" if ans.status == "optimal"
-                     else "no plan fits" if ans.status == "infeasible" else "not closed within AUTO_SECONDS")
+        logger.debug("milp (lattice, for auto): %s after %.1f s (%d labels, %.0f work units); %s", ans.status,
+                     time.monotonic() - start, ans.labels, ans.work, "nothing recomputes less"
+                     if ans.status == "optimal" else "no plan fits" if ans.status == "infeasible"
+                     else "not closed within AUTO_WORK")
         least = auto_least_peak(graph) if extra_s == math.inf and ans.status == "time_limit" else None
         if least is not None and least <= budget:
             known = _auto_least[graph]

@@ -25,7 +25,9 @@ dangling roots after it, for either flag (:func:`~autoremat.cost.segment_replay.
   increasing ``P`` (a step enters the queue with a lower bound of its ``P`` and is re-queued
   with the exact one when taken); the first label taken at ``V`` has the least peak.
 
-Both are anytime: when the time limit stops them, the key of the next label to take is a proven
+Both are anytime: when the time limit (a ``deadline``, or ``work``: a count of labels taken,
+steps generated and checked, weighted by :data:`CHECK_WORK` and the others, which stops the
+search at the same point at any load) stops them, the key of the next label to take is a proven
 lower bound of the optimum (every plan's path leaves the expanded region through a queued
 label or a dominated one, and keys only grow along a path; with ``h``, because it is a
 consistent lower bound). Plain steps after plain steps are
@@ -70,6 +72,19 @@ __all__ = ["Lattice", "LatticeAnswer", "dominated", "add_label"]
 
 logger = logging.getLogger("autoremat.solvers.milp")
 
+LABEL_WORK = 1.0
+"""Work units a search charges per label it takes off the queue (``work=`` of :meth:`Lattice.least_time`
+and :meth:`Lattice.least_peak`: a limit that, unlike a deadline, gives the same answer at any load)."""
+CHILD_WORK = 1.0
+"""Work units per step generated out of a taken label."""
+CHECK_WORK = 24.0
+"""Work units per exact check of a step's need (a replay of the segment where not cached). The
+three weights and :data:`.cost_to_go.STEP_WORK` are a least-squares fit of CPU seconds on cold
+lattices (``benchmarks/auto_work.py``: 67 searches of 24 seeded networks of 30-120 nodes and the
+zoo's VGG19 and U-Net; x86_64, 2 cores): 1.4 us per label or step, 34 us per check, 10 us per
+cost-to-go step; so one unit is ~1.2 us (searches over 0.3 s: 0.35-1.16 M units per CPU second,
+median 0.83 M)."""
+
 
 @dataclass
 class LatticeAnswer:
@@ -85,6 +100,7 @@ class LatticeAnswer:
     status: str
     labels: int = 0
     replays: int = 0
+    work: float = 0.0
 
 
 class Lattice:
@@ -117,7 +133,7 @@ class Lattice:
         self.moves: list[list[tuple]] = [[] for _ in family]  # per set: (step, key gap, flag) in key order
         self._arrays: dict[int, tuple] = {}
         self._ctg: dict[int, CostToGo] = {}
-        self._ctg_failed: dict[int, float] = {}  # budget -> seconds it was given and did not finish in
+        self._ctg_failed: dict[int, tuple[float, float]] = {}  # budget -> (seconds, work) it did not finish in
 
     # -------------------------------------------------------------- steps
     def successors(self, i: int, limit: int) -> list[int]:
@@ -249,7 +265,7 @@ class Lattice:
 
     # -------------------------------------------------------------- searches
     def least_time(self, budget: int, incumbent: float = math.inf, deadline: float = math.inf,
-                   progress: float = 5.0, heuristic: bool = True) -> LatticeAnswer:
+                   progress: float = 5.0, heuristic: bool = True, work: float = math.inf) -> LatticeAnswer:
         """The least extra time of a path whose every step fits ``budget`` (see the module docstring).
 
         Labels are taken in increasing ``t + h`` (A*, ``h`` from :class:`.cost_to_go.CostToGo`;
@@ -259,7 +275,8 @@ class Lattice:
         Long by design: the label-setting loop (the lattice's inner loop) keeps its tables in locals."""
         last = self.last
         now = time.monotonic()
-        ctg = self.cost_to_go(budget, now + (deadline - now) / 3) if heuristic else None
+        ctg = self.cost_to_go(budget, now + (deadline - now) / 3, work / 3) if heuristic else None
+        spent = 0.0 if not heuristic else ctg.work if ctg is not None else work / 3 if work < math.inf else 0.0
         if ctg is None and heuristic:
             logger.info("milp (lattice): no cost-to-go bound within a third of the time; searching without it")
         if ctg is not None:
@@ -267,7 +284,7 @@ class Lattice:
             h0 = table.item(0, 0)
             if h0 == math.inf or h0 >= incumbent:
                 return LatticeAnswer(None, None, None, incumbent, "infeasible" if incumbent == math.inf else "optimal",
-                                     0, len(self.replays))
+                                     0, len(self.replays), spent)
         else:
             table, unit, h0 = np.zeros((len(self.fam), 1)), budget + 1, 0.0  # h = 0: labels by time alone
         # label: (t, m, set, dangling, parent, check, flag); check: (i, room) of the step to verify
@@ -280,10 +297,11 @@ class Lattice:
         while heap:
             f, t, m, lid = heap[0]
             if f >= incumbent:
-                return LatticeAnswer(None, None, None, incumbent, "optimal", taken, len(self.replays))
-            if time.monotonic() > deadline:
-                return LatticeAnswer(None, None, None, f, "time_limit", taken, len(self.replays))
+                return LatticeAnswer(None, None, None, incumbent, "optimal", taken, len(self.replays), spent)
+            if spent > work or time.monotonic() > deadline:
+                return LatticeAnswer(None, None, None, f, "time_limit", taken, len(self.replays), spent)
             heappop(heap)
+            spent += LABEL_WORK
             _, _, j, dang, parent, check, flag = labels[lid]
             state = (j, dang)
             seen = best.get(state)
@@ -291,6 +309,7 @@ class Lattice:
                 continue
             if check is not None:
                 i, room = check
+                spent += CHECK_WORK
                 if self.need(i, j, labels[parent][3], flag, room) > room:
                     continue
             if seen is None:
@@ -301,13 +320,14 @@ class Lattice:
             bound = f
             if j == last:
                 seq, flags = self.path(labels, lid)
-                return LatticeAnswer(seq, flags, t, t, "optimal", taken, len(self.replays))
+                return LatticeAnswer(seq, flags, t, t, "optimal", taken, len(self.replays), spent)
             if time.monotonic() > next_log:
                 next_log = time.monotonic() + progress
                 logger.info("milp (lattice): %d labels taken, %d queued, time bound %.6g s, %d replays", taken,
                             len(heap), bound, len(self.replays))
             room = budget - m
             for k, fl, t2, m2, dang2 in self.children(j, t, m, dang, room, incumbent):
+                spent += CHILD_WORK
                 if k == last:
                     f2 = t2 if t2 > f else f
                 else:  # pathmax: a path through the child is one through this label
@@ -322,7 +342,7 @@ class Lattice:
                 labels.append((t2, m2, k, dang2, lid, (j, room), fl))
                 heappush(heap, (f2, t2, m2, len(labels) - 1))
         return LatticeAnswer(None, None, None, math.inf if incumbent == math.inf else incumbent,
-                             "infeasible" if incumbent == math.inf else "optimal", taken, len(self.replays))
+                             "infeasible" if incumbent == math.inf else "optimal", taken, len(self.replays), spent)
 
     def children(self, j: int, t: float, m: int, dang: int, room: int,
                  incumbent: float) -> Iterator[tuple[int, bool, float, int, int]]:
@@ -344,22 +364,25 @@ class Lattice:
                 continue
             yield k, fl, t2, m + add, ((dang & ~held) & alive) | fresh
 
-    def cost_to_go(self, budget: int, deadline: float = math.inf):
-        """:class:`.cost_to_go.CostToGo` at ``budget`` (cached per budget; ``None`` past ``deadline``)."""
+    def cost_to_go(self, budget: int, deadline: float = math.inf, work: float = math.inf):
+        """:class:`.cost_to_go.CostToGo` at ``budget`` (cached per budget; ``None`` past ``deadline``
+        or when it needs more than ``work`` units: its :attr:`~.cost_to_go.CostToGo.work`, the
+        same whether cached or not, so a work-bounded caller gets the same answer either way)."""
         got = self._ctg.get(budget)
         if got is None:
-            if self._ctg_failed.get(budget, -1.0) >= deadline - time.monotonic():
-                return None  # it did not finish in at least as much time before
+            seconds, units = self._ctg_failed.get(budget, (-1.0, -1.0))
+            if seconds >= deadline - time.monotonic() and units >= work:
+                return None  # it did not finish with at least as much time and work before
             started = time.monotonic()
-            got = CostToGo(self, budget, deadline=deadline)
+            got = CostToGo(self, budget, deadline=deadline, work=work)
             if got.table is None:
-                self._ctg_failed[budget] = deadline - started
+                self._ctg_failed[budget] = (deadline - started, work)
                 return None
             self._ctg = {budget: got}
-        return got
+        return got if got.work <= work else None
 
     def least_peak(self, incumbent: int | None = None, deadline: float = math.inf,
-                   progress: float = 5.0) -> LatticeAnswer:
+                   progress: float = 5.0, work: float = math.inf) -> LatticeAnswer:
         """The least model peak of a path (the memory-centric problem; see the module docstring).
 
         Long by design: the label-setting loop (the lattice's inner loop) keeps its tables in locals."""
@@ -370,20 +393,23 @@ class Lattice:
         heap: list[tuple[int, int, int]] = [(0, 0, 0)]
         best: dict[tuple[int, int], int] = {}
         taken = 0
+        spent = 0.0
         next_log = time.monotonic() + progress
         while heap:
             key, m, lid = heap[0]
             if key >= cap:
-                return LatticeAnswer(None, None, None, cap, "optimal", taken, len(self.replays))
-            if time.monotonic() > deadline:
-                return LatticeAnswer(None, None, None, key, "time_limit", taken, len(self.replays))
+                return LatticeAnswer(None, None, None, cap, "optimal", taken, len(self.replays), spent)
+            if spent > work or time.monotonic() > deadline:
+                return LatticeAnswer(None, None, None, key, "time_limit", taken, len(self.replays), spent)
             heappop(heap)
+            spent += LABEL_WORK
             P, _, j, dang, parent, exact, flag = labels[lid]
             state = (j, dang)
             if m >= best.get(state, 1 << 62):
                 continue
             if not exact:  # the step's exact need: re-queue with the exact key
                 pm, pdang, i = labels[parent][1], labels[parent][3], labels[parent][2]
+                spent += CHECK_WORK
                 need = self.need(i, j, pdang, flag, 1 << 62)
                 P2 = max(labels[parent][0], pm + need)
                 labels[lid] = (P2, m, j, dang, parent, True, flag)
@@ -394,7 +420,7 @@ class Lattice:
             taken += 1
             if j == last:
                 seq, flags = self.path(labels, lid)
-                return LatticeAnswer(seq, flags, float(key), float(key), "optimal", taken, len(self.replays))
+                return LatticeAnswer(seq, flags, float(key), float(key), "optimal", taken, len(self.replays), spent)
             if time.monotonic() > next_log:
                 next_log = time.monotonic() + progress
                 logger.info("milp (lattice, least budget): %d labels taken, %d queued, peak bound %d bytes",
@@ -403,6 +429,7 @@ class Lattice:
             for gap, k, f, cheap, _, reach, add, alive, fresh, low in moves_of(j, room):
                 if gap > room:
                     break
+                spent += CHILD_WORK
                 held = dang & reach
                 if held:
                     add += nbytes(held)
@@ -416,7 +443,7 @@ class Lattice:
                 labels.append((P2, m2, k, dang2, lid, False, f))
                 heappush(heap, (P2, m2, len(labels) - 1))
         return LatticeAnswer(None, None, None, cap, "optimal" if incumbent is not None else "infeasible", taken,
-                             len(self.replays))
+                             len(self.replays), spent)
 
 
 def dominated(front: tuple[list[int], list[float]], m: int, t: float) -> bool:
