@@ -16,8 +16,8 @@ import torch
 from torch import nn
 from torch.utils._python_dispatch import TorchDispatchMode
 
-__all__ = ["is_recomputing", "prepare_scratch", "snapshot_buffers", "stateful_buffers", "checkpoint_kwargs", "restoring_contexts",
-           "BothContexts", "param_versions", "check_params", "RestoreBuffers", "SeededProbe", "UncachedAutocast"]
+__all__ = ["is_recomputing", "prepare_scratch", "snapshot_buffers", "stateful_buffers", "checkpoint_kwargs",
+           "restoring_contexts", "BothContexts", "param_versions", "check_params", "RestoreBuffers", "SeededProbe", "UncachedAutocast"]
 
 _BN_TYPES = (nn.BatchNorm1d, nn.BatchNorm2d, nn.BatchNorm3d)
 _BN_STATS = frozenset({"running_mean", "running_var", "num_batches_tracked"})
