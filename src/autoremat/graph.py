@@ -61,6 +61,7 @@ Graph-level attributes live in :attr:`Graph.meta`: ``mode`` (``"fx"``, ``"module
 (name -> bytes), ``resident_bytes``, the loss node (``loss_saves``, ``loss_extra_bytes``,
 ``loss_fwd_temp_bytes``, ``loss_bwd_temp_bytes``), when measured, ``measured_peak_bytes``, and
 ``output_kept``: how long the step keeps the object the model returned, so the storages it holds
+(:mod:`autoremat.capture.held_outputs` for the measurements behind it)
 (``is_output`` and ``held_by_output`` nodes): ``"loss"`` (the default: dropped once the loss is
 computed, ``loss = model(**batch).loss``, Lightning's ``training_step``) or ``"step"`` (kept to the
 end of backward, ``outputs = model(**batch); accelerator.backward(outputs.loss)``, the usual
