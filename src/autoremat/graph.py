@@ -87,8 +87,7 @@ _BATCH_META_BYTES = ("loss_extra_bytes", "loss_fwd_temp_bytes", "loss_bwd_temp_b
 __all__ = ["Graph", "NODE_DEFAULTS", "GRAPH_FORMAT_VERSION", "OUTPUT_KEPT", "check_output_kept"]
 
 OUTPUT_KEPT = ("loss", "step")
-"""Values of ``Graph.meta["output_kept"]``: until when the step keeps the object the model returned
-(the module docstring)."""
+"""Values of ``Graph.meta["output_kept"]``: until when the step keeps the model's returned object."""
 
 
 def check_output_kept(value: Any, name: str = "output_kept") -> str:

@@ -169,8 +169,7 @@ class AutoRemat(Callback):
             budget = int(budget) if isinstance(budget, numbers.Integral) else float(budget)
         check_budget(budget)  # syntax and range check now, not mid-run
         check_solver(solver)
-        on_infeasible = check_on_infeasible(on_infeasible)
-        self.output_kept = check_output_kept(output_kept)
+        on_infeasible, self.output_kept = check_on_infeasible(on_infeasible), check_output_kept(output_kept)
         given = as_plan(plan)  # a missing or malformed plan file fails here, before training
         if raise_batch_size is True and given is not None:
             raise ValueError("raise_batch_size=True with plan=: a saved plan is made for one batch size; pass "
