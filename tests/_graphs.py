@@ -21,7 +21,8 @@ Every generator is deterministic in its arguments. Import it as ``from _graphs i
   - :func:`block_chain` (``rng, blocks``): repeated blocks captured op by op (scopes, call
     regions, op indices), the shape the chain-of-blocks model and the ``blocks`` solver work on;
   - :func:`with_held_outputs` (``graph, seed``): marks some nodes of any of these
-    ``held_by_output`` (held by the returned object until the loss, no gradient seed), for the
+    ``held_by_output`` (held by the returned object, no gradient seed) and keeps that object until
+    the loss or to the end of backward (``meta["output_kept"]``, by the seed's parity), for the
     cost models' property tests;
   - :func:`random_from_edges` (``seed``): a chain with short skips, sizes and times from a few
     values; :func:`random_edges` (``n, p, rng``): an Erdős-Rényi DAG in execution order;
@@ -116,11 +117,13 @@ def random_dag(seed: int, n: int) -> Graph:
     return Graph(g, {"mode": "synthetic", "loss_saves": outs[:1], "param_bytes": {"a": 4, "b": 1, "c": 2}})
 
 
-def with_held_outputs(g: Graph, seed: int, share: float = 0.25) -> Graph:
+def with_held_outputs(g: Graph, seed: int, share: float = 0.25, kept: str | None = None) -> Graph:
     """``g`` with about ``share`` of its non-output nodes marked ``held_by_output`` (the returned
-    object holds them until the loss, as a key/value cache does), in place; drawn from a generator
-    of their own (``seed``), so ``g``'s other draws are unchanged. The ops of repeated blocks
-    (``op_index >= 0``) are marked by op index, alike in every block."""
+    object holds them, as a key/value cache does), in place; drawn from a generator of their own
+    (``seed``), so ``g``'s other draws are unchanged. The ops of repeated blocks (``op_index >= 0``)
+    are marked by op index, alike in every block. ``meta["output_kept"]`` is ``kept``; by default
+    ``"step"`` (the object kept to the end of backward) for odd seeds, ``"loss"`` for even ones."""
+    g.meta["output_kept"] = kept or ("step" if seed % 2 else "loss")
     rng = random.Random(f"held:{seed}:{len(g)}")
     by_index: dict[int, bool] = {}
     for v in g.nodes:

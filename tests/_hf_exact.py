@@ -37,10 +37,15 @@ def plans_at(graph: autoremat.Graph, fractions: tuple[float, ...]) -> list[autor
 
 
 def trains_exactly(name: str, model: torch.nn.Module, args: tuple, kwargs: dict, loss: Any,
-                   fractions: tuple[float, ...] = (0.5,)) -> autoremat.Graph:
-    """The check (module docstring) at :func:`plans_at` ``fractions``; returns the graph."""
-    graph = autoremat.capture(model, args, kwargs, loss_fn=loss, repeats=1, warmup=0)
-    vanilla = measure(model, args, kwargs, loss_fn=loss, steps=1, warmup=0).peak_bytes
+                   fractions: tuple[float, ...] = (0.5,), output_kept: str = "loss",
+                   mode: str = "auto") -> autoremat.Graph:
+    """The check (module docstring) at :func:`plans_at` ``fractions``; returns the graph.
+    ``output_kept``: the graph's ``meta["output_kept"]``, and the measured steps keep the returned
+    object to the end of backward where it is ``"step"``; ``mode``: :func:`autoremat.capture`'s."""
+    graph = autoremat.capture(model, args, kwargs, loss_fn=loss, repeats=1, warmup=0, mode=mode)
+    graph.meta["output_kept"] = output_kept
+    keep = output_kept == "step"
+    vanilla = measure(model, args, kwargs, loss_fn=loss, steps=1, warmup=0, keep_output=keep).peak_bytes
     predicted = simulate(graph, no_recompute_plan(graph)).peak_bytes
     assert abs(predicted - vanilla) <= TOLERANCE * vanilla, (name, predicted, vanilla)
     reference = _grads(model, args, kwargs, loss)
@@ -49,7 +54,7 @@ def trains_exactly(name: str, model: torch.nn.Module, args: tuple, kwargs: dict,
     for plan in plans:
         autoremat.apply(model, plan)
         try:
-            peak = measure(model, args, kwargs, loss_fn=loss, steps=1, warmup=0).peak_bytes
+            peak = measure(model, args, kwargs, loss_fn=loss, steps=1, warmup=0, keep_output=keep).peak_bytes
             grads = _grads(model, args, kwargs, loss)
         finally:
             autoremat.restore(model)

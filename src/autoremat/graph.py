@@ -38,12 +38,14 @@ Node attributes (all plain numbers and strings, so solvers never need torch):
     allocation (``add``, views).
 ``is_output``
     Whether the node's value is an output of the model whose gradient the loss seeds (module
-    capture: one the loss reads; :mod:`autoremat.capture._loss_reach`): held until the loss.
+    capture: one the loss reads; :mod:`autoremat.capture._loss_reach`): held as long as the
+    returned object (``meta["output_kept"]``, below).
 ``held_by_output``
     Whether the node's output storage is held by the object the model returned (a key/value
     cache, hidden states, attentions, logits beside a loss computed in ``forward``) though the
-    loss seeds no gradient into it: held until the loss has been computed, when the step drops
-    that object (:mod:`autoremat.capture.held_outputs`). :meth:`Graph.held_to_loss` is either.
+    loss seeds no gradient into it: held as long as that object
+    (:mod:`autoremat.capture.held_outputs`). :meth:`Graph.held_to_loss` is either;
+    :meth:`Graph.held_until` says until when.
 ``recomputable``
     Whether the runtime can run this node inside a checkpoint region on its own
     (module-level capture: module calls are, glue ops are not).
@@ -57,7 +59,14 @@ Node attributes (all plain numbers and strings, so solvers never need torch):
 Graph-level attributes live in :attr:`Graph.meta`: ``mode`` (``"fx"``, ``"module"`` or
 ``"synthetic"``), ``fingerprint``, ``model``, ``device``, ``time_source``, ``param_bytes``
 (name -> bytes), ``resident_bytes``, the loss node (``loss_saves``, ``loss_extra_bytes``,
-``loss_fwd_temp_bytes``, ``loss_bwd_temp_bytes``) and, when measured, ``measured_peak_bytes``.
+``loss_fwd_temp_bytes``, ``loss_bwd_temp_bytes``), when measured, ``measured_peak_bytes``, and
+``output_kept``: how long the step keeps the object the model returned, so the storages it holds
+(:mod:`autoremat.capture.held_outputs` for the measurements behind it)
+(``is_output`` and ``held_by_output`` nodes): ``"loss"`` (the default: dropped once the loss is
+computed, ``loss = model(**batch).loss``, Lightning's ``training_step``) or ``"step"`` (kept to the
+end of backward, ``outputs = model(**batch); accelerator.backward(outputs.loss)``, the usual
+Accelerate loop); :data:`OUTPUT_KEPT`, :meth:`Graph.held_until`. It is no part of the fingerprint
+(the same model, stepped by another loop).
 """
 
 from __future__ import annotations
@@ -75,7 +84,20 @@ from ._jsonio import dump_json, load_json
 _BATCH_BYTES = ("out_bytes", "alloc_bytes", "extra_saved_bytes", "fwd_temp_bytes", "bwd_temp_bytes")
 _BATCH_META_BYTES = ("loss_extra_bytes", "loss_fwd_temp_bytes", "loss_bwd_temp_bytes")
 
-__all__ = ["Graph", "NODE_DEFAULTS", "GRAPH_FORMAT_VERSION"]
+__all__ = ["Graph", "NODE_DEFAULTS", "GRAPH_FORMAT_VERSION", "OUTPUT_KEPT", "check_output_kept"]
+
+OUTPUT_KEPT = ("loss", "step")
+"""Values of ``Graph.meta["output_kept"]``: until when the step keeps the model's returned object."""
+
+
+def check_output_kept(value: Any, name: str = "output_kept") -> str:
+    """``value`` if it is one of :data:`OUTPUT_KEPT`, else a ``ValueError`` naming ``name``."""
+    if value not in OUTPUT_KEPT:
+        raise ValueError(f"{name}={value!r} is not one of {OUTPUT_KEPT}: 'step' when the loop keeps the model's "
+                         "returned object through backward (outputs = model(**batch); accelerator.backward("
+                         "outputs.loss)), 'loss' when it drops it once the loss is computed (loss = "
+                         "model(**batch).loss; Lightning's training_step returning the loss)")
+    return str(value)
 
 GRAPH_FORMAT_VERSION = 1
 
@@ -215,11 +237,28 @@ class Graph:
         return self._root[v]
 
     def held_to_loss(self, v: int) -> bool:
-        """Whether node ``v``'s output storage is held until the loss has been computed: a model
-        output (``is_output``) or held by the returned output object (``held_by_output``). The
-        one rule every cost model uses for it; the gradient seed is ``is_output``'s alone."""
+        """Whether node ``v``'s output storage is held at least until the loss has been computed:
+        a model output (``is_output``) or held by the returned output object (``held_by_output``).
+        :meth:`held_until` says how much longer; the gradient seed is ``is_output``'s alone."""
         d = self.nx.nodes[v]
         return bool(d["is_output"] or d["held_by_output"])
+
+    @property
+    def output_kept(self) -> str:
+        """``meta["output_kept"]`` (default ``"loss"``), checked (the module docstring)."""
+        return check_output_kept(self.meta.get("output_kept", "loss"), 'graph.meta["output_kept"]')
+
+    def held_until(self, v: int) -> str | None:
+        """Until when the returned object holds node ``v``'s output storage, whatever else reads it:
+        ``"loss"`` (dropped once the loss is computed), ``"step"`` (kept to the end of backward) or
+        ``None`` (the object does not hold it). :meth:`held_to_loss` nodes are held until
+        :attr:`output_kept`. The one rule every cost model uses for it."""
+        return self.output_kept if self.held_to_loss(v) else None
+
+    def held_to_end(self) -> list[int]:
+        """The nodes whose output storage the returned object holds to the end of backward
+        (:meth:`held_until` ``"step"``), in order; none unless :attr:`output_kept` is ``"step"``."""
+        return [v for v in self.nodes if self.held_to_loss(v)] if self.output_kept == "step" else []
 
     def _refresh(self) -> None:
         n = len(self)

@@ -258,10 +258,15 @@ def _flatten(obj: Any) -> list[Any]:
 
 
 def run_step(model: torch.nn.Module, args: Sequence[Any], kwargs: Mapping[str, Any] | None = None,
-             loss_fn: Callable[[Any], torch.Tensor] | None = None) -> torch.Tensor:
-    """One forward + backward; returns the detached loss. Gradients are set to ``None`` first."""
+             loss_fn: Callable[[Any], torch.Tensor] | None = None, *, keep_output: bool = False) -> torch.Tensor:
+    """One forward + backward; returns the detached loss. Gradients are set to ``None`` first.
+    The model's returned object is dropped once the loss is computed, or, with ``keep_output``,
+    kept to the end of backward as the usual Accelerate loop does (``Graph.meta["output_kept"]``)."""
     model.zero_grad(set_to_none=True)
-    loss = (loss_fn or default_loss)(model(*args, **(kwargs or {})))
+    out = model(*args, **(kwargs or {}))
+    loss = (loss_fn or default_loss)(out)
+    if not keep_output:
+        del out
     loss.backward()
     return loss.detach()
 
@@ -284,8 +289,10 @@ def measure(
     loss_fn: Callable[[Any], torch.Tensor] | None = None,
     steps: int = 3,
     warmup: int = 1,
+    keep_output: bool = False,
 ) -> Measurement:
     """Measure the step peak (bytes above what was live at step start) and median step time.
+    ``keep_output``: keep the model's returned object to the end of backward (:func:`run_step`).
 
     ``steps`` steps are timed after ``warmup``. On CUDA the peak is the largest of the timed
     steps; on the CPU it comes from one more step run under :class:`LiveStorageCounter`
@@ -297,7 +304,7 @@ def measure(
         raise ValueError(f"steps must be >= 1 and warmup >= 0, got steps={steps}, warmup={warmup}")
     device = device_of(model, args)
     for _ in range(warmup):
-        run_step(model, args, kwargs, loss_fn)
+        run_step(model, args, kwargs, loss_fn, keep_output=keep_output)
     times: list[float] = []
     peak = 0
     for _ in range(steps):
@@ -307,13 +314,13 @@ def measure(
             torch.cuda.reset_peak_memory_stats(device)
             base = torch.cuda.memory_allocated(device)
             t0 = time.perf_counter()
-            run_step(model, args, kwargs, loss_fn)
+            run_step(model, args, kwargs, loss_fn, keep_output=keep_output)
             torch.cuda.synchronize(device)
             times.append(time.perf_counter() - t0)
             peak = max(peak, torch.cuda.max_memory_allocated(device) - base)
         else:
             t0 = time.perf_counter()
-            run_step(model, args, kwargs, loss_fn)
+            run_step(model, args, kwargs, loss_fn, keep_output=keep_output)
             times.append(time.perf_counter() - t0)
     if device.type != "cuda":
         # The counter is a Python dispatch mode: it slows every op, so the peak is taken from a
@@ -321,7 +328,7 @@ def measure(
         model.zero_grad(set_to_none=True)
         counter = LiveStorageCounter()
         with counter:
-            run_step(model, args, kwargs, loss_fn)
+            run_step(model, args, kwargs, loss_fn, keep_output=keep_output)
         peak = counter.peak
     model.zero_grad(set_to_none=True)
     return Measurement(peak_bytes=int(peak), step_time_s=statistics.median(times), step_times_s=times,

@@ -109,3 +109,16 @@ def test_no_cut_falls_after_a_node_the_returned_object_holds():
     assert split_points(g) == [0, 1, 3]
     assert layer_cuts(g, "split-points") == [0, 1, 3]
     assert chain_from_graph(g).peak_bytes == unoptimised_peak_bytes(g)
+
+
+def test_what_the_output_object_holds_to_the_end_is_no_offloadable_activation():
+    """Kept to the end of backward (``output_kept="step"``), a saved storage the returned object
+    holds is not in ``x`` (offloading it would free nothing); the chain's peak is still the
+    simulator's."""
+    g = Graph.chain([8, 4, 2, 1])
+    g.node(1)["held_by_output"] = True
+    loss = chain_from_graph(g)
+    g.meta["output_kept"] = "step"
+    step = chain_from_graph(g)
+    assert sum(loss.x_bytes) - sum(step.x_bytes) == 4 + 1  # node 1, and the output (node 3)
+    assert step.meta["replayed_peak_bytes"] == unoptimised_peak_bytes(g) > loss.meta["replayed_peak_bytes"]

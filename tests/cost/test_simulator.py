@@ -297,3 +297,29 @@ def test_peak_places_name_the_event():
                    saves=[(0,)], is_output=[True])
     assert simulate(g, no_recompute_plan(g)).peak_at == "loss forward"
     assert simulate(Graph(), no_recompute_plan(Graph())).peak_at == "start"
+
+
+def _held_chain(kept: str | None) -> Graph:
+    """0 -> 1 -> 2, nothing saved; node 1 (1000 B) held by the returned object, node 2 the output."""
+    meta = {} if kept is None else {"output_kept": kept}
+    return make_graph(3, [(0, 1), (1, 2)], meta, alloc_bytes=[10, 1000, 10], out_bytes=[10, 1000, 10],
+                      saves=[(), (), ()], is_output=[False, False, True], held_by_output=[False, True, False])
+
+
+def test_output_kept_step_holds_the_returned_object_through_backward():
+    """Forward peaks at 1010 either way (node 1 and node 2). Kept until the loss, backward of
+    node 2 holds the seed (10) and node 1's gradient (1000): 1010. Kept to the step's end, node 1
+    (1000) and node 2 (10) stay alive too: 2020, at that backward, and to the last one."""
+    loss, default, step = (simulate(g, no_recompute_plan(g)) for g in map(_held_chain, ("loss", None, "step")))
+    assert loss.peak_bytes == default.peak_bytes == 1010
+    assert step.peak_bytes == 2020 and step.peak_at.startswith("backward of node 2")
+    assert step.timeline[-1][2] - loss.timeline[-1][2] == 1010
+    g = _held_chain("step")
+    assert [g.held_until(v) for v in g.nodes] == [None, "step", "step"] and g.held_to_end() == [1, 2]
+    assert _held_chain(None).held_until(1) == "loss" and _held_chain(None).held_to_end() == []
+
+
+def test_an_unknown_output_kept_is_refused():
+    g = _held_chain("backward")
+    with pytest.raises(ValueError, match=r"output_kept.*'backward'.*\('loss', 'step'\)"):
+        simulate(g, no_recompute_plan(g))

@@ -19,7 +19,7 @@ from autoremat.measure import gradients, gradients_equal, run_step
 def _clean_env(monkeypatch: pytest.MonkeyPatch) -> None:
     for key in ("AUTOREMAT_BUDGET", "AUTOREMAT_SOLVER", "AUTOREMAT_ENABLED", "AUTOREMAT_CONFIG",
                 "AUTOREMAT_PROFILE_STEPS", "AUTOREMAT_ON_INFEASIBLE", "AUTOREMAT_PLAN", "AUTOREMAT_CACHE_DIR",
-                "AUTOREMAT_TIMES", "AUTOREMAT_VERBOSE", "AUTOREMAT_PROGRESS"):
+                "AUTOREMAT_TIMES", "AUTOREMAT_VERBOSE", "AUTOREMAT_PROGRESS", "AUTOREMAT_OUTPUT_KEPT"):
         monkeypatch.delenv(key, raising=False)
 
 
@@ -196,7 +196,9 @@ def test_infeasible_budget_states_the_range_or_plans_at_the_least(monkeypatch: p
     plan = model.__dict__["_autoremat_patch"].plan
     # measured times, as prepare captures: on FLOP times auto's lattice search (small graphs,
     # deterministic times only: autoremat.solvers.milp.exact.auto_least_peak) reaches lower
-    least = autoremat.solve(autoremat.capture(model, (x,)), "min").budget_bytes
+    graph = autoremat.capture(model, (x,))
+    graph.meta["output_kept"] = "step"  # prepare's default: the loop keeps the output through backward
+    least = autoremat.solve(graph, "min").budget_bytes
     assert plan.budget_bytes == least
     autoremat.restore(model)
     monkeypatch.delenv("AUTOREMAT_ON_INFEASIBLE")

@@ -8,19 +8,36 @@ reads none of these, so no gradient is seeded into them, yet they live as long a
 object: GPT-NeoX's rotary embeddings run in fp32, its cache keeps the fp32 keys and values while
 attention saves bf16 casts of them (under bf16 autocast the step's peak was predicted at 0.837x of
 measured before this was modelled). Capture marks such nodes ``held_by_output``
-(:class:`~autoremat.graph.Graph`); every cost model holds their storage until the loss
-(:meth:`~autoremat.graph.Graph.held_to_loss`), with no gradient seed.
+(:class:`~autoremat.graph.Graph`); every cost model holds their storage as long as the step keeps
+the object (:meth:`~autoremat.graph.Graph.held_until`), with no gradient seed.
 
-**What "held" means here: until the loss has been computed.** The step this project measures and
-plans drops the output object once the loss is computed, before backward:
-:func:`autoremat.measure.run_step` (``loss_fn(model(...)).backward()``), ``benchmarks/hf_breadth.py``,
-capture's own recorded step (below), the integrations' trial steps, and Lightning's ``training_step``
-returning ``out.loss`` (its locals are gone when Lightning runs backward). A loop that keeps the
-object through backward (``outputs = model(**batch); accelerator.backward(outputs.loss)``, the usual
-Accelerate loop; a ``training_step`` returning a dict, whose other entries Lightning keeps for the
-closure) holds these bytes to the end of backward as well; that is not modelled (the prediction is
-then low by up to those bytes while backward runs): drop the object first (``loss =
-model(**batch).loss``), or pass ``use_cache=False`` when the cache is not used.
+**How long "held" is: ``graph.meta["output_kept"]``, the one graph-level choice.**
+
+``"loss"`` (the default)
+    The step drops the object once the loss is computed, before backward: the storages of
+    ``held_by_output`` and ``is_output`` nodes are held until the loss
+    (:meth:`~autoremat.graph.Graph.held_to_loss`). So do :func:`autoremat.measure.run_step`
+    (``loss = loss_fn(model(...)); loss.backward()``), ``benchmarks/hf_breadth.py``, capture's own
+    recorded step (below), and Lightning's ``training_step`` returning ``out.loss`` (its locals are
+    gone when Lightning runs backward): :class:`~autoremat.integrations.lightning.AutoRemat`'s
+    default.
+``"step"``
+    The loop keeps the object to the end of backward, ``outputs = model(**batch);
+    accelerator.backward(outputs.loss)``, the usual Accelerate loop (a ``training_step`` returning
+    the object, or a dict whose other entries Lightning keeps for the closure, does the same): those
+    storages live until the last backward node has run (:meth:`~autoremat.graph.Graph.held_to_end`);
+    a model output the loss reads (``is_output``) keeps its gradient seed as before, and its storage
+    lives as long too. :func:`autoremat.integrations.accelerate.prepare`'s default; measured with
+    ``run_step(..., keep_output=True)``. With ``labels`` the logits (batch x sequence x vocabulary)
+    are then alive at the LM head's backward, where the step usually peaks: GPT-2 given labels
+    (``autoremat.zoo.hf_breadth`` ``gpt2_labels``), stepped that way, measured 1.00001x of the
+    ``"step"`` prediction and 1.050x of the ``"loss"`` one (x86_64, 2 cores, CPU;
+    ``tests/integrations/test_output_kept.py``).
+
+Any other value is refused (:func:`~autoremat.graph.check_output_kept`). It is no part of the
+graph's fingerprint: a plan made under one applies to the model under the other, only its
+predicted peak differs. The integrations set it before solving (``output_kept=``) and their
+summary table says which the plan assumed.
 
 **How they are found: by measurement.** Capture's recorded step drops the output object right after
 the loss, as the step does; the node outputs whose storage is freed at that moment were held by it

@@ -73,6 +73,7 @@ class BatchPricer:
         self.holder = self.rows([p.holder_mask])[0]
         self.saver = self.rows([p.saver_mask])[0]
         self.nonrecomp = self.rows([p.nonrecomp_mask])[0]
+        self.end = self.rows([p.end_mask])[0]
         self.offsets = 256 * np.arange(8 * self.words, dtype=np.intp)
         self.alloc = self._table(p.alloc)
         self.ones = self._table([1] * n)
@@ -193,10 +194,9 @@ class BatchPricer:
             unpacked = np.unpackbits(part[at].view(np.uint8), axis=1, bitorder="little", count=n).astype(bool)
             dt[at] = np.where(unpacked, self.time, 0.0).cumsum(axis=1)[:, -1]
         # kept bytes a saved segment adds: its extras and the storages of S its nodes save
-        kept_new = np.where(rec[:, None], np.uint64(0), self.saved[js] & seg)
-        add = np.where(rec, 0, self.extra_in[js] - self.extra_in[i])
-        saving = np.flatnonzero(~rec)
-        add[saving] += self.weigh(kept_new[saving], self.alloc)
+        # (and, either way, those the output object holds to the step's end: segment_replay)
+        kept_new = np.where(rec[:, None], seg & self.end, (self.saved[js] | self.end) & seg)
+        add = np.where(rec, 0, self.extra_in[js] - self.extra_in[i]) + self.weigh(kept_new, self.alloc)
         alive = self.alive[js]
         fresh = alive & seg & ~kept_new
         # the dangling roots the segment holds (reads when recomputed, saves otherwise)

@@ -78,6 +78,7 @@ class GraphBits:
         self.passthru = [bool(d["grad_passthrough"]) for d in nd]
         self.is_out = [bool(d["is_output"]) for d in nd]  # the loss seeds its gradient
         self.held = [graph.held_to_loss(v) for v in range(n)]  # its storage is held until the loss
+        self.held_end = graph.held_to_end()  # ... and to the end of backward (meta["output_kept"] "step")
         self.saves = [tuple(d["saves"]) for d in nd]
         self.extra = [int(d["extra_saved_bytes"]) for d in nd]
         self.ftemp = [int(d["fwd_temp_bytes"]) for d in nd]
@@ -128,6 +129,8 @@ class GraphBits:
         self.need = need
         self.out_mask = sum(bit[v] for v in range(n) if self.is_out[v])
         self.held_mask = sum(bit[v] for v in range(n) if self.held[v])
+        # storages the returned object holds to the end of backward (Graph.held_to_end)
+        self.end_mask = sum(bit[r] for r in {self.root[v] for v in self.held_end})
         self.view_mask = sum(bit[v] for v in range(n) if self.root[v] != v)
         self.members: list[tuple[int, ...]] = [() for _ in range(n)]  # nodes living in root r's storage
         tmp: dict[int, list[int]] = {}

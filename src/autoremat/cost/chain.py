@@ -37,7 +37,9 @@ operation ``i``:
 ``x_bytes[i+1]`` (``|x_{i+1}|``)
     The bytes kept for backward that ``G_i`` creates: the storages created in ``G_i`` that
     some node (or the loss) saves, de-duplicated, plus the ``extra_saved_bytes`` of ``G_i``'s
-    nodes (plus the loss's extra bytes for the last layer). This is the unit that is offloaded
+    nodes (plus the loss's extra bytes for the last layer); not those the returned object holds
+    to the end of backward (:meth:`Graph.held_to_end`: offloading them frees nothing), which
+    count in the extras and ``y`` as the other live bytes do. This is the unit that is offloaded
     whole. ``x_bytes[0] = 0``: the model's inputs are resident before the step. In the chain
     all of ``x_{i+1}`` is needed by ``B_{i+1}`` and ``B_i``; in the graph ``B_{i+1}`` may need only
     part of it, so prefetch deadlines are conservative.
@@ -333,7 +335,8 @@ def chain_from_graph(
 
     # activations: kept storages and extras, by creating layer
     bundle = [0] * k_layers
-    for r in _kept_roots(graph):
+    ends = {graph.root(v) for v in graph.held_to_end()}  # the output object holds them on the device to the end
+    for r in _kept_roots(graph) - ends:
         bundle[layer_of[r]] += int(nd[r]["alloc_bytes"])
     for v in graph.nodes:
         if nd[v]["requires_grad"]:

@@ -157,6 +157,7 @@ class ClosedForm:
             for u in p.saves[x]:
                 saved_by[u] |= p.bit[x]
         self.saved_by = saved_by
+        self.end_roots = [(p.bit[r], p.alloc[r]) for r in bits(p.end_mask)]  # alive in every backward
         self._terms: dict[int, SetTerms] = {}
 
     def terms(self, lower: int) -> SetTerms:
@@ -187,7 +188,7 @@ class ClosedForm:
         # storages nothing in L reads: held during the next segment's backward only if it does
         fresh = []
         for u in bits(rn):
-            if p.root[u] == u and len(p.members[u]) == 1 and not p.need[u] & lower:
+            if p.root[u] == u and len(p.members[u]) == 1 and not p.need[u] & lower and not p.end_mask >> u & 1:
                 fresh.append((p.alloc[u], p.succmask[u], self.saved_by[u]))
         for u in bits(rn):
             bit = p.bit[u]
@@ -223,6 +224,7 @@ class ClosedForm:
         loss = self.loss
         out: list[tuple[int, float, int]] = []
         notl = ~lower
+        ends = sum(nbytes for bit, nbytes in self.end_roots if not lower & bit)  # L's own are charged in m
         for upper, tu in uppers:
             seg = upper & notl
             lo = (seg & -seg).bit_length() - 1
@@ -231,7 +233,7 @@ class ClosedForm:
             recompute = (not final and seg & saver_mask != 0 and not seg & nonrecomp
                          and (not module or seg & (seg - 1) == 0))
             stop = (seg & holder_mask).bit_length() - 1 if recompute else -1
-            base = tu.pg - pgc[hi + 1]
+            base = tu.pg - pgc[hi + 1] + ends
             if hold_groups:
                 for nbytes, mask in hold_groups:
                     base += nbytes * (mask >> (lo + 1)).bit_count()

@@ -28,7 +28,7 @@ PyTorch's order:
     ``v``'s forward is its own node: input ``fwd v``, size ``extra_saved_bytes``, time 0 (it
     comes with ``v``'s forward; computing it while ``fwd v`` is resident costs nothing more).
 ``loss``
-    Inputs: the model outputs and ``meta["loss_saves"]``. Its tensor is the gradient seeds of
+    Inputs: what the returned object holds (:meth:`Graph.held_to_loss`) and ``meta["loss_saves"]``. Its tensor is the gradient seeds of
     the outputs (``Σ out_bytes`` of outputs that require grad). Time 0.
 ``bwd v`` (one per node ``v`` that requires grad)
     The backward of ``v``: inputs are the gradient of ``v``'s output, i.e. ``bwd w`` for
@@ -38,7 +38,8 @@ PyTorch's order:
     require grad. Time ``bwd_time_s``, workspace ``bwd_temp_bytes``.
 ``final``
     Size 0, time 0; inputs: every other node that nothing consumes, so every node is needed
-    to compute it, as the paper assumes of its final node ``f``.
+    to compute it, as the paper assumes of its final node ``f``, and the storages the returned
+    object holds where the loop keeps it to the end of backward (:meth:`Graph.held_to_end`).
 
 Why not ``out_bytes``/``saved_bytes`` as sizes: ``out_bytes`` is nominal (a view has it but
 allocates nothing), so a forward tensor's size is ``alloc_bytes``; ``out_bytes`` sizes the
@@ -217,7 +218,8 @@ class JointGraph:
             grads = sum(int(nd[u]["out_bytes"]) for u in graph.pred(v) if req[u])
             bwd[v] = b.add(sorted(ins), grads, float(d["bwd_time_s"]), int(d["bwd_temp_bytes"]), "bwd", v)
         consumed = {u for ps in b.pred for u in ps}
-        final = b.add([u for u in range(len(b.pred)) if u not in consumed], 0, 0.0, 0, "final", None)
+        ends = {j for u in graph.held_to_end() for j in storage(u)}  # the output object kept through backward
+        final = b.add(sorted(ends | {u for u in range(len(b.pred)) if u not in consumed}), 0, 0.0, 0, "final", None)
         return cls(b.pred, b.size, b.time, b.temp, b.kind, b.origin, final, fwd, bwd)
 
     @classmethod

@@ -76,7 +76,7 @@ def replay_segment(p: GraphBits, lower: int, upper: int, dangling: int, recomput
     root, succ, pred, saves, alloc_b = p.root, p.succ, p.pred, p.saves, p.alloc
     rg, extra, ftemp, held_to_loss = p.rg, p.extra, p.ftemp, p.held
     nn = n * n
-    beyond, seg_ref = -1, -2 - 2 * n          # holders; ("out", v) is -2 - v
+    beyond, seg_ref, end = -1, -2 - 2 * n, -3 - 2 * n  # holders; ("out", v) is -2 - v; end: the step's end
     s_base, rs_base, rf_base, gb_base = nn, nn + n + 1, 2 * nn + 2 * n + 2, 3 * nn + 3 * n + 3
     size: dict[int, int] = {}
     refs: dict[int, set[int]] = {}
@@ -108,10 +108,11 @@ def replay_segment(p: GraphBits, lower: int, upper: int, dangling: int, recomput
                     if got is not None:
                         got.add(seg_ref)
     # ---------------------------------------------------------------- forward
+    end_mask = p.end_mask
     for v in nodes:
         if root[v] == v:
             size[v] = alloc_b[v]
-            refs[v] = set()
+            refs[v] = {end} if end_mask >> v & 1 else set()  # the output object, kept through backward
             live += alloc_b[v]
         ok = root[v]
         level = live + extra[v] + ftemp[v]
@@ -197,7 +198,9 @@ def replay_segment(p: GraphBits, lower: int, upper: int, dangling: int, recomput
                     held_ext |= 1 << key
                 else:
                     kept_new |= 1 << key
-        # backward of everything after upper has run: gradients of upper's boundary are alive
+        # backward of everything after upper has run: gradients of upper's boundary are alive, and
+        # the storages made after upper that the output object holds to the step's end
+        live += p.nbytes(end_mask & ~upper)
         peak = live
         shared: dict[int, int] = {}
         after = p.after(upper)
@@ -392,13 +395,14 @@ def pair_bookkeeping(p: GraphBits, lower: int, upper: int,
         for u, succ in p.boundary_succ(lower):
             if succ & seg:
                 reads |= 1 << u
-        return dt, p.roots(reads), 0, alive, alive & seg
+        kept_end = p.end_mask & seg  # held by the output object to the step's end: kept as a save is
+        return dt, p.roots(reads), p.nbytes(kept_end), alive, alive & seg & ~kept_end
     saved = 0
     add = 0
     for v in bit_list(seg & p.rg_mask):
         saved |= p.saves_roots[v]
         add += p.extra[v]
-    kept_new = saved & seg
+    kept_new = (saved | p.end_mask) & seg
     return 0.0, saved, add + p.nbytes(kept_new), alive, alive & seg & ~kept_new
 
 

@@ -4,8 +4,8 @@ The simulator replays one training step (forward, loss, backward) of eager PyTor
 :class:`~autoremat.graph.Graph` under a :class:`~autoremat.plan.Plan`, tracking every storage
 and who holds it:
 
-* a node's output storage lives while a later node still has to read it in forward, until the loss
-  where the returned object holds it (:meth:`Graph.held_to_loss`: outputs, a KV cache), while a node
+* a node's output storage lives while a later node still has to read it in forward, as long as the
+  returned object holds it (:meth:`Graph.held_until`: outputs, a KV cache; the loss or the step's end), while a node
   that saved it awaits its backward, or while a checkpoint region taking it as input does (it keeps its inputs);
 * a node's own saved extras (batch-norm statistics, dropout masks…) live until its backward;
 * inside a recomputed segment nothing is saved in forward; when backward reaches the last
@@ -41,7 +41,6 @@ and who holds it:
 The step peak is relative to what was live when the step started (see DESIGN.md). Extra time
 is the forward time of every replayed node plus offload stalls (forward waits included); the
 clock that times transfers advances by the nodes' measured forward and backward times.
-
 Every specialised model a solver uses for speed lives beside this one in :mod:`autoremat.cost`
 and is held to it by a property test on seeded random graphs (see the package docstring).
 """
@@ -156,8 +155,7 @@ def _run(g: Graph, plan: Plan, s: StepState, bandwidth_bytes_per_s: float | None
     ``at`` is called before each segment's forward (``"fwd"``), after it (``"fwd end"``) and before
     its backward (``"bwd"``) with the segment's index and the state (:mod:`.block_window`)."""
     st = _step_of(g, plan, s, bandwidth_bytes_per_s, wait_limit)
-    off = st.off
-    seg_inputs = []
+    off, seg_inputs = st.off, []
     for si, seg in enumerate(plan.segments):
         if at is not None:
             at("fwd", si, s)
@@ -166,6 +164,8 @@ def _run(g: Graph, plan: Plan, s: StepState, bandwidth_bytes_per_s: float | None
             at("fwd end", si, s)
     _loss(s, g, st.nd)
     extra_time = _backward(s, st, seg_inputs, at)
+    for v in g.held_to_end():  # the loop drops the output object after backward
+        s.decref(_okey(g, v), ("out", v))
     fwd = float(sum(d["time_s"] for d in st.nd))  # Graph.total's sum, in node order, without networkx
     bwd = float(sum(d["bwd_time_s"] for d in st.nd))
     return Simulation(peak_bytes=int(s.peak), extra_time_s=float(extra_time + off.stall_s), fwd_time_s=fwd,
@@ -246,8 +246,8 @@ def _loss(s: StepState, g: Graph, nd: list[dict]) -> None:
     s.alloc(("x", "loss"), meta["loss_extra_bytes"])
     for u in meta["loss_saves"]:
         s.addref(_okey(g, u), ("s", "loss"))
-    for v in g.nodes:
-        if nd[v]["is_output"] or nd[v]["held_by_output"]:  # Graph.held_to_loss: the object is dropped
+    for v in (g.nodes if g.output_kept == "loss" else ()):  # Graph.held_until: the object is dropped
+        if nd[v]["is_output"] or nd[v]["held_by_output"]:
             s.decref(_okey(g, v), ("out", v))
     s.mark("loss", -1)
     outputs = [v for v in g.nodes if nd[v]["is_output"] and nd[v]["requires_grad"]]

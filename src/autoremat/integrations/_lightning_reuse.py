@@ -40,7 +40,7 @@ def cache_key(cb: "AutoRemat", trainer: "pl.Trainer", args: tuple, kwargs: dict)
     assert cb._target is not None, "please report"
     settings = {"integration": "lightning", "budget": cb.budget, "solver": cb.solver, "offload": cb.offload,
                 "raise_batch_size": cb.raise_batch_size, "max_batch_size": cb.max_batch_size,
-                "on_infeasible": cb.on_infeasible, "times": resolve_times(cb.times),
+                "on_infeasible": cb.on_infeasible, "times": resolve_times(cb.times), "output_kept": cb.output_kept,
                 "precision": str(trainer.precision), "loss_fn": getattr(cb.loss_fn, "__qualname__", None)}
     return plan_key(cb._target, args, kwargs, settings)
 

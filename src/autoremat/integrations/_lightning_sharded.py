@@ -131,6 +131,7 @@ def profile_and_solve_sharded(cb: Any, trainer: "pl.Trainer", pl_module: "pl.Lig
                 graph = capture_within(target, args, kwargs, limit_bytes=limit, loss_fn=loss_fn,
                                        blocks=capture_blocks(cb._solver_options(sharded=True)[0]),
                                        repeats=cb.profile_steps, warmup=1)
+                graph.meta["output_kept"] = cb.output_kept
     if not zero:
         return None
     assert graph is not None, "please report"

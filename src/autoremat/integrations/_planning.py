@@ -104,10 +104,12 @@ def as_plan(value: Any, name: str = "plan") -> Plan | None:
 
 
 def measured_step_peak(target: nn.Module, args: tuple, kwargs: dict, loss_fn: Callable[[Any], torch.Tensor],
-                       context: Callable[[], ContextManager[Any]] = contextlib.nullcontext) -> int:
+                       context: Callable[[], ContextManager[Any]] = contextlib.nullcontext,
+                       keep_output: bool = False) -> int:
     """One forward+backward of ``target`` inside ``context()`` (the trainer's precision, or
-    Accelerate's autocast); returns its step peak. RNG, buffers and gradients are put back
-    (:func:`~autoremat.capture._recorder.preserved_state`), so training is unaffected."""
+    Accelerate's autocast), the returned object kept through backward with ``keep_output``
+    (:func:`~autoremat.measure.run_step`); returns its step peak. RNG, buffers and gradients are
+    put back (:func:`~autoremat.capture._recorder.preserved_state`), so training is unaffected."""
     device = device_of(target, args, kwargs)
     with preserved_state(target, [device]):
         if device.type == "cuda":
@@ -115,10 +117,10 @@ def measured_step_peak(target: nn.Module, args: tuple, kwargs: dict, loss_fn: Ca
             torch.cuda.reset_peak_memory_stats(device)
             base = torch.cuda.memory_allocated(device)
             with context():
-                run_step(target, args, kwargs, loss_fn)
+                run_step(target, args, kwargs, loss_fn, keep_output=keep_output)
             torch.cuda.synchronize(device)
             return int(torch.cuda.max_memory_allocated(device) - base)
         counter = LiveStorageCounter()
         with counter, context():
-            run_step(target, args, kwargs, loss_fn)
+            run_step(target, args, kwargs, loss_fn, keep_output=keep_output)
         return int(counter.peak)

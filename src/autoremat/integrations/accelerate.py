@@ -60,7 +60,7 @@ from ..cache import PlanCache, plan_key
 from ..capture import resolve_times
 from ..capture.scaled import capture_within, profile_limit_bytes
 from ..capture.signature import check_inputs
-from ..graph import Graph
+from ..graph import Graph, check_output_kept
 from ..measure import default_loss
 from ..plan import Plan
 from ..progress import Progress
@@ -94,6 +94,10 @@ class AutoRematConfig:
     plan: str = field(default="", metadata={"help": "A saved plan file to apply instead of profiling and solving."})
     cache_dir: str = field(default="", metadata={"help": "Plan cache directory (empty: no cache)."})
     times: str = field(default="measured", metadata={"help": "Node times: 'measured' or 'flops' (deterministic)."})
+    output_kept: str = field(default="step", metadata={
+        "help": "How long the training loop keeps the model's returned object: 'step' (to the end of backward, "
+                "outputs = model(**batch); accelerator.backward(outputs.loss)) or 'loss' (dropped once the loss "
+                "is computed, loss = model(**batch).loss)."})
     verbose: bool = field(default=True, metadata={"help": "Show progress and the summary table (main process)."})
 
     def __post_init__(self) -> None:
@@ -107,6 +111,7 @@ class AutoRematConfig:
         check_solver(self.solver)
         self.on_infeasible = check_on_infeasible(self.on_infeasible)
         self.times = resolve_times(self.times)
+        self.output_kept = check_output_kept(self.output_kept)
         if self.plan and not os.path.isfile(os.path.expanduser(self.plan)):
             raise ValueError(f"plan={self.plan!r}: no such plan file (AUTOREMAT_PLAN / the autoremat: section); "
                              "write one with `autoremat plan ... --out plan.json` or plan.to_json(path)")
@@ -181,7 +186,8 @@ def _report(accelerator: Any, model: nn.Module, plan: Plan, summary: dict[str, A
         args, kwargs = _on_device(accelerator.device, example_args, example_kwargs)
         with progress.phase("a measured step with the plan"):
             summary["measured_peak_bytes"] = measured_step_peak(model, args, kwargs, loss_fn or default_loss,
-                                                                accelerator.autocast)
+                                                                accelerator.autocast,
+                                                                keep_output=cfg.output_kept == "step")
     print_summary(summary, title="autoremat (Accelerate)")
 
 
@@ -200,6 +206,7 @@ def prepare(
     plan: Plan | str | os.PathLike[str] | None = None,
     cache_dir: str | None = None,
     times: str | None = None,
+    output_kept: str | None = None,
 ) -> nn.Module:
     """Capture ``model`` on the example batch, solve under the budget and patch it in place.
 
@@ -208,7 +215,12 @@ def prepare(
     ``budget`` is a device budget (resident parameters, optimizer state and the batch are
     subtracted) unless it is a percentage of the unoptimised step peak, or ``"min"``.
     ``on_infeasible``, ``plan``, ``cache_dir`` and ``times``: see the module docstring (each
-    also an ``AUTOREMAT_*`` variable). Returns ``model``.
+    also an ``AUTOREMAT_*`` variable). ``output_kept`` (``AUTOREMAT_OUTPUT_KEPT``): how long the
+    training loop keeps the object the model returns, so the bytes it holds (the logits beside a
+    loss computed with ``labels``, a key/value cache): ``"step"`` (the default: to the end of
+    backward, as ``outputs = model(**batch); accelerator.backward(outputs.loss)`` does) or
+    ``"loss"`` (dropped once the loss is computed: ``loss = model(**batch).loss``); the plan
+    holds them that long (``Graph.meta["output_kept"]``). Returns ``model``.
 
     Atomic: when it raises (capture fails, the budget is infeasible, profiling runs out of
     memory, the plan does not apply), the model is where it was (device, parameters, gradients,
@@ -218,7 +230,7 @@ def prepare(
     given = as_plan(plan) if plan is not None and not isinstance(plan, (str, os.PathLike)) else None
     cfg = AutoRematConfig.resolve(budget=budget, solver=solver, on_infeasible=on_infeasible,
                                   plan=None if plan is None or given is not None else os.fspath(plan),
-                                  cache_dir=cache_dir, times=times)
+                                  cache_dir=cache_dir, times=times, output_kept=output_kept)
     main = accelerator.is_main_process
     progress = Progress(enabled=cfg.verbose and main)
     if not cfg.enabled:
@@ -307,6 +319,7 @@ def _solve_sharded(accelerator: Any, model: nn.Module, example_args: Sequence[An
         graph = capture_within(model, args, kwargs, limit_bytes=limit, loss_fn=loss_fn or default_loss,
                                blocks=capture_blocks(cfg.solver),
                                repeats=cfg.profile_steps, times=cfg.times)
+    graph.meta["output_kept"] = cfg.output_kept
     spec = sharding_spec(model, graph, units=units, world=world, fsdp_version=version)
     step_budget = step_budget_bytes(cfg.budget.strip(), per_rank_graph(graph, spec), device, resident,
                                     _allocated(model, args, kwargs, optimizer, device))
@@ -334,6 +347,7 @@ def _decide(accelerator: Any, model: nn.Module, args: tuple, kwargs: dict, cfg: 
         settings = {"integration": "accelerate", "budget": cfg.budget, "solver": cfg.solver,
                     "on_infeasible": cfg.on_infeasible, "times": cfg.times, "profile_steps": cfg.profile_steps,
                     "mixed_precision": str(getattr(accelerator, "mixed_precision", "no")),
+                    "output_kept": cfg.output_kept,
                     "loss_fn": getattr(loss_fn, "__qualname__", None)}
         key = plan_key(model, args, kwargs, settings)
         entry = cache.load(key)
@@ -346,6 +360,7 @@ def _decide(accelerator: Any, model: nn.Module, args: tuple, kwargs: dict, cfg: 
         # never an unpatched step above the device budget
         graph = capture_within(model, args, kwargs, limit_bytes=limit, loss_fn=loss_fn, repeats=cfg.profile_steps,
                                times=cfg.times, blocks=capture_blocks(cfg.solver))
+    graph.meta["output_kept"] = cfg.output_kept  # before solving: every cost model reads it
     with progress.phase(f"solve ({len(graph)} nodes, solver {cfg.solver})"):
         plan, step, note = plan_within(graph, cfg.budget, device=device, resident=resident, allocated=allocated,
                                        solver=cfg.solver,

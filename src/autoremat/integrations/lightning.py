@@ -67,7 +67,7 @@ from ..capture import resolve_times
 from ..capture._recorder import preserved_state
 from ..capture.scaled import capture_within, profile_limit_bytes
 from ..errors import InfeasibleBudgetError
-from ..graph import Graph
+from ..graph import Graph, check_output_kept
 from ..measure import default_loss
 from ..plan import Plan
 from ..progress import Progress
@@ -134,6 +134,11 @@ class AutoRemat(Callback):
             neither is set): a second run on the same model and batch reuses the plan.
         times: node times for planning: ``"measured"`` or ``"flops"`` (deterministic); default
             ``AUTOREMAT_TIMES``, else measured.
+        output_kept: how long the step keeps the object ``module`` returns, so the bytes it holds
+            (the logits beside a loss computed with ``labels``, a key/value cache): ``"loss"``
+            (the default: ``training_step`` returns the loss, and Lightning holds only what it
+            returns) or ``"step"`` (to the end of backward: a ``training_step`` returning the
+            output object, or a dict keeping it); ``Graph.meta["output_kept"]``.
     """
 
     def __init__(
@@ -153,6 +158,7 @@ class AutoRemat(Callback):
         plan: Any = None,
         cache_dir: str | None = None,
         times: str | None = None,
+        output_kept: str = "loss",
     ) -> None:
         super().__init__()
         if regions not in REGION_MODES:
@@ -163,7 +169,7 @@ class AutoRemat(Callback):
             budget = int(budget) if isinstance(budget, numbers.Integral) else float(budget)
         check_budget(budget)  # syntax and range check now, not mid-run
         check_solver(solver)
-        on_infeasible = check_on_infeasible(on_infeasible)
+        on_infeasible, self.output_kept = check_on_infeasible(on_infeasible), check_output_kept(output_kept)
         given = as_plan(plan)  # a missing or malformed plan file fails here, before training
         if raise_batch_size is True and given is not None:
             raise ValueError("raise_batch_size=True with plan=: a saved plan is made for one batch size; pass "
@@ -358,6 +364,7 @@ class AutoRemat(Callback):
             # never an unpatched step above the device budget
             graph = capture_within(target, args, kwargs, limit_bytes=limit, loss_fn=loss_fn, repeats=self.profile_steps,
                                    warmup=1, times=self.times, blocks=capture_blocks(self._solver_options()[0]))
+        graph.meta["output_kept"] = self.output_kept  # before solving: every cost model reads it
         solver, solve_kwargs = self._solver_options()
         with progress.phase(f"solve ({len(graph)} nodes, solver {self.solver})"):
             plan, step_budget, note = plan_within(graph, self.budget, device=device, resident=resident,

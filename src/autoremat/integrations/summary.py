@@ -30,10 +30,12 @@ def summarise(plan: Plan, graph: Graph | None, *, step_budget: int | None, resid
         vanilla: int | None = unoptimised_peak_bytes(graph)
         nodes, mode, times = len(graph), graph.meta.get("mode"), graph.meta.get("time_source")
         held: int | None = held_by_output_bytes(graph)
+        kept: str | None = graph.output_kept
     else:
         predicted, extra, step = plan.predicted_peak_bytes, plan.predicted_extra_time_s, None
         vanilla, nodes, mode, times, held = None, len(plan.node_names or ()), \
             plan.graph_mode, None, None
+        kept = None
     stability = plan.options.get("stability") or {}
     return {
         "source": source, "solver": plan.solver, "segments": len(plan.segments),
@@ -46,15 +48,15 @@ def summarise(plan: Plan, graph: Graph | None, *, step_budget: int | None, resid
         "stability": stability.get("chosen"),
         "stability_tolerance": max(stability.get("tolerance") or 0.0, stability.get("time_noise") or 0.0) or None,
         "batch_size_before": batch_before, "batch_size_after": batch_after,
-        "batch_size_not_raised": not_raised, "held_by_output_bytes": held,
+        "batch_size_not_raised": not_raised, "held_by_output_bytes": held, "output_kept": kept,
     }
 
 
 def held_by_output_bytes(graph: Graph) -> int:
     """Bytes the model's returned object holds that the loss does not read (a key/value cache,
-    hidden states: :mod:`autoremat.capture.held_outputs`), each storage once. Plans assume the step
-    drops the object once the loss is computed; a loop that keeps it through backward holds these
-    bytes that much longer."""
+    hidden states, the logits beside a loss computed with ``labels``:
+    :mod:`autoremat.capture.held_outputs`), each storage once. Plans hold them until the loss or to
+    the end of backward, as ``graph.meta["output_kept"]`` says."""
     roots = {graph.root(v) for v in graph.nodes if graph.node(v).get("held_by_output")}
     return sum(int(graph.node(r)["out_bytes"]) for r in roots)
 
@@ -107,13 +109,22 @@ def summary_table(summary: dict[str, Any], title: str = "AutoRemat") -> Any:
         tolerance = s.get("stability_tolerance") or 0.0
         captions.append(f"a rerun keeps this plan: within timing noise ({tolerance:.0%} of the step) of the fastest")
     if s.get("held_by_output_bytes"):
-        captions.append(f"the model's output holds {fmt_bytes(s['held_by_output_bytes'])} the loss does not read "
-                        "(a key/value cache, hidden states) until the loss; a loop that keeps the output through "
-                        "backward holds it longer than planned: drop it first (loss = model(...).loss) or pass "
-                        "use_cache=False")
+        captions.append(_held_caption(fmt_bytes(s["held_by_output_bytes"]), s.get("output_kept") or "loss"))
     if captions:
         table.caption = "\n".join(captions)
     return table
+
+
+def _held_caption(held: str, kept: str) -> str:
+    """What the plan assumed of the bytes the output holds, and what a loop stepped otherwise does."""
+    what = f"the model's output holds {held} the loss does not read (logits beside the loss, a key/value cache)"
+    if kept == "step":
+        return (f"{what}; planned as kept to the end of backward (output_kept='step', as outputs = model(...); "
+                "backward(outputs.loss) does): a loop that drops it first (loss = model(...).loss) can pass "
+                "output_kept='loss' for a lower plan")
+    return (f"{what}; planned as dropped once the loss is computed (output_kept='loss'): a loop that keeps the "
+            "output through backward holds it longer than planned: pass output_kept='step', drop it first "
+            "(loss = model(...).loss) or pass use_cache=False")
 
 
 def print_summary(summary: dict[str, Any], title: str = "AutoRemat") -> None:
