@@ -8,6 +8,7 @@ import gc
 import importlib
 import logging
 import time
+from collections.abc import Callable
 
 import pytest
 import torch
@@ -47,36 +48,21 @@ class _DataDependent(nn.Module):
         return self.head(x)
 
 
-class _OneRowChecked(nn.Module):
-    """Blocks that run one more op on a batch of one row (as transformers' GPT-2 does)."""
+class _Branching(nn.Module):
+    """Blocks that run one more op where ``extra(y)`` holds: on a batch of one row (as
+    transformers' GPT-2 takes another path there), or on meta tensors (a Python device check, as
+    transformers' Mixtral experts have: the meta capture is then not the real graph)."""
 
-    def __init__(self) -> None:
+    def __init__(self, extra: Callable[[torch.Tensor], bool]) -> None:
         super().__init__()
+        self.extra = extra
         self.blocks = nn.ModuleList(nn.Linear(32, 32) for _ in range(3))
         self.head = nn.Linear(32, 4)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         for block in self.blocks:
             y = block(x)
-            if y.shape[0] == 1:
-                y = y * 1.0
-            x = torch.tanh(y) + x
-        return self.head(x)
-
-
-class _DeviceChecked(nn.Module):
-    """Blocks that run one more op on meta tensors than on the CPU (a Python device check, as
-    transformers' Mixtral experts have): the meta capture is not the real graph."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.blocks = nn.ModuleList(nn.Linear(32, 32) for _ in range(3))
-        self.head = nn.Linear(32, 4)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        for block in self.blocks:
-            y = block(x)
-            if y.device.type == "meta":
+            if self.extra(y):
                 y = y * 1.0
             x = torch.tanh(y) + x
         return self.head(x)
@@ -163,7 +149,7 @@ def test_a_meta_graph_the_model_does_not_run_falls_back_to_the_real_captures(cap
     """Blocks captured op by op are timed by recorded steps, which also compare the meta graph
     with the real one: where they differ, bytes come from the real captures (logged)."""
     torch.manual_seed(0)
-    model = _DeviceChecked()
+    model = _Branching(lambda y: y.device.type == "meta")
     x = torch.randn(64, 32)
     full = autoremat.capture(model, (x,), mode="module", repeats=1)
     assert full.meta.get("blocks") == "ops"
@@ -178,7 +164,7 @@ def test_a_size_whose_graph_differs_is_left_out(caplog: pytest.LogCaptureFixture
     """The sizes that fit are 2 and 1 rows; at 1 row the model takes another path: the scaled
     graph is timed from 2 rows alone, bytes from meta (the Lightning GPT-2 example met this)."""
     torch.manual_seed(0)
-    model = _OneRowChecked()
+    model = _Branching(lambda y: y.shape[0] == 1)
     x = torch.randn(4, 32)
     full = autoremat.capture(model, (x,), mode="module", repeats=1)
     with caplog.at_level(logging.INFO, logger="autoremat.capture.scaled"):
