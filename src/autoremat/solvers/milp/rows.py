@@ -27,6 +27,10 @@ class Storages:
     savers: dict[int, list[int]]
     inputs: dict[int, list[tuple[int, int]]]
     extras: list[int]
+    kept: set[int]
+    """Roots the returned object holds to the end of backward (``Graph.held_to_end``: empty unless
+    ``meta["output_kept"]`` is ``"step"``): alive in every loss, replay and backward row, whatever
+    the plan, so a constant there and no variable."""
 
     @classmethod
     def of(cls, f: Formulation) -> "Storages":
@@ -45,7 +49,8 @@ class Storages:
             if alloc[r] > 0 and g.node(w)["recomputable"]:
                 inputs.setdefault(r, []).append((u, w))
         extras = [w for w in g.nodes if g.node(w)["requires_grad"] and g.node(w)["extra_saved_bytes"]]
-        return cls(alloc, savers, inputs, extras)
+        kept = {g.root(v) for v in g.held_to_end()}
+        return cls(alloc, savers, inputs, extras, {r for r in kept if alloc[r] > 0})
 
 
 def memory_rows(f: Formulation, hold: list[int]) -> Storages:
@@ -82,9 +87,9 @@ def _loss_rows(f: Formulation, st: Storages) -> None:
             continue
         if r in outs:
             fconst += alloc[r]
-        if r in lsaves:
+        if r in lsaves or r in st.kept:
             bconst += alloc[r]
-        if (r in outs and r in lsaves) or (r not in savers and r not in inputs):
+        if (r in outs and (r in lsaves or r in st.kept)) or (r not in savers and r not in inputs):
             continue
         live = b.var(integer=False)
         for w in savers.get(r, ()):
@@ -118,9 +123,10 @@ def _replay_rows(f: Formulation, st: Storages, hold: list[int]) -> None:
     own = [u for u in g.nodes if g.node(u)["requires_grad"]
            and all(not g.node(w)["grad_passthrough"] for w in g.succ(u) if grad[w])]
     puse = [(p, v) for v in g.nodes if grad[v] for p in set(g.node(v)["params"]) if p in pb]
+    kept = float(sum(alloc[r] for r in st.kept))
     for i in range(k):
         terms: Expr = {}
-        for r in set(savers) | set(inputs):
+        for r in (set(savers) | set(inputs)) - st.kept:
             held = b.var(integer=False)
             for w in savers.get(r, ()):
                 f.ge(held, (f.before(w, i), 1.0), (f.rec(w), -1.0))
@@ -156,7 +162,7 @@ def _replay_rows(f: Formulation, st: Storages, hold: list[int]) -> None:
             terms[gl] = float(g.node(u)["out_bytes"])
         act = b.var(integer=False)
         b.row({act: 1.0, f.r[i]: -1.0, hold[i]: -1.0}, -1.0, float("inf"))
-        f.mem_row(terms, 0.0, act)
+        f.mem_row(terms, kept, act)
 
 
 def pick_checks(f: Formulation) -> list[int]:
@@ -214,6 +220,7 @@ class _Backward:
     puse: list[tuple[str, int]]
     roots: list[int]
     extras: list[int]
+    kept: set[int]
 
 
 def backward_rows(f: Formulation, deps: set[tuple[int, int]], st: Storages) -> None:
@@ -243,10 +250,10 @@ def backward_rows(f: Formulation, deps: set[tuple[int, int]], st: Storages) -> N
            and all(not g.node(w)["grad_passthrough"] for w in g.succ(u) if grad[w])}
     puse = [(p, w) for w in g.nodes if grad[w] for p in set(g.node(w)["params"]) if p in pb]
     top = f.max_terms or n
-    roots = sorted(set(st.savers) | {r for r, _ in f.cin}, key=lambda r: -alloc[r])[:top]
+    roots = sorted((set(st.savers) | {r for r, _ in f.cin}) - st.kept, key=lambda r: -alloc[r])[:top]
     own = set(sorted(own, key=lambda u: -g.node(u)["out_bytes"])[:top])
     extras = sorted(st.extras, key=lambda w: -g.node(w)["extra_saved_bytes"])[:top]
-    ctx = _Backward(anc, pb, grad, alloc, st.savers, own, puse, roots, extras)
+    ctx = _Backward(anc, pb, grad, alloc, st.savers, own, puse, roots, extras, st.kept)
     for v in f.checks:
         _backward_row(f, ctx, v)
 
@@ -261,6 +268,7 @@ def _backward_row(f: Formulation, ctx: _Backward, v: int) -> None:
     mine = {g.root(u) for u in dv["saves"]} if dv["requires_grad"] else set()
     terms: Expr = {}
     const = float(backward_need(g, v, pb) + (dv["out_bytes"] if v in own else 0))
+    const += sum(alloc[r] for r in ctx.kept if r not in mine)  # held by the returned object throughout
     for r in roots:
         if r in mine:
             continue
