@@ -61,12 +61,11 @@ Graph-level attributes live in :attr:`Graph.meta`: ``mode`` (``"fx"``, ``"module
 (name -> bytes), ``resident_bytes``, the loss node (``loss_saves``, ``loss_extra_bytes``,
 ``loss_fwd_temp_bytes``, ``loss_bwd_temp_bytes``), when measured, ``measured_peak_bytes``, and
 ``output_kept``: how long the step keeps the object the model returned, so the storages it holds
-(:mod:`autoremat.capture.held_outputs` for the measurements behind it)
-(``is_output`` and ``held_by_output`` nodes): ``"loss"`` (the default: dropped once the loss is
-computed, ``loss = model(**batch).loss``, Lightning's ``training_step``) or ``"step"`` (kept to the
-end of backward, ``outputs = model(**batch); accelerator.backward(outputs.loss)``, the usual
-Accelerate loop); :data:`OUTPUT_KEPT`, :meth:`Graph.held_until`. It is no part of the fingerprint
-(the same model, stepped by another loop).
+(``is_output`` and ``held_by_output`` nodes; :mod:`autoremat.capture.held_outputs`): ``"loss"``
+(the default: dropped once the loss is computed, ``loss = model(**batch).loss``, Lightning's
+``training_step``) or ``"step"`` (to the end of backward, ``outputs = model(**batch);
+accelerator.backward(outputs.loss)``, the usual Accelerate loop); :data:`OUTPUT_KEPT`,
+:meth:`Graph.held_until`; no part of the fingerprint (the same model, stepped by another loop).
 """
 
 from __future__ import annotations
@@ -237,11 +236,9 @@ class Graph:
         return self._root[v]
 
     def held_to_loss(self, v: int) -> bool:
-        """Whether node ``v``'s output storage is held at least until the loss has been computed:
-        a model output (``is_output``) or held by the returned output object (``held_by_output``).
-        :meth:`held_until` says how much longer; the gradient seed is ``is_output``'s alone."""
-        d = self.nx.nodes[v]
-        return bool(d["is_output"] or d["held_by_output"])
+        """Whether node ``v``'s output storage is held at least until the loss: a model output
+        (``is_output``, whose gradient the loss seeds) or held by the returned object (``held_by_output``)."""
+        return bool(self.nx.nodes[v]["is_output"] or self.nx.nodes[v]["held_by_output"])
 
     @property
     def output_kept(self) -> str:
@@ -250,15 +247,17 @@ class Graph:
 
     def held_until(self, v: int) -> str | None:
         """Until when the returned object holds node ``v``'s output storage, whatever else reads it:
-        ``"loss"`` (dropped once the loss is computed), ``"step"`` (kept to the end of backward) or
-        ``None`` (the object does not hold it). :meth:`held_to_loss` nodes are held until
-        :attr:`output_kept`. The one rule every cost model uses for it."""
+        :attr:`output_kept` for :meth:`held_to_loss` nodes, else ``None`` (every cost model's rule)."""
         return self.output_kept if self.held_to_loss(v) else None
 
     def held_to_end(self) -> list[int]:
         """The nodes whose output storage the returned object holds to the end of backward
         (:meth:`held_until` ``"step"``), in order; none unless :attr:`output_kept` is ``"step"``."""
         return [v for v in self.nodes if self.held_to_loss(v)] if self.output_kept == "step" else []
+
+    def held_roots(self, *, to_end: bool = False) -> set[int]:
+        """The storages (:meth:`root`) of the :meth:`held_to_loss` nodes (``to_end``: :meth:`held_to_end`'s)."""
+        return {self._root[v] for v in (self.held_to_end() if to_end else self.nodes) if to_end or self.held_to_loss(v)}
 
     def _refresh(self) -> None:
         n = len(self)

@@ -45,9 +45,10 @@ than on the device the model trains on:
 Measured on the CPU (x86_64): 19 of the 20 architectures of :mod:`autoremat.zoo.hf_breadth`
 run on meta (Mixtral's experts take a path for non-CPU devices that needs bf16) and, with the
 cache on and off, give the CPU capture's graph node for node (bytes, edges, predicted peak). Cost:
-the meta capture of ResNet-50 0.18 -> 0.21 s CPU (median of 5). Tested on the CPU against the real composite op for op (``tests/capture/test_device_parity.py``:
-no mask, boolean and additive masks, causal, grouped-query, dropout, no grad); the CUDA glue is
-checked the same way by GPU-marked tests there (not run without a GPU).
+the meta capture of ResNet-50 0.18 -> 0.21 s CPU (median of 5). Tested on the CPU against the
+real composite op for op (``tests/capture/test_device_parity.py``: no mask, boolean and additive
+masks, causal, grouped-query, dropout, no grad); the CUDA glue is checked the same way by
+GPU-marked tests there (not run without a GPU).
 """
 
 from __future__ import annotations
@@ -103,7 +104,7 @@ class AsDevice(TorchFunctionMode):
         kwargs = kwargs or {}
         if func is F.scaled_dot_product_attention:
             return self._attention(func, args, kwargs)
-        if func is torch.Tensor.to and self.device.type != "meta":
+        if func is torch.Tensor.to:
             return self._to(func, args, kwargs)
         if func is torch.Tensor.type_as and len(args) == 2 and _on_meta(args[1]) and self._here(args[0]):
             return self._to_meta(args[0].to(dtype=args[1].dtype))  # on the device: ``to(other.options())``

@@ -179,7 +179,7 @@ def _uses(graph: Graph) -> tuple[dict[int, int], set[int]]:
             r = graph.root(u)
             last[r] = max(last.get(r, -1), w)
     loss = {graph.root(u) for u in graph.meta.get("loss_saves", ())}
-    loss |= {graph.root(v) for v in graph.nodes if graph.held_to_loss(v)}
+    loss |= graph.held_roots()
     return last, loss
 
 

@@ -335,7 +335,7 @@ def chain_from_graph(
 
     # activations: kept storages and extras, by creating layer
     bundle = [0] * k_layers
-    ends = {graph.root(v) for v in graph.held_to_end()}  # the output object holds them on the device to the end
+    ends = graph.held_roots(to_end=True)  # the output object holds them on the device to the end
     for r in _kept_roots(graph) - ends:
         bundle[layer_of[r]] += int(nd[r]["alloc_bytes"])
     for v in graph.nodes:

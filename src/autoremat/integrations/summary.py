@@ -57,7 +57,7 @@ def held_by_output_bytes(graph: Graph) -> int:
     hidden states, the logits beside a loss computed with ``labels``:
     :mod:`autoremat.capture.held_outputs`), each storage once. Plans hold them until the loss or to
     the end of backward, as ``graph.meta["output_kept"]`` says."""
-    roots = {graph.root(v) for v in graph.nodes if graph.node(v).get("held_by_output")}
+    roots = {graph.root(v) for v in graph.nodes if graph.node(v)["held_by_output"]}
     return sum(int(graph.node(r)["out_bytes"]) for r in roots)
 
 

@@ -33,13 +33,17 @@ def fit(y_lo: float, y_hi: float, s_lo: int, s_hi: int, batch: int) -> float:
     return a + b * batch
 
 
+def same_graph(base: Graph, small: Graph) -> bool:
+    """Whether ``small`` has ``base``'s nodes (names, in order) and fingerprint."""
+    return base.fingerprint == small.fingerprint and \
+        [base.node(v)["name"] for v in base.nodes] == [small.node(v)["name"] for v in small.nodes]
+
+
 def check_same(base: Graph, small: Graph, size: int) -> None:
     """Raise when ``small`` (captured at ``size`` rows) is not ``base``'s graph."""
-    names = [base.node(v)["name"] for v in base.nodes]
-    other = [small.node(v)["name"] for v in small.nodes]
-    if names != other or base.fingerprint != small.fingerprint:
+    if not same_graph(base, small):
         raise ValueError(f"the graph captured at batch size {size} differs from the full-size graph "
-                         f"({len(other)} vs {len(names)} nodes): the model's structure depends on the batch "
+                         f"({len(small)} vs {len(base)} nodes): the model's structure depends on the batch "
                          "size, so it cannot be profiled at a smaller batch; give a budget that fits the "
                          "whole step or make the structure independent of the batch size")
 

@@ -13,7 +13,7 @@ from torch import nn
 
 from ...graph import Graph
 from .batch import cut_rows, input_bytes
-from .fit import check_same, fit, scale_to, with_times, with_workspace
+from .fit import check_same, fit, same_graph, scale_to, with_times, with_workspace
 from .limits import CaptureDoesNotFitError, free_cache, is_oom
 
 __all__ = ["largest_fitting", "ladder"]
@@ -179,14 +179,6 @@ def _replayed(trial: _Trial, out: Graph, s_lo: int, s_hi: int, workspace: dict[i
                         device=device, workspace=workspace, full_signatures=signatures or None)
 
 
-def _same(base: Graph, g: Graph, size: int) -> bool:
-    try:
-        check_same(base, g, size)
-    except ValueError:
-        return False
-    return True
-
-
 def _to_scale(base: Graph | None, got: dict[int, Graph]) -> tuple[dict[int, Graph], str]:
     """The captures to scale from and where the bytes come from. With a meta capture: the sizes
     whose recorded graph is the meta graph (transformers takes other paths at one row: that size
@@ -195,7 +187,7 @@ def _to_scale(base: Graph | None, got: dict[int, Graph]) -> tuple[dict[int, Grap
     ``base`` is always the same graph."""
     if base is None:
         return got, "linear fit"
-    same = {s: g for s, g in got.items() if _same(base, g, s)}
+    same = {s: g for s, g in got.items() if same_graph(base, g)}
     if same:
         if len(same) < len(got):
             logger.info("autoremat: the graph at batch size %s is not the full-size graph (the model takes "
@@ -205,7 +197,7 @@ def _to_scale(base: Graph | None, got: dict[int, Graph]) -> tuple[dict[int, Grap
                    "(%s nodes); bytes come from a linear fit of the real captures", len(base), sorted(got),
                    [len(got[s]) for s in sorted(got)])
     hi = max(got)
-    return {s: g for s, g in got.items() if _same(got[hi], g, s)}, "linear fit"
+    return {s: g for s, g in got.items() if same_graph(got[hi], g)}, "linear fit"
 
 
 def ladder(model: nn.Module, args: tuple, kwargs: dict, opts: dict, base: Graph | None, batch: int,

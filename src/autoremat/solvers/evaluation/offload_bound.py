@@ -133,7 +133,7 @@ def offload_time_lower_bound(graph: Graph, budget_bytes: int, *,
 def _lifetimes(graph: Graph, plan, order: list[int], pos: dict[int, int], start: dict) -> tuple[dict, ...]:
     """Per offload candidate: bytes, when produced, its last forward reader's position, and its
     first backward use's position (the saver that runs last in forward)."""
-    ends = {graph.root(v) for v in graph.held_to_end()}  # the output object holds their device copy to the end
+    ends = graph.held_roots(to_end=True)  # the output object holds their device copy to the end
     cands = set(offloadable_nodes(graph, plan)) - ends
     size: dict[int, int] = {}
     produced: dict[int, float] = {}

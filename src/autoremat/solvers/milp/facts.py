@@ -55,7 +55,7 @@ def constant_floor(graph: Graph) -> int:
         if grad[v]:
             best = max(best, backward_need(g, v, pb))
     meta = g.meta
-    outs = {g.root(v) for v in g.nodes if g.held_to_loss(v)}
+    outs = g.held_roots()
     best = max(best, sum(g.node(r)["alloc_bytes"] for r in outs) + meta["loss_extra_bytes"] + meta["loss_fwd_temp_bytes"])
     ograds = sum(g.node(v)["out_bytes"] for v in g.nodes if g.node(v)["is_output"] and g.node(v)["requires_grad"])
     lsaves = sum(g.node(r)["alloc_bytes"] for r in {g.root(u) for u in meta["loss_saves"]})

@@ -49,7 +49,7 @@ class Storages:
             if alloc[r] > 0 and g.node(w)["recomputable"]:
                 inputs.setdefault(r, []).append((u, w))
         extras = [w for w in g.nodes if g.node(w)["requires_grad"] and g.node(w)["extra_saved_bytes"]]
-        kept = {g.root(v) for v in g.held_to_end()}
+        kept = g.held_roots(to_end=True)
         return cls(alloc, savers, inputs, extras, {r for r in kept if alloc[r] > 0})
 
 
@@ -75,7 +75,7 @@ def _loss_rows(f: Formulation, st: Storages) -> None:
     """The loss forward (outputs alive) and backward (outputs' gradients, loss saves)."""
     g, k, b, cin = f.graph, f.k, f.b, f.cin
     alloc, savers, inputs, extras = st.alloc, st.savers, st.inputs, st.extras
-    outs = {g.root(v) for v in g.nodes if g.held_to_loss(v)}  # alive at the loss
+    outs = g.held_roots()  # alive at the loss
     lsaves = {g.root(u) for u in g.meta["loss_saves"]}
     fwd: Expr = {}
     bwd: Expr = {}
