@@ -8,15 +8,17 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from typing import Any
 
 import torch
 import torch.fx
 
-from ._recorder import NodeRecord, Recorder, Timer, classify_function, classify_module
+from ._loss_reach import outputs_fed_by_loss
+from ._recorder import NodeRecord, Recorder, Timer, classify_function, classify_module, tensors_in
 from .signature import tensor_lines
 from ._tracing import SemanticTracer, semantic_trace
+from .held_outputs import OutputHold
 from .inplace import out_of_place
 
 __all__ = ["trace", "fx_ops", "fx_fingerprint", "records_from_fx", "profile_fx", "time_fx", "Watch"]
@@ -134,11 +136,15 @@ Watch = Callable[[torch.fx.Interpreter, torch.fx.Node], None]
 
 
 class _Interp(torch.fx.Interpreter):
-    def __init__(self, gm: torch.fx.GraphModule, probe: Recorder | Timer, watch: Watch | None = None) -> None:
+    def __init__(self, gm: torch.fx.GraphModule, probe: Recorder | Timer, watch: Watch | None = None,
+                 outputs: Collection[int] = ()) -> None:
         super().__init__(gm, garbage_collect_values=True)
         self.probe = probe
         self.watch = watch
         self.ids = {n: i for i, n in enumerate(fx_ops(gm))}
+        self.outputs = outputs
+        # autograd node of each output tensor -> the output nodes that made it (for the loss's reach)
+        self.producers: dict[Any, set[int]] = {}
 
     def run_node(self, n: torch.fx.Node) -> Any:
         """``Interpreter.run_node`` with only the op's own call inside the probe's window.
@@ -164,6 +170,10 @@ class _Interp(torch.fx.Interpreter):
             self.probe.begin(v)
             out = fn(*args, **kwargs)
             self.probe.end(v, out)
+        if v in self.outputs:
+            for t in tensors_in(out):
+                if t.grad_fn is not None:
+                    self.producers.setdefault(t.grad_fn, set()).add(v)
         return out
 
 
@@ -188,11 +198,19 @@ def profile_fx(
     rec.mutations.watch_state([*gm.parameters(), *gm.buffers()])
     for r in recs:
         rec.add_node(r)
-    interp = _Interp(gm, rec, watch)
+    interp = _Interp(gm, rec, watch, outputs={v for v, r in enumerate(recs) if r.is_output})
     with rec.recording():
         out = _run_kwargs(interp, gm, args, kwargs)
+        interp.env.clear()  # the interpreter's env holds the returned value: only ``out`` may
         loss = rec.run_loss(loss_fn, out)
+        fed = outputs_fed_by_loss(loss, interp.producers)
+        for vs in interp.producers.values():  # returned tensors the loss does not read: no gradient seed
+            for v in vs - fed:
+                recs[v].is_output = False
+        interp.producers.clear()
+        hold = OutputHold(rec.owner)  # the step drops the returned object here, before backward
         del out
+        hold.mark(rec.nodes)
         rec.run_backward(loss)
         del loss
     rec.finish(param_bytes)

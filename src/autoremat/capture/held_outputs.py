@@ -45,7 +45,9 @@ and by nothing else (anything still holding them, a node's saved tensors or the 
 longer anyway). This needs no knowledge of the object's layout (a ``DynamicCache``'s layers, a
 tuple of hidden states). Not covered: storages made inside a module-level node (``blocks="module"``)
 that the object holds, which are no node's output; blocks captured op by op (the default) record
-each op's output as a node. An fx capture marks every tensor the model returns an output already.
+each op's output as a node. An fx capture does the same (:func:`autoremat.capture.fx.profile_fx`): it
+seeded a gradient into every tensor the model returned until 2026-11-27 (a model returning its loss
+beside the logits was predicted at 1.36x of its measured peak).
 """
 
 from __future__ import annotations
