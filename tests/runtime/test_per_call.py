@@ -177,3 +177,29 @@ def test_a_step_running_the_module_another_number_of_times_is_refused() -> None:
     finally:
         autoremat.restore(model)
     assert gradients_equal(reference[3], _step(model, x, steps=3))
+
+
+def test_bf16_autocast_gradients_stay_bit_equal() -> None:
+    """Under autocast every call uses the first call's cached parameter casts; a recomputed call
+    does too (else its weight gradient is summed in fp32, not bf16: not bit-equal)."""
+    model, x = _model("block"), _batch()
+
+    def amp_step() -> dict:
+        model.zero_grad(set_to_none=True)
+        torch.manual_seed(5)
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            value = _loss(model(x)).float()
+        value.backward()
+        return gradients(model)
+
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        graph = autoremat.capture(model, (x,), loss_fn=_loss, repeats=1, warmup=0)
+    reference = amp_step()
+    plan = autoremat.solve(graph, "50%")
+    assert any(is_per_call(path) for path, _ in plan.module_calls.values())
+    autoremat.apply(model, plan)
+    try:
+        grads = [amp_step() for _ in range(2)]
+    finally:
+        autoremat.restore(model)
+    assert all(gradients_equal(reference, g) for g in grads)

@@ -9,7 +9,10 @@ and runs call ``k`` as the plan's region for it (a
 :class:`~autoremat.runtime.probed_call.ProbedCall` or a
 :class:`~autoremat.runtime.selective.SelectiveCall`, each with its own RNG replay and buffer
 snapshot, so dropout masks and batch-norm statistics are exactly those of the unpatched step),
-every other call as the module's own ``forward``.
+every other call as the module's own ``forward``. Under autocast a recomputed call's forward
+keeps autocast's cast cache (:func:`~autoremat.runtime.recompute_state.shared_casts`), so its
+parameters' gradients are summed as in the unpatched step (bit for bit); a call keeping some ops
+(selective saves) is refused there.
 
 When a step starts: a forward pre-hook on the model ``apply`` patched (the model the plan was
 captured on; the step's root call) resets the counts; they count only in training mode with
@@ -33,7 +36,7 @@ from torch import nn
 from ..call_names import parse_call
 from ..errors import CallCountError, PlanMismatchError
 from .probed_call import ProbedCall
-from .recompute_state import is_recomputing, stateful_buffers
+from .recompute_state import is_recomputing, shared_casts, stateful_buffers
 from .selective import SelectiveCall
 
 __all__ = ["PerCallForward", "StepCalls", "install_calls"]
@@ -95,7 +98,22 @@ class PerCallForward:
         if k >= self.n:
             self.step.on = False  # the step is refused: its end checks nothing more
             raise CallCountError(_message(self.path, f"more than {self.n}", self.n, self.step.model_name))
-        return self.calls.get(k, self.fn)(*args, **kwargs)
+        call = self.calls.get(k)
+        if call is None:
+            return self.fn(*args, **kwargs)
+        if isinstance(call, SelectiveCall) and _cast_cache_on():
+            raise RuntimeError(
+                f"autoremat: the plan keeps some ops of call {k} of module {self.path!r} (selective saves), which "
+                "cannot run exactly under autocast with its cast cache on (the other calls use the first call's "
+                "parameter casts, the replay makes its own, and selective checkpointing pairs them by count); "
+                "solve with a solver that recomputes whole calls (e.g. solver='chen'), or run autocast with "
+                "cache_enabled=False")
+        with shared_casts():
+            return call(*args, **kwargs)
+
+
+def _cast_cache_on() -> bool:
+    return torch.is_autocast_cache_enabled() and any(torch.is_autocast_enabled(d) for d in ("cpu", "cuda"))
 
 
 def _region(fn: Callable[..., Any], mod: nn.Module, keep: dict[int, str], regions: str, path: str) -> ProbedCall:
