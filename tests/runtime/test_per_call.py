@@ -14,6 +14,7 @@ import autoremat
 from autoremat.call_names import call_name, enclosing_paths, is_per_call, parse_call, plain_path
 from autoremat.cost import no_recompute_plan, simulate
 from autoremat.errors import CallCountError
+from autoremat.plan import Segment, module_calls_of
 from autoremat.measure import gradients, gradients_equal, measure, run_step
 from autoremat.runtime import is_recomputing
 
@@ -203,3 +204,25 @@ def test_bf16_autocast_gradients_stay_bit_equal() -> None:
     finally:
         autoremat.restore(model)
     assert all(gradients_equal(reference, g) for g in grads)
+
+
+def test_a_call_keeping_ops_runs_exactly_and_is_refused_under_cached_autocast() -> None:
+    """Selective saves in one call of a shared block: exact in fp32; under autocast with its cast
+    cache, refused with the reason (the replay would make casts the forward took from the cache)."""
+    model, x = _model("block"), _batch()
+    graph = autoremat.capture(model, (x,), loss_fn=_loss, repeats=1, warmup=0)
+    plan = autoremat.solve(graph, "50%")
+    i, seg = next((i, s) for i, s in enumerate(plan.segments) if s.recompute and len(s.nodes) > 1)
+    mm = [v for v in seg.nodes if graph.node(v)["target"].startswith("aten.addmm")]
+    plan.segments[i] = Segment(seg.nodes, True, tuple(mm[:1]))
+    plan.module_calls = module_calls_of(graph, plan)
+    assert plan.module_calls[i][1] and is_per_call(plan.module_calls[i][0])
+    reference = _step(model, x)
+    autoremat.apply(model, plan)
+    try:
+        assert gradients_equal(reference, _step(model, x))
+        with pytest.raises(RuntimeError, match="selective saves.*autocast"):
+            with torch.autocast("cpu", dtype=torch.bfloat16):
+                model(x)
+    finally:
+        autoremat.restore(model)
