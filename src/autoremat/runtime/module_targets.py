@@ -33,7 +33,10 @@ def module_targets(model: nn.Module, plan: Plan, names: list[str],
         if path not in mods or path == "":
             raise PlanMismatchError(f"plan recomputes module {path!r}, which {type(model).__name__} does not have")
         if name in seen or path in seen or (k is None and any(parse_call(s)[0] == path for s in seen)):
-            raise PlanMismatchError(f"plan recomputes module {path!r} in two segments (or all its calls and one)")
+            raise PlanMismatchError(
+                f"plan recomputes module {path!r} in two segments (or all its calls and one); a module run more "
+                "than once per step is recomputed call by call, each call named '<path>@<k>/<n>' in the plan's "
+                "module_calls (autoremat.plan.module_calls_of(graph, plan) fills them for a hand-made plan)")
         seen.add(name)
         out.append((name, mods[path], {} if call is None else dict(call[1])))
     return out
