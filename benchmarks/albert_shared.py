@@ -9,8 +9,8 @@ Variants, each trained from the same weights on the same batch: the unpatched mo
 wrapper a user would write); autoremat's least plan (``solve(g, "min")``); autoremat at the
 per-layer checkpoint's measured peak. Peak: CPU storage counter, one step after a warm-up step;
 time: median step (forward + backward) over ``--rounds`` rounds, variants interleaved in each
-round. Gradients compared bit for bit with the unpatched model's. Writes ``albert_shared.json``
-and ``albert_shared.md`` to ``--out``.
+round, their order rotated from round to round. Gradients compared bit for bit with the unpatched
+model's. Writes ``albert_shared_<size>.json`` and ``albert_shared_<size>.md`` to ``--out``.
 """
 
 from __future__ import annotations
@@ -102,9 +102,10 @@ def main(argv: list[str] | None = None) -> int:
         rows[k] = {"peak_bytes": peak, "gradients_equal": gradients_equal(reference, grads),
                    "predicted_peak_bytes": plan.predicted_peak_bytes, "plan": plan.describe()}
     times: dict[str, list[float]] = {k: [] for k in variants}
-    for _ in range(a.rounds):
-        for k, ctx in variants.items():
-            with ctx():
+    names = list(variants)
+    for r in range(a.rounds):  # interleaved, the order rotated each round (no variant always follows another)
+        for k in names[r % len(names):] + names[:r % len(names)]:
+            with variants[k]():
                 run_step(model, args, {}, loss)
                 t0 = time.perf_counter()
                 run_step(model, args, {}, loss)
@@ -133,7 +134,8 @@ class _Null:
 def _report(data: dict[str, Any]) -> str:
     lines = [f"# ALBERT ({data['size']}: {data['config']}): per-call plans against a per-layer checkpoint", "",
              f"Machine: {data['machine']}. Peak: CPU storage counter, one step after a warm-up step; time: median "
-             f"of {data['rounds']} interleaved rounds.", "",
+             f"of {data['rounds']} interleaved rounds (order rotated each round). The plans: "
+             + "; ".join(f"{k}: {r['plan']}" for k, r in data["rows"].items() if "plan" in r) + ".", "",
              "| variant | step peak | of unpatched | predicted/measured | step time | of unpatched | gradients equal |",
              "|---|---|---|---|---|---|---|"]
     for k, r in data["rows"].items():

@@ -14,7 +14,8 @@ import autoremat
 from autoremat.call_names import call_name, enclosing_paths, is_per_call, parse_call, plain_path
 from autoremat.cost import no_recompute_plan, simulate
 from autoremat.errors import CallCountError
-from autoremat.plan import Segment, module_calls_of
+from autoremat.errors import PlanFormatError
+from autoremat.plan import Segment, module_calls_of, validate_plan
 from autoremat.measure import gradients, gradients_equal, measure, run_step
 from autoremat.runtime import is_recomputing
 
@@ -227,3 +228,14 @@ def test_a_call_keeping_ops_runs_exactly_and_is_refused_under_cached_autocast() 
                 model(x)
     finally:
         autoremat.restore(model)
+
+
+def test_offloading_one_call_of_a_shared_block_is_refused() -> None:
+    """The runtime offloads what a module saves in every call of it: one call's unit is refused."""
+    model, x = _model("block"), _batch()
+    graph = autoremat.capture(model, (x,), loss_fn=_loss, repeats=1, warmup=0)
+    first = graph.call_regions()["layers.0@1/4"][0]
+    plan = autoremat.solve(graph, "100%", solver="none")
+    plan.offload_saved = (first,)
+    with pytest.raises(PlanFormatError, match=r"'layers\.0@1/4' is one of several calls"):
+        validate_plan(graph, plan)
