@@ -19,7 +19,7 @@ from torch import nn
 from torch.utils.checkpoint import checkpoint
 
 import autoremat
-from autoremat.plan import Plan, Segment
+from autoremat.plan import Plan, Segment, module_calls_of
 
 import semantics_models as sm
 import semantics_state as ss
@@ -339,9 +339,11 @@ def _handmade(graph: autoremat.Graph, kind: str) -> autoremat.Plan:
         segs = [Segment(tuple(nodes[:half]), True), Segment(tuple(nodes[half:]), False)]
     else:
         segs = [Segment((v,), v in ok) for v in nodes]
-    return Plan(segs, solver=f"test-{kind}", options=dict(base.options), graph_mode=base.graph_mode,
+    plan = Plan(segs, solver=f"test-{kind}", options=dict(base.options), graph_mode=base.graph_mode,
                 node_names=base.node_names, tensors=base.tensors, inputs=base.inputs,
                 graph_fingerprint=graph.fingerprint)
+    plan.module_calls = module_calls_of(graph, plan)  # a module run twice: each call named (runtime.per_call)
+    return plan
 
 
 def plan_for(graph: autoremat.Graph, solver: str, budget: Any) -> autoremat.Plan:

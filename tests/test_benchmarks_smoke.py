@@ -518,3 +518,16 @@ def test_hf_breadth_runs_and_reports(tmp_path: Path, monkeypatch: pytest.MonkeyP
     assert "| bloom | bf16 |" in text and "gradients equal: 1 of 1" in text
     broken = hb.report([{"name": "x", "precision": "fp32", "error": "ValueError: no"}], "m")
     assert "error: ValueError: no" in broken and "errors: 1" in broken
+
+
+def test_albert_shared_runs_and_reports(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Per-call plans on ALBERT beside a hand-written per-layer checkpoint: every variant trains
+    bit for bit and autoremat's least plan reaches at most the checkpoint's peak."""
+    pytest.importorskip("transformers")
+    bench = _load("albert_shared", monkeypatch)
+    assert bench.main(["--size", "small", "--rounds", "1", "--out", str(tmp_path)]) == 0
+    rows = json.loads((tmp_path / "albert_shared_small.json").read_text())["rows"]
+    assert all(r["gradients_equal"] for r in rows.values()), rows
+    assert rows["autoremat least"]["peak_bytes"] <= rows["per-layer checkpoint"]["peak_bytes"]
+    assert 0.9 <= rows["autoremat least"]["predicted_peak_bytes"] / rows["autoremat least"]["peak_bytes"] <= 1.1
+    assert "| per-layer checkpoint |" in (tmp_path / "albert_shared_small.md").read_text()

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-__all__ = ["InfeasibleBudgetError", "PlanMismatchError", "PlanFormatError"]
+__all__ = ["InfeasibleBudgetError", "PlanMismatchError", "PlanFormatError", "CallCountError"]
 
 
 def _fmt_bytes(n: int) -> str:
@@ -60,6 +60,11 @@ class InfeasibleBudgetError(ValueError):
 
 class PlanMismatchError(ValueError):
     """A plan was applied to a model (or simulated on a graph) it was not made for."""
+
+
+class CallCountError(RuntimeError):
+    """A training step ran a module a number of times other than the step the plan was made for,
+    and the plan recomputes calls of that module one by one (:mod:`autoremat.runtime.per_call`)."""
 
 
 class PlanFormatError(ValueError):

@@ -50,11 +50,12 @@ Node attributes (all plain numbers and strings, so solvers never need torch):
     Whether the runtime can run this node inside a checkpoint region on its own
     (module-level capture: module calls are, glue ops are not).
 ``scope``
-    The paths of the module calls the node runs inside, outermost first (the model itself left
-    out; a module called more than once in the step left out too). At module level, the ops
-    of a repeated block captured op by op (:mod:`autoremat.capture.module`) form one *call
-    region* per path: :meth:`Graph.call_regions`, what a module-level plan can recompute as one
-    region. At fx level the same paths name the blocks a chain solver groups.
+    The paths of the module calls the node runs inside, outermost first (the model left out; a
+    call of a module run ``n > 1`` times per step is ``"<path>@<k>/<n>"``, :mod:`.call_names`,
+    and a module node of one names its own call). At module level, the ops of a repeated block
+    captured op by op form one *call region* per path: :meth:`Graph.call_regions`, what a
+    module-level plan can recompute as one region. At fx level they name the blocks a chain
+    solver groups.
 
 Graph-level attributes live in :attr:`Graph.meta`: ``mode`` (``"fx"``, ``"module"`` or
 ``"synthetic"``), ``fingerprint``, ``model``, ``device``, ``time_source``, ``param_bytes``
@@ -79,6 +80,7 @@ from typing import Any
 import networkx as nx
 
 from ._jsonio import dump_json, load_json
+from .call_names import enclosing_paths, plain_path
 
 _BATCH_BYTES = ("out_bytes", "alloc_bytes", "extra_saved_bytes", "fwd_temp_bytes", "bwd_temp_bytes")
 _BATCH_META_BYTES = ("loss_extra_bytes", "loss_fwd_temp_bytes", "loss_bwd_temp_bytes")
@@ -167,10 +169,8 @@ class Graph:
         *,
         saves_own_output: bool = True,
     ) -> "Graph":
-        """A linear chain ``0 -> 1 -> ... -> n-1`` (tests, examples).
-
-        Each node saves its own output when ``saves_own_output`` (the papers' model).
-        """
+        """A linear chain ``0 -> 1 -> ... -> n-1`` (tests, examples); each node saves its own
+        output when ``saves_own_output`` (the papers' model)."""
         sizes = [int(b) for b in out_bytes]
         times = [1.0] * len(sizes) if time_s is None else [float(t) for t in time_s]
         if len(times) != len(sizes):
@@ -296,14 +296,14 @@ class Graph:
 
     def recompute_units(self) -> list[tuple[int, ...]]:
         """At module level, the node sets a recomputed segment can be, in execution order: each
-        recomputable module call outside the blocks captured op by op, and each such block as its
-        outermost call region (a region is recomputed as one call, whatever its ops). What a solver planning
-        "one module call at a time" chooses among; ``[]`` at fx level."""
+        recomputable module call outside the blocks captured op by op, and each such block call as its
+        outermost call region: what a solver planning one module call at a time chooses among."""
         if self.meta.get("mode") != "module":
             return []
         starts = self.meta.get("call_op_start", {})
         regions = self.call_regions()
-        outer = [p for p in starts if p in regions and not any(p.startswith(q + ".") for q in starts)]
+        paths = {plain_path(p) for p in starts}  # inside another region (any call of it): no unit
+        outer = [p for p in starts if p in regions and not any(q in paths for q in enclosing_paths(plain_path(p)))]
         first = {regions[p][0]: regions[p] for p in outer}
         inside = {v for p in outer for v in regions[p]}
         units: list[tuple[int, ...]] = []

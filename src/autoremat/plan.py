@@ -23,6 +23,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from .call_names import is_per_call
 from .errors import PlanFormatError, PlanMismatchError
 from ._jsonio import dump_json
 from .graph import Graph
@@ -406,7 +407,7 @@ def validate_plan(graph: Graph, plan: Plan) -> None:
 
 def module_calls_of(graph: Graph, plan: Plan) -> ModuleCalls:
     """What :func:`autoremat.apply` wraps for each module-level recomputed segment that is a call
-    region or keeps ops: the call's path and the kept ops as (index in the call's op sequence,
+    region (one call of a shared module among them, ``"<path>@<k>/<n>"``) or keeps ops: the call's path and the kept ops as (index in the call's op sequence,
     op name), from the nodes' ``op_index`` within their outermost call (``graph.meta
     ["call_op_start"]`` gives where each call's sequence starts)."""
     if graph.meta.get("mode") != "module":
@@ -414,9 +415,10 @@ def module_calls_of(graph: Graph, plan: Plan) -> ModuleCalls:
     starts: Mapping[str, int] = graph.meta.get("call_op_start", {})
     out: ModuleCalls = {}
     for i, seg in enumerate(plan.segments):
-        if not seg.recompute or (len(seg.nodes) == 1 and not seg.keep and graph.node(seg.nodes[0])["op_index"] < 0):
-            continue
-        path = graph.region_of(seg.nodes)
+        path = graph.region_of(seg.nodes) if seg.recompute else None
+        single = len(seg.nodes) == 1 and not seg.keep and graph.node(seg.nodes[0])["op_index"] < 0
+        if not seg.recompute or (single and (path is None or not is_per_call(path))):
+            continue  # a module node of a module called once: its node name is the call
         if path is None and len(seg.nodes) == 1 and graph.node(seg.nodes[0])["op_index"] < 0:
             path = graph.node(seg.nodes[0])["module_path"]
         if path is None:

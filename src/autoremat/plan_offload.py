@@ -28,6 +28,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import TYPE_CHECKING
 
+from .call_names import is_per_call
 from .errors import PlanFormatError, PlanMismatchError
 from .graph import Graph
 from .region_units import region_unit, region_units
@@ -130,8 +131,11 @@ def _check_region_unit(graph: Graph, plan: "Plan", v: int, where: str) -> None:
         if path in pinned:
             why = (f"its block {path!r} is pinned (graph.meta['pinned_regions']: an input written in place, or "
                    "a key/value cache the call writes), so its saved tensors are not one call's own")
+        elif is_per_call(path):
+            why = (f"its block call {path!r} is one of several calls of a module run more than once per step, "
+                   "and the runtime offloads what a module saves in every call of it")
         elif path in graph.call_regions() and graph.call_regions()[path][0] == v:
-            why = f"its block {path!r} is not one call (its ops are not consecutive: called more than once)"
+            why = f"its block {path!r} is not one call (its ops are not consecutive)"
         else:
             firsts = sorted(region_units(graph))[:5]
             why = (f"it is not the first op of a block captured op by op (the first ops of the blocks that "

@@ -408,3 +408,65 @@ def test_the_batch_prediction_plans_recomputation_only_under_auto(monkeypatch: p
     assert seen[-1]["solver"] == "combined" and seen[-1]["offload"] is True
     autoremat.AutoRemat(verbose=False, solver="dp-approx")._solve(graph, 10, recompute_only=True)
     assert seen[-1] == {"solver": "dp-approx"}
+
+
+class _SharedBlock(torch.nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.up, self.down = torch.nn.Linear(32, 64), torch.nn.Linear(64, 32)
+        self.drop = torch.nn.Dropout(0.2)
+
+    def forward(self, h: torch.Tensor) -> torch.Tensor:
+        return h + self.down(self.drop(torch.nn.functional.gelu(self.up(h))))
+
+
+class _LitShared(pl.LightningModule):
+    """One block run four times per step (shared weights, as ALBERT's layer group), dropout on."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        torch.manual_seed(0)
+        self.model = torch.nn.Sequential(torch.nn.Linear(16, 32), _Loop(torch.nn.ModuleList([_SharedBlock()])),
+                                         torch.nn.Linear(32, 1))
+        self.losses: list[float] = []
+
+    def training_step(self, batch, batch_idx):  # type: ignore[no-untyped-def]
+        x, y = batch
+        loss = torch.nn.functional.mse_loss(self.model(x), y)
+        self.losses.append(loss.item())
+        return loss
+
+    def configure_optimizers(self) -> torch.optim.Optimizer:
+        return torch.optim.SGD(self.parameters(), lr=0.05)
+
+    def train_dataloader(self) -> torch.utils.data.DataLoader:
+        g = torch.Generator().manual_seed(0)
+        data = torch.utils.data.TensorDataset(torch.randn(64, 16, generator=g), torch.randn(64, 1, generator=g))
+        return torch.utils.data.DataLoader(data, batch_size=16)
+
+
+class _Loop(torch.nn.Module):
+    def __init__(self, layers: torch.nn.ModuleList) -> None:
+        super().__init__()
+        self.layers = layers
+
+    def forward(self, h: torch.Tensor) -> torch.Tensor:
+        for _ in range(4 if h.shape[-1] == 32 else 0):  # a branch on a shape: fx cannot trace it (module level)
+            h = self.layers[0](h)
+        return h
+
+
+def test_a_shared_block_is_recomputed_per_call_in_training(tmp_path: Path) -> None:
+    """The callback plans a block run four times per step call by call; training is unchanged."""
+    torch.manual_seed(1)
+    plain = _LitShared()
+    _trainer(pl.Callback(), tmp_path, max_steps=3).fit(plain)
+    torch.manual_seed(1)
+    patched = _LitShared()
+    cb = autoremat.AutoRemat(budget="min", module="model", raise_batch_size=False, verbose=False)
+    _trainer(cb, tmp_path, max_steps=3).fit(patched)
+    assert cb.plan is not None and cb.plan.graph_mode == "module"
+    assert any("@" in path for path, _ in cb.plan.module_calls.values()), cb.plan.module_calls
+    assert plain.losses == patched.losses
+    for (k, a), (_, b) in zip(plain.state_dict().items(), patched.state_dict().items()):
+        assert torch.equal(a, b), k

@@ -1,7 +1,7 @@
 """Hugging Face architectures beyond the zoo, each as a user would train it (default config: the
 causal LMs keep ``use_cache=True``): capture, the least plan and 50 % where it is reachable, apply;
 gradients bit for bit the unpatched model's, measured step peak within 10 % of the prediction.
-The first three each broke once: Qwen2 (a recomputed layer wrote its key/value cache twice),
+ALBERT (one layer group run for every layer) is recomputed per call. The first three each broke once: Qwen2 (a recomputed layer wrote its key/value cache twice),
 Mixtral (an in-place op's copy of its input crashed ``simulate``), Bloom (its custom GELU Function:
 peak predicted 22 % low). Under bf16 autocast (forward and loss under autocast, backward outside,
 as Lightning and Accelerate run it) the same, for the default run's three and GPT-NeoX (its key/value
@@ -73,11 +73,16 @@ def test_architecture_under_bf16_autocast(name: str) -> None:
     assert abs(plan.predicted_peak_bytes - peak) <= TOLERANCE * peak, (name, plan.predicted_peak_bytes, peak)
 
 
-def test_a_layer_shared_by_every_layer_is_said_to_be_kept() -> None:
-    """ALBERT runs one layer module for every layer: a plan wraps a module's forward, which would
-    recompute every call, so it is kept, and an infeasible budget says why."""
+def test_a_layer_shared_by_every_layer_is_recomputed_per_call() -> None:
+    """ALBERT runs one layer group for every layer (``gradient_checkpointing_enable()`` is not
+    supported for it): each call is a region of its own, recomputed where a plan names it
+    (dropout on); least plan 0.98x of the unpatched peak before, 0.34x now."""
     model, args, kwargs, loss = build("albert")
-    graph = autoremat.capture(model, args, kwargs, loss_fn=loss, repeats=1, warmup=0)
+    for m in model.modules():
+        if isinstance(m, torch.nn.Dropout):
+            m.p = 0.1
+    graph = trains_exactly("albert", model, args, kwargs, loss, fractions=(0.75, 0.5))
     assert graph.meta["reused_modules"] == {"albert.encoder.albert_layer_groups.0": 4}
-    with pytest.raises(autoremat.InfeasibleBudgetError, match=r"run more than once per step .*4 calls"):
-        autoremat.solve(graph, "30%")
+    least = autoremat.solve(graph, "min")
+    assert len(least.module_calls) == 4, least.module_calls
+    assert least.predicted_peak_bytes < 0.8 * simulate(graph, no_recompute_plan(graph)).peak_bytes

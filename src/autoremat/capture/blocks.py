@@ -17,8 +17,7 @@ views, what autograd saves, backward workspace), with
 
 Op nodes are not recomputable on their own (``recomputable=False``: solvers that recompute
 single module-level nodes leave them alone); their call regions are, unless an input of the
-block was written in place after the block read it (``meta["pinned_regions"]``), or the call
-ran more than once in the step (then it is no scope entry).
+block was written in place after the block read it (``meta["pinned_regions"]``: that call only).
 
 Times: the op sequence is timed once under a dispatch mode (``perf_counter`` around each op);
 each block call's forward time, measured with the model's own module hooks like any node, is
@@ -40,9 +39,10 @@ from torch import nn
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils.checkpoint import SAC_IGNORED_OPS
 
+from ..call_names import call_name, plain_path
 from .kv_cache import cache_arguments
 
-__all__ = ["BLOCK_MODES", "BlockScopes", "block_paths", "OpTimer", "share_times"]
+__all__ = ["BLOCK_MODES", "BlockScopes", "block_paths", "OpTimer", "settle_scopes", "share_times"]
 
 BLOCK_MODES = ("auto", "module", "ops")
 """``capture(..., blocks=)``: repeated blocks as one node each, or op by op (``"auto"``: op by op)."""
@@ -73,9 +73,12 @@ class BlockScopes:
         self.blocks = set(blocks)
         self.active: str | None = None
         self.stack: list[str] = []
+        self.stack_calls: list[int] = []
+        """The index of each call of :attr:`stack` among the calls of its module in the step."""
         self.count = 0
         self.calls: dict[str, int] = {}
-        self.start: dict[str, int] = {}
+        self.start: dict[tuple[str, int], int] = {}
+        """(path, call index) -> where that call's op sequence starts in its block call's."""
         self.block_calls: list[str] = []
         """The blocks in call order (one entry per call)."""
         self.cache_calls: dict[str, str] = {}
@@ -96,12 +99,14 @@ class BlockScopes:
         self.stack = [path]
         self.count = 0
         self.calls[path] = self.calls.get(path, 0) + 1
-        self.start[path] = 0
+        self.stack_calls = [self.calls[path] - 1]
+        self.start[(path, self.calls[path] - 1)] = 0
         self.block_calls.append(path)
 
     def leave_block(self) -> None:
         self.active = None
         self.stack = []
+        self.stack_calls = []
 
     def count_op(self, func: Any) -> int | None:
         """The op's index in the block call's sequence (``None`` for ops selective checkpointing
@@ -127,22 +132,32 @@ class BlockScopes:
                     self.cache_calls[path] = ", ".join(names)
                 self.stack.append(path)
                 self.calls[path] = self.calls.get(path, 0) + 1
-                self.start[path] = self.count
+                self.stack_calls.append(self.calls[path] - 1)
+                self.start[(path, self.calls[path] - 1)] = self.count
         return hook
 
     def _post(self, path: str) -> Callable[..., None]:
         def hook(_m: nn.Module, _a: tuple, _o: Any) -> None:
             if self.active is not None and self.stack and self.stack[-1] == path:
                 self.stack.pop()
+                self.stack_calls.pop()
         return hook
 
     def scope(self) -> tuple[str, ...]:
-        """The current call stack, calls made more than once so far left out (fixed in
-        :meth:`single_calls` at the end)."""
+        """The current call stack (plain paths; :meth:`call_indices` says which call of each)."""
         return tuple(self.stack)
 
-    def single_calls(self) -> set[str]:
-        return {p for p, n in self.calls.items() if n == 1}
+    def call_indices(self) -> tuple[int, ...]:
+        """The index of each call of :meth:`scope` among its module's calls so far in the step."""
+        return tuple(self.stack_calls)
+
+    def named(self, scope: tuple[str, ...], calls: tuple[int, ...]) -> tuple[str, ...]:
+        """Scope entries named per call once the step is over (:func:`~autoremat.call_names.call_name`)."""
+        return tuple(call_name(p, k, self.calls[p]) for p, k in zip(scope, calls))
+
+    def call_starts(self) -> dict[str, int]:
+        """Call name -> where its op sequence starts (``meta["call_op_start"]``)."""
+        return {call_name(p, k, self.calls[p]): i for (p, k), i in self.start.items()}
 
 
 class OpTimer(TorchDispatchMode):
@@ -181,3 +196,21 @@ def share_times(block_of: Mapping[int, tuple[int, int]], op_times: Sequence[Mapp
         share = op_times[call].get(i, 0.0) / total if total > 0 else 1.0 / counts[call]
         out[v] = (call_fwd[call] * share, call_bwd[call] * share)
     return out
+
+
+def settle_scopes(rec: Any, scopes: BlockScopes) -> None:
+    """Once the step is over, name the op nodes' scope entries per call (``rec.scope_calls``);
+    record where each call's op sequence starts (``rec.call_op_start``) and which call regions
+    are pinned (``rec.pinned_regions``: an input written in place after the block read it, or a
+    key/value cache handed to the call). ``rec``: the module capture's recorder."""
+    pinned_calls = {v - _PSEUDO for v in rec.mutations.pinned() if v >= len(rec.nodes)}
+    pinned: set[str] = set()
+    for v, (call, _i) in rec.block_of.items():
+        r = rec.nodes[v]
+        r.scope = scopes.named(r.scope, rec.scope_calls[v])
+        if call in pinned_calls:
+            pinned.update(r.scope)
+    rec.call_op_start = scopes.call_starts()
+    rec.cache_calls.update(scopes.cache_calls)
+    cached = {name for name in rec.call_op_start if plain_path(name) in rec.cache_calls}
+    rec.pinned_regions = sorted(pinned | cached)

@@ -8,10 +8,12 @@ modules (the glue in a parent's ``forward``: embedding sums, views, mask arithme
 ``"glue"`` nodes, one per ATen op, seen by a ``TorchDispatchMode``. Edges come from storage
 identity: a node depends on the nodes that produced the storages of its inputs.
 
-Only module calls can be recomputed (the runtime wraps the module's ``forward``); a module
-called more than once in one step is not recomputable, since wrapping it would wrap every
-call. Glue nodes are never recomputed. With ``blocks="ops"`` the repeated blocks are captured
-op by op (:mod:`autoremat.capture.blocks`): their module calls become call regions.
+Only module calls can be recomputed (the runtime wraps the module's ``forward``); each call of
+a module called ``n > 1`` times in one step (a shared layer) is a node of its own whose ``scope``
+names that call (``"<path>@<k>/<n>"``, :mod:`autoremat.call_names`), so a plan recomputes one
+call and the runtime counts the calls (:mod:`autoremat.runtime.per_call`). Glue nodes are never
+recomputed. With ``blocks="ops"`` the repeated blocks are captured op by op
+(:mod:`autoremat.capture.blocks`): their module calls become call regions, one per call.
 """
 
 from __future__ import annotations
@@ -28,7 +30,8 @@ from torch import nn
 from .._fsdp import original_class
 from ._loss_reach import outputs_fed_by_loss
 from ._recorder import NodeRecord, Recorder, Timer, classify_function, classify_module, tensors_in
-from .blocks import BlockScopes, OpTimer, block_paths, share_times
+from ..call_names import call_name
+from .blocks import BlockScopes, OpTimer, block_paths, settle_scopes, share_times
 from .held_outputs import OutputHold
 from .inplace import MutationLog
 from .kv_cache import cache_arguments
@@ -111,7 +114,9 @@ class _ModuleRecorder(Recorder):
         """Blocks captured op by op: where each call region's op sequence starts."""
         self.pinned_regions: list[str] = []
         self.reused: dict[str, int] = {}
-        """Node modules and blocks called more than once in the step (never recomputed): path -> calls."""
+        """Node modules and blocks called more than once in the step (recomputed per call): path -> calls."""
+        self.scope_calls: dict[int, tuple[int, ...]] = {}
+        """Op nodes of blocks: the index of each call of their scope among its module's calls."""
         self.cache_calls: dict[str, str] = {}
         """Calls handed a key/value cache (:mod:`autoremat.capture.kv_cache`): path -> argument."""
         self.block_of: dict[int, tuple[int, int]] = {}
@@ -270,6 +275,7 @@ class _ModuleRecorder(Recorder):
                              target=str(func), module_path=scope[-1], preds=preds, recomputable=False,
                              params=sorted(params))
             rec.scope, rec.op_index = scope, -1 if index is None else index
+            self.scope_calls[len(self.nodes)] = self.scopes.call_indices()
         else:
             rec = NodeRecord(name=f"glue:{name}", kind="glue", target=str(func), preds=preds, recomputable=False)
         v = self.add_node(rec)
@@ -351,15 +357,11 @@ def profile_modules(
     finally:
         for h in handles:
             h.remove()
-    for r in rec.nodes:
-        if r.kind != "glue" and r.op_index < 0 and (rec.calls.get(r.module_path, 0) > 1
-                                                    or r.module_path in rec.cache_calls):
-            r.recomputable = False
-    rec.reused = {p: n for p, n in rec.calls.items() if n > 1}  # modules run more than once: kept
+    _name_calls(rec)
+    rec.reused = {p: n for p, n in rec.calls.items() if n > 1}  # modules run more than once: per call
     if scopes is not None:
         rec.reused.update({p: n for p, n in scopes.calls.items() if n > 1 and p in scopes.blocks})
-    if scopes is not None:
-        _settle_scopes(rec, scopes)
+        settle_scopes(rec, scopes)
     rec.finish(param_bytes)
     if rec.lingering is not None:
         rec.lingering.apply(rec)
@@ -409,20 +411,18 @@ def _saved_by(fn: Any) -> list[torch.Tensor]:
     return [t for t in values if isinstance(t, torch.Tensor)]
 
 
-def _settle_scopes(rec: _ModuleRecorder, scopes: BlockScopes) -> None:
-    """Drop calls made more than once from the op nodes' scopes; record where each call's op
-    sequence starts and which regions an in-place write pins."""
-    single = scopes.single_calls()
-    pinned_calls = {v - (1 << 40) for v in rec.mutations.pinned() if v >= len(rec.nodes)}
-    pinned: set[str] = set()
-    for v, (call, _i) in rec.block_of.items():
-        r = rec.nodes[v]
-        r.scope = tuple(p for p in r.scope if p in single)
-        if call in pinned_calls:
-            pinned.update(r.scope)
-    rec.call_op_start = {p: scopes.start[p] for p in single}
-    rec.cache_calls.update(scopes.cache_calls)
-    rec.pinned_regions = sorted(pinned | (set(rec.cache_calls) & single))
+def _name_calls(rec: _ModuleRecorder) -> None:
+    """Module nodes: a call handed a key/value cache is kept; each call of a module called
+    ``n > 1`` times gets the scope entry naming it (:func:`~autoremat.call_names.call_name`)."""
+    seen: dict[str, int] = {}
+    for v, r in enumerate(rec.nodes):
+        if r.kind == "glue" or v in rec.block_of:
+            continue
+        k = seen[r.module_path] = seen.get(r.module_path, -1) + 1
+        if r.module_path in rec.cache_calls:
+            r.recomputable = False
+        elif rec.calls.get(r.module_path, 0) > 1:
+            r.scope = (call_name(r.module_path, k, rec.calls[r.module_path]),)
 
 
 def _time_block_ops(model: nn.Module, blocks: Collection[str], args: Sequence[Any], kwargs: Mapping[str, Any],

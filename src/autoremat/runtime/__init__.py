@@ -65,10 +65,9 @@ from .offload_forward import new_offloader as _new_offloader
 from .offload_forward import offloading_forward as _offloading_forward
 from .offload_saved import block_of, install_saved_units
 from .sharding import ShardingWatch, apply_fx_sharded, is_sharded, module_plan_fingerprint
-from .probed_call import ProbedCall
-from .region import REGION_MODES, CheckpointRegion, is_recomputing, stateful_buffers, tail_mark
+from .per_call import install_calls
+from .region import REGION_MODES, CheckpointRegion, is_recomputing, tail_mark
 from .region_graph import may_draw_random, trim_replay
-from .selective import SelectiveCall
 from ..replay_tail import tails_of
 
 __all__ = ["apply", "restore", "is_patched", "CheckpointRegion", "offloader_of", "REGION_MODES", "is_recomputing",
@@ -477,16 +476,7 @@ def _apply_module(model: nn.Module, plan: Plan, names: list[str], regions: str) 
             state.hooks.append(mods[path].register_forward_pre_hook(lambda _m, _a, v=v: offloader.wait(v)))
         state.installed = _offloading_forward(model.forward, offloader)
         model.__dict__["forward"] = state.installed
-    for path, mod, keep in targets:
-        had = "forward" in mod.__dict__
-        orig = mod.forward
-        # module level: arbitrary user code; its first forward finds out what it draws (see ProbedCall)
-        if keep:
-            call = SelectiveCall(orig, stateful_buffers([mod]), tuple(mod.parameters()), keep, path)
-        else:
-            call = ProbedCall(orig, stateful_buffers([mod]), regions, tuple(mod.parameters()), path)
-        state.wrapped.append((mod, had, mod.__dict__.get("forward"), call))
-        mod.__dict__["forward"] = call
+    install_calls(model, targets, regions, state.wrapped, state.hooks)  # one call of a shared module: per_call
     return state
 
 

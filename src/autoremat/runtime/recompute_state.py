@@ -17,7 +17,7 @@ from torch import nn
 from torch.utils._python_dispatch import TorchDispatchMode
 
 __all__ = ["is_recomputing", "prepare_scratch", "snapshot_buffers", "stateful_buffers", "checkpoint_kwargs",
-           "restoring_contexts", "BothContexts", "param_versions", "check_params", "RestoreBuffers", "SeededProbe", "UncachedAutocast"]
+           "restoring_contexts", "shared_casts", "BothContexts", "param_versions", "check_params", "RestoreBuffers", "SeededProbe", "UncachedAutocast"]
 
 _BN_TYPES = (nn.BatchNorm1d, nn.BatchNorm2d, nn.BatchNorm3d)
 _BN_STATS = frozenset({"running_mean", "running_var", "num_batches_tracked"})
@@ -247,6 +247,8 @@ class UncachedAutocast:
         self.stack = contextlib.ExitStack()
 
     def __enter__(self) -> "UncachedAutocast":
+        if getattr(_SHARED_CASTS, "on", False):  # one call of a shared module: see shared_casts
+            return self
         for device in ("cpu", "cuda"):
             if torch.is_autocast_enabled(device) and torch.is_autocast_cache_enabled():
                 self.stack.enter_context(torch.autocast(device, dtype=torch.get_autocast_dtype(device),
@@ -255,6 +257,24 @@ class UncachedAutocast:
 
     def __exit__(self, *exc: Any) -> None:
         self.stack.close()
+
+
+_SHARED_CASTS = threading.local()
+
+
+@contextlib.contextmanager
+def shared_casts() -> Any:
+    """The forward of one call of a module run more than once per step (:mod:`.per_call`) keeps
+    autocast's cache of parameter casts: every call of the unpatched step uses the one cast the
+    first call made, whose bf16 gradients autograd sums before casting them once; a call with a
+    cast of its own sums its gradient in fp32 instead (ALBERT under bf16 autocast: gradients not
+    bit-equal). Its replay, in backward, makes fresh casts (the same values)."""
+    prev = getattr(_SHARED_CASTS, "on", False)
+    _SHARED_CASTS.on = True
+    try:
+        yield
+    finally:
+        _SHARED_CASTS.on = prev
 
 
 def restoring_contexts(stateful: list[tuple[nn.Module, str]], params: tuple[torch.Tensor, ...] = ()

@@ -290,12 +290,6 @@ def _with_hints(graph: Graph, solver: str, err: InfeasibleBudgetError) -> Infeas
         hints.append(f"{len(cached)} module call(s) (e.g. {next(iter(cached))}) write a key/value cache and are "
                      "kept, not recomputed: pass use_cache=False to the model (as gradient_checkpointing_enable() "
                      "does) to let them be recomputed.")
-    reused = graph.meta.get("reused_modules") or {}
-    if reused:
-        path, calls = next(iter(reused.items()))
-        hints.append(f"{len(reused)} module(s) run more than once per step (e.g. {path}, {calls} calls: shared "
-                     "weights) and are not recomputed: a plan wraps a module's forward, which would recompute "
-                     "every call.")
     if plans_single_nodes(solver) and graph.meta.get("blocks") == "ops":
         hints.append(ops_hint(solver))
     if not hints or hints == [err.reason]:
