@@ -17,7 +17,7 @@ from . import zoo
 from .budget import parse_budget
 from .capture import CaptureDoesNotFitError, capture, capture_within
 from .capture.signature import check_inputs
-from .errors import InfeasibleBudgetError, PlanFormatError, PlanMismatchError
+from .errors import CallCountError, InfeasibleBudgetError, PlanFormatError, PlanMismatchError
 from .graph import Graph
 from .measure import Measurement, measure
 from .plan import Plan, Segment, validate_plan
@@ -34,7 +34,7 @@ __all__ = [
     "AutoRemat", "Graph", "Plan", "Segment", "Simulation", "Measurement",
     "capture", "capture_within", "CaptureDoesNotFitError", "solve", "simulate", "apply", "restore", "is_patched", "measure",
     "validate_plan", "parse_budget", "SOLVERS", "min_budget",
-    "InfeasibleBudgetError", "PlanMismatchError", "PlanFormatError", "check_inputs", "zoo", "__version__",
+    "InfeasibleBudgetError", "PlanMismatchError", "PlanFormatError", "CallCountError", "check_inputs", "zoo", "__version__",
 ]
 
 

@@ -24,6 +24,14 @@ counted. A step that runs the module more often than the plan's ``n`` raises
 :class:`~autoremat.errors.CallCountError` at the call past ``n``, one that runs it less often at
 the end of the model's forward: a data-dependent loop, or a model called more than once per
 step, would otherwise recompute other calls than the plan chose (never silently).
+
+Under ``torch.compile`` the counting is traced with the model's forward (Dynamo follows the
+counters as Python state), so the compiled step runs the plan's calls as checkpoint operators
+(:func:`~autoremat.runtime.region.compiled_region`) and the others plain. Measured (CPU,
+``aot_eager``, the tests' looped block with dropout): the compiled patched step's gradients equal
+the compiled unpatched step's, at 0.44x its peak. Not exact under the ``"eager"`` backend with
+dropout in a recomputed call (the replay draws other masks than the compiled unpatched step; equal
+without dropout, and for regions of modules called once).
 """
 
 from __future__ import annotations
@@ -52,7 +60,7 @@ class StepCalls:
         self.on = False
 
     def begin(self, module: nn.Module, _args: Any) -> None:
-        self.on = torch.is_grad_enabled() and module.training and not torch.compiler.is_compiling()
+        self.on = torch.is_grad_enabled() and module.training
         for f in self.forwards:
             f.count = 0
 
