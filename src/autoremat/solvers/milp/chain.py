@@ -52,12 +52,25 @@ from .cost_to_go import CostToGo
 from .lattice import Lattice, add_label, dominated, lattice_plan_nodes
 from .search import judge
 
-__all__ = ["CHAIN_MAX_NODES", "CHAIN_WIDTH", "CHAIN_GRID", "beam", "CHAIN_SLACK", "chain_improve"]
+__all__ = ["CHAIN_MAX_NODES", "CHAIN_FULL_NODES", "CHAIN_WINDOW", "WindowedChain", "CHAIN_WIDTH", "CHAIN_GRID", "beam", "CHAIN_SLACK", "chain_improve"]
 
 logger = logging.getLogger("autoremat.solvers.milp")
 
-CHAIN_MAX_NODES = 300
-""":func:`chain_improve` leaves larger graphs alone (as the polish, :data:`..polish.POLISH_MAX_NODES`)."""
+CHAIN_MAX_NODES = 1000
+""":func:`chain_improve` leaves larger graphs alone."""
+
+CHAIN_FULL_NODES = 300
+"""Up to this many nodes every step of the chain is searched (``O(n²)`` steps, segments of any
+length); above it a step spans at most :data:`CHAIN_WINDOW` prefixes (:class:`WindowedChain`)."""
+
+CHAIN_WINDOW = 32
+"""The most nodes a segment of the chain search spans on graphs above :data:`CHAIN_FULL_NODES`:
+``O(n w)`` steps, each replayed over at most ``w`` nodes, so the work grows linearly in ``n``
+(without it, on Inception-v3, 314 nodes, 84 % of the search's 20-26 s were replays of long
+segments). Measured (x86_64, 2 cores, CPU only, shared; ``benchmarks/results/cpu/auto_gaps/``
+ANALYSIS.md section 7): on Inception-v3 windows of 16-64 gave plans within 1 % of one another
+(0.59-0.90x of the best plan ``milp`` knows, as the full search); on DenseNet-121 at 75 % 32
+and 64 found 0.979x of it (the full search 0.956x), 16 and 24 nothing below ``blocks``' 1.076x."""
 
 CHAIN_WIDTH = 8
 """Labels :func:`beam` keeps per set. Measured (x86_64, 2 cores, loaded) on random 173-245-node
@@ -71,22 +84,42 @@ CHAIN_GRID = 1024
 CHAIN_SLACK = 0.01
 """Dominance slack, as a fraction of the budget (kept bytes) and of the plan to beat (time)."""
 
-_chains: weakref.WeakKeyDictionary[Graph, tuple[tuple[int, ...], Lattice]] = weakref.WeakKeyDictionary()
+_chains: weakref.WeakKeyDictionary[Graph, tuple[tuple[tuple[int, ...], int | None], Lattice]] = weakref.WeakKeyDictionary()
 _bounds: weakref.WeakKeyDictionary[Lattice, dict[int, CostToGo]] = weakref.WeakKeyDictionary()
 
 
+class WindowedChain(Lattice):
+    """A chain of prefixes whose steps span at most ``window`` of them: from set ``i`` only to
+    ``i + 1 .. i + window``. The prefixes of a chain are nested and their keys (the bytes a
+    segment keeps, :class:`~autoremat.cost.backward_floor.TransitionBounds`) grow with the index,
+    so these are in key order, as :meth:`.Lattice.successors` gives them; every other method is
+    the lattice's, and the cost-to-go and the beam see only these steps."""
+
+    def __init__(self, p: GraphBits, family: list[int], window: int) -> None:
+        super().__init__(p, family)
+        self.window = window
+
+    def successors(self, i: int, limit: int) -> list[int]:
+        lst = self.succ[i]
+        if not lst and i < self.last:
+            lst.extend(range(i + 1, min(i + self.window, self.last) + 1))
+        return lst
+
+
 def _lattice(graph: Graph, order: tuple[int, ...]) -> Lattice:
-    """The chain of ``order``'s prefixes as a lattice (the last one per graph kept: ``auto``
-    solves one graph at several budgets, and one order serves them while its plan does)."""
+    """The chain of ``order``'s prefixes as a lattice, windowed above :data:`CHAIN_FULL_NODES`
+    nodes (the last one per graph kept: ``auto`` solves one graph at several budgets, and one
+    order serves them while its plan does)."""
+    window = CHAIN_WINDOW if len(order) > CHAIN_FULL_NODES else None
     got = _chains.get(graph)
-    if got is not None and got[0] == order:
+    if got is not None and got[0] == (order, window):
         return got[1]
     family, acc = [0], 0
     for v in order:
         acc |= 1 << v
         family.append(acc)
-    lat = Lattice(GraphBits(graph), family)
-    _chains[graph] = (order, lat)
+    lat = Lattice(GraphBits(graph), family) if window is None else WindowedChain(GraphBits(graph), family, window)
+    _chains[graph] = ((order, window), lat)
     return lat
 
 
