@@ -29,12 +29,15 @@ the same graph and budget give the same plan on any machine, at any load.
 
 The plan found is simulated (:func:`.search.judge`) and returned only where it fits the budget
 and recomputes less than the plan to beat; the caller finalises it (replay tails, the budget
-check) and keeps its own plan otherwise. Graphs of at most :data:`CHAIN_MAX_NODES` nodes; ``auto``
-does not ask it for measured captures (``solvers._chain_for_auto`` says why).
+check) and keeps its own plan otherwise. Graphs of at most :data:`CHAIN_MAX_NODES` nodes, every
+step up to :data:`CHAIN_FULL_NODES` and steps of at most :data:`CHAIN_WINDOW` prefixes above it
+(:class:`WindowedChain`); ``auto`` does not ask it for measured captures (``solvers._chain_for_auto``
+says why).
 
 Complexity: per beam, at most ``width`` labels expanded per set, each over its ``O(n)`` steps
 (``2 n`` with the flags), ``O(width n²)`` labels made and one replay (``O(segment)``) per label
-kept; ``h`` (:class:`.cost_to_go.CostToGo`) over the ``n + 1`` sets and ``O(n²)`` steps.
+kept; ``h`` (:class:`.cost_to_go.CostToGo`) over the ``n + 1`` sets and ``O(n²)`` steps. Windowed:
+``O(w)`` steps per set, ``O(width n w)`` labels, replays of ``O(w)`` nodes, ``h`` over ``O(n w)`` steps.
 """
 
 from __future__ import annotations
@@ -52,7 +55,8 @@ from .cost_to_go import CostToGo
 from .lattice import Lattice, add_label, dominated, lattice_plan_nodes
 from .search import judge
 
-__all__ = ["CHAIN_MAX_NODES", "CHAIN_FULL_NODES", "CHAIN_WINDOW", "WindowedChain", "CHAIN_WIDTH", "CHAIN_GRID", "beam", "CHAIN_SLACK", "chain_improve"]
+__all__ = ["CHAIN_MAX_NODES", "CHAIN_FULL_NODES", "CHAIN_WINDOW", "WindowedChain", "CHAIN_WIDTH", "CHAIN_GRID", "beam",
+           "CHAIN_SLACK", "chain_improve"]
 
 logger = logging.getLogger("autoremat.solvers.milp")
 
@@ -68,9 +72,10 @@ CHAIN_WINDOW = 32
 ``O(n w)`` steps, each replayed over at most ``w`` nodes, so the work grows linearly in ``n``
 (without it, on Inception-v3, 314 nodes, 84 % of the search's 20-26 s were replays of long
 segments). Measured (x86_64, 2 cores, CPU only, shared; ``benchmarks/results/cpu/auto_gaps/``
-ANALYSIS.md section 7): on Inception-v3 windows of 16-64 gave plans within 1 % of one another
-(0.59-0.90x of the best plan ``milp`` knows, as the full search); on DenseNet-121 at 75 % 32
-and 64 found 0.979x of it (the full search 0.956x), 16 and 24 nothing below ``blocks``' 1.076x."""
+ANALYSIS.md section 7), over the best plan ``milp`` knows: on Inception-v3 windows of 16-64 gave
+0.586-0.620x at the least budget, 0.85-0.86x at 75 % and 0.892-0.898x at Chen's least (the full
+search 0.593x, 0.850x, 0.900x); on DenseNet-121 at 75 % 32 and 64 found 0.979x (the full search
+0.956x), 16 and 24 nothing below ``blocks``' 1.076x; 32 took 0.5-0.7x the time of 64 there."""
 
 CHAIN_WIDTH = 8
 """Labels :func:`beam` keeps per set. Measured (x86_64, 2 cores, loaded) on random 173-245-node
@@ -93,7 +98,8 @@ class WindowedChain(Lattice):
     ``i + 1 .. i + window``. The prefixes of a chain are nested and their keys (the bytes a
     segment keeps, :class:`~autoremat.cost.backward_floor.TransitionBounds`) grow with the index,
     so these are in key order, as :meth:`.Lattice.successors` gives them; every other method is
-    the lattice's, and the cost-to-go and the beam see only these steps."""
+    the lattice's, and the cost-to-go and the beam see only these steps. The list is filled on
+    the first call (from :meth:`.Lattice.moves_of`, which prices what a call adds to it)."""
 
     def __init__(self, p: GraphBits, family: list[int], window: int) -> None:
         super().__init__(p, family)
