@@ -17,6 +17,15 @@ def test_bits_of_a_mask():
     assert bit_list(big) == list(bits(big)) == [0, 7, *range(40, 60), 300]
 
 
+def test_bit_list_is_bits_on_random_masks():
+    """Byte tables below bit 512 and the per-byte path above it, dense and sparse masks."""
+    rng = random.Random(0)
+    for _ in range(300):
+        top = rng.choice((9, 64, 431, 512, 513, 1200))
+        mask = sum(1 << k for k in range(top) if rng.random() < rng.choice((0.02, 0.5, 0.97)))
+        assert bit_list(mask) == list(bits(mask))
+
+
 @pytest.mark.parametrize("seed", range(10))
 def test_per_set_quantities_are_their_definitions(seed):
     g = with_held_outputs(random_dag_with_views(seed, 4 + seed % 8), seed)

@@ -52,12 +52,29 @@ def bits(mask: int) -> Iterator[int]:
         mask ^= low
 
 
+_BYTE_BITS = tuple(tuple(i for i in range(8) if b >> i & 1) for b in range(256))
+_BYTE_AT = tuple(tuple(tuple(8 * k + i for i in _BYTE_BITS[b]) for b in range(256)) for k in range(64))
+"""``_BYTE_AT[k][b]``: the bit indices of byte value ``b`` at byte ``k`` (masks of up to 512 bits)."""
+
+
 def bit_list(mask: int) -> list[int]:
-    """:func:`bits` as a list; decoded from the binary string when there are many bits."""
+    """:func:`bits` as a list; decoded byte by byte from tables when there are many bits.
+
+    A byte's bits come from a table (``_BYTE_AT`` below bit 512), so the work is one step per
+    byte up to the highest bit plus the bits set: a segment of a few hundred nodes costs a few
+    microseconds (the binary string decoded one character at a time cost 3-10x more, measured on
+    431-bit masks, and was a quarter of ``auto``'s chain search on DenseNet-121)."""
     if mask.bit_count() <= 8:
         return list(bits(mask))
-    text = bin(mask)[:1:-1]
-    return [i for i, c in enumerate(text) if c == "1"]
+    out: list[int] = []
+    at = _BYTE_AT
+    for k, byte in enumerate(mask.to_bytes((mask.bit_length() + 7) // 8, "little")):
+        if byte:
+            if k < 64:
+                out.extend(at[k][byte])
+            else:
+                out.extend([8 * k + i for i in _BYTE_BITS[byte]])
+    return out
 
 
 class GraphBits:
@@ -183,7 +200,7 @@ class GraphBits:
         got = self._nbytes.get(root_mask)
         if got is None:
             alloc = self.alloc
-            got = self._nbytes[root_mask] = sum(alloc[r] for r in bits(root_mask))
+            got = self._nbytes[root_mask] = sum(map(alloc.__getitem__, bit_list(root_mask)))
         return got
 
     def boundary_succ(self, lower: int) -> tuple[tuple[int, int], ...]:

@@ -398,10 +398,11 @@ def pair_bookkeeping(p: GraphBits, lower: int, upper: int,
         kept_end = p.end_mask & seg  # held by the output object to the step's end: kept as a save is
         return dt, p.roots(reads), p.nbytes(kept_end), alive, alive & seg & ~kept_end
     saved = 0
-    add = 0
-    for v in bit_list(seg & p.rg_mask):
-        saved |= p.saves_roots[v]
-        add += p.extra[v]
+    saves_roots, extra = p.saves_roots, p.extra
+    nodes = bit_list(seg & p.rg_mask)
+    for v in nodes:
+        saved |= saves_roots[v]
+    add = sum(map(extra.__getitem__, nodes))
     kept_new = (saved | p.end_mask) & seg
     return 0.0, saved, add + p.nbytes(kept_new), alive, alive & seg & ~kept_new
 

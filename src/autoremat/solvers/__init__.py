@@ -207,8 +207,9 @@ def solve(graph: Graph, budget: Any, *, solver: str = "auto", auto_solvers: Sequ
     not a clock, so the same plan at any load) to find a cheaper plan, or one at all where no other
     solver fits, :func:`autoremat.solvers.milp.exact.auto_improve`; without ``highspy`` too; on
     graphs of at most 300 nodes with deterministic times it then polishes the plan's boundaries,
-    :mod:`.polish`, and runs a bounded beam search over the prefixes of the plan's order with free
-    flags, :mod:`.milp.chain`, keeping what recomputes less). ``noise_tolerance``: on measured times, the plan chosen from per-node reference costs is
+    :mod:`.polish`, and on graphs of at most 1000 runs a bounded beam search over the prefixes of
+    the plan's order with free flags, :mod:`.milp.chain`, keeping what recomputes less; above 300
+    nodes its segments span at most 32 nodes). ``noise_tolerance``: on measured times, the plan chosen from per-node reference costs is
     kept unless a plan is predicted faster by more than this fraction of the step time, so that
     captures differing only by timing noise give one plan (:mod:`.stable`; 0 turns it off).
     Extra keyword options go to the solver as its ``config`` (see :data:`CONFIGS`; an unknown

@@ -111,6 +111,33 @@ def test_large_graphs_and_measured_times_are_left_alone_and_the_stand_in_is_sear
     assert chain_mod.CHAIN_MAX_NODES >= 300
 
 
+def test_above_the_full_size_a_step_spans_at_most_the_window(monkeypatch: pytest.MonkeyPatch):
+    """Above ``CHAIN_FULL_NODES`` the chain's steps (those the cost-to-go and the beam see) span at
+    most ``CHAIN_WINDOW`` prefixes, in key order; the plan found is made of such steps, fits,
+    recomputes less than auto's plan without the search and is the same on a fresh graph."""
+    g = random_network("dense", 1, 125)
+    budget = int(0.5 * unoptimised_peak_bytes(g))
+    off = _auto(g, budget, monkeypatch, False)
+    monkeypatch.setattr(chain_mod, "CHAIN_MAX_NODES", 300)
+    monkeypatch.setattr(chain_mod, "CHAIN_FULL_NODES", 100)
+    monkeypatch.setattr(chain_mod, "CHAIN_WINDOW", 12)
+    found = chain_mod.chain_improve(g, off, budget, off.predicted_extra_time_s)
+    assert found is not None and all(len(s.nodes) <= 12 for s in found.segments)
+    lat = chain_mod._lattice(g, plan_order(g, off))  # the one the search used (kept per graph)
+    assert isinstance(lat, chain_mod.WindowedChain)
+    for i in range(lat.last):
+        succ = lat.succ[i]
+        assert succ == list(range(i + 1, min(i + 12, lat.last) + 1))
+        assert [lat.keys[k] for k in succ] == sorted(lat.keys[k] for k in succ)
+        assert {move[1] for move in lat.moves[i]} <= set(succ)
+    sim = simulate(g, found)
+    assert sim.peak_bytes <= budget and sim.extra_time_s < off.predicted_extra_time_s
+    again = chain_mod.chain_improve(g.copy(), off, budget, off.predicted_extra_time_s)
+    assert again.segments == found.segments
+    monkeypatch.setattr(chain_mod, "CHAIN_FULL_NODES", 300)
+    assert not isinstance(chain_mod._lattice(g, plan_order(g, off)), chain_mod.WindowedChain)
+
+
 def test_plan_order_is_the_segments_in_turn_and_only_a_topological_one():
     g = random_network("unet", 3, 40)
     dp = autoremat.solve(g, int(0.5 * unoptimised_peak_bytes(g)), solver="dp-approx")

@@ -29,12 +29,15 @@ the same graph and budget give the same plan on any machine, at any load.
 
 The plan found is simulated (:func:`.search.judge`) and returned only where it fits the budget
 and recomputes less than the plan to beat; the caller finalises it (replay tails, the budget
-check) and keeps its own plan otherwise. Graphs of at most :data:`CHAIN_MAX_NODES` nodes; ``auto``
-does not ask it for measured captures (``solvers._chain_for_auto`` says why).
+check) and keeps its own plan otherwise. Graphs of at most :data:`CHAIN_MAX_NODES` nodes, every
+step up to :data:`CHAIN_FULL_NODES` and steps of at most :data:`CHAIN_WINDOW` prefixes above it
+(:class:`WindowedChain`); ``auto`` does not ask it for measured captures (``solvers._chain_for_auto``
+says why).
 
 Complexity: per beam, at most ``width`` labels expanded per set, each over its ``O(n)`` steps
 (``2 n`` with the flags), ``O(width n²)`` labels made and one replay (``O(segment)``) per label
-kept; ``h`` (:class:`.cost_to_go.CostToGo`) over the ``n + 1`` sets and ``O(n²)`` steps.
+kept; ``h`` (:class:`.cost_to_go.CostToGo`) over the ``n + 1`` sets and ``O(n²)`` steps. Windowed:
+``O(w)`` steps per set, ``O(width n w)`` labels, replays of ``O(w)`` nodes, ``h`` over ``O(n w)`` steps.
 """
 
 from __future__ import annotations
@@ -52,12 +55,27 @@ from .cost_to_go import CostToGo
 from .lattice import Lattice, add_label, dominated, lattice_plan_nodes
 from .search import judge
 
-__all__ = ["CHAIN_MAX_NODES", "CHAIN_WIDTH", "CHAIN_GRID", "beam", "CHAIN_SLACK", "chain_improve"]
+__all__ = ["CHAIN_MAX_NODES", "CHAIN_FULL_NODES", "CHAIN_WINDOW", "WindowedChain", "CHAIN_WIDTH", "CHAIN_GRID", "beam",
+           "CHAIN_SLACK", "chain_improve"]
 
 logger = logging.getLogger("autoremat.solvers.milp")
 
-CHAIN_MAX_NODES = 300
-""":func:`chain_improve` leaves larger graphs alone (as the polish, :data:`..polish.POLISH_MAX_NODES`)."""
+CHAIN_MAX_NODES = 1000
+""":func:`chain_improve` leaves larger graphs alone."""
+
+CHAIN_FULL_NODES = 300
+"""Up to this many nodes every step of the chain is searched (``O(n²)`` steps, segments of any
+length); above it a step spans at most :data:`CHAIN_WINDOW` prefixes (:class:`WindowedChain`)."""
+
+CHAIN_WINDOW = 32
+"""The most nodes a segment of the chain search spans on graphs above :data:`CHAIN_FULL_NODES`:
+``O(n w)`` steps, each replayed over at most ``w`` nodes, so the work grows linearly in ``n``
+(without it, on Inception-v3, 314 nodes, 84 % of the search's 20-26 s were replays of long
+segments). Measured (x86_64, 2 cores, CPU only, shared; ``benchmarks/results/cpu/auto_gaps/``
+ANALYSIS.md section 7), over the best plan ``milp`` knows: on Inception-v3 windows of 16-64 gave
+0.586-0.620x at the least budget, 0.85-0.86x at 75 % and 0.892-0.898x at Chen's least (the full
+search 0.593x, 0.850x, 0.900x); on DenseNet-121 at 75 % 32 and 64 found 0.979x (the full search
+0.956x), 16 and 24 nothing below ``blocks``' 1.076x; 32 took 0.5-0.7x the time of 64 there."""
 
 CHAIN_WIDTH = 8
 """Labels :func:`beam` keeps per set. Measured (x86_64, 2 cores, loaded) on random 173-245-node
@@ -71,22 +89,43 @@ CHAIN_GRID = 1024
 CHAIN_SLACK = 0.01
 """Dominance slack, as a fraction of the budget (kept bytes) and of the plan to beat (time)."""
 
-_chains: weakref.WeakKeyDictionary[Graph, tuple[tuple[int, ...], Lattice]] = weakref.WeakKeyDictionary()
+_chains: weakref.WeakKeyDictionary[Graph, tuple[tuple[tuple[int, ...], int | None], Lattice]] = weakref.WeakKeyDictionary()
 _bounds: weakref.WeakKeyDictionary[Lattice, dict[int, CostToGo]] = weakref.WeakKeyDictionary()
 
 
+class WindowedChain(Lattice):
+    """A chain of prefixes whose steps span at most ``window`` of them: from set ``i`` only to
+    ``i + 1 .. i + window``. The prefixes of a chain are nested and their keys (the bytes a
+    segment keeps, :class:`~autoremat.cost.backward_floor.TransitionBounds`) grow with the index,
+    so these are in key order, as :meth:`.Lattice.successors` gives them; every other method is
+    the lattice's, and the cost-to-go and the beam see only these steps. The list is filled on
+    the first call (from :meth:`.Lattice.moves_of`, which prices what a call adds to it)."""
+
+    def __init__(self, p: GraphBits, family: list[int], window: int) -> None:
+        super().__init__(p, family)
+        self.window = window
+
+    def successors(self, i: int, limit: int) -> list[int]:
+        lst = self.succ[i]
+        if not lst and i < self.last:
+            lst.extend(range(i + 1, min(i + self.window, self.last) + 1))
+        return lst
+
+
 def _lattice(graph: Graph, order: tuple[int, ...]) -> Lattice:
-    """The chain of ``order``'s prefixes as a lattice (the last one per graph kept: ``auto``
-    solves one graph at several budgets, and one order serves them while its plan does)."""
+    """The chain of ``order``'s prefixes as a lattice, windowed above :data:`CHAIN_FULL_NODES`
+    nodes (the last one per graph kept: ``auto`` solves one graph at several budgets, and one
+    order serves them while its plan does)."""
+    window = CHAIN_WINDOW if len(order) > CHAIN_FULL_NODES else None
     got = _chains.get(graph)
-    if got is not None and got[0] == order:
+    if got is not None and got[0] == (order, window):
         return got[1]
     family, acc = [0], 0
     for v in order:
         acc |= 1 << v
         family.append(acc)
-    lat = Lattice(GraphBits(graph), family)
-    _chains[graph] = (order, lat)
+    lat = Lattice(GraphBits(graph), family) if window is None else WindowedChain(GraphBits(graph), family, window)
+    _chains[graph] = ((order, window), lat)
     return lat
 
 
