@@ -96,3 +96,18 @@ def test_a_cost_to_go_past_its_deadline_is_zero_where_it_did_not_reach_and_exact
     assert done.sum() == len(lat.fam) - cut.partial
     assert (cut.table[~done] == 0).all() and cut.at(0, 0) == 0.0
     assert (full.table[~done] > 0).any()  # it gave something up
+
+
+def test_no_cost_to_go_above_its_lower_set_limit(monkeypatch):
+    from autoremat.solvers.milp import lattice as lattice_module
+
+    g = random_network("transformer", 0, 60)
+    p = GraphBits(g)
+    lat = Lattice(p, all_lower_sets(p, 3000))
+    budget = int(lat.least_peak().cost)
+    monkeypatch.setattr(lattice_module, "CTG_MAX_SETS", len(lat.fam) - 1)
+    assert lat.cost_to_go(budget) is None
+    best = Lattice(p, lat.fam).least_time(budget, heuristic=False)
+    assert lat.least_time(budget).cost == pytest.approx(best.cost, abs=1e-18)  # searched without h
+    monkeypatch.setattr(lattice_module, "CTG_MAX_SETS", len(lat.fam))
+    assert lat.cost_to_go(budget) is not None

@@ -68,7 +68,7 @@ from ...cost.bitsets import GraphBits, bits
 from ...cost.segment_replay import SegmentCost, bookkeeping, exact_transition, pair_bookkeeping
 from .cost_to_go import CostToGo
 
-__all__ = ["Lattice", "LatticeAnswer", "dominated", "add_label", "EXACT_SHARE"]
+__all__ = ["Lattice", "LatticeAnswer", "dominated", "add_label", "EXACT_SHARE", "CTG_MAX_SETS"]
 
 logger = logging.getLogger("autoremat.solvers.milp")
 
@@ -77,10 +77,10 @@ LABEL_WORK = 1.0
 and :meth:`Lattice.least_peak`: a limit that, unlike a deadline, gives the same answer at any load)."""
 CHILD_WORK = 1.0
 """Work units per step generated out of a taken label."""
+CTG_MAX_SETS = 2500
+"""No cost-to-go above this many lower sets (it prices every step: GoogLeNet's 8838, 35.8 M pairs, ~5000 s)."""
 EXACT_SHARE = 0.3
-"""The share of the cost-to-go's time in which its steps get exact needs (:meth:`Lattice.cost_to_go`;
-they cost about as much again as the bounds on a cold lattice, so most of the time is left for
-the rest of the DP)."""
+"""The share of the cost-to-go's time in which its steps get exact needs (:meth:`Lattice.cost_to_go`)."""
 CHECK_WORK = 24.0
 """Work units per exact check of a step's need (a replay of the segment where not cached). The
 three weights and :data:`.cost_to_go.STEP_WORK` are a least-squares fit of CPU seconds on cold
@@ -380,11 +380,11 @@ class Lattice:
         or when it needs more than ``work`` units: its :attr:`~.cost_to_go.CostToGo.work`, the
         same whether cached or not, so a work-bounded caller gets the same answer either way).
         Without a work limit, the sets it relaxes in the first :data:`EXACT_SHARE` of the time
-        to ``deadline`` (all of them without a deadline) get the exact model's needs; under a
-        work limit none do (``auto``: the same answer at any load, and whatever ran before:
-        the two kinds are cached apart)."""
+        get exact needs (all without a deadline); under one none do (``auto``: cached apart)."""
         key = (budget, work == math.inf)
         got = self._ctg.get(key)
+        if got is None and len(self.fam) > CTG_MAX_SETS:
+            return None
         if got is None:
             seconds, units = self._ctg_failed.get(key, (-1.0, -1.0))
             if seconds >= deadline - time.monotonic() and units >= work:
