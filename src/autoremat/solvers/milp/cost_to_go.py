@@ -24,7 +24,8 @@ so it is a lower bound of the step's need on every path and ``h`` stays a consis
 bound; any mix of exact and bounded sets is one. Measured (x86_64, 2 cores, shared): PSPNet at
 CPU size, ``milp``'s least budget, ``h`` at the empty set 2.29e-6 s with the bounds, 3.60e-6 s
 with exact needs everywhere (best plan known 3.95e-6 s); the needs cost ~30 s more on a cold
-lattice. :meth:`~.lattice.Lattice.cost_to_go` gives them the first half of its time.
+lattice (PSPNet at 50 %: 2.41e-6 s against 1.33e-6, but 195 s against 53 s at load 5), so
+:meth:`~.lattice.Lattice.cost_to_go` gives them :data:`~.lattice.EXACT_SHARE` of its time.
 
 It is computed by a backward DP over the lower sets (supersets first) on a grid of ``m``
 (points ``0, u, 2u, …`` up to the budget, ``u`` the least power of two giving at most
@@ -37,7 +38,8 @@ Both roundings only lower ``h`` (it is non-decreasing in ``m``), so ``h`` stays 
 it is also consistent (``h(L, m) <= dt + h(L', m')`` along every exact step), so the first
 label taken at the full set is optimal and ``t + h`` never decreases along a path (the least
 queued key is a proven bound). ``h = inf`` proves that no continuation fits: such labels are
-dropped. Stopped by its deadline, the DP leaves ``h = 0`` at the sets it did not reach. Held to the brute force in ``tests/solvers/milp/test_cost_to_go.py``.
+dropped. Stopped by its deadline, the DP leaves ``h = 0`` at the sets it did not reach. Held
+to the brute force in ``tests/solvers/milp/test_cost_to_go.py``.
 
 Complexity: O(steps) Python bookkeeping (the lattice's own step terms, cached and shared with
 the search) plus O(steps × G) in numpy per budget.

@@ -135,9 +135,9 @@ class Lattice:
         self._module = module
         self.pairs: list[dict[int, tuple]] = [{} for _ in family]  # per set: its steps' plan-free terms
         self.moves: list[list[tuple]] = [[] for _ in family]  # per set: (step, key gap, flag) in key order
-        self._arrays: dict[int, tuple] = {}
+        self._arrays: dict[tuple[int, bool], tuple] = {}  # (set, exact needs) -> move_arrays
         self._ctg: dict[tuple[int, bool], CostToGo] = {}  # (budget, without a work limit) -> h
-        self._ctg_failed: dict[tuple[int, bool], tuple[float, float]] = {}  # budget -> (seconds, work) it did not finish in
+        self._ctg_failed: dict[tuple[int, bool], tuple[float, float]] = {}  # -> (seconds, work) it did not finish in
 
     # -------------------------------------------------------------- steps
     def successors(self, i: int, limit: int) -> list[int]:
