@@ -14,7 +14,7 @@ import itertools
 import math
 
 import pytest
-from _graphs import random_dag, random_dag_with_views, random_network
+from _graphs import random_dag, random_dag_with_views, random_network, with_held_outputs
 
 from autoremat.cost import unoptimised_peak_bytes
 
@@ -61,17 +61,23 @@ def _priced(p: GraphBits, lat: Lattice, chain: list[int]):
         yield flags, peak, t, prefixes
 
 
-@pytest.mark.parametrize("views", [False, True])
+@pytest.mark.parametrize("exact", [False, True])
+@pytest.mark.parametrize("views", [False, True, "held"])
 @pytest.mark.parametrize("seed", range(8))
-def test_cost_to_go_is_a_lower_bound_along_every_plan(seed, views):
+def test_cost_to_go_is_a_lower_bound_along_every_plan(seed, views, exact):
+    """With ``exact``, every step's need is the exact model's at the certainly dangling roots;
+    ``"held"``: outputs held by the returned object (to the loss, or to the step's end)."""
     g = (random_dag_with_views if views else random_dag)(seed, 3 + seed % 4)
+    if views == "held":
+        g = with_held_outputs(g, seed, share=0.4)
     p = GraphBits(g)
     family = all_lower_sets(p, 10**6)
     lat = Lattice(p, family)
     plans = [(peak, t, prefixes) for chain in _chains(p, family) for _, peak, t, prefixes in _priced(p, lat, chain)]
     peaks = sorted({peak for peak, _, _ in plans})
     for budget in [peaks[0] - 1, *peaks[:: max(1, len(peaks) // 5)], peaks[-1]]:
-        ctg = CostToGo(lat, budget, grid=max(budget, 0) + 1 if seed % 2 else 7 + seed)  # exact, or coarse
+        ctg = CostToGo(lat, budget, grid=max(budget, 0) + 1 if seed % 2 else 7 + seed,  # exact, or coarse
+                       exact_until=math.inf if exact else -math.inf)
         fits = [(t, prefixes) for peak, t, prefixes in plans if peak <= budget]
         h0 = ctg.at(0, 0)
         if not fits:

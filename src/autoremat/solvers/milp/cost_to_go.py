@@ -15,6 +15,18 @@ relaxation from ``(L, m)`` with the same time and a kept-bytes increase that is 
 the relaxation's cost-to-go is non-decreasing in ``m`` (less kept bytes admit every step more
 do), so it is a lower bound of the exact one.
 
+Exact needs (``exact_until``): the sets the DP relaxes before that time price each step the
+bounds let fit with the exact model's need at the roots that dangle on *every* path to the set
+(:meth:`~.lattice.Lattice.certain_dangling`; :meth:`~.lattice.Lattice.need`, one replay per
+segment, shared with the search). The exact need never falls when more roots dangle
+(``tests/solvers/milp/test_exact_needs.py`` checks it along random walks of seeded networks),
+so it is a lower bound of the step's need on every path and ``h`` stays a consistent lower
+bound; any mix of exact and bounded sets is one. Measured (x86_64, 2 cores, shared): PSPNet at
+CPU size, ``milp``'s least budget, ``h`` at the empty set 2.29e-6 s with the bounds, 3.60e-6 s
+with exact needs everywhere (best plan known 3.95e-6 s); the needs cost ~30 s more on a cold
+lattice (PSPNet at 50 %: 2.41e-6 s against 1.33e-6, but 195 s against 53 s at load 5), so
+:meth:`~.lattice.Lattice.cost_to_go` gives them :data:`~.lattice.EXACT_SHARE` of its time.
+
 It is computed by a backward DP over the lower sets (supersets first) on a grid of ``m``
 (points ``0, u, 2u, …`` up to the budget, ``u`` the least power of two giving at most
 :data:`GRID` points and :data:`CELLS` cells; tensor sizes are mostly multiples of a power of
@@ -26,7 +38,8 @@ Both roundings only lower ``h`` (it is non-decreasing in ``m``), so ``h`` stays 
 it is also consistent (``h(L, m) <= dt + h(L', m')`` along every exact step), so the first
 label taken at the full set is optimal and ``t + h`` never decreases along a path (the least
 queued key is a proven bound). ``h = inf`` proves that no continuation fits: such labels are
-dropped. Held to the brute force in ``tests/solvers/milp/test_cost_to_go.py``.
+dropped. Stopped by its deadline, the DP leaves ``h = 0`` at the sets it did not reach. Held
+to the brute force in ``tests/solvers/milp/test_cost_to_go.py``.
 
 Complexity: O(steps) Python bookkeeping (the lattice's own step terms, cached and shared with
 the search) plus O(steps × G) in numpy per budget.
@@ -58,9 +71,12 @@ class CostToGo:
     """``h(L, m)`` over one lattice at one budget (see the module docstring)."""
 
     def __init__(self, lattice, budget: int, grid: int = GRID, deadline: float = math.inf,
-                 work: float = math.inf) -> None:
+                 work: float = math.inf, exact_until: float = -math.inf) -> None:
         self.budget = max(0, int(budget))
         self.deadline = deadline
+        self.exact_until = exact_until  # sets relaxed before this monotonic time get exact needs
+        self.exact_sets = 0
+        self.partial = 0  # sets the DP did not reach by the deadline (h = 0 there)
         self.work_limit = work
         self.work = 0  # STEP_WORK per step relaxed so far (the table is None when it passed `work`)
         # grid step: a power of two (tensor sizes are mostly multiples of one: their kept bytes
@@ -83,7 +99,9 @@ class CostToGo:
     def _solve(self, lat) -> np.ndarray | None:
         """The backward DP (supersets first). A step from grid point ``k`` with ``add`` kept bytes
         lands at or above point ``k + add // unit``; it fits from every ``k`` with
-        ``k * unit + need <= budget`` (a prefix of the row)."""
+        ``k * unit + need <= budget`` (a prefix of the row). Past the deadline the sets not yet
+        reached (smaller than every set done: their steps all lead to done sets) get ``h = 0``,
+        a consistent lower bound beside the others; past ``work``, no table (``None``)."""
         fam, budget, unit = lat.fam, self.budget, self.unit
         G = budget // unit + 1
         table = np.full((len(fam), G + 1), np.inf)  # column G: above the budget
@@ -93,8 +111,13 @@ class CostToGo:
             if i == lat.last:
                 continue
             if n % 64 == 0 and time.monotonic() > self.deadline:
-                return None
-            arrays = lat.move_arrays(i, budget)
+                # the sets not reached (every one with fewer nodes) get 0: still consistent
+                self.partial = len(fam) - n
+                table[[k for k in order[n:] if k != lat.last]] = 0.0
+                break
+            exact = time.monotonic() < self.exact_until
+            self.exact_sets += exact
+            arrays = lat.move_arrays(i, budget, exact)
             if arrays is None:
                 continue
             req, add, dt, j = arrays

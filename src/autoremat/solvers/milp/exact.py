@@ -16,9 +16,9 @@ flags (no limit on the number of segments, so ``k`` is the node count); the HiGH
   through a pass-through op or a recomputed segment views its input; the plan's summary and
   :class:`~autoremat.solvers.milp.Gap` say which basis a proof has.
 * Time limit: the lattice gets :data:`LATTICE_SHARE` of ``time_limit_s`` (its A* bound,
-  :class:`.cost_to_go.CostToGo`, up to 60 % of that; the search without it when it does not
-  finish there); when it stops there, its bound (the next label's key) is kept beside the
-  program's.
+  :class:`.cost_to_go.CostToGo`, up to :data:`CTG_SHARE` of that, with exact needs in its
+  first :data:`.lattice.EXACT_SHARE`, and zero at the sets it did not reach in time); when it
+  stops there, its bound (the next label's key) is kept beside the program's.
 
 Complexity: enumerating the lower sets is O(sets × n) and stops at the limit; the search is
 described in :mod:`.lattice`. A lattice is kept per graph (weakly) and reused across budgets.
@@ -39,7 +39,7 @@ from ..kusumoto.families import all_lower_sets
 from .lattice import Lattice, LatticeAnswer, lattice_plan_nodes
 from .search import Outcome, judge
 
-__all__ = ["MAX_LOWER_SETS", "LATTICE_SHARE", "AUTO_WORK", "AUTO_MAX_NODES", "AUTO_MAX_LOWER_SETS", "lattice_of",
+__all__ = ["MAX_LOWER_SETS", "LATTICE_SHARE", "CTG_SHARE", "AUTO_WORK", "AUTO_MAX_NODES", "AUTO_MAX_LOWER_SETS", "lattice_of",
            "lattice_time", "lattice_peak", "auto_improve", "auto_least_peak"]
 
 logger = logging.getLogger("autoremat.solvers.milp")
@@ -50,6 +50,12 @@ ResNet-50's 240 close in 7-13 s at 50-75 %, PSPNet has 1545, GoogLeNet 8838 at C
 
 LATTICE_SHARE = 0.75
 """The share of ``time_limit_s`` the lattice may use before the program gets the rest."""
+
+CTG_SHARE = 0.85
+"""The share of the lattice's time its cost-to-go (the A* bound) may use. Most of it: the bound
+is mostly ``h`` at the empty set (PSPNet at CPU size, 50 %: ``h`` 1.33e-6 s, the A* 45 s later
+1.37e-6 s; without ``h`` 2.3e-7 s), and on a cold lattice of 1545 sets ``h`` took 31 s at load 5
+(x86_64, 2 cores), past the 27 s that 0.6 gave it."""
 
 _lattices: weakref.WeakKeyDictionary[Graph, Lattice | None] = weakref.WeakKeyDictionary()
 
@@ -89,7 +95,7 @@ def lattice_time(graph: Graph, budget: int, time_limit_s: float, seeds: Iterable
         if peak <= budget and extra < cost:
             best, cost = Plan(list(plan.segments), solver="milp"), extra
     share = LATTICE_SHARE * time_limit_s
-    lat.cost_to_go(budget, start + 0.6 * share)  # the A* bound (cached; a search without it when not in time)
+    lat.cost_to_go(budget, start + CTG_SHARE * share)  # the A* bound (cached; partial when not in time)
     n = len(graph)
     ans = lat.least_time(budget, incumbent=cost * (1 - 1e-9) if best is not None else math.inf,
                          deadline=start + LATTICE_SHARE * time_limit_s)

@@ -68,7 +68,7 @@ from ...cost.bitsets import GraphBits, bits
 from ...cost.segment_replay import SegmentCost, bookkeeping, exact_transition, pair_bookkeeping
 from .cost_to_go import CostToGo
 
-__all__ = ["Lattice", "LatticeAnswer", "dominated", "add_label"]
+__all__ = ["Lattice", "LatticeAnswer", "dominated", "add_label", "EXACT_SHARE", "CTG_MAX_SETS"]
 
 logger = logging.getLogger("autoremat.solvers.milp")
 
@@ -77,6 +77,10 @@ LABEL_WORK = 1.0
 and :meth:`Lattice.least_peak`: a limit that, unlike a deadline, gives the same answer at any load)."""
 CHILD_WORK = 1.0
 """Work units per step generated out of a taken label."""
+CTG_MAX_SETS = 2500
+"""No cost-to-go above this many lower sets (it prices every step: GoogLeNet's 8838, 35.8 M pairs, ~5000 s)."""
+EXACT_SHARE = 0.3
+"""The share of the cost-to-go's time in which its steps get exact needs (:meth:`Lattice.cost_to_go`)."""
 CHECK_WORK = 24.0
 """Work units per exact check of a step's need (a replay of the segment where not cached). The
 three weights and :data:`.cost_to_go.STEP_WORK` are a least-squares fit of CPU seconds on cold
@@ -131,9 +135,9 @@ class Lattice:
         self._module = module
         self.pairs: list[dict[int, tuple]] = [{} for _ in family]  # per set: its steps' plan-free terms
         self.moves: list[list[tuple]] = [[] for _ in family]  # per set: (step, key gap, flag) in key order
-        self._arrays: dict[int, tuple] = {}
-        self._ctg: dict[int, CostToGo] = {}
-        self._ctg_failed: dict[int, tuple[float, float]] = {}  # budget -> (seconds, work) it did not finish in
+        self._arrays: dict[tuple[int, bool], tuple] = {}  # (set, exact needs) -> move_arrays
+        self._ctg: dict[tuple[int, bool], CostToGo] = {}  # (budget, without a work limit) -> h
+        self._ctg_failed: dict[tuple[int, bool], tuple[float, float]] = {}  # -> (seconds, work) it did not finish in
 
     # -------------------------------------------------------------- steps
     def successors(self, i: int, limit: int) -> list[int]:
@@ -164,34 +168,41 @@ class Lattice:
                     lst.append((self.keys[j] - ki, j, f, *self.step(i, j, f)))
         return lst
 
-    def move_arrays(self, i: int, budget: int):
+    def move_arrays(self, i: int, budget: int, exact: bool = False):
         """Set ``i``'s steps within ``budget`` as numpy arrays ``(need bound, kept bytes added,
         time, target set)`` for :class:`.cost_to_go.CostToGo`, whatever the dangling roots beyond
-        :meth:`certain_dangling` (``None`` without steps; cached)."""
+        :meth:`certain_dangling` (``None`` without steps; cached). ``exact``: a step the bounds
+        let fit gets the exact model's need at the certainly dangling roots (:meth:`need`; the
+        need never falls when more roots dangle, held to the brute force in
+        ``tests/solvers/milp/test_cost_to_go.py``), else the bounds alone."""
         moves = self.moves_of(i, budget)
-        got = self._arrays.get(i)
+        got = self._arrays.get((i, exact))
         if got is None or got[0] != len(moves):
             if not moves:
                 return None
             cd, nbytes = self.certain_dangling(i), self.p.nbytes
             rows = []
-            for gap, j, _, cheap, dt, reach, add, _, _, low in moves:
+            for gap, j, f, cheap, dt, reach, add, _, _, low in moves:
                 held = nbytes(reach & cd)
-                rows.append((max(gap, cheap, low + add + held), add + held, dt, j))
+                req = max(gap, cheap, low + add + held)
+                if exact and req <= budget:
+                    req = max(req, self.need(i, j, cd, f, budget))
+                rows.append((req, add + held, dt, j))
             a = np.array(rows, dtype=np.float64)
-            got = self._arrays[i] = (len(moves), (a[:, 0].astype(np.int64), a[:, 1].astype(np.int64), a[:, 2],
+            got = self._arrays[(i, exact)] = (len(moves), (a[:, 0].astype(np.int64), a[:, 1].astype(np.int64), a[:, 2],
                                                    a[:, 3].astype(np.intp)))
         return got[1]
 
     def certain_dangling(self, i: int) -> int:
-        """Roots that dangle at set ``i`` on every path: alive after it, and no node of it saves
-        or reads them (any storage of theirs), so no step so far has held them."""
+        """Roots that dangle at set ``i`` on every path: alive after it, not held by the returned
+        object to the step's end (kept from their segment on), and no node of it saves or reads
+        them (any storage of theirs), so no step so far has held them."""
         p, lower = self.p, self.fam[i]
         saved = 0
         for v in bits(lower & p.rg_mask):
             saved |= p.saves_roots[v]
         out = 0
-        for r in bits(p.info(lower).alive & lower & ~saved):
+        for r in bits(p.info(lower).alive & lower & ~saved & ~p.end_mask):
             if not any(p.succmask[u] & lower for u in p.members[r]):
                 out |= 1 << r
         return out
@@ -367,18 +378,28 @@ class Lattice:
     def cost_to_go(self, budget: int, deadline: float = math.inf, work: float = math.inf):
         """:class:`.cost_to_go.CostToGo` at ``budget`` (cached per budget; ``None`` past ``deadline``
         or when it needs more than ``work`` units: its :attr:`~.cost_to_go.CostToGo.work`, the
-        same whether cached or not, so a work-bounded caller gets the same answer either way)."""
-        got = self._ctg.get(budget)
+        same whether cached or not, so a work-bounded caller gets the same answer either way).
+        Without a work limit, the sets it relaxes in the first :data:`EXACT_SHARE` of the time
+        get exact needs (all without a deadline); under one none do (``auto``: cached apart)."""
+        key = (budget, work == math.inf)
+        got = self._ctg.get(key)
+        if got is None and len(self.fam) > CTG_MAX_SETS:
+            return None
         if got is None:
-            seconds, units = self._ctg_failed.get(budget, (-1.0, -1.0))
+            seconds, units = self._ctg_failed.get(key, (-1.0, -1.0))
             if seconds >= deadline - time.monotonic() and units >= work:
                 return None  # it did not finish with at least as much time and work before
             started = time.monotonic()
-            got = CostToGo(self, budget, deadline=deadline, work=work)
+            exact = started + EXACT_SHARE * (deadline - started) if key[1] else -math.inf
+            got = CostToGo(self, budget, deadline=deadline, work=work, exact_until=exact)
             if got.table is None:
-                self._ctg_failed[budget] = (deadline - started, work)
+                self._ctg_failed[key] = (deadline - started, work)
                 return None
-            self._ctg = {budget: got}
+            if got.partial or got.exact_sets:
+                logger.info("milp (lattice): cost-to-go in %.1f s, exact needs at %d sets, h = 0 at %d not reached "
+                            "in time", time.monotonic() - started, got.exact_sets, got.partial)
+            self._ctg = {k: v for k, v in self._ctg.items() if k[1] != key[1]}
+            self._ctg[key] = got
         return got if got.work <= work else None
 
     def least_peak(self, incumbent: int | None = None, deadline: float = math.inf,

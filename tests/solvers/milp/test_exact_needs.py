@@ -1,0 +1,113 @@
+"""The exact needs of ``milp``'s cost-to-go (``Lattice.move_arrays(exact=True)``) are lower bounds.
+
+``h`` drops the dangling roots from the state; with exact needs it prices every step at the
+roots that dangle on *every* path to its lower set (:meth:`Lattice.certain_dangling`). That is a
+lower bound of the step's need on every path only if the exact model's need never falls when
+more roots dangle: checked here along random walks over the lattice of seeded random networks
+(views, pass-through nodes, outputs held by the returned object, both flags), against the need
+at the walk's actual dangling roots. The bound it gives is then held to the brute force and to the
+plain label search in ``test_cost_to_go.py``; here also: it is never below the relaxed ``h`` and
+above it somewhere (not vacuous).
+"""
+
+from __future__ import annotations
+
+import math
+import random
+import time
+
+import pytest
+from _graphs import random_dag_with_views, random_network, with_held_outputs
+
+from autoremat.cost import unoptimised_peak_bytes
+from autoremat.cost.bitsets import GraphBits
+from autoremat.cost.segment_replay import exact_transition
+from autoremat.solvers.kusumoto.families import all_lower_sets
+from autoremat.solvers.milp.cost_to_go import CostToGo
+from autoremat.solvers.milp.lattice import Lattice
+
+
+def _graphs():
+    for family in ("chain_skips", "unet", "dense", "transformer"):
+        for seed in range(2):
+            yield f"{family}-{seed}", random_network(family, seed, 24)
+            yield f"{family}-{seed}-held", with_held_outputs(random_network(family, seed, 24), seed)
+    for seed in range(6):
+        yield f"views-{seed}", random_dag_with_views(seed, 9)
+
+
+@pytest.mark.parametrize("name,graph", list(_graphs()), ids=lambda x: x if isinstance(x, str) else "")
+def test_the_need_at_the_certain_dangling_roots_is_a_lower_bound(name, graph):
+    p = GraphBits(graph)
+    fam = all_lower_sets(p, 4000)
+    assert fam is not None
+    lat = Lattice(p, fam)
+    rng = random.Random(name)
+    cache: dict = {}
+    checked = 0
+    for _ in range(60):  # random walks from the empty set to the full set
+        i, dang = 0, 0
+        while i != lat.last:
+            sups = lat.successors(i, 1 << 62)
+            j = rng.choice(sups if rng.random() < 0.5 else sups[: max(1, len(sups) // 8)])
+            for f in lat.flags(i, j):
+                cd = lat.certain_dangling(i)
+                assert cd & ~dang == 0, (name, i)  # they dangle on this path too
+                real = exact_transition(p, fam[i], fam[j], dang, cache, f)[0]
+                low = exact_transition(p, fam[i], fam[j], cd, cache, f)[0]
+                assert low <= real, (name, i, j, f, low, real)
+                checked += 1
+            f = rng.choice(lat.flags(i, j))
+            dang = exact_transition(p, fam[i], fam[j], dang, cache, f)[3]
+            i = j
+    assert checked > 60
+
+
+@pytest.mark.parametrize("family", ["chain_skips", "unet", "dense"])
+def test_exact_needs_raise_h_and_keep_it_below_the_optimum(family):
+    raised = 0
+    for seed in range(2):
+        g = random_network(family, seed, 30)
+        p = GraphBits(g)
+        fam = all_lower_sets(p, 3000)
+        lat = Lattice(p, fam)
+        least = int(lat.least_peak().cost)
+        for budget in (least, (least + unoptimised_peak_bytes(g)) // 2):
+            loose = CostToGo(lat, budget)
+            tight = CostToGo(lat, budget, exact_until=math.inf)
+            assert tight.exact_sets > 0 and loose.exact_sets == 0
+            assert (tight.table >= loose.table).all()
+            best = Lattice(p, fam).least_time(budget, heuristic=False)
+            assert best.status == "optimal"
+            assert tight.at(0, 0) <= best.cost * (1 + 1e-9) + 1e-18
+            raised += tight.at(0, 0) > loose.at(0, 0) * (1 + 1e-9)
+    assert raised >= 1
+
+
+def test_a_cost_to_go_past_its_deadline_is_zero_where_it_did_not_reach_and_exact_elsewhere():
+    g = random_network("transformer", 0, 60)  # 130 lower sets
+    p = GraphBits(g)
+    lat = Lattice(p, all_lower_sets(p, 3000))
+    budget = int(lat.least_peak().cost)
+    full = CostToGo(lat, budget)
+    cut = CostToGo(lat, budget, deadline=time.monotonic() - 1.0)  # checked every 64 sets
+    assert cut.table is not None and 0 < cut.partial < len(lat.fam)
+    done = (cut.table == full.table).all(axis=1)
+    assert done.sum() == len(lat.fam) - cut.partial
+    assert (cut.table[~done] == 0).all() and cut.at(0, 0) == 0.0
+    assert (full.table[~done] > 0).any()  # it gave something up
+
+
+def test_no_cost_to_go_above_its_lower_set_limit(monkeypatch):
+    from autoremat.solvers.milp import lattice as lattice_module
+
+    g = random_network("transformer", 0, 60)
+    p = GraphBits(g)
+    lat = Lattice(p, all_lower_sets(p, 3000))
+    budget = int(lat.least_peak().cost)
+    monkeypatch.setattr(lattice_module, "CTG_MAX_SETS", len(lat.fam) - 1)
+    assert lat.cost_to_go(budget) is None
+    best = Lattice(p, lat.fam).least_time(budget, heuristic=False)
+    assert lat.least_time(budget).cost == pytest.approx(best.cost, abs=1e-18)  # searched without h
+    monkeypatch.setattr(lattice_module, "CTG_MAX_SETS", len(lat.fam))
+    assert lat.cost_to_go(budget) is not None
