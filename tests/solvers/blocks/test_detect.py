@@ -38,3 +38,21 @@ def test_a_path_in_two_runs_is_no_block():
             g.add_edge(v - 1, v)
     b = find_blocks(Graph(g, {"loss_saves": [4]}))
     assert b.paths == ("c.1",) and b.nodes == ((3, 4),)
+
+
+def test_the_calls_of_a_shared_block_are_blocks_of_one_class():
+    """A block run four times per step (weights shared) is four blocks, one per call
+    (``"<path>@<k>/<n>"``, :mod:`autoremat.call_names`); the inner calls' names carry the call
+    index, which is no part of the class. They were no block at all (no path ending in an integer),
+    so ``blocks`` planned nothing inside ALBERT's layer."""
+    import autoremat
+    from runtime.test_per_call import _batch, _loss, _model
+
+    assert block_path(("layers.0@2/4", "layers.0.up@2/4")) == "layers.0@2/4"
+    model, x = _model("block"), _batch()
+    graph = autoremat.capture(model, (x,), loss_fn=_loss, repeats=1, warmup=0, times="flops")
+    b = find_blocks(graph)
+    assert b.paths == tuple(f"layers.0@{k}/4" for k in range(4))
+    assert len(set(b.classes[1:3])) == 1  # the middle calls match (the first reads the input layer)
+    plan = autoremat.solve(graph, "70%", solver="blocks")
+    assert any(call[0].startswith("layers.0@") for call in plan.module_calls.values())

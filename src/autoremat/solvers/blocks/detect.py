@@ -19,6 +19,7 @@ from __future__ import annotations
 from collections.abc import Hashable
 from dataclasses import dataclass
 
+from ...call_names import plain_path
 from ...graph import Graph
 
 __all__ = ["Blocks", "find_blocks", "block_path"]
@@ -42,7 +43,7 @@ class Blocks:
 def block_path(scope: tuple[str, ...]) -> str | None:
     """The outermost scope entry that is a container member (its last component an integer)."""
     for path in scope:
-        if path.rpartition(".")[2].isdigit():
+        if plain_path(path).rpartition(".")[2].isdigit():
             return path
     return None
 
@@ -74,7 +75,8 @@ def _signature(graph: Graph, path: str, nodes: list[int]) -> Hashable:
     sig = []
     for v in nodes:
         d = graph.node(v)
-        target = d["target"][len(path):] if d["target"].startswith(path + ".") else d["target"]  # fx module calls
+        base = plain_path(path)
+        target = d["target"][len(base):] if d["target"].startswith(base + ".") else d["target"]  # fx module calls
         sig.append((d["kind"], target, d["out_bytes"], d["alloc_bytes"], d["extra_saved_bytes"],
                     d["fwd_temp_bytes"], d["bwd_temp_bytes"], d["param_grad_bytes"], d["requires_grad"],
                     d["grad_passthrough"], d["is_output"], d["held_by_output"], d["recomputable"], d["op_index"],
@@ -87,7 +89,8 @@ def _relative(scope: tuple[str, ...], path: str, regions: dict[str, tuple[int, .
     """The node's scope from the block down, relative to the block's path, and whether each call
     is a region a plan may recompute."""
     inner = scope[scope.index(path):]
-    return tuple((p[len(path):], p in regions) for p in inner)
+    base = len(plain_path(path))
+    return tuple((plain_path(p)[base:], p in regions) for p in inner)
 
 
 def find_blocks(graph: Graph) -> Blocks:

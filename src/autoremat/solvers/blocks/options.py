@@ -15,7 +15,10 @@
   time per byte kept (matmuls, attention) before the cheap ones; never an op whose output is
   written in place later (:func:`written_in_place`), nor the replay's stop node where the replay
   stops before it runs (:func:`autoremat.cost.simulator.stops_before_running`: keeping it saves
-  no time and its stored output stays cached to the end of the segment's backward).
+  no time and its stored output stays cached to the end of the segment's backward). Not for a
+  call of a module run more than once per step (``"<path>@<k>/<n>"``, ALBERT's shared layer
+  group): the runtime refuses selective saves in one such call under autocast
+  (:mod:`autoremat.runtime.per_call`), so its options recompute whole or split.
 
 Options with the same segments are listed once.
 """
@@ -24,6 +27,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 
+from ...call_names import is_per_call
 from ...cost.simulator import stops_before_running
 from ...graph import Graph
 from ...plan import Segment
@@ -138,16 +142,19 @@ def block_options(graph: Graph, path: str, nodes: Sequence[int], times: Mapping[
         found.setdefault(_segments(nodes, regions), name)
 
     module = graph.meta.get("mode") == "module"
-    written = written_in_place(graph) if module and keep_fractions else set()
+    # a call of a shared module (ALBERT's layer group) recomputes whole or split, keeping no op
+    # outputs: selective saves in one call cannot run exactly under autocast (autoremat.runtime.per_call)
+    keeps = keep_fractions if module and not is_per_call(path) else ()
+    written = written_in_place(graph) if keeps else set()
     whole = tuple(nodes)
     if _whole_ok(graph, path, nodes) and _stop(graph, whole) >= 0:
         add("whole", [(whole, ())])
-        for f in keep_fractions if module else ():
+        for f in keeps:
             add(f"whole+keep{f:g}", [(whole, _kept(graph, whole, f, times, written))])
     parts = block_parts(graph, path, nodes)
     for subset in _subsets(len(parts), max_parts):
         add("split" + "".join(str(i) for i in subset), [(parts[i], ()) for i in subset])
-    if parts and module:
-        for f in keep_fractions:
+    if parts:
+        for f in keeps:
             add(f"split+keep{f:g}", [(p, _kept(graph, p, f, times, written)) for p in parts])
     return [(name, segs) for segs, name in found.items()]
