@@ -420,29 +420,20 @@ class _SharedBlock(torch.nn.Module):
         return h + self.down(self.drop(torch.nn.functional.gelu(self.up(h))))
 
 
-class _LitShared(pl.LightningModule):
+class _LitShared(_Plain):
     """One block run four times per step (shared weights, as ALBERT's layer group), dropout on."""
 
     def __init__(self) -> None:
         super().__init__()
         torch.manual_seed(0)
-        self.model = torch.nn.Sequential(torch.nn.Linear(16, 32), _Loop(torch.nn.ModuleList([_SharedBlock()])),
-                                         torch.nn.Linear(32, 1))
+        self.net = torch.nn.Sequential(torch.nn.Linear(16, 32), _Loop(torch.nn.ModuleList([_SharedBlock()])),
+                                       torch.nn.Linear(32, 1))
         self.losses: list[float] = []
 
     def training_step(self, batch, batch_idx):  # type: ignore[no-untyped-def]
-        x, y = batch
-        loss = torch.nn.functional.mse_loss(self.model(x), y)
+        loss = super().training_step(batch, batch_idx)
         self.losses.append(loss.item())
         return loss
-
-    def configure_optimizers(self) -> torch.optim.Optimizer:
-        return torch.optim.SGD(self.parameters(), lr=0.05)
-
-    def train_dataloader(self) -> torch.utils.data.DataLoader:
-        g = torch.Generator().manual_seed(0)
-        data = torch.utils.data.TensorDataset(torch.randn(64, 16, generator=g), torch.randn(64, 1, generator=g))
-        return torch.utils.data.DataLoader(data, batch_size=16)
 
 
 class _Loop(torch.nn.Module):
@@ -463,7 +454,7 @@ def test_a_shared_block_is_recomputed_per_call_in_training(tmp_path: Path) -> No
     _trainer(pl.Callback(), tmp_path, max_steps=3).fit(plain)
     torch.manual_seed(1)
     patched = _LitShared()
-    cb = autoremat.AutoRemat(budget="min", module="model", raise_batch_size=False, verbose=False)
+    cb = autoremat.AutoRemat(budget="min", module="net", raise_batch_size=False, verbose=False)
     _trainer(cb, tmp_path, max_steps=3).fit(patched)
     assert cb.plan is not None and cb.plan.graph_mode == "module"
     assert any("@" in path for path, _ in cb.plan.module_calls.values()), cb.plan.module_calls

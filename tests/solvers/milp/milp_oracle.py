@@ -32,3 +32,24 @@ def space_table(graph: Graph, k: int | None = None) -> list[tuple[int, float, Pl
 def best_within(table: list[tuple[int, float, Plan]], budget: int) -> float | None:
     fits = [t for p, t, _ in table if p <= budget]
     return min(fits) if fits else None
+
+
+def lattice_cases(family: str, seeds: int = 2, nodes: int = 30):
+    """``(bits, lower sets, lattice, budget)`` on seeded random networks of ``family``
+    (``tests/_graphs.random_network``) at the lattice's least budget and halfway to the unoptimised
+    peak: the cases the cost-to-go is held to the label search on."""
+    from _graphs import random_network
+
+    from autoremat.cost import unoptimised_peak_bytes
+    from autoremat.cost.bitsets import GraphBits
+    from autoremat.solvers.kusumoto.families import all_lower_sets
+    from autoremat.solvers.milp.lattice import Lattice
+
+    for seed in range(seeds):
+        g = random_network(family, seed, nodes)
+        p = GraphBits(g)
+        fam = all_lower_sets(p, 3000)
+        lat = Lattice(p, fam)
+        least = int(lat.least_peak().cost)
+        for budget in (least, (least + unoptimised_peak_bytes(g)) // 2):
+            yield p, fam, lat, budget

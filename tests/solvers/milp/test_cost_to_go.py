@@ -14,15 +14,15 @@ import itertools
 import math
 
 import pytest
-from _graphs import random_dag, random_dag_with_views, random_network, with_held_outputs
-
-from autoremat.cost import unoptimised_peak_bytes
+from _graphs import random_dag, random_dag_with_views, with_held_outputs
 
 from autoremat.cost.bitsets import GraphBits
 from autoremat.cost.segment_replay import exact_transition
 from autoremat.solvers.kusumoto.families import all_lower_sets
 from autoremat.solvers.milp.cost_to_go import CostToGo
 from autoremat.solvers.milp.lattice import Lattice
+
+from .milp_oracle import lattice_cases
 
 
 def _chains(p: GraphBits, family: list[int]):
@@ -129,22 +129,16 @@ def test_a_star_equals_the_plain_label_search_on_random_networks(family):
     without ``h`` (an ``h`` above the cost-to-go would make it miss the optimum), and along that
     optimal path ``t + h`` never exceeds the optimum; ``h`` is not vacuous (above 0 at the start)."""
     positive = 0
-    for seed in range(2):
-        g = random_network(family, seed, 30)
-        p = GraphBits(g)
-        fam = all_lower_sets(p, 3000)
-        lat = Lattice(p, fam)
-        least = int(lat.least_peak().cost)
-        for budget in (least, (least + unoptimised_peak_bytes(g)) // 2):
-            plain = Lattice(p, fam).least_time(budget, heuristic=False)
-            astar = lat.least_time(budget)
-            assert astar.status == plain.status == "optimal"
-            assert astar.cost == pytest.approx(plain.cost, rel=1e-12, abs=1e-18)
-            ctg = lat.cost_to_go(budget)
-            prefixes, total = _path_prefixes(p, lat, plain.seq, plain.flags)
-            assert total == pytest.approx(plain.cost, rel=1e-12, abs=1e-18)
-            for k, m, t in prefixes:
-                assert t + ctg.at(k, m) <= total * (1 + 1e-9) + 1e-18
-            positive += ctg.at(0, 0) > 0
+    for p, fam, lat, budget in lattice_cases(family):
+        plain = Lattice(p, fam).least_time(budget, heuristic=False)
+        astar = lat.least_time(budget)
+        assert astar.status == plain.status == "optimal"
+        assert astar.cost == pytest.approx(plain.cost, rel=1e-12, abs=1e-18)
+        ctg = lat.cost_to_go(budget)
+        prefixes, total = _path_prefixes(p, lat, plain.seq, plain.flags)
+        assert total == pytest.approx(plain.cost, rel=1e-12, abs=1e-18)
+        for k, m, t in prefixes:
+            assert t + ctg.at(k, m) <= total * (1 + 1e-9) + 1e-18
+        positive += ctg.at(0, 0) > 0
     if family != "transformer":  # its least-budget plans recompute what h's relaxation does not see
         assert positive >= 2
