@@ -241,21 +241,23 @@ def test_offloading_one_call_of_a_shared_block_is_refused() -> None:
         validate_plan(graph, plan)
 
 
-def test_a_compiled_model_runs_the_calls_the_plan_names() -> None:
+@pytest.mark.parametrize("backend", ["aot_eager", pytest.param("inductor", marks=pytest.mark.slow)])
+def test_a_compiled_model_runs_the_calls_the_plan_names(backend: str) -> None:
     """Dynamo traces the per-call counters: the compiled patched step recomputes the named calls
     (its peak well below the compiled unpatched step's) with that step's gradients. The counters
-    were switched off while compiling, which ran every call plain: nothing was recomputed."""
+    were switched off while compiling, which ran every call plain: nothing was recomputed.
+    (Inductor compiles C++ on the CPU: slow.)"""
     model, x = _model("block"), _batch()
     graph = autoremat.capture(model, (x,), loss_fn=_loss, repeats=1, warmup=0)
     plan = autoremat.solve(graph, "min")
     assert any(is_per_call(c[0]) for c in plan.module_calls.values())
     torch._dynamo.reset()
-    reference = _step(torch.compile(model, backend="aot_eager"), x)
-    plain = measure(torch.compile(model, backend="aot_eager"), (x,), loss_fn=_loss, steps=1, warmup=0).peak_bytes
+    reference = _step(torch.compile(model, backend=backend), x)
+    plain = measure(torch.compile(model, backend=backend), (x,), loss_fn=_loss, steps=1, warmup=0).peak_bytes
     torch._dynamo.reset()
     autoremat.apply(model, plan)
     try:
-        compiled = torch.compile(model, backend="aot_eager")
+        compiled = torch.compile(model, backend=backend)
         assert gradients_equal(reference, _step(compiled, x))
         peak = measure(compiled, (x,), loss_fn=_loss, steps=1, warmup=0).peak_bytes
     finally:

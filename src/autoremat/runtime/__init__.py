@@ -31,7 +31,11 @@ them). A model with an instance-level ``forward`` is refused at fx level
 ``torch.compile`` of a patched model: each region is traced as PyTorch's checkpoint higher-order
 op (:func:`~autoremat.runtime.region.compiled_region`), so the compiled backward recomputes the
 plan's segments and the model compiles without graph breaks. An offload plan's forward runs
-eagerly under ``torch.compile`` (``torch.compiler.disable``: the offloader is eager code).
+eagerly under ``torch.compile`` (``torch.compiler.disable``: the offloader is eager code). The
+checkpoint operator relies on AOTAutograd: the default backend (inductor) and ``"aot_eager"``
+give the compiled unpatched model's gradients (measured on CPU with dropout in the regions); the
+debugging backend ``"eager"`` does not replay the regions' random ops, and PyTorch's own
+``torch.utils.checkpoint`` compiled with it gives other gradients too (pytorch/pytorch#160773).
 """
 
 from __future__ import annotations
