@@ -13,12 +13,12 @@ without a gradient seed: capture marks it ``held_by_output`` when the object's d
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import torch
 
-__all__ = ["outputs_fed_by_loss"]
+__all__ = ["outputs_fed_by_loss", "seed_only_what_the_loss_reads"]
 
 
 def outputs_fed_by_loss(loss: torch.Tensor, producers: Mapping[Any, set[int]]) -> set[int]:
@@ -40,3 +40,12 @@ def outputs_fed_by_loss(loss: torch.Tensor, producers: Mapping[Any, set[int]]) -
                 seen.add(nxt)
                 stack.append(nxt)
     return fed
+
+
+def seed_only_what_the_loss_reads(nodes: Sequence[Any], loss: torch.Tensor, producers: Mapping[Any, set[int]]) -> None:
+    """Clear ``is_output`` on the records in ``nodes`` of the outputs in ``producers`` that the
+    loss does not reach (:func:`outputs_fed_by_loss`): they get no gradient seed."""
+    fed = outputs_fed_by_loss(loss, producers)
+    for vs in producers.values():
+        for v in vs - fed:
+            nodes[v].is_output = False

@@ -14,7 +14,7 @@ from typing import Any
 import torch
 import torch.fx
 
-from ._loss_reach import outputs_fed_by_loss
+from ._loss_reach import seed_only_what_the_loss_reads
 from ._recorder import NodeRecord, Recorder, Timer, classify_function, classify_module, tensors_in
 from .signature import tensor_lines
 from ._tracing import SemanticTracer, semantic_trace
@@ -203,10 +203,7 @@ def profile_fx(
         out = _run_kwargs(interp, gm, args, kwargs)
         interp.env.clear()  # the interpreter's env holds the returned value: only ``out`` may
         loss = rec.run_loss(loss_fn, out)
-        fed = outputs_fed_by_loss(loss, interp.producers)
-        for vs in interp.producers.values():  # returned tensors the loss does not read: no gradient seed
-            for v in vs - fed:
-                recs[v].is_output = False
+        seed_only_what_the_loss_reads(recs, loss, interp.producers)
         interp.producers.clear()
         hold = OutputHold(rec.owner)  # the step drops the returned object here, before backward
         del out

@@ -28,7 +28,7 @@ import torch
 from torch import nn
 
 from .._fsdp import original_class
-from ._loss_reach import outputs_fed_by_loss
+from ._loss_reach import seed_only_what_the_loss_reads
 from ._recorder import NodeRecord, Recorder, Timer, classify_function, classify_module, tensors_in
 from ..call_names import call_name
 from .blocks import BlockScopes, OpTimer, block_paths, settle_scopes, share_times
@@ -345,10 +345,7 @@ def profile_modules(
             rec.settle_saves()
             producers = _mark_outputs(rec, out)
             loss = rec.run_loss(loss_fn, out)
-            fed = outputs_fed_by_loss(loss, producers)
-            for vs in producers.values():  # outputs the loss does not read get no gradient seed
-                for v in vs - fed:
-                    rec.nodes[v].is_output = False
+            seed_only_what_the_loss_reads(rec.nodes, loss, producers)
             hold = OutputHold(rec.owner)  # the step drops its output object here, before backward
             del out, producers
             hold.mark(rec.nodes)

@@ -45,7 +45,7 @@ from torch import nn
 from ..call_names import parse_call
 from ..errors import CallCountError, PlanMismatchError
 from .probed_call import ProbedCall
-from .recompute_state import is_recomputing, shared_casts, stateful_buffers
+from .recompute_state import cached_autocast_devices, is_recomputing, shared_casts, stateful_buffers
 from .selective import SelectiveCall
 
 __all__ = ["PerCallForward", "StepCalls", "install_calls"]
@@ -110,7 +110,7 @@ class PerCallForward:
         call = self.calls.get(k)
         if call is None:
             return self.fn(*args, **kwargs)
-        if isinstance(call, SelectiveCall) and _cast_cache_on():
+        if isinstance(call, SelectiveCall) and cached_autocast_devices():
             raise RuntimeError(
                 f"autoremat: the plan keeps some ops of call {k} of module {self.path!r} (selective saves), which "
                 "cannot run exactly under autocast with its cast cache on (the other calls use the first call's "
@@ -119,10 +119,6 @@ class PerCallForward:
                 "cache_enabled=False")
         with shared_casts():
             return call(*args, **kwargs)
-
-
-def _cast_cache_on() -> bool:
-    return torch.is_autocast_cache_enabled() and any(torch.is_autocast_enabled(d) for d in ("cpu", "cuda"))
 
 
 def _region(fn: Callable[..., Any], mod: nn.Module, keep: dict[int, str], regions: str, path: str) -> ProbedCall:

@@ -17,7 +17,7 @@ from torch import nn
 from torch.utils._python_dispatch import TorchDispatchMode
 
 __all__ = ["is_recomputing", "prepare_scratch", "snapshot_buffers", "stateful_buffers", "checkpoint_kwargs",
-           "restoring_contexts", "shared_casts", "BothContexts", "param_versions", "check_params", "RestoreBuffers", "SeededProbe", "UncachedAutocast"]
+           "restoring_contexts", "shared_casts", "cached_autocast_devices", "BothContexts", "param_versions", "check_params", "RestoreBuffers", "SeededProbe", "UncachedAutocast"]
 
 _BN_TYPES = (nn.BatchNorm1d, nn.BatchNorm2d, nn.BatchNorm3d)
 _BN_STATS = frozenset({"running_mean", "running_var", "num_batches_tracked"})
@@ -233,6 +233,13 @@ def checkpoint_kwargs(stateful: list[tuple[nn.Module, str]], preserve_rng: bool 
     return kw
 
 
+def cached_autocast_devices() -> list[str]:
+    """The devices (of CPU and CUDA) whose autocast is on with its cache of parameter casts."""
+    if not torch.is_autocast_cache_enabled():
+        return []
+    return [d for d in ("cpu", "cuda") if torch.is_autocast_enabled(d)]
+
+
 class UncachedAutocast:
     """Autocast as it is, without its cache of parameter casts: a recomputed region's forward and
     replay run under it (:func:`restoring_contexts`, :mod:`.region`). Autocast keeps the first cast
@@ -249,10 +256,8 @@ class UncachedAutocast:
     def __enter__(self) -> "UncachedAutocast":
         if getattr(_SHARED_CASTS, "on", False):  # one call of a shared module: see shared_casts
             return self
-        for device in ("cpu", "cuda"):
-            if torch.is_autocast_enabled(device) and torch.is_autocast_cache_enabled():
-                self.stack.enter_context(torch.autocast(device, dtype=torch.get_autocast_dtype(device),
-                                                        cache_enabled=False))
+        for device in cached_autocast_devices():
+            self.stack.enter_context(torch.autocast(device, dtype=torch.get_autocast_dtype(device), cache_enabled=False))
         return self
 
     def __exit__(self, *exc: Any) -> None:
