@@ -152,6 +152,11 @@ class Plan:
     :data:`autoremat.cost.DEFAULT_BANDWIDTH_BYTES_PER_S`)."""
     module_calls: ModuleCalls = field(default_factory=dict)
     """Module-level recomputed segments that are a call region or keep ops (see :data:`ModuleCalls`)."""
+    offload_calls: dict[int, str] = field(default_factory=dict)
+    """Offload nodes (of ``offload``, ``offload_saved``, or waited before in ``offload_waits``) in one
+    call of a module run more than once per step -> that call, ``"<path>@<k>/<n>"``: the runtime's
+    hooks act in that call only (:mod:`autoremat.runtime.offload_calls`; filled by
+    :func:`autoremat.solve`, or :func:`autoremat.plan_offload.offload_calls_of`)."""
     version: int = PLAN_FORMAT_VERSION
 
     def __post_init__(self) -> None:
@@ -170,6 +175,7 @@ class Plan:
         self.module_calls = _calls(self.module_calls)
         self.offload_waits = {int(k): int(v) for k, v in dict(self.offload_waits or {}).items()}
         self.offload_order = tuple(int(v) for v in self.offload_order)
+        self.offload_calls = {int(k): str(v) for k, v in dict(self.offload_calls or {}).items()}
         self.offload_prefetch_depth = int(self.offload_prefetch_depth)
         self.version = PLAN_FORMAT_VERSION
 
@@ -215,6 +221,7 @@ class Plan:
                              for k, (path, ops) in sorted(self.module_calls.items())}
         d["offload_waits"] = {str(k): v for k, v in sorted(self.offload_waits.items())}
         d["offload_order"] = list(self.offload_order)
+        d["offload_calls"] = {str(k): v for k, v in sorted(self.offload_calls.items())}
         return d
 
     @classmethod
@@ -243,6 +250,7 @@ class Plan:
             inputs=data.get("inputs"),
             bandwidth_bytes_per_s=data.get("bandwidth_bytes_per_s"),
             module_calls=data.get("module_calls") or {},
+            offload_calls=data.get("offload_calls") or {},
         )
 
     def to_json(self, path: str | None = None) -> str:

@@ -28,7 +28,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import TYPE_CHECKING
 
-from .call_names import is_per_call
+from .call_names import is_per_call, plain_path
 from .errors import PlanFormatError, PlanMismatchError
 from .graph import Graph
 from .region_units import region_unit, region_units
@@ -37,7 +37,7 @@ if TYPE_CHECKING:
     from .plan import Plan, Segment
 
 __all__ = ["offloadable_nodes", "region_stop", "wait_points", "release_waits", "saved_unit", "unit_node",
-           "saved_unit_nodes", "offload_units", "unit_bytes", "check_offload_saved"]
+           "saved_unit_nodes", "offload_units", "unit_bytes", "check_offload_saved", "offload_calls_of"]
 
 
 def saved_unit(v: int) -> int:
@@ -53,6 +53,24 @@ def unit_node(u: int) -> int:
 def offload_units(plan: "Plan") -> tuple[int, ...]:
     """Every unit the plan offloads: ``plan.offload`` and the units of ``plan.offload_saved``."""
     return tuple(plan.offload) + tuple(saved_unit(v) for v in plan.offload_saved)
+
+
+def offload_calls_of(graph: Graph, plan: "Plan") -> dict[int, str]:
+    """``Plan.offload_calls``: each node the runtime hooks for an offload (``offload``,
+    ``offload_saved``, the keys of ``offload_waits``) that sits in one call of a module run more
+    than once per step -> that call, ``"<path>@<k>/<n>"``. The hooked module is the node's own at
+    module level (a module call) or the block whose call runs the op (a block captured op by op:
+    the outermost call of its scope)."""
+    if graph.meta.get("mode") != "module":
+        return {}
+    out = {}
+    for v in {*plan.offload, *plan.offload_saved, *plan.offload_waits}:
+        d = graph.node(v)
+        scope = tuple(d.get("scope") or ())
+        own = [c for c in scope if plain_path(c) == d["module_path"]] if d["op_index"] < 0 else list(scope[:1])
+        if own and is_per_call(own[0]):
+            out[v] = own[0]
+    return out
 
 
 def unit_bytes(graph: Graph, u: int) -> int:
@@ -131,9 +149,6 @@ def _check_region_unit(graph: Graph, plan: "Plan", v: int, where: str) -> None:
         if path in pinned:
             why = (f"its block {path!r} is pinned (graph.meta['pinned_regions']: an input written in place, or "
                    "a key/value cache the call writes), so its saved tensors are not one call's own")
-        elif is_per_call(path):
-            why = (f"its block call {path!r} is one of several calls of a module run more than once per step, "
-                   "and the runtime offloads what a module saves in every call of it")
         elif path in graph.call_regions() and graph.call_regions()[path][0] == v:
             why = f"its block {path!r} is not one call (its ops are not consecutive)"
         else:

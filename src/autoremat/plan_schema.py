@@ -25,7 +25,9 @@ Decisions (tested in ``tests/test_plan.py`` and ``tests/test_bad_inputs.py``):
 * ``offload_saved`` is a list of node ids (nodes whose own saved tensors are offloaded). A unit id
   is a node id of ``offload`` or ``-1 - w`` for ``w`` of ``offload_saved``
   (:mod:`autoremat.plan_offload`); ``offload_waits`` is an object of node id (digits) -> unit id,
-  and every unit it waits for is offloaded; ``offload_order``, when given, lists the units once each.
+  and every unit it waits for is offloaded; ``offload_order``, when given, lists the units once each;
+  ``offload_calls`` maps such a node (digits) to the one call of a shared module it is in
+  (``"<path>@<k>/<n>"``).
 * Segments must be non-empty and disjoint; when the plan names its graph's nodes
   (``node_names``), every node id must be below their number and the segments must
   cover them all. Whether segments are lower sets of the model's graph is checked against the
@@ -53,7 +55,7 @@ GRAPH_KEYS = ("graph_mode", "node_names", "replay_tails", "tensors", "inputs")
 PLAN_KEYS = frozenset({"format", "version", "segments", "solver", "options", "budget_bytes",
                        "graph_fingerprint", "predicted_peak_bytes", "predicted_extra_time_s", "offload",
                        "offload_saved", "offload_waits", "offload_order", "offload_prefetch_depth",
-                       "bandwidth_bytes_per_s", "module_calls", *GRAPH_KEYS})
+                       "bandwidth_bytes_per_s", "module_calls", "offload_calls", *GRAPH_KEYS})
 SEGMENT_KEYS = frozenset({"nodes", "recompute"})
 SEGMENT_OPTIONAL_KEYS = frozenset({"keep"})
 READ_VERSIONS = (1, 2)
@@ -232,6 +234,23 @@ def _module_calls(value: Any, num_segments: int) -> None:
             raise PlanFormatError(f"{field}.keep_names", "expected one op name (a string) per entry of keep_ops")
 
 
+def _offload_calls(value: Any, nodes: set[int]) -> None:
+    from .call_names import is_per_call
+
+    if value is None:
+        return
+    if not isinstance(value, Mapping):
+        raise PlanFormatError("offload_calls", f"expected an object (node id -> module call), got {_kind(value)}")
+    for k, call in value.items():
+        field = f"offload_calls.{k}"
+        if not str(k).isdigit() or int(k) not in nodes:
+            raise PlanFormatError(field, f"expected a node of offload, offload_saved or offload_waits as the key "
+                                  f"(those are {sorted(nodes)[:10]})")
+        if not isinstance(call, str) or not is_per_call(call):
+            raise PlanFormatError(field, f"expected one call of a module run more than once per step, "
+                                  f"'<path>@<k>/<n>', got {call!r}")
+
+
 def check_plan_dict(data: Any, *, source: str | None = None) -> None:
     """Raise :class:`PlanFormatError` unless ``data`` is a well-formed plan document."""
     try:
@@ -284,6 +303,8 @@ def _check(data: Any) -> None:
                                           f"{num_nodes} nodes")
     units = set(offload) | {-1 - v for v in saved}
     _offload_waits(data.get("offload_waits"), units, num_nodes)
+    waits = data.get("offload_waits") or {}
+    _offload_calls(data.get("offload_calls"), set(offload) | set(saved) | {int(v) for v in waits})
     order = data.get("offload_order", [])
     if not isinstance(order, (list, tuple)):
         raise PlanFormatError("offload_order", f"expected a list of unit ids, got {order!r} ({_kind(order)})")

@@ -14,8 +14,9 @@ node that takes part in backward, and every storage a region node saves that the
 produced and that is not one of its outputs (read after the call, or an output of the model).
 
 Which regions: the outermost call of each block captured op by op (``graph.meta["call_op_start"]``),
-its nodes consecutive in the graph (a call of a block run more than once per step, ``"<path>@<k>/<n>"``:
-no unit, the runtime scopes every call of a module), not pinned (``meta["pinned_regions"]``: an input written in place, or a key/value cache;
+its nodes consecutive in the graph (each call of a block run more than once per step,
+``"<path>@<k>/<n>"``, is a unit of its own: the runtime scopes the calls ``Plan.offload_calls``
+names, :mod:`autoremat.runtime.offload_calls`), not pinned (``meta["pinned_regions"]``: an input written in place, or a key/value cache;
 :meth:`~autoremat.graph.Graph.call_regions` leaves those out). Torch-free.
 """
 
@@ -24,7 +25,7 @@ from __future__ import annotations
 import weakref
 from dataclasses import dataclass
 
-from .call_names import is_per_call
+from .call_names import plain_path
 from .graph import Graph
 
 __all__ = ["RegionUnit", "region_units", "region_unit", "unit_span"]
@@ -70,8 +71,8 @@ def region_units(graph: Graph) -> dict[int, RegionUnit]:
         regions = graph.call_regions()
         for path in starts:
             nodes = regions.get(path)
-            if nodes is None or any(path.startswith(q + ".") for q in starts) or is_per_call(path):
-                continue  # one call of a shared module: the runtime scopes every call of a module
+            if nodes is None or any(plain_path(path).startswith(plain_path(q) + ".") for q in starts):
+                continue  # a call inside another block's call: the outer call is the unit
             if list(nodes) != list(range(nodes[0], nodes[0] + len(nodes))):
                 continue  # called more than once (or interleaved): not one call
             out[nodes[0]] = _unit(graph, path, nodes)

@@ -14,59 +14,16 @@ import autoremat
 from autoremat.call_names import call_name, enclosing_paths, is_per_call, parse_call, plain_path
 from autoremat.cost import no_recompute_plan, simulate
 from autoremat.errors import CallCountError
-from autoremat.errors import PlanFormatError
-from autoremat.plan import Segment, module_calls_of, validate_plan
+from autoremat.plan import Segment, module_calls_of
 from autoremat.measure import gradients, gradients_equal, measure, run_step
 from autoremat.runtime import is_recomputing
+
+from _looped import looped_batch, looped_loss, looped_model
 
 TOLERANCE = 0.10
 
 
-class _Block(nn.Module):
-    def __init__(self, width: int, norm: bool) -> None:
-        super().__init__()
-        self.up = nn.Linear(width, 2 * width)
-        self.norm = nn.BatchNorm1d(2 * width) if norm else nn.LayerNorm(2 * width)
-        self.act = nn.GELU()
-        self.drop = nn.Dropout(0.25)
-        self.down = nn.Linear(2 * width, width)
-
-    def forward(self, h: torch.Tensor) -> torch.Tensor:
-        return h + self.down(self.drop(self.act(self.norm(self.up(h)))))
-
-
-class _Looped(nn.Module):
-    """One block run ``steps`` times per forward (weights shared): ``shape="block"`` as a member
-    of a ``ModuleList`` (captured op by op, a call region per call, as ALBERT's layer group),
-    ``"leaf"`` as a ``Sequential`` of leaf modules (each leaf one node per call)."""
-
-    def __init__(self, shape: str, norm: bool = False, steps: int = 4, width: int = 32) -> None:
-        super().__init__()
-        self.inp = nn.Linear(16, width)
-        block = _Block(width, norm)
-        self.layers = nn.ModuleList([block]) if shape == "block" else None
-        self.seq = nn.Sequential(block.up, block.norm, block.act, block.drop, block.down) if shape == "leaf" else None
-        self.head = nn.Linear(width, 4)
-        self.steps = steps
-
-    def forward(self, x: torch.Tensor, steps: int | None = None) -> torch.Tensor:
-        h = self.inp(x)
-        for _ in range(self.steps if steps is None else steps):
-            h = h + self.layers[0](h) if self.seq is None else h + self.seq(h)
-        return self.head(h)
-
-
-def _loss(out: torch.Tensor) -> torch.Tensor:
-    return out.square().mean()
-
-
-def _batch() -> torch.Tensor:
-    return torch.randn(64, 16, generator=torch.Generator().manual_seed(1))
-
-
-def _model(shape: str, norm: bool = False) -> nn.Module:
-    torch.manual_seed(0)
-    return _Looped(shape, norm).train()
+_loss, _batch, _model = looped_loss, looped_batch, looped_model
 
 
 def _step(model: nn.Module, x: torch.Tensor, **kwargs: int) -> dict:
@@ -228,17 +185,6 @@ def test_a_call_keeping_ops_runs_exactly_and_is_refused_under_cached_autocast() 
                 model(x)
     finally:
         autoremat.restore(model)
-
-
-def test_offloading_one_call_of_a_shared_block_is_refused() -> None:
-    """The runtime offloads what a module saves in every call of it: one call's unit is refused."""
-    model, x = _model("block"), _batch()
-    graph = autoremat.capture(model, (x,), loss_fn=_loss, repeats=1, warmup=0)
-    first = graph.call_regions()["layers.0@1/4"][0]
-    plan = autoremat.solve(graph, "100%", solver="none")
-    plan.offload_saved = (first,)
-    with pytest.raises(PlanFormatError, match=r"'layers\.0@1/4' is one of several calls"):
-        validate_plan(graph, plan)
 
 
 @pytest.mark.parametrize("backend", ["aot_eager", pytest.param("inductor", marks=pytest.mark.slow)])

@@ -67,6 +67,7 @@ from .module_targets import module_targets as _module_targets
 from .offload import OffloadBegin, OffloadMark, OffloadWait, Offloader
 from .offload_forward import new_offloader as _new_offloader
 from .offload_forward import offloading_forward as _offloading_forward
+from .offload_calls import install_offload_hooks
 from .offload_saved import block_of, install_saved_units
 from .sharding import ShardingWatch, apply_fx_sharded, is_sharded, module_plan_fingerprint
 from .per_call import install_calls
@@ -466,18 +467,8 @@ def _apply_module(model: nn.Module, plan: Plan, names: list[str], regions: str) 
     state = _PatchState(plan=plan, had_instance_forward="forward" in model.__dict__,
                         instance_forward=model.__dict__.get("forward"), offloader=offloader)
     if offloader is not None:
-        install_saved_units(mods, names, plan.offload_saved, offloader, state.wrapped)
-        for v, path in calls.items():  # module calls: checked above
-            state.hooks.append(mods[path].register_forward_pre_hook(
-                lambda _m, _a, v=v: offloader.begin_node(v)))
-            state.hooks.append(mods[path].register_forward_hook(
-                lambda _m, _a, out, v=v: offloader.mark(out, v)))
-        for v in plan.offload_waits:  # a module call, or a block captured op by op (before its first op)
-            path = names[v] if names[v] in mods else block_of(names[v], mods)
-            if path is None:
-                raise PlanMismatchError(f"plan waits before {names[v]!r}, which is not a module call of "
-                                        f"{type(model).__name__}")
-            state.hooks.append(mods[path].register_forward_pre_hook(lambda _m, _a, v=v: offloader.wait(v)))
+        install_saved_units(mods, names, plan, offloader, state.wrapped)
+        install_offload_hooks(plan, names, calls, mods, offloader, state.hooks)
         state.installed = _offloading_forward(model.forward, offloader)
         model.__dict__["forward"] = state.installed
     install_calls(model, targets, regions, state.wrapped, state.hooks)  # one call of a shared module: per_call

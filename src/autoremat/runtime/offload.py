@@ -207,6 +207,8 @@ class Offloader:
         self._pending: list[_Pending] | None = None  # open while an offloaded node runs
         self._tick = 0
         self._backward_started = False
+        self.steps = 0
+        """Training forwards begun (:meth:`begin_step`): a step's serial number."""
         self.host_tier = False
         """CPU only: keep offloaded storages in copies the memory counters do not see
         (:class:`~autoremat.measure.LiveStorageCounter` counts the device), release the originals,
@@ -216,6 +218,7 @@ class Offloader:
 
     # ------------------------------------------------------------------ forward
     def begin_step(self) -> None:
+        self.steps += 1
         self._marked.clear()
         self._handles.clear()
         self._all.clear()
@@ -454,18 +457,6 @@ class Offloader:
         return h.fetched
 
 
-class OffloadMark(nn.Module):
-    """Marks a node's output for the offloader (inserted in the generated forward)."""
-
-    def __init__(self, offloader: Offloader, node: int) -> None:
-        super().__init__()
-        self._offloader = offloader
-        self.node = node
-
-    def forward(self, x: Any) -> Any:
-        return self._offloader.mark(x, self.node)
-
-
 class OffloadBegin(nn.Module):
     """Opens an offloaded node's window (inserted in the generated forward just before it)."""
 
@@ -478,13 +469,15 @@ class OffloadBegin(nn.Module):
         self._offloader.begin_node(self.node)
 
 
-class OffloadWait(nn.Module):
-    """The forward's wait for a copy to host before a node (``Plan.offload_waits``)."""
+class OffloadMark(OffloadBegin):
+    """Marks a node's output for the offloader (inserted in the generated forward)."""
 
-    def __init__(self, offloader: Offloader, node: int) -> None:
-        super().__init__()
-        self._offloader = offloader
-        self.node = node
+    def forward(self, x: Any) -> Any:  # type: ignore[override]
+        return self._offloader.mark(x, self.node)
+
+
+class OffloadWait(OffloadBegin):
+    """The forward's wait for a copy to host before a node (``Plan.offload_waits``)."""
 
     def forward(self) -> None:
         self._offloader.wait(self.node)

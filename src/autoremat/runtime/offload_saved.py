@@ -30,8 +30,10 @@ A block captured op by op (``capture(..., blocks="auto")``) is one such call: th
 first op and the block's call is wrapped (:func:`block_of`), its unit being all its ops save
 (:mod:`autoremat.region_units`).
 
-Copying at the end of the call is the simulator's point (the node's forward ends); a call that
-runs again in the same step (the same module used twice) makes a unit per call.
+Copying at the end of the call is the simulator's point (the node's forward ends). A module run
+more than once per step (a weight-shared layer) offloads the calls the plan names in
+``Plan.offload_calls``, each its own unit; the others, and replays in backward, run as they are
+(:mod:`autoremat.runtime.offload_calls`).
 """
 
 from __future__ import annotations
@@ -44,7 +46,9 @@ import numpy as np
 import torch
 from torch import nn
 
-from .offload import Offloader, _flat, _Handle, _Packed, _tensors, active_offloader
+from ..plan import Plan
+from .offload import Offloader, _flat, _Handle, _Packed, _tensors
+from .offload_calls import CallTally, call_of
 
 __all__ = ["SavedCall", "install_saved_units"]
 
@@ -114,23 +118,30 @@ def _unpack(save: _Save, offloader: Offloader) -> torch.Tensor:
 
 class SavedCall:
     """A module's ``forward`` whose own saved tensors are offloaded as unit ``-1 - node`` (see the
-    module docstring); outside a patched training forward it runs the module as it is."""
+    module docstring); outside a patched training forward it runs the module as it is. ``nodes``:
+    the call index -> node of each call it offloads (a module run more than once per step,
+    ``Plan.offload_calls``), or ``{None: node}`` (every call, the module runs once), counted by
+    ``tally`` (:mod:`autoremat.runtime.offload_calls`)."""
 
-    def __init__(self, forward: Any, module: nn.Module, offloader: Offloader, node: int) -> None:
-        self.forward, self.module, self.offloader, self.node = forward, module, offloader, node
+    def __init__(self, forward: Any, module: nn.Module, offloader: Offloader, nodes: dict[int | None, int],
+                 tally: CallTally) -> None:
+        self.forward, self.module, self.offloader, self.nodes, self.tally = forward, module, offloader, nodes, tally
+        self.node = next(iter(nodes.values()))
         self.active = True
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
-        off = self.offloader
-        if not self.active or not torch.is_grad_enabled() or active_offloader() is not off:
+        k = self.tally.next_call() if self.active else None
+        node = self.nodes.get(None, self.nodes.get(k)) if k is not None else None  # type: ignore[arg-type]
+        if node is None:
             return self.forward(*args, **kwargs)
+        self.node = node
         saves: list[_Save] = []
 
         def pack(t: torch.Tensor) -> _Save:
             saves.append(_Save(t))
             return saves[-1]
 
-        with torch.autograd.graph.saved_tensors_hooks(pack, functools.partial(_unpack, offloader=off)):
+        with torch.autograd.graph.saved_tensors_hooks(pack, functools.partial(_unpack, offloader=self.offloader)):
             out = self.forward(*args, **kwargs)
         self._close(saves, (args, kwargs), out)
         # autograd keeps the pack hook (this closure) with every tensor saved in the scope: emptied,
@@ -203,22 +214,32 @@ def block_of(name: str, mods: dict[str, nn.Module]) -> str | None:
     return min(found, key=len) if found else None
 
 
-def install_saved_units(mods: dict[str, nn.Module], names: Sequence[str], node_ids: Sequence[int],
-                        offloader: Offloader, wrapped: list[tuple[nn.Module, bool, Any, Any]]) -> None:
-    """Wrap the forward of each module call of ``node_ids`` (``Plan.offload_saved``) in a
-    :class:`SavedCall`; ``wrapped`` records it for :func:`autoremat.restore`. A node that is an op
+def install_saved_units(mods: dict[str, nn.Module], names: Sequence[str], plan: Plan, offloader: Offloader,
+                        wrapped: list[tuple[nn.Module, bool, Any, Any]]) -> None:
+    """Wrap the ``forward`` of each module call of ``plan.offload_saved`` in a :class:`SavedCall`
+    (one per module: the calls of a module run more than once per step that the plan names in
+    ``offload_calls``); ``wrapped`` records it for :func:`autoremat.restore`. A node that is an op
     of a block captured op by op (named by its module's path; the plan names the block's first op, checked
     against the graph by :func:`autoremat.plan.validate_plan`) wraps that block's call: all its
     ops save (:mod:`autoremat.region_units`)."""
     from ..errors import PlanMismatchError
 
-    for v in node_ids:
+    by_module: dict[str, dict[int | None, int]] = {}
+    for v in plan.offload_saved:
         path = names[v] if names[v] in mods else block_of(names[v], mods)
-        mod = None if path is None else mods[path]
-        if mod is None:
+        if path is None:
             raise PlanMismatchError(f"plan offloads the saved tensors of {names[v]!r}, which is not a module call "
                                     "of this model nor an op of one; capture it and solve again")
+        nodes = by_module.setdefault(path, {})
+        k = call_of(plan, v)[0]
+        if nodes and (k in nodes or (None in nodes) != (k is None)):
+            raise PlanMismatchError(f"plan offloads the saved tensors of module {path!r} in one call twice, or "
+                                    "both per call and as one call (offload_saved, offload_calls); solve again")
+        nodes[k] = v
+    for path, nodes in by_module.items():
+        mod = mods[path]
+        n = call_of(plan, next(iter(nodes.values())))[1]
         had = "forward" in mod.__dict__
-        call = SavedCall(mod.forward, mod, offloader, v)
+        call = SavedCall(mod.forward, mod, offloader, nodes, CallTally(offloader, path, n))
         wrapped.append((mod, had, mod.__dict__.get("forward"), call))
         mod.__dict__["forward"] = call

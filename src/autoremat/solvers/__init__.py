@@ -44,6 +44,7 @@ from ..budget import is_min, parse_budget
 from ..errors import InfeasibleBudgetError
 from ..graph import Graph
 from ..plan import Plan, module_calls_of, release_waits, validate_plan
+from ..plan_offload import offload_calls_of
 from ..replay_tail import replay_tails
 from ..cost import simulate, unoptimised_peak_bytes
 from ._config import SolverConfig, check_budget, option_names
@@ -184,6 +185,7 @@ def finalize_plan(graph: Graph, plan: Plan, budget_bytes: int, solver: str,
         plan.offload_order = tuple(sim.offload_order)
     if plan.offloads:  # releases in the GPU's order, where the simulator makes them (same prediction)
         plan.offload_waits = release_waits(graph, plan, sim.offload_releases)
+        plan.offload_calls = offload_calls_of(graph, plan)  # one call of a shared module: the runtime's hooks
     plan.predicted_peak_bytes = sim.peak_bytes
     plan.predicted_extra_time_s = sim.extra_time_s
     if sim.peak_bytes > budget_bytes:  # the contract: never a plan over budget, whatever the solver

@@ -46,7 +46,7 @@ def test_the_calls_of_a_shared_block_are_blocks_of_one_class():
     index, which is no part of the class. They were no block at all (no path ending in an integer),
     so ``blocks`` planned nothing inside ALBERT's layer."""
     import autoremat
-    from runtime.test_per_call import _batch, _loss, _model
+    from _looped import looped_batch as _batch, looped_loss as _loss, looped_model as _model
 
     assert block_path(("layers.0@2/4", "layers.0.up@2/4")) == "layers.0@2/4"
     model, x = _model("block"), _batch()
