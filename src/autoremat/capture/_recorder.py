@@ -290,7 +290,6 @@ class Recorder:
             self.nodes[v].recomputable = False
             self.pinned[self.nodes[v].name] = (self.nodes[writer].name if isinstance(writer, int)
                                                  else writer or "code between nodes")
-        seen_params: set[str] = set()
         for who, delta in self._regions:
             if who == "loss":
                 modelled = sum(r.out_bytes for r in self.nodes if r.is_output and r.requires_grad)
@@ -300,9 +299,8 @@ class Recorder:
             modelled = 0
             if not rec.grad_passthrough:
                 modelled += sum(self.nodes[u].out_bytes for u in rec.preds if self.nodes[u].requires_grad)
-            for p in rec.params:
-                if p in param_bytes and p not in seen_params:
-                    seen_params.add(p)
+            for p in rec.params:  # the first use in backward allocates p's gradient; a later use's
+                if p in param_bytes:  # contribution is the transient the cost model charges beside it
                     modelled += param_bytes[p]
             rec.bwd_temp_bytes = max(0, delta - modelled)
 
