@@ -12,9 +12,10 @@ import autoremat
 from autoremat.zoo.lightning import LitGPT2
 
 
-def main(max_steps: int = 5, samples: int = 128) -> autoremat.AutoRemat:
+def main(max_steps: int = 5, samples: int = 128, max_batch_size: int = 64) -> autoremat.AutoRemat:
     model = LitGPT2(batch_size=4, samples=samples)
-    callback = autoremat.AutoRemat(budget="12MiB", module="model", raise_batch_size=True, max_batch_size=64)
+    callback = autoremat.AutoRemat(budget="12MiB", module="model", raise_batch_size=True,
+                                   max_batch_size=max_batch_size)
     trainer = pl.Trainer(max_steps=max_steps, accelerator="auto", devices=1, logger=False, enable_checkpointing=False,
                          callbacks=[callback])
     trainer.fit(model)
