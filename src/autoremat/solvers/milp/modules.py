@@ -71,7 +71,8 @@ from ...cost.bitsets import bits
 __all__ = ["ModuleMoves", "cut_sets"]
 
 _SLACK = 1 - 1e-9
-"""Times from prefix sums may differ from the exact model's sum in the last bits: scaled down."""
+"""Times from prefix sums may differ from the exact model's sum in the last bits: scaled down
+(and less a few units in the last place of the prefix sum)."""
 
 
 def cut_sets(rows: np.ndarray, fam: list[int]) -> list[int]:
@@ -149,7 +150,7 @@ class ModuleMoves:
         rg = np.asarray(p.rg, dtype=bool)
         self.extras = member[:, rg] @ np.asarray(p.extra, dtype=np.float64)[rg]
         saved = []
-        for m in self.fam:
+        for m in lat.fam:
             acc = 0
             for v in bits(m & p.rg_mask):
                 acc |= p.saves_roots[v]
@@ -222,7 +223,9 @@ class ModuleMoves:
         add = add + self._bytes(self.saved[j] & cd_row)
         stop = _high_bit(seg & self.holder)
         at = np.maximum(stop, 0)
-        dt = np.maximum(np.where(stop >= 0, self.prefix[j, at] - self.prefix[base, at], 0.0) * _SLACK, 0.0)
+        upto = self.prefix[j, at]  # a difference of prefix sums: less its rounding, so never above the sum
+        dt = np.where(stop >= 0, (upto - self.prefix[base, at]) * _SLACK - 8 * np.spacing(upto), 0.0)
+        dt = np.maximum(dt, 0.0)
         rec_need = np.maximum(np.maximum(gap, floor), self.rec_hi[j] - self.rec_lo[base])
         zero = np.zeros(len(j))
         inner = self.mid_of[j]  # the spanning step's state at a target cut set (-1: none)
