@@ -93,7 +93,7 @@ def test_a_cost_to_go_past_its_deadline_is_zero_where_it_did_not_reach_and_exact
     assert (full.table[~done] > 0).any()  # it gave something up
 
 
-def test_no_cost_to_go_above_its_lower_set_limit(monkeypatch):
+def test_above_its_lower_set_limit_the_cost_to_go_is_the_module_relaxation(monkeypatch):
     from autoremat.solvers.milp import lattice as lattice_module
 
     g = random_network("transformer", 0, 60)
@@ -101,8 +101,11 @@ def test_no_cost_to_go_above_its_lower_set_limit(monkeypatch):
     lat = Lattice(p, all_lower_sets(p, 3000))
     budget = int(lat.least_peak().cost)
     monkeypatch.setattr(lattice_module, "CTG_MAX_SETS", len(lat.fam) - 1)
-    assert lat.cost_to_go(budget) is None
+    ctg = lat.cost_to_go(budget)
+    assert lat._modules is not None and ctg.exact_sets == 0  # the module relaxation, no exact needs
     best = Lattice(p, lat.fam).least_time(budget, heuristic=False)
-    assert lat.least_time(budget).cost == pytest.approx(best.cost, abs=1e-18)  # searched without h
+    assert ctg.at(0, 0) <= best.cost + 1e-18
+    assert lat.least_time(budget).cost == pytest.approx(best.cost, abs=1e-18)
     monkeypatch.setattr(lattice_module, "CTG_MAX_SETS", len(lat.fam))
-    assert lat.cost_to_go(budget) is not None
+    other = Lattice(p, lat.fam)
+    assert other.cost_to_go(budget) is not None and other._modules is None

@@ -14,8 +14,9 @@ dangling roots after it, for either flag (:func:`~autoremat.cost.segment_replay.
   (:class:`.cost_to_go.CostToGo`, a backward DP over the lower sets and a grid of ``m``; keys
   take the larger of the parent's key and their own: pathmax); a label is dominated by one
   already taken at its state with no more time and no more kept bytes (its every continuation
-  costs at least as much); the first label taken at ``V`` is the optimum. Without ``h`` (it
-  did not finish in a third of the time) labels go by ``t`` alone.
+  costs at least as much); the first label taken at ``V`` is the optimum. Without ``h`` (not
+  built in a third of the time) labels go by ``t`` alone; above :data:`CTG_MAX_SETS` lower
+  sets ``h`` is the module relaxation's (:mod:`.modules`).
   Steps whose lower bounds of the need (:class:`~autoremat.cost.backward_floor.TransitionBounds`;
   for the last step too) exceed what the budget leaves are never generated; a step's replay is
   paid only when its label is taken (most labels never are). Labels whose key reaches the
@@ -44,11 +45,10 @@ over-estimate a plan the search cannot see that plan (measured: never on the zoo
 size; on module-level transformer captures it does, so ``milp`` there reports a bound, not a
 proof: see :mod:`.search`). Every plan returned is simulated by the caller.
 
-Complexity: O(labels × successors) steps, each O(|∂L| + |S|) bookkeeping plus a replay
-O(|S| + edges of S) for each label taken, and ``h``'s DP (every step once, O(steps × grid) in
-numpy; ~1-15 s on DenseNet-121's 186k and PSPNet's 1.09M steps); the family is every lower set, so the search suits
-graphs with a few thousand lower sets (VGG19 47, ResNet-50 240, U-Net 300, DenseNet-121 432,
-PSPNet 1545 at CPU size), not GoogLeNet (8838) or Inception-v3 (35684).
+Complexity: O(labels × successors) steps, each O(|∂L| + |S|) bookkeeping plus a replay O(|S| +
+edges of S) per label taken, and ``h``'s DP (O(steps × grid) in numpy; ~1-15 s on DenseNet-121's
+186k and PSPNet's 1.09M steps); the family is every lower set: graphs with a few thousand (VGG19
+47, ResNet-50 240, U-Net 300, DenseNet-121 432, PSPNet 1545, GoogLeNet 8838 at CPU size).
 """
 
 from __future__ import annotations
@@ -67,18 +67,20 @@ from ...cost.backward_floor import TransitionBounds
 from ...cost.bitsets import GraphBits, bits
 from ...cost.segment_replay import SegmentCost, bookkeeping, exact_transition, pair_bookkeeping
 from .cost_to_go import CostToGo
+from .modules import ModuleMoves
 
 __all__ = ["Lattice", "LatticeAnswer", "dominated", "add_label", "EXACT_SHARE", "CTG_MAX_SETS"]
 
 logger = logging.getLogger("autoremat.solvers.milp")
 
 LABEL_WORK = 1.0
-"""Work units a search charges per label it takes off the queue (``work=`` of :meth:`Lattice.least_time`
-and :meth:`Lattice.least_peak`: a limit that, unlike a deadline, gives the same answer at any load)."""
+"""Work units per label taken off the queue (``work=`` of :meth:`Lattice.least_time` and
+:meth:`Lattice.least_peak`: unlike a deadline, the same answer at any load)."""
 CHILD_WORK = 1.0
 """Work units per step generated out of a taken label."""
 CTG_MAX_SETS = 2500
-"""No cost-to-go above this many lower sets (it prices every step: GoogLeNet's 8838, 35.8 M pairs, ~5000 s)."""
+"""Above this many lower sets the cost-to-go relaxes only the steps inside modules (:mod:`.modules`;
+every step of GoogLeNet's 8838 sets, 35.8 M pairs, would take ~5000 s)."""
 EXACT_SHARE = 0.3
 """The share of the cost-to-go's time in which its steps get exact needs (:meth:`Lattice.cost_to_go`)."""
 CHECK_WORK = 24.0
@@ -108,8 +110,7 @@ class LatticeAnswer:
 
 
 class Lattice:
-    """The lattice of every lower set of a graph with the exact model's steps (see the module
-    docstring); reused across budgets (its replays and successor lists are kept)."""
+    """Every lower set of a graph with the exact model's steps; reused across budgets (replays and successors kept)."""
 
     def __init__(self, p: GraphBits, family: list[int]) -> None:
         self.p = p
@@ -138,6 +139,7 @@ class Lattice:
         self._arrays: dict[tuple[int, bool], tuple] = {}  # (set, exact needs) -> move_arrays
         self._ctg: dict[tuple[int, bool], CostToGo] = {}  # (budget, without a work limit) -> h
         self._ctg_failed: dict[tuple[int, bool], tuple[float, float]] = {}  # -> (seconds, work) it did not finish in
+        self._modules: ModuleMoves | None = None  # above CTG_MAX_SETS: the module relaxation's steps
 
     # -------------------------------------------------------------- steps
     def successors(self, i: int, limit: int) -> list[int]:
@@ -156,8 +158,7 @@ class Lattice:
         return lst
 
     def moves_of(self, i: int, room: int) -> list[tuple]:
-        """The steps out of set ``i`` whose key gap is within ``room`` (and maybe more), in key
-        order: ``(key gap, j, flag, *step(i, j, flag))``."""
+        """Steps out of set ``i`` with key gap within ``room`` (maybe more), in key order: ``(gap, j, flag, *step)``."""
         lst = self.moves[i]
         have = len(self.succ[i])
         succ = self.successors(i, self.keys[i] + room)
@@ -383,15 +384,15 @@ class Lattice:
         get exact needs (all without a deadline); under one none do (``auto``: cached apart)."""
         key = (budget, work == math.inf)
         got = self._ctg.get(key)
-        if got is None and len(self.fam) > CTG_MAX_SETS:
-            return None
+        if got is None and len(self.fam) > CTG_MAX_SETS and self._modules is None:
+            self._modules = ModuleMoves(self)  # too many steps for every pair: steps inside modules
         if got is None:
             seconds, units = self._ctg_failed.get(key, (-1.0, -1.0))
             if seconds >= deadline - time.monotonic() and units >= work:
                 return None  # it did not finish with at least as much time and work before
             started = time.monotonic()
-            exact = started + EXACT_SHARE * (deadline - started) if key[1] else -math.inf
-            got = CostToGo(self, budget, deadline=deadline, work=work, exact_until=exact)
+            exact = started + EXACT_SHARE * (deadline - started) if key[1] and not self._modules else -math.inf
+            got = CostToGo(self._modules or self, budget, deadline=deadline, work=work, exact_until=exact)
             if got.table is None:
                 self._ctg_failed[key] = (deadline - started, work)
                 return None
