@@ -118,10 +118,17 @@ class _Probe(torch.Tensor):
                 cls.redirect.append((func, dtype))
         flat, spec = tree_flatten((args, kwargs))
         device = next(t.device for t in flat if isinstance(t, _Probe))
-        a, k = tree_unflatten([t.inner if isinstance(t, _Probe) else t for t in flat], spec)
+        a, k = tree_unflatten([t.inner if isinstance(t, _Probe) else _meta(t) for t in flat], spec)
         out = func(*a, **k)
         flat, spec = tree_flatten(out)
         return tree_unflatten([_Probe(t, device) if isinstance(t, torch.Tensor) else t for t in flat], spec)
+
+
+def _meta(x: Any) -> Any:
+    """A tensor a composite made on the probes' device during a probe, as a meta tensor."""
+    if isinstance(x, torch.Tensor) and x.device.type != "meta":
+        return torch.empty_strided(x.shape, x.stride(), dtype=x.dtype, device="meta")
+    return x
 
 
 def _dtype_argument(func: Any, args: tuple, kwargs: dict) -> torch.dtype | None:
@@ -197,8 +204,11 @@ class AutocastEmulation:
         of the casts in the order the kernel makes them, (overload, dtype) or None)``, less what the
         op does with autocast off."""
         self.probes += 1
-        try:
+        try:  # a call valid only under autocast (a bf16 input, fp32 weights) fails without it
             off_casts, off_redirect, off_out = self._observe(op, flat, spec, lower, False)
+        except RuntimeError:
+            off_casts, off_redirect, off_out = [], None, None
+        try:
             casts, redirect, out = self._observe(op, flat, spec, lower, True)
         except RuntimeError as exc:
             # a CPU build asked about CUDA: a composite's ``toType`` wants a CUDA device guard. Only
