@@ -282,3 +282,16 @@ def test_meta_capture_logs_the_emulation(caplog: pytest.LogCaptureFixture) -> No
         g = capture_within(model, (torch.randn(8, 8),), limit_bytes=1, times="flops")
     assert "emulated on meta tensors" in caplog.text
     assert g.meta["autocast_emulated"] == {"device": "cpu", "dtype": "torch.bfloat16"}
+
+
+def test_captures_in_one_autocast_region_start_from_an_empty_cast_cache() -> None:
+    """A second capture in the same autocast region (the sizes of a scaled capture) profiles a
+    step's first forward too: the parameter casts are in its graph, as in the first's."""
+    model = nn.Sequential(nn.Linear(8, 32), nn.GELU(), nn.Linear(32, 4))
+    x = torch.randn(8, 8)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        first = autoremat.capture(model, (x,), times="flops")
+        second = autoremat.capture(model, (x,), times="flops")
+    for v in first.nodes:
+        assert {f: second.node(v)[f] for f in NODE_FIELDS} == {f: first.node(v)[f] for f in NODE_FIELDS}, v
+    assert unoptimised_peak_bytes(second) == unoptimised_peak_bytes(first)

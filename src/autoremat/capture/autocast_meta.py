@@ -149,13 +149,13 @@ class AutocastEmulation:
         self.cache: dict[int, tuple[weakref.ref, torch.Tensor]] = {}
         self.casts = 0
 
-    def kernel(self, op: torch._ops.OpOverload) -> Any:
+    def kernel(self, op: Any) -> Any:
         """The kernel registered for ``op``: :meth:`below` calling the op."""
         def autocast_kernel(*args: Any, **kwargs: Any) -> Any:
             return self.below(op, None, args, kwargs)
         return autocast_kernel
 
-    def below(self, op: torch._ops.OpOverload, fn: Any, args: tuple, kwargs: dict) -> Any:
+    def below(self, op: Any, fn: Any, args: tuple, kwargs: dict) -> Any:
         """``fn`` (``None``: the op autocast chose) on ``op``'s arguments as the device's autocast
         casts them, with the autocast keys excluded, as the real kernels run the op. Also used by
         :class:`autoremat.capture.device_parity.AsDevice`, which runs attention's composite itself."""
@@ -166,7 +166,7 @@ class AutocastEmulation:
                 target, args, kwargs = self.cast(op, args, kwargs)
             return (fn or target)(*args, **kwargs)
 
-    def cast(self, op: torch._ops.OpOverload, args: tuple, kwargs: dict) -> tuple[Any, tuple, dict]:
+    def cast(self, op: Any, args: tuple, kwargs: dict) -> tuple[Any, tuple, dict]:
         """``(op to call, args, kwargs)`` as the real device's autocast makes them: arguments cast
         (through the cast cache), or a dtype set on the op or an overload of it."""
         lower = torch.get_autocast_dtype(self.device_type)
@@ -199,7 +199,7 @@ class AutocastEmulation:
             self.cache[id(t)] = (weakref.ref(t), out)
         return out
 
-    def probe(self, op: torch._ops.OpOverload, flat: list, spec: Any, lower: torch.dtype) -> tuple[list, Any]:
+    def probe(self, op: Any, flat: list, spec: Any, lower: torch.dtype) -> tuple[list, Any]:
         """What the device's autocast does to this call (module docstring): ``([(flat index, dtype)]
         of the casts in the order the kernel makes them, (overload, dtype) or None)``, less what the
         op does with autocast off."""
@@ -225,7 +225,7 @@ class AutocastEmulation:
                 redirect = _set_dtype(op, flat, spec)  # fp16: ``_softmax(x, dim, half_to_float=True)``)
         return casts, redirect
 
-    def _observe(self, op: torch._ops.OpOverload, flat: list, spec: Any, lower: torch.dtype,
+    def _observe(self, op: Any, flat: list, spec: Any, lower: torch.dtype,
                  enabled: bool) -> tuple[list[tuple[int, torch.dtype]], Any, tuple]:
         """``(casts, redirect, output dtypes)`` of one probe run with the autocast on or off."""
         from torch.utils._python_dispatch import _disable_current_modes

@@ -6,6 +6,12 @@ inputs replaced by meta tensors of the same shapes, and the ordinary capture run
 the composite functions that pick their ops by device (attention) dispatching as the real device
 would (:class:`autoremat.capture.device_parity.AsDevice`).
 
+**Autocast.** Autocast's dispatch keys never fire on meta tensors; under CPU or CUDA autocast the
+capture runs with the device's autocast emulated (:func:`autoremat.capture.autocast_meta.emulated_autocast`:
+its own policy, read from the build's kernels, and its cast cache), logged at INFO and recorded as
+``graph.meta["autocast_emulated"]``. Autocast on another device type falls back (logged, with
+the reason), as a model that cannot run on meta does.
+
 **Cost.** Many meta kernels are Python; :func:`autoremat.capture.capture` answers repeated ops on
 the meta device from :class:`autoremat.capture.meta_cache.MetaOpCache`, and batch norm and
 pointwise ops of new shapes by layout rules verified against their kernels
