@@ -23,7 +23,8 @@ How it works (decisions, tested in ``tests/capture/scaled/test_scaled.py``; one 
    CUDA: ``bf16-mixed``, ``16-mixed``, ``torch.autocast``) the meta tensors see the device's autocast,
    emulated with the device's own policy and cast cache (:mod:`autoremat.capture.autocast_meta`;
    autocast never fires on meta tensors by itself), so the meta graph is still the real one (CPU
-   bf16: 13 of 13 zoo models and GPT-2 node for node). The model is traced by fx once,
+   bf16: 13 of 13 zoo models and 19 of the 20 ``hf_breadth`` architectures node for node,
+   Mixtral falling back as without autocast). The model is traced by fx once,
    with its tensors on meta (:func:`.meta.traced_on_meta`), and that trace serves the meta
    capture, every real run and the replay.
 2. **Times from real runs at sizes that fit** (:mod:`.ladder`). The batch (dimension
