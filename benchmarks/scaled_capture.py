@@ -19,11 +19,14 @@ process (``time.process_time``, which other work on a shared machine does not in
 seconds, medians over the rounds; target: scaled <= 2x full. Same graph: fingerprints and node
 names must be equal.
 
+``--autocast bf16|fp16`` runs every capture under ``torch.autocast(device, dtype)`` (the meta
+capture then runs with the device's autocast emulated, :mod:`autoremat.capture.autocast_meta`).
+
 ``--width-scale K`` builds the zoo models K times wider than their small size (``mlp`` and
 ``transformer`` included), where arithmetic, not dispatch, dominates the step.
 
     python benchmarks/scaled_capture.py [--models resnet50,unet] [--limit 0.6] [--rounds 3]
-        [--width-scale 1] [--threads 1] [--out benchmarks/results/cpu/scaled_capture]
+        [--width-scale 1] [--threads 1] [--autocast bf16] [--out benchmarks/results/cpu/scaled_capture]
 
 Writes ``scaled_capture.json`` and ``scaled_capture.md`` under ``--out`` (``--tag`` names them
 ``scaled_capture_<tag>.*``).
@@ -32,6 +35,7 @@ Writes ``scaled_capture.json`` and ``scaled_capture.md`` under ``--out`` (``--ta
 from __future__ import annotations
 
 import argparse
+import contextlib
 import gc
 import json
 import statistics
@@ -236,7 +240,8 @@ def _markdown(rows: list[dict[str, Any]], settings: dict[str, Any], machine: dic
         f"Machine: {machine.get('platform_machine')}, {where}; torch {machine.get('torch')}. Zoo size "
         f"{settings.get('size', 'small')}" + (f", width {settings['width_scale']}x the small size"
                                             if settings.get("size", "small") == "small" else "")
-        + (f", batch {settings['batch']}" if settings.get("batch") else "") + ".", "",
+        + (f", batch {settings['batch']}" if settings.get("batch") else "")
+        + (f", under {settings['autocast']} autocast" if settings.get("autocast") else "") + ".", "",
         f"Step limit G + {settings['limit']:.0%} x (P - G), P the full capture's unoptimised step peak and G its "
         "parameter-gradient bytes (the full step never runs in the scaled capture). "
         f"{settings['rounds']} interleaved rounds of one full and one scaled capture. Time errors: "
@@ -285,16 +290,20 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--device", default="cpu", help="cpu or cuda")
     p.add_argument("--out", default=str(OUT))
     p.add_argument("--tag", default="", help="suffix of the output files")
+    p.add_argument("--autocast", default=None, choices=("bf16", "fp16"), help="run every capture under "
+                   "torch.autocast(device, dtype) (default: full precision)")
     a = p.parse_args(argv)
     if a.rounds < 2:
         p.error("--rounds must be >= 2 (the noise floor compares full captures with each other)")
     torch.set_num_threads(a.threads)
     settings = {"limit": a.limit, "rounds": a.rounds, "threads": a.threads, "width_scale": a.width_scale,
-                "size": a.size, "batch": a.batch, "device": a.device}
+                "size": a.size, "batch": a.batch, "device": a.device, "autocast": a.autocast}
     machine = machine_info(torch.device(a.device))
     rows = []
     for name in a.models.split(","):
-        row = run_model(name, a.limit, a.rounds, a.width_scale, a.size, a.batch, a.device)
+        with (torch.autocast(a.device, dtype={"bf16": torch.bfloat16, "fp16": torch.float16}[a.autocast])
+              if a.autocast else contextlib.nullcontext()):
+            row = run_model(name, a.limit, a.rounds, a.width_scale, a.size, a.batch, a.device)
         print(f"{name}: peak error {row['peak_error']:+.2%}, time err median {row['times']['median']:.1%} "
               f"(noise {row['noise_floor']['median']:.1%}), step time within 20 % "
               f"{row['times']['time_share_within_20pct']:.0%} (noise {row['noise_floor']['time_share_within_20pct']:.0%}), "

@@ -531,3 +531,12 @@ def test_albert_shared_runs_and_reports(tmp_path: Path, monkeypatch: pytest.Monk
     assert rows["autoremat least"]["peak_bytes"] <= rows["per-layer checkpoint"]["peak_bytes"]
     assert 0.9 <= rows["autoremat least"]["predicted_peak_bytes"] / rows["autoremat least"]["peak_bytes"] <= 1.1
     assert "| per-layer checkpoint |" in (tmp_path / "albert_shared_small.md").read_text()
+
+
+def test_meta_autocast_compares_the_meta_capture_with_the_real_one(tmp_path: Path,
+                                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    ma = _load("meta_autocast", monkeypatch)
+    assert ma.main(["--models", "mlp", "--rounds", "1", "--out", str(tmp_path)]) == 0
+    row = json.loads((tmp_path / "meta_autocast.json").read_text())["rows"][0]
+    assert row["on_meta"] and row["node_for_node"] and row["peak_ratio"] == 1.0, row
+    assert "1 of 1 node for node" in (tmp_path / "meta_autocast.md").read_text()

@@ -224,6 +224,11 @@ PRIVATE_TORCH = {
     "torch._fused_sdp_choice", "torch._C._select_conv_backend", "torch._C._conv_determine_backend_memory_format",
     "torch._subclasses.fake_tensor.FakeTensorMode", "torch.utils._python_dispatch._disable_current_modes",
     "torch.utils._pytree.tree_map",
+    # autocast emulated on meta tensors (capture.autocast_meta): checked in the pinned 2.13 only; the
+    # dispatch-key guards, key sets, wrapper subclasses and registration query have been in torch since 2.0
+    "torch.Tensor._make_wrapper_subclass", "torch._C.DispatchKey", "torch._C.DispatchKeySet",
+    "torch._C._ExcludeDispatchKeyGuard", "torch._C._IncludeDispatchKeyGuard",
+    "torch._C._dispatch_get_registrations_for_dispatch_key", "torch.ops.aten._to_copy.default",
 }
 """Private torch names the library uses, each checked to exist in torch 2.11 (the PyTorch of the GPU
 machines the GPU benchmark runs on) and in the pinned 2.13. A private name can vanish between

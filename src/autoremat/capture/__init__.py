@@ -215,6 +215,15 @@ def _capture(
     return _to_graph(rec, meta)
 
 
+def _empty_cast_cache() -> None:
+    """Under autocast every capture profiles a step's first forward, with autocast's cast cache
+    empty: a cache warmed by an earlier capture in the same autocast region (the sizes of a scaled
+    capture, a warm-up) would leave the parameter casts out of this step's graph (a module-level
+    GPT-2 under bf16: 340 nodes against 372 cold). Clearing drops copies only (values unchanged)."""
+    if torch.is_autocast_cache_enabled() and any(torch.is_autocast_enabled(d) for d in ("cpu", "cuda")):
+        torch.clear_autocast_cache()
+
+
 def _kept_calls(rec: Recorder) -> dict[str, dict[str, Any]]:
     """What capture keeps from recomputation, and why, for the graph's meta: nodes whose input is
     written in place (:mod:`.inplace`), calls handed a key/value cache (:mod:`.kv_cache`, said once
@@ -239,6 +248,7 @@ def _trace_and_profile(model: nn.Module, args: tuple[Any, ...], kwargs: dict[str
     GraphModule or None, fingerprint, tensor signature, capture mode)``. ``profile``: the keyword
     arguments of the profiler."""
     gm = traced
+    _empty_cast_cache()
     # tracing runs the Python of forward on real attributes (a counter ``self.n += 1`` moves): it
     # is inside the preserved state too, so a failed capture leaves the model as it was
     with preserved_state(model, [device]):

@@ -165,6 +165,15 @@ class AsDevice(TorchFunctionMode):
         return out
 
     def _attention(self, func: Any, args: tuple, kwargs: dict) -> torch.Tensor:
+        from .autocast_meta import active_emulation
+
+        emulation = active_emulation()  # autocast emulated on meta: cast as it casts, then run below it
+        if emulation is not None:
+            return emulation.below(torch.ops.aten.scaled_dot_product_attention.default,
+                                   lambda *a, **k: self._attention_below(func, a, k), args, kwargs)
+        return self._attention_below(func, args, kwargs)
+
+    def _attention_below(self, func: Any, args: tuple, kwargs: dict) -> torch.Tensor:
         q, k, v = args[:3]
         rest = dict(zip(_SDPA_ARGS, _SDPA_DEFAULTS))
         rest.update(zip(_SDPA_ARGS, args[3:]))

@@ -408,18 +408,41 @@ def test_auto_budget_on_a_gpu_respects_the_process_memory_fraction(monkeypatch: 
     assert budget.device_free_bytes("cuda:0") == 70 * 2**30
 
 
-def test_under_autocast_bytes_are_fitted_and_convolutions_still_timed_at_the_full_batch(
+def test_under_autocast_bytes_come_from_the_meta_capture_with_autocast_emulated(
         caplog: pytest.LogCaptureFixture) -> None:
-    """Autocast does not apply to meta tensors: bytes come from the linear fit of real captures,
-    and the fx graph's convolutions are still timed alone at the full batch (under the autocast
-    the step runs in)."""
+    """Under CPU autocast the meta capture runs with the device's autocast emulated
+    (``autoremat.capture.autocast_meta``): bytes from meta, equal to the full-size capture under
+    real autocast, and the fx graph's convolutions still timed alone at the full batch."""
     model, x = _resnet(8)
     with torch.autocast("cpu", dtype=torch.bfloat16):
         full = autoremat.capture(model, (x,), repeats=1)
         with caplog.at_level(logging.INFO, logger="autoremat.capture.scaled"):
             g = capture_within(model, (x,), limit_bytes=_limit(full), repeats=1)
-    assert "autocast is on" in caplog.text and g.meta["scaled"]["bytes_from"] == "linear fit"
+    assert "emulated on meta tensors" in caplog.text and g.meta["scaled"]["bytes_from"] == "meta"
+    assert g.meta["autocast_emulated"] == {"device": "cpu", "dtype": "torch.bfloat16"}
     assert g.fingerprint == full.fingerprint
+    for v in full.nodes:
+        for key in _BYTES:
+            assert g.node(v)[key] == full.node(v)[key], (v, key)
+    timed = g.meta["scaled"]["timed_at_full_batch"]
+    assert timed and {g.node(v)["kind"] for v in timed} <= {"conv", "linear"}
+    assert abs(unoptimised_peak_bytes(g) - unoptimised_peak_bytes(full)) <= 0.05 * unoptimised_peak_bytes(full)
+
+
+def test_autocast_it_cannot_emulate_falls_back_to_the_linear_fit(
+        caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A device whose autocast is not emulated: bytes come from the linear fit of real captures,
+    logged with the reason, and convolutions are still timed at the full batch."""
+    from autoremat.capture import autocast_meta
+
+    monkeypatch.setattr(autocast_meta, "EMULATED", ("cuda",))  # as if the CPU's autocast were not emulated
+    model, x = _resnet(8)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        full = autoremat.capture(model, (x,), repeats=1)
+        with caplog.at_level(logging.INFO, logger="autoremat.capture.scaled"):
+            g = capture_within(model, (x,), limit_bytes=_limit(full), repeats=1)
+    assert "autocast on 'cpu' is not emulated" in caplog.text and g.meta["scaled"]["bytes_from"] == "linear fit"
+    assert "autocast_emulated" not in g.meta and g.fingerprint == full.fingerprint
     timed = g.meta["scaled"]["timed_at_full_batch"]
     assert timed and {g.node(v)["kind"] for v in timed} <= {"conv", "linear"}
     assert abs(unoptimised_peak_bytes(g) - unoptimised_peak_bytes(full)) <= 0.10 * unoptimised_peak_bytes(full)

@@ -6,6 +6,12 @@ inputs replaced by meta tensors of the same shapes, and the ordinary capture run
 the composite functions that pick their ops by device (attention) dispatching as the real device
 would (:class:`autoremat.capture.device_parity.AsDevice`).
 
+**Autocast.** Autocast's dispatch keys never fire on meta tensors; under CPU or CUDA autocast the
+capture runs with the device's autocast emulated (:func:`autoremat.capture.autocast_meta.emulated_autocast`:
+its own policy, read from the build's kernels, and its cast cache), logged at INFO and recorded as
+``graph.meta["autocast_emulated"]``. Autocast on another device type falls back (logged, with
+the reason), as a model that cannot run on meta does.
+
 **Cost.** Many meta kernels are Python; :func:`autoremat.capture.capture` answers repeated ops on
 the meta device from :class:`autoremat.capture.meta_cache.MetaOpCache`, and batch norm and
 pointwise ops of new shapes by layout rules verified against their kernels
@@ -111,27 +117,39 @@ def meta_capture(model: nn.Module, args: tuple, kwargs: dict, opts: dict,
     capture's recorded step runs (:class:`~.replay.ArgumentSignatures`), else it is empty."""
     from ...resident import device_of
 
+    from ..autocast_meta import can_emulate
+
     device = device_of(model, args, kwargs)
+    emulate = None
     if autocast_on(device):
-        logger.info("autoremat: autocast is on and does not apply to meta tensors; bytes come from a linear "
-                    "fit of real captures at batch sizes that fit")
-        return None
+        reason = can_emulate(device.type)
+        if reason is not None:
+            logger.info("autoremat: autocast is on and %s; bytes come from a linear fit of real captures at "
+                        "batch sizes that fit", reason)
+            return None
+        emulate = device.type
+        logger.info("autoremat: meta capture under %s autocast (%s), emulated on meta tensors as the device "
+                    "applies it", device.type, str(torch.get_autocast_dtype(device.type)).replace("torch.", ""))
     margs, mkwargs = meta_inputs(args, kwargs)
     try:
         try:  # without values first: a model that reads none pays nothing for them
-            g, watch, parity, shadows = _attempt(model, args, kwargs, margs, mkwargs, opts, gm, device, False)
+            g, watch, parity, shadows = _attempt(model, args, kwargs, margs, mkwargs, opts, gm, device, False,
+                                                 emulate)
         except RuntimeError as exc:
             if "meta" not in str(exc):
                 raise
             logger.debug("autoremat: meta capture read a tensor's value (%s); again with the values of the "
                          "inputs and buffers", str(exc).splitlines()[0][:200] if str(exc) else "")
-            g, watch, parity, shadows = _attempt(model, args, kwargs, margs, mkwargs, opts, gm, device, True)
+            g, watch, parity, shadows = _attempt(model, args, kwargs, margs, mkwargs, opts, gm, device, True,
+                                                 emulate)
     except Exception as exc:  # data-dependent Python on meta raises many types; fall back and say so
         logger.info("autoremat: %s cannot run on meta tensors (%s: %s); bytes come from a linear fit of real "
                     "captures at batch sizes that fit", type(model).__name__, type(exc).__name__,
                     str(exc).splitlines()[0][:200] if str(exc) else "")
         return None
     g.meta["device"] = str(device)
+    if emulate is not None:  # the autocast the meta capture ran under (emulated), for the log and tests
+        g.meta["autocast_emulated"] = {"device": emulate, "dtype": str(torch.get_autocast_dtype(emulate))}
     if shadows is not None and shadows.answered:
         logger.debug("autoremat: meta capture: %d value reads answered from the inputs' and buffers' values",
                      shadows.answered)
@@ -144,12 +162,16 @@ def meta_capture(model: nn.Module, args: tuple, kwargs: dict, opts: dict,
 
 
 def _attempt(model: nn.Module, args: tuple, kwargs: dict, margs: tuple, mkwargs: dict, opts: dict,
-             gm: torch.fx.GraphModule | None, device: torch.device, values: bool) -> tuple[Graph, Any, Any, Any]:
+             gm: torch.fx.GraphModule | None, device: torch.device, values: bool,
+             emulate: str | None = None) -> tuple[Graph, Any, Any, Any]:
     """One meta capture, dispatching as on ``device``
     (:func:`autoremat.capture.device_parity.as_device`); with ``values``, small integer inputs
     and buffers carry their values (:class:`autoremat.capture.shadow_values.ShadowValues`), so
-    Python that reads them runs. ``(graph, watch, parity mode, shadows or None)``."""
+    Python that reads them runs; ``emulate``: the device type whose autocast the meta tensors see
+    (:func:`autoremat.capture.autocast_meta.emulated_autocast`). ``(graph, watch, parity mode,
+    shadows or None)``."""
     from .. import _capture
+    from ..autocast_meta import emulated_autocast
     from ..device_parity import as_device
     from ..shadow_values import ShadowValues
     from .replay import ArgumentSignatures
@@ -160,7 +182,8 @@ def _attempt(model: nn.Module, args: tuple, kwargs: dict, margs: tuple, mkwargs:
         for m, r in zip(tree_flatten((margs, mkwargs))[0], tree_flatten((args, kwargs))[0]):
             if isinstance(m, torch.Tensor) and isinstance(r, torch.Tensor):
                 shadows.seed(m, r, floats=False)
-    with on_meta(model, *(() if gm is None else (gm,))) as real_of, as_device(device, shadows) as parity:
+    with on_meta(model, *(() if gm is None else (gm,))) as real_of, as_device(device, shadows) as parity, \
+            emulated_autocast(emulate) if emulate is not None else contextlib.nullcontext():
         if shadows is not None:
             for b in model.buffers():
                 if id(b) in real_of:
