@@ -224,8 +224,9 @@ PRIVATE_TORCH = {
     "torch._fused_sdp_choice", "torch._C._select_conv_backend", "torch._C._conv_determine_backend_memory_format",
     "torch._subclasses.fake_tensor.FakeTensorMode", "torch.utils._python_dispatch._disable_current_modes",
     "torch.utils._pytree.tree_map",
-    # autocast emulated on meta tensors (capture.autocast_meta): checked in the pinned 2.13 only; the
-    # dispatch-key guards, key sets, wrapper subclasses and registration query have been in torch since 2.0
+    # autocast emulated on meta tensors (capture.autocast_meta): each in the 2.11 wheel's stubs and in
+    # 2.13 (the DispatchKey member AutocastPrivateUse1 is in the pybind enum of python_dispatch.cpp, not
+    # in either version's stubs; aten._to_copy is an ATen op)
     "torch.Tensor._make_wrapper_subclass", "torch._C.DispatchKey", "torch._C.DispatchKeySet",
     "torch._C._ExcludeDispatchKeyGuard", "torch._C._IncludeDispatchKeyGuard",
     "torch._C._dispatch_get_registrations_for_dispatch_key", "torch.ops.aten._to_copy.default",
