@@ -213,12 +213,17 @@ def _bandwidth(value: Any) -> None:
                               f"got {value!r}")
 
 
-def _module_calls(value: Any, num_segments: int) -> None:
+def _entries(name: str, value: Any, what: str) -> list[tuple[Any, Any]]:
+    """The items of optional object field ``name`` (``what``: its keys and values, for the error)."""
     if value is None:
-        return
+        return []
     if not isinstance(value, Mapping):
-        raise PlanFormatError("module_calls", f"expected an object (segment index -> module call), got {_kind(value)}")
-    for k, call in value.items():
+        raise PlanFormatError(name, f"expected an object ({what}), got {_kind(value)}")
+    return list(value.items())
+
+
+def _module_calls(value: Any, num_segments: int) -> None:
+    for k, call in _entries("module_calls", value, "segment index -> module call"):
         field = f"module_calls.{k}"
         if not str(k).isdigit() or int(k) >= num_segments:
             raise PlanFormatError(field, f"expected a segment index below {num_segments} as the key")
@@ -237,11 +242,7 @@ def _module_calls(value: Any, num_segments: int) -> None:
 def _offload_calls(value: Any, nodes: set[int]) -> None:
     from .call_names import is_per_call
 
-    if value is None:
-        return
-    if not isinstance(value, Mapping):
-        raise PlanFormatError("offload_calls", f"expected an object (node id -> module call), got {_kind(value)}")
-    for k, call in value.items():
+    for k, call in _entries("offload_calls", value, "node id -> module call"):
         field = f"offload_calls.{k}"
         if not str(k).isdigit() or int(k) not in nodes:
             raise PlanFormatError(field, f"expected a node of offload, offload_saved or offload_waits as the key "

@@ -408,16 +408,22 @@ def test_auto_budget_on_a_gpu_respects_the_process_memory_fraction(monkeypatch: 
     assert budget.device_free_bytes("cuda:0") == 70 * 2**30
 
 
+def _scaled_under_bf16_autocast(caplog: pytest.LogCaptureFixture) -> tuple[autoremat.Graph, autoremat.Graph]:
+    """A CPU-size ResNet-50 at batch 8 under CPU bf16 autocast: its full-size capture, and the
+    scaled capture of a device that does not hold its step (logged to ``caplog``)."""
+    model, x = _resnet(8)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        full = autoremat.capture(model, (x,), repeats=1)
+        with caplog.at_level(logging.INFO, logger="autoremat.capture.scaled"):
+            return full, capture_within(model, (x,), limit_bytes=_limit(full), repeats=1)
+
+
 def test_under_autocast_bytes_come_from_the_meta_capture_with_autocast_emulated(
         caplog: pytest.LogCaptureFixture) -> None:
     """Under CPU autocast the meta capture runs with the device's autocast emulated
     (``autoremat.capture.autocast_meta``): bytes from meta, equal to the full-size capture under
     real autocast, and the fx graph's convolutions still timed alone at the full batch."""
-    model, x = _resnet(8)
-    with torch.autocast("cpu", dtype=torch.bfloat16):
-        full = autoremat.capture(model, (x,), repeats=1)
-        with caplog.at_level(logging.INFO, logger="autoremat.capture.scaled"):
-            g = capture_within(model, (x,), limit_bytes=_limit(full), repeats=1)
+    full, g = _scaled_under_bf16_autocast(caplog)
     assert "emulated on meta tensors" in caplog.text and g.meta["scaled"]["bytes_from"] == "meta"
     assert g.meta["autocast_emulated"] == {"device": "cpu", "dtype": "torch.bfloat16"}
     assert g.fingerprint == full.fingerprint
@@ -436,11 +442,7 @@ def test_autocast_it_cannot_emulate_falls_back_to_the_linear_fit(
     from autoremat.capture import autocast_meta
 
     monkeypatch.setattr(autocast_meta, "EMULATED", ("cuda",))  # as if the CPU's autocast were not emulated
-    model, x = _resnet(8)
-    with torch.autocast("cpu", dtype=torch.bfloat16):
-        full = autoremat.capture(model, (x,), repeats=1)
-        with caplog.at_level(logging.INFO, logger="autoremat.capture.scaled"):
-            g = capture_within(model, (x,), limit_bytes=_limit(full), repeats=1)
+    full, g = _scaled_under_bf16_autocast(caplog)
     assert "autocast on 'cpu' is not emulated" in caplog.text and g.meta["scaled"]["bytes_from"] == "linear fit"
     assert "autocast_emulated" not in g.meta and g.fingerprint == full.fingerprint
     timed = g.meta["scaled"]["timed_at_full_batch"]

@@ -61,20 +61,33 @@ def _priced(p: GraphBits, lat: Lattice, chain: list[int]):
         yield flags, peak, t, prefixes
 
 
+def _every_plan(seed: int, views, nodes: int):
+    """A seeded random DAG of ``nodes`` nodes (``views``: with views; ``"held"``: and outputs the
+    returned object holds), its lattice, every plan priced by the brute force as ``(peak, time,
+    prefixes)``, and the distinct peaks, sorted."""
+    g = (random_dag_with_views if views else random_dag)(seed, nodes)
+    if views == "held":
+        g = with_held_outputs(g, seed, share=0.4)
+    return priced_plans(g)
+
+
+def priced_plans(g):
+    """``g``'s lattice, every plan priced by the brute force as ``(peak, time, prefixes)``, and the
+    distinct peaks, sorted."""
+    p = GraphBits(g)
+    family = all_lower_sets(p, 10**6)
+    lat = Lattice(p, family)
+    plans = [(peak, t, prefixes) for chain in _chains(p, family) for _, peak, t, prefixes in _priced(p, lat, chain)]
+    return lat, plans, sorted({peak for peak, _, _ in plans})
+
+
 @pytest.mark.parametrize("exact", [False, True])
 @pytest.mark.parametrize("views", [False, True, "held"])
 @pytest.mark.parametrize("seed", range(8))
 def test_cost_to_go_is_a_lower_bound_along_every_plan(seed, views, exact):
     """With ``exact``, every step's need is the exact model's at the certainly dangling roots;
     ``"held"``: outputs held by the returned object (to the loss, or to the step's end)."""
-    g = (random_dag_with_views if views else random_dag)(seed, 3 + seed % 4)
-    if views == "held":
-        g = with_held_outputs(g, seed, share=0.4)
-    p = GraphBits(g)
-    family = all_lower_sets(p, 10**6)
-    lat = Lattice(p, family)
-    plans = [(peak, t, prefixes) for chain in _chains(p, family) for _, peak, t, prefixes in _priced(p, lat, chain)]
-    peaks = sorted({peak for peak, _, _ in plans})
+    lat, plans, peaks = _every_plan(seed, views, 3 + seed % 4)
     for budget in [peaks[0] - 1, *peaks[:: max(1, len(peaks) // 5)], peaks[-1]]:
         ctg = CostToGo(lat, budget, grid=max(budget, 0) + 1 if seed % 2 else 7 + seed,  # exact, or coarse
                        exact_until=math.inf if exact else -math.inf)

@@ -18,21 +18,14 @@ from autoremat.solvers.milp.lattice import Lattice
 from autoremat.solvers.milp.modules import ModuleMoves, cut_sets
 
 from .milp_oracle import lattice_cases
-from .test_cost_to_go import _chains, _path_prefixes, _priced
+from .test_cost_to_go import _every_plan, _path_prefixes, priced_plans
 
 
 @pytest.mark.parametrize("views", [False, True, "held"])
 @pytest.mark.parametrize("seed", range(10))
 def test_the_module_cost_to_go_is_a_lower_bound_along_every_plan(seed, views):
-    g = (random_dag_with_views if views else random_dag)(seed, 4 + seed % 4)
-    if views == "held":
-        g = with_held_outputs(g, seed, share=0.4)
-    p = GraphBits(g)
-    family = all_lower_sets(p, 10**6)
-    lat = Lattice(p, family)
+    lat, plans, peaks = _every_plan(seed, views, 4 + seed % 4)
     moves = ModuleMoves(lat)
-    plans = [(peak, t, prefixes) for chain in _chains(p, family) for _, peak, t, prefixes in _priced(p, lat, chain)]
-    peaks = sorted({peak for peak, _, _ in plans})
     for budget in [peaks[0] - 1, *peaks[:: max(1, len(peaks) // 6)], peaks[-1]]:
         ctg = CostToGo(moves, budget, grid=max(budget, 0) + 1 if seed % 2 else 7 + seed)
         fits = [(t, prefixes) for peak, t, prefixes in plans if peak <= budget]
@@ -104,13 +97,9 @@ def test_the_module_bound_holds_on_every_plan_of_small_networks_where_it_is_posi
     positive = 0
     for seed in range(2):
         g = random_network("dense", seed, 11)
-        p = GraphBits(g)
-        family_sets = all_lower_sets(p, 10**6)
-        lat = Lattice(p, family_sets)
+        lat, plans, peaks = priced_plans(g)
         moves = ModuleMoves(lat)
-        plans = [(peak, t, prefixes) for chain in _chains(p, family_sets)
-                 for _, peak, t, prefixes in _priced(p, lat, chain)]
-        least = min(peak for peak, _, _ in plans)
+        least = peaks[0]
         for budget in (least, (3 * least + unoptimised_peak_bytes(g)) // 4):
             ctg = CostToGo(moves, budget, grid=budget + 1)
             fits = [(t, prefixes) for peak, t, prefixes in plans if peak <= budget]
