@@ -71,11 +71,12 @@ def _first_batch(lit: pl.LightningModule) -> tuple[tuple, dict, Any]:
     return (lit.images[: lit.batch_size],), {}, None
 
 
-def _capacity(lit: pl.LightningModule, slots: int, ratio: float = RATIO) -> int:
+def _capacity(lit: pl.LightningModule, slots: int, ratio: float = RATIO, precision: str = "32-true") -> int:
     """Parameters, buffers, ``slots`` optimizer tensors and the gradients per parameter, the batch,
-    and a step allowance of the unpatched step peak / RATIO."""
+    and a step allowance of the unpatched step peak (under ``precision``) / RATIO."""
     args, kwargs, loss = _first_batch(lit)
-    peak = measure(lit.model, args, kwargs, loss_fn=loss, steps=1, warmup=0).peak_bytes
+    with torch.autocast("cpu", dtype=torch.bfloat16, enabled=precision == "bf16-mixed"):
+        peak = measure(lit.model, args, kwargs, loss_fn=loss, steps=1, warmup=0).peak_bytes
     params = sum(p.numel() * p.element_size() for p in lit.parameters())
     batch = sum(t.numel() * t.element_size() for t in (*args, *kwargs.values()))
     if isinstance(lit, LitClassifier):
@@ -83,10 +84,10 @@ def _capacity(lit: pl.LightningModule, slots: int, ratio: float = RATIO) -> int:
     return storage_bytes([*lit.parameters(), *lit.buffers()]) + (slots + 1) * params + batch + int(peak / ratio)
 
 
-def _trainer(callbacks: list[pl.Callback], tmp_path: Path, steps: int = 2) -> pl.Trainer:
+def _trainer(callbacks: list[pl.Callback], tmp_path: Path, steps: int = 2, precision: str = "32-true") -> pl.Trainer:
     return pl.Trainer(max_steps=steps, accelerator="cpu", devices=1, logger=False, enable_checkpointing=False,
                       enable_progress_bar=False, enable_model_summary=False, default_root_dir=tmp_path,
-                      callbacks=callbacks)
+                      callbacks=callbacks, precision=precision)
 
 
 class _StepPeaks(pl.Callback):
@@ -102,11 +103,12 @@ class _StepPeaks(pl.Callback):
 
 
 def _fit_on_device(make: Any, slots: int, tmp_path: Path, caplog: pytest.LogCaptureFixture,
-                   loss_fn: Any = None, check_baseline: bool = False, ratio: float = RATIO) -> None:
+                   loss_fn: Any = None, check_baseline: bool = False, ratio: float = RATIO,
+                   precision: str = "32-true") -> None:
     torch.manual_seed(0)
     reference = make()
-    _trainer([], tmp_path).fit(reference)  # unpatched, no limit: fits on this machine
-    capacity = _capacity(make(), slots, ratio)  # a throwaway instance: measuring updates batch-norm statistics
+    _trainer([], tmp_path, precision=precision).fit(reference)  # unpatched, no limit: fits on this machine
+    capacity = _capacity(make(), slots, ratio, precision)  # a throwaway instance: measuring updates batch norms
     torch.manual_seed(0)
     lit = make()
     if check_baseline:  # the unpatched step does not fit the simulated device
@@ -114,14 +116,14 @@ def _fit_on_device(make: Any, slots: int, tmp_path: Path, caplog: pytest.LogCapt
         plain = make()
         with pytest.raises(torch.OutOfMemoryError), \
                 SimulatedDevice(capacity, [*plain.parameters(), *plain.buffers()]):
-            _trainer([], tmp_path).fit(plain)
+            _trainer([], tmp_path, precision=precision).fit(plain)
     device = SimulatedDevice(capacity, [*lit.parameters(), *lit.buffers()])
     probe = _StepPeaks(device)
     cb = autoremat.AutoRemat(budget=capacity, module="model", raise_batch_size=False, verbose=False,
                              loss_fn=loss_fn)
     torch.manual_seed(0)
     with caplog.at_level(logging.INFO, logger="autoremat.capture.scaled"), device:
-        _trainer([cb, probe], tmp_path).fit(lit)
+        _trainer([cb, probe], tmp_path, precision=precision).fit(lit)
     assert device.ooms == 0, device.failed_ops
     assert "profiled at batch sizes" in caplog.text  # the full-size unpatched step never ran
     assert cb.plan is not None and cb.plan.recompute_segments
@@ -189,6 +191,16 @@ def test_lightning_raises_the_batch_from_a_scaled_graph(tmp_path: Path, caplog: 
 
 def test_lightning_module_level_gpt2_fits_the_device(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
     _fit_on_device(_gpt2, 2, tmp_path, caplog, loss_fn=lambda out: out.loss)
+
+
+def test_lightning_gpt2_under_bf16_mixed_fits_the_device(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    """``precision="bf16-mixed"``: the unpatched step does not fit; the full-size bytes come from the
+    meta capture with the device's autocast emulated (it fell back to a linear fit of small real
+    captures before), every step's peak stays under the device, and the parameters equal plain
+    bf16 training's."""
+    _fit_on_device(_gpt2, 2, tmp_path, caplog, loss_fn=lambda out: out.loss, check_baseline=True,
+                   precision="bf16-mixed")
+    assert "emulated on meta tensors" in caplog.text and "bytes from meta" in caplog.text
 
 
 def _accelerate_on_device(model: nn.Module, args: tuple, kwargs: dict, loss_fn: Any, ratio: float = RATIO,
