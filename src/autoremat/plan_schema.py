@@ -45,6 +45,7 @@ import os
 from collections.abc import Mapping
 from typing import Any
 
+from .call_names import is_per_call
 from .errors import PlanFormatError
 
 __all__ = ["check_plan_dict", "load_plan_json", "PLAN_KEYS", "SEGMENT_KEYS", "SEGMENT_OPTIONAL_KEYS", "GRAPH_KEYS",
@@ -240,8 +241,6 @@ def _module_calls(value: Any, num_segments: int) -> None:
 
 
 def _offload_calls(value: Any, nodes: set[int]) -> None:
-    from .call_names import is_per_call
-
     for k, call in _entries("offload_calls", value, "node id -> module call"):
         field = f"offload_calls.{k}"
         if not str(k).isdigit() or int(k) not in nodes:

@@ -68,7 +68,7 @@ from .offload import OffloadBegin, OffloadMark, OffloadWait, Offloader
 from .offload_forward import new_offloader as _new_offloader
 from .offload_forward import offloading_forward as _offloading_forward
 from .offload_calls import install_offload_hooks
-from .offload_saved import block_of, install_saved_units
+from .offload_saved import hooked_path, install_saved_units
 from .sharding import ShardingWatch, apply_fx_sharded, is_sharded, module_plan_fingerprint
 from .per_call import install_calls
 from .region import REGION_MODES, CheckpointRegion, is_recomputing, tail_mark
@@ -458,7 +458,7 @@ def _apply_module(model: nn.Module, plan: Plan, names: list[str], regions: str) 
     mods = dict(node_modules(model) if canonical is None else canonical)
     if sharded and plan.offloads:
         raise PlanMismatchError("offload plans are not supported on FSDP-sharded models; solve without offload")
-    calls = {v: names[v] if names[v] in mods else block_of(names[v], mods) for v in plan.offload}  # a block's output
+    calls = {v: hooked_path(names, v, mods) for v in plan.offload}  # a module call, or a block's output
     for v, path in calls.items():
         if path is None:
             raise PlanMismatchError(f"plan offloads {names[v]!r}, which is not a module call of {type(model).__name__}")

@@ -95,11 +95,11 @@ def install_offload_hooks(plan: Plan, names: Sequence[str], paths: Mapping[int, 
     """The hooks of ``plan.offload`` (``paths``: node -> module path the hooks go on) and of
     ``plan.offload_waits`` (module calls, or blocks captured op by op, before their first op);
     ``hooks`` records the handles for :func:`autoremat.restore`."""
-    from .offload_saved import block_of
+    from .offload_saved import hooked_path
 
     waits = {}
     for v in plan.offload_waits:
-        path = names[v] if names[v] in mods else block_of(names[v], mods)
+        path = hooked_path(names, v, mods)
         if path is None:
             raise PlanMismatchError(f"plan waits before {names[v]!r}, which is not a module call of this model")
         waits[v] = path

@@ -50,7 +50,7 @@ from ..plan import Plan
 from .offload import Offloader, _flat, _Handle, _Packed, _tensors
 from .offload_calls import CallTally, call_of
 
-__all__ = ["SavedCall", "install_saved_units"]
+__all__ = ["SavedCall", "install_saved_units", "hooked_path", "block_of"]
 
 _ALIGN = 16
 """Byte alignment of each storage in a unit's buffer (any dtype's element size divides it)."""
@@ -126,7 +126,6 @@ class SavedCall:
     def __init__(self, forward: Any, module: nn.Module, offloader: Offloader, nodes: dict[int | None, int],
                  tally: CallTally) -> None:
         self.forward, self.module, self.offloader, self.nodes, self.tally = forward, module, offloader, nodes, tally
-        self.node = next(iter(nodes.values()))
         self.active = True
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
@@ -134,7 +133,6 @@ class SavedCall:
         node = self.nodes.get(None, self.nodes.get(k)) if k is not None else None  # type: ignore[arg-type]
         if node is None:
             return self.forward(*args, **kwargs)
-        self.node = node
         saves: list[_Save] = []
 
         def pack(t: torch.Tensor) -> _Save:
@@ -143,14 +141,14 @@ class SavedCall:
 
         with torch.autograd.graph.saved_tensors_hooks(pack, functools.partial(_unpack, offloader=self.offloader)):
             out = self.forward(*args, **kwargs)
-        self._close(saves, (args, kwargs), out)
+        self._close(node, saves, (args, kwargs), out)
         # autograd keeps the pack hook (this closure) with every tensor saved in the scope: emptied,
         # it holds none of them, and each storage's buffer is freed when its own saves are released
         saves.clear()
         return out
 
-    def _close(self, saves: Sequence[_Save], inputs: Any, out: Any) -> None:
-        """Sort the call's saves (module docstring): the offloader's pack for what stays, then the unit."""
+    def _close(self, node: int, saves: Sequence[_Save], inputs: Any, out: Any) -> None:
+        """Sort node ``node``'s call's saves (module docstring): the offloader's pack for what stays, then the unit."""
         off = self.offloader
         left = {t.untyped_storage()._cdata for t in (*_tensors(inputs), *_tensors(out))}
         left |= {t.untyped_storage()._cdata for t in (*self.module.parameters(), *self.module.buffers())}
@@ -164,11 +162,11 @@ class SavedCall:
                 s.packed, s.tensor = off._pack(t), None
             else:
                 unit.append(s)
-        off.stats.unit_left_bytes[self.node] = off.stats.unit_left_bytes.get(self.node, 0) + sum(left_bytes.values())
+        off.stats.unit_left_bytes[node] = off.stats.unit_left_bytes.get(node, 0) + sum(left_bytes.values())
         if unit:
-            self._offload_unit(unit)
+            self._offload_unit(node, unit)
 
-    def _offload_unit(self, unit: Sequence[_Save]) -> None:
+    def _offload_unit(self, node: int, unit: Sequence[_Save]) -> None:
         off = self.offloader
         parts: list[torch.Tensor] = []  # one flat uint8 view per distinct storage, in the order saved
         where: dict[int, tuple[int, int]] = {}  # storage key -> (part, byte offset in the buffer)
@@ -181,14 +179,14 @@ class SavedCall:
                 total += -(-st.nbytes() // _ALIGN) * _ALIGN
         first = unit[0].tensor
         assert first is not None, "please report"
-        uid = -1 - self.node
+        uid = -1 - node
         part_bytes = [p.numel() for p in parts]
         bases = [where[st][1] for st in sorted(where, key=lambda k: where[k][0])]
         h = _UnitHandle(uid, first.device, first.untyped_storage(), bases, part_bytes, total)
         off._tick += 1
         h.tick = off._tick
         off.adopt(h, sum(part_bytes))
-        off.stats.unit_bytes[self.node] = off.stats.unit_bytes.get(self.node, 0) + sum(part_bytes)
+        off.stats.unit_bytes[node] = off.stats.unit_bytes.get(node, 0) + sum(part_bytes)
         cuda = first.device.type == "cuda"
         if cuda:
             off.copy_out(h, parts, bases)
@@ -214,6 +212,12 @@ def block_of(name: str, mods: dict[str, nn.Module]) -> str | None:
     return min(found, key=len) if found else None
 
 
+def hooked_path(names: Sequence[str], v: int, mods: dict[str, nn.Module]) -> str | None:
+    """The module whose call the runtime hooks for node ``v``: its own module (a module call), else
+    the block whose call runs the op (:func:`block_of`); ``None`` if neither."""
+    return names[v] if names[v] in mods else block_of(names[v], mods)
+
+
 def install_saved_units(mods: dict[str, nn.Module], names: Sequence[str], plan: Plan, offloader: Offloader,
                         wrapped: list[tuple[nn.Module, bool, Any, Any]]) -> None:
     """Wrap the ``forward`` of each module call of ``plan.offload_saved`` in a :class:`SavedCall`
@@ -226,7 +230,7 @@ def install_saved_units(mods: dict[str, nn.Module], names: Sequence[str], plan: 
 
     by_module: dict[str, dict[int | None, int]] = {}
     for v in plan.offload_saved:
-        path = names[v] if names[v] in mods else block_of(names[v], mods)
+        path = hooked_path(names, v, mods)
         if path is None:
             raise PlanMismatchError(f"plan offloads the saved tensors of {names[v]!r}, which is not a module call "
                                     "of this model nor an op of one; capture it and solve again")
