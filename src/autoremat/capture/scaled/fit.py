@@ -50,7 +50,8 @@ def check_same(base: Graph, small: Graph, size: int) -> None:
 
 def scale_to(base: Graph, lo: Graph, hi: Graph, s_lo: int, s_hi: int, batch: int, *, bytes_too: bool) -> Graph:
     """``base`` (same nodes as ``lo`` and ``hi``) with times, and with ``bytes_too`` bytes, fitted
-    per node from the captures at ``s_lo`` and ``s_hi`` rows and evaluated at ``batch``."""
+    per node from the captures at ``s_lo`` and ``s_hi`` rows and evaluated at ``batch``. The
+    outputs' ``grad_seed_bytes`` stay ``base``'s (an expanded scalar does not grow with the batch)."""
     g = base.copy()
     for v in g.nodes:
         d, a, b = g.node(v), lo.node(v), hi.node(v)
