@@ -63,8 +63,9 @@ def seed_only_what_the_loss_reads(nodes: Sequence[Any], loss: torch.Tensor, prod
 def record_seeds(nodes: Sequence[Any], loss: torch.Tensor, producers: Mapping[Any, set[int]]) -> list[RemovableHandle]:
     """Hook the loss's autograd nodes so that backward sets ``grad_seed_bytes`` on the record in
     ``nodes`` of each output the loss seeds, where the seed's storage is smaller than its
-    ``out_bytes``. Left ``None`` (``out_bytes``): an autograd node that makes several outputs, and
-    an output the loss hands more than one gradient (their sum is a new dense tensor). Returns
+    ``out_bytes``. Left ``None`` (``out_bytes``): an autograd node that makes several outputs, an
+    output the loss hands more than one gradient (their sum is a new dense tensor), and a tensor
+    that is not all of its node's output (one of a module's several, a part of a view). Returns
     the hooks' handles (remove them after backward)."""
     edges: dict[Any, list[tuple[Any, int]]] = {}  # an output's autograd node -> (loss node, input index)
     start = loss.grad_fn
@@ -90,7 +91,7 @@ def _seed_hook(nodes: Sequence[Any], todo: list[tuple[int, int]]) -> Any:
     def hook(grad_inputs: tuple, _grad_outputs: tuple) -> None:
         for i, v in todo:
             g = grad_inputs[i]
-            if g is not None:
+            if g is not None and g.numel() * g.element_size() == nodes[v].out_bytes:  # all of v's output
                 nbytes = int(g.untyped_storage().nbytes())
                 nodes[v].grad_seed_bytes = nbytes if nbytes < nodes[v].out_bytes else None
     return hook
