@@ -39,8 +39,9 @@ LOSSES = {
     "sum": lambda o: o.sum(),
     "mean": lambda o: o.mean(),
     "cross-entropy": lambda o: F.cross_entropy(o, _LABELS),
+    "sum and mean": lambda o: o.sum() + o.mean(),  # two gradients for one output: their sum is dense
 }
-SEEDS = {"sum": 4, "mean": None, "cross-entropy": None}  # fp32: one element; dense (out_bytes)
+SEEDS = {"sum": 4, "mean": None, "cross-entropy": None, "sum and mean": None}  # fp32: one element; dense
 
 
 def _captured(loss: str, mode: str, both: bool = False) -> tuple[Graph, int]:
@@ -88,6 +89,32 @@ def test_seed_survives_json_and_does_not_scale_with_the_batch() -> None:
     for d in old["nodes"]:
         del d["grad_seed_bytes"]  # a graph written before the field: the seed is out_bytes
     assert Graph.from_dict(old).grad_bytes(out) == graph.node(out)["out_bytes"]
+
+
+class _TwoOut(nn.Module):
+    """A module node with two outputs (a leaf module: its ops are no nodes of their own)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.wa = nn.Parameter(torch.randn(128, 128) / 12)
+        self.wb = nn.Parameter(torch.randn(128, 128) / 12)
+
+    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        return torch.tanh(x @ self.wa), torch.tanh(x @ self.wb)
+
+
+def test_a_node_with_two_outputs_gets_the_sum_of_their_seeds() -> None:
+    """The loss hands one output of the node an expanded scalar (4 bytes), the other a dense
+    gradient (its 262,144 bytes): the node's seed is their sum, and the step is predicted."""
+    torch.manual_seed(0)
+    model, x = nn.Sequential(nn.Linear(128, 128), nn.Tanh(), _TwoOut()), torch.randn(512, 128)
+    fn = lambda o: o[0].sum() + (o[1] * o[1]).mean()  # noqa: E731
+    graph = autoremat.capture(model, (x,), loss_fn=fn, mode="module", repeats=1, warmup=0)
+    (out,) = [v for v in graph.nodes if graph.node(v)["is_output"]]
+    assert graph.node(out)["out_bytes"] == 2 * 262144 and graph.node(out)["grad_seed_bytes"] == 262144 + 4
+    measured = measure(model, (x,), loss_fn=fn, steps=1, warmup=0).peak_bytes
+    predicted = simulate(graph, no_recompute_plan(graph)).peak_bytes
+    assert abs(predicted - measured) <= TOLERANCE * measured, (predicted, measured)
 
 
 @pytest.mark.parametrize("bytes_from", ["meta", "linear fit"])

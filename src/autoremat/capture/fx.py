@@ -14,7 +14,7 @@ from typing import Any
 import torch
 import torch.fx
 
-from ._loss_reach import record_seeds, seed_only_what_the_loss_reads
+from ._loss_reach import SeedMeter, seed_only_what_the_loss_reads
 from ._recorder import NodeRecord, Recorder, Timer, classify_function, classify_module, tensors_in
 from .signature import tensor_lines
 from ._tracing import SemanticTracer, semantic_trace
@@ -204,15 +204,14 @@ def profile_fx(
         interp.env.clear()  # the interpreter's env holds the returned value: only ``out`` may
         loss = rec.run_loss(loss_fn, out)
         seed_only_what_the_loss_reads(recs, loss, interp.producers)
-        seeds = record_seeds(recs, loss, interp.producers)
+        seeds = SeedMeter(recs, loss, interp.producers)
         interp.producers.clear()
         hold = OutputHold(rec.owner)  # the step drops the returned object here, before backward
         del out
         hold.mark(rec.nodes)
         rec.run_backward(loss)
         del loss
-        for h in seeds:
-            h.remove()
+        seeds.close()
     rec.finish(param_bytes)
     if time_fn is not None:
         time_fn(recs)
