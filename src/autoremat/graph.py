@@ -41,9 +41,10 @@ Node attributes (all plain numbers and strings, so solvers never need torch):
     capture: one the loss reads; :mod:`autoremat.capture._loss_reach`): held as long as the
     returned object (``meta["output_kept"]``, below).
 ``grad_seed_bytes``
-    For an ``is_output`` node: the storage bytes of the gradient the loss hands it, where smaller
-    than ``out_bytes`` (``out.sum()``'s expanded scalar); ``None``: ``out_bytes``. It does not
-    grow with the batch. :meth:`Graph.grad_bytes` says where the cost models use it.
+    For an ``is_output`` node: the storage bytes of the gradients the loss hands it, where smaller
+    than ``out_bytes`` (``out.sum()``'s expanded scalar); ``None``: ``out_bytes``. Where the cost
+    models use it: :meth:`Graph.grad_bytes`. :meth:`Graph.scaled` scales it as ``out_bytes`` (a
+    dense part grows with the batch; an expanded scalar's few bytes are then counted high).
 ``held_by_output``
     Whether the node's output storage is held by the object the model returned (a key/value
     cache, hidden states, attentions, logits beside a loss computed in ``forward``) though the
@@ -427,14 +428,13 @@ class Graph:
 
         Outputs, saved tensors, workspace and times (forward and backward) scale with the batch
         and are multiplied (bytes rounded up); parameter bytes, parameter gradients and the
-        structure do not change. Used to predict a step at another batch size.
-        """
+        structure do not change. Used to predict a step at another batch size."""
         if not factor > 0:
             raise ValueError(f"factor={factor!r} must be > 0")
         g = self.copy()
         for v in g.nodes:
             d = g.nx.nodes[v]
-            for key in _BATCH_BYTES:
+            for key in _BATCH_BYTES + (("grad_seed_bytes",) if d["grad_seed_bytes"] is not None else ()):
                 d[key] = int(math.ceil(d[key] * factor))
             d["time_s"] *= factor
             d["bwd_time_s"] *= factor

@@ -6,6 +6,9 @@ the sum's step was predicted 17.6 % high (a Linear run three times with tanh, ba
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from typing import Any
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -83,7 +86,7 @@ def test_seed_survives_json_and_does_not_scale_with_the_batch() -> None:
     back = Graph.from_json(graph.to_json())
     assert back.node(out)["grad_seed_bytes"] == 4
     assert simulate(back, no_recompute_plan(back)).peak_bytes == simulate(graph, no_recompute_plan(graph)).peak_bytes
-    assert graph.scaled(8).grad_bytes(out) == 4  # an expanded scalar does not grow with the batch
+    assert graph.scaled(8).grad_bytes(out) == 32  # scaled as out_bytes: a dense part would grow
     assert graph.scaled(1e-9).grad_bytes(out) == graph.scaled(1e-9).node(out)["out_bytes"]  # at most out_bytes
     old = graph.to_dict()
     for d in old["nodes"]:
@@ -103,12 +106,16 @@ class _TwoOut(nn.Module):
         return torch.tanh(x @ self.wa), torch.tanh(x @ self.wb)
 
 
+def _two_out() -> tuple[nn.Module, torch.Tensor, Callable[[Any], torch.Tensor]]:
+    torch.manual_seed(0)
+    model, x = nn.Sequential(nn.Linear(128, 128), nn.Tanh(), _TwoOut()), torch.randn(512, 128)
+    return model, x, lambda o: o[0].sum() + (o[1] * o[1]).mean()
+
+
 def test_a_node_with_two_outputs_gets_the_sum_of_their_seeds() -> None:
     """The loss hands one output of the node an expanded scalar (4 bytes), the other a dense
     gradient (its 262,144 bytes): the node's seed is their sum, and the step is predicted."""
-    torch.manual_seed(0)
-    model, x = nn.Sequential(nn.Linear(128, 128), nn.Tanh(), _TwoOut()), torch.randn(512, 128)
-    fn = lambda o: o[0].sum() + (o[1] * o[1]).mean()  # noqa: E731
+    model, x, fn = _two_out()
     graph = autoremat.capture(model, (x,), loss_fn=fn, mode="module", repeats=1, warmup=0)
     (out,) = [v for v in graph.nodes if graph.node(v)["is_output"]]
     assert graph.node(out)["out_bytes"] == 2 * 262144 and graph.node(out)["grad_seed_bytes"] == 262144 + 4
@@ -135,3 +142,10 @@ def test_scaled_capture_keeps_the_seed(bytes_from: str, monkeypatch: pytest.Monk
     assert g.meta["scaled"]["bytes_from"] == bytes_from
     (out,) = [v for v in g.nodes if g.node(v)["is_output"]]
     assert g.node(out)["grad_seed_bytes"] == 4 and g.grad_bytes(out) == full.grad_bytes(out) == 4
+    model, x, fn = _two_out()  # a seed with a dense part: fitted like the other bytes
+    full = autoremat.capture(model, (x,), loss_fn=fn, mode="module", repeats=1, warmup=0)
+    limit = int(full.param_grad_bytes + 0.6 * (unoptimised_peak_bytes(full) - full.param_grad_bytes))
+    g = autoremat.capture_within(model, (x,), loss_fn=fn, limit_bytes=limit, mode="module", repeats=1)
+    assert g.meta["scaled"]["bytes_from"] == bytes_from and g.meta["scaled"]["sizes"][-1] < 512
+    (out,) = [v for v in g.nodes if g.node(v)["is_output"]]
+    assert g.node(out)["grad_seed_bytes"] == full.node(out)["grad_seed_bytes"] == 262144 + 4
