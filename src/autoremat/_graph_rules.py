@@ -9,10 +9,11 @@ the loss hands each output, where smaller (``grad_seed_bytes``, :mod:`.capture._
 cost models use it only where the seed stays the output's whole gradient until its backward:
 
 * an output that a node requiring grad also reads gets that node's gradient added to its seed;
-  autograd cannot add in place into an expanded tensor, so the sum is a new dense buffer of
-  ``out_bytes`` (traced: the summed gradient is neither the seed's storage nor the
-  contribution's). The models price such an output's gradient at ``out_bytes`` from the loss on:
-  a few bytes to ``out_bytes`` high between the loss and that node's backward, never low;
+  nothing can be added in place into an expanded tensor, so from then on the gradient is dense
+  (traced under a dispatch mode: ``aten.add`` of the seed and the contribution, a new buffer of
+  ``out_bytes``; the engine without a mode may add the seed into the contribution instead). The
+  models price such an output's gradient at ``out_bytes`` from the loss on: high by up to
+  ``out_bytes`` between the loss and that node's backward, never low;
 * an output whose backward passes its gradient on (``grad_passthrough``: a view, an ``add``)
   would hand the expanded seed to its inputs, which the models size with their own ``out_bytes``:
   it keeps ``out_bytes`` too (high, never low).
