@@ -21,7 +21,7 @@ SRC = Path(__file__).resolve().parents[1] / "src"
 PKG = SRC / "autoremat"
 
 TORCH_FREE = ["graph.py", "plan.py", "plan_offload.py", "region_units.py", "plan_schema.py", "replay_tail.py", "errors.py", "_units.py", "_jsonio.py",
-              "call_names.py"] + sorted(
+              "_graph_rules.py", "call_names.py"] + sorted(
     str(p.relative_to(PKG)) for folder in ("cost", "solvers") for p in (PKG / folder).rglob("*.py")
 )
 """Modules that must not import torch anywhere (not even inside a function)."""
@@ -32,7 +32,7 @@ TORCH_FREE_TOP_LEVEL = ["budget.py", "offload/__init__.py", "offload/bandwidth.p
 ALLOWED_INTERNAL = {"autoremat.graph", "autoremat.plan", "autoremat.plan_offload", "autoremat.region_units",
                     "autoremat.plan_schema", "autoremat.cost", "autoremat.replay_tail",
                     "autoremat.errors", "autoremat.budget", "autoremat._units", "autoremat._jsonio", "autoremat.solvers",
-                    "autoremat.offload", "autoremat.call_names"}
+                    "autoremat.offload", "autoremat.call_names", "autoremat._graph_rules"}
 """What torch-free modules may import from autoremat (``autoremat/__init__`` imports torch)."""
 
 FORBIDDEN_THIRD_PARTY = {"torch", "lightning", "pytorch_lightning", "accelerate", "transformers",

@@ -40,6 +40,11 @@ Node attributes (all plain numbers and strings, so solvers never need torch):
     Whether the node's value is an output of the model whose gradient the loss seeds (module
     capture: one the loss reads; :mod:`autoremat.capture._loss_reach`): held as long as the
     returned object (``meta["output_kept"]``, below).
+``grad_seed_bytes``
+    For an ``is_output`` node: the storage bytes of the gradients the loss hands it, where smaller
+    than ``out_bytes`` (``out.sum()``'s expanded scalar); ``None``: ``out_bytes``. Where the cost
+    models use it: :meth:`Graph.grad_bytes`. :meth:`Graph.scaled` scales it as ``out_bytes`` (a
+    dense part grows with the batch; an expanded scalar's few bytes are then counted high).
 ``held_by_output``
     Whether the node's output storage is held by the object the model returned (a key/value
     cache, hidden states, attentions, logits beside a loss computed in ``forward``) though the
@@ -79,6 +84,7 @@ from typing import Any
 
 import networkx as nx
 
+from ._graph_rules import OUTPUT_KEPT, check_output_kept, grad_bytes_of
 from ._jsonio import dump_json, load_json
 from .call_names import enclosing_paths, plain_path
 
@@ -86,19 +92,6 @@ _BATCH_BYTES = ("out_bytes", "alloc_bytes", "extra_saved_bytes", "fwd_temp_bytes
 _BATCH_META_BYTES = ("loss_extra_bytes", "loss_fwd_temp_bytes", "loss_bwd_temp_bytes")
 
 __all__ = ["Graph", "NODE_DEFAULTS", "GRAPH_FORMAT_VERSION", "OUTPUT_KEPT", "check_output_kept"]
-
-OUTPUT_KEPT = ("loss", "step")
-"""Values of ``Graph.meta["output_kept"]``: until when the step keeps the model's returned object."""
-
-
-def check_output_kept(value: Any, name: str = "output_kept") -> str:
-    """``value`` if it is one of :data:`OUTPUT_KEPT`, else a ``ValueError`` naming ``name``."""
-    if value not in OUTPUT_KEPT:
-        raise ValueError(f"{name}={value!r} is not one of {OUTPUT_KEPT}: 'step' when the loop keeps the model's "
-                         "returned object through backward (outputs = model(**batch); accelerator.backward("
-                         "outputs.loss)), 'loss' when it drops it once the loss is computed (loss = "
-                         "model(**batch).loss; Lightning's training_step returning the loss)")
-    return str(value)
 
 GRAPH_FORMAT_VERSION = 1
 
@@ -121,6 +114,7 @@ NODE_DEFAULTS: dict[str, Any] = {
     "requires_grad": True,
     "grad_passthrough": False,
     "is_output": False,
+    "grad_seed_bytes": None,
     "held_by_output": False,
     "recomputable": True,
     "scope": (),
@@ -239,6 +233,14 @@ class Graph:
         """Whether node ``v``'s output storage is held at least until the loss: a model output
         (``is_output``, whose gradient the loss seeds) or held by the returned object (``held_by_output``)."""
         return bool(self.nx.nodes[v]["is_output"] or self.nx.nodes[v]["held_by_output"])
+
+    def grad_bytes(self, v: int) -> int:
+        """Bytes of node ``v``'s output gradient: ``out_bytes``, or the loss's seed
+        ``grad_seed_bytes`` for an output that keeps it to its backward (:mod:`._graph_rules`)."""
+        d = self.nx.nodes[v]
+        return grad_bytes_of(d["out_bytes"], d["grad_seed_bytes"], is_output=d["is_output"],
+                             passthrough=d["grad_passthrough"],
+                             read_with_grad=any(self.nx.nodes[w]["requires_grad"] for w in self._succ[v]))
 
     @property
     def output_kept(self) -> str:
@@ -426,14 +428,13 @@ class Graph:
 
         Outputs, saved tensors, workspace and times (forward and backward) scale with the batch
         and are multiplied (bytes rounded up); parameter bytes, parameter gradients and the
-        structure do not change. Used to predict a step at another batch size.
-        """
+        structure do not change. Used to predict a step at another batch size."""
         if not factor > 0:
             raise ValueError(f"factor={factor!r} must be > 0")
         g = self.copy()
         for v in g.nodes:
             d = g.nx.nodes[v]
-            for key in _BATCH_BYTES:
+            for key in _BATCH_BYTES + (("grad_seed_bytes",) if d["grad_seed_bytes"] is not None else ()):
                 d[key] = int(math.ceil(d[key] * factor))
             d["time_s"] *= factor
             d["bwd_time_s"] *= factor

@@ -153,3 +153,15 @@ def test_the_loss_reads_what_the_returned_object_holds():
     assert j.size_bytes[loss] == before.size_bytes[loss]  # the seed: the output's gradient only
     assert simulate_schedule(j, no_remat(j)).peak_bytes >= unoptimised_peak_bytes(g) > unoptimised_peak_bytes(
         Graph.chain([40, 10, 10, 10], saves_own_output=False))
+
+
+def test_the_loss_node_is_the_seed_the_loss_hands_the_output():
+    """An output the loss hands an expanded scalar (``grad_seed_bytes``, ``out.sum()``): the loss
+    node's tensor is that seed, and on a chain NoRemat's peak stays equal to the simulator's."""
+    g = Graph.chain([SIZE] * 5)
+    g.node(4)["grad_seed_bytes"] = 4
+    j = JointGraph.from_graph(g)
+    loss = next(i for i, k in enumerate(j.kind) if k == "loss")
+    assert j.size_bytes[loss] == 4
+    assert simulate_schedule(j, no_remat(j)).peak_bytes == unoptimised_peak_bytes(g) < unoptimised_peak_bytes(
+        Graph.chain([SIZE] * 5))

@@ -25,6 +25,7 @@ from torch import nn
 from .._fsdp import original_class
 from ..measure import LiveStorageCounter, _flatten
 from .allocator_meter import AllocatorMeter
+from ._loss_reach import seed_bytes
 from .inplace import MutationLog
 
 __all__ = ["NodeRecord", "Recorder", "Timer", "timing_noise", "paused_gc", "preserved_state", "classify_module",
@@ -43,6 +44,7 @@ class NodeRecord:
     params: list[str] = field(default_factory=list)
     recomputable: bool = True
     is_output: bool = False
+    grad_seed_bytes: int | None = None
     held_by_output: bool = False
     out_bytes: int = 0
     alloc_bytes: int = 0
@@ -292,7 +294,8 @@ class Recorder:
                                                  else writer or "code between nodes")
         for who, delta in self._regions:
             if who == "loss":
-                modelled = sum(r.out_bytes for r in self.nodes if r.is_output and r.requires_grad)
+                modelled = sum(seed_bytes(self.nodes, self.succs, v) for v, r in enumerate(self.nodes)
+                               if r.is_output and r.requires_grad)
                 self.loss_bwd_temp_bytes = max(0, delta - modelled)
                 continue
             rec = self.nodes[who]

@@ -14,7 +14,7 @@ from typing import Any
 import torch
 import torch.fx
 
-from ._loss_reach import seed_only_what_the_loss_reads
+from ._loss_reach import SeedMeter, seed_only_what_the_loss_reads
 from ._recorder import NodeRecord, Recorder, Timer, classify_function, classify_module, tensors_in
 from .signature import tensor_lines
 from ._tracing import SemanticTracer, semantic_trace
@@ -204,12 +204,14 @@ def profile_fx(
         interp.env.clear()  # the interpreter's env holds the returned value: only ``out`` may
         loss = rec.run_loss(loss_fn, out)
         seed_only_what_the_loss_reads(recs, loss, interp.producers)
+        seeds = SeedMeter(recs, loss, interp.producers)
         interp.producers.clear()
         hold = OutputHold(rec.owner)  # the step drops the returned object here, before backward
         del out
         hold.mark(rec.nodes)
         rec.run_backward(loss)
         del loss
+        seeds.close()
     rec.finish(param_bytes)
     if time_fn is not None:
         time_fn(recs)

@@ -28,7 +28,7 @@ import torch
 from torch import nn
 
 from .._fsdp import original_class
-from ._loss_reach import seed_only_what_the_loss_reads
+from ._loss_reach import SeedMeter, seed_only_what_the_loss_reads
 from ._recorder import NodeRecord, Recorder, Timer, classify_function, classify_module, tensors_in
 from ..call_names import call_name
 from .blocks import BlockScopes, OpTimer, block_paths, settle_scopes, share_times
@@ -346,11 +346,13 @@ def profile_modules(
             producers = _mark_outputs(rec, out)
             loss = rec.run_loss(loss_fn, out)
             seed_only_what_the_loss_reads(rec.nodes, loss, producers)
+            seeds = SeedMeter(rec.nodes, loss, producers)
             hold = OutputHold(rec.owner)  # the step drops its output object here, before backward
             del out, producers
             hold.mark(rec.nodes)
             rec.run_backward(loss)
             del loss
+            seeds.close()
     finally:
         for h in handles:
             h.remove()

@@ -90,7 +90,7 @@ class GraphBits:
         self.pred = [tuple(graph.pred(v)) for v in range(n)]
         self.root = [graph.root(v) for v in range(n)]
         self.alloc = [int(d["alloc_bytes"]) for d in nd]
-        self.out = [int(d["out_bytes"]) for d in nd]
+        self.out = [graph.grad_bytes(v) for v in range(n)]  # its gradient's bytes (Graph.grad_bytes)
         self.rg = [bool(d["requires_grad"]) for d in nd]
         self.passthru = [bool(d["grad_passthrough"]) for d in nd]
         self.is_out = [bool(d["is_output"]) for d in nd]  # the loss seeds its gradient

@@ -29,13 +29,14 @@ PyTorch's order:
     comes with ``v``'s forward; computing it while ``fwd v`` is resident costs nothing more).
 ``loss``
     Inputs: what the returned object holds (:meth:`Graph.held_to_loss`) and ``meta["loss_saves"]``. Its tensor is the gradient seeds of
-    the outputs (``Σ out_bytes`` of outputs that require grad). Time 0.
+    the outputs (``Σ`` :meth:`Graph.grad_bytes` of outputs that require grad: ``out_bytes``, or
+    the loss's smaller seed). Time 0.
 ``bwd v`` (one per node ``v`` that requires grad)
     The backward of ``v``: inputs are the gradient of ``v``'s output, i.e. ``bwd w`` for
     every successor ``w`` that requires grad (and ``loss`` when ``v`` is an output), the
     storages ``v`` saves (``fwd root(u)`` for ``u`` in ``saves``) and ``extra v``. Its tensor
-    is the gradients it produces for its inputs: ``Σ out_bytes`` of the predecessors that
-    require grad. Time ``bwd_time_s``, workspace ``bwd_temp_bytes``.
+    is the gradients it produces for its inputs: ``Σ out_bytes`` (:meth:`Graph.grad_bytes`) of
+    the predecessors that require grad. Time ``bwd_time_s``, workspace ``bwd_temp_bytes``.
 ``final``
     Size 0, time 0; inputs: every other node that nothing consumes, so every node is needed
     to compute it, as the paper assumes of its final node ``f``, and the storages the returned
@@ -202,7 +203,7 @@ class JointGraph:
         outputs = [v for v in graph.nodes if nd[v]["is_output"]]
         held = [v for v in graph.nodes if graph.held_to_loss(v)]  # outputs and what the returned object holds
         loss_ins = sorted({j for u in held + [int(u) for u in graph.meta["loss_saves"]] for j in storage(u)})
-        seed_bytes = sum(int(nd[v]["out_bytes"]) for v in outputs if req[v])
+        seed_bytes = sum(graph.grad_bytes(v) for v in outputs if req[v])  # Graph.grad_bytes
         loss = b.add(loss_ins, seed_bytes, 0.0, int(graph.meta.get("loss_bwd_temp_bytes", 0)), "loss", None)
         bwd: dict[int, int] = {}
         for v in reversed(graph.nodes):
@@ -215,7 +216,7 @@ class JointGraph:
             ins.update(fwd[graph.root(u)] for u in d["saves"])
             if v in extra:
                 ins.add(extra[v])
-            grads = sum(int(nd[u]["out_bytes"]) for u in graph.pred(v) if req[u])
+            grads = sum(graph.grad_bytes(u) for u in graph.pred(v) if req[u])
             bwd[v] = b.add(sorted(ins), grads, float(d["bwd_time_s"]), int(d["bwd_temp_bytes"]), "bwd", v)
         consumed = {u for ps in b.pred for u in ps}
         ends = {j for u in graph.held_to_end() for j in storage(u)}  # the output object kept through backward

@@ -252,7 +252,7 @@ def _loss(s: StepState, g: Graph, nd: list[dict]) -> None:
     s.mark("loss", -1)
     outputs = [v for v in g.nodes if nd[v]["is_output"] and nd[v]["requires_grad"]]
     for v in outputs:
-        key = s.new_grad(nd[v]["out_bytes"])
+        key = s.new_grad(g.grad_bytes(v))  # the loss's seed (Graph.grad_bytes)
         s.addref(key, ("gb", v))
         s.grad[v] = key
     s.touch(meta["loss_bwd_temp_bytes"], "loss bwd")

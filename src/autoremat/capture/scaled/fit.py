@@ -50,7 +50,9 @@ def check_same(base: Graph, small: Graph, size: int) -> None:
 
 def scale_to(base: Graph, lo: Graph, hi: Graph, s_lo: int, s_hi: int, batch: int, *, bytes_too: bool) -> Graph:
     """``base`` (same nodes as ``lo`` and ``hi``) with times, and with ``bytes_too`` bytes, fitted
-    per node from the captures at ``s_lo`` and ``s_hi`` rows and evaluated at ``batch``."""
+    per node from the captures at ``s_lo`` and ``s_hi`` rows and evaluated at ``batch``; an
+    output's ``grad_seed_bytes`` too where both have one (an expanded scalar's stays put, a dense
+    part grows), else ``None``."""
     g = base.copy()
     for v in g.nodes:
         d, a, b = g.node(v), lo.node(v), hi.node(v)
@@ -59,6 +61,8 @@ def scale_to(base: Graph, lo: Graph, hi: Graph, s_lo: int, s_hi: int, batch: int
         if bytes_too:
             for key in _BYTE_KEYS:
                 d[key] = max(0, int(math.ceil(fit(a[key], b[key], s_lo, s_hi, batch))))
+            seeds = (a["grad_seed_bytes"], b["grad_seed_bytes"])
+            d["grad_seed_bytes"] = None if None in seeds else max(0, int(math.ceil(fit(*seeds, s_lo, s_hi, batch))))
     if bytes_too:
         for key in _META_BYTE_KEYS:
             g.meta[key] = max(0, int(math.ceil(fit(lo.meta[key], hi.meta[key], s_lo, s_hi, batch))))

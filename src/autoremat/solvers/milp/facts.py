@@ -34,7 +34,7 @@ def backward_need(g: Graph, v: int, pb: dict) -> int:
     d = g.node(v)
     saved = sum(g.node(r)["alloc_bytes"] for r in {g.root(u) for u in d["saves"]}) if d["requires_grad"] else 0
     extra = d["extra_saved_bytes"] if d["requires_grad"] else 0
-    grads = 0 if d["grad_passthrough"] else sum(g.node(u)["out_bytes"] for u in g.pred(v) if g.node(u)["requires_grad"])
+    grads = 0 if d["grad_passthrough"] else sum(g.grad_bytes(u) for u in g.pred(v) if g.node(u)["requires_grad"])
     params = sum(pb[p] for p in set(d["params"]) if p in pb)
     return int(saved + extra + grads + params + d["bwd_temp_bytes"])
 
@@ -57,7 +57,7 @@ def constant_floor(graph: Graph) -> int:
     meta = g.meta
     outs = g.held_roots()
     best = max(best, sum(g.node(r)["alloc_bytes"] for r in outs) + meta["loss_extra_bytes"] + meta["loss_fwd_temp_bytes"])
-    ograds = sum(g.node(v)["out_bytes"] for v in g.nodes if g.node(v)["is_output"] and g.node(v)["requires_grad"])
+    ograds = sum(g.grad_bytes(v) for v in g.nodes if g.node(v)["is_output"] and g.node(v)["requires_grad"])
     lsaves = sum(g.node(r)["alloc_bytes"] for r in {g.root(u) for u in meta["loss_saves"]})
     return int(max(best, ograds + lsaves + meta["loss_bwd_temp_bytes"]))
 

@@ -81,7 +81,7 @@ def _loss_rows(f: Formulation, st: Storages) -> None:
     bwd: Expr = {}
     fconst = float(g.meta["loss_extra_bytes"] + g.meta["loss_fwd_temp_bytes"])
     bconst = float(g.meta["loss_extra_bytes"] + g.meta["loss_bwd_temp_bytes"])
-    bconst += sum(g.node(v)["out_bytes"] for v in g.nodes if g.node(v)["is_output"] and g.node(v)["requires_grad"])
+    bconst += sum(g.grad_bytes(v) for v in g.nodes if g.node(v)["is_output"] and g.node(v)["requires_grad"])
     for r in set(savers) | set(inputs) | outs | lsaves:
         if alloc[r] == 0:
             continue
@@ -152,14 +152,14 @@ def _replay_rows(f: Formulation, st: Storages, hold: list[int]) -> None:
         for u in own:
             later = [w for w in g.succ(u) if grad[w]]
             out = g.node(u)["is_output"]
-            if not (later or out) or g.node(u)["out_bytes"] <= 0 or i == 0:
+            if not (later or out) or g.grad_bytes(u) <= 0 or i == 0:
                 continue
             gl = b.var(integer=False)
             if out:  # its gradient comes from the loss
                 f.ge(gl, (f.before(u, i), 1.0))
             for w in later:
                 f.ge(gl, (f.before(u, i), 1.0), (f.after(w, i), 1.0), (({}, 1.0), -1.0))
-            terms[gl] = float(g.node(u)["out_bytes"])
+            terms[gl] = float(g.grad_bytes(u))
         act = b.var(integer=False)
         b.row({act: 1.0, f.r[i]: -1.0, hold[i]: -1.0}, -1.0, float("inf"))
         f.mem_row(terms, kept, act)
@@ -246,12 +246,12 @@ def backward_rows(f: Formulation, deps: set[tuple[int, int]], st: Storages) -> N
     pb = g.meta.get("param_bytes", {})
     grad = has_grad(g)
     alloc = st.alloc
-    own = {u for u in g.nodes if g.node(u)["requires_grad"] and g.node(u)["out_bytes"] > 0
+    own = {u for u in g.nodes if g.node(u)["requires_grad"] and g.grad_bytes(u) > 0
            and all(not g.node(w)["grad_passthrough"] for w in g.succ(u) if grad[w])}
     puse = [(p, w) for w in g.nodes if grad[w] for p in set(g.node(w)["params"]) if p in pb]
     top = f.max_terms or n
     roots = sorted((set(st.savers) | {r for r, _ in f.cin}) - st.kept, key=lambda r: -alloc[r])[:top]
-    own = set(sorted(own, key=lambda u: -g.node(u)["out_bytes"])[:top])
+    own = set(sorted(own, key=lambda u: -g.grad_bytes(u))[:top])
     extras = sorted(st.extras, key=lambda w: -g.node(w)["extra_saved_bytes"])[:top]
     ctx = _Backward(anc, pb, grad, alloc, st.savers, own, puse, roots, extras, st.kept)
     for v in f.checks:
@@ -267,7 +267,7 @@ def _backward_row(f: Formulation, ctx: _Backward, v: int) -> None:
     dv = g.node(v)
     mine = {g.root(u) for u in dv["saves"]} if dv["requires_grad"] else set()
     terms: Expr = {}
-    const = float(backward_need(g, v, pb) + (dv["out_bytes"] if v in own else 0))
+    const = float(backward_need(g, v, pb) + (g.grad_bytes(v) if v in own else 0))
     const += sum(alloc[r] for r in ctx.kept if r not in mine)  # held by the returned object throughout
     for r in roots:
         if r in mine:
@@ -314,7 +314,7 @@ def _backward_row(f: Formulation, ctx: _Backward, v: int) -> None:
             dvar, dc = _order_var(f, w, v, True, anc)
             f.ge(gl, (({pv: 1.0} if pv is not None else {}, pc), 1.0),
                     (({dvar: 1.0} if dvar is not None else {}, dc), 1.0), (({}, 1.0), -1.0))
-        terms[gl] = float(g.node(u)["out_bytes"])
+        terms[gl] = float(g.grad_bytes(u))
     pg: dict[str, int] = {}
     for p, w in puse:
         if w == v:
