@@ -1,0 +1,130 @@
+"""Workflows of a user fine-tuning with the integrations: a transformers Llama with its base
+frozen and low-rank adapters on the attention projections (LoRA), under Lightning, and compiled.
+
+The patched run must train exactly as the run without autoremat, and a module the user compiled
+must still run compiled once the callback has planned it."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import lightning.pytorch as pl
+import pytest
+import torch
+from torch import nn
+
+import autoremat
+from autoremat.integrations._planning import measured_step_peak
+from autoremat.measure import default_loss
+
+transformers = pytest.importorskip("transformers")
+
+
+class LoRA(nn.Module):
+    """``base(x) + b(a(x))`` with ``base`` frozen: the adapter the user trains."""
+
+    def __init__(self, base: nn.Linear, rank: int = 4) -> None:
+        super().__init__()
+        self.base = base
+        self.a = nn.Linear(base.in_features, rank, bias=False)
+        self.b = nn.Linear(rank, base.out_features, bias=False)
+        nn.init.normal_(self.b.weight, std=0.02)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.base(x) + self.b(self.a(x))
+
+
+def lora_llama(seed: int = 0, layers: int = 2) -> nn.Module:
+    torch.manual_seed(seed)
+    cfg = transformers.LlamaConfig(vocab_size=128, hidden_size=64, intermediate_size=128, num_hidden_layers=layers,
+                                   num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64,
+                                   use_cache=False)
+    model = transformers.LlamaForCausalLM(cfg)
+    model.requires_grad_(False)
+    for layer in model.model.layers:
+        layer.self_attn.q_proj = LoRA(layer.self_attn.q_proj)
+        layer.self_attn.v_proj = LoRA(layer.self_attn.v_proj)
+    return model
+
+
+class LitLoRA(pl.LightningModule):
+    def __init__(self, compile_backend: object = None) -> None:
+        super().__init__()
+        self.model = lora_llama()
+        if compile_backend is not None:
+            self.model = torch.compile(self.model, backend=compile_backend)
+        self.ids = torch.randint(0, 128, (16, 16), generator=torch.Generator().manual_seed(1))
+        self.losses: list[float] = []
+
+    def train_dataloader(self) -> torch.utils.data.DataLoader:
+        return torch.utils.data.DataLoader(self.ids, batch_size=4)
+
+    def training_step(self, batch: torch.Tensor, batch_idx: int) -> torch.Tensor:
+        loss = self.model(input_ids=batch, labels=batch).loss
+        self.losses.append(loss.item())
+        return loss
+
+    def configure_optimizers(self) -> torch.optim.Optimizer:
+        return torch.optim.AdamW([p for p in self.parameters() if p.requires_grad], lr=1e-2)
+
+
+def _fit(model: pl.LightningModule, callbacks: list, tmp_path: Path, **kw: object) -> pl.Trainer:
+    opts: dict = dict(max_steps=3, accelerator="cpu", devices=1, logger=False, enable_checkpointing=False,
+                      enable_progress_bar=False, enable_model_summary=False, default_root_dir=tmp_path)
+    opts.update(kw)
+    trainer = pl.Trainer(callbacks=callbacks, **opts)
+    trainer.fit(model)
+    return trainer
+
+
+class _Graphs:
+    """A ``torch.compile`` backend counting the graphs Dynamo hands it (run with ``aot_eager``)."""
+
+    def __init__(self) -> None:
+        self.graphs: list[torch.fx.GraphModule] = []
+
+    def __call__(self, gm: torch.fx.GraphModule, example_inputs: list) -> object:
+        self.graphs.append(gm)
+        from torch._dynamo.backends.registry import lookup_backend
+
+        return lookup_backend("aot_eager")(gm, example_inputs)
+
+
+def test_lora_fine_tuning_trains_exactly_as_without_autoremat(tmp_path: Path) -> None:
+    """Frozen base, trainable adapters, accumulation, clipping: the same losses and parameters."""
+    kw = dict(accumulate_grad_batches=2, gradient_clip_val=0.5, max_steps=2)
+    plain, patched = LitLoRA(), LitLoRA()
+    _fit(plain, [], tmp_path, **kw)
+    cb = autoremat.AutoRemat(budget="70%", module="model", raise_batch_size=False, verbose=False)
+    _fit(patched, [cb], tmp_path, **kw)
+    assert cb.plan is not None and cb.plan.recompute_segments
+    assert plain.losses == patched.losses and len(plain.losses) == 4
+    for (name, a), b in zip(plain.state_dict().items(), patched.state_dict().values()):
+        assert torch.equal(a, b), name
+    summary = cb.summary
+    assert abs(summary["measured_peak_bytes"] - summary["predicted_peak_bytes"]) <= 0.01 * summary["predicted_peak_bytes"]
+
+
+def test_measuring_a_step_leaves_a_compiled_module_compiling() -> None:
+    """The CPU step peak is counted under a ``TorchDispatchMode``; Dynamo, called under one, marks
+    the code it meets to run eagerly from then on, so the user's compiled model never compiled
+    again. The measured step runs the module inside the wrapper."""
+    torch._dynamo.reset()
+    backend = _Graphs()
+    net = nn.Sequential(nn.Linear(8, 8), nn.ReLU(), nn.Linear(8, 8))
+    compiled = torch.compile(net, backend=backend)
+    x = torch.randn(4, 8)
+    assert measured_step_peak(compiled, (x,), {}, default_loss) > 0
+    compiled(x).sum().backward()
+    assert backend.graphs
+
+
+def test_a_compiled_transformers_model_still_compiles_under_the_callback(tmp_path: Path) -> None:
+    torch._dynamo.reset()
+    backend = _Graphs()
+    model = LitLoRA(compile_backend=backend)
+    cb = autoremat.AutoRemat(budget="70%", module="model", raise_batch_size=False, verbose=False)
+    _fit(model, [cb], tmp_path, max_steps=2)
+    assert cb.plan is not None and cb.plan.recompute_segments
+    assert backend.graphs, "the training steps ran eagerly: the user's torch.compile was lost"
+    assert len(model.losses) == 2
