@@ -19,7 +19,9 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 
+import functools
 import statistics
+import threading
 import time
 import weakref
 from collections.abc import Callable, Iterator, Mapping, Sequence
@@ -36,7 +38,7 @@ from .resident import device_of
 _ADD = torch.ops.aten.add.Tensor
 
 __all__ = ["LiveStorageCounter", "CollectiveCounter", "Measurement", "measure", "default_loss", "run_step",
-           "gradients", "gradients_equal", "op_tensors", "deterministic_kernels"]
+           "gradients", "gradients_equal", "op_tensors", "deterministic_kernels", "is_profiling", "profiling_run"]
 
 
 class LiveStorageCounter(TorchDispatchMode):
@@ -257,6 +259,35 @@ def _flatten(obj: Any) -> list[Any]:
     return []
 
 
+_PROFILING = threading.local()
+
+
+def is_profiling() -> bool:
+    """Whether this thread is inside one of autoremat's own runs of the model: a capture
+    (:func:`autoremat.capture`, :func:`autoremat.capture_within`: profiling, timing and meta runs,
+    at the user's batch size and at smaller ones), a measured step (:func:`measure`, the
+    integrations' step that confirms a plan, the batch-size trial steps) or the Lightning
+    callback's recording of ``training_step``. Module hooks run in these as in any forward and
+    backward (a hook may change what the model computes, so the capture keeps them); a hook with
+    side effects (counting calls, logging activations or gradients) can test it to run them only
+    in the user's own steps, as :func:`autoremat.runtime.is_recomputing` does for recomputation."""
+    return getattr(_PROFILING, "depth", 0) > 0
+
+
+def profiling_run(fn: Callable[..., Any]) -> Callable[..., Any]:
+    """``fn`` with :func:`is_profiling` true while it runs (nested calls allowed)."""
+
+    @functools.wraps(fn)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        _PROFILING.depth = getattr(_PROFILING, "depth", 0) + 1
+        try:
+            return fn(*args, **kwargs)
+        finally:
+            _PROFILING.depth -= 1
+
+    return wrapper
+
+
 def run_step(model: torch.nn.Module, args: Sequence[Any], kwargs: Mapping[str, Any] | None = None,
              loss_fn: Callable[[Any], torch.Tensor] | None = None, *, keep_output: bool = False) -> torch.Tensor:
     """One forward + backward; returns the detached loss. Gradients are set to ``None`` first.
@@ -281,6 +312,7 @@ class Measurement:
     device: str = "cpu"
 
 
+@profiling_run
 def measure(
     model: torch.nn.Module,
     args: Sequence[Any],

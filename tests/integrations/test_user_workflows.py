@@ -128,3 +128,36 @@ def test_a_compiled_transformers_model_still_compiles_under_the_callback(tmp_pat
     assert cb.plan is not None and cb.plan.recompute_segments
     assert backend.graphs, "the training steps ran eagerly: the user's torch.compile was lost"
     assert len(model.losses) == 2
+
+
+def test_hooks_see_the_users_steps_once_when_they_skip_autoremats_own_runs(tmp_path: Path) -> None:
+    """A forward hook and a full backward hook registered before fitting fire in autoremat's own
+    runs too (capture, timing, the measured step); skipping those (``is_profiling``) and
+    recomputations (``is_recomputing``), they see the steps and values of the run without it."""
+
+    def fit(callbacks: list) -> tuple[list, list]:
+        model, seen, every = LitLoRA(), [], []
+        layer = model.model.model.layers[1].mlp
+
+        def forward_hook(module: nn.Module, args: tuple, out: torch.Tensor) -> None:
+            every.append("f")
+            if not autoremat.is_profiling() and not autoremat.runtime.is_recomputing():
+                seen.append(("f", out.detach().clone()))
+
+        def backward_hook(module: nn.Module, grad_in: tuple, grad_out: tuple) -> None:
+            every.append("b")
+            if not autoremat.is_profiling():
+                seen.append(("b", grad_out[0].detach().clone()))
+
+        layer.register_forward_hook(forward_hook)
+        layer.register_full_backward_hook(backward_hook)
+        _fit(model, callbacks, tmp_path, max_steps=2)
+        return seen, every
+
+    plain, plain_every = fit([])
+    cb = autoremat.AutoRemat(budget="min", module="model", raise_batch_size=False, verbose=False)
+    patched, patched_every = fit([cb])
+    assert cb.plan is not None and cb.plan.recompute_segments
+    assert len(patched_every) > len(plain_every) == 4  # the capture ran the hooks
+    assert [k for k, _ in plain] == [k for k, _ in patched] == ["f", "b", "f", "b"]
+    assert all(torch.equal(a, b) for (_, a), (_, b) in zip(plain, patched))

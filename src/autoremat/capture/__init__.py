@@ -33,7 +33,7 @@ from torch import nn
 
 from .._compiled import uncompiled
 from ..graph import Graph
-from ..measure import default_loss
+from ..measure import default_loss, profiling_run
 from ..resident import device_of, resident_bytes
 from ._recorder import NodeRecord, Recorder, paused_gc, preserved_state, tensors_in, timing_noise
 from .fx import fx_fingerprint, profile_fx, records_from_fx, trace
@@ -103,6 +103,7 @@ def _validate(model: Any, args: Any, kwargs: Any, mode: str, loss_fn: Any) -> tu
     return tuple(args), dict(kwargs)
 
 
+@profiling_run
 def capture(
     model: nn.Module,
     args: Sequence[Any] | torch.Tensor,

@@ -31,7 +31,7 @@ from ..budget import is_min
 from ..capture._recorder import preserved_state
 from ..errors import InfeasibleBudgetError
 from ..graph import Graph
-from ..measure import LiveStorageCounter, run_step
+from ..measure import LiveStorageCounter, profiling_run, run_step
 from ..plan import Plan
 from ..resident import device_of
 from ..cost import unoptimised_peak_bytes
@@ -104,6 +104,7 @@ def as_plan(value: Any, name: str = "plan") -> Plan | None:
     raise ValueError(f"{name}={value!r} must be a plan file path, an autoremat.Plan, a plan dict or None")
 
 
+@profiling_run
 def measured_step_peak(target: nn.Module, args: tuple, kwargs: dict, loss_fn: Callable[[Any], torch.Tensor],
                        context: Callable[[], ContextManager[Any]] = contextlib.nullcontext,
                        keep_output: bool = False) -> int:
