@@ -161,3 +161,44 @@ def test_hooks_see_the_users_steps_once_when_they_skip_autoremats_own_runs(tmp_p
     assert len(patched_every) > len(plain_every) == 4  # the capture ran the hooks
     assert [k for k, _ in plain] == [k for k, _ in patched] == ["f", "b", "f", "b"]
     assert all(torch.equal(a, b) for (_, a), (_, b) in zip(plain, patched))
+
+
+def _accelerate_run(patched: bool, steps: int = 4) -> tuple[nn.Module, list[float]]:
+    from accelerate import Accelerator
+    from accelerate.state import AcceleratorState
+
+    import autoremat.integrations.accelerate as ar
+
+    AcceleratorState._reset_state(reset_partial_state=True)
+    accelerator = Accelerator(cpu=True, mixed_precision="bf16", gradient_accumulation_steps=2)
+    model = lora_llama()
+    optimizer = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=1e-2)
+    ids = torch.randint(0, 128, (4 * steps, 16), generator=torch.Generator().manual_seed(1))
+    if patched:
+        ar.prepare(accelerator, model, (), {"input_ids": ids[:4], "labels": ids[:4]}, budget="70%",
+                   optimizer=optimizer)
+        assert model.__dict__["_autoremat_patch"].plan.recompute_segments
+    prepared, optimizer = accelerator.prepare(model, optimizer)
+    losses = []
+    for i in range(steps):
+        batch = ids[4 * i:4 * i + 4]
+        with accelerator.accumulate(prepared):
+            outputs = prepared(input_ids=batch, labels=batch)
+            accelerator.backward(outputs.loss)
+            optimizer.step()
+            optimizer.zero_grad()
+            losses.append(outputs.loss.item())
+    AcceleratorState._reset_state(reset_partial_state=True)
+    return model, losses
+
+
+def test_lora_under_accelerate_accumulation_and_bf16_trains_exactly_as_without_autoremat(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    for key in ("AUTOREMAT_BUDGET", "AUTOREMAT_SOLVER", "AUTOREMAT_ENABLED", "AUTOREMAT_CONFIG", "AUTOREMAT_PLAN"):
+        monkeypatch.delenv(key, raising=False)
+    plain, plain_losses = _accelerate_run(False)
+    patched, patched_losses = _accelerate_run(True)
+    assert plain_losses == patched_losses
+    for (name, a), b in zip(plain.state_dict().items(), patched.state_dict().values()):
+        assert torch.equal(a, b), name
+    autoremat.restore(patched)
