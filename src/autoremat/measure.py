@@ -32,6 +32,7 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten
 
+from ._compiled import uncompiled
 from ._fsdp import local_tensor
 from .resident import device_of
 
@@ -356,11 +357,13 @@ def measure(
             times.append(time.perf_counter() - t0)
     if device.type != "cuda":
         # The counter is a Python dispatch mode: it slows every op, so the peak is taken from a
-        # separate step and the times above are free of it.
+        # separate step and the times above are free of it. It runs the module inside a
+        # torch.compile wrapper: Dynamo called under a dispatch mode runs eagerly anyway, and marks
+        # the code it meets to run eagerly from then on (the user's compiled model would stop compiling).
         model.zero_grad(set_to_none=True)
         counter = LiveStorageCounter()
         with counter:
-            run_step(model, args, kwargs, loss_fn, keep_output=keep_output)
+            run_step(uncompiled(model), args, kwargs, loss_fn, keep_output=keep_output)
         peak = counter.peak
     model.zero_grad(set_to_none=True)
     return Measurement(peak_bytes=int(peak), step_time_s=statistics.median(times), step_times_s=times,

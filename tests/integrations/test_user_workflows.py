@@ -202,3 +202,14 @@ def test_lora_under_accelerate_accumulation_and_bf16_trains_exactly_as_without_a
     for (name, a), b in zip(plain.state_dict().items(), patched.state_dict().values()):
         assert torch.equal(a, b), name
     autoremat.restore(patched)
+
+
+def test_autoremat_measure_leaves_a_compiled_module_compiling() -> None:
+    """``autoremat.measure`` counts the CPU peak in a step of its own, under the storage counter."""
+    torch._dynamo.reset()
+    backend = _Graphs()
+    compiled = torch.compile(nn.Sequential(nn.Linear(8, 8), nn.ReLU(), nn.Linear(8, 8)), backend=backend)
+    assert autoremat.measure(compiled, (torch.randn(4, 8),), steps=1, warmup=1).peak_bytes > 0
+    assert len(backend.graphs) == 1
+    compiled(torch.randn(5, 8)).sum().backward()  # a new batch size: Dynamo compiles again
+    assert len(backend.graphs) == 2
