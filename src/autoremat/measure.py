@@ -21,7 +21,6 @@ import dataclasses
 
 import functools
 import statistics
-import threading
 import time
 import weakref
 from collections.abc import Callable, Iterator, Mapping, Sequence
@@ -260,19 +259,20 @@ def _flatten(obj: Any) -> list[Any]:
     return []
 
 
-_PROFILING = threading.local()
+_PROFILING = [0]  # process-wide, not per thread: on a GPU, backward hooks run in autograd's device threads
 
 
 def is_profiling() -> bool:
-    """Whether this thread is inside one of autoremat's own runs of the model: a capture
-    (:func:`autoremat.capture`, :func:`autoremat.capture_within`: profiling, timing and meta runs,
-    at the user's batch size and at smaller ones), a measured step (:func:`measure`, the
-    integrations' step that confirms a plan, the batch-size trial steps) or the Lightning
-    callback's recording of ``training_step``. Module hooks run in these as in any forward and
-    backward (a hook may change what the model computes, so the capture keeps them); a hook with
-    side effects (counting calls, logging activations or gradients) can test it to run them only
-    in the user's own steps, as :func:`autoremat.runtime.is_recomputing` does for recomputation."""
-    return getattr(_PROFILING, "depth", 0) > 0
+    """Whether autoremat is running the model itself: a capture (:func:`autoremat.capture`,
+    :func:`autoremat.capture_within`: profiling, timing and meta runs, at the user's batch size
+    and at smaller ones), a measured step (:func:`measure`, the integrations' step that confirms a
+    plan, the batch-size trial steps) or the Lightning callback's recording of ``training_step``.
+    Module hooks run in these as in any forward and backward (a hook may change what the model
+    computes, so the capture keeps them); a hook with side effects (counting calls, logging
+    activations or gradients) can test it to run them only in the user's own steps, as
+    :func:`autoremat.runtime.is_recomputing` does for recomputation. Process-wide (backward hooks
+    on a GPU run in autograd's own threads)."""
+    return _PROFILING[0] > 0
 
 
 def profiling_run(fn: Callable[..., Any]) -> Callable[..., Any]:
@@ -280,11 +280,11 @@ def profiling_run(fn: Callable[..., Any]) -> Callable[..., Any]:
 
     @functools.wraps(fn)
     def wrapper(*args: Any, **kwargs: Any) -> Any:
-        _PROFILING.depth = getattr(_PROFILING, "depth", 0) + 1
+        _PROFILING[0] += 1
         try:
             return fn(*args, **kwargs)
         finally:
-            _PROFILING.depth -= 1
+            _PROFILING[0] -= 1
 
     return wrapper
 
