@@ -19,7 +19,7 @@ from .capture import CaptureDoesNotFitError, capture, capture_within
 from .capture.signature import check_inputs
 from .errors import CallCountError, InfeasibleBudgetError, PlanFormatError, PlanMismatchError
 from .graph import Graph
-from .measure import Measurement, measure
+from .measure import Measurement, is_profiling, measure
 from .plan import Plan, Segment, validate_plan
 from .runtime import apply, is_patched, restore
 from .cost import Simulation, simulate
@@ -33,6 +33,7 @@ __version__ = "0.1.0"
 __all__ = [
     "AutoRemat", "Graph", "Plan", "Segment", "Simulation", "Measurement",
     "capture", "capture_within", "CaptureDoesNotFitError", "solve", "simulate", "apply", "restore", "is_patched", "measure",
+    "is_profiling",
     "validate_plan", "parse_budget", "SOLVERS", "min_budget",
     "InfeasibleBudgetError", "PlanMismatchError", "PlanFormatError", "CallCountError", "check_inputs", "zoo", "__version__",
 ]

@@ -19,6 +19,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 
+import functools
 import statistics
 import time
 import weakref
@@ -30,13 +31,14 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten
 
+from ._compiled import uncompiled
 from ._fsdp import local_tensor
 from .resident import device_of
 
 _ADD = torch.ops.aten.add.Tensor
 
 __all__ = ["LiveStorageCounter", "CollectiveCounter", "Measurement", "measure", "default_loss", "run_step",
-           "gradients", "gradients_equal", "op_tensors", "deterministic_kernels"]
+           "gradients", "gradients_equal", "op_tensors", "deterministic_kernels", "is_profiling", "profiling_run"]
 
 
 class LiveStorageCounter(TorchDispatchMode):
@@ -257,6 +259,36 @@ def _flatten(obj: Any) -> list[Any]:
     return []
 
 
+_PROFILING = [0]  # process-wide, not per thread: on a GPU, backward hooks run in autograd's device threads
+
+
+def is_profiling() -> bool:
+    """Whether autoremat is running the model itself: a capture (:func:`autoremat.capture`,
+    :func:`autoremat.capture_within`: profiling, timing and meta runs, at the user's batch size
+    and at smaller ones), a measured step (:func:`measure`, the integrations' step that confirms a
+    plan, the batch-size trial steps) or the Lightning callback's recording of ``training_step``.
+    Module hooks run in these as in any forward and backward (a hook may change what the model
+    computes, so the capture keeps them); a hook with side effects (counting calls, logging
+    activations or gradients) can test it to run them only in the user's own steps, as
+    :func:`autoremat.runtime.is_recomputing` does for recomputation. Process-wide (backward hooks
+    on a GPU run in autograd's own threads)."""
+    return _PROFILING[0] > 0
+
+
+def profiling_run(fn: Callable[..., Any]) -> Callable[..., Any]:
+    """``fn`` with :func:`is_profiling` true while it runs (nested calls allowed)."""
+
+    @functools.wraps(fn)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        _PROFILING[0] += 1
+        try:
+            return fn(*args, **kwargs)
+        finally:
+            _PROFILING[0] -= 1
+
+    return wrapper
+
+
 def run_step(model: torch.nn.Module, args: Sequence[Any], kwargs: Mapping[str, Any] | None = None,
              loss_fn: Callable[[Any], torch.Tensor] | None = None, *, keep_output: bool = False) -> torch.Tensor:
     """One forward + backward; returns the detached loss. Gradients are set to ``None`` first.
@@ -281,6 +313,7 @@ class Measurement:
     device: str = "cpu"
 
 
+@profiling_run
 def measure(
     model: torch.nn.Module,
     args: Sequence[Any],
@@ -324,11 +357,13 @@ def measure(
             times.append(time.perf_counter() - t0)
     if device.type != "cuda":
         # The counter is a Python dispatch mode: it slows every op, so the peak is taken from a
-        # separate step and the times above are free of it.
+        # separate step and the times above are free of it. It runs the module inside a
+        # torch.compile wrapper: Dynamo called under a dispatch mode runs eagerly anyway, and marks
+        # the code it meets to run eagerly from then on (the user's compiled model would stop compiling).
         model.zero_grad(set_to_none=True)
         counter = LiveStorageCounter()
         with counter:
-            run_step(model, args, kwargs, loss_fn, keep_output=keep_output)
+            run_step(uncompiled(model), args, kwargs, loss_fn, keep_output=keep_output)
         peak = counter.peak
     model.zero_grad(set_to_none=True)
     return Measurement(peak_bytes=int(peak), step_time_s=statistics.median(times), step_times_s=times,

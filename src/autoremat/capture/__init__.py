@@ -29,13 +29,16 @@ from typing import Any
 
 import networkx as nx
 import torch
+import torch.nn.modules.module as _module_mod
 from torch import nn
 
 from .._compiled import uncompiled
 from ..graph import Graph
-from ..measure import default_loss
+from ..measure import default_loss, profiling_run
 from ..resident import device_of, resident_bytes
 from ._recorder import NodeRecord, Recorder, paused_gc, preserved_state, tensors_in, timing_noise
+from ._code_reads import traced_through
+from ._tracing import _GLOBAL_HOOK_DICTS, _HOOK_DICTS
 from .fx import fx_fingerprint, profile_fx, records_from_fx, trace
 from .blocks import BLOCK_MODES
 from .meta_cache import MetaOpCache
@@ -103,6 +106,7 @@ def _validate(model: Any, args: Any, kwargs: Any, mode: str, loss_fn: Any) -> tu
     return tuple(args), dict(kwargs)
 
 
+@profiling_run
 def capture(
     model: nn.Module,
     args: Sequence[Any] | torch.Tensor,
@@ -264,9 +268,16 @@ def _trace_and_profile(model: nn.Module, args: tuple[Any, ...], kwargs: dict[str
 
 
 def _traced_in_state(model: nn.Module, mode: str) -> Any:
-    """``trace(model)``, or ``None`` (logged) where fx cannot trace it and ``mode`` is "auto"."""
+    """``trace(model)``, or ``None`` (logged) where fx cannot trace it, or where a module the
+    trace runs through has hooks (:func:`_hooked_through`), and ``mode`` is "auto"."""
     try:
-        return trace(model)
+        gm = trace(model)
+        hooked = _hooked_through(model, gm)
+        if hooked:
+            raise ValueError(f"hooks on {hooked}, a module whose code the trace runs through: the fx-level "
+                             "forward calls only the trace's leaves, so it would not run them and the patched "
+                             "model would run without the plan")
+        return gm
     except Exception as exc:  # fx raises many types (TraceError, TypeError, NotImplementedError…)
         if mode == "fx":
             raise ValueError(f"torch.fx cannot trace {type(model).__name__}: {exc}. "
@@ -274,6 +285,20 @@ def _traced_in_state(model: nn.Module, mode: str) -> Any:
         logger.info("torch.fx cannot trace %s (%s: %s); capturing at module level",
                     type(model).__name__, type(exc).__name__, str(exc).splitlines()[0][:200])
         return None
+
+
+def _hooked_through(model: nn.Module, gm: Any) -> str | None:
+    """The first module (its path, quoted) other than ``model`` whose code ``gm`` runs through
+    and that has module hooks, or "global module hooks" where any is registered; else ``None``.
+    Those are the hooks the fx-level forward's guard (:mod:`autoremat.runtime.guard`) finds and
+    falls back to the model's own forward for; leaves run their hooks in their ``__call__``."""
+    if any(getattr(_module_mod, h, None) for h in _GLOBAL_HOOK_DICTS):
+        return "global module hooks (torch.nn.modules.module.register_module_*_hook)"
+    through = {id(m) for m in traced_through(model, gm)}
+    for path, m in model.named_modules():
+        if m is not model and id(m) in through and any(m.__dict__.get(h) for h in _HOOK_DICTS):
+            return f"module {path!r}"
+    return None
 
 
 def _traced_or_none(model: nn.Module, mode: str, device: torch.device) -> Any:

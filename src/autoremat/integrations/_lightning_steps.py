@@ -14,6 +14,7 @@ from ..capture._recorder import preserved_state
 from ..capture.scaled.limits import is_oom
 from ..errors import InfeasibleBudgetError
 from ..graph import Graph
+from ..measure import profiling_run
 from ..plan import Plan
 from ..resident import device_of, storage_bytes
 from ..runtime import apply, restore
@@ -40,6 +41,7 @@ class _Recorded(Exception):
     not needed (and, at the user's batch, may not fit the device)."""
 
 
+@profiling_run
 def record_inputs(cb: "AutoRemat", trainer: "pl.Trainer", pl_module: "pl.LightningModule",
                   size: int | None = None) -> tuple[tuple, dict, int]:
     """Inputs of the target module in ``training_step`` on a real batch (of ``size`` rows).

@@ -89,6 +89,7 @@ from torch import nn
 
 from ..._compiled import uncompiled
 from ...graph import Graph
+from ...measure import profiling_run
 from .batch import batch_size_of
 from .fit import linear_peak, scale_to
 from .ladder import ladder
@@ -101,6 +102,7 @@ __all__ = ["capture_within", "CaptureDoesNotFitError", "profile_limit_bytes", "r
 logger = logging.getLogger(__name__)
 
 
+@profiling_run
 def capture_within(
     model: nn.Module,
     args: Sequence[Any] | torch.Tensor,

@@ -1,0 +1,215 @@
+"""Workflows of a user fine-tuning with the integrations: a transformers Llama with its base
+frozen and low-rank adapters on the attention projections (LoRA), under Lightning, and compiled.
+
+The patched run must train exactly as the run without autoremat, and a module the user compiled
+must still run compiled once the callback has planned it."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import lightning.pytorch as pl
+import pytest
+import torch
+from torch import nn
+
+import autoremat
+from autoremat.integrations._planning import measured_step_peak
+from autoremat.measure import default_loss
+
+transformers = pytest.importorskip("transformers")
+
+
+class LoRA(nn.Module):
+    """``base(x) + b(a(x))`` with ``base`` frozen: the adapter the user trains."""
+
+    def __init__(self, base: nn.Linear, rank: int = 4) -> None:
+        super().__init__()
+        self.base = base
+        self.a = nn.Linear(base.in_features, rank, bias=False)
+        self.b = nn.Linear(rank, base.out_features, bias=False)
+        nn.init.normal_(self.b.weight, std=0.02)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.base(x) + self.b(self.a(x))
+
+
+def lora_llama(seed: int = 0, layers: int = 2) -> nn.Module:
+    torch.manual_seed(seed)
+    cfg = transformers.LlamaConfig(vocab_size=128, hidden_size=64, intermediate_size=128, num_hidden_layers=layers,
+                                   num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64,
+                                   use_cache=False)
+    model = transformers.LlamaForCausalLM(cfg)
+    model.requires_grad_(False)
+    for layer in model.model.layers:
+        layer.self_attn.q_proj = LoRA(layer.self_attn.q_proj)
+        layer.self_attn.v_proj = LoRA(layer.self_attn.v_proj)
+    return model
+
+
+class LitLoRA(pl.LightningModule):
+    def __init__(self, compile_backend: object = None) -> None:
+        super().__init__()
+        self.model = lora_llama()
+        if compile_backend is not None:
+            self.model = torch.compile(self.model, backend=compile_backend)
+        self.ids = torch.randint(0, 128, (16, 16), generator=torch.Generator().manual_seed(1))
+        self.losses: list[float] = []
+
+    def train_dataloader(self) -> torch.utils.data.DataLoader:
+        return torch.utils.data.DataLoader(self.ids, batch_size=4)
+
+    def training_step(self, batch: torch.Tensor, batch_idx: int) -> torch.Tensor:
+        loss = self.model(input_ids=batch, labels=batch).loss
+        self.losses.append(loss.item())
+        return loss
+
+    def configure_optimizers(self) -> torch.optim.Optimizer:
+        return torch.optim.AdamW([p for p in self.parameters() if p.requires_grad], lr=1e-2)
+
+
+def _fit(model: pl.LightningModule, callbacks: list, tmp_path: Path, **kw: object) -> pl.Trainer:
+    opts: dict = dict(max_steps=3, accelerator="cpu", devices=1, logger=False, enable_checkpointing=False,
+                      enable_progress_bar=False, enable_model_summary=False, default_root_dir=tmp_path)
+    opts.update(kw)
+    trainer = pl.Trainer(callbacks=callbacks, **opts)
+    trainer.fit(model)
+    return trainer
+
+
+class _Graphs:
+    """A ``torch.compile`` backend counting the graphs Dynamo hands it (run with ``aot_eager``)."""
+
+    def __init__(self) -> None:
+        self.graphs: list[torch.fx.GraphModule] = []
+
+    def __call__(self, gm: torch.fx.GraphModule, example_inputs: list) -> object:
+        self.graphs.append(gm)
+        from torch._dynamo.backends.registry import lookup_backend
+
+        return lookup_backend("aot_eager")(gm, example_inputs)
+
+
+def test_lora_fine_tuning_trains_exactly_as_without_autoremat(tmp_path: Path) -> None:
+    """Frozen base, trainable adapters, accumulation, clipping: the same losses and parameters."""
+    kw = dict(accumulate_grad_batches=2, gradient_clip_val=0.5, max_steps=2)
+    plain, patched = LitLoRA(), LitLoRA()
+    _fit(plain, [], tmp_path, **kw)
+    cb = autoremat.AutoRemat(budget="70%", module="model", raise_batch_size=False, verbose=False)
+    _fit(patched, [cb], tmp_path, **kw)
+    assert cb.plan is not None and cb.plan.recompute_segments
+    assert plain.losses == patched.losses and len(plain.losses) == 4
+    for (name, a), b in zip(plain.state_dict().items(), patched.state_dict().values()):
+        assert torch.equal(a, b), name
+    summary = cb.summary
+    assert abs(summary["measured_peak_bytes"] - summary["predicted_peak_bytes"]) <= 0.01 * summary["predicted_peak_bytes"]
+
+
+def test_measuring_a_step_leaves_a_compiled_module_compiling() -> None:
+    """The CPU step peak is counted under a ``TorchDispatchMode``; Dynamo, called under one, marks
+    the code it meets to run eagerly from then on, so the user's compiled model never compiled
+    again. The measured step runs the module inside the wrapper."""
+    torch._dynamo.reset()
+    backend = _Graphs()
+    net = nn.Sequential(nn.Linear(8, 8), nn.ReLU(), nn.Linear(8, 8))
+    compiled = torch.compile(net, backend=backend)
+    x = torch.randn(4, 8)
+    assert measured_step_peak(compiled, (x,), {}, default_loss) > 0
+    compiled(x).sum().backward()
+    assert backend.graphs
+
+
+def test_a_compiled_transformers_model_still_compiles_under_the_callback(tmp_path: Path) -> None:
+    torch._dynamo.reset()
+    backend = _Graphs()
+    model = LitLoRA(compile_backend=backend)
+    cb = autoremat.AutoRemat(budget="70%", module="model", raise_batch_size=False, verbose=False)
+    _fit(model, [cb], tmp_path, max_steps=2)
+    assert cb.plan is not None and cb.plan.recompute_segments
+    assert backend.graphs, "the training steps ran eagerly: the user's torch.compile was lost"
+    assert len(model.losses) == 2
+
+
+def test_hooks_see_the_users_steps_once_when_they_skip_autoremats_own_runs(tmp_path: Path) -> None:
+    """A forward hook and a full backward hook registered before fitting fire in autoremat's own
+    runs too (capture, timing, the measured step); skipping those (``is_profiling``) and
+    recomputations (``is_recomputing``), they see the steps and values of the run without it."""
+
+    def fit(callbacks: list) -> tuple[list, list]:
+        model, seen, every = LitLoRA(), [], []
+        layer = model.model.model.layers[1].mlp
+
+        def forward_hook(module: nn.Module, args: tuple, out: torch.Tensor) -> None:
+            every.append("f")
+            if not autoremat.is_profiling() and not autoremat.runtime.is_recomputing():
+                seen.append(("f", out.detach().clone()))
+
+        def backward_hook(module: nn.Module, grad_in: tuple, grad_out: tuple) -> None:
+            every.append("b")
+            if not autoremat.is_profiling():
+                seen.append(("b", grad_out[0].detach().clone()))
+
+        layer.register_forward_hook(forward_hook)
+        layer.register_full_backward_hook(backward_hook)
+        _fit(model, callbacks, tmp_path, max_steps=2)
+        return seen, every
+
+    plain, plain_every = fit([])
+    cb = autoremat.AutoRemat(budget="min", module="model", raise_batch_size=False, verbose=False)
+    patched, patched_every = fit([cb])
+    assert cb.plan is not None and cb.plan.recompute_segments
+    assert len(patched_every) > len(plain_every) == 4  # the capture ran the hooks
+    assert [k for k, _ in plain] == [k for k, _ in patched] == ["f", "b", "f", "b"]
+    assert all(torch.equal(a, b) for (_, a), (_, b) in zip(plain, patched))
+
+
+def _accelerate_run(patched: bool, steps: int = 4) -> tuple[nn.Module, list[float]]:
+    from accelerate import Accelerator
+    from accelerate.state import AcceleratorState
+
+    import autoremat.integrations.accelerate as ar
+
+    AcceleratorState._reset_state(reset_partial_state=True)
+    accelerator = Accelerator(cpu=True, mixed_precision="bf16", gradient_accumulation_steps=2)
+    model = lora_llama()
+    optimizer = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=1e-2)
+    ids = torch.randint(0, 128, (4 * steps, 16), generator=torch.Generator().manual_seed(1))
+    if patched:
+        ar.prepare(accelerator, model, (), {"input_ids": ids[:4], "labels": ids[:4]}, budget="70%",
+                   optimizer=optimizer)
+        assert model.__dict__["_autoremat_patch"].plan.recompute_segments
+    prepared, optimizer = accelerator.prepare(model, optimizer)
+    losses = []
+    for i in range(steps):
+        batch = ids[4 * i:4 * i + 4]
+        with accelerator.accumulate(prepared):
+            outputs = prepared(input_ids=batch, labels=batch)
+            accelerator.backward(outputs.loss)
+            optimizer.step()
+            optimizer.zero_grad()
+            losses.append(outputs.loss.item())
+    AcceleratorState._reset_state(reset_partial_state=True)
+    return model, losses
+
+
+def test_lora_under_accelerate_accumulation_and_bf16_trains_exactly_as_without_autoremat(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    for key in ("AUTOREMAT_BUDGET", "AUTOREMAT_SOLVER", "AUTOREMAT_ENABLED", "AUTOREMAT_CONFIG", "AUTOREMAT_PLAN"):
+        monkeypatch.delenv(key, raising=False)
+    plain, plain_losses = _accelerate_run(False)
+    patched, patched_losses = _accelerate_run(True)
+    assert plain_losses == patched_losses
+    for (name, a), b in zip(plain.state_dict().items(), patched.state_dict().values()):
+        assert torch.equal(a, b), name
+    autoremat.restore(patched)
+
+
+def test_autoremat_measure_leaves_a_compiled_module_compiling() -> None:
+    """``autoremat.measure`` counts the CPU peak in a step of its own, under the storage counter."""
+    torch._dynamo.reset()
+    backend = _Graphs()
+    compiled = torch.compile(nn.Sequential(nn.Linear(8, 8), nn.ReLU(), nn.Linear(8, 8)), backend=backend)
+    assert autoremat.measure(compiled, (torch.randn(4, 8),), steps=1, warmup=1).peak_bytes > 0
+    assert len(backend.graphs) == 1
+    compiled(torch.randn(5, 8)).sum().backward()  # a new batch size: Dynamo compiles again
+    assert len(backend.graphs) == 2
