@@ -45,8 +45,9 @@ class InfeasibleBudgetError(ValueError):
             f", {100.0 * budget_bytes / peak:.0f} %)" if peak else ")")
         super().__init__(
             f"solver {solver!r} found no plan within a step-peak budget of {asked}; the smallest budget it "
-            f"can meet is {need}{detail}. Raise the budget, pass budget='min' (the least reachable) or "
-            "on_infeasible='min', lower the batch size, or try another solver (autoremat.SOLVERS)."
+            f"can meet is {need}{detail}. Raise the budget, pass budget='min' (the least reachable; AutoRemat "
+            "and prepare also take on_infeasible='min' to plan there when the budget is out of reach), "
+            "lower the batch size, or try another solver (autoremat.SOLVERS)."
             + (f" {reason}" if reason else "")
         )
 

@@ -217,8 +217,14 @@ class CollectiveCounter(TorchDispatchMode):
 
 
 def default_loss(output: Any) -> torch.Tensor:
-    """The default scalar to backpropagate: the sum of the means of every floating-point tensor
-    in ``output`` (tuples, lists, dicts and dataclass-like objects are walked), in float32."""
+    """The default scalar to backpropagate: ``output``'s own loss where it carries one (a
+    ``loss`` key or attribute holding a one-element floating-point tensor that requires grad: a
+    Hugging Face model given ``labels``, whose users backpropagate ``outputs.loss``); else the
+    sum of the means of every floating-point tensor in ``output`` (tuples, lists, dicts and
+    dataclass-like objects are walked), in float32."""
+    own = _own_loss(output)
+    if own is not None:
+        return own
     tensors = [t for t in _flatten(output) if isinstance(t, torch.Tensor) and t.is_floating_point()
                and t.requires_grad]
     if not tensors:
@@ -228,6 +234,15 @@ def default_loss(output: Any) -> torch.Tensor:
     for t in tensors[1:]:
         total = total + t.float().mean()
     return total
+
+
+def _own_loss(output: Any) -> torch.Tensor | None:
+    """``output["loss"]`` or ``output.loss`` where it is a one-element floating-point tensor that
+    requires grad, else ``None``."""
+    loss = output.get("loss") if isinstance(output, Mapping) else getattr(output, "loss", None)
+    if isinstance(loss, torch.Tensor) and loss.is_floating_point() and loss.requires_grad and loss.numel() == 1:
+        return loss
+    return None
 
 
 def op_tensors(obj: Any) -> list[torch.Tensor]:

@@ -17,7 +17,7 @@ def test_config_runs(name: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch)
     if name == "gpt2.yaml":
         pytest.importorskip("transformers")
     monkeypatch.chdir(tmp_path)
-    small = ["--model.init_args.n_layer=2", "--model.init_args.seq=32"] if name == "gpt2.yaml" else []
+    small = ["--model.init_args.n_layer=2", "--model.init_args.seq=64"] if name == "gpt2.yaml" else []
     cli = main(["fit", "--config", str(CONFIGS / name), "--trainer.max_steps=2",
                 "--trainer.enable_progress_bar=false", *small])
     cbs = [c for c in cli.trainer.callbacks if isinstance(c, autoremat.AutoRemat)]

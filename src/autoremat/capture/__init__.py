@@ -123,7 +123,8 @@ def capture(
 
     ``times``: ``"measured"`` or ``"flops"`` (module docstring; ``None``: ``AUTOREMAT_TIMES``,
     else measured). ``loss_fn`` maps the model's output to the scalar to backpropagate; the default
-    (:func:`autoremat.measure.default_loss`) sums the means of every floating-point output.
+    (:func:`autoremat.measure.default_loss`) is the output's own ``loss`` where it carries one (a
+    ``transformers`` model given ``labels``), else the sum of the means of every floating-point output.
     ``blocks`` (module level): ``"module"`` makes each repeated block one node, ``"ops"``
     captures the blocks op by op so that plans can recompute parts of a layer and keep op
     outputs inside it (:mod:`autoremat.capture.blocks`); ``"auto"`` (the default) is ``"ops"``.
