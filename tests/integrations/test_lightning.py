@@ -336,8 +336,11 @@ def test_summary_says_when_raising_was_turned_off(tmp_path: Path) -> None:
 def test_batch_search_probes_with_the_same_solve_as_the_confirmation(tmp_path: Path) -> None:
     """The prediction solves through the callback's own ``_solve`` as the confirmation does
     (solver, offload handling; recomputation only under ``"auto"``, a subset of what the
-    confirmation weighs): a size the callback's own solve rejects must never reach a trial step."""
+    confirmation weighs): a size the callback's own solve rejects must never reach a trial step;
+    and the trial step at a predicted size takes the plan the prediction solved there (each graph
+    solved once: the trial once solved every predicted size again)."""
     rejected_in_trial: list[int] = []
+    solved: list[tuple[int, bool]] = []
 
     class Restricted(autoremat.AutoRemat):
         """A solve that rejects graphs over twice the original activation bytes."""
@@ -347,6 +350,7 @@ def test_batch_search_probes_with_the_same_solve_as_the_confirmation(tmp_path: P
 
         def _solve(self, graph, step_budget, **kwargs):  # type: ignore[no-untyped-def]
             size = graph.total("out_bytes")
+            solved.append((size, kwargs.get("recompute_only", False)))
             self.base = self.base or size
             if size > 2.2 * self.base:
                 if self.trying:
@@ -366,6 +370,7 @@ def test_batch_search_probes_with_the_same_solve_as_the_confirmation(tmp_path: P
     _trainer(cb, tmp_path, max_steps=1).fit(model)
     assert cb.batch_size == 8  # twice the original 4: the largest the restricted solve accepts
     assert rejected_in_trial == []
+    assert len(solved) == len(set(solved)) >= 3, solved  # 4 (the first plan), 8, 16 (rejected), ...
 
 
 def test_dropout_training_is_unchanged_by_the_callback(tmp_path: Path) -> None:
