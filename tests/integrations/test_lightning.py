@@ -51,6 +51,10 @@ def test_fit_cnn_meets_budget_and_restores(tmp_path: Path) -> None:
     assert cb.summary["measured_peak_bytes"] <= cb.step_budget_bytes
     assert len(model.step_losses) == 2 and all(torch.isfinite(torch.tensor(model.step_losses)))
     assert not autoremat.is_patched(model.model)  # restored when fitting ended
+    # the summary says why the batch was not raised (was a test of its own, on the same fit)
+    assert cb.summary["batch_size_before"] == cb.summary["batch_size_after"] == 4
+    assert cb.summary["batch_size_not_raised"] == "raise_batch_size=False"
+    assert batch_size_row(cb.summary) == "4 (not raised: raise_batch_size=False)"
 
 
 @pytest.mark.parametrize("regions", ["lean", "torch"])
@@ -322,15 +326,6 @@ def test_explicit_raise_batch_size_still_needs_the_attribute(tmp_path: Path) -> 
         _trainer(cb, tmp_path, max_steps=1).fit(_Plain())
     with pytest.raises(ValueError, match="raise_batch_size"):
         autoremat.AutoRemat(raise_batch_size="yes")
-
-
-def test_summary_says_when_raising_was_turned_off(tmp_path: Path) -> None:
-    model = LitClassifier()
-    cb = autoremat.AutoRemat(budget="50%", module="model", raise_batch_size=False, verbose=False)
-    _trainer(cb, tmp_path, max_steps=1).fit(model)
-    assert cb.summary["batch_size_before"] == cb.summary["batch_size_after"] == 4
-    assert cb.summary["batch_size_not_raised"] == "raise_batch_size=False"
-    assert batch_size_row(cb.summary) == "4 (not raised: raise_batch_size=False)"
 
 
 def test_batch_search_probes_with_the_same_solve_as_the_confirmation(tmp_path: Path) -> None:
