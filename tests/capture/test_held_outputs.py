@@ -72,9 +72,11 @@ def test_the_returned_object_holds_its_tensors_until_the_loss(hidden: bool) -> N
 
 
 def test_plans_hold_them_too_and_train_exactly() -> None:
+    """At half the peak and at the least budget (each an auto solve that asks the lattice; 0.8 of
+    the peak as well added a third such solve and no other path)."""
     torch.manual_seed(0)
     model, x = CachingModel(), torch.randn(64, 32)
-    graph = trains_exactly("caching model", model, (x,), {"hidden": True}, _logits, fractions=(0.8, 0.5))
+    graph = trains_exactly("caching model", model, (x,), {"hidden": True}, _logits, fractions=(0.5,))
     assert any(graph.node(v)["held_by_output"] for v in graph.nodes)
 
 

@@ -51,6 +51,10 @@ def test_fit_cnn_meets_budget_and_restores(tmp_path: Path) -> None:
     assert cb.summary["measured_peak_bytes"] <= cb.step_budget_bytes
     assert len(model.step_losses) == 2 and all(torch.isfinite(torch.tensor(model.step_losses)))
     assert not autoremat.is_patched(model.model)  # restored when fitting ended
+    # the summary says why the batch was not raised (was a test of its own, on the same fit)
+    assert cb.summary["batch_size_before"] == cb.summary["batch_size_after"] == 4
+    assert cb.summary["batch_size_not_raised"] == "raise_batch_size=False"
+    assert batch_size_row(cb.summary) == "4 (not raised: raise_batch_size=False)"
 
 
 @pytest.mark.parametrize("regions", ["lean", "torch"])
@@ -324,20 +328,14 @@ def test_explicit_raise_batch_size_still_needs_the_attribute(tmp_path: Path) -> 
         autoremat.AutoRemat(raise_batch_size="yes")
 
 
-def test_summary_says_when_raising_was_turned_off(tmp_path: Path) -> None:
-    model = LitClassifier()
-    cb = autoremat.AutoRemat(budget="50%", module="model", raise_batch_size=False, verbose=False)
-    _trainer(cb, tmp_path, max_steps=1).fit(model)
-    assert cb.summary["batch_size_before"] == cb.summary["batch_size_after"] == 4
-    assert cb.summary["batch_size_not_raised"] == "raise_batch_size=False"
-    assert batch_size_row(cb.summary) == "4 (not raised: raise_batch_size=False)"
-
-
 def test_batch_search_probes_with_the_same_solve_as_the_confirmation(tmp_path: Path) -> None:
     """The prediction solves through the callback's own ``_solve`` as the confirmation does
     (solver, offload handling; recomputation only under ``"auto"``, a subset of what the
-    confirmation weighs): a size the callback's own solve rejects must never reach a trial step."""
+    confirmation weighs): a size the callback's own solve rejects must never reach a trial step;
+    and the trial step at a predicted size takes the plan the prediction solved there (each graph
+    solved once: the trial once solved every predicted size again)."""
     rejected_in_trial: list[int] = []
+    solved: list[tuple[int, bool]] = []
 
     class Restricted(autoremat.AutoRemat):
         """A solve that rejects graphs over twice the original activation bytes."""
@@ -347,6 +345,7 @@ def test_batch_search_probes_with_the_same_solve_as_the_confirmation(tmp_path: P
 
         def _solve(self, graph, step_budget, **kwargs):  # type: ignore[no-untyped-def]
             size = graph.total("out_bytes")
+            solved.append((size, kwargs.get("recompute_only", False)))
             self.base = self.base or size
             if size > 2.2 * self.base:
                 if self.trying:
@@ -366,6 +365,7 @@ def test_batch_search_probes_with_the_same_solve_as_the_confirmation(tmp_path: P
     _trainer(cb, tmp_path, max_steps=1).fit(model)
     assert cb.batch_size == 8  # twice the original 4: the largest the restricted solve accepts
     assert rejected_in_trial == []
+    assert len(solved) == len(set(solved)) >= 3, solved  # 4 (the first plan), 8, 16 (rejected), ...
 
 
 def test_dropout_training_is_unchanged_by_the_callback(tmp_path: Path) -> None:

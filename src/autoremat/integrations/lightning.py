@@ -449,9 +449,11 @@ class AutoRemat(Callback):
         if length is not None:
             limit = min(limit, length)
 
+        solved: dict[int, tuple[Plan, Graph, int]] = {}  # the trial step at a predicted size reuses its plan
+
         def fits(size: int) -> bool:
             try:
-                self._plan_at(graph, size, original, step_budget, batch_bytes, recompute_only=True)
+                solved[size] = self._plan_at(graph, size, original, step_budget, batch_bytes, recompute_only=True)
                 return True
             except InfeasibleBudgetError:
                 return False
@@ -461,7 +463,8 @@ class AutoRemat(Callback):
         def trial(size: int) -> tuple[Plan, Graph] | None:
             if phase is not None:
                 phase.step(f"trial step at batch size {size} (predicted largest {candidate})")
-            return self._try_size(trainer, pl_module, graph, size, original, step_budget, loss_fn, batch_bytes)
+            return self._try_size(trainer, pl_module, graph, size, original, step_budget, loss_fn, batch_bytes,
+                                  solved.get(size))
 
         confirmed = confirmed_largest(original, candidate, trial)
         if confirmed is None:
@@ -479,6 +482,7 @@ class AutoRemat(Callback):
 
     def _try_size(self, trainer: "pl.Trainer", pl_module: "pl.LightningModule", graph: Graph, size: int,
                   original: int, step_budget: int, loss_fn: Callable[[Any], torch.Tensor],
-                  batch_bytes: int) -> tuple[Plan, Graph] | None:
-        """Solve at ``size`` and confirm with a patched trial step on a real batch of that size."""
-        return try_size(self, trainer, pl_module, graph, size, original, step_budget, loss_fn, batch_bytes)
+                  batch_bytes: int, solved: tuple[Plan, Graph, int] | None = None) -> tuple[Plan, Graph] | None:
+        """Solve at ``size`` (or take ``solved``, what :meth:`_plan_at` gave for it) and confirm
+        with a patched trial step on a real batch of that size."""
+        return try_size(self, trainer, pl_module, graph, size, original, step_budget, loss_fn, batch_bytes, solved)
