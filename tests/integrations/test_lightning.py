@@ -178,6 +178,9 @@ def test_resume_reuses_plan_without_profiling(tmp_path: Path, monkeypatch: pytes
     trainer2.callbacks.append(Probe())
     trainer2.fit(LitClassifier(), ckpt_path=ckpt)
     assert cb2.plan.to_dict() == saved_plan and seen["patched"]
+    # the resumed run's summary is the planning run's (it was empty: no measured peak to report)
+    assert cb2.summary["measured_peak_bytes"] == cb.summary["measured_peak_bytes"] > 0
+    assert cb2.summary["source"].startswith("checkpoint")
 
 
 def test_offload_true_needs_cuda(tmp_path: Path) -> None:

@@ -226,7 +226,7 @@ class AutoRemat(Callback):
     def state_dict(self) -> dict[str, Any]:
         return {"version": _STATE_VERSION, "plan": None if self.plan is None else self.plan.to_dict(),
                 "batch_size": self.batch_size, "original_batch_size": self.original_batch_size,
-                "step_budget_bytes": self.step_budget_bytes}
+                "step_budget_bytes": self.step_budget_bytes, "summary": dict(self.summary)}
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         if state_dict.get("version") != _STATE_VERSION:
@@ -235,6 +235,10 @@ class AutoRemat(Callback):
         self.batch_size = state_dict.get("batch_size")
         self.original_batch_size = state_dict.get("original_batch_size")
         self.step_budget_bytes = state_dict.get("step_budget_bytes")
+        summary = state_dict.get("summary") or {}  # (a checkpoint of an older version has none)
+        was = summary.get("source")
+        self.summary = {**summary, "source": "checkpoint" + (f" (planned from: {was})" if was else "")} \
+            if summary else {}
 
     # ------------------------------------------------------------------ hooks
     def setup(self, trainer: "pl.Trainer", pl_module: "pl.LightningModule", stage: str) -> None:
