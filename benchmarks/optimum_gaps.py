@@ -245,6 +245,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--zoo", default=",".join(ZOO))
     ap.add_argument("--random", type=int, default=100)
+    ap.add_argument("--random-start", type=int, default=0,
+                    help="skip the first this many random networks (the same networks as a full run's later ones)")
     ap.add_argument("--time-limit", type=float, default=60.0)
     ap.add_argument("--random-time-limit", type=float, default=10.0)
     ap.add_argument("--out", default=str(OUT))
@@ -265,7 +267,10 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                             "random_time_limit_s": opts.random_time_limit, "zoo_solvers": zoo_solvers, "graphs": []}
     out.mkdir(parents=True, exist_ok=True)
     jobs: list[tuple[str, str, Any]] = [("zoo", f"{m} (CPU size)", m) for m in opts.zoo.split(",") if m]
-    jobs += [("random", g.meta["model"], g) for g in random_networks(opts.random)]
+    if opts.random_start < 0:
+        raise SystemExit(f"--random-start={opts.random_start} must be >= 0")
+    jobs += [("random", g.meta["model"], g)
+             for g in random_networks(opts.random_start + opts.random)[opts.random_start:]]
     for part, name, what in jobs:
         print(f"{name}…", flush=True)
         if part == "zoo":
