@@ -38,7 +38,8 @@ from .resident import device_of
 _ADD = torch.ops.aten.add.Tensor
 
 __all__ = ["LiveStorageCounter", "CollectiveCounter", "Measurement", "measure", "default_loss", "run_step",
-           "gradients", "gradients_equal", "op_tensors", "deterministic_kernels", "is_profiling", "profiling_run"]
+           "gradients", "gradients_equal", "op_tensors", "deterministic_kernels", "is_profiling", "profiling_run",
+           "counted_step_peak"]
 
 
 class LiveStorageCounter(TorchDispatchMode):
@@ -304,6 +305,20 @@ def profiling_run(fn: Callable[..., Any]) -> Callable[..., Any]:
     return wrapper
 
 
+def counted_step_peak(model: torch.nn.Module, args: Sequence[Any], kwargs: Mapping[str, Any] | None,
+                      loss_fn: Callable[[Any], torch.Tensor] | None, *, keep_output: bool = False,
+                      context: Callable[[], contextlib.AbstractContextManager[Any]] = contextlib.nullcontext) -> int:
+    """The peak of one :func:`run_step` inside ``context()``, counted by a :class:`LiveStorageCounter`
+    (the CPU's step peak). The module runs inside a ``torch.compile`` wrapper: Dynamo called under
+    the counter's dispatch mode runs eagerly anyway, and marks the code it meets to run eagerly
+    from then on (the user's compiled model would stop compiling); the peak counted is the eager
+    step's, the one a capture predicts."""
+    counter = LiveStorageCounter()
+    with counter, context():
+        run_step(uncompiled(model), args, kwargs, loss_fn, keep_output=keep_output)
+    return int(counter.peak)
+
+
 def run_step(model: torch.nn.Module, args: Sequence[Any], kwargs: Mapping[str, Any] | None = None,
              loss_fn: Callable[[Any], torch.Tensor] | None = None, *, keep_output: bool = False) -> torch.Tensor:
     """One forward + backward; returns the detached loss. Gradients are set to ``None`` first.
@@ -372,14 +387,9 @@ def measure(
             times.append(time.perf_counter() - t0)
     if device.type != "cuda":
         # The counter is a Python dispatch mode: it slows every op, so the peak is taken from a
-        # separate step and the times above are free of it. It runs the module inside a
-        # torch.compile wrapper: Dynamo called under a dispatch mode runs eagerly anyway, and marks
-        # the code it meets to run eagerly from then on (the user's compiled model would stop compiling).
+        # separate step and the times above are free of it.
         model.zero_grad(set_to_none=True)
-        counter = LiveStorageCounter()
-        with counter:
-            run_step(uncompiled(model), args, kwargs, loss_fn, keep_output=keep_output)
-        peak = counter.peak
+        peak = counted_step_peak(model, args, kwargs, loss_fn, keep_output=keep_output)
     model.zero_grad(set_to_none=True)
     return Measurement(peak_bytes=int(peak), step_time_s=statistics.median(times), step_times_s=times,
                        device=str(device))

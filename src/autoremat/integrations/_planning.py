@@ -25,13 +25,12 @@ from typing import Any, ContextManager
 import torch
 from torch import nn
 
-from .._compiled import uncompiled
 from .._units import fmt_bytes
 from ..budget import is_min
 from ..capture._recorder import preserved_state
 from ..errors import InfeasibleBudgetError
 from ..graph import Graph
-from ..measure import LiveStorageCounter, profiling_run, run_step
+from ..measure import counted_step_peak, profiling_run, run_step
 from ..plan import Plan
 from ..resident import device_of
 from ..cost import unoptimised_peak_bytes
@@ -112,11 +111,7 @@ def measured_step_peak(target: nn.Module, args: tuple, kwargs: dict, loss_fn: Ca
     Accelerate's autocast), the returned object kept through backward with ``keep_output``
     (:func:`~autoremat.measure.run_step`); returns its step peak. RNG, buffers and gradients are
     put back (:func:`~autoremat.capture._recorder.preserved_state`), so training is unaffected.
-
-    On the CPU the step runs the module inside a ``torch.compile`` wrapper: Dynamo called under
-    the counter's ``TorchDispatchMode`` marks the code it meets to run eagerly from then on, so
-    the user's compiled model would never compile again (the peak counted is the eager step's,
-    the one the capture predicts)."""
+    On the CPU: :func:`~autoremat.measure.counted_step_peak` (it keeps a compiled model compiling)."""
     device = device_of(target, args, kwargs)
     with preserved_state(target, [device]):
         if device.type == "cuda":
@@ -127,7 +122,4 @@ def measured_step_peak(target: nn.Module, args: tuple, kwargs: dict, loss_fn: Ca
                 run_step(target, args, kwargs, loss_fn, keep_output=keep_output)
             torch.cuda.synchronize(device)
             return int(torch.cuda.max_memory_allocated(device) - base)
-        counter = LiveStorageCounter()
-        with counter, context():
-            run_step(uncompiled(target), args, kwargs, loss_fn, keep_output=keep_output)
-        return int(counter.peak)
+        return counted_step_peak(target, args, kwargs, loss_fn, keep_output=keep_output, context=context)
