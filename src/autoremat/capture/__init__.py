@@ -38,7 +38,8 @@ from ..measure import default_loss, profiling_run
 from ..resident import device_of, resident_bytes
 from ._recorder import NodeRecord, Recorder, paused_gc, preserved_state, tensors_in, timing_noise
 from ._code_reads import traced_through
-from ._tracing import _GLOBAL_HOOK_DICTS, _HOOK_DICTS
+from .._module_hooks import GLOBAL_HOOK_DICTS as _GLOBAL_HOOK_DICTS
+from .._module_hooks import HOOK_DICTS as _HOOK_DICTS
 from .fx import fx_fingerprint, profile_fx, records_from_fx, trace
 from .blocks import BLOCK_MODES
 from .meta_cache import MetaOpCache

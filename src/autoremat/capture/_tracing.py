@@ -44,16 +44,13 @@ import torch.fx
 from torch import nn
 from torch.nn.modules import module as _module_mod
 
+from .._module_hooks import GLOBAL_HOOK_DICTS as _GLOBAL_HOOK_DICTS
+from .._module_hooks import HOOK_DICTS as _HOOK_DICTS
 from ._code_reads import QUERIES, _foreign, code_reads, traced_through
 
 __all__ = ["NoGradBlockError", "AutocastBlockError", "StateAssignmentError", "FxTracingBranchError", "SemanticTracer", "semantic_trace",
            "silenced_hooks", "recorded_reads", "autocast_state"]
 
-_HOOK_DICTS = ("_forward_hooks", "_forward_hooks_with_kwargs", "_forward_hooks_always_called", "_forward_pre_hooks",
-               "_forward_pre_hooks_with_kwargs", "_backward_hooks", "_backward_pre_hooks")
-_GLOBAL_HOOK_DICTS = ("_global_forward_hooks", "_global_forward_pre_hooks", "_global_backward_hooks",
-                      "_global_backward_pre_hooks", "_global_forward_hooks_always_called",
-                      "_global_forward_hooks_with_kwargs")
 
 
 class NoGradBlockError(TypeError):

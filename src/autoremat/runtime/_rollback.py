@@ -8,11 +8,10 @@ from typing import Any
 
 from torch import nn
 
+from .._module_hooks import HOOK_DICTS as _HOOK_DICTS
+
 __all__ = ["PatchPoints"]
 
-_HOOK_DICTS = ("_forward_hooks", "_forward_hooks_with_kwargs", "_forward_hooks_always_called",
-               "_forward_pre_hooks", "_forward_pre_hooks_with_kwargs", "_backward_hooks",
-               "_backward_pre_hooks")
 _MISSING = object()
 
 

@@ -77,6 +77,7 @@ import torch.fx
 from torch import nn
 from torch.nn.modules import module as _module_mod
 
+from .._module_hooks import GLOBAL_HOOK_DICTS, HOOK_DICTS
 from ..capture._code_reads import _foreign, code_reads, traced_through
 from ..capture._tracing import autocast_state
 
@@ -92,9 +93,6 @@ _NAMESPACES = (types.SimpleNamespace, argparse.Namespace)
 # nn.Module's own bookkeeping (hook dicts, _parameters, ...): not state a forward reads as values;
 # autoremat's patch attributes (the installed forward, the patch state) are the guard's own
 _INTERNAL = frozenset(nn.Module().__dict__) - {"training"} | {"forward", "_autoremat_patch"}
-_HOOKS = ("_forward_hooks", "_forward_pre_hooks", "_backward_hooks", "_backward_pre_hooks")
-_GLOBAL_HOOKS = ("_global_forward_hooks", "_global_forward_pre_hooks", "_global_backward_hooks",
-                 "_global_backward_pre_hooks")
 
 
 class StateGuardWarning(UserWarning):
@@ -219,7 +217,7 @@ class _Key:
     def _setup(self) -> None:
         modules, root = self.modules, self.root
         # the root's hooks run in its own __call__, around the patched forward
-        self.hooks = [m.__dict__[h] for m in modules if m is not root for h in _HOOKS if h in m.__dict__]
+        self.hooks = [m.__dict__[h] for m in modules if m is not root for h in HOOK_DICTS if h in m.__dict__]
         paths = {id(m): p for p, m in root.named_modules()}
         plain, deep, classes = self._attributes(paths)
         code = code_reads(modules)  # globals and closure cells forward's code reads
@@ -277,7 +275,7 @@ class _Key:
     def __call__(self) -> tuple[Any, ...]:
         if self.dicts is None:
             self._setup()
-        hooked = any(self.hooks) or any(getattr(_module_mod, h) for h in _GLOBAL_HOOKS)
+        hooked = any(self.hooks) or any(getattr(_module_mod, h, None) for h in GLOBAL_HOOK_DICTS)
         values = tuple(map(dict.get, self.dicts, self.names))
         deep = tuple(freeze(d.get(k)) for d, k in zip(self.deep_dicts, self.deep_names)) if self.deep_dicts else ()
         extra = tuple(freeze(getattr(c, k, None)) for c, k in self.classes) + tuple(map(_cell, self.cells))
