@@ -40,6 +40,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils.checkpoint import SAC_IGNORED_OPS
 
 from ..call_names import call_name, plain_path
+from .aliases import aliased
 from .kv_cache import cache_arguments
 
 __all__ = ["BLOCK_MODES", "BlockScopes", "block_paths", "OpTimer", "settle_scopes", "share_times"]
@@ -85,9 +86,10 @@ class BlockScopes:
         """Calls inside the blocks handed a key/value cache (:mod:`autoremat.capture.kv_cache`)."""
         self._inner: list[tuple[str, nn.Module]] = []
         mods = dict(model.named_modules())
+        several = aliased(model)  # one object at several paths: no scope of its own (capture.aliases)
         for path in blocks:
             for name, sub in mods[path].named_modules():
-                if name:
+                if name and id(sub) not in several:
                     self._inner.append((f"{path}.{name}", sub))
 
     def pseudo_id(self) -> int | None:

@@ -29,6 +29,7 @@ from torch import nn
 
 from .._fsdp import original_class
 from ._loss_reach import SeedMeter, seed_only_what_the_loss_reads
+from .aliases import aliased
 from ._recorder import NodeRecord, Recorder, Timer, classify_function, classify_module, tensors_in
 from ..call_names import call_name
 from .blocks import BlockScopes, OpTimer, block_paths, settle_scopes, share_times
@@ -69,7 +70,10 @@ def node_modules(model: nn.Module) -> list[tuple[str, nn.Module]]:
         members("", model)
     else:
         visit("", model)
-    return found
+    # a module also registered inside another node module is not a node (autoremat.capture.aliases)
+    paths = {p for p, _ in found}
+    inside = {k for k, ps in aliased(model).items() if not paths.issuperset(ps)}
+    return [(p, m) for p, m in found if id(m) not in inside]
 
 
 def module_fingerprint(model: nn.Module, blocks: str = "module", *,
