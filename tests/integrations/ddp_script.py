@@ -20,12 +20,13 @@ class Record(pl.Callback):
             cb = next(c for c in trainer.callbacks if isinstance(c, autoremat.AutoRemat))
             out = Path(os.environ["AUTOREMAT_TEST_OUT"]) / f"rank{trainer.global_rank}.json"
             out.write_text(json.dumps({"plan": cb.plan.to_dict(), "batch_size": cb.batch_size,
-                                       "patched": autoremat.is_patched(pl_module.model)}))
+                                       "patched": autoremat.is_patched(pl_module.model), "module": cb.module}))
 
 
 def main() -> None:
     torch.manual_seed(0)
-    cb = autoremat.AutoRemat(budget="50%", module="model", raise_batch_size=False, verbose=False)
+    # no module=: rank zero chooses `model` (training_step calls it, not forward) and tells the others
+    cb = autoremat.AutoRemat(budget="50%", raise_batch_size=False, verbose=False)
     trainer = pl.Trainer(max_steps=2, accelerator="cpu", devices=2, strategy="ddp", logger=False,
                          enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False,
                          callbacks=[cb, Record()])

@@ -245,7 +245,8 @@ def test_ddp_two_processes_share_one_plan(tmp_path: Path) -> None:
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     plans = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in (0, 1)]
     assert plans[0] == plans[1]
-    assert plans[0]["plan"]["segments"] and plans[0]["patched"]
+    assert plans[0]["plan"]["segments"] and plans[0]["patched"] and plans[1]["patched"]
+    assert plans[0]["module"] == plans[1]["module"] == "model"  # chosen on rank zero (no module=)
 
 
 def test_a_compiled_network_is_planned_and_recompiled_with_its_regions(tmp_path: Path) -> None:

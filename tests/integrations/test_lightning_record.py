@@ -27,10 +27,10 @@ class _Augmenting(LitClassifier):
         return torch.nn.functional.cross_entropy(self.model(x), y)
 
 
-def _trainer(cb: Any, tmp_path: Path) -> pl.Trainer:
-    return pl.Trainer(max_steps=1, accelerator="cpu", devices=1, logger=False, enable_checkpointing=False,
+def _trainer(cb: Any, tmp_path: Path, steps: int = 1) -> pl.Trainer:
+    return pl.Trainer(max_steps=steps, accelerator="cpu", devices=1, logger=False, enable_checkpointing=False,
                       enable_progress_bar=False, enable_model_summary=False, default_root_dir=tmp_path,
-                      callbacks=[cb])
+                      callbacks=[] if cb is None else [cb])
 
 
 def _snapshot(lit: pl.LightningModule) -> dict[str, Any]:
@@ -86,3 +86,49 @@ def test_out_of_memory_before_the_model_is_called_is_a_clear_error(tmp_path: Pat
     assert isinstance(err.value.__cause__, torch.OutOfMemoryError)  # the device's own error, kept
     assert _same(before, _snapshot(lit))
     assert not autoremat.is_patched(lit.model)
+
+
+class _Frozen(LitClassifier):
+    """``training_step`` runs a frozen input layer, then the network; the LightningModule's own
+    ``forward`` is never called (as in most LightningModules wrapping a network)."""
+
+    def __init__(self) -> None:
+        super().__init__(batch_size=8, samples=16)
+        self.stem = torch.nn.Conv2d(3, 3, 1).requires_grad_(False)
+
+    def training_step(self, batch, batch_idx):  # type: ignore[no-untyped-def]
+        x, y = batch
+        with torch.no_grad():
+            x = self.stem(x)
+        return torch.nn.functional.cross_entropy(self.model(x), y)
+
+
+def test_without_module_the_network_training_step_calls_is_planned(
+        tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    """Before: ``training_step never called module _Frozen; pass module=``."""
+    torch.manual_seed(0)
+    plain = _Frozen()
+    torch.manual_seed(0)
+    lit = _Frozen()
+    _trainer(None, tmp_path, steps=2).fit(plain)
+    cb = autoremat.AutoRemat(budget="50%", raise_batch_size=False, verbose=False)
+    seen = {}
+
+    class Probe(pl.Callback):
+        def on_train_batch_start(self, trainer, pl_module, batch, batch_idx):  # type: ignore[no-untyped-def]
+            seen["patched"] = autoremat.is_patched(pl_module.model)
+
+    trainer = _trainer(cb, tmp_path, steps=2)
+    trainer.callbacks.append(Probe())
+    with caplog.at_level("INFO"):
+        trainer.fit(lit)
+    assert cb.module == "model" and seen["patched"] and cb.state_dict()["module"] == "model"
+    assert any("planning module 'model'" in r.getMessage() for r in caplog.records)
+    assert all(torch.equal(a, b) for a, b in zip(plain.parameters(), lit.parameters()))
+    assert not autoremat.is_patched(lit.model)  # restored when fitting ends
+    trainer.save_checkpoint(tmp_path / "last.ckpt")  # a resumed run plans the same module, unprofiled
+    cb2, seen["patched"] = autoremat.AutoRemat(budget="50%", raise_batch_size=False, verbose=False), False
+    resumed = _trainer(cb2, tmp_path, steps=3)
+    resumed.callbacks.append(Probe())
+    resumed.fit(_Frozen(), ckpt_path=tmp_path / "last.ckpt")
+    assert cb2.module == "model" and seen["patched"] and cb2.plan.to_dict() == cb.plan.to_dict()

@@ -73,7 +73,7 @@ def reuse_given(cb: "AutoRemat", trainer: "pl.Trainer", pl_module: "pl.Lightning
     """The payload of a plan given as ``plan=``: checked against the batch, measured, no capture."""
     assert cb._target is not None and cb.given_plan is not None, "please report"
     plan = cb.given_plan
-    args, kwargs, batch_bytes = cb._record_inputs(trainer, pl_module)
+    args, kwargs, batch_bytes = cb._record_inputs(trainer, pl_module, choose=True)
     check_inputs(plan, args, kwargs)  # another batch size, dtype or device: PlanMismatchError
     grads = "expected" if getattr(pl_module, "automatic_optimization", False) else "none"
     resident = resident_bytes(pl_module, optimizers=trainer.optimizers, grads=grads) + batch_bytes
@@ -84,4 +84,4 @@ def reuse_given(cb: "AutoRemat", trainer: "pl.Trainer", pl_module: "pl.Lightning
                         source="plan= (a saved plan)", batch_before=size, batch_after=size,
                         not_raised=cb._raise_skipped(trainer, pl_module))
     return {"plan": plan.to_dict(), "batch_size": size, "original_batch_size": size,
-            "step_budget_bytes": plan.budget_bytes, "summary": summary}
+            "step_budget_bytes": plan.budget_bytes, "summary": summary, "module": cb.module}

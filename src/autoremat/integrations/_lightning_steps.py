@@ -17,7 +17,7 @@ from ..graph import Graph
 from ..measure import profiling_run
 from ..plan import Plan
 from ..resident import device_of, storage_bytes
-from ..runtime import apply, restore
+from ..runtime import apply, is_patched, restore
 from ._lightning_trainer import batch_of, silenced_logging, trial_step
 
 if TYPE_CHECKING:
@@ -26,7 +26,7 @@ if TYPE_CHECKING:
     from .lightning import AutoRemat
 
 from lightning.pytorch.utilities.memory import garbage_collection_cuda, is_oom_error
-from lightning.pytorch.utilities.rank_zero import rank_zero_warn
+from lightning.pytorch.utilities.rank_zero import rank_zero_info, rank_zero_warn
 
 __all__ = ["record_inputs", "confirmed", "try_size", "CONFIRM_TRIES"]
 
@@ -43,24 +43,34 @@ class _Recorded(Exception):
 
 @profiling_run
 def record_inputs(cb: "AutoRemat", trainer: "pl.Trainer", pl_module: "pl.LightningModule",
-                  size: int | None = None) -> tuple[tuple, dict, int]:
+                  size: int | None = None, *, choose: bool = False) -> tuple[tuple, dict, int]:
     """Inputs of the target module in ``training_step`` on a real batch (of ``size`` rows).
 
     ``training_step`` runs without gradients only up to the target's first call: a pre-hook keeps
     its inputs and stops the step there, so the target never runs at the user's batch here
     (profiling decides what runs at which size, :func:`~autoremat.capture.capture_within`). Where
     the part of the step before the target runs out of memory, the module is left as it was
-    (state preserved, allocator emptied) and a ``torch.OutOfMemoryError`` says what to change."""
+    (state preserved, allocator emptied) and a ``torch.OutOfMemoryError`` says what to change.
+
+    ``choose`` (no ``module=`` given): where ``training_step`` calls a submodule with trainable
+    parameters before (or instead of) the LightningModule's own ``forward`` (``self.unet(...)``),
+    the first such call's module becomes the target, ``cb.module`` its path, said in the log."""
     assert cb._target is not None, "please report"
     seen: dict[str, Any] = {}
+    candidates = [(cb.module or "", cb._target)]
+    if choose and cb.module is None:
+        candidates += [(path, m) for path, m in pl_module.named_modules()
+                       if path and any(p.requires_grad for p in m.parameters())]
 
-    def hook(module: nn.Module, args: tuple, kwargs: dict) -> None:
-        if "args" not in seen:
-            seen["args"], seen["kwargs"] = args, dict(kwargs)
-        raise _Recorded
+    def hook_for(path: str) -> Callable[..., None]:
+        def hook(module: nn.Module, args: tuple, kwargs: dict) -> None:
+            if "args" not in seen:
+                seen["args"], seen["kwargs"], seen["path"], seen["module"] = args, dict(kwargs), path, module
+            raise _Recorded
+        return hook
 
     device = device_of(cb._target)
-    handle = cb._target.register_forward_pre_hook(hook, with_kwargs=True)
+    handles = [m.register_forward_pre_hook(hook_for(path), with_kwargs=True) for path, m in candidates]
     try:
         with preserved_state(pl_module, [device]), torch.no_grad(), silenced_logging(pl_module), \
                 trainer.precision_plugin.forward_context():
@@ -81,11 +91,28 @@ def record_inputs(cb: "AutoRemat", trainer: "pl.Trainer", pl_module: "pl.Lightni
             "as it was. Lower the batch size, move that work into the model or the dataloader, or pass module= "
             "the submodule that needs planning") from err
     finally:
-        handle.remove()
+        for handle in handles:
+            handle.remove()
     if "args" not in seen:
-        raise ValueError(f"training_step never called module {cb.module or type(pl_module).__name__}; "
-                         "pass module= the submodule your training_step runs")
+        raise ValueError(f"training_step never called module {cb.module or type(pl_module).__name__}"
+                         + (" nor any submodule with trainable parameters" if len(candidates) > 1 else "")
+                         + "; pass module= the submodule your training_step runs")
+    if seen["module"] is not cb._target:
+        _chose(cb, pl_module, seen["path"], seen["module"])
     return tuple(seen["args"]), seen["kwargs"], storage_bytes(batch)
+
+
+def _chose(cb: "AutoRemat", pl_module: nn.Module, path: str, module: nn.Module) -> None:
+    """Make ``module`` (at ``path``) the callback's target, and say so."""
+    if is_patched(module):
+        raise ValueError(f"module {path!r}, the first one training_step calls, is already patched by autoremat; "
+                         "use one AutoRemat callback per module")
+    trainable = sum(p.numel() for p in pl_module.parameters() if p.requires_grad)
+    share = sum(p.numel() for p in module.parameters() if p.requires_grad) / max(trainable, 1)
+    cb._target, cb.module = module, path
+    rank_zero_info(f"AutoRemat: planning module {path!r} ({type(module).__name__}, {share:.0%} of the trainable "
+                   f"parameters): training_step calls it, not {type(pl_module).__name__}'s forward; pass module= "
+                   "to plan another")
 
 
 def confirmed(cb: "AutoRemat", target: nn.Module, trainer: "pl.Trainer", pl_module: "pl.LightningModule",

@@ -117,6 +117,9 @@ def atomic_fit_start(trainer: "pl.Trainer", pl_module: nn.Module, callback: Any,
     except BaseException:
         if not was_patched:
             restore(target)
+        chosen = callback.__dict__.get("_target")  # the submodule training_step calls (module=None)
+        if chosen is not None and chosen is not target:
+            restore(chosen)
         if has_size and lightning_getattr(pl_module, name) != size:
             lightning_setattr(pl_module, name, size)
         for loop, loader in zip(loops, loaders):

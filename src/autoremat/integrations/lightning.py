@@ -226,7 +226,7 @@ class AutoRemat(Callback):
     def state_dict(self) -> dict[str, Any]:
         return {"version": _STATE_VERSION, "plan": None if self.plan is None else self.plan.to_dict(),
                 "batch_size": self.batch_size, "original_batch_size": self.original_batch_size,
-                "step_budget_bytes": self.step_budget_bytes, "summary": dict(self.summary)}
+                "step_budget_bytes": self.step_budget_bytes, "summary": dict(self.summary), "module": self.module}
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         if state_dict.get("version") != _STATE_VERSION:
@@ -235,6 +235,8 @@ class AutoRemat(Callback):
         self.batch_size = state_dict.get("batch_size")
         self.original_batch_size = state_dict.get("original_batch_size")
         self.step_budget_bytes = state_dict.get("step_budget_bytes")
+        if self.module is None:  # the submodule the planning run chose (module=None), if it chose one
+            self.module = state_dict.get("module")
         summary = state_dict.get("summary") or {}  # (a checkpoint of an older version has none)
         was = summary.get("source")
         self.summary = {**summary, "source": "checkpoint" + (f" (planned from: {was})" if was else "")} \
@@ -323,6 +325,9 @@ class AutoRemat(Callback):
         if "error" in payload:
             raise RuntimeError(f"AutoRemat: rank 0 failed while planning, so every rank stops: {payload['error']}")
         plan = Plan.from_dict(payload["plan"])
+        if "module" in payload and payload["module"] != self.module:  # rank zero chose the submodule training_step calls
+            self.module = payload["module"]
+            self._target = self._resolve(pl_module)
         if payload["batch_size"] is not None and lightning_hasattr(pl_module, self.batch_arg_name):
             if lightning_getattr(pl_module, self.batch_arg_name) != payload["batch_size"]:
                 lightning_setattr(pl_module, self.batch_arg_name, payload["batch_size"])
@@ -348,8 +353,8 @@ class AutoRemat(Callback):
     # ------------------------------------------------------------------ the work (rank zero)
     def _profile_and_solve(self, trainer: "pl.Trainer", pl_module: "pl.LightningModule") -> dict[str, Any]:
         assert self._target is not None, "on_fit_start resolves the target first, please report"
-        target, progress = self._target, self._progress
-        args, kwargs, batch_bytes = self._record_inputs(trainer, pl_module)
+        args, kwargs, batch_bytes = self._record_inputs(trainer, pl_module, choose=True)
+        target, progress = self._target, self._progress  # (recording may choose the target: module=None)
         loss_fn = self.loss_fn or default_loss
         # Lightning's automatic optimisation zeroes gradients inside the closure *after*
         # training_step, so the previous step's gradients are still allocated during the forward.
@@ -393,7 +398,7 @@ class AutoRemat(Callback):
         summary = summarise(plan, graph, step_budget=step_budget, resident=resident, least=least, measured=measured,
                             budget_note=note, batch_before=original, batch_after=batch_size, not_raised=skipped)
         payload = {"plan": plan.to_dict(), "batch_size": batch_size, "original_batch_size": original,
-                   "step_budget_bytes": step_budget, "summary": summary}
+                   "step_budget_bytes": step_budget, "summary": summary, "module": self.module}
         if key is not None and self.cache is not None:
             path = self.cache.store(key, payload)
             progress.line(f"plan cached in {path}")
@@ -420,9 +425,10 @@ class AutoRemat(Callback):
         return solve(graph, step_budget, solver=solver, **kwargs)
 
     def _record_inputs(self, trainer: "pl.Trainer", pl_module: "pl.LightningModule",
-                       size: int | None = None) -> tuple[tuple, dict, int]:
-        """Inputs of the target module in ``training_step`` on a real batch (of ``size`` rows)."""
-        return record_inputs(self, trainer, pl_module, size)
+                       size: int | None = None, *, choose: bool = False) -> tuple[tuple, dict, int]:
+        """Inputs of the target module in ``training_step`` on a real batch (of ``size`` rows);
+        ``choose``: see :func:`~._lightning_steps.record_inputs`."""
+        return record_inputs(self, trainer, pl_module, size, choose=choose)
 
     def _measure_patched(self, target: nn.Module, trainer: "pl.Trainer", pl_module: "pl.LightningModule",
                          plan: Plan, loss_fn: Callable[[Any], torch.Tensor], size: int | None) -> int | None:
