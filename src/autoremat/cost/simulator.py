@@ -49,6 +49,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Hashable
 from dataclasses import dataclass, field
+from itertools import chain, count
 
 from ..graph import Graph
 from ..plan import Plan, Segment, region_stop, validate_plan, wait_points
@@ -139,8 +140,7 @@ class _Step:
     plan: Plan
     off: Offload
     offloaded: set[int]
-    pos: dict[int, int]
-    """Node -> its index in the forward's execution order (segment by segment)."""
+    pos: dict[int, int]  # node -> its index in the forward's execution order (segment by segment)
     stops: list[int]
     """Per segment: the node whose backward starts its replay (-1: none, or not recomputed)."""
     ok: list[tuple[str, int]]  # node -> the key of the storage its output lives in (``_okey``)
@@ -185,7 +185,7 @@ def _step_of(g: Graph, plan: Plan, s: StepState, bandwidth_bytes_per_s: float | 
     off = Offload(s, offloaded, rate, waits=None if wait_limit is not None else plan.offload_waits,
                   wait_limit=wait_limit, wait_points=None if wait_limit is None else points or wait_points(g, plan),
                   order=plan.offload_order, depth=plan.offload_prefetch_depth, units=units)
-    pos = {v: i for i, v in enumerate(v for seg in plan.segments for v in seg.nodes)} if pos is None else pos
+    pos = dict(zip(chain.from_iterable(seg.nodes for seg in plan.segments), count())) if pos is None else pos
     stops = [region_stop(g, seg) for seg in plan.segments]
     ok = [_okey(g, v) for v in g.nodes] if ok is None else ok
     return _Step(g, nd, plan, off, offloaded, pos, stops, ok, units)
