@@ -35,7 +35,8 @@ graphs), so a set that cannot fit costs one simulation.
    copies keep the links busy, and a copy in flight holds its memory).
 5. *Seeds*: the offload sets of Beaumont's chain solvers (``chain_seeds``, default GREEDY and
    DYNPROG) where they find one, judged the same way: the result is never predicted slower than
-   theirs, nor is the least budget met higher.
+   theirs, nor is the least budget met higher. Not run below
+   :func:`~autoremat.cost.repeated.forward_floor_bytes` (no plan meets such a budget).
 6. *Prune*: from the fastest fitting set, members are dropped one at a time (largest first)
    while the plan still fits and is no slower (fewer copies free the links), each trial judged at
    the set's own prefetch depth (the pruned set at every depth).
@@ -56,7 +57,10 @@ solvers, :func:`~autoremat.solvers.beaumont.offload_flag`), ``prefix_grid``,
 
 Time: O(n) per simulation; at most ``3 d (3 g + 4 step + |C|)`` simulations for ``g =
 prefix_grid`` and ``d`` depths (plus ``3 d 2^|C|`` when exhaustive) and the chain solvers' own
-time. Space O(n). Limitations: the set search is a heuristic; waits are derived by one rule (wait
+time. Every simulation is memoised per solve (:mod:`.offload_sims`; the chain seeds share it); the
+probes of :func:`~autoremat.solvers.min_budget` share one memo and stop at the first plan that
+fits (:func:`dag_meets`). Space O(n) plus the memoised simulations' results. Limitations: the set
+search is a heuristic; waits are derived by one rule (wait
 for the fewest copies at the node that would exceed the budget), not searched; the prefetch depth
 is one per plan (not a schedule that prefetches as early as memory allows, the paper's no-wait
 policy). How far a plan is from any offload plan's best: :mod:`autoremat.solvers.evaluation.offload_bound`.
