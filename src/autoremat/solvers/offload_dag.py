@@ -318,6 +318,14 @@ def candidate_orders(graph: Graph, plan: Plan, bandwidth: float, units: bool = F
     return [cands, slack, hideable]
 
 
+def _seeds_judged(search: OffloadSearch, seeds: Sequence[Sequence[int]], units: bool = False) -> None:
+    """Step 5: each seed's members among the candidates (``units``: those of step 8) judged."""
+    if seeds:
+        cands = set(offload_candidates(search.graph, search.base, units))
+        for seed in seeds:
+            search.judge([v for v in seed if v in cands])
+
+
 def search_offloads(search: OffloadSearch, grid: int, exhaustive_up_to: int,
                     seeds: Sequence[Sequence[int]] = (), prune: bool = True, units: bool = False) -> None:
     """Steps 3-6 of the module docstring on ``search``'s base plan (``prune=False``: 3-5 only;
@@ -331,8 +339,7 @@ def search_offloads(search: OffloadSearch, grid: int, exhaustive_up_to: int,
     else:
         for order in candidate_orders(graph, base, search.bandwidth, units):
             search.prefixes(order, grid)
-    for seed in seeds:
-        search.judge([v for v in seed if v in set(cands)])
+    _seeds_judged(search, seeds, units)
     if prune:
         search.prune()
 
@@ -349,7 +356,7 @@ def chain_seed_sets(graph: Graph, budget: int, names: Sequence[str], cfg: dict[s
     for name in names:
         try:
             plan = solve_chain_offload(graph, budget, name, {"bandwidth_bytes_per_s": cfg["bandwidth_bytes_per_s"],
-                                                             "offload": cfg["offload"]}, sims)
+                                                             "offload": cfg["offload"]}, sims, seed=True)
         except InfeasibleBudgetError:
             continue
         out.append(tuple(plan.offload))
@@ -396,12 +403,20 @@ def _search_dag(graph: Graph, budget: int, cfg: dict[str, Any], sims: OffloadSim
         return search, vanilla, opts
     if not allow:
         raise offload_refused(graph, cfg, budget, vanilla.peak, "offload-dag")
+    grid, exhaustive = int(cfg["prefix_grid"]), int(cfg["exhaustive_up_to"])
+    units = bool(cfg["saved_units"]) and bool(saved_unit_nodes(graph, base))
+    if stop_at_fit:  # whether any set fits does not depend on the order sets are judged in: the seeds last
+        search_offloads(search, grid, exhaustive, prune=False)
+        if units:
+            search_offloads(search, grid, exhaustive, prune=False, units=True)
+        _seeds_judged(search, chain_seed_sets(graph, budget, list(cfg["chain_seeds"]),
+                                              {**cfg, "bandwidth_bytes_per_s": bandwidth}, search.sims))
+        raise InfeasibleBudgetError(budget, search.least_peak, solver="offload-dag")
     seeds = chain_seed_sets(graph, budget, list(cfg["chain_seeds"]), {**cfg, "bandwidth_bytes_per_s": bandwidth},
                             search.sims)
-    search_offloads(search, int(cfg["prefix_grid"]), int(cfg["exhaustive_up_to"]), seeds)
-    units = bool(cfg["saved_units"]) and bool(saved_unit_nodes(graph, base))
+    search_offloads(search, grid, exhaustive, seeds)
     if units:  # step 8: the same search with the nodes' own saved tensors as candidates too
-        search_offloads(search, int(cfg["prefix_grid"]), int(cfg["exhaustive_up_to"]), units=True)
+        search_offloads(search, grid, exhaustive, units=True)
     best = search.best()
     if best is None:
         raise InfeasibleBudgetError(budget, search.least_peak, solver="offload-dag")

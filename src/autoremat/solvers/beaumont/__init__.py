@@ -243,6 +243,15 @@ class _Judge:
     def peak(self, nodes: Iterable[int]) -> int:
         return self.sims.run(tuple(sorted(set(nodes)))).peak_bytes
 
+    def fits(self, nodes: Iterable[int], budget: int, floors: bool = False) -> bool:
+        """Whether ``nodes`` simulate within ``budget``; ``floors``: first, where ``offload-dag`` has
+        simulated the set in its least-memory form (prefetch depth 1, waiting for every copy), a peak of
+        that form over the budget says no (that form's peak is never above this one's: property test
+        in tests/solvers/test_offload_dag.py)."""
+        key = tuple(sorted(set(nodes)))
+        floor = self.sims.memo.get((key, 1, 0)) if floors else None
+        return (floor is None or floor.peak_bytes <= budget) and self.sims.run(key).peak_bytes <= budget
+
     def chain(self, grouping: str, candidates: list[int]) -> Chain:
         key = ("offloadable chain", grouping)
         if key not in self.sims.chains:
@@ -253,9 +262,12 @@ class _Judge:
 
 
 def _solve(graph: Graph, budget_bytes: int, config: dict[str, Any] | None, name: str,
-           choose: Callable[[Chain, int], OffloadSchedule] | None, sims: OffloadSims | None = None) -> Plan:
+           choose: Callable[[Chain, int], OffloadSchedule] | None, sims: OffloadSims | None = None,
+           seed: bool = False) -> Plan:
     """Steps 1-7 of the module docstring; ``choose=None`` offloads every candidate (vDNN_all);
-    ``sims``: simulations shared with other solves (:mod:`..offload_sims`)."""
+    ``sims``: simulations shared with other solves (:mod:`..offload_sims`); ``seed``: only the plan
+    matters (``offload-dag``'s seeds): sets are ruled out by ``offload-dag``'s simulations where they
+    can be (:meth:`_Judge.fits`), and an infeasible budget's error carries no minimum."""
     cfg = dict(config or {})  # the registered solvers parsed it with their config class
     bandwidth = offload_bandwidth(graph, cfg)
     grouping = _grouping(cfg)
@@ -293,14 +305,14 @@ def _solve(graph: Graph, budget_bytes: int, config: dict[str, Any] | None, name:
                     chain_idle_s=schedule.idle_s, chain_lower_bound_s=lower_bound(chain, budget),
                     chain_options=_simple(schedule.options))
     chosen = layer_offload_nodes(chain, schedule.offloaded if schedule is not None else (), candidates)
-    if judge.peak(chosen) <= budget:
+    if judge.fits(chosen, budget, seed):
         return judge.plan(chosen, name, opts)
 
     # repair: add the other candidates in production order up to the first set that fits
     taken = set(chosen)
     missing = [v for v in candidates if v not in taken]
     for k in range(1, len(missing) + 1):
-        if judge.peak(chosen + missing[:k]) <= budget:
+        if judge.fits(chosen + missing[:k], budget, seed):
             if schedule is not None:
                 logger.info("%s: the chain solver's offloads simulate to %d bytes over a %d-byte budget; added "
                             "%d candidates in production order", name, judge.peak(chosen), budget, k)
@@ -309,14 +321,13 @@ def _solve(graph: Graph, budget_bytes: int, config: dict[str, Any] | None, name:
     # fallback: production-order prefixes of every candidate
     least = vanilla
     for k in range(1, len(candidates) + 1):
-        peak = judge.peak(candidates[:k])
-        if peak <= budget:
+        if judge.fits(candidates[:k], budget, seed):
             logger.info("%s: no superset of the chain solver's offloads fits %d bytes; falling back to the first "
                         "%d of %d offload candidates in production order", name, budget, k, len(candidates))
             return judge.plan(candidates[:k], name, {
                 **opts, "fallback": f"production-order prefix of {k} of {len(candidates)} offload candidates"})
-        least = min(least, peak)
-    raise InfeasibleBudgetError(budget, least, solver=name)
+        least = least if seed else min(least, judge.peak(candidates[:k]))
+    raise InfeasibleBudgetError(budget, None if seed else least, solver=name)
 
 
 # ---------------------------------------------------------------------- options
@@ -372,11 +383,12 @@ def _chooser(name: str, cfg: dict[str, Any]) -> Callable[[Chain, int], OffloadSc
 
 
 def solve_chain_offload(graph: Graph, budget_bytes: int, name: str, config: dict[str, Any] | None = None,
-                        sims: OffloadSims | None = None) -> Plan:
+                        sims: OffloadSims | None = None, seed: bool = False) -> Plan:
     """The registered solver ``name`` (``offload-greedy``, ``offload-dp``, ``vdnn``) with its
-    simulations in ``sims`` where they are this graph's at this bandwidth (:mod:`..offload_sims`)."""
+    simulations in ``sims`` where they are this graph's at this bandwidth (:mod:`..offload_sims`);
+    ``seed``: as a seed of ``offload-dag`` (the same plan; see :func:`_solve`)."""
     cfg = _CONFIGS[name].parse(config).as_dict()
-    return _solve(graph, budget_bytes, cfg, name, _chooser(name, cfg), sims)
+    return _solve(graph, budget_bytes, cfg, name, _chooser(name, cfg), sims, seed)
 
 
 def solve_offload_greedy(graph: Graph, budget_bytes: int, *,
