@@ -69,9 +69,11 @@ def region_units(graph: Graph) -> dict[int, RegionUnit]:
     starts = graph.meta.get("call_op_start") or {}
     if graph.meta.get("mode") == "module" and starts:
         regions = graph.call_regions()
+        plain = {plain_path(q) for q in starts}
         for path in starts:
             nodes = regions.get(path)
-            if nodes is None or any(plain_path(path).startswith(plain_path(q) + ".") for q in starts):
+            p = plain_path(path)  # inside another block's call when a prefix of p ending before a "." is one
+            if nodes is None or any(p[:i] in plain for i, c in enumerate(p) if c == "."):
                 continue  # a call inside another block's call: the outer call is the unit
             if list(nodes) != list(range(nodes[0], nodes[0] + len(nodes))):
                 continue  # called more than once (or interleaved): not one call

@@ -256,13 +256,14 @@ def test_a_set_whose_floor_does_not_fit_costs_one_simulation(monkeypatch):
     """judge simulates a set that cannot fit once (its floor) and remembers it; a set that fits is
     judged in its other forms too, the floor among them."""
     import autoremat.solvers.offload_dag as od
+    from autoremat.cost.repeated import RepeatedSimulator
 
     g = on_device(unet_like())
     base = autoremat.cost.no_recompute_plan(g)
     cands = sorted(offloadable_nodes(g, base))
     calls = []
-    real = od.simulate
-    monkeypatch.setattr(od, "simulate", lambda *a, **k: calls.append(k) or real(*a, **k))
+    real = RepeatedSimulator.__call__
+    monkeypatch.setattr(RepeatedSimulator, "__call__", lambda self, *a, **k: calls.append(k) or real(self, *a, **k))
     search = od.OffloadSearch(g, base, 1, 1000.0, depths=(1, 2))
     j = search.judge(cands[:1])
     assert j.peak > 1 and len(calls) == 1 and calls[0]["offload_wait_limit_bytes"] == 0

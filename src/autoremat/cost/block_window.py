@@ -41,7 +41,7 @@ from ..graph import Graph
 from ..plan import Plan
 from ..replay_tail import tails_of
 from .ledger import StepState
-from .simulator import StepLevels, _backward_segment, _forward, _loss, _step_of, step_levels
+from .simulator import StepLevels, _backward_segment, _forward, _loss, _okey, _step_of, step_levels
 
 __all__ = ["ReferenceWindows", "OptionTerms"]
 
@@ -105,6 +105,7 @@ class ReferenceWindows:
                 self._want.setdefault(("bwd", c), []).append(("jump to", k))
         self._snaps: dict[tuple[str, int], _Ledger] = {}
         self._nd = [graph.node(v) for v in graph.nodes]
+        self._ok = [_okey(graph, v) for v in graph.nodes]
         self.levels: StepLevels = step_levels(graph, reference, at=self._at)
         self._last_use, self._loss_roots = _uses(graph)
 
@@ -118,7 +119,7 @@ class ReferenceWindows:
             raise ValueError("ReferenceWindows prices plans without offload only (chain plans)")
         g, ref = self.graph, self.levels
         s, levels = _state(g, self._snaps[("start", k)])
-        st = _step_of(g, plan, s, None, nd=self._nd)
+        st = _step_of(g, plan, s, None, nd=self._nd, ok=self._ok)
         start = _first_segment_after(plan, self.blocks[k][0] - 1)
         inputs: dict[int, set[int]] = {}
         end = len(plan.segments)
@@ -134,7 +135,7 @@ class ReferenceWindows:
             if jump:
                 delta = s.live - snap.live
                 s = _patched(g, self._snaps[("jump to", k)], s, snap, differ, levels)
-                st = _step_of(g, plan, s, None, nd=self._nd)
+                st = _step_of(g, plan, s, None, nd=self._nd, ok=self._ok)
         if not jump:
             for si in range(last + 1, end):
                 inputs[si] = _forward(s, st, si, plan.segments[si])

@@ -49,6 +49,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Hashable
 from dataclasses import dataclass, field
+from itertools import chain, count
 
 from ..graph import Graph
 from ..plan import Plan, Segment, region_stop, validate_plan, wait_points
@@ -102,11 +103,10 @@ def unoptimised_peak_bytes(graph: Graph) -> int:
 
 
 def stops_before_running(graph: Graph, v: int) -> bool:
-    """Whether a replay whose early stop is node ``v`` stops before ``v`` runs: autograd packs an
-    op's saved inputs before the op runs and its saved outputs after, and the replay stops at the
-    last pack, so a node that saves none of its own outputs never runs (a GELU that saves its
-    input). Selective checkpointing then never hands on ``v``'s stored output: it stays cached
-    until the segment's backward is over."""
+    """Whether a replay whose early stop is node ``v`` stops before ``v`` runs: autograd packs an op's saved
+    inputs before the op runs and its saved outputs after, and the replay stops at the last pack, so a node
+    that saves none of its own outputs never runs (a GELU that saves its input). Selective checkpointing then
+    never hands on ``v``'s stored output: it stays cached until the segment's backward is over."""
     d = graph.node(v)
     return v not in d["saves"] and not d["extra_saved_bytes"]
 
@@ -140,8 +140,7 @@ class _Step:
     plan: Plan
     off: Offload
     offloaded: set[int]
-    pos: dict[int, int]
-    """Node -> its index in the forward's execution order (segment by segment)."""
+    pos: dict[int, int]  # node -> its index in the forward's execution order (segment by segment)
     stops: list[int]
     """Per segment: the node whose backward starts its replay (-1: none, or not recomputed)."""
     ok: list[tuple[str, int]]  # node -> the key of the storage its output lives in (``_okey``)
@@ -150,11 +149,11 @@ class _Step:
 
 
 def _run(g: Graph, plan: Plan, s: StepState, bandwidth_bytes_per_s: float | None,
-         wait_limit: int | None = None, at: SegmentHook | None = None) -> Simulation:
+         wait_limit: int | None = None, at: SegmentHook | None = None, pre: dict | None = None) -> Simulation:
     """The step: forward of every segment, the loss, backward of every segment in reverse.
-    ``at`` is called before each segment's forward (``"fwd"``), after it (``"fwd end"``) and before
-    its backward (``"bwd"``) with the segment's index and the state (:mod:`.block_window`)."""
-    st = _step_of(g, plan, s, bandwidth_bytes_per_s, wait_limit)
+    ``at`` is called before each segment's forward (``"fwd"``), after it (``"fwd end"``) and before its backward
+    (``"bwd"``) with the segment's index and the state (:mod:`.block_window`); ``pre``: :func:`_step_of`'s keywords."""
+    st = _step_of(g, plan, s, bandwidth_bytes_per_s, wait_limit, **(pre or {}))
     off, seg_inputs = st.off, []
     for si, seg in enumerate(plan.segments):
         if at is not None:
@@ -175,19 +174,21 @@ def _run(g: Graph, plan: Plan, s: StepState, bandwidth_bytes_per_s: float | None
 
 
 def _step_of(g: Graph, plan: Plan, s: StepState, bandwidth_bytes_per_s: float | None,
-             wait_limit: int | None = None, nd: list[dict] | None = None) -> _Step:
-    """What every phase of one simulated step of ``plan`` reads (``nd``: the nodes' attributes,
-    where the caller has them)."""
+             wait_limit: int | None = None, nd: list[dict] | None = None, ok: list | None = None,
+             pos: dict[int, int] | None = None, points: set[int] | None = None) -> _Step:
+    """What every phase of one simulated step of ``plan`` reads (``nd``, ``ok``, ``pos``, ``points``: the nodes'
+    attributes and output keys, ``plan``'s execution positions and :func:`wait_points`, where the caller has them)."""
     nd = [g.node(v) for v in g.nodes] if nd is None else nd
     offloaded = {g.root(v) for v in plan.offload}
     units = frozenset(plan.offload_saved)
     rate = bandwidth_bytes_per_s or g.meta.get("bandwidth_bytes_per_s") or DEFAULT_BANDWIDTH_BYTES_PER_S
     off = Offload(s, offloaded, rate, waits=None if wait_limit is not None else plan.offload_waits,
-                  wait_limit=wait_limit, wait_points=wait_points(g, plan) if wait_limit is not None else None,
+                  wait_limit=wait_limit, wait_points=None if wait_limit is None else points or wait_points(g, plan),
                   order=plan.offload_order, depth=plan.offload_prefetch_depth, units=units)
-    pos = {v: i for i, v in enumerate(v for seg in plan.segments for v in seg.nodes)}
+    pos = dict(zip(chain.from_iterable(seg.nodes for seg in plan.segments), count())) if pos is None else pos
     stops = [region_stop(g, seg) for seg in plan.segments]
-    return _Step(g, nd, plan, off, offloaded, pos, stops, [_okey(g, v) for v in g.nodes], units)
+    ok = [_okey(g, v) for v in g.nodes] if ok is None else ok
+    return _Step(g, nd, plan, off, offloaded, pos, stops, ok, units)
 
 
 def _forward(s: StepState, st: _Step, si: int, seg: Segment) -> set[int]:
@@ -462,8 +463,7 @@ def _input_grads(s: StepState, g: Graph, nd: list[dict], v: int, gv: Hashable) -
 # ------------------------------------------------------------------------ per-node levels
 @dataclass
 class StepLevels:
-    """The live level at each event of one step (:func:`step_levels`; nothing recomputed unless
-    a plan is given)."""
+    """The live level at each event of one step (:func:`step_levels`; nothing recomputed unless a plan is given)."""
 
     fwd_touch: list[int | None]
     """Per node: live bytes plus its saved extras and workspace during its forward."""

@@ -35,7 +35,8 @@ graphs), so a set that cannot fit costs one simulation.
    copies keep the links busy, and a copy in flight holds its memory).
 5. *Seeds*: the offload sets of Beaumont's chain solvers (``chain_seeds``, default GREEDY and
    DYNPROG) where they find one, judged the same way: the result is never predicted slower than
-   theirs, nor is the least budget met higher.
+   theirs, nor is the least budget met higher. Not run below
+   :func:`~autoremat.cost.repeated.forward_floor_bytes` (no plan meets such a budget).
 6. *Prune*: from the fastest fitting set, members are dropped one at a time (largest first)
    while the plan still fits and is no slower (fewer copies free the links), each trial judged at
    the set's own prefetch depth (the pruned set at every depth).
@@ -56,7 +57,10 @@ solvers, :func:`~autoremat.solvers.beaumont.offload_flag`), ``prefix_grid``,
 
 Time: O(n) per simulation; at most ``3 d (3 g + 4 step + |C|)`` simulations for ``g =
 prefix_grid`` and ``d`` depths (plus ``3 d 2^|C|`` when exhaustive) and the chain solvers' own
-time. Space O(n). Limitations: the set search is a heuristic; waits are derived by one rule (wait
+time. Every simulation is memoised per solve (:mod:`.offload_sims`; the chain seeds share it); the
+probes of :func:`~autoremat.solvers.min_budget` share one memo and stop at the first plan that
+fits (:func:`dag_meets`). Space O(n) plus the memoised simulations' results. Limitations: the set
+search is a heuristic; waits are derived by one rule (wait
 for the fewest copies at the node that would exceed the budget), not searched; the prefetch depth
 is one per plan (not a schedule that prefetches as early as memory allows, the paper's no-wait
 policy). How far a plan is from any offload plan's best: :mod:`autoremat.solvers.evaluation.offload_bound`.
@@ -70,13 +74,15 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
-from ..cost import no_recompute_plan, simulate
+from ..cost import no_recompute_plan
+from ..cost.repeated import forward_floor_bytes
 from ..errors import InfeasibleBudgetError
 from ..graph import Graph
 from ..plan import Plan, offloadable_nodes, region_stop
 from ..plan_offload import saved_unit, saved_unit_nodes, unit_bytes
 from ..region_units import unit_span
 from ._config import SolverConfig
+from .offload_sims import OffloadSims
 
 __all__ = ["solve_offload_dag", "OffloadDagConfig", "OffloadSearch", "slack_windows", "offload_candidates"]
 
@@ -104,6 +110,10 @@ class OffloadDagConfig(SolverConfig):
         "help": "also offload module calls' own saved tensors, one unit per call (Plan.offload_saved)"})
 
 
+class FitFound(Exception):
+    """An :class:`OffloadSearch` with ``stop_at_fit`` simulated a plan within its budget."""
+
+
 @dataclass
 class _Judged:
     peak: int
@@ -118,11 +128,16 @@ class OffloadSearch:
     """Offload sets on one base plan, judged by the simulator at one budget (memoised)."""
 
     def __init__(self, graph: Graph, base: Plan, budget: int, bandwidth: float, waits: bool = True,
-                 depths: Sequence[int] = (1,)) -> None:
+                 depths: Sequence[int] = (1,), sims: OffloadSims | None = None, stop_at_fit: bool = False) -> None:
         self.graph, self.base, self.budget, self.bandwidth, self.with_waits = graph, base, budget, bandwidth, waits
         self.depths = tuple(sorted({max(1, int(d)) for d in depths} or {1}))
         self.seen: dict[tuple[int, ...], _Judged] = {}
         self.least_peak: int | None = None
+        self.sims = sims if sims is not None and sims.matches(graph, base, bandwidth) else \
+            OffloadSims(graph, base, bandwidth)
+        """The simulations, memoised (:mod:`.offload_sims`: shared by the solves of one ``min_budget``)."""
+        self.stop_at_fit = stop_at_fit
+        """Raise :class:`FitFound` at the first simulation that fits (all a least-budget search asks)."""
 
     def judge(self, nodes: Iterable[int]) -> _Judged:
         """The better (fits first, then faster) of ``nodes`` without waits, with the waits derived
@@ -147,7 +162,6 @@ class OffloadSearch:
         options = [self.budget, 0] if (self.with_waits and key) else [None]
         best: _Judged | None = floor
         for depth in depths:
-            plan = self._plan(key, {}, depth)
             fits_here = False
             for limit in options:
                 if limit is not None and fits_here:
@@ -155,7 +169,7 @@ class OffloadSearch:
                 if floor is not None and (depth, limit) == self._floor_form:
                     j = floor
                 else:
-                    j = self._simulate(plan, key, depth, limit)
+                    j = self._simulate(key, depth, limit)
                 fits_here = fits_here or j.peak <= self.budget
                 if best is None or self._better(j, best):
                     best = j
@@ -171,14 +185,15 @@ class OffloadSearch:
         forward waiting for every copy that frees memory (limit 0). Its peak is the least of every
         form :meth:`judge` tries (tests/solvers/test_offload_dag.py checks it on random graphs)."""
         depth, limit = self._floor_form
-        return self._simulate(self._plan(key, {}, depth), key, depth, limit)
+        return self._simulate(key, depth, limit)
 
-    def _simulate(self, plan: Plan, key: tuple[int, ...], depth: int, limit: int | None) -> _Judged:
-        sim = simulate(self.graph, plan, check=False, record=False, bandwidth_bytes_per_s=self.bandwidth,
-                       offload_wait_limit_bytes=limit)
+    def _simulate(self, key: tuple[int, ...], depth: int, limit: int | None) -> _Judged:
+        sim = self.sims.run(key, depth, limit)
         j = _Judged(sim.peak_bytes, sim.extra_time_s, key, sim.offload_waits if limit is not None else {},
                     sim.offloaded_bytes, depth)
         self.least_peak = j.peak if self.least_peak is None else min(self.least_peak, j.peak)
+        if self.stop_at_fit and j.peak <= self.budget:
+            raise FitFound()
         return j
 
     def _better(self, a: _Judged, b: _Judged) -> bool:
@@ -191,9 +206,7 @@ class OffloadSearch:
 
     def _plan(self, units: tuple[int, ...], waits: dict[int, int], depth: int = 1) -> Plan:
         """The base plan offloading ``units`` (node outputs, and ``-1 - v``: node ``v``'s own saved tensors)."""
-        return Plan(list(self.base.segments), solver=self.base.solver, options=dict(self.base.options),
-                    offload=tuple(u for u in units if u >= 0), offload_saved=tuple(-1 - u for u in units if u < 0),
-                    offload_waits=dict(waits), replay_tails=dict(self.base.replay_tails), offload_prefetch_depth=depth)
+        return self.sims.plan(units, waits, depth)
 
     def best(self) -> _Judged | None:
         fits = [j for j in self.seen.values() if j.peak <= self.budget]
@@ -305,6 +318,14 @@ def candidate_orders(graph: Graph, plan: Plan, bandwidth: float, units: bool = F
     return [cands, slack, hideable]
 
 
+def _seeds_judged(search: OffloadSearch, seeds: Sequence[Sequence[int]], units: bool = False) -> None:
+    """Step 5: each seed's members among the candidates (``units``: those of step 8) judged."""
+    if seeds:
+        cands = set(offload_candidates(search.graph, search.base, units))
+        for seed in seeds:
+            search.judge([v for v in seed if v in cands])
+
+
 def search_offloads(search: OffloadSearch, grid: int, exhaustive_up_to: int,
                     seeds: Sequence[Sequence[int]] = (), prune: bool = True, units: bool = False) -> None:
     """Steps 3-6 of the module docstring on ``search``'s base plan (``prune=False``: 3-5 only;
@@ -318,21 +339,24 @@ def search_offloads(search: OffloadSearch, grid: int, exhaustive_up_to: int,
     else:
         for order in candidate_orders(graph, base, search.bandwidth, units):
             search.prefixes(order, grid)
-    for seed in seeds:
-        search.judge([v for v in seed if v in set(cands)])
+    _seeds_judged(search, seeds, units)
     if prune:
         search.prune()
 
 
-def chain_seed_sets(graph: Graph, budget: int, names: Sequence[str], cfg: dict[str, Any]) -> list[tuple[int, ...]]:
-    """The offload sets Beaumont's chain solvers find at ``budget`` (those that find one)."""
-    from . import bare_solver  # the registry imports this module
+def chain_seed_sets(graph: Graph, budget: int, names: Sequence[str], cfg: dict[str, Any],
+                    sims: OffloadSims | None = None) -> list[tuple[int, ...]]:
+    """The offload sets Beaumont's chain solvers find at ``budget`` (those that find one); ``sims``:
+    their simulations, shared (the solvers scan the same prefixes; :mod:`.offload_sims`)."""
+    from .beaumont import solve_chain_offload
 
-    out = []
+    out: list[tuple[int, ...]] = []
+    if budget < forward_floor_bytes(graph):  # no plan meets it (the chain solvers' prefix scans would tell slowly)
+        return out
     for name in names:
         try:
-            plan = bare_solver(name)(graph, budget, config={"bandwidth_bytes_per_s": cfg["bandwidth_bytes_per_s"],
-                                                           "offload": cfg["offload"]})
+            plan = solve_chain_offload(graph, budget, name, {"bandwidth_bytes_per_s": cfg["bandwidth_bytes_per_s"],
+                                                             "offload": cfg["offload"]}, sims, seed=True)
         except InfeasibleBudgetError:
             continue
         out.append(tuple(plan.offload))
@@ -342,36 +366,62 @@ def chain_seed_sets(graph: Graph, budget: int, names: Sequence[str], cfg: dict[s
 def solve_offload_dag(graph: Graph, budget_bytes: int, *,
                       config: dict[str, Any] | OffloadDagConfig | None = None) -> Plan:
     """Offloads on the graph without recomputation (see the module docstring)."""
+    search, best, opts = _search_dag(graph, int(budget_bytes), OffloadDagConfig.parse(config).as_dict(), None)
+    return _finish(search, best, "offload-dag", opts)
+
+
+def dag_meets(graph: Graph, budget: int, cfg: dict[str, Any], sims: OffloadSims) -> bool:
+    """Whether :func:`solve_offload_dag` meets ``budget`` (``cfg`` parsed), raising its
+    :class:`~autoremat.errors.InfeasibleBudgetError` where not: the same search, its simulations in
+    ``sims``, stopped at the first plan that fits (:func:`.offload_sims.least_budget_run`)."""
+    try:
+        _search_dag(graph, int(budget), cfg, sims, stop_at_fit=True)
+    except FitFound:
+        pass
+    return True
+
+
+def _search_dag(graph: Graph, budget: int, cfg: dict[str, Any], sims: OffloadSims | None,
+                stop_at_fit: bool = False) -> tuple[OffloadSearch, _Judged, dict[str, Any]]:
+    """:func:`solve_offload_dag`'s search: the search, its plan and the plan's options."""
     from .beaumont import offload_bandwidth, offload_flag, offload_refused
 
-    cfg = OffloadDagConfig.parse(config).as_dict()
     for key in ("prefix_grid", "exhaustive_up_to"):
         if isinstance(cfg[key], bool) or not isinstance(cfg[key], int) or cfg[key] < 0:
             raise ValueError(f"{key}={cfg[key]!r} must be an int >= 0")
     bandwidth = offload_bandwidth(graph, cfg)
     allow = offload_flag(graph, cfg)
-    budget = int(budget_bytes)
-    base = no_recompute_plan(graph)
+    base = sims.base if sims is not None else no_recompute_plan(graph)
     depths = cfg["prefetch_depths"]
     if not depths or any(isinstance(d, bool) or not isinstance(d, int) or d < 1 for d in depths):
         raise ValueError(f"prefetch_depths={depths!r} must be a non-empty tuple of ints >= 1")
-    search = OffloadSearch(graph, base, budget, bandwidth, waits=bool(cfg["waits"]), depths=depths)
+    search = OffloadSearch(graph, base, budget, bandwidth, waits=bool(cfg["waits"]), depths=depths, sims=sims,
+                           stop_at_fit=stop_at_fit)
     vanilla = search.judge(())
     opts: dict[str, Any] = {"bandwidth_bytes_per_s": bandwidth, "offload_allowed": allow}
     if vanilla.peak <= budget:
-        return _finish(search, vanilla, "offload-dag", opts)
+        return search, vanilla, opts
     if not allow:
         raise offload_refused(graph, cfg, budget, vanilla.peak, "offload-dag")
-    seeds = chain_seed_sets(graph, budget, list(cfg["chain_seeds"]), {**cfg, "bandwidth_bytes_per_s": bandwidth})
-    search_offloads(search, int(cfg["prefix_grid"]), int(cfg["exhaustive_up_to"]), seeds)
+    grid, exhaustive = int(cfg["prefix_grid"]), int(cfg["exhaustive_up_to"])
     units = bool(cfg["saved_units"]) and bool(saved_unit_nodes(graph, base))
+    if stop_at_fit:  # whether any set fits does not depend on the order sets are judged in: the seeds last
+        search_offloads(search, grid, exhaustive, prune=False)
+        if units:
+            search_offloads(search, grid, exhaustive, prune=False, units=True)
+        _seeds_judged(search, chain_seed_sets(graph, budget, list(cfg["chain_seeds"]),
+                                              {**cfg, "bandwidth_bytes_per_s": bandwidth}, search.sims))
+        raise InfeasibleBudgetError(budget, search.least_peak, solver="offload-dag")
+    seeds = chain_seed_sets(graph, budget, list(cfg["chain_seeds"]), {**cfg, "bandwidth_bytes_per_s": bandwidth},
+                            search.sims)
+    search_offloads(search, grid, exhaustive, seeds)
     if units:  # step 8: the same search with the nodes' own saved tensors as candidates too
-        search_offloads(search, int(cfg["prefix_grid"]), int(cfg["exhaustive_up_to"]), units=True)
+        search_offloads(search, grid, exhaustive, units=True)
     best = search.best()
     if best is None:
         raise InfeasibleBudgetError(budget, search.least_peak, solver="offload-dag")
     opts.update(candidates=len(offload_candidates(graph, base, units)), judged=len(search.seen))
-    return _finish(search, best, "offload-dag", opts)
+    return search, best, opts
 
 
 def _finish(search: OffloadSearch, best: _Judged, name: str, opts: dict[str, Any]) -> Plan:

@@ -91,7 +91,7 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
-from ...cost import DEFAULT_BANDWIDTH_BYTES_PER_S, no_recompute_plan, simulate
+from ...cost import DEFAULT_BANDWIDTH_BYTES_PER_S, no_recompute_plan
 from ...cost.chain import GROUPINGS, Chain, chain_from_graph
 from ...cost.chain_schedule import OffloadSchedule
 from ...errors import InfeasibleBudgetError
@@ -99,11 +99,12 @@ from ...graph import Graph
 from ...plan import Plan, offloadable_nodes
 from .._config import SolverConfig
 from ..combined import offload_allowed
+from ..offload_sims import OffloadSims
 from .chain_solvers import DEFAULT_SLOTS, ROUNDINGS, VDNN_MODES, lower_bound, offload_dp, offload_greedy, vdnn
 
 __all__ = ["solve_offload_greedy", "solve_offload_dp", "solve_vdnn", "offload_candidates", "offloadable_chain",
            "layer_offload_nodes", "OffloadGreedyConfig", "OffloadDPConfig", "VdnnConfig", "offload_bandwidth",
-           "offload_flag", "offload_refused"]
+           "offload_flag", "offload_refused", "solve_chain_offload"]
 
 logger = logging.getLogger(__name__)
 
@@ -225,41 +226,63 @@ def _simple(options: dict[str, Any]) -> dict[str, Any]:
 
 # ---------------------------------------------------------------------- the common solver
 class _Judge:
-    """Simulated peaks of offload sets on the no-recomputation plan, memoised."""
+    """Simulated peaks of offload sets on the no-recomputation plan (depth 1, no waits), memoised
+    in ``sims`` (shared with other solves of the same graph and bandwidth: :mod:`..offload_sims`)."""
 
-    def __init__(self, graph: Graph, bandwidth: float) -> None:
+    def __init__(self, graph: Graph, bandwidth: float, sims: OffloadSims | None = None) -> None:
         self.graph = graph
         self.bandwidth = bandwidth
-        self.segments = list(no_recompute_plan(graph).segments)
-        self.cache: dict[tuple[int, ...], int] = {}
+        base = no_recompute_plan(graph)
+        self.sims = sims if sims is not None and sims.matches(graph, base, bandwidth) else \
+            OffloadSims(graph, base, bandwidth)
+        self.segments = list(self.sims.base.segments)
 
     def plan(self, nodes: Iterable[int], name: str, options: dict[str, Any]) -> Plan:
         return Plan(list(self.segments), solver=name, options=options, offload=tuple(nodes))
 
     def peak(self, nodes: Iterable[int]) -> int:
+        return self.sims.run(tuple(sorted(set(nodes)))).peak_bytes
+
+    def fits(self, nodes: Iterable[int], budget: int, floors: bool = False) -> bool:
+        """Whether ``nodes`` simulate within ``budget``; ``floors``: first, where ``offload-dag`` has
+        simulated the set in its least-memory form (prefetch depth 1, waiting for every copy), a peak of
+        that form over the budget says no (that form's peak is never above this one's: property test
+        in tests/solvers/test_offload_dag.py)."""
         key = tuple(sorted(set(nodes)))
-        if key not in self.cache:
-            self.cache[key] = simulate(self.graph, Plan(list(self.segments), offload=key), check=False, record=False,
-                                       bandwidth_bytes_per_s=self.bandwidth).peak_bytes
-        return self.cache[key]
+        floor = self.sims.memo.get((key, 1, 0)) if floors else None
+        return (floor is None or floor.peak_bytes <= budget) and self.sims.run(key).peak_bytes <= budget
+
+    def chain(self, grouping: str, candidates: list[int]) -> Chain:
+        key = ("offloadable chain", grouping)
+        if key not in self.sims.chains:
+            self.sims.chains[key] = offloadable_chain(
+                chain_from_graph(self.graph, bandwidth_bytes_per_s=self.bandwidth, grouping=grouping),
+                self.graph, candidates)
+        return self.sims.chains[key]
 
 
 def _solve(graph: Graph, budget_bytes: int, config: dict[str, Any] | None, name: str,
-           choose: Callable[[Chain, int], OffloadSchedule] | None) -> Plan:
-    """Steps 1-7 of the module docstring; ``choose=None`` offloads every candidate (vDNN_all)."""
+           choose: Callable[[Chain, int], OffloadSchedule] | None, sims: OffloadSims | None = None,
+           seed: bool = False) -> Plan:
+    """Steps 1-7 of the module docstring; ``choose=None`` offloads every candidate (vDNN_all);
+    ``sims``: simulations shared with other solves (:mod:`..offload_sims`); ``seed``: only the plan
+    matters (``offload-dag``'s seeds): sets are ruled out by ``offload-dag``'s simulations where they
+    can be (:meth:`_Judge.fits`), and an infeasible budget's error carries no minimum."""
     cfg = dict(config or {})  # the registered solvers parsed it with their config class
     bandwidth = offload_bandwidth(graph, cfg)
     grouping = _grouping(cfg)
     allow = offload_flag(graph, cfg)
     budget = int(budget_bytes)
-    judge = _Judge(graph, bandwidth)
+    judge = _Judge(graph, bandwidth, sims)
     vanilla = judge.peak(())
     opts: dict[str, Any] = {"bandwidth_bytes_per_s": bandwidth, "offload_allowed": allow, "memory_limit_bytes": budget}
     if vanilla <= budget and (choose is not None or not allow):
         return judge.plan((), name, opts)
     if not allow:
         raise offload_refused(graph, cfg, budget, vanilla, name)
-    candidates = offload_candidates(graph)
+    candidates = judge.sims.chains.get("candidates")
+    if candidates is None:
+        candidates = judge.sims.chains["candidates"] = offload_candidates(graph)
     if choose is None:  # vDNN_all
         peak = judge.peak(candidates)
         if peak > budget:
@@ -268,8 +291,7 @@ def _solve(graph: Graph, budget_bytes: int, config: dict[str, Any] | None, name:
     if not candidates:
         raise InfeasibleBudgetError(budget, vanilla, solver=name)
 
-    chain = offloadable_chain(chain_from_graph(graph, bandwidth_bytes_per_s=bandwidth, grouping=grouping),
-                              graph, candidates)
+    chain = judge.chain(grouping, candidates)
     opts.update(grouping=grouping, chain_ops=chain.n_ops, offload_candidates=len(candidates))
     try:
         schedule: OffloadSchedule | None = choose(chain, budget)
@@ -283,14 +305,14 @@ def _solve(graph: Graph, budget_bytes: int, config: dict[str, Any] | None, name:
                     chain_idle_s=schedule.idle_s, chain_lower_bound_s=lower_bound(chain, budget),
                     chain_options=_simple(schedule.options))
     chosen = layer_offload_nodes(chain, schedule.offloaded if schedule is not None else (), candidates)
-    if judge.peak(chosen) <= budget:
+    if judge.fits(chosen, budget, seed):
         return judge.plan(chosen, name, opts)
 
     # repair: add the other candidates in production order up to the first set that fits
     taken = set(chosen)
     missing = [v for v in candidates if v not in taken]
     for k in range(1, len(missing) + 1):
-        if judge.peak(chosen + missing[:k]) <= budget:
+        if judge.fits(chosen + missing[:k], budget, seed):
             if schedule is not None:
                 logger.info("%s: the chain solver's offloads simulate to %d bytes over a %d-byte budget; added "
                             "%d candidates in production order", name, judge.peak(chosen), budget, k)
@@ -299,14 +321,13 @@ def _solve(graph: Graph, budget_bytes: int, config: dict[str, Any] | None, name:
     # fallback: production-order prefixes of every candidate
     least = vanilla
     for k in range(1, len(candidates) + 1):
-        peak = judge.peak(candidates[:k])
-        if peak <= budget:
+        if judge.fits(candidates[:k], budget, seed):
             logger.info("%s: no superset of the chain solver's offloads fits %d bytes; falling back to the first "
                         "%d of %d offload candidates in production order", name, budget, k, len(candidates))
             return judge.plan(candidates[:k], name, {
                 **opts, "fallback": f"production-order prefix of {k} of {len(candidates)} offload candidates"})
-        least = min(least, peak)
-    raise InfeasibleBudgetError(budget, least, solver=name)
+        least = least if seed else min(least, judge.peak(candidates[:k]))
+    raise InfeasibleBudgetError(budget, None if seed else least, solver=name)
 
 
 # ---------------------------------------------------------------------- options
@@ -340,33 +361,50 @@ class VdnnConfig(OffloadGreedyConfig):
 
 
 # ---------------------------------------------------------------------- registered solvers
+_CONFIGS: dict[str, type[OffloadGreedyConfig]] = {"offload-greedy": OffloadGreedyConfig, "offload-dp": OffloadDPConfig,
+                                                  "vdnn": VdnnConfig}
+
+
+def _chooser(name: str, cfg: dict[str, Any]) -> Callable[[Chain, int], OffloadSchedule] | None:
+    """The chain solver of ``name`` under ``cfg`` (its options checked); ``None``: vDNN_all."""
+    if name == "offload-greedy":
+        return lambda c, m: offload_greedy(c, m)
+    if name == "offload-dp":
+        slots, rounding = cfg["slots"], cfg["rounding"]
+        if isinstance(slots, bool) or not isinstance(slots, int) or slots < 1:
+            raise ValueError(f"slots={slots!r} must be an int >= 1 (memory slots of DYNPROG; the paper uses 500)")
+        if rounding not in ROUNDINGS:
+            raise ValueError(f"rounding={rounding!r}; expected one of {ROUNDINGS} (how activation sizes become slots)")
+        return lambda c, m: offload_dp(c, m, slots=slots, rounding=rounding)
+    mode = cfg["mode"]
+    if mode not in VDNN_MODES:
+        raise ValueError(f"mode={mode!r} is not a vDNN mode; expected one of {VDNN_MODES}")
+    return None if mode == "all" else (lambda c, m: vdnn(c, m, mode="conv"))
+
+
+def solve_chain_offload(graph: Graph, budget_bytes: int, name: str, config: dict[str, Any] | None = None,
+                        sims: OffloadSims | None = None, seed: bool = False) -> Plan:
+    """The registered solver ``name`` (``offload-greedy``, ``offload-dp``, ``vdnn``) with its
+    simulations in ``sims`` where they are this graph's at this bandwidth (:mod:`..offload_sims`);
+    ``seed``: as a seed of ``offload-dag`` (the same plan; see :func:`_solve`)."""
+    cfg = _CONFIGS[name].parse(config).as_dict()
+    return _solve(graph, budget_bytes, cfg, name, _chooser(name, cfg), sims, seed)
+
+
 def solve_offload_greedy(graph: Graph, budget_bytes: int, *,
                          config: dict[str, Any] | OffloadGreedyConfig | None = None) -> Plan:
     """GREEDY (integral, §4.2 of [1]) mapped to a plan; see the module docstring."""
-    cfg = OffloadGreedyConfig.parse(config).as_dict()
-    return _solve(graph, budget_bytes, cfg, "offload-greedy", lambda c, m: offload_greedy(c, m))
+    return solve_chain_offload(graph, budget_bytes, "offload-greedy", config)
 
 
 def solve_offload_dp(graph: Graph, budget_bytes: int, *, config: dict[str, Any] | OffloadDPConfig | None = None
                      ) -> Plan:
     """DYNPROG (§5.3 of [1]) mapped to a plan; ``slots`` (default 500) and ``rounding`` as in
     :func:`~.chain_solvers.offload_dp`."""
-    cfg = OffloadDPConfig.parse(config).as_dict()
-    slots = cfg["slots"]
-    rounding = cfg["rounding"]
-    if isinstance(slots, bool) or not isinstance(slots, int) or slots < 1:
-        raise ValueError(f"slots={slots!r} must be an int >= 1 (memory slots of DYNPROG; the paper uses 500)")
-    if rounding not in ROUNDINGS:
-        raise ValueError(f"rounding={rounding!r}; expected one of {ROUNDINGS} (how activation sizes become slots)")
-    return _solve(graph, budget_bytes, cfg, "offload-dp", lambda c, m: offload_dp(c, m, slots=slots, rounding=rounding))
+    return solve_chain_offload(graph, budget_bytes, "offload-dp", config)
 
 
 def solve_vdnn(graph: Graph, budget_bytes: int, *, config: dict[str, Any] | VdnnConfig | None = None) -> Plan:
     """vDNN++ (§6.1 of [1]) mapped to a plan; ``mode="conv"`` (thresholds, default) or ``"all"``
     (vDNN_all: offload every candidate, whatever the budget)."""
-    cfg = VdnnConfig.parse(config).as_dict()
-    mode = cfg["mode"]
-    if mode not in VDNN_MODES:
-        raise ValueError(f"mode={mode!r} is not a vDNN mode; expected one of {VDNN_MODES}")
-    choose = None if mode == "all" else (lambda c, m: vdnn(c, m, mode="conv"))
-    return _solve(graph, budget_bytes, cfg, "vdnn", choose)
+    return solve_chain_offload(graph, budget_bytes, "vdnn", config)
