@@ -39,7 +39,8 @@ from ..kusumoto.families import all_lower_sets
 from .lattice import Lattice, LatticeAnswer, lattice_plan_nodes
 from .search import Outcome, judge
 
-__all__ = ["MAX_LOWER_SETS", "LATTICE_SHARE", "CTG_SHARE", "AUTO_WORK", "AUTO_MAX_NODES", "AUTO_MAX_LOWER_SETS", "lattice_of",
+__all__ = ["MAX_LOWER_SETS", "LATTICE_SHARE", "CTG_SHARE", "AUTO_WORK", "AUTO_MAX_NODES", "AUTO_MAX_LOWER_SETS",
+           "AUTO_LEAST_MAX_NODES", "AUTO_LEAST_WORK", "lattice_of",
            "lattice_time", "lattice_peak", "auto_improve", "auto_least_peak"]
 
 logger = logging.getLogger("autoremat.solvers.milp")
@@ -183,15 +184,39 @@ predicted extra time than ``dp-approx`` at 75 %. Set 0 to turn it off."""
 
 AUTO_MAX_LOWER_SETS = 1000
 
+AUTO_LEAST_MAX_NODES = 300
+"""Where no other solver fits the budget (and for ``least_budget(graph, "auto")``), ``auto`` asks
+the lattice's *least-peak* search (:func:`auto_least_peak`, with :data:`AUTO_LEAST_WORK` and at
+most :data:`AUTO_MAX_LOWER_SETS` lower sets; not the time search) on graphs of up to this many
+nodes, past :data:`AUTO_MAX_NODES`; its plan is then improved by the polish and the chain search.
+Why (issue 28, ``benchmarks/results/cpu/optimum_gaps/tight/ANALYSIS.md``): at ``milp``'s least
+budget ``auto`` had no plan on 20 of the 100 seeded random networks, 13 of them chains with skips
+of 151-290 nodes, where this search closes in 0.12-0.47 M work units and reaches ``milp``'s least
+budget (no chain of one order holds its plan: the chain search over node order got 2-7 % above).
+Only asked where nothing else fits, so ``auto``'s plans at other budgets are unchanged; 0 for
+:data:`AUTO_MAX_NODES` turns it off too."""
+
+AUTO_LEAST_WORK = 600_000
+"""The work (:data:`AUTO_WORK`'s units) of the least-peak search on graphs past
+:data:`AUTO_MAX_NODES`. Set by what it buys (x86_64, 2 cores, loaded; ``/tmp`` probe of the issue
+28 session, ``ANALYSIS.md`` there): the 13 chains with skips above needed 0.12-0.47 M; the random
+U-Nets of 173-281 nodes did not close within 2.5 M (8-26 s at load 2-5), the dense blocks and
+transformers of 125-293 nodes needed 0.3-2.3 M or more. Where it does not close it costs ``auto``
+(only where nothing else fits) and ``least_budget(graph, "auto")`` about 1-3 s once per graph."""
+
 
 _auto_least: weakref.WeakKeyDictionary[Graph, tuple[int, Plan] | None] = weakref.WeakKeyDictionary()
 
 
-def _auto_lattice(graph: Graph) -> Lattice | None:
-    """The graph's lattice where ``auto`` may ask it (at most :data:`AUTO_MAX_NODES` nodes and
+def _auto_lattice(graph: Graph, least: bool = False) -> Lattice | None:
+    """The graph's lattice where ``auto`` may ask it (at most :data:`AUTO_MAX_NODES` nodes, or
+    :data:`AUTO_LEAST_MAX_NODES` for the least-peak search (``least``), and
     :data:`AUTO_MAX_LOWER_SETS` lower sets), else ``None`` with the reason logged at DEBUG."""
-    if len(graph) > AUTO_MAX_NODES:
-        logger.debug("milp (lattice, for auto): not asked: %d nodes > AUTO_MAX_NODES=%d", len(graph), AUTO_MAX_NODES)
+    name, limit = "AUTO_MAX_NODES", AUTO_MAX_NODES
+    if least and AUTO_MAX_NODES > 0 and AUTO_LEAST_MAX_NODES > limit:
+        name, limit = "AUTO_LEAST_MAX_NODES", AUTO_LEAST_MAX_NODES
+    if len(graph) > limit:
+        logger.debug("milp (lattice, for auto): not asked: %d nodes > %s=%d", len(graph), name, limit)
         return None
     few = graph in _lattices or all_lower_sets(GraphBits(graph), AUTO_MAX_LOWER_SETS) is not None
     lat = lattice_of(graph) if few else None
@@ -210,11 +235,11 @@ def auto_least_peak(graph: Graph) -> int | None:
     if graph in _auto_least:
         got = _auto_least[graph]
         return None if got is None else got[0]
-    lat = _auto_lattice(graph)
+    lat = _auto_lattice(graph, least=True)
     if lat is None:
         return None
     start = time.monotonic()
-    ans = lat.least_peak(work=AUTO_WORK)
+    ans = lat.least_peak(work=AUTO_WORK if len(graph) <= AUTO_MAX_NODES else AUTO_LEAST_WORK)
     if ans.seq is None:
         logger.debug("milp (lattice, for auto): least peak %s after %.1f s (%.0f work units)", ans.status,
                      time.monotonic() - start, ans.work)
@@ -234,6 +259,8 @@ def auto_improve(graph: Graph, budget: int, extra_s: float) -> Plan | None:
     closed in time, or nothing cheaper; the reason logged at DEBUG). Needs no ``highspy``."""
     if extra_s <= 0:
         return None
+    if extra_s == math.inf and len(graph) > AUTO_MAX_NODES:  # no time search there: the least-peak plan
+        return _least_plan(graph, budget)
     lat = _auto_lattice(graph)
     if lat is None:
         return None
@@ -244,12 +271,7 @@ def auto_improve(graph: Graph, budget: int, extra_s: float) -> Plan | None:
                      time.monotonic() - start, ans.labels, ans.work, "nothing recomputes less"
                      if ans.status == "optimal" else "no plan fits" if ans.status == "infeasible"
                      else "not closed within AUTO_WORK")
-        least = auto_least_peak(graph) if extra_s == math.inf and ans.status == "time_limit" else None
-        if least is not None and least <= budget:
-            known = _auto_least[graph]
-            assert known is not None
-            return Plan(list(known[1].segments), solver="milp")  # it fits; not proven the least extra time
-        return None
+        return _least_plan(graph, budget) if extra_s == math.inf and ans.status == "time_limit" else None
     plan = _plan(ans)
     peak, extra = judge(graph, plan)
     if peak > budget or extra >= extra_s:
@@ -259,3 +281,15 @@ def auto_improve(graph: Graph, budget: int, extra_s: float) -> Plan | None:
     plan.options.update({"milp_status": "optimal", "optimality_gap": 0.0, "milp_bound_basis": "exact model",
                          "optimum_bound_s": ans.bound, "k": len(graph)})
     return plan
+
+
+def _least_plan(graph: Graph, budget: int) -> Plan | None:
+    """The plan of :func:`auto_least_peak` where its simulated peak fits ``budget`` (it fits; it
+    is not proven the least extra time), else ``None``."""
+    least = auto_least_peak(graph)
+    if least is None or least > budget:
+        return None
+    known = _auto_least[graph]
+    assert known is not None
+    logger.debug("milp (lattice, for auto): the least-peak plan (%d bytes) fits %d bytes", least, budget)
+    return Plan(list(known[1].segments), solver="milp")
