@@ -20,6 +20,25 @@ flags (no limit on the number of segments, so ``k`` is the node count); the HiGH
   first :data:`.lattice.EXACT_SHARE`, and zero at the sets it did not reach in time); when it
   stops there, its bound (the next label's key) is kept beside the program's.
 
+``auto`` at tight budgets (issue 28; decision by measurement, x86_64, 2 cores, shared, load 2-8,
+``benchmarks/results/cpu/optimum_gaps/tight/ANALYSIS.md``): at ``milp``'s least budget ``auto``
+had no plan on 20 of the 100 seeded random networks of ``benchmarks/optimum_gaps.py`` (13 chains
+with skips, 6 U-Nets, 1 dense block; 151-297 nodes, past :data:`AUTO_MAX_NODES`). Its solvers stop
+above that budget (chen, dp-approx and xla-greedy's least: 1.1 % above on the dense block, 6-23 %
+on the others), and the chain search, which has only node order when no plan fits, found nothing.
+Why: on the chains with skips ``milp``'s least budget is this lattice's least peak (its search
+closes in 0.12-0.47 M work units on all 13) and no chain of node order reaches it (the exact least
+peak over that chain: 2-7 % higher on the three measured); on a U-Net (173 nodes, the one checked)
+the lattice's least-peak plan is a chain of node order that the beams of width 8 miss and a beam
+of width 16 finds (the lattice search needs 8 M units there); the dense block needs 2.4 M units.
+So ``auto`` asks, only where nothing else fits: the least-peak search on graphs of up to
+:data:`AUTO_LEAST_MAX_NODES` nodes (:data:`AUTO_LEAST_WORK`), whose plan the chain search and the
+polish then improve, and a wider chain beam (:data:`.chain.CHAIN_RESCUE_WIDTH`);
+``least_budget(graph, "auto")`` counts the least-peak search. Neither needs ``highspy``. Calling
+the HiGHS program instead was not taken: ``milp``'s least-budget search took 30-40 s on those
+U-Nets (3 s asked; ``optimum_gaps/random_25/`` and ``random_26_100/``), so a few seconds of it in ``auto``
+would not reach their budgets, and on the chains with skips it is this lattice search that does.
+
 Complexity: enumerating the lower sets is O(sets × n) and stops at the limit; the search is
 described in :mod:`.lattice`. A lattice is kept per graph (weakly) and reused across budgets.
 """
@@ -198,8 +217,8 @@ Only asked where nothing else fits, so ``auto``'s plans at other budgets are unc
 
 AUTO_LEAST_WORK = 600_000
 """The work (:data:`AUTO_WORK`'s units) of the least-peak search on graphs past
-:data:`AUTO_MAX_NODES`. Set by what it buys (x86_64, 2 cores, loaded; ``/tmp`` probe of the issue
-28 session, ``ANALYSIS.md`` there): the 13 chains with skips above needed 0.12-0.47 M; the random
+:data:`AUTO_MAX_NODES`. Set by what it buys (x86_64, 2 cores, load 2-5;
+``benchmarks/results/cpu/optimum_gaps/tight/least_peak_work.txt``): the 13 chains with skips above needed 0.12-0.47 M; the random
 U-Nets of 173-281 nodes did not close within 2.5 M (8-26 s at load 2-5), the dense blocks and
 transformers of 125-293 nodes needed 0.3-2.3 M or more. Where it does not close it costs ``auto``
 (only where nothing else fits) and ``least_budget(graph, "auto")`` about 1-3 s once per graph."""
