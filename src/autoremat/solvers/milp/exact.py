@@ -27,7 +27,7 @@ with skips, 6 U-Nets, 1 dense block; 151-297 nodes, past :data:`AUTO_MAX_NODES`)
 above that budget (chen, dp-approx and xla-greedy's least: 1.1 % above on the dense block, 6-23 %
 on the others), and the chain search, which has only node order when no plan fits, found nothing.
 Why: on the chains with skips ``milp``'s least budget is this lattice's least peak (its search
-closes in 0.12-0.47 M work units on all 13) and no chain of node order reaches it (the exact least
+closes in 0.12-0.55 M work units on all 13) and no chain of node order reaches it (the exact least
 peak over that chain: 2-7 % higher on the three measured); on a U-Net (173 nodes, the one checked)
 the lattice's least-peak plan is a chain of node order that the beams of width 8 miss and a beam
 of width 16 finds (the lattice search needs 8 M units there); the dense block needs 2.4 M units.
@@ -210,18 +210,20 @@ most :data:`AUTO_MAX_LOWER_SETS` lower sets; not the time search) on graphs of u
 nodes, past :data:`AUTO_MAX_NODES`; its plan is then improved by the polish and the chain search.
 Why (issue 28, ``benchmarks/results/cpu/optimum_gaps/tight/ANALYSIS.md``): at ``milp``'s least
 budget ``auto`` had no plan on 20 of the 100 seeded random networks, 13 of them chains with skips
-of 151-290 nodes, where this search closes in 0.12-0.47 M work units and reaches ``milp``'s least
+of 151-290 nodes, where this search closes in 0.12-0.55 M work units and reaches ``milp``'s least
 budget (no chain of one order holds its plan: the chain search over node order got 2-7 % above).
 Only asked where nothing else fits, so ``auto``'s plans at other budgets are unchanged; 0 for
 :data:`AUTO_MAX_NODES` turns it off too."""
 
 AUTO_LEAST_WORK = 600_000
 """The work (:data:`AUTO_WORK`'s units) of the least-peak search on graphs past
-:data:`AUTO_MAX_NODES`. Set by what it buys (x86_64, 2 cores, load 2-5;
-``benchmarks/results/cpu/optimum_gaps/tight/least_peak_work.txt``): the 13 chains with skips above needed 0.12-0.47 M; the random
-U-Nets of 173-281 nodes did not close within 2.5 M (8-26 s at load 2-5), the dense blocks and
-transformers of 125-293 nodes needed 0.3-2.3 M or more. Where it does not close it costs ``auto``
-(only where nothing else fits) and ``least_budget(graph, "auto")`` about 1-3 s once per graph."""
+:data:`AUTO_MAX_NODES`. Set by what it buys (x86_64, 2 cores, load 2-6,
+``benchmarks/results/cpu/optimum_gaps/tight/least_peak_work.txt``): the 13 chains with skips
+above needed 0.12-0.55 M; every random U-Net of 123-281 nodes there did not close within 2.5 M,
+the dense blocks and transformers of 125-297 nodes needed 0.3-2.4 M or more. Where it does not
+close it costs ``auto`` (only where nothing else fits) and ``least_budget(graph, "auto")`` the
+600 k units once per graph (cached): 6.6-9.2 s on a 173- and a 281-node U-Net and a 297-node
+dense block at load 7 (three jobs on the 2 cores; the work is a count, not a clock)."""
 
 
 _auto_least: weakref.WeakKeyDictionary[Graph, tuple[int, Plan] | None] = weakref.WeakKeyDictionary()
