@@ -1,7 +1,8 @@
 """``autoremat.solvers.milp.exact``: the lattice stage of ``milp`` and ``auto``'s use of it.
 
 ``auto`` on small graphs reaches the brute-force optimum of the ``milp`` space (the other
-solvers alone often do not); above its node limit it is left as it was.
+solvers alone often do not); above its node limit it is left as it was, but for the least-peak
+search where no other solver fits (up to ``AUTO_LEAST_MAX_NODES``).
 """
 
 from __future__ import annotations
