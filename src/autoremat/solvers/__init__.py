@@ -207,7 +207,9 @@ def solve(graph: Graph, budget: Any, *, solver: str = "auto", auto_solvers: Sequ
     solvers ``"auto"`` tries; on graphs of at most 120 nodes with deterministic times it also gives
     ``milp``'s exact lattice search a bounded amount of work (about 2 s on an idle machine; a count,
     not a clock, so the same plan at any load) to find a cheaper plan, or one at all where no other
-    solver fits, :func:`autoremat.solvers.milp.exact.auto_improve`; without ``highspy`` too; on
+    solver fits, :func:`autoremat.solvers.milp.exact.auto_improve`; without ``highspy`` too; where
+    no other solver fits, its least-peak search on graphs of up to 300 nodes too, and a wider chain
+    beam, :data:`.milp.exact.AUTO_LEAST_MAX_NODES`; on
     graphs of at most 300 nodes with deterministic times it then polishes the plan's boundaries,
     :mod:`.polish`, and on graphs of at most 1000 runs a bounded beam search over the prefixes of
     the plan's order with free flags, :mod:`.milp.chain`, keeping what recomputes less; above 300

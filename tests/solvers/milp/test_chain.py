@@ -163,3 +163,17 @@ def test_the_pareto_front_answers_as_a_scan_of_every_label():
                 taken.append((m, t))
             ms, ts = front
             assert ms == sorted(ms) and all(a > b for a, b in zip(ts, ts[1:]))
+
+
+def test_a_wider_beam_finds_a_plan_where_none_fits(monkeypatch: pytest.MonkeyPatch):
+    """Issue 28: on this 149-node U-Net every other solver's least budget is 470,080 bytes; at 90 %
+    of it both beams of width ``CHAIN_WIDTH`` find nothing, the wider one (``CHAIN_RESCUE_WIDTH``,
+    asked only where nothing fits) a plan that fits."""
+    g = random_network("unet", 4, 150)
+    budget = 423_072
+    assert budget < min(autoremat.solvers.min_budget(g, "chen"), autoremat.solvers.min_budget(g, "dp-approx"))
+    plan = chain_mod.chain_improve(g, None, budget, float("inf"))
+    assert plan is not None and simulate(g, plan).peak_bytes <= budget
+    validate_plan(g, plan)
+    monkeypatch.setattr(chain_mod, "CHAIN_RESCUE_WIDTH", 0)
+    assert chain_mod.chain_improve(g, None, budget, float("inf")) is None

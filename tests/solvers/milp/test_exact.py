@@ -1,7 +1,8 @@
 """``autoremat.solvers.milp.exact``: the lattice stage of ``milp`` and ``auto``'s use of it.
 
 ``auto`` on small graphs reaches the brute-force optimum of the ``milp`` space (the other
-solvers alone often do not); above its node limit it is left as it was.
+solvers alone often do not); above its node limit it is left as it was, but for the least-peak
+search where no other solver fits (up to ``AUTO_LEAST_MAX_NODES``).
 """
 
 from __future__ import annotations
@@ -180,3 +181,31 @@ def test_a_search_stopped_by_work_stops_at_the_same_label_at_any_clock_and_cache
     warm = Lattice(p, all_lower_sets(p, 10**6))
     warm.least_time(int(0.6 * unoptimised_peak_bytes(g)), work=200_000)  # other replays and bounds cached
     assert run(warm, 0.0) == cold
+
+
+def test_auto_reaches_the_least_peak_search_past_its_node_limit():
+    """Issue 28: a 122-node chain with skips, past ``AUTO_MAX_NODES``: chen and dp-approx reach
+    159,488 bytes at least, the lattice's least-peak search (``AUTO_LEAST_MAX_NODES``) 143,424.
+    Before, ``least_budget(g)`` said 159,488 and ``auto`` had no plan at 143,424."""
+    from _graphs import random_network
+
+    g = random_network("chain_skips", 10, 125)
+    assert exact.AUTO_MAX_NODES < len(g) <= exact.AUTO_LEAST_MAX_NODES
+    heuristics = min(autoremat.solvers.min_budget(g, "chen"), autoremat.solvers.min_budget(g, "dp-approx"))
+    least = autoremat.solvers.least_budget(g)
+    assert least == exact.auto_least_peak(g) < heuristics
+    plan = autoremat.solve(g, least)
+    assert simulate(g, plan).peak_bytes <= least and plan.solver == "milp"
+    with pytest.raises(autoremat.InfeasibleBudgetError) as info:
+        autoremat.solve(g, least - 1)
+    assert info.value.min_budget_bytes == least
+
+
+def test_auto_asks_the_least_peak_search_only_where_nothing_else_fits(monkeypatch):
+    from _graphs import random_network
+
+    g = random_network("chain_skips", 10, 125)
+    asked = []
+    monkeypatch.setattr(exact, "auto_least_peak", lambda graph: asked.append(graph) or None)
+    assert exact.auto_improve(g, unoptimised_peak_bytes(g) // 2, 1.0) is None and not asked  # another plan fits
+    assert exact.auto_improve(g, unoptimised_peak_bytes(g) // 2, float("inf")) is None and asked == [g]

@@ -55,8 +55,8 @@ from .cost_to_go import CostToGo
 from .lattice import Lattice, add_label, dominated, lattice_plan_nodes
 from .search import judge
 
-__all__ = ["CHAIN_MAX_NODES", "CHAIN_FULL_NODES", "CHAIN_WINDOW", "WindowedChain", "CHAIN_WIDTH", "CHAIN_GRID", "beam",
-           "CHAIN_SLACK", "chain_improve"]
+__all__ = ["CHAIN_MAX_NODES", "CHAIN_FULL_NODES", "CHAIN_WINDOW", "WindowedChain", "CHAIN_WIDTH", "CHAIN_RESCUE_WIDTH",
+           "CHAIN_GRID", "beam", "CHAIN_SLACK", "chain_improve"]
 
 logger = logging.getLogger("autoremat.solvers.milp")
 
@@ -81,6 +81,13 @@ CHAIN_WIDTH = 8
 """Labels :func:`beam` keeps per set. Measured (x86_64, 2 cores, loaded) on random 173-245-node
 networks at 50 %: width 16 took 1.3-2.4x as long as 8 for plans within 0-1.3 % of width 8's;
 on ResNet-50 width 8 and 16 gave plans within 1 % of each other."""
+
+CHAIN_RESCUE_WIDTH = 16
+"""Where no plan fits (``auto`` has none to beat) and neither beam of :data:`CHAIN_WIDTH` finds
+one, the beam that also keeps the fewest bytes runs once more with this width. Measured (issue 28,
+``benchmarks/results/cpu/optimum_gaps/tight/ANALYSIS.md``): on a random 173-node U-Net at
+``milp``'s least budget, where every other solver's least budget is 14 % higher, widths 8 found
+nothing and 16 a plan recomputing 0.994x ``milp``'s (1.4 s; 32: the same plan in 3.6 s). 0 turns it off."""
 
 CHAIN_GRID = 1024
 """Grid points of ``h``'s kept bytes (:class:`.cost_to_go.CostToGo`; 8192 for the exact search:
@@ -226,8 +233,12 @@ def chain_improve(graph: Graph, plan: Plan | None, budget: int, extra_s: float) 
     slack = (int(CHAIN_SLACK * budget), 0.0 if extra_s == math.inf else CHAIN_SLACK * extra_s)
     incumbent = extra_s * (1 - 1e-9)
     found, best = None, incumbent
-    for spread in (False, True):
-        got = beam(lat, budget, incumbent, CHAIN_WIDTH, slack, spread)
+    tries = [(False, CHAIN_WIDTH), (True, CHAIN_WIDTH)] + [(True, CHAIN_RESCUE_WIDTH)] * (
+        extra_s == math.inf and CHAIN_RESCUE_WIDTH > 0)
+    for spread, width in tries:
+        if found is not None and width != CHAIN_WIDTH:
+            break  # the wider beam only where nothing fits yet
+        got = beam(lat, budget, incumbent, width, slack, spread)
         if got is None:
             continue
         plan = Plan([Segment(tuple(nodes), f) for nodes, f in zip(lattice_plan_nodes(got[0]), got[1])], solver="milp")

@@ -20,6 +20,25 @@ flags (no limit on the number of segments, so ``k`` is the node count); the HiGH
   first :data:`.lattice.EXACT_SHARE`, and zero at the sets it did not reach in time); when it
   stops there, its bound (the next label's key) is kept beside the program's.
 
+``auto`` at tight budgets (issue 28; decision by measurement, x86_64, 2 cores, shared, load 2-8,
+``benchmarks/results/cpu/optimum_gaps/tight/ANALYSIS.md``): at ``milp``'s least budget ``auto``
+had no plan on 20 of the 100 seeded random networks of ``benchmarks/optimum_gaps.py`` (13 chains
+with skips, 6 U-Nets, 1 dense block; 151-297 nodes, past :data:`AUTO_MAX_NODES`). Its solvers stop
+above that budget (chen, dp-approx and xla-greedy's least: 1.1 % above on the dense block, 6-23 %
+on the others), and the chain search, which has only node order when no plan fits, found nothing.
+Why: on the chains with skips ``milp``'s least budget is this lattice's least peak (its search
+closes in 0.12-0.55 M work units on all 13) and no chain of node order reaches it (the exact least
+peak over that chain: 2-7 % higher on the three measured); on a U-Net (173 nodes, the one checked)
+the lattice's least-peak plan is a chain of node order that the beams of width 8 miss and a beam
+of width 16 finds (the lattice search needs 8 M units there); the dense block needs 2.4 M units.
+So ``auto`` asks, only where nothing else fits: the least-peak search on graphs of up to
+:data:`AUTO_LEAST_MAX_NODES` nodes (:data:`AUTO_LEAST_WORK`), whose plan the chain search and the
+polish then improve, and a wider chain beam (:data:`.chain.CHAIN_RESCUE_WIDTH`);
+``least_budget(graph, "auto")`` counts the least-peak search. Neither needs ``highspy``. Calling
+the HiGHS program instead was not taken: ``milp``'s least-budget search took 30-40 s on those
+U-Nets (3 s asked; ``optimum_gaps/random_25/`` and ``random_26_100/``), so a few seconds of it in ``auto``
+would not reach their budgets, and on the chains with skips it is this lattice search that does.
+
 Complexity: enumerating the lower sets is O(sets × n) and stops at the limit; the search is
 described in :mod:`.lattice`. A lattice is kept per graph (weakly) and reused across budgets.
 """
@@ -39,7 +58,8 @@ from ..kusumoto.families import all_lower_sets
 from .lattice import Lattice, LatticeAnswer, lattice_plan_nodes
 from .search import Outcome, judge
 
-__all__ = ["MAX_LOWER_SETS", "LATTICE_SHARE", "CTG_SHARE", "AUTO_WORK", "AUTO_MAX_NODES", "AUTO_MAX_LOWER_SETS", "lattice_of",
+__all__ = ["MAX_LOWER_SETS", "LATTICE_SHARE", "CTG_SHARE", "AUTO_WORK", "AUTO_MAX_NODES", "AUTO_MAX_LOWER_SETS",
+           "AUTO_LEAST_MAX_NODES", "AUTO_LEAST_WORK", "lattice_of",
            "lattice_time", "lattice_peak", "auto_improve", "auto_least_peak"]
 
 logger = logging.getLogger("autoremat.solvers.milp")
@@ -183,15 +203,41 @@ predicted extra time than ``dp-approx`` at 75 %. Set 0 to turn it off."""
 
 AUTO_MAX_LOWER_SETS = 1000
 
+AUTO_LEAST_MAX_NODES = 300
+"""Where no other solver fits the budget (and for ``least_budget(graph, "auto")``), ``auto`` asks
+the lattice's *least-peak* search (:func:`auto_least_peak`, with :data:`AUTO_LEAST_WORK` and at
+most :data:`AUTO_MAX_LOWER_SETS` lower sets; not the time search) on graphs of up to this many
+nodes, past :data:`AUTO_MAX_NODES`; its plan is then improved by the polish and the chain search.
+Why (issue 28, ``benchmarks/results/cpu/optimum_gaps/tight/ANALYSIS.md``): at ``milp``'s least
+budget ``auto`` had no plan on 20 of the 100 seeded random networks, 13 of them chains with skips
+of 151-290 nodes, where this search closes in 0.12-0.55 M work units and reaches ``milp``'s least
+budget (no chain of one order holds its plan: the chain search over node order got 2-7 % above).
+Only asked where nothing else fits, so ``auto``'s plans at other budgets are unchanged; 0 for
+:data:`AUTO_MAX_NODES` turns it off too."""
+
+AUTO_LEAST_WORK = 600_000
+"""The work (:data:`AUTO_WORK`'s units) of the least-peak search on graphs past
+:data:`AUTO_MAX_NODES`. Set by what it buys (x86_64, 2 cores, load 2-6,
+``benchmarks/results/cpu/optimum_gaps/tight/least_peak_work.txt``): the 13 chains with skips
+above needed 0.12-0.55 M; every random U-Net of 123-281 nodes there did not close within 2.5 M,
+the dense blocks and transformers of 125-297 nodes needed 0.3-2.4 M or more. Where it does not
+close it costs ``auto`` (only where nothing else fits) and ``least_budget(graph, "auto")`` the
+600 k units once per graph (cached): 6.6-9.2 s on a 173- and a 281-node U-Net and a 297-node
+dense block at load 7 (three jobs on the 2 cores; the work is a count, not a clock)."""
+
 
 _auto_least: weakref.WeakKeyDictionary[Graph, tuple[int, Plan] | None] = weakref.WeakKeyDictionary()
 
 
-def _auto_lattice(graph: Graph) -> Lattice | None:
-    """The graph's lattice where ``auto`` may ask it (at most :data:`AUTO_MAX_NODES` nodes and
+def _auto_lattice(graph: Graph, least: bool = False) -> Lattice | None:
+    """The graph's lattice where ``auto`` may ask it (at most :data:`AUTO_MAX_NODES` nodes, or
+    :data:`AUTO_LEAST_MAX_NODES` for the least-peak search (``least``), and
     :data:`AUTO_MAX_LOWER_SETS` lower sets), else ``None`` with the reason logged at DEBUG."""
-    if len(graph) > AUTO_MAX_NODES:
-        logger.debug("milp (lattice, for auto): not asked: %d nodes > AUTO_MAX_NODES=%d", len(graph), AUTO_MAX_NODES)
+    name, limit = "AUTO_MAX_NODES", AUTO_MAX_NODES
+    if least and AUTO_MAX_NODES > 0 and AUTO_LEAST_MAX_NODES > limit:
+        name, limit = "AUTO_LEAST_MAX_NODES", AUTO_LEAST_MAX_NODES
+    if len(graph) > limit:
+        logger.debug("milp (lattice, for auto): not asked: %d nodes > %s=%d", len(graph), name, limit)
         return None
     few = graph in _lattices or all_lower_sets(GraphBits(graph), AUTO_MAX_LOWER_SETS) is not None
     lat = lattice_of(graph) if few else None
@@ -210,11 +256,11 @@ def auto_least_peak(graph: Graph) -> int | None:
     if graph in _auto_least:
         got = _auto_least[graph]
         return None if got is None else got[0]
-    lat = _auto_lattice(graph)
+    lat = _auto_lattice(graph, least=True)
     if lat is None:
         return None
     start = time.monotonic()
-    ans = lat.least_peak(work=AUTO_WORK)
+    ans = lat.least_peak(work=AUTO_WORK if len(graph) <= AUTO_MAX_NODES else AUTO_LEAST_WORK)
     if ans.seq is None:
         logger.debug("milp (lattice, for auto): least peak %s after %.1f s (%.0f work units)", ans.status,
                      time.monotonic() - start, ans.work)
@@ -234,6 +280,8 @@ def auto_improve(graph: Graph, budget: int, extra_s: float) -> Plan | None:
     closed in time, or nothing cheaper; the reason logged at DEBUG). Needs no ``highspy``."""
     if extra_s <= 0:
         return None
+    if extra_s == math.inf and len(graph) > AUTO_MAX_NODES:  # no time search there: the least-peak plan
+        return _least_plan(graph, budget)
     lat = _auto_lattice(graph)
     if lat is None:
         return None
@@ -244,12 +292,7 @@ def auto_improve(graph: Graph, budget: int, extra_s: float) -> Plan | None:
                      time.monotonic() - start, ans.labels, ans.work, "nothing recomputes less"
                      if ans.status == "optimal" else "no plan fits" if ans.status == "infeasible"
                      else "not closed within AUTO_WORK")
-        least = auto_least_peak(graph) if extra_s == math.inf and ans.status == "time_limit" else None
-        if least is not None and least <= budget:
-            known = _auto_least[graph]
-            assert known is not None
-            return Plan(list(known[1].segments), solver="milp")  # it fits; not proven the least extra time
-        return None
+        return _least_plan(graph, budget) if extra_s == math.inf and ans.status == "time_limit" else None
     plan = _plan(ans)
     peak, extra = judge(graph, plan)
     if peak > budget or extra >= extra_s:
@@ -259,3 +302,15 @@ def auto_improve(graph: Graph, budget: int, extra_s: float) -> Plan | None:
     plan.options.update({"milp_status": "optimal", "optimality_gap": 0.0, "milp_bound_basis": "exact model",
                          "optimum_bound_s": ans.bound, "k": len(graph)})
     return plan
+
+
+def _least_plan(graph: Graph, budget: int) -> Plan | None:
+    """The plan of :func:`auto_least_peak` where its simulated peak fits ``budget`` (it fits; it
+    is not proven the least extra time), else ``None``."""
+    least = auto_least_peak(graph)
+    if least is None or least > budget:
+        return None
+    known = _auto_least[graph]
+    assert known is not None
+    logger.debug("milp (lattice, for auto): the least-peak plan (%d bytes) fits %d bytes", least, budget)
+    return Plan(list(known[1].segments), solver="milp")
