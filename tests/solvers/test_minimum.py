@@ -49,7 +49,15 @@ def test_min_budget_passes_the_solver_options() -> None:
 def test_min_budget_rejects_unregistered_names_and_empty_graphs_need_nothing() -> None:
     with pytest.raises(ValueError, match="not registered"):
         min_budget(skip_chain(), "magic")
-    with pytest.raises(ValueError, match="not registered"):
-        min_budget(skip_chain(), "auto")
     assert min_budget(Graph.chain([]), "chen") == 0
     assert autoremat.min_budget is min_budget
+
+
+def test_the_default_is_autos_least_as_solves_default_is_auto() -> None:
+    """Before, ``min_budget(graph)`` asked ``dp-approx``, which ``solve``'s default does not
+    always reach (and refuses large module graphs captured op by op), and ``"auto"`` was refused."""
+    g = skip_chain()
+    need = min_budget(g)
+    assert need == min_budget(g, "auto") == autoremat.solvers.least.least_budget(g, "auto")
+    assert simulate(g, solve(g, need)).peak_bytes <= need
+    assert need <= min(min_budget(g, name) for name in ("chen", "dp-approx"))

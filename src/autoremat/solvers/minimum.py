@@ -1,5 +1,7 @@
 """``min_budget(graph, solver)``: the least step-peak budget a registered solver meets.
 
+* ``auto`` (the default, as :func:`autoremat.solve`'s): the least of the solvers ``solve`` tries,
+  :func:`.least.least_budget`.
 * ``dp-approx`` and ``dp-exact``: their own search (:func:`.kusumoto.min_budget`), exact for
   the DP's family (see :mod:`.kusumoto`).
 * ``milp``: its memory-centric program (:func:`.milp.min_budget_milp`).
@@ -51,15 +53,21 @@ logger = logging.getLogger(__name__)
 _MAX_DOUBLINGS = 6
 
 
-def min_budget(graph: Graph, solver: str = "dp-approx", *, config: Mapping[str, Any] | None = None) -> int:
+def min_budget(graph: Graph, solver: str = "auto", *, config: Mapping[str, Any] | None = None) -> int:
     """The least step-peak budget ``solver`` meets on ``graph`` (see the module docstring).
 
     ``config``: the solver's options (:data:`autoremat.solvers.CONFIGS`), as for ``solve``.
+    ``"auto"`` (the default, as ``solve``'s): the least of the solvers ``solve`` tries,
+    :func:`.least.least_budget`, so ``solve(graph, min_budget(graph))`` finds a plan.
     """
     from . import bare_solver, check_solver  # the registry imports this module
 
     from . import refuse_large_op_capture
 
+    if solver == "auto":
+        from .least import least_budget
+
+        return least_budget(graph, "auto", **dict(config or {}))
     check_solver(solver, allow_auto=False)
     if not isinstance(graph, Graph):
         raise TypeError(f"graph must be an autoremat.Graph (from autoremat.capture), got {type(graph).__name__}")
