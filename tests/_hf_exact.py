@@ -24,13 +24,20 @@ def plans_at(graph: autoremat.Graph, fractions: tuple[float, ...]) -> list[autor
     """Plans at these fractions of the predicted peak and at the least budget (a budget below the
     least one gives the least plan instead), one per budget, the least one last."""
     plans: list[autoremat.Plan] = []
+    at: dict[int, autoremat.Plan] = {}  # by the budget solved at: a fraction below the least is the least
+
+    def solve(budget: int) -> autoremat.Plan:
+        if budget not in at:
+            at[budget] = autoremat.solve(graph, budget)
+        return at[budget]
+
     vanilla = simulate(graph, no_recompute_plan(graph)).peak_bytes
     for budget in (*(int(f * vanilla) for f in fractions), 1):
         try:
-            plan = autoremat.solve(graph, budget)
+            plan = solve(budget)
         except autoremat.InfeasibleBudgetError as err:
             assert err.min_budget_bytes is not None and err.min_budget_bytes > budget
-            plan = autoremat.solve(graph, err.min_budget_bytes)
+            plan = solve(err.min_budget_bytes)
         plans.append(plan)
     return plans
 
