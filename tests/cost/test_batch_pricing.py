@@ -63,7 +63,8 @@ def assert_batch_equals_scalar(graph: Graph, states: int | None = None, seed: in
         for dang in dangs:
             dang &= dp.p.info(dp.fam[i]).alive  # a state's dangling roots are alive after its set
             dt, add, packed, low = pricer.price(i, dang, np.asarray(js))
-            ks = range(len(js)) if successors is None or successors >= len(js) else rng.sample(range(len(js)), successors)
+            ks = (range(len(js)) if successors is None or successors >= len(js)
+                  else rng.sample(range(len(js)), successors))
             for k in ks:
                 j = js[k]
                 got = (float(dt[k]), int(add[k]), int.from_bytes(packed[k].tobytes(), "little"), int(low[k]))
