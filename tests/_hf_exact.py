@@ -22,26 +22,34 @@ def _grads(model: torch.nn.Module, args: tuple, kwargs: dict, loss: Any) -> dict
 
 def plans_at(graph: autoremat.Graph, fractions: tuple[float, ...]) -> list[autoremat.Plan]:
     """Plans at these fractions of the predicted peak and at the least budget (a budget below the
-    least one gives the least plan instead), without repeats."""
+    least one gives the least plan instead), one per budget, the least one last."""
     plans: list[autoremat.Plan] = []
+    at: dict[int, autoremat.Plan] = {}  # by the budget solved at: a fraction below the least is the least
+
+    def solve(budget: int) -> autoremat.Plan:
+        if budget not in at:
+            at[budget] = autoremat.solve(graph, budget)
+        return at[budget]
+
     vanilla = simulate(graph, no_recompute_plan(graph)).peak_bytes
     for budget in (*(int(f * vanilla) for f in fractions), 1):
         try:
-            plan = autoremat.solve(graph, budget)
+            plan = solve(budget)
         except autoremat.InfeasibleBudgetError as err:
             assert err.min_budget_bytes is not None and err.min_budget_bytes > budget
-            plan = autoremat.solve(graph, err.min_budget_bytes)
-        if all(p.segments != plan.segments for p in plans):
-            plans.append(plan)
+            plan = solve(err.min_budget_bytes)
+        plans.append(plan)
     return plans
 
 
 def trains_exactly(name: str, model: torch.nn.Module, args: tuple, kwargs: dict, loss: Any,
                    fractions: tuple[float, ...] = (0.5,), output_kept: str = "loss",
-                   mode: str = "auto") -> autoremat.Graph:
+                   mode: str = "auto", solved: list[autoremat.Plan] | None = None) -> autoremat.Graph:
     """The check (module docstring) at :func:`plans_at` ``fractions``; returns the graph.
     ``output_kept``: the graph's ``meta["output_kept"]``, and the measured steps keep the returned
-    object to the end of backward where it is ``"step"``; ``mode``: :func:`autoremat.capture`'s."""
+    object to the end of backward where it is ``"step"``; ``mode``: :func:`autoremat.capture`'s;
+    ``solved``: where given, :func:`plans_at`'s plans are appended to it (the least budget's last),
+    each trained (a plan equal to an earlier one is trained once)."""
     graph = autoremat.capture(model, args, kwargs, loss_fn=loss, repeats=1, warmup=0, mode=mode)
     graph.meta["output_kept"] = output_kept
     keep = output_kept == "step"
@@ -50,8 +58,12 @@ def trains_exactly(name: str, model: torch.nn.Module, args: tuple, kwargs: dict,
     assert abs(predicted - vanilla) <= TOLERANCE * vanilla, (name, predicted, vanilla)
     reference = _grads(model, args, kwargs, loss)
     plans = plans_at(graph, fractions)
+    if solved is not None:
+        solved.extend(plans)
     assert any(p.recompute_segments for p in plans), f"{name}: no plan recomputes anything"
-    for plan in plans:
+    for k, plan in enumerate(plans):
+        if any(p.segments == plan.segments for p in plans[:k]):
+            continue
         autoremat.apply(model, plan)
         try:
             peak = measure(model, args, kwargs, loss_fn=loss, steps=1, warmup=0, keep_output=keep).peak_bytes

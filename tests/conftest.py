@@ -22,13 +22,16 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 
 def pytest_configure(config: pytest.Config) -> None:
     """Under pytest-xdist each worker gets one intra-op thread: two workers on two cores with
-    two threads each oversubscribe the machine and slow every test several times over."""
+    two threads each oversubscribe the machine and slow every test several times over. So do the
+    Python processes the tests start (a DDP fit's two ranks, the README's commands, fresh
+    interpreters): ``OMP_NUM_THREADS=1`` in the environment they inherit."""
     import os
 
     if os.environ.get("PYTEST_XDIST_WORKER"):
         import torch
 
         torch.set_num_threads(1)
+        os.environ["OMP_NUM_THREADS"] = "1"
 
 
 def pytest_runtest_logreport(report: pytest.TestReport) -> None:

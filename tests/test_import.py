@@ -20,11 +20,14 @@ def _run(code: str) -> subprocess.CompletedProcess[str]:
 @pytest.fixture(scope="module")
 def fresh_import() -> dict:
     """One fresh interpreter: whether ``import autoremat`` alone imported dynamo, then which heavy
-    frameworks are loaded once the integrations and the CLI are imported too."""
+    frameworks are loaded once the integrations and the CLI are imported too, then what
+    ``from autoremat import AutoRemat`` loads (after ``heavy`` was read: Lightning, on first use)."""
     code = ("import json, sys, autoremat; dynamo = 'torch._dynamo' in sys.modules; "
             "import autoremat.integrations.accelerate, autoremat.cli; "
             f"heavy = sorted({{m.split('.')[0] for m in sys.modules}} & set({HEAVY!r})); "
-            "print(json.dumps({'dynamo': dynamo, 'heavy': heavy}))")
+            "from autoremat import AutoRemat; "
+            "callback = [AutoRemat.__module__, 'lightning' in sys.modules, 'AutoRemat' in dir(autoremat)]; "
+            "print(json.dumps({'dynamo': dynamo, 'heavy': heavy, 'callback': callback}))")
     proc = _run(code)
     assert proc.returncode == 0, proc.stderr[-2000:]
     return json.loads(proc.stdout.strip().splitlines()[-1])
@@ -34,11 +37,9 @@ def test_import_autoremat_loads_no_training_framework(fresh_import: dict) -> Non
     assert fresh_import["heavy"] == []
 
 
-def test_autoremat_callback_still_importable_from_the_package() -> None:
-    proc = _run("import sys; from autoremat import AutoRemat; import autoremat; "
-                "print(AutoRemat.__module__, 'lightning' in sys.modules, 'AutoRemat' in dir(autoremat))")
-    assert proc.returncode == 0, proc.stderr[-2000:]
-    assert proc.stdout.split() == ["autoremat.integrations.lightning", "True", "True"]
+def test_autoremat_callback_still_importable_from_the_package(fresh_import: dict) -> None:
+    """In the fresh interpreter of the fixture, once the integrations were imported without Lightning."""
+    assert fresh_import["heavy"] == [] and fresh_import["callback"] == ["autoremat.integrations.lightning", True, True]
 
 
 def test_unknown_attribute_is_an_attribute_error() -> None:

@@ -97,7 +97,8 @@ def _ci_runs(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
 
 INSTALL = 'python3 -m venv .venv && .venv/bin/pip install -q -c constraints.txt -e ".[dev]" && '
 RUNNERS: dict[str, Callable[[Path, pytest.MonkeyPatch], None]] = {
-    INSTALL + ".venv/bin/autoremat demo": _reduced("autoremat demo", ["--steps", "1", "--timing-pairs", "1"]),
+    INSTALL + ".venv/bin/autoremat demo": _covered(  # the same command with two steps, its output checked
+        "tests/test_cli.py::test_demo_reports_equal_gradients"),
     INSTALL + ".venv/bin/python -m pytest -q -n 2": _ci_runs,  # this suite
     "autoremat demo --model densenet121 --budget 40%": _reduced(
         "autoremat demo --model densenet121 --budget 40%", ["--steps", "1", "--timing-pairs", "1"]),

@@ -189,10 +189,17 @@ def test_offload_true_needs_cuda(tmp_path: Path) -> None:
         _trainer(cb, tmp_path).fit(LitClassifier())
 
 
-def test_offload_false_excludes_the_combined_planner(tmp_path: Path) -> None:
-    cb = autoremat.AutoRemat(budget="60%", module="model", offload=False, raise_batch_size=False, verbose=False)
-    _trainer(cb, tmp_path).fit(LitClassifier())
-    assert cb.plan is not None and cb.plan.solver != "combined" and not cb.plan.offload
+def test_offload_false_excludes_the_combined_planner(monkeypatch: pytest.MonkeyPatch) -> None:
+    """At the user's own batch size too. Checked on what ``solve`` is asked: a CPU fit cannot tell
+    (``auto`` leaves ``combined`` out of a CPU graph anyway, ``solvers.combined.offload_allowed``;
+    the fit it ran, 25 s, passed with the setting ignored)."""
+    import autoremat.integrations.lightning as lightning_mod
+
+    seen: list[dict] = []
+    monkeypatch.setattr(lightning_mod, "solve", lambda graph, budget, **kw: seen.append(kw) or "plan")
+    assert autoremat.AutoRemat(offload=False, verbose=False)._solve(object(), 10) == "plan"
+    assert seen[-1]["solver"] == "auto" and "combined" not in seen[-1]["auto_solvers"]
+    assert "dp-approx" in seen[-1]["auto_solvers"]
 
 
 @pytest.mark.parametrize(

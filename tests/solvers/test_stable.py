@@ -12,6 +12,7 @@ import pytest
 import autoremat
 from autoremat import Graph, solve
 from autoremat.capture import timing_noise
+from autoremat.solvers import stable
 from autoremat.solvers.stable import DEFAULT_NOISE_TOLERANCE, is_measured, reference_graph
 
 
@@ -45,7 +46,7 @@ def _noisy(g: Graph, seed: int, sigma: float) -> Graph:
 
 
 def test_noisy_captures_give_one_plan(cpu_like: Graph) -> None:
-    captures = [_noisy(cpu_like, seed, sigma=0.2) for seed in range(4)]
+    captures = [_noisy(cpu_like, seed, sigma=0.2) for seed in range(3)]  # each a different fastest plan
     plans = [solve(g, "50%") for g in captures]
     fastest = {_key(solve(g, "50%", noise_tolerance=0)) for g in captures}
     assert len({_key(p) for p in plans}) == 1
@@ -146,13 +147,16 @@ def test_a_plan_clearly_faster_on_the_measured_times_wins() -> None:
     assert _key(plan) == _key(solve(g, 0.8, noise_tolerance=0))
 
 
-def test_deterministic_times_are_solved_once(cpu_like: Graph) -> None:
+def test_deterministic_times_are_solved_once(cpu_like: Graph, monkeypatch: pytest.MonkeyPatch) -> None:
     g = cpu_like.copy()
     g.meta["time_source"] = "flops"
     assert not is_measured(g) and is_measured(cpu_like)
-    plan = solve(g, "50%")
-    assert "stability" not in plan.options
-    assert _key(plan) == _key(solve(g, "50%", noise_tolerance=0))
+    small = _two_branches()  # the rule reads time_source only; a small graph solves at once
+    small.meta["time_source"] = "flops"
+    assert not is_measured(small)
+    monkeypatch.setattr(stable, "reference_graph", lambda g: pytest.fail("solved the reference costs too"))
+    plan = solve(small, 0.8)
+    assert plan.recomputed_nodes and "stability" not in plan.options
     synthetic = Graph.chain([100, 200, 300, 200, 100])
     assert "stability" not in solve(synthetic, 0.8).options
 
