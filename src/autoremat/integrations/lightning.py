@@ -8,7 +8,8 @@ them without profiling again) and restores the model when fitting ends.
 What it does in ``on_fit_start``:
 
 1. takes the first batch of the training dataloader and records the positional and keyword
-   inputs of the module to optimise (``module=``, default the LightningModule) by running
+   inputs of the module to optimise (``module=``; default: the LightningModule, or the first
+   trainable submodule ``training_step`` calls, :func:`~._lightning_steps.record_inputs`) by running
    ``training_step`` once without gradients (``self.log`` is silenced for that call; other side
    effects of ``training_step`` happen, so keep it free of them or check
    ``torch.is_grad_enabled()``; it is called again for each batch size tried when raising);
@@ -119,7 +120,8 @@ class AutoRemat(Callback):
         max_batch_size: upper bound when raising (default 8192, as Lightning's tuner).
         batch_arg_name: the attribute holding the batch size (model, hparams or datamodule).
         module: dotted path of the submodule to optimise, e.g. ``"model"``; default the
-            LightningModule itself.
+            LightningModule where ``training_step`` calls its ``forward`` first, else the first
+            submodule with trainable parameters ``training_step`` calls (logged).
         loss_fn: maps the module's output to the scalar to backpropagate while profiling
             (default: :func:`autoremat.measure.default_loss`).
         verbose: print a summary table on rank zero.
