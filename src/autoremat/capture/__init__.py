@@ -29,7 +29,6 @@ from typing import Any
 
 import networkx as nx
 import torch
-import torch.nn.modules.module as _module_mod
 from torch import nn
 
 from .._compiled import uncompiled
@@ -38,8 +37,7 @@ from ..measure import default_loss, profiling_run
 from ..resident import device_of, resident_bytes
 from ._recorder import NodeRecord, Recorder, paused_gc, preserved_state, tensors_in, timing_noise
 from ._code_reads import traced_through
-from .._module_hooks import GLOBAL_HOOK_DICTS as _GLOBAL_HOOK_DICTS
-from .._module_hooks import HOOK_DICTS as _HOOK_DICTS
+from .._module_hooks import global_hooks, has_hooks
 from .fx import fx_fingerprint, profile_fx, records_from_fx, trace
 from .blocks import BLOCK_MODES
 from .meta_cache import MetaOpCache
@@ -294,11 +292,11 @@ def _hooked_through(model: nn.Module, gm: Any) -> str | None:
     and that has module hooks, or "global module hooks" where any is registered; else ``None``.
     Those are the hooks the fx-level forward's guard (:mod:`autoremat.runtime.guard`) finds and
     falls back to the model's own forward for; leaves run their hooks in their ``__call__``."""
-    if any(getattr(_module_mod, h, None) for h in _GLOBAL_HOOK_DICTS):
+    if global_hooks():
         return "global module hooks (torch.nn.modules.module.register_module_*_hook)"
     through = {id(m) for m in traced_through(model, gm)}
     for path, m in model.named_modules():
-        if m is not model and id(m) in through and any(m.__dict__.get(h) for h in _HOOK_DICTS):
+        if m is not model and id(m) in through and has_hooks(m):
             return f"module {path!r}"
     return None
 

@@ -75,9 +75,8 @@ from typing import Any
 import torch
 import torch.fx
 from torch import nn
-from torch.nn.modules import module as _module_mod
 
-from .._module_hooks import GLOBAL_HOOK_DICTS, HOOK_DICTS
+from .._module_hooks import HOOK_DICTS, global_hooks
 from ..capture._code_reads import _foreign, code_reads, traced_through
 from ..capture._tracing import autocast_state
 
@@ -275,7 +274,7 @@ class _Key:
     def __call__(self) -> tuple[Any, ...]:
         if self.dicts is None:
             self._setup()
-        hooked = any(self.hooks) or any(getattr(_module_mod, h, None) for h in GLOBAL_HOOK_DICTS)
+        hooked = any(self.hooks) or global_hooks()
         values = tuple(map(dict.get, self.dicts, self.names))
         deep = tuple(freeze(d.get(k)) for d, k in zip(self.deep_dicts, self.deep_names)) if self.deep_dicts else ()
         extra = tuple(freeze(getattr(c, k, None)) for c, k in self.classes) + tuple(map(_cell, self.cells))
