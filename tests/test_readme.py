@@ -208,3 +208,31 @@ def test_cli_commands_in_the_readme_exist() -> None:
     subcommands = set(parser._subparsers._group_actions[0].choices)  # type: ignore[union-attr]
     shown = set(re.findall(r"`autoremat (\w+)", README)) | set(re.findall(r"\.venv/bin/autoremat (\w+)", README))
     assert shown and shown <= subcommands, shown - subcommands
+
+
+def _output_blocks() -> list[list[str]]:
+    """The non-empty lines of each fenced block without a language (pasted program output)."""
+    blocks: list[list[str]] = []
+    lang = None
+    for line in README.splitlines():
+        if line.startswith("```"):
+            if lang is None:
+                lang = line[3:].strip()
+                blocks.append([])
+            else:
+                if lang:
+                    blocks.pop()
+                lang = None
+        elif lang is not None and line.strip():
+            blocks[-1].append(line.strip())
+    return blocks
+
+
+def test_output_blocks_hold_real_output() -> None:
+    """Every block of pasted output holds output, not a placeholder line such as ``GPT2_SAMPLE``
+    left for a run nobody pasted."""
+    blocks = _output_blocks()
+    assert blocks
+    for lines in blocks:
+        assert len(lines) > 1, lines
+        assert not any(re.fullmatch(r"[A-Z][A-Z0-9_]{3,}", line) for line in lines), lines
