@@ -442,3 +442,26 @@ def test_the_first_step_makes_no_batch_norm_scratch(mode: str) -> None:
     finally:
         autoremat.restore(model)
     assert steps[0] == steps[1]
+
+
+def test_a_tensor_passed_twice_is_one_tensor_in_the_replay() -> None:
+    """``nn.MultiheadAttention`` picks its self-attention path by ``query is key``: a replay that
+    hands the same input back as three tensors runs the other path and saves other tensors
+    (torch's ``nn.TransformerEncoderLayer`` crashed in backward: ``t() expects a tensor with <= 2
+    dimensions``)."""
+    torch.manual_seed(0)
+    attn = nn.MultiheadAttention(16, 2, batch_first=True)
+    x = torch.randn(2, 5, 16)
+
+    def grads(run: Any) -> list[torch.Tensor]:
+        attn.zero_grad(set_to_none=True)
+        h = x.clone().requires_grad_()
+        run(h).pow(2).sum().backward()
+        return [h.grad, *(p.grad for p in attn.parameters())]
+
+    def fn(h: torch.Tensor) -> torch.Tensor:
+        return attn(h, h, h, need_weights=False)[0]
+
+    got = grads(lambda h: recomputed_call(attn, [], False, h, h, h, need_weights=False)[0])
+    want = grads(fn)
+    assert all(torch.equal(a, b) for a, b in zip(got, want))

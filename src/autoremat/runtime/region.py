@@ -157,8 +157,11 @@ class _Frame:
         self.params, self.versions = params, param_versions(params)
         off = active_offloader()
         self.offloaded: list[HostInput] = []
-        self.args = [self._keep(a, off) for a in args]
-        self.kwargs = {k: self._keep(a, off) for k, a in kwargs.items()}
+        # one holder per input tensor: a tensor passed twice (``self_attn(x, x, x)``) is one tensor
+        # again in the replay, where ``query is key`` picks nn.MultiheadAttention's path
+        kept: dict[int, Any] = {}
+        self.args = [self._keep(a, off, kept) for a in args]
+        self.kwargs = {k: self._keep(a, off, kept) for k, a in kwargs.items()}
         self.count = 0
         self.by_task: dict[int, list[Any]] = {}
         self.autocast = _autocast_state()
@@ -167,15 +170,21 @@ class _Frame:
             tensors = [a for a in (*args, *kwargs.values()) if isinstance(a, torch.Tensor)]
             self.rng = (torch.get_rng_state(), *get_device_states(*tensors))
 
-    def _keep(self, a: Any, off: Offloader | None) -> Any:
+    def _keep(self, a: Any, off: Offloader | None, kept: dict[int, Any]) -> Any:
         """How the region keeps input ``a`` for its replay: on the host path when the plan offloads
-        its storage (an offloaded checkpoint, :mod:`autoremat.runtime.offload`), else as it is."""
+        its storage (an offloaded checkpoint, :mod:`autoremat.runtime.offload`), else as it is;
+        ``kept``: the holders made so far, by tensor id (a tensor passed twice shares one)."""
         if not isinstance(a, torch.Tensor):
             return a
+        got = kept.get(id(a))
+        if got is not None:
+            return got
         held = None if off is None else off.hold_input(a)
         if held is None:
-            return _SavedInput(a)
+            got = kept[id(a)] = _SavedInput(a)
+            return got
         self.offloaded.append(held)
+        kept[id(a)] = held
         return held
 
     def pack(self, x: torch.Tensor) -> tuple["_Frame", int]:
@@ -240,13 +249,20 @@ class _Frame:
         # (argument order may differ: DenseNet's concatenations), so the prefetch chain is the plan's
         back = {id(a): a.unpack() for a in sorted(self.offloaded, key=lambda a: a.node)}
 
+        made: dict[int, torch.Tensor] = {}  # one fresh tensor per holder: inputs passed twice stay one
+
         def fresh(a: Any) -> Any:
             if type(a) is not _SavedInput and type(a) is not HostInput:
                 return a
-            if type(a) is HostInput:
-                return back[id(a)].detach().requires_grad_(a.requires_grad)
-            t = a.unpack()
-            return t.detach().requires_grad_(t.requires_grad)
+            t = made.get(id(a))
+            if t is None:
+                if type(a) is HostInput:
+                    t = back[id(a)].detach().requires_grad_(a.requires_grad)
+                else:
+                    t = a.unpack()
+                    t = t.detach().requires_grad_(t.requires_grad)
+                made[id(a)] = t
+            return t
 
         args = [fresh(a) for a in self.args]
         kwargs = {k: fresh(a) for k, a in self.kwargs.items()}
