@@ -277,6 +277,14 @@ def _traced_in_state(model: nn.Module, mode: str) -> Any:
             raise ValueError(f"hooks on {hooked}, a module whose code the trace runs through: the fx-level "
                              "forward calls only the trace's leaves, so it would not run them and the patched "
                              "model would run without the plan")
+        packed = _layers_in_a_leaf(gm)
+        if packed and mode == "auto":
+            logger.info("torch.fx calls %s as one leaf; capturing at module level so that plans can recompute "
+                        "its layers one by one", packed)
+            return None
+        if packed:
+            logger.warning("torch.fx calls %s as one leaf: plans can recompute all of it or none; "
+                           "mode='module' (or 'auto') captures its layers one by one", packed)
         return gm
     except Exception as exc:  # fx raises many types (TraceError, TypeError, NotImplementedError…)
         if mode == "fx":
@@ -285,6 +293,20 @@ def _traced_in_state(model: nn.Module, mode: str) -> Any:
         logger.info("torch.fx cannot trace %s (%s: %s); capturing at module level",
                     type(model).__name__, type(exc).__name__, str(exc).splitlines()[0][:200])
         return None
+
+
+def _layers_in_a_leaf(gm: Any) -> str | None:
+    """The first fx leaf (its path and class, quoted) that holds a list of layers with parameters
+    (``nn.TransformerEncoder``, ``nn.TransformerDecoder``, ``nn.Transformer``: torch.nn modules,
+    which fx does not trace into, and whose code fx could not trace), else ``None``."""
+    for n in gm.graph.nodes:
+        if n.op != "call_module":
+            continue
+        leaf = gm.get_submodule(str(n.target))
+        for m in leaf.modules():
+            if isinstance(m, nn.ModuleList) and sum(any(True for _ in c.parameters()) for c in m) >= 2:
+                return f"{n.target!r} ({type(leaf).__name__}, {len(m)} layers)"
+    return None
 
 
 def _hooked_through(model: nn.Module, gm: Any) -> str | None:
