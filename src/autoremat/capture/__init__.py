@@ -238,8 +238,14 @@ def _kept_calls(rec: Recorder) -> dict[str, dict[str, Any]]:
                        "recomputed (a replay would write the cache twice); pass use_cache=False to the model, as "
                        "gradient_checkpointing_enable() does, if the training step does not use the returned cache",
                        len(calls), next(iter(calls)), next(iter(calls.values())))
+    replayed = dict(getattr(rec, "replayed", {}))
+    if replayed:
+        logger.warning("autoremat: the model recomputes %d module call(s) itself during backward (%s, a "
+                       "torch.utils.checkpoint in its forward): the captured step counts that recomputation and a "
+                       "plan cannot split what the model's own checkpoint holds; remove the checkpoint calls to let "
+                       "autoremat choose (its plan replaces them)", sum(replayed.values()), next(iter(replayed)))
     return {"pinned_by_mutation": dict(rec.pinned), "pinned_by_cache": calls,
-            "reused_modules": dict(getattr(rec, "reused", {}))}
+            "reused_modules": dict(getattr(rec, "reused", {})), "recomputed_by_model": replayed}
 
 
 def _trace_and_profile(model: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any], mode: str, blocks: str,

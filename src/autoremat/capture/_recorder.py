@@ -76,6 +76,10 @@ class Recorder:
     def __init__(self, resident: Iterable[torch.Tensor], *, count_flops: bool = False) -> None:
         self.count_flops = count_flops
         self._flop_mode: Any = None
+        self.in_backward = False
+        self.replayed: dict[str, int] = {}
+        """Node modules the model's own code ran again during backward (``torch.utils.checkpoint``
+        in its forward), by path: calls counted, not recorded."""
         self.nodes: list[NodeRecord] = []
         self.owner: dict[int, int] = {}
         resident = list(resident)
@@ -249,7 +253,11 @@ class Recorder:
         self._open = ("loss", self.counter.live)
         self.counter.reset_peak()
         self.workspace.start()
-        loss.backward()
+        self.in_backward = True
+        try:
+            loss.backward()
+        finally:
+            self.in_backward = False
         self._close_region()
         self._open = None
 

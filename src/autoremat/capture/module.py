@@ -219,6 +219,8 @@ class _ModuleRecorder(Recorder):
 
     def pre_hook(self, path: str, mod: nn.Module) -> Callable[..., None]:
         def hook(module: nn.Module, args: tuple, kwargs: dict) -> None:
+            if self.in_backward:  # the model recomputes this call itself (its own checkpoint)
+                self.replayed[path] = self.replayed.get(path, 0) + 1
             if self.depth == 0 and self.glue_enabled and (names := cache_arguments(args, kwargs)):
                 self.cache_calls[path] = ", ".join(names)
             if self.depth == 0 and self.glue_enabled and self.scopes is not None and path in self.scopes.blocks:
