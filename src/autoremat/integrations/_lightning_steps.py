@@ -3,8 +3,9 @@ confirming the chosen plan with a measured step (backing off when it runs out of
 
 from __future__ import annotations
 
+import contextlib
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -28,7 +29,7 @@ if TYPE_CHECKING:
 from lightning.pytorch.utilities.memory import garbage_collection_cuda, is_oom_error
 from lightning.pytorch.utilities.rank_zero import rank_zero_info, rank_zero_warn
 
-__all__ = ["record_inputs", "confirmed", "try_size", "CONFIRM_TRIES"]
+__all__ = ["record_inputs", "calls_per_step", "kept_attributes", "confirmed", "try_size", "CONFIRM_TRIES"]
 
 logger = logging.getLogger("autoremat.integrations.lightning")  # the callback's own log
 
@@ -100,6 +101,100 @@ def record_inputs(cb: "AutoRemat", trainer: "pl.Trainer", pl_module: "pl.Lightni
     if seen["module"] is not cb._target:
         _chose(cb, pl_module, seen["path"], seen["module"])
     return tuple(seen["args"]), seen["kwargs"], storage_bytes(batch)
+
+
+COUNT_ROWS = 2
+"""Rows of the batch :func:`calls_per_step` runs ``training_step`` on (batch norm trains on two)."""
+
+
+@profiling_run
+def calls_per_step(cb: "AutoRemat", trainer: "pl.Trainer", pl_module: "pl.LightningModule") -> int:
+    """How many times ``training_step`` calls the target (a contrastive model's encoder on two
+    views, a discriminator on real and generated images): each call's activations stay until the
+    backward, so an absolute budget is shared between the calls
+    (:func:`~autoremat.integrations._planning.plan_within`).
+
+    Counted on a batch of :data:`COUNT_ROWS` rows (cheap at any batch size), without gradients,
+    the module's state preserved, up to the first ``manual_backward`` (manual optimisation steps
+    its optimizers after it, and a later part of the step would count calls of another
+    backward). What the step does to the LightningModule's own attributes is undone
+    (:func:`kept_attributes`: a loss appended to ``self.losses``, a step counter). Where the step
+    cannot run without gradients (``torch.autograd.grad`` in it), the calls before the failure
+    count, said in the log."""
+    assert cb._target is not None, "please report"
+    count = 0
+
+    def hook(module: nn.Module, args: tuple, kwargs: dict) -> None:
+        nonlocal count
+        count += 1
+
+    def stop(*args: Any, **kwargs: Any) -> None:
+        raise _Recorded
+
+    handle = cb._target.register_forward_pre_hook(hook, with_kwargs=True)
+    pl_module.__dict__["manual_backward"] = stop
+    try:
+        with kept_attributes(pl_module), preserved_state(pl_module, [device_of(cb._target)]), torch.no_grad(), \
+                silenced_logging(pl_module), trainer.precision_plugin.forward_context():
+            pl_module.training_step(batch_of(trainer, COUNT_ROWS), 0)
+    except _Recorded:
+        pass
+    except Exception as err:  # noqa: BLE001 - any failure of a no-grad step: the calls so far count
+        logger.info("AutoRemat: counting the calls of %s in training_step stopped at %s: %s",
+                    cb.module or type(pl_module).__name__, type(err).__name__, str(err).splitlines()[0][:200])
+    finally:
+        handle.remove()
+        pl_module.__dict__.pop("manual_backward", None)
+    if count > 1:
+        rank_zero_info(f"AutoRemat: training_step calls {cb.module or type(pl_module).__name__} {count} times per "
+                       "step, and each call's activations stay until backward: each call is planned at 1/"
+                       f"{count} of a byte or 'auto' budget (a percentage is of one call's peak)")
+    return max(count, 1)
+
+
+_OWN = ("_parameters", "_buffers", "_modules")  # preserved_state's
+
+
+@contextlib.contextmanager
+def kept_attributes(obj: nn.Module, depth: int = 2) -> Iterator[None]:
+    """``obj``'s own attributes as they were before the block, and the contents of the lists,
+    dicts and sets they hold (``depth`` levels: a dict of lists), put back in place after it."""
+    before = {k: v for k, v in vars(obj).items() if k not in _OWN}
+    held = [(v, _contents(v, depth)) for k, v in before.items() if not k.startswith("_")]
+    try:
+        yield
+    finally:
+        now = vars(obj)
+        for k in [k for k in now if k not in before and k not in _OWN]:
+            del now[k]
+        now.update(before)
+        for v, contents in held:
+            _put_back(v, contents)
+
+
+def _contents(v: Any, depth: int) -> Any:
+    """A copy of container ``v``'s items (and of its containers', ``depth`` levels), or ``None``."""
+    if depth <= 0 or not isinstance(v, (list, dict, set)):
+        return None
+    items = list(v.items()) if isinstance(v, dict) else list(v)
+    inner = [(x, _contents(x, depth - 1)) for x in (v.values() if isinstance(v, dict) else v)]
+    return items, inner
+
+
+def _put_back(v: Any, contents: Any) -> None:
+    if contents is None:
+        return
+    items, inner = contents
+    if isinstance(v, list):
+        v[:] = items
+    elif isinstance(v, dict):
+        v.clear()
+        v.update(items)
+    else:
+        v.clear()
+        v.update(items)
+    for x, c in inner:
+        _put_back(x, c)
 
 
 def _chose(cb: "AutoRemat", pl_module: nn.Module, path: str, module: nn.Module) -> None:

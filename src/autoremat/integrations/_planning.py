@@ -35,7 +35,7 @@ from ..plan import Plan
 from ..resident import device_of
 from ..cost import unoptimised_peak_bytes
 from ..solvers import least_budget, solve
-from ._common import step_budget_bytes
+from ._common import is_percentage, step_budget_bytes
 
 __all__ = ["plan_within", "as_plan", "least_for", "measured_step_peak"]
 
@@ -52,7 +52,7 @@ def least_for(graph: Graph, solver: str, solve_kwargs: Mapping[str, Any]) -> int
 def plan_within(graph: Graph, budget: Any, *, device: torch.device | str, resident: int, solver: str,
                 allocated: int | None = None,
                 solve_kwargs: Mapping[str, Any], on_infeasible: str, who: str, warn: Any = None,
-                solve_fn: Callable[[Graph, Any], Plan] | None = None) -> tuple[Plan, int, str | None]:
+                solve_fn: Callable[[Graph, Any], Plan] | None = None, calls: int = 1) -> tuple[Plan, int, str | None]:
     """``(plan, step_budget_bytes, note)`` for a device ``budget`` (module docstring).
 
     ``warn(text)`` is told when ``on_infeasible="min"`` replaced the budget (default: a log
@@ -60,6 +60,9 @@ def plan_within(graph: Graph, budget: Any, *, device: torch.device | str, reside
     ``solve_fn(graph, budget)`` solves (default :func:`autoremat.solve` with ``solver`` and
     ``solve_kwargs``), so that an integration solves here exactly as everywhere else. ``allocated``: the
     resident bytes already on the device (see :func:`~autoremat.integrations._common.step_budget_bytes`).
+    ``calls``: how many calls of the graph's module one training step makes, their activations
+    live together: a byte or ``"auto"`` budget is shared, each call planned at ``1/calls`` of it (a
+    percentage is of one call's unoptimised peak, so it holds for the step as it is).
     """
     def run(b: Any) -> Plan:
         return solve_fn(graph, b) if solve_fn is not None else solve(graph, b, solver=solver, **solve_kwargs)
@@ -69,9 +72,13 @@ def plan_within(graph: Graph, budget: Any, *, device: torch.device | str, reside
         return plan, int(plan.budget_bytes or 0), "budget='min': the least reachable"
     step = step_budget_bytes(budget.strip() if isinstance(budget, str) else budget, graph, device, resident,
                              allocated)
+    shared = None
+    if calls > 1 and not is_percentage(budget):
+        step //= calls
+        shared = f"1/{calls} of the step budget per call ({calls} calls per step)"
     peak = unoptimised_peak_bytes(graph)
     try:
-        return run(step), step, None
+        return run(step), step, shared
     except InfeasibleBudgetError as err:
         if on_infeasible != "min":
             raise InfeasibleBudgetError(step, err.min_budget_bytes, solver=f"{who}/{solver}",

@@ -78,7 +78,7 @@ from ..solvers import OFFLOAD_ONLY, SOLVERS, check_solver, solve
 from ._common import capture_blocks, step_budget_bytes
 from ._lightning_reuse import cache_key, from_cache, reuse_given
 from ._lightning_sharded import SHARDED, profile_and_solve_sharded, strategy_kind
-from ._lightning_steps import confirmed, record_inputs, try_size
+from ._lightning_steps import calls_per_step, confirmed, record_inputs, try_size
 from ._lightning_trainer import (atomic_fit_start, batch_of, dataset_length, reset_dataloaders, silenced_logging,
                                  trial_step)
 from ._planning import as_plan, least_for, plan_within
@@ -378,8 +378,8 @@ class AutoRemat(Callback):
         graph.meta["output_kept"] = self.output_kept  # before solving: every cost model reads it
         solver, solve_kwargs = self._solver_options()
         with progress.phase(f"solve ({len(graph)} nodes, solver {self.solver})"):
-            plan, step_budget, note = plan_within(graph, self.budget, device=device, resident=resident,
-                                                  allocated=allocated, solver=solver,
+            plan, step_budget, note = plan_within(graph, self.budget, device=device, resident=resident, solver=solver,
+                                                  allocated=allocated, calls=calls_per_step(self, trainer, pl_module),
                                                   solve_kwargs=solve_kwargs, on_infeasible=self.on_infeasible,
                                                   who="AutoRemat", solve_fn=self._solve,
                                                   warn=lambda text: rank_zero_warn(f"AutoRemat: {text}"))

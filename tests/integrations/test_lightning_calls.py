@@ -1,0 +1,115 @@
+"""A ``training_step`` that calls the planned module more than once (a contrastive encoder on two
+views of the batch): both calls' activations are live until backward, so the callback shares a
+byte budget between the calls. Before, it planned one call at the whole budget and the real
+step, holding two calls, ran out of memory on a device the plan was made for (the simulated
+device of ``tests/_oom.py``)."""
+
+from __future__ import annotations
+
+import copy
+from pathlib import Path
+
+import lightning.pytorch as pl
+import pytest
+import torch
+import torch.nn.functional as F
+from _oom import SimulatedDevice, storage_bytes
+from torch import nn
+from torch.utils.data import DataLoader, TensorDataset
+
+import autoremat
+from autoremat.integrations._lightning_steps import calls_per_step
+
+
+class _TwoViews(pl.LightningModule):
+    def __init__(self, manual: bool = False) -> None:
+        super().__init__()
+        self.automatic_optimization = not manual
+        layers: list[nn.Module] = [nn.Conv2d(3, 16, 3, padding=1), nn.ReLU()]
+        for _ in range(5):
+            layers += [nn.Conv2d(16, 16, 3, padding=1), nn.BatchNorm2d(16), nn.ReLU()]
+        self.encoder = nn.Sequential(*layers, nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(16, 8))
+        self.batch_size = 8
+        self.images = torch.randn(16, 3, 16, 16, generator=torch.Generator().manual_seed(0))
+        self.seen: dict[str, list[int]] = {"rows": []}  # a side effect of each step
+        self.steps = 0
+
+    def training_step(self, batch, batch_idx):  # type: ignore[no-untyped-def]
+        (x,) = batch
+        z1 = F.normalize(self.encoder(x), dim=1)
+        z2 = F.normalize(self.encoder(torch.flip(x, dims=[3])), dim=1)
+        loss = F.cross_entropy(z1 @ z2.t() / 0.1, torch.arange(x.shape[0]))
+        self.seen["rows"].append(x.shape[0])
+        self.steps += 1
+        if self.automatic_optimization:
+            return loss
+        opt = self.optimizers()
+        opt.zero_grad()
+        self.manual_backward(loss)
+        opt.step()
+        self.encoder(x)  # after the backward: not a call whose activations the step holds
+        return None
+
+    def configure_optimizers(self):  # type: ignore[no-untyped-def]
+        return torch.optim.SGD(self.parameters(), lr=0.05, momentum=0.9)
+
+    def train_dataloader(self) -> DataLoader:
+        return DataLoader(TensorDataset(self.images), batch_size=self.batch_size)
+
+
+def _trainer(callbacks: list[pl.Callback], tmp_path: Path) -> pl.Trainer:
+    return pl.Trainer(max_steps=2, accelerator="cpu", devices=1, logger=False, enable_checkpointing=False,
+                      enable_progress_bar=False, enable_model_summary=False, default_root_dir=tmp_path,
+                      callbacks=callbacks)
+
+
+def _step_peak(lit: _TwoViews) -> int:
+    """The unpatched two-call step's peak above what is live at its start."""
+    x = lit.images[: lit.batch_size]
+    from autoremat.measure import LiveStorageCounter
+
+    with LiveStorageCounter() as counter:
+        before = counter.live
+        lit.training_step((x,), 0).backward()
+    lit.zero_grad(set_to_none=True)
+    return counter.peak - before
+
+
+def test_a_byte_budget_is_shared_by_the_calls_and_the_real_step_fits(tmp_path: Path) -> None:
+    torch.manual_seed(0)
+    reference = _TwoViews()
+    _trainer([], tmp_path).fit(reference)
+    params = sum(p.numel() * p.element_size() for p in reference.parameters())
+    batch = reference.images[:8].numel() * 4
+    # room for the step: the two-call step peak / 1.7 (one call alone fits it unpatched)
+    capacity = storage_bytes([*reference.parameters(), *reference.buffers()]) + 2 * params + batch + int(
+        _step_peak(_TwoViews()) / 1.7)
+    torch.manual_seed(0)
+    lit = _TwoViews()
+    device = SimulatedDevice(capacity, [*lit.parameters(), *lit.buffers()])
+    cb = autoremat.AutoRemat(budget=capacity, raise_batch_size=False, verbose=False)
+    torch.manual_seed(0)
+    with device:
+        _trainer([cb], tmp_path).fit(lit)
+    assert device.ooms == 0, device.failed_ops
+    assert cb.module == "encoder" and "2 calls per step" in cb.summary["budget_note"]
+    assert lit.seen == reference.seen == {"rows": [8, 8]} and lit.steps == 2
+    for (k, a), (_, b) in zip(reference.state_dict().items(), lit.state_dict().items()):
+        assert torch.equal(a, b), k
+
+
+@pytest.mark.parametrize("manual", [False, True])
+def test_calls_are_counted_up_to_the_first_backward_and_leave_the_module_as_it_was(
+        manual: bool, tmp_path: Path) -> None:
+    lit = _TwoViews(manual)
+    trainer = _trainer([], tmp_path)
+    trainer.fit(lit)  # a trainer with its dataloader and optimizers, as on_fit_start sees it
+    cb = autoremat.AutoRemat(budget="50%", module="encoder")
+    cb._target = lit.encoder
+    state = {k: v.clone() for k, v in lit.state_dict().items()}
+    rng = torch.get_rng_state()
+    seen, steps = copy.deepcopy(lit.seen), lit.steps
+    assert calls_per_step(cb, trainer, lit) == 2
+    assert lit.seen == seen and lit.steps == steps  # the counting step's own side effects are undone
+    assert all(torch.equal(v, lit.state_dict()[k]) for k, v in state.items())
+    assert torch.equal(rng, torch.get_rng_state())
