@@ -19,15 +19,18 @@ so stability is decided on the plans instead:
    timing noise, ``graph.meta["time_noise"]`` (:func:`autoremat.capture.timing_noise`: the share
    of the median node times above each node's fastest repeat).
 
-The reference plan is a function of the graph's structure and bytes only (and of the budget,
-the solver and its options), so it is solved once per process: the reference graphs and their
+The reference plan is a function of the graph's structure, bytes and ``t`` only (and of the
+budget, the solver and its options), so it is solved once per process: the reference graphs and their
 plans are kept by content (:func:`shared_reference`; the last :data:`REFERENCE_GRAPHS_KEPT` graphs
-and :data:`REFERENCE_PLANS_KEPT` plans). Solving one capture at several budgets solves one reference graph,
-whose per-graph caches (the chain beam's replays, ``blocks``' profiles) serve every budget; a new
-capture of the same model (or another rank's identical graph) at a budget solved before meets
-its reference plan at once. Captures that
-differ only in their times give the same plan whenever it is within the tolerance; a plan
-clearly better on the measured times still wins. The plan records the decision in
+and :data:`REFERENCE_PLANS_KEPT` plans; :func:`clear_reference_memo` forgets them). Solving one
+capture at several budgets solves one reference graph, whose per-graph caches (the chain beam's
+replays, ``blocks``' profiles) serve every budget; a new capture of the same model (or another
+rank's identical graph) at a budget solved before meets its reference plan at once where its
+reference costs are the same (``t`` of item 2 rounds to the same power of two; on a machine whose
+load changes between captures it may not: ``benchmarks/results/cpu/reference_speed/``). The memo
+is keyed by content, not by the solvers' module constants: a program that changes those between
+solves clears it. Captures that differ only in their times give the same plan whenever it is
+within the tolerance; a plan clearly better on the measured times still wins. The plan records the decision in
 ``plan.options["stability"]``. Graphs whose times are not measured (synthetic graphs, FLOP
 times, the papers' unit times) are solved once, as before: their times are already
 deterministic.
