@@ -47,3 +47,12 @@ def pytest_runtest_logreport(report: pytest.TestReport) -> None:
         for name, text in report.sections:
             if "log" in name or "stderr" in name:
                 f.write(f"---- {name}\n{text[-4000:]}\n")
+
+
+@pytest.fixture(autouse=True)
+def _fresh_reference_plans() -> None:
+    """Each test starts with no reference plan kept (:mod:`autoremat.solvers.stable` keeps them per
+    process, by content, not by the module constants a test may patch)."""
+    from autoremat.solvers.stable import clear_reference_memo
+
+    clear_reference_memo()

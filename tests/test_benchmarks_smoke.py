@@ -545,3 +545,26 @@ def test_meta_autocast_compares_the_meta_capture_with_the_real_one(tmp_path: Pat
     row = json.loads((tmp_path / "meta_autocast.json").read_text())["rows"][0]
     assert row["on_meta"] and row["node_for_node"] and row["peak_ratio"] == 1.0, row
     assert "1 of 1 node for node" in (tmp_path / "meta_autocast.md").read_text()
+
+
+def test_reference_speed_checks_kept_plans_against_cold_ones(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """``benchmarks/reference_speed.py`` end to end on two small measured graphs (not zoo captures:
+    seconds each): every row timed, the kept plans compared with the cold ones, the report written."""
+    monkeypatch.syspath_prepend(str(BENCH))
+    sys.modules.pop("reference_speed", None)
+    bench = importlib.import_module("reference_speed")
+
+    def pair(model: str) -> tuple[autoremat.Graph, autoremat.Graph]:
+        edges = [(0, 1), (1, 2), (2, 3), (3, 7), (0, 4), (4, 5), (5, 6), (6, 7)]
+        a = autoremat.Graph.from_edges(8, edges, out_bytes=[1000] * 8, time_s=[1e-4 * (1 + v % 3) for v in range(8)])
+        a.meta["time_source"] = "perf_counter"
+        b = a.copy()
+        b.node(2)["time_s"] *= 1.1  # another capture: other times, the same reference costs
+        return a, b
+
+    monkeypatch.setattr(bench, "capture_pair", pair)
+    assert bench.main(["--models", "tiny", "--budgets", "80%,90%", "--rounds", "1", "--out", str(tmp_path)]) == 0
+    data = json.loads((tmp_path / "reference_speed.json").read_text())
+    assert [(r["model"], r["budget"]) for r in data["rows"]] == [("tiny", "80%"), ("tiny", "90%")]
+    assert data["mismatches"] == [] and all(r["same reference costs"] for r in data["rows"])
+    assert "| tiny | 8 | 80% |" in (tmp_path / "reference_speed.md").read_text()

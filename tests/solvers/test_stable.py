@@ -181,3 +181,42 @@ def test_real_captures_give_one_plan() -> None:
     model, inputs = autoremat.zoo.build("resnet50", size="small")
     plans = {_key(solve(autoremat.capture(model, inputs), "50%")) for _ in range(3)}
     assert len(plans) == 1
+
+
+def test_a_reference_plan_is_solved_once_per_process(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Two captures that differ only in their times, with the same reference costs: the second
+    meets the first's reference plan (no reference solve runs) and gets what a cold solve gives."""
+    import autoremat.solvers as solvers
+
+    g = _two_branches()
+    first, second = _captured(g, 0, loaded=False), _captured(g, 1, loaded=False)
+    assert reference_graph(first).node(0)["time_s"] == reference_graph(second).node(0)["time_s"]
+    stable.clear_reference_memo()
+    cold = solve(second, 0.8)
+    stable.clear_reference_memo()
+    solve(first, 0.8)
+    real = solvers._solve_bytes
+
+    def measured_only(graph: Graph, *args: object) -> autoremat.Plan:
+        assert graph.meta["time_source"] != stable.REFERENCE_TIME_SOURCE, "solved the reference costs again"
+        return real(graph, *args)
+
+    monkeypatch.setattr(solvers, "_solve_bytes", measured_only)
+    again = solve(second, 0.8)
+    assert again.options["stability"]["chosen"] == "reference"
+    assert _key(again) == _key(cold) and again.to_dict() == cold.to_dict()
+    assert solve(second, 0.8).to_dict() == cold.to_dict()  # a memo hit hands out a fresh plan each time
+
+
+def test_one_capture_at_several_budgets_gives_the_cold_plans() -> None:
+    """A sweep of budgets on one capture shares its reference graph (and the solvers' per-graph
+    caches on it): each plan is the one a cold solve at that budget gives."""
+    g = _captured(_two_branches(), 0, loaded=False)
+    budgets = (0.8, 0.7, 0.9, 0.75)
+    sweep = [solve(g, b).to_dict() for b in budgets]
+    cold = []
+    for b in budgets:
+        stable.clear_reference_memo()
+        cold.append(solve(g.copy(), b).to_dict())
+    assert sweep == cold
+    assert {p["options"]["stability"]["chosen"] for p in sweep} == {"reference"}

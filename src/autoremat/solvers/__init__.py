@@ -238,7 +238,9 @@ def solve(graph: Graph, budget: Any, *, solver: str = "auto", auto_solvers: Sequ
         plan = _solve_bytes(graph, budget_bytes, solver, auto_solvers, options)
         return stable_plan(graph, plan, lambda g: _solve_bytes(g, budget_bytes, solver, auto_solvers, options),
                            lambda p: finalize_plan(graph, p, budget_bytes, p.solver, options if solver != "auto"
-                                                   else _accepted(p.solver, options)), noise_tolerance)
+                                                   else _accepted(p.solver, options)), noise_tolerance,
+                           key=(budget_bytes, solver, None if auto_solvers is None else tuple(auto_solvers),
+                                repr(sorted(options.items()))))
     except InfeasibleBudgetError as err:
         raise _with_hints(graph, solver, err).with_peak(unoptimised_peak_bytes(graph)) from None
 

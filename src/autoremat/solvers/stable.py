@@ -19,9 +19,18 @@ so stability is decided on the plans instead:
    timing noise, ``graph.meta["time_noise"]`` (:func:`autoremat.capture.timing_noise`: the share
    of the median node times above each node's fastest repeat).
 
-The reference plan is a function of the graph's structure and bytes only, so captures that
-differ only in their times give the same plan whenever it is within the tolerance; a plan
-clearly better on the measured times still wins. The plan records the decision in
+The reference plan is a function of the graph's structure, bytes and ``t`` only (and of the
+budget, the solver and its options), so it is solved once per process: the reference graphs and their
+plans are kept by content (:func:`shared_reference`; the last :data:`REFERENCE_GRAPHS_KEPT` graphs
+and :data:`REFERENCE_PLANS_KEPT` plans; :func:`clear_reference_memo` forgets them). Solving one
+capture at several budgets solves one reference graph, whose per-graph caches (the chain beam's
+replays, ``blocks``' profiles) serve every budget; a new capture of the same model (or another
+rank's identical graph) at a budget solved before meets its reference plan at once where its
+reference costs are the same (``t`` of item 2 rounds to the same power of two; on a machine whose
+load changes between captures it may not: ``benchmarks/results/cpu/reference_speed/``). The memo
+is keyed by content, not by the solvers' module constants: a program that changes those between
+solves clears it. Captures that differ only in their times give the same plan whenever it is
+within the tolerance; a plan clearly better on the measured times still wins. The plan records the decision in
 ``plan.options["stability"]``. Graphs whose times are not measured (synthetic graphs, FLOP
 times, the papers' unit times) are solved once, as before: their times are already
 deterministic.
@@ -51,8 +60,12 @@ picks a measured plan that is really faster (``tests/solvers/test_stable.py``).
 
 from __future__ import annotations
 
+import copy
+import hashlib
 import math
-from collections.abc import Callable
+import threading
+from collections import OrderedDict
+from collections.abc import Callable, Hashable
 from typing import Any
 
 from ..errors import InfeasibleBudgetError
@@ -60,7 +73,8 @@ from ..graph import Graph
 from ..plan import Plan
 from ..cost import simulate
 
-__all__ = ["DEFAULT_NOISE_TOLERANCE", "MEASURED_TIME_SOURCES", "REFERENCE_TIME_SOURCE", "is_measured", "reference_graph", "stable_plan"]
+__all__ = ["DEFAULT_NOISE_TOLERANCE", "MEASURED_TIME_SOURCES", "REFERENCE_TIME_SOURCE", "REFERENCE_GRAPHS_KEPT",
+           "REFERENCE_PLANS_KEPT",            "is_measured", "reference_graph", "shared_reference", "clear_reference_memo", "stable_plan"]
 
 DEFAULT_NOISE_TOLERANCE = 0.05
 """Fraction of the planned step time by which a measured plan must beat the reference plan."""
@@ -85,7 +99,62 @@ def reference_graph(graph: Graph) -> Graph:
         ref.node(v)["time_s"] = t
         ref.node(v)["bwd_time_s"] = 2.0 * t
     ref.meta["time_source"] = REFERENCE_TIME_SOURCE
+    ref.meta.pop("time_noise", None)  # the capture's, not the reference costs' (no solver reads it)
     return ref
+
+
+REFERENCE_GRAPHS_KEPT = 4
+"""Reference graphs kept per process, least recently used out first (module docstring); each keeps
+its solvers' per-graph caches alive."""
+
+REFERENCE_PLANS_KEPT = 64
+"""Reference plans kept per process (as dicts), least recently used out first."""
+
+_lock = threading.Lock()
+_graphs: OrderedDict[str, Graph] = OrderedDict()
+_plans: OrderedDict[tuple[str, Hashable], dict[str, Any]] = OrderedDict()
+
+
+def shared_reference(graph: Graph) -> tuple[str, Graph]:
+    """``(key, reference graph)`` of ``graph``: :func:`reference_graph`, as the one object kept
+    for its content (``key``: a hash of its nodes, edges and meta), so that solvers' per-graph
+    caches serve every solve of it."""
+    ref = reference_graph(graph)
+    text = repr(sorted(ref.meta.items(), key=lambda kv: kv[0])) + repr(
+        [tuple(d.items()) for _, d in ref.nx.nodes(data=True)]) + repr(sorted(ref.nx.edges))
+    key = hashlib.sha256(text.encode()).hexdigest()
+    with _lock:
+        got = _graphs.setdefault(key, ref)
+        _graphs.move_to_end(key)
+        while len(_graphs) > REFERENCE_GRAPHS_KEPT:
+            _graphs.popitem(last=False)
+    return key, got
+
+
+def clear_reference_memo() -> None:
+    """Forget the kept reference graphs and plans (the next solve of each solves it again)."""
+    with _lock:
+        _graphs.clear()
+        _plans.clear()
+
+
+def _reference_plan(graph: Graph, solve_bytes: Callable[[Graph], Plan], key: Hashable | None) -> Plan:
+    """The reference plan of ``graph`` (a fresh :class:`Plan`), from the memo where ``key`` (the
+    budget, solver and options of ``solve_bytes``) was solved on the same reference graph."""
+    ref_key, ref = shared_reference(graph)
+    if key is None:
+        return Plan.from_dict(solve_bytes(ref).to_dict())
+    memo = (ref_key, key)
+    with _lock:
+        got = _plans.get(memo)
+    if got is None:
+        got = solve_bytes(ref).to_dict()
+    with _lock:
+        _plans[memo] = got
+        _plans.move_to_end(memo)
+        while len(_plans) > REFERENCE_PLANS_KEPT:
+            _plans.popitem(last=False)
+    return Plan.from_dict(copy.deepcopy(got))
 
 
 REFERENCE_TIME_SOURCE = "reference (one cost per node)"
@@ -93,11 +162,12 @@ REFERENCE_TIME_SOURCE = "reference (one cost per node)"
 
 
 def stable_plan(graph: Graph, measured: Plan, solve_bytes: Callable[[Graph], Plan],
-                finalize: Callable[[Plan], Plan], tolerance: float) -> Plan:
+                finalize: Callable[[Plan], Plan], tolerance: float, key: Hashable | None = None) -> Plan:
     """The reference plan where the measured plan is not faster by more than ``tolerance`` (or
     the graph's ``time_noise``, if larger) of the step time, else ``measured`` (module docstring).
     ``solve_bytes(g)`` solves ``g`` at the budget ``measured`` was solved at; ``finalize(plan)``
-    stamps a plan's predictions on ``graph``."""
+    stamps a plan's predictions on ``graph``; ``key``: what ``solve_bytes`` depends on besides its
+    graph (budget, solver, options), under which the reference plan is kept (``None``: not kept)."""
     if not (isinstance(tolerance, (int, float)) and not isinstance(tolerance, bool) and 0 <= tolerance < 1):
         raise ValueError(f"noise_tolerance={tolerance!r} must be a fraction in [0, 1) of the step time "
                          f"(default {DEFAULT_NOISE_TOLERANCE}; 0 keeps the fastest measured plan)")
@@ -105,7 +175,7 @@ def stable_plan(graph: Graph, measured: Plan, solve_bytes: Callable[[Graph], Pla
         return measured  # deterministic times, or nothing recomputed (nothing faster exists)
     noise = float(graph.meta.get("time_noise") or 0.0)
     try:
-        ref = finalize(Plan.from_dict(solve_bytes(reference_graph(graph)).to_dict()))
+        ref = finalize(_reference_plan(graph, solve_bytes, key))
     except InfeasibleBudgetError:  # cannot happen with equal bytes; kept measured, and said so
         measured.options["stability"] = _record("measured", tolerance, noise, None)
         return measured

@@ -177,3 +177,45 @@ def test_a_wider_beam_finds_a_plan_where_none_fits(monkeypatch: pytest.MonkeyPat
     validate_plan(g, plan)
     monkeypatch.setattr(chain_mod, "CHAIN_RESCUE_WIDTH", 0)
     assert chain_mod.chain_improve(g, None, budget, float("inf")) is None
+
+
+def _other_order(g) -> tuple[int, ...]:
+    """A topological order other than node order: Kahn's, the largest ready node first."""
+    import heapq
+
+    indeg = {v: len(g.pred(v)) for v in g.nodes}
+    ready = [-v for v, d in indeg.items() if d == 0]
+    heapq.heapify(ready)
+    out = []
+    while ready:
+        v = -heapq.heappop(ready)
+        out.append(v)
+        for w in g.succ(v):
+            indeg[w] -= 1
+            if indeg[w] == 0:
+                heapq.heappush(ready, -w)
+    return tuple(out)
+
+
+@pytest.mark.parametrize("family", ["chain_skips", "transformer"])
+def test_a_new_order_keeps_the_graphs_replays_and_finds_what_a_fresh_lattice_finds(family: str):
+    """``auto`` solving one graph at several budgets meets several orders: each order's lattice
+    takes over the segment replays of the last (keyed by the segment's bitsets), and its beam
+    finds what a lattice built afresh on a copy of the graph finds."""
+    g = random_network(family, 7, 60)
+    budget = int(0.55 * unoptimised_peak_bytes(g))
+    slack = (int(0.01 * budget), 0.0)
+    first = chain_mod._lattice(g, tuple(range(len(g))))
+    for spread in (False, True):
+        chain_mod.beam(first, budget, float("inf"), chain_mod.CHAIN_WIDTH, slack, spread)
+    order = _other_order(g)
+    assert order != tuple(range(len(g)))
+    before = len(first.replays)
+    second = chain_mod._lattice(g, order)
+    assert second is not first and second.replays is first.replays and second.p is first.p
+    fresh = chain_mod._lattice(g.copy(), order)
+    assert fresh.replays is not first.replays
+    for spread in (False, True):
+        got = chain_mod.beam(second, budget, float("inf"), chain_mod.CHAIN_WIDTH, slack, spread)
+        assert got == chain_mod.beam(fresh, budget, float("inf"), chain_mod.CHAIN_WIDTH, slack, spread)
+    assert before > 0 and len(second.replays) < before + len(fresh.replays)  # some replays were reused

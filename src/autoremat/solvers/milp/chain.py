@@ -122,7 +122,9 @@ class WindowedChain(Lattice):
 def _lattice(graph: Graph, order: tuple[int, ...]) -> Lattice:
     """The chain of ``order``'s prefixes as a lattice, windowed above :data:`CHAIN_FULL_NODES`
     nodes (the last one per graph kept: ``auto`` solves one graph at several budgets, and one
-    order serves them while its plan does)."""
+    order serves them while its plan does; a new order's lattice takes over the last one's
+    :class:`GraphBits` and segment replays, which are keyed by the segment's bitsets, not by the
+    family: at other budgets about half the replays were of segments replayed before)."""
     window = CHAIN_WINDOW if len(order) > CHAIN_FULL_NODES else None
     got = _chains.get(graph)
     if got is not None and got[0] == (order, window):
@@ -131,7 +133,10 @@ def _lattice(graph: Graph, order: tuple[int, ...]) -> Lattice:
     for v in order:
         acc |= 1 << v
         family.append(acc)
-    lat = Lattice(GraphBits(graph), family) if window is None else WindowedChain(GraphBits(graph), family, window)
+    p = GraphBits(graph) if got is None else got[1].p
+    lat = Lattice(p, family) if window is None else WindowedChain(p, family, window)
+    if got is not None:
+        lat.replays = got[1].replays
     _chains[graph] = ((order, window), lat)
     return lat
 
