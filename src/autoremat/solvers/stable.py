@@ -74,7 +74,8 @@ from ..plan import Plan
 from ..cost import simulate
 
 __all__ = ["DEFAULT_NOISE_TOLERANCE", "MEASURED_TIME_SOURCES", "REFERENCE_TIME_SOURCE", "REFERENCE_GRAPHS_KEPT",
-           "REFERENCE_PLANS_KEPT",            "is_measured", "reference_graph", "shared_reference", "clear_reference_memo", "stable_plan"]
+           "REFERENCE_PLANS_KEPT", "is_measured", "reference_graph", "shared_reference", "clear_reference_memo",
+           "stable_plan"]
 
 DEFAULT_NOISE_TOLERANCE = 0.05
 """Fraction of the planned step time by which a measured plan must beat the reference plan."""
