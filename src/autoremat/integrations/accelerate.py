@@ -185,10 +185,30 @@ def _report(accelerator: Any, model: nn.Module, plan: Plan, summary: dict[str, A
     if summary.get("measured_peak_bytes") is None and not sharded:
         args, kwargs = _on_device(accelerator.device, example_args, example_kwargs)
         with progress.phase("a measured step with the plan"):
-            summary["measured_peak_bytes"] = measured_step_peak(model, args, kwargs, loss_fn or default_loss,
-                                                                accelerator.autocast,
+            summary["measured_peak_bytes"] = measured_step_peak(_PreparedForward(model, accelerator), args,
+                                                                kwargs, loss_fn or default_loss,
                                                                 keep_output=cfg.output_kept == "step")
     print_summary(summary, title="autoremat (Accelerate)")
+
+
+class _PreparedForward(nn.Module):
+    """``model`` run as ``accelerator.prepare`` runs it under native mixed precision: autocast
+    around its forward only, its floating-point outputs converted to float32. The backward runs
+    outside autocast, so autocast's cast cache (the low-precision weight copies) is dropped when
+    the forward returns."""
+
+    def __init__(self, model: nn.Module, accelerator: Any) -> None:
+        super().__init__()
+        self.model, self._accelerator = model, accelerator
+
+    def forward(self, *args: Any, **kwargs: Any) -> Any:
+        if not getattr(self._accelerator, "native_amp", False):
+            return self.model(*args, **kwargs)
+        from accelerate.utils import convert_to_fp32
+
+        with self._accelerator.autocast():
+            out = self.model(*args, **kwargs)
+        return convert_to_fp32(out)
 
 
 def prepare(
