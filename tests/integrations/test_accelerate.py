@@ -169,6 +169,29 @@ def test_measured_step_under_bf16_is_the_prepared_models(monkeypatch: pytest.Mon
     autoremat.restore(model)
 
 
+def test_a_batch_of_one_whose_step_does_not_fit_is_planned(monkeypatch: pytest.MonkeyPatch,
+                                                           caplog: pytest.LogCaptureFixture) -> None:
+    """A batch of 1 (an LLM fine-tune) whose unpatched step is above the budget: no batch size can
+    be timed, so times come from FLOPs (logged) and the plan fits; it raised CaptureDoesNotFitError."""
+    import logging
+
+    seen: dict[str, Any] = {}
+    monkeypatch.setattr(ar, "print_summary", lambda summary, **_: seen.update(summary))
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(*(torch.nn.Sequential(torch.nn.Linear(32, 256), torch.nn.Tanh(),
+                                                      torch.nn.Linear(256, 32)) for _ in range(8)))
+    x = torch.randn(1, 512, 32)
+    full = autoremat.capture(model, (x,), times="flops")
+    resident = sum(p.numel() * 4 for p in model.parameters()) + x.numel() * 4
+    budget = resident + autoremat.cost.unoptimised_peak_bytes(full) * 6 // 10
+    with caplog.at_level(logging.WARNING, logger="autoremat.capture.scaled"):
+        ar.prepare(Accelerator(cpu=True), model, (x,), budget=budget, solver="chen")
+    assert "node times from FLOPs" in caplog.text
+    assert model.__dict__["_autoremat_patch"].plan.recompute_segments
+    assert seen["time_source"] == "flops" and seen["measured_peak_bytes"] <= seen["step_budget_bytes"]
+    autoremat.restore(model)
+
+
 def test_yaml_and_numeric_budgets_are_read_as_budgets(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """Issue 29 item 12: ``budget: 0.5`` in YAML raised "'float' object has no attribute 'strip'"."""
     np = pytest.importorskip("numpy")
