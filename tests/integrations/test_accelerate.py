@@ -258,6 +258,22 @@ def test_infeasible_budget_states_the_range_or_plans_at_the_least(monkeypatch: p
     autoremat.restore(model)
 
 
+def test_a_byte_budget_below_the_resident_bytes_plans_at_the_least_under_on_infeasible_min(
+        capsys: pytest.CaptureFixture[str]) -> None:
+    """``on_infeasible="min"`` plans at the least for every budget no plan meets, also one below
+    the parameters, optimizer state and batch (it raised "raise it", as under ``"error"``)."""
+    model, x = _small()
+    with pytest.raises(ValueError, match=r"below .*resident before a step \(.*iB"):
+        ar.prepare(Accelerator(cpu=True), model, (x,), budget="1KiB")
+    assert not autoremat.is_patched(model)
+    ar.prepare(Accelerator(cpu=True), model, (x,), budget="1KiB", on_infeasible="min")
+    plan = model.__dict__["_autoremat_patch"].plan
+    assert plan.recompute_segments
+    err = " ".join(capsys.readouterr().err.split())
+    assert "budget='1KiB' (below" in err and "planned at the least (on_infeasible='min')" in err
+    autoremat.restore(model)
+
+
 def test_saved_plan_and_cache_skip_profiling(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     model, x = _small()
     monkeypatch.setenv("AUTOREMAT_CACHE_DIR", str(tmp_path / "cache"))

@@ -69,7 +69,7 @@ from ..runtime import apply
 from ..solvers import check_solver, solve
 from ._atomic import Rollback
 from ._common import capture_blocks, is_percentage, step_budget_bytes
-from ._planning import as_plan, least_for, measured_step_peak, plan_within
+from ._planning import as_plan, least_for, measured_step_peak, plan_within, profiling_budget
 from ._strategies import accelerate_units, solve_per_rank
 from .summary import print_summary, summarise
 
@@ -375,7 +375,8 @@ def _decide(accelerator: Any, model: nn.Module, args: tuple, kwargs: dict, cfg: 
             progress.line(f"reusing the cached plan {cache.path(key)} (no profiling)")
             return {**entry, "summary": {**entry["summary"], "source": f"cache ({cache.path(key).name})",
                                          "measured_peak_bytes": None}}
-    limit = profile_limit_bytes("auto" if is_min(cfg.budget) else cfg.budget, device=device, resident_bytes=resident)
+    limit = profile_limit_bytes(profiling_budget(cfg.budget, cfg.on_infeasible, resident), device=device,
+                                resident_bytes=resident)
     with progress.phase(f"capture {type(model).__name__}"), accelerator.autocast():
         # never an unpatched step above the device budget
         graph = capture_within(model, args, kwargs, limit_bytes=limit, loss_fn=loss_fn, repeats=cfg.profile_steps,
