@@ -55,6 +55,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from .._compiled import uncompiled
 from ..budget import check_budget, check_on_infeasible, is_min, parse_budget
 from ..cache import PlanCache, plan_key
 from ..capture import resolve_times
@@ -185,8 +186,8 @@ def _report(accelerator: Any, model: nn.Module, plan: Plan, summary: dict[str, A
     if summary.get("measured_peak_bytes") is None and not sharded:
         args, kwargs = _on_device(accelerator.device, example_args, example_kwargs)
         with progress.phase("a measured step with the plan"):
-            summary["measured_peak_bytes"] = measured_step_peak(_PreparedForward(model, accelerator), args,
-                                                                kwargs, loss_fn or default_loss,
+            prepared = _PreparedForward(uncompiled(model), accelerator)  # as accelerator.prepare runs it
+            summary["measured_peak_bytes"] = measured_step_peak(prepared, args, kwargs, loss_fn or default_loss,
                                                                 keep_output=cfg.output_kept == "step")
     print_summary(summary, title="autoremat (Accelerate)")
 
