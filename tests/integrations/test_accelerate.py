@@ -142,6 +142,56 @@ def test_prepare_profiles_and_recomputes_under_bf16_autocast(monkeypatch: pytest
     autoremat.restore(model)
 
 
+def test_measured_step_under_bf16_is_the_prepared_models(monkeypatch: pytest.MonkeyPatch,
+                                                         fresh_accelerator_state: Any) -> None:
+    """The summary's measured step peak is the step of the loop: ``accelerator.prepare`` runs the
+    forward under autocast and the backward outside it. Measured with autocast around the whole
+    step, autocast's cast cache held the bf16 weight copies of every recomputed layer to the end of
+    backward (ConvNeXt at its least plan: 1.48 MiB reported, 1.20 MiB in the loop, 1.17 predicted)."""
+    from autoremat.measure import LiveStorageCounter
+
+    accelerator = Accelerator(cpu=True, mixed_precision="bf16")
+    seen: dict[str, Any] = {}
+    monkeypatch.setattr(ar, "print_summary", lambda summary, **_: seen.update(summary))
+    transformers = pytest.importorskip("transformers")
+    torch.manual_seed(0)
+    model = transformers.ConvNextForImageClassification(transformers.ConvNextConfig(
+        hidden_sizes=[16, 32, 64, 64], depths=[1, 1, 2, 1], num_labels=10))
+    x = torch.randn(4, 3, 64, 64)
+    ar.prepare(accelerator, model, (x,), budget="min", solver="chen")
+    assert model.__dict__["_autoremat_patch"].plan.recompute_segments
+    prepared = accelerator.prepare(model)
+    counter = LiveStorageCounter()
+    with counter:
+        out = prepared(x)
+        out.logits.float().mean().backward()
+    assert seen["measured_peak_bytes"] == counter.peak, (seen["measured_peak_bytes"], counter.peak)
+    autoremat.restore(model)
+
+
+def test_a_batch_of_one_whose_step_does_not_fit_is_planned(monkeypatch: pytest.MonkeyPatch,
+                                                           caplog: pytest.LogCaptureFixture) -> None:
+    """A batch of 1 (an LLM fine-tune) whose unpatched step is above the budget: no batch size can
+    be timed, so times come from FLOPs (logged) and the plan fits; it raised CaptureDoesNotFitError."""
+    import logging
+
+    seen: dict[str, Any] = {}
+    monkeypatch.setattr(ar, "print_summary", lambda summary, **_: seen.update(summary))
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(*(torch.nn.Sequential(torch.nn.Linear(32, 256), torch.nn.Tanh(),
+                                                      torch.nn.Linear(256, 32)) for _ in range(8)))
+    x = torch.randn(1, 512, 32)
+    full = autoremat.capture(model, (x,), times="flops")
+    resident = sum(p.numel() * 4 for p in model.parameters()) + x.numel() * 4
+    budget = resident + autoremat.cost.unoptimised_peak_bytes(full) * 6 // 10
+    with caplog.at_level(logging.WARNING, logger="autoremat.capture.scaled"):
+        ar.prepare(Accelerator(cpu=True), model, (x,), budget=budget, solver="chen")
+    assert "node times from FLOPs" in caplog.text
+    assert model.__dict__["_autoremat_patch"].plan.recompute_segments
+    assert seen["time_source"] == "flops" and seen["measured_peak_bytes"] <= seen["step_budget_bytes"]
+    autoremat.restore(model)
+
+
 def test_yaml_and_numeric_budgets_are_read_as_budgets(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """Issue 29 item 12: ``budget: 0.5`` in YAML raised "'float' object has no attribute 'strip'"."""
     np = pytest.importorskip("numpy")
@@ -205,6 +255,22 @@ def test_infeasible_budget_states_the_range_or_plans_at_the_least(monkeypatch: p
     monkeypatch.setenv("AUTOREMAT_BUDGET", "min")
     ar.prepare(Accelerator(cpu=True), model, (x,))
     assert model.__dict__["_autoremat_patch"].plan.budget_bytes == least
+    autoremat.restore(model)
+
+
+def test_a_byte_budget_below_the_resident_bytes_plans_at_the_least_under_on_infeasible_min(
+        capsys: pytest.CaptureFixture[str]) -> None:
+    """``on_infeasible="min"`` plans at the least for every budget no plan meets, also one below
+    the parameters, optimizer state and batch (it raised "raise it", as under ``"error"``)."""
+    model, x = _small()
+    with pytest.raises(ValueError, match=r"below .*resident before a step \(.*iB"):
+        ar.prepare(Accelerator(cpu=True), model, (x,), budget="1KiB")
+    assert not autoremat.is_patched(model)
+    ar.prepare(Accelerator(cpu=True), model, (x,), budget="1KiB", on_infeasible="min")
+    plan = model.__dict__["_autoremat_patch"].plan
+    assert plan.recompute_segments
+    err = " ".join(capsys.readouterr().err.split())
+    assert "budget='1KiB' (below" in err and "planned at the least (on_infeasible='min')" in err
     autoremat.restore(model)
 
 

@@ -137,7 +137,17 @@ def test_failed_prepare_leaves_model_and_optimizer_as_they_were(name: str, where
     assert not autoremat.is_patched(net)
 
 
-def test_prepare_out_of_memory_in_profiling_leaves_model_and_optimizer_as_they_were() -> None:
+def _no_meta_bytes(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The model cannot run on meta tensors: no full-size bytes to plan on when no batch size
+    fits (with them, ``capture_within`` plans on FLOP times instead of raising)."""
+    import importlib
+
+    monkeypatch.setattr(importlib.import_module("autoremat.capture.scaled"), "meta_capture", lambda *a, **k: None)
+
+
+def test_prepare_out_of_memory_in_profiling_leaves_model_and_optimizer_as_they_were(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    _no_meta_bytes(monkeypatch)
     torch.manual_seed(0)
     net = _Net(nn.LayerNorm)  # batch norm cannot train on the single row the last profiling try uses
     x, opt = _trained(net)
@@ -221,7 +231,9 @@ def test_infeasible_budget_in_the_callback_leaves_the_module_as_it_was(tmp_path:
                "Raise the budget")
 
 
-def test_callback_out_of_memory_in_profiling_leaves_the_module_as_it_was(tmp_path: Path) -> None:
+def test_callback_out_of_memory_in_profiling_leaves_the_module_as_it_was(tmp_path: Path,
+                                                                         monkeypatch: pytest.MonkeyPatch) -> None:
+    _no_meta_bytes(monkeypatch)
     torch.manual_seed(0)
     lit = _Lit(nn.LayerNorm)
     device = SimulatedDevice(_capacity_without_room(lit), [*lit.parameters(), *lit.buffers()])

@@ -164,3 +164,53 @@ def test_selective_call_under_autocast_with_backward_inside_it() -> None:
         call = SelectiveCall(block.forward, stateful_buffers([block]), tuple(block.parameters()), keep, "block")
         call(x).float().sum().backward()
     assert gradients_equal(reference, gradients(block))
+
+
+class _DropPathBlock(torch.nn.Module):
+    """Stochastic depth then dropout (ConvNeXt, Swin): two random ops in one call."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.a, self.b = torch.nn.Linear(8, 16), torch.nn.Linear(16, 8)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        keep = (torch.rand(x.shape[0], 1) > 0.3).to(x.dtype)  # drop path's per-sample draw
+        h = torch.nn.functional.dropout(torch.relu(self.a(x)) * keep, 0.5, training=True)
+        return self.b(h)
+
+
+def test_selective_call_keeping_a_random_op_replays_the_later_draws() -> None:
+    """A kept op's output comes from selective checkpointing's cache, so the replay does not run
+    it: a kept random op (drop path's ``torch.rand``) left the RNG behind, and the dropout after
+    it drew another mask in the replay (Swin with drop path and dropout: gradients off by 2e-3).
+    Random ops are replayed, never served from the cache."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+    from torch.utils.checkpoint import SAC_IGNORED_OPS
+
+    from autoremat.runtime.region import stateful_buffers
+    from autoremat.runtime.selective import SelectiveCall
+
+    torch.manual_seed(0)
+    block, x = _DropPathBlock(), torch.randn(16, 8, requires_grad=True)
+    ops: list[str] = []
+
+    class Ops(TorchDispatchMode):
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # type: ignore[no-untyped-def]
+            if func not in SAC_IGNORED_OPS:
+                ops.append(str(func))
+            return func(*args, **(kwargs or {}))
+
+    with Ops():
+        block(x)
+    keep = {i: name for i, name in enumerate(ops) if name in ("aten.rand.default", "aten.addmm.default")}
+    first = min(keep)
+    assert keep[first] == "aten.rand.default" and any("dropout" in o or "bernoulli" in o for o in ops[first:]), ops
+    torch.manual_seed(1)
+    block(x).sum().backward()
+    reference = {**gradients(block), "x": x.grad}
+    block.zero_grad(set_to_none=True)
+    x.grad = None
+    call = SelectiveCall(block.forward, stateful_buffers([block]), tuple(block.parameters()), keep, "block")
+    torch.manual_seed(1)
+    call(x).sum().backward()
+    assert gradients_equal(reference, {**gradients(block), "x": x.grad})

@@ -26,7 +26,7 @@ import torch
 from torch import nn
 
 from .._units import fmt_bytes
-from ..budget import is_min
+from ..budget import is_min, parse_budget
 from ..capture._recorder import preserved_state
 from ..errors import InfeasibleBudgetError
 from ..graph import Graph
@@ -37,7 +37,7 @@ from ..cost import unoptimised_peak_bytes
 from ..solvers import least_budget, solve
 from ._common import is_percentage, step_budget_bytes
 
-__all__ = ["plan_within", "as_plan", "least_for", "measured_step_peak"]
+__all__ = ["plan_within", "as_plan", "least_for", "measured_step_peak", "profiling_budget"]
 
 logger = logging.getLogger(__name__)
 
@@ -47,6 +47,23 @@ def least_for(graph: Graph, solver: str, solve_kwargs: Mapping[str, Any]) -> int
     kwargs = dict(solve_kwargs)
     auto_solvers = kwargs.pop("auto_solvers", None)
     return least_budget(graph, solver, auto_solvers=auto_solvers, **kwargs)
+
+
+def _below_resident(budget: Any, resident: int) -> bool:
+    """Whether a byte budget leaves no room for a step above ``resident`` ("auto", "min" and
+    percentages never: they are not counted from the resident bytes)."""
+    if is_min(budget) or is_percentage(budget) or (isinstance(budget, str) and budget.strip().lower() == "auto"):
+        return False
+    return parse_budget(budget) <= int(resident)
+
+
+def profiling_budget(budget: Any, on_infeasible: str, resident: int) -> Any:
+    """The budget that limits profiling: ``"auto"`` where the plan will be the least one
+    (``budget="min"``, or a byte budget below the resident bytes under ``on_infeasible="min"``),
+    else ``budget``."""
+    if is_min(budget) or (on_infeasible == "min" and _below_resident(budget, resident)):
+        return "auto"
+    return budget
 
 
 def plan_within(graph: Graph, budget: Any, *, device: torch.device | str, resident: int, solver: str,
@@ -70,29 +87,32 @@ def plan_within(graph: Graph, budget: Any, *, device: torch.device | str, reside
     if is_min(budget):
         plan = run("min")
         return plan, int(plan.budget_bytes or 0), "budget='min': the least reachable"
-    step = step_budget_bytes(budget.strip() if isinstance(budget, str) else budget, graph, device, resident,
-                             allocated)
-    shared = None
-    if calls > 1 and not is_percentage(budget):
-        step //= calls
-        shared = f"1/{calls} of the step budget per call ({calls} calls per step)"
     peak = unoptimised_peak_bytes(graph)
-    try:
-        return run(step), step, shared
-    except InfeasibleBudgetError as err:
-        if on_infeasible != "min":
-            raise InfeasibleBudgetError(step, err.min_budget_bytes, solver=f"{who}/{solver}",
-                                        unoptimised_peak_bytes=peak, reason=err.reason) from None
+    if on_infeasible == "min" and _below_resident(budget, resident):
+        step, asked = 0, f"below the {fmt_bytes(resident)} resident before a step"
+    else:
+        step = step_budget_bytes(budget.strip() if isinstance(budget, str) else budget, graph, device, resident,
+                                 allocated)
+        shared = None
+        if calls > 1 and not is_percentage(budget):
+            step //= calls
+            shared = f"1/{calls} of the step budget per call ({calls} calls per step)"
+        asked = f"{fmt_bytes(step)} of step peak, {100 * step / max(peak, 1):.0f} %"
+        try:
+            return run(step), step, shared
+        except InfeasibleBudgetError as err:
+            if on_infeasible != "min":
+                raise InfeasibleBudgetError(step, err.min_budget_bytes, solver=f"{who}/{solver}",
+                                            unoptimised_peak_bytes=peak, reason=err.reason) from None
     plan = run("min")
     least = int(plan.budget_bytes or 0)
-    text = (f"budget={budget!r} ({fmt_bytes(step)} of step peak, {100 * step / max(peak, 1):.0f} %) is below "
-            f"the least step peak solver {solver!r} reaches, {fmt_bytes(least)} ({100 * least / max(peak, 1):.0f} %); "
-            "planned at the least (on_infeasible='min')")
+    text = (f"budget={budget!r} ({asked}) is below the least step peak solver {solver!r} reaches, "
+            f"{fmt_bytes(least)} ({100 * least / max(peak, 1):.0f} %); planned at the least (on_infeasible='min')")
     if warn is not None:
         warn(text)
     else:
         logger.warning("%s: %s", who, text)
-    return plan, least, f"asked {fmt_bytes(step)}: unreachable"
+    return plan, least, f"asked {fmt_bytes(step) if step else budget}: unreachable"
 
 
 def as_plan(value: Any, name: str = "plan") -> Plan | None:

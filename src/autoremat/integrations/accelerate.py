@@ -55,6 +55,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from .._compiled import uncompiled
 from ..budget import check_budget, check_on_infeasible, is_min, parse_budget
 from ..cache import PlanCache, plan_key
 from ..capture import resolve_times
@@ -69,7 +70,7 @@ from ..runtime import apply
 from ..solvers import check_solver, solve
 from ._atomic import Rollback
 from ._common import capture_blocks, is_percentage, step_budget_bytes
-from ._planning import as_plan, least_for, measured_step_peak, plan_within
+from ._planning import as_plan, least_for, measured_step_peak, plan_within, profiling_budget
 from ._strategies import accelerate_units, solve_per_rank
 from .summary import print_summary, summarise
 
@@ -185,10 +186,30 @@ def _report(accelerator: Any, model: nn.Module, plan: Plan, summary: dict[str, A
     if summary.get("measured_peak_bytes") is None and not sharded:
         args, kwargs = _on_device(accelerator.device, example_args, example_kwargs)
         with progress.phase("a measured step with the plan"):
-            summary["measured_peak_bytes"] = measured_step_peak(model, args, kwargs, loss_fn or default_loss,
-                                                                accelerator.autocast,
+            prepared = _PreparedForward(uncompiled(model), accelerator)  # as accelerator.prepare runs it
+            summary["measured_peak_bytes"] = measured_step_peak(prepared, args, kwargs, loss_fn or default_loss,
                                                                 keep_output=cfg.output_kept == "step")
     print_summary(summary, title="autoremat (Accelerate)")
+
+
+class _PreparedForward(nn.Module):
+    """``model`` run as ``accelerator.prepare`` runs it under native mixed precision: autocast
+    around its forward only, its floating-point outputs converted to float32. The backward runs
+    outside autocast, so autocast's cast cache (the low-precision weight copies) is dropped when
+    the forward returns."""
+
+    def __init__(self, model: nn.Module, accelerator: Any) -> None:
+        super().__init__()
+        self.model, self._accelerator = model, accelerator
+
+    def forward(self, *args: Any, **kwargs: Any) -> Any:
+        if not getattr(self._accelerator, "native_amp", False):
+            return self.model(*args, **kwargs)
+        from accelerate.utils import convert_to_fp32
+
+        with self._accelerator.autocast():
+            out = self.model(*args, **kwargs)
+        return convert_to_fp32(out)
 
 
 def prepare(
@@ -355,7 +376,8 @@ def _decide(accelerator: Any, model: nn.Module, args: tuple, kwargs: dict, cfg: 
             progress.line(f"reusing the cached plan {cache.path(key)} (no profiling)")
             return {**entry, "summary": {**entry["summary"], "source": f"cache ({cache.path(key).name})",
                                          "measured_peak_bytes": None}}
-    limit = profile_limit_bytes("auto" if is_min(cfg.budget) else cfg.budget, device=device, resident_bytes=resident)
+    limit = profile_limit_bytes(profiling_budget(cfg.budget, cfg.on_infeasible, resident), device=device,
+                                resident_bytes=resident)
     with progress.phase(f"capture {type(model).__name__}"), accelerator.autocast():
         # never an unpatched step above the device budget
         graph = capture_within(model, args, kwargs, limit_bytes=limit, loss_fn=loss_fn, repeats=cfg.profile_steps,

@@ -62,7 +62,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from ..budget import ACCEPTED_FORMS, check_budget, check_on_infeasible, is_min
+from ..budget import ACCEPTED_FORMS, check_budget, check_on_infeasible
 from ..cache import PlanCache
 from ..capture import resolve_times
 from ..capture._recorder import preserved_state
@@ -81,7 +81,7 @@ from ._lightning_sharded import SHARDED, profile_and_solve_sharded, strategy_kin
 from ._lightning_steps import calls_per_step, confirmed, record_inputs, try_size
 from ._lightning_trainer import (atomic_fit_start, batch_of, dataset_length, reset_dataloaders, silenced_logging,
                                  trial_step)
-from ._planning import as_plan, least_for, plan_within
+from ._planning import as_plan, least_for, plan_within, profiling_budget
 from .batch_size import confirmed_largest, predicted_largest
 from .summary import print_summary, summarise
 
@@ -369,7 +369,7 @@ class AutoRemat(Callback):
         cached = from_cache(self, key, device, resident, allocated)
         if cached is not None:
             return cached
-        limit = profile_limit_bytes("auto" if is_min(self.budget) else self.budget, device=device,
+        limit = profile_limit_bytes(profiling_budget(self.budget, self.on_infeasible, resident), device=device,
                                     resident_bytes=resident)
         with progress.phase(f"capture {type(target).__name__}"), trainer.precision_plugin.forward_context():
             # never an unpatched step above the device budget

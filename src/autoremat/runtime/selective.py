@@ -152,7 +152,10 @@ def restore_selective(model: nn.Module) -> nn.Module:
 
 class _KeptOps:
     """The policy of one region call: ``MUST_SAVE`` for the ops at the kept indices (checked
-    against their names), ``PREFER_RECOMPUTE`` for the others."""
+    against their names), ``PREFER_RECOMPUTE`` for the others. An op that draws from the RNG
+    (tagged ``nondeterministic_seeded``: drop path's ``rand``, dropout) is always replayed, even at
+    a kept index: the replay takes a kept output from the cache without running the op, so the
+    RNG would not advance and every later random op of the call would draw another mask."""
 
     def __init__(self, keep: Mapping[int, str], where: str) -> None:
         self.keep, self.where, self.seen = keep, where, 0
@@ -167,6 +170,8 @@ class _KeptOps:
             raise RuntimeError(f"autoremat: {self.where} dispatched {op} as its op {i}, where the captured step ran "
                                f"{name}: the module runs other ops than when it was captured; capture it again "
                                "and solve")
+        if torch.Tag.nondeterministic_seeded in op.tags:
+            return CheckpointPolicy.PREFER_RECOMPUTE
         return CheckpointPolicy.MUST_SAVE
 
 

@@ -70,7 +70,10 @@ How it works (decisions, tested in ``tests/capture/scaled/test_scaled.py``; one 
    during any real capture is caught; capture has already restored RNG, buffers and gradients
    (parameters and optimizer state are never written by profiling; profiling steps start from no
    gradients and never accumulate into the user's), the CUDA cache is emptied, and the size is
-   halved. When even one row does not fit, :class:`CaptureDoesNotFitError` names the smallest
+   halved. When even one row does not fit (a batch of 1 whose unpatched step does not fit: the
+   case planning is for), the graph is the full-size meta capture with node times from FLOPs and
+   bytes moved (``times="flops"``), logged as a warning (``graph.meta["scaled"]["times_from"]``);
+   only where there is no meta capture either, :class:`CaptureDoesNotFitError` names the smallest
    size tried and what to change.
 
 When the whole step is predicted to fit, :func:`capture_within` is a plain capture (falling back
@@ -128,7 +131,8 @@ def capture_within(
     measured too (once per process), for offload plans (:func:`autoremat.offload.bandwidth.record_link`).
 
     Raises:
-        CaptureDoesNotFitError: even the smallest batch size tried ran out of memory.
+        CaptureDoesNotFitError: even the smallest batch size tried ran out of memory, and the model
+            cannot run on meta tensors (with a meta capture, its times come from FLOPs instead).
         ValueError: ``limit_bytes`` is negative, or the graph depends on the batch size.
     """
     from .. import _capture, capture, resolve_times
@@ -170,4 +174,24 @@ def capture_within(
                             "smaller batch sizes", full)
             free_cache()
         predict = linear_peak(full, base.param_grad_bytes, batch)
-    return record_link(ladder(model, args, kwargs, opts, base, batch, batch_dim, limit_bytes, predict, gm, signatures))
+    try:
+        return record_link(ladder(model, args, kwargs, opts, base, batch, batch_dim, limit_bytes, predict, gm,
+                                  signatures))
+    except CaptureDoesNotFitError as err:
+        return record_link(_on_flop_times(model, args, kwargs, opts, base, gm, batch, limit_bytes, err))
+
+
+def _on_flop_times(model: nn.Module, args: tuple, kwargs: dict, opts: dict, base: Graph | None,
+                   gm: torch.fx.GraphModule | None, batch: int, limit_bytes: int,
+                   err: CaptureDoesNotFitError) -> Graph:
+    """No batch size runs within the limit: the full-size meta capture with node times from FLOPs
+    (module docstring, 7), or ``err`` where the model has no meta capture."""
+    flops = meta_capture(model, args, kwargs, {**opts, "times": "flops"}, gm) if base is not None else None
+    if flops is None:
+        raise err
+    logger.warning("autoremat: no batch size runs within the %d-byte step limit for timing (a batch of %d of %d "
+                   "does not fit); node times from FLOPs and bytes moved instead (times='flops'), bytes from the "
+                   "full-size meta capture", limit_bytes, err.smallest_size, err.batch_size)
+    flops[0].meta["scaled"] = {"batch_size": batch, "sizes": [], "smallest_tried": err.smallest_size,
+                               "bytes_from": "meta", "limit_bytes": limit_bytes, "times_from": "flops"}
+    return flops[0]

@@ -68,6 +68,9 @@ def profile_limit_bytes(budget: Any, *, device: Any, resident_bytes: int) -> int
         return parse_budget("auto", device=device, resident_bytes=0)
     step = parse_budget(budget) - int(resident_bytes)
     if step <= 0:
-        raise ValueError(f"budget={budget!r} is below the {resident_bytes} bytes resident before a step "
-                         "(parameters, buffers, optimizer state, the batch); raise it")
+        from ..._units import fmt_bytes
+
+        raise ValueError(f"budget={budget!r} is below what is resident before a step ({fmt_bytes(resident_bytes)}, "
+                         f"{int(resident_bytes)} bytes: parameters, buffers, optimizer state, the batch); raise it, "
+                         "or pass budget='min' / on_infeasible='min' to plan at the least")
     return step
