@@ -238,7 +238,7 @@ def _kept_calls(rec: Recorder) -> dict[str, dict[str, Any]]:
                        "recomputed (a replay would write the cache twice); pass use_cache=False to the model, as "
                        "gradient_checkpointing_enable() does, if the training step does not use the returned cache",
                        len(calls), next(iter(calls)), next(iter(calls.values())))
-    replayed = dict(getattr(rec, "replayed", {}))
+    replayed = {path: n for path, n in rec.replayed.items() if n}
     if replayed:
         logger.warning("autoremat: the model recomputes %d module call(s) itself during backward (%s, a "
                        "torch.utils.checkpoint in its forward): the captured step counts that recomputation and a "

@@ -76,10 +76,8 @@ class Recorder:
     def __init__(self, resident: Iterable[torch.Tensor], *, count_flops: bool = False) -> None:
         self.count_flops = count_flops
         self._flop_mode: Any = None
-        self.in_backward = False
+        self.in_backward = False  # module calls then are the model's own recomputation (its checkpoint)
         self.replayed: dict[str, int] = {}
-        """Node modules the model's own code ran again during backward (``torch.utils.checkpoint``
-        in its forward), by path: calls counted, not recorded."""
         self.nodes: list[NodeRecord] = []
         self.owner: dict[int, int] = {}
         resident = list(resident)
@@ -91,9 +89,7 @@ class Recorder:
         self._level0 = 0
         self._packed: list[tuple[int | str | None, int, int]] = []
         self.loss_saves: set[int] = set()
-        self.loss_extra_bytes = 0
-        self.loss_fwd_temp_bytes = 0
-        self.loss_bwd_temp_bytes = 0
+        self.loss_extra_bytes = self.loss_fwd_temp_bytes = self.loss_bwd_temp_bytes = 0
         self._regions: list[tuple[int | str, int]] = []  # (node or "loss", peak bytes above its start)
         self._open: tuple[int | str, int] | None = None
         self._grad_ref: dict[int, tuple[int, weakref.ref]] = {}
@@ -253,11 +249,9 @@ class Recorder:
         self._open = ("loss", self.counter.live)
         self.counter.reset_peak()
         self.workspace.start()
-        self.in_backward = True
-        try:
-            loss.backward()
-        finally:
-            self.in_backward = False
+        self.in_backward = True  # a failed backward fails the capture: no need to reset it then
+        loss.backward()
+        self.in_backward = False
         self._close_region()
         self._open = None
 

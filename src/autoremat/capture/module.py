@@ -1,12 +1,12 @@
 """Module-level capture for models fx cannot trace (Hugging Face transformers, say).
 
 Nodes are calls of *node modules*: every leaf module, and every member of a container
-(``nn.ModuleList`` / ``nn.Sequential`` / ``nn.ModuleDict``), which are the repeated blocks a
-user would checkpoint (a member that is itself a ``Sequential`` is one block; a member that is
-a ``ModuleList``/``ModuleDict`` is looked into); other modules are looked into. Tensor operations that run between node
-modules (the glue in a parent's ``forward``: embedding sums, views, mask arithmetic) become
-``"glue"`` nodes, one per ATen op, seen by a ``TorchDispatchMode``. Edges come from storage
-identity: a node depends on the nodes that produced the storages of its inputs.
+(``nn.ModuleList`` / ``nn.Sequential`` / ``nn.ModuleDict``), which are the repeated blocks a user
+would checkpoint (a member that is itself a ``Sequential`` is one block; a member that is a
+``ModuleList``/``ModuleDict`` is looked into); other modules are looked into. Tensor operations that
+run between node modules (the glue in a parent's ``forward``: embedding sums, views, mask
+arithmetic) become ``"glue"`` nodes, one per ATen op, seen by a ``TorchDispatchMode``. Edges come
+from storage identity: a node depends on the nodes that produced the storages of its inputs.
 
 Only module calls can be recomputed (the runtime wraps the module's ``forward``); each call of
 a module called ``n > 1`` times in one step (a shared layer) is a node of its own whose ``scope``
@@ -219,8 +219,7 @@ class _ModuleRecorder(Recorder):
 
     def pre_hook(self, path: str, mod: nn.Module) -> Callable[..., None]:
         def hook(module: nn.Module, args: tuple, kwargs: dict) -> None:
-            if self.in_backward:  # the model recomputes this call itself (its own checkpoint)
-                self.replayed[path] = self.replayed.get(path, 0) + 1
+            self.replayed[path] = self.replayed.get(path, 0) + self.in_backward  # in backward: its own recompute
             if self.depth == 0 and self.glue_enabled and (names := cache_arguments(args, kwargs)):
                 self.cache_calls[path] = ", ".join(names)
             if self.depth == 0 and self.glue_enabled and self.scopes is not None and path in self.scopes.blocks:
