@@ -308,25 +308,31 @@ def profiling_run(fn: Callable[..., Any]) -> Callable[..., Any]:
 def counted_step_peak(model: torch.nn.Module, args: Sequence[Any], kwargs: Mapping[str, Any] | None,
                       loss_fn: Callable[[Any], torch.Tensor] | None, *, keep_output: bool = False,
                       context: Callable[[], contextlib.AbstractContextManager[Any]] = contextlib.nullcontext) -> int:
-    """The peak of one :func:`run_step` inside ``context()``, counted by a :class:`LiveStorageCounter`
+    """The peak of one :func:`run_step` (``context()`` around its forward), counted by a :class:`LiveStorageCounter`
     (the CPU's step peak). The module runs inside a ``torch.compile`` wrapper: Dynamo called under
     the counter's dispatch mode runs eagerly anyway, and marks the code it meets to run eagerly
     from then on (the user's compiled model would stop compiling); the peak counted is the eager
     step's, the one a capture predicts."""
     counter = LiveStorageCounter()
-    with counter, context():
-        run_step(uncompiled(model), args, kwargs, loss_fn, keep_output=keep_output)
+    with counter:
+        run_step(uncompiled(model), args, kwargs, loss_fn, keep_output=keep_output, forward_context=context)
     return int(counter.peak)
 
 
 def run_step(model: torch.nn.Module, args: Sequence[Any], kwargs: Mapping[str, Any] | None = None,
-             loss_fn: Callable[[Any], torch.Tensor] | None = None, *, keep_output: bool = False) -> torch.Tensor:
+             loss_fn: Callable[[Any], torch.Tensor] | None = None, *, keep_output: bool = False,
+             forward_context: Callable[[], contextlib.AbstractContextManager[Any]] = contextlib.nullcontext
+             ) -> torch.Tensor:
     """One forward + backward; returns the detached loss. Gradients are set to ``None`` first.
     The model's returned object is dropped once the loss is computed, or, with ``keep_output``,
-    kept to the end of backward as the usual Accelerate loop does (``Graph.meta["output_kept"]``)."""
+    kept to the end of backward as the usual Accelerate loop does (``Graph.meta["output_kept"]``).
+    ``forward_context()`` is around the forward and the loss, not the backward, as Lightning's
+    precision plugin wraps ``training_step`` (under autocast its cast cache, the low-precision
+    weight copies, is dropped before backward)."""
     model.zero_grad(set_to_none=True)
-    out = model(*args, **(kwargs or {}))
-    loss = (loss_fn or default_loss)(out)
+    with forward_context():
+        out = model(*args, **(kwargs or {}))
+        loss = (loss_fn or default_loss)(out)
     if not keep_output:
         del out
     loss.backward()

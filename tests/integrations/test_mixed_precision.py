@@ -218,3 +218,24 @@ def test_fit_16_mixed_on_gpu(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) ->
     finally:
         autoremat.restore(net)
     assert gradients_equal(gradients(reference), gradients(net))
+
+
+def test_the_measured_step_runs_backward_outside_the_precision_context() -> None:
+    """Lightning's precision plugin wraps ``training_step``, not the backward, so autocast's cast
+    cache (the bf16 weight copies) is gone before backward; the callback's measured step (summary,
+    batch-size trial steps) ran the backward inside it and measured those copies too (a ConvNeXt's
+    least plan: 1.55 MB against 1.26 MB in training)."""
+    from autoremat.integrations._planning import measured_step_peak
+
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(*(torch.nn.Linear(256, 256) for _ in range(6)))  # weights >> activations
+    x = torch.randn(4, 256)
+    context = lambda: torch.autocast("cpu", dtype=torch.bfloat16)  # noqa: E731 - the plugin's forward_context
+    measured = measured_step_peak(model, (x,), {}, lambda out: out.float().mean(), context)
+    counter = LiveStorageCounter()
+    with counter:
+        with context():
+            loss = model(x).float().mean()
+        loss.backward()
+    weights = 6 * 256 * 256 * 2  # the bf16 copies
+    assert abs(measured - counter.peak) < 0.1 * weights, (measured, counter.peak)

@@ -134,8 +134,9 @@ def as_plan(value: Any, name: str = "plan") -> Plan | None:
 def measured_step_peak(target: nn.Module, args: tuple, kwargs: dict, loss_fn: Callable[[Any], torch.Tensor],
                        context: Callable[[], ContextManager[Any]] = contextlib.nullcontext,
                        keep_output: bool = False) -> int:
-    """One forward+backward of ``target`` inside ``context()`` (the trainer's precision, or
-    Accelerate's autocast), the returned object kept through backward with ``keep_output``
+    """One forward+backward of ``target``, ``context()`` around the forward and the loss (the
+    trainer's precision plugin wraps ``training_step`` so), the returned object kept through
+    backward with ``keep_output``
     (:func:`~autoremat.measure.run_step`); returns its step peak. RNG, buffers and gradients are
     put back (:func:`~autoremat.capture._recorder.preserved_state`), so training is unaffected.
     On the CPU: :func:`~autoremat.measure.counted_step_peak` (it keeps a compiled model compiling)."""
@@ -145,8 +146,7 @@ def measured_step_peak(target: nn.Module, args: tuple, kwargs: dict, loss_fn: Ca
             torch.cuda.synchronize(device)
             torch.cuda.reset_peak_memory_stats(device)
             base = torch.cuda.memory_allocated(device)
-            with context():
-                run_step(target, args, kwargs, loss_fn, keep_output=keep_output)
+            run_step(target, args, kwargs, loss_fn, keep_output=keep_output, forward_context=context)
             torch.cuda.synchronize(device)
             return int(torch.cuda.max_memory_allocated(device) - base)
         return counted_step_peak(target, args, kwargs, loss_fn, keep_output=keep_output, context=context)
