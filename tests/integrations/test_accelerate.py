@@ -19,7 +19,8 @@ from autoremat.measure import gradients, gradients_equal, run_step
 def _clean_env(monkeypatch: pytest.MonkeyPatch) -> None:
     for key in ("AUTOREMAT_BUDGET", "AUTOREMAT_SOLVER", "AUTOREMAT_ENABLED", "AUTOREMAT_CONFIG",
                 "AUTOREMAT_PROFILE_STEPS", "AUTOREMAT_ON_INFEASIBLE", "AUTOREMAT_PLAN", "AUTOREMAT_CACHE_DIR",
-                "AUTOREMAT_TIMES", "AUTOREMAT_VERBOSE", "AUTOREMAT_PROGRESS", "AUTOREMAT_OUTPUT_KEPT"):
+                "AUTOREMAT_TIMES", "AUTOREMAT_VERBOSE", "AUTOREMAT_PROGRESS", "AUTOREMAT_OUTPUT_KEPT",
+                "AUTOREMAT_CALLS_PER_STEP"):
         monkeypatch.delenv(key, raising=False)
 
 
@@ -79,6 +80,7 @@ def test_yaml_section(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     ("AUTOREMAT_SOLVER", "magic", "not registered"),
     ("AUTOREMAT_ENABLED", "maybe", "AUTOREMAT_ENABLED"),
     ("AUTOREMAT_PROFILE_STEPS", "x", "AUTOREMAT_PROFILE_STEPS"),
+    ("AUTOREMAT_CALLS_PER_STEP", "0", "calls_per_step=0 must be an integer >= 1"),
 ])
 def test_bad_environment_rejected(monkeypatch: pytest.MonkeyPatch, var: str, value: str, match: str) -> None:
     monkeypatch.setenv(var, value)
@@ -345,3 +347,29 @@ def test_module_level_capture_suits_the_solver(solver: str) -> None:
     torch.manual_seed(0)
     run_step(model, (x,), loss_fn=hf.logits_mean)
     assert gradients_equal(gradients(reference), gradients(model))
+
+
+def test_calls_per_step_shares_a_byte_budget(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A loop calling the model twice before one backward (two views) holds both calls'
+    activations: ``calls_per_step=2`` plans each call at half the step budget."""
+    model, x = _small()
+    graph = autoremat.capture(model, (x,), times="flops")
+    resident = sum(p.numel() * 4 for p in model.parameters()) + x.numel() * 4
+    budget = resident + int(1.35 * autoremat.cost.unoptimised_peak_bytes(graph))  # one call fits unpatched
+    monkeypatch.setenv("AUTOREMAT_TIMES", "flops")
+    seen: list[tuple[int, str | None]] = []
+    real = ar.plan_within
+
+    def spy(*args: Any, **kwargs: Any) -> Any:
+        plan, step, note = real(*args, **kwargs)
+        seen.append((step, note))
+        return plan, step, note
+
+    monkeypatch.setattr(ar, "plan_within", spy)
+    ar.prepare(Accelerator(cpu=True), model, (x,), budget=budget)
+    autoremat.restore(model)
+    monkeypatch.setenv("AUTOREMAT_CALLS_PER_STEP", "2")
+    ar.prepare(Accelerator(cpu=True), model, (x,), budget=budget)
+    plan_steps = [step for step, _ in seen]
+    assert plan_steps[1] == plan_steps[0] // 2 and "2 calls per step" in str(seen[1][1])
+    autoremat.restore(model)

@@ -100,6 +100,9 @@ class AutoRematConfig:
                 "outputs = model(**batch); accelerator.backward(outputs.loss)) or 'loss' (dropped once the loss "
                 "is computed, loss = model(**batch).loss)."})
     verbose: bool = field(default=True, metadata={"help": "Show progress and the summary table (main process)."})
+    calls_per_step: int = field(default=1, metadata={
+        "help": "Calls of the model before one backward (an encoder on two views: 2); a byte or 'auto' budget is "
+                "shared, each call planned at 1/n of it."})
 
     def __post_init__(self) -> None:
         for f in fields(self):
@@ -118,6 +121,10 @@ class AutoRematConfig:
                              "write one with `autoremat plan ... --out plan.json` or plan.to_json(path)")
         if self.profile_steps < 1:
             raise ValueError(f"profile_steps={self.profile_steps!r} must be >= 1")
+        calls = self.calls_per_step
+        if isinstance(calls, bool) or not isinstance(calls, int) or calls < 1:
+            raise ValueError(f"calls_per_step={self.calls_per_step!r} must be an integer >= 1 (how many times the "
+                             "training loop calls the model before one backward)")
 
     @classmethod
     def from_yaml(cls, path: str) -> "AutoRematConfig":
@@ -228,6 +235,7 @@ def prepare(
     cache_dir: str | None = None,
     times: str | None = None,
     output_kept: str | None = None,
+    calls_per_step: int | None = None,
 ) -> nn.Module:
     """Capture ``model`` on the example batch, solve under the budget and patch it in place.
 
@@ -241,7 +249,11 @@ def prepare(
     loss computed with ``labels``, a key/value cache): ``"step"`` (the default: to the end of
     backward, as ``outputs = model(**batch); accelerator.backward(outputs.loss)`` does) or
     ``"loss"`` (dropped once the loss is computed: ``loss = model(**batch).loss``); the plan
-    holds them that long (``Graph.meta["output_kept"]``). Returns ``model``.
+    holds them that long (``Graph.meta["output_kept"]``). ``calls_per_step``
+    (``AUTOREMAT_CALLS_PER_STEP``, default 1): how many times the loop calls the model before one
+    backward (a contrastive encoder on two views: 2), all of their activations live at once; a
+    byte or ``"auto"`` budget is then shared, each call planned at ``1/n`` of it (a percentage is
+    of one call's peak). Returns ``model``.
 
     Atomic: when it raises (capture fails, the budget is infeasible, profiling runs out of
     memory, the plan does not apply), the model is where it was (device, parameters, gradients,
@@ -251,7 +263,8 @@ def prepare(
     given = as_plan(plan) if plan is not None and not isinstance(plan, (str, os.PathLike)) else None
     cfg = AutoRematConfig.resolve(budget=budget, solver=solver, on_infeasible=on_infeasible,
                                   plan=None if plan is None or given is not None else os.fspath(plan),
-                                  cache_dir=cache_dir, times=times, output_kept=output_kept)
+                                  cache_dir=cache_dir, times=times, output_kept=output_kept,
+                                  calls_per_step=calls_per_step)
     main = accelerator.is_main_process
     progress = Progress(enabled=cfg.verbose and main)
     if not cfg.enabled:
@@ -368,11 +381,11 @@ def _decide(accelerator: Any, model: nn.Module, args: tuple, kwargs: dict, cfg: 
         settings = {"integration": "accelerate", "budget": cfg.budget, "solver": cfg.solver,
                     "on_infeasible": cfg.on_infeasible, "times": cfg.times, "profile_steps": cfg.profile_steps,
                     "mixed_precision": str(getattr(accelerator, "mixed_precision", "no")),
-                    "output_kept": cfg.output_kept,
+                    "output_kept": cfg.output_kept, "calls_per_step": cfg.calls_per_step,
                     "loss_fn": getattr(loss_fn, "__qualname__", None)}
         key = plan_key(model, args, kwargs, settings)
         entry = cache.load(key)
-        if entry is not None and _still_fits(entry, cfg.budget, device, resident, allocated):
+        if entry is not None and _still_fits(entry, cfg.budget, device, resident, allocated, cfg.calls_per_step):
             progress.line(f"reusing the cached plan {cache.path(key)} (no profiling)")
             return {**entry, "summary": {**entry["summary"], "source": f"cache ({cache.path(key).name})",
                                          "measured_peak_bytes": None}}
@@ -385,7 +398,7 @@ def _decide(accelerator: Any, model: nn.Module, args: tuple, kwargs: dict, cfg: 
     graph.meta["output_kept"] = cfg.output_kept  # before solving: every cost model reads it
     with progress.phase(f"solve ({len(graph)} nodes, solver {cfg.solver})"):
         plan, step, note = plan_within(graph, cfg.budget, device=device, resident=resident, allocated=allocated,
-                                       solver=cfg.solver,
+                                       solver=cfg.solver, calls=cfg.calls_per_step,
                                        solve_kwargs={}, on_infeasible=cfg.on_infeasible, who="autoremat",
                                        warn=progress.line if progress.enabled else None)
         least = least_for(graph, cfg.solver, {})
@@ -403,13 +416,14 @@ def _allocated(model: nn.Module, args: tuple, kwargs: dict, optimizer: Any, devi
                                     optimizers=[] if optimizer is None else [optimizer])
 
 
-def _still_fits(entry: Mapping[str, Any], budget: str, device: Any, resident: int, allocated: int) -> bool:
-    """Whether a cached plan's predicted peak fits this run's step budget (device budgets only:
-    a percentage or ``"min"`` is relative to the same graph)."""
+def _still_fits(entry: Mapping[str, Any], budget: str, device: Any, resident: int, allocated: int,
+                calls: int = 1) -> bool:
+    """Whether a cached plan's predicted peak fits this run's step budget, ``1/calls`` of it per
+    call (device budgets only: a percentage or ``"min"`` is relative to the same graph)."""
     if is_min(budget) or is_percentage(budget):
         return True
     try:
-        room = step_budget_bytes(budget, Graph(), device, resident, allocated)
+        room = step_budget_bytes(budget, Graph(), device, resident, allocated) // calls
     except ValueError:
         return False
     fits = (entry["summary"].get("predicted_peak_bytes") or 0) <= room
