@@ -118,6 +118,24 @@ def test_selective_call_keeps_ops_updates_statistics_once_and_checks_op_names() 
     autoremat.restore(model)
 
 
+def _dispatched(block: torch.nn.Module, x: torch.Tensor) -> list[str]:
+    """The ops one forward of ``block`` dispatches, as selective checkpointing's policy counts them."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+    from torch.utils.checkpoint import SAC_IGNORED_OPS
+
+    ops: list[str] = []
+
+    class Ops(TorchDispatchMode):
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # type: ignore[no-untyped-def]
+            if func not in SAC_IGNORED_OPS:
+                ops.append(str(func))
+            return func(*args, **(kwargs or {}))
+
+    with Ops():
+        block(x)
+    return ops
+
+
 class _CastBlock(torch.nn.Module):
     """Two linears with a float32 cast between them: under bf16 autocast the region dispatches
     activation casts and parameter casts (``aten._to_copy``) interleaved."""
@@ -135,24 +153,13 @@ def test_selective_call_under_autocast_with_backward_inside_it() -> None:
     and does not dispatch them; selective checkpointing pairs stored outputs with ops by count, so a
     kept parameter cast went to an activation cast (Mixtral under AMP: a metadata error). The region
     runs without the cache, and keeps what it kept."""
-    from torch.utils._python_dispatch import TorchDispatchMode
-    from torch.utils.checkpoint import SAC_IGNORED_OPS
-
     from autoremat.runtime.region import stateful_buffers
     from autoremat.runtime.selective import SelectiveCall
 
     torch.manual_seed(0)
     block, x = _CastBlock(), torch.randn(4, 8)
-    ops: list[str] = []
-
-    class Ops(TorchDispatchMode):
-        def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # type: ignore[no-untyped-def]
-            if func not in SAC_IGNORED_OPS:
-                ops.append(str(func))
-            return func(*args, **(kwargs or {}))
-
-    with torch.autocast("cpu", dtype=torch.bfloat16), Ops():
-        block(x)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        ops = _dispatched(block, x)
     casts = [i for i, name in enumerate(ops) if name == "aten._to_copy.default"]
     assert len(casts) >= 4, ops  # x, a's weight and bias, the float32 cast, b's casts
     keep = {casts[1]: ops[casts[1]]}  # a's weight cast
@@ -184,24 +191,12 @@ def test_selective_call_keeping_a_random_op_replays_the_later_draws() -> None:
     it: a kept random op (drop path's ``torch.rand``) left the RNG behind, and the dropout after
     it drew another mask in the replay (Swin with drop path and dropout: gradients off by 2e-3).
     Random ops are replayed, never served from the cache."""
-    from torch.utils._python_dispatch import TorchDispatchMode
-    from torch.utils.checkpoint import SAC_IGNORED_OPS
-
     from autoremat.runtime.region import stateful_buffers
     from autoremat.runtime.selective import SelectiveCall
 
     torch.manual_seed(0)
     block, x = _DropPathBlock(), torch.randn(16, 8, requires_grad=True)
-    ops: list[str] = []
-
-    class Ops(TorchDispatchMode):
-        def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # type: ignore[no-untyped-def]
-            if func not in SAC_IGNORED_OPS:
-                ops.append(str(func))
-            return func(*args, **(kwargs or {}))
-
-    with Ops():
-        block(x)
+    ops = _dispatched(block, x)
     keep = {i: name for i, name in enumerate(ops) if name in ("aten.rand.default", "aten.addmm.default")}
     first = min(keep)
     assert keep[first] == "aten.rand.default" and any("dropout" in o or "bernoulli" in o for o in ops[first:]), ops
