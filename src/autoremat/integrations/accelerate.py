@@ -40,6 +40,16 @@ asks for the least instead; ``plan=`` (``AUTOREMAT_PLAN=plan.json``) applies a s
 checking it against the model and the example batch; ``cache_dir=`` (``AUTOREMAT_CACHE_DIR``)
 keeps decisions so a second run does not profile again; ``times="flops"``
 (``AUTOREMAT_TIMES=flops``) plans on deterministic FLOP/byte times.
+
+``output_kept`` (``AUTOREMAT_OUTPUT_KEPT``): how long the training loop keeps the object the model
+returns, so the bytes it holds (the logits beside a loss computed with ``labels``, a key/value
+cache): ``"step"`` (the default: to the end of backward, as ``outputs = model(**batch);
+accelerator.backward(outputs.loss)`` does) or ``"loss"`` (dropped once the loss is computed:
+``loss = model(**batch).loss``); the plan holds them that long (``Graph.meta["output_kept"]``).
+``calls_per_step`` (``AUTOREMAT_CALLS_PER_STEP``, default 1): how many times the loop calls the
+model before one backward (a contrastive encoder on two views: 2), all their activations live at
+once; a byte or ``"auto"`` budget is then shared, each call planned at ``1/n`` of it (a
+percentage is of one call's peak).
 """
 
 from __future__ import annotations
@@ -239,21 +249,11 @@ def prepare(
 ) -> nn.Module:
     """Capture ``model`` on the example batch, solve under the budget and patch it in place.
 
-    ``regions``: how recomputed segments run (see :func:`autoremat.apply`).
-
-    ``budget`` is a device budget (resident parameters, optimizer state and the batch are
-    subtracted) unless it is a percentage of the unoptimised step peak, or ``"min"``.
-    ``on_infeasible``, ``plan``, ``cache_dir`` and ``times``: see the module docstring (each
-    also an ``AUTOREMAT_*`` variable). ``output_kept`` (``AUTOREMAT_OUTPUT_KEPT``): how long the
-    training loop keeps the object the model returns, so the bytes it holds (the logits beside a
-    loss computed with ``labels``, a key/value cache): ``"step"`` (the default: to the end of
-    backward, as ``outputs = model(**batch); accelerator.backward(outputs.loss)`` does) or
-    ``"loss"`` (dropped once the loss is computed: ``loss = model(**batch).loss``); the plan
-    holds them that long (``Graph.meta["output_kept"]``). ``calls_per_step``
-    (``AUTOREMAT_CALLS_PER_STEP``, default 1): how many times the loop calls the model before one
-    backward (a contrastive encoder on two views: 2), all of their activations live at once; a
-    byte or ``"auto"`` budget is then shared, each call planned at ``1/n`` of it (a percentage is
-    of one call's peak). Returns ``model``.
+    ``regions``: how recomputed segments run (see :func:`autoremat.apply`). ``budget`` is a device
+    budget (resident parameters, optimizer state and the batch are subtracted) unless it is a
+    percentage of the unoptimised step peak, or ``"min"``. ``on_infeasible``, ``plan``,
+    ``cache_dir``, ``times``, ``output_kept`` and ``calls_per_step``: see the module docstring
+    (each also an ``AUTOREMAT_*`` variable). Returns ``model``.
 
     Atomic: when it raises (capture fails, the budget is infeasible, profiling runs out of
     memory, the plan does not apply), the model is where it was (device, parameters, gradients,
