@@ -22,9 +22,10 @@ from autoremat.zoo.lightning import LitClassifier, LitGPT2
 HERE = Path(__file__).parent
 SOLVER = "chen"
 """The solver of the fits whose question is not the plan (regions, resume, compile, dropout's RNG,
-the module-level graph): chen plans in well under a second where auto's search on measured times
-took most of each fit. The default solver through the callback: test_fit_cnn_meets_budget_and_restores,
-the batch-raising tests and the DDP fit."""
+the module-level graph, the back-off from a confirmation step out of memory): chen plans in well
+under a second where auto's search on measured times took most of each fit. The default solver
+through the callback: test_fit_cnn_meets_budget_and_restores, test_raise_batch_size_under_byte_budget,
+test_batch_search_probes_with_the_same_solve_as_the_confirmation and the DDP fit."""
 
 
 def _trainer(cb: pl.Callback, tmp_path: Path, **kw) -> pl.Trainer:  # type: ignore[no-untyped-def]
@@ -131,7 +132,7 @@ def test_raise_batch_size_backs_off_on_simulated_oom(tmp_path: Path, monkeypatch
     monkeypatch.setattr(lit, "trial_step", failing_trial)
     model = LitClassifier(samples=256)
     state = {k: v.clone() for k, v in model.state_dict().items()}
-    cb = autoremat.AutoRemat(budget=10 * 2**20, module="model", verbose=False, max_batch_size=64)
+    cb = autoremat.AutoRemat(budget=10 * 2**20, module="model", verbose=False, max_batch_size=64, solver=SOLVER)
     trainer = _trainer(cb, tmp_path, max_steps=1)
     trainer.fit(model)
     assert 4 <= cb.batch_size < 64
