@@ -76,7 +76,8 @@ def test_plans_hold_them_too_and_train_exactly() -> None:
     the peak as well added a third such solve and no other path)."""
     torch.manual_seed(0)
     model, x = CachingModel(), torch.randn(64, 32)
-    graph = trains_exactly("caching model", model, (x,), {"hidden": True}, _logits, fractions=(0.5,))
+    graph = trains_exactly("caching model", model, (x,), {"hidden": True}, _logits, fractions=(0.5,),
+                           times="measured")  # FLOP times made auto's searches here slower (3.4 s -> 5.7 s CPU)
     assert any(graph.node(v)["held_by_output"] for v in graph.nodes)
 
 
