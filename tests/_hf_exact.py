@@ -78,4 +78,7 @@ def trains_exactly(name: str, model: torch.nn.Module, args: tuple, kwargs: dict,
         assert gradients_equal(reference, grads), f"{name}: gradients changed under {plan.describe()}"
         assert abs(plan.predicted_peak_bytes - peak) <= TOLERANCE * peak, (name, plan.predicted_peak_bytes, peak)
         assert peak <= vanilla
+        # a plan predicted below the unpatched peak measures below it (within the tolerance a plan
+        # that is not applied at all would pass: the HF ResNet's plans are 0.967x)
+        assert peak < vanilla or plan.predicted_peak_bytes >= vanilla, (name, plan.predicted_peak_bytes, peak, vanilla)
     return graph

@@ -133,6 +133,9 @@ def test_a_compiled_transformers_model_still_compiles_under_the_callback(tmp_pat
     assert cb.plan is not None and cb.plan.recompute_segments
     assert backend.graphs, "the training steps ran eagerly: the user's torch.compile was lost"
     assert len(model.losses) == 2
+    # the compiled steps run the plan: its regions reach Dynamo as activation-checkpoint ops
+    assert any("checkpoint" in str(n.target) for gm in backend.graphs for n in gm.graph.nodes), \
+        "the compiled steps do not recompute: the plan was lost under torch.compile"
 
 
 def test_hooks_see_the_users_steps_once_when_they_skip_autoremats_own_runs(tmp_path: Path) -> None:
