@@ -145,10 +145,12 @@ def test_hooks_see_the_users_steps_once_when_they_skip_autoremats_own_runs(tmp_p
 
     def fit(callbacks: list) -> tuple[list, list]:
         model, seen, every = LitLoRA(), [], []
-        layer = model.model.model.layers[1].mlp
+        # a module whose forward returns inside the recomputed layer's replay (the replay stops at
+        # the layer's last saved tensor, inside its mlp, before the mlp's forward hook would run)
+        layer = model.model.model.layers[1].post_attention_layernorm
 
         def forward_hook(module: nn.Module, args: tuple, out: torch.Tensor) -> None:
-            every.append("f")
+            every.append("r" if autoremat.runtime.is_recomputing() and not autoremat.is_profiling() else "f")
             if not autoremat.is_profiling() and not autoremat.runtime.is_recomputing():
                 seen.append(("f", out.detach().clone()))
 
@@ -167,6 +169,7 @@ def test_hooks_see_the_users_steps_once_when_they_skip_autoremats_own_runs(tmp_p
     patched, patched_every = fit([cb])
     assert cb.plan is not None and cb.plan.recompute_segments
     assert len(patched_every) > len(plain_every) == 4  # the capture ran the hooks
+    assert patched_every.count("r") >= 2  # the training steps recomputed the hooked layer
     assert [k for k, _ in plain] == [k for k, _ in patched] == ["f", "b", "f", "b"]
     assert all(torch.equal(a, b) for (_, a), (_, b) in zip(plain, patched))
 
