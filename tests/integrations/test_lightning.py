@@ -14,6 +14,7 @@ import torch
 
 import autoremat
 from autoremat.integrations import lightning as lit
+from autoremat.integrations import _lightning_steps as steps
 from autoremat.integrations.summary import batch_size_row
 from autoremat.measure import LiveStorageCounter, measure
 
@@ -129,13 +130,20 @@ def test_raise_batch_size_backs_off_on_simulated_oom(tmp_path: Path, monkeypatch
         with counter:
             return original_trial(target, args, kwargs, loss_fn, trainer)
 
-    monkeypatch.setattr(lit, "trial_step", failing_trial)
+    calls = []
+
+    def counted(*args, **kwargs):  # type: ignore[no-untyped-def]
+        calls.append(1)
+        return failing_trial(*args, **kwargs)
+
+    monkeypatch.setattr(lit, "trial_step", failing_trial)  # the confirmation step
+    monkeypatch.setattr(steps, "trial_step", counted)  # the batch search's trial steps
     model = LitClassifier(samples=256)
     state = {k: v.clone() for k, v in model.state_dict().items()}
     cb = autoremat.AutoRemat(budget=10 * 2**20, module="model", verbose=False, max_batch_size=64, solver=SOLVER)
     trainer = _trainer(cb, tmp_path, max_steps=1)
     trainer.fit(model)
-    assert 4 <= cb.batch_size < 64
+    assert 4 <= cb.batch_size < 64 and calls  # the search met the simulated allocator
     # every confirmed size stayed under the simulated allocator limit
     x = model.images[: cb.batch_size]
     autoremat.apply(model.model, cb.plan)
