@@ -373,3 +373,42 @@ def test_calls_per_step_shares_a_byte_budget(monkeypatch: pytest.MonkeyPatch) ->
     plan_steps = [step for step, _ in seen]
     assert plan_steps[1] == plan_steps[0] // 2 and "2 calls per step" in str(seen[1][1])
     autoremat.restore(model)
+
+
+def test_a_plan_whose_measured_step_runs_out_of_memory_is_solved_again_lower(
+        monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:
+    """The measured step runs before training, inside prepare: where it runs out of memory (the
+    allocator's fragmentation, a workspace the profile missed) the plan is solved at 85 % of the
+    step budget; where every try does, prepare raises a clear error and leaves the model as it was.
+    Before, the measured step ran after planning, outside the rollback, for the summary only: its
+    raw out-of-memory error left the model patched."""
+    import logging
+
+    real = ar.measured_step_peak
+    tries: list[int] = []
+
+    def failing_first(*args: Any, **kwargs: Any) -> int:
+        tries.append(1)
+        if len(tries) == 1:
+            raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 MiB (simulated)")
+        return real(*args, **kwargs)
+
+    model, x = _small()
+    monkeypatch.setenv("AUTOREMAT_TIMES", "flops")
+    monkeypatch.setattr(ar, "measured_step_peak", failing_first)
+    with caplog.at_level(logging.WARNING, logger="autoremat"):
+        ar.prepare(Accelerator(cpu=True), model, (x,), budget="80%")
+    assert len(tries) == 2 and "planning again at" in caplog.text
+    plan = model.__dict__["_autoremat_patch"].plan
+    assert plan.budget_bytes is not None and autoremat.is_patched(model)
+    autoremat.restore(model)
+
+    def always(*args: Any, **kwargs: Any) -> int:
+        raise torch.OutOfMemoryError("CUDA out of memory (simulated)")
+
+    monkeypatch.setattr(ar, "measured_step_peak", always)
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    with pytest.raises(torch.OutOfMemoryError, match="ran out of memory with every plan tried"):
+        ar.prepare(Accelerator(cpu=True), model, (x,), budget="80%")
+    assert not autoremat.is_patched(model)
+    assert all(torch.equal(v, model.state_dict()[k]) for k, v in before.items())

@@ -70,13 +70,15 @@ from ..budget import check_budget, check_on_infeasible, is_min, parse_budget
 from ..cache import PlanCache, plan_key
 from ..capture import resolve_times
 from ..capture.scaled import capture_within, profile_limit_bytes
+from ..capture.scaled.limits import free_cache, is_oom
 from ..capture.signature import check_inputs
+from ..errors import InfeasibleBudgetError
 from ..graph import Graph, check_output_kept
 from ..measure import default_loss
 from ..plan import Plan
 from ..progress import Progress
 from ..resident import allocated_resident_bytes, resident_bytes
-from ..runtime import apply
+from ..runtime import apply, restore
 from ..solvers import check_solver, solve
 from ._atomic import Rollback
 from ._common import capture_blocks, is_percentage, step_budget_bytes
@@ -402,12 +404,52 @@ def _decide(accelerator: Any, model: nn.Module, args: tuple, kwargs: dict, cfg: 
                                        solve_kwargs={}, on_infeasible=cfg.on_infeasible, who="autoremat",
                                        warn=progress.line if progress.enabled else None)
         least = least_for(graph, cfg.solver, {})
+    with progress.phase("a measured step with the plan"):
+        plan, step, measured = _confirmed(accelerator, model, graph, plan, step, (args, kwargs), cfg, loss_fn)
     payload = {"plan": plan.to_dict(), "summary": summarise(
-        plan, graph, step_budget=step, resident=resident, least=least, budget_note=note,
+        plan, graph, step_budget=step, resident=resident, least=least, budget_note=note, measured=measured,
         not_raised=_NOT_RAISED)}
     if cache is not None and key is not None:
         progress.line(f"plan cached in {cache.store(key, payload)}")
     return payload
+
+
+CONFIRM_TRIES = 4
+"""Measured steps :func:`prepare` tries before giving up when the plan's step runs out of memory."""
+
+
+def _confirmed(accelerator: Any, model: nn.Module, graph: Graph, plan: Plan, step: int, inputs: tuple[tuple, dict],
+               cfg: AutoRematConfig, loss_fn: Callable[[Any], torch.Tensor]) -> tuple[Plan, int, int]:
+    """``(plan, step budget, its measured step peak)``: one step of the patched model as
+    ``accelerator.prepare`` runs it, before training; where it runs out of memory (a prediction
+    can miss allocator fragmentation or a workspace the profile did not see) the plan is solved
+    again at 85 % of the step budget, each time said, up to :data:`CONFIRM_TRIES` times; then a
+    ``torch.OutOfMemoryError`` says what to change (``prepare`` leaves the model as it was)."""
+    last = ""
+    for _ in range(CONFIRM_TRIES):
+        apply(model, plan)
+        try:
+            prepared = _PreparedForward(uncompiled(model), accelerator)
+            return plan, step, measured_step_peak(prepared, *inputs, loss_fn, keep_output=cfg.output_kept == "step")
+        except RuntimeError as err:  # torch.OutOfMemoryError is a RuntimeError
+            if not is_oom(err):
+                raise
+            last = str(err).splitlines()[0][:300]
+        finally:
+            restore(model)
+        free_cache()  # out of the except block, whose traceback holds the failed step
+        lower = int(step * 0.85)
+        logger.warning("autoremat: the patched step ran out of memory although its predicted peak (%s bytes) is "
+                       "within the %d-byte step budget; planning again at %d bytes", plan.predicted_peak_bytes,
+                       step, lower)
+        try:
+            plan, step = solve(graph, lower, solver=cfg.solver), lower
+        except InfeasibleBudgetError:
+            break  # below the least reachable: nothing smaller to try
+    raise torch.OutOfMemoryError(
+        f"autoremat: the patched step ran out of memory with every plan tried, down to a {step}-byte step budget; "
+        "lower the batch size, or give a smaller budget (or raise AUTOREMAT_MARGIN under budget='auto'). The last "
+        f"try: {last}")
 
 
 def _allocated(model: nn.Module, args: tuple, kwargs: dict, optimizer: Any, device: Any) -> int:
