@@ -113,3 +113,25 @@ def test_calls_are_counted_up_to_the_first_backward_and_leave_the_module_as_it_w
     assert lit.seen == seen and lit.steps == steps  # the counting step's own side effects are undone
     assert all(torch.equal(v, lit.state_dict()[k]) for k, v in state.items())
     assert torch.equal(rng, torch.get_rng_state())
+
+
+def test_the_plan_cache_key_follows_training_step(tmp_path: Path) -> None:
+    """How often ``training_step`` calls the module sets each call's budget: a cached decision
+    made for one ``training_step`` is not reused for another (before: same key)."""
+    from types import SimpleNamespace
+
+    from autoremat.integrations._lightning_reuse import cache_key
+
+    class _OneView(_TwoViews):
+        def training_step(self, batch, batch_idx):  # type: ignore[no-untyped-def]
+            (x,) = batch
+            return self.encoder(x).square().mean()
+
+    keys = []
+    for cls in (_TwoViews, _OneView):
+        lit = cls()
+        cb = autoremat.AutoRemat(budget="50%", module="encoder", cache_dir=str(tmp_path))
+        cb._target = lit.encoder
+        trainer = SimpleNamespace(precision="32-true", lightning_module=lit)
+        keys.append(cache_key(cb, trainer, (lit.images[:8],), {}))  # type: ignore[arg-type]
+    assert keys[0] is not None and keys[0] != keys[1]

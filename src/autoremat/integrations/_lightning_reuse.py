@@ -4,6 +4,8 @@ batch before it is applied)."""
 
 from __future__ import annotations
 
+import hashlib
+import inspect
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -41,8 +43,18 @@ def cache_key(cb: "AutoRemat", trainer: "pl.Trainer", args: tuple, kwargs: dict)
     settings = {"integration": "lightning", "budget": cb.budget, "solver": cb.solver, "offload": cb.offload,
                 "raise_batch_size": cb.raise_batch_size, "max_batch_size": cb.max_batch_size,
                 "on_infeasible": cb.on_infeasible, "times": resolve_times(cb.times), "output_kept": cb.output_kept,
-                "precision": str(trainer.precision), "loss_fn": getattr(cb.loss_fn, "__qualname__", None)}
+                "precision": str(trainer.precision), "loss_fn": getattr(cb.loss_fn, "__qualname__", None),
+                # how often training_step calls the module sets the budget per call (calls_per_step)
+                "training_step": _source_hash(type(trainer.lightning_module).training_step)}
     return plan_key(cb._target, args, kwargs, settings)
+
+
+def _source_hash(fn: Any) -> str | None:
+    """A hash of ``fn``'s source (``None`` where Python has none for it)."""
+    try:
+        return hashlib.sha256(inspect.getsource(fn).encode()).hexdigest()[:16]
+    except (OSError, TypeError):
+        return None
 
 
 def from_cache(cb: "AutoRemat", key: str | None, device: torch.device, resident: int,
