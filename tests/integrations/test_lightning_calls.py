@@ -22,15 +22,15 @@ from autoremat.integrations._lightning_steps import calls_per_step
 
 
 class _TwoViews(pl.LightningModule):
-    def __init__(self, manual: bool = False) -> None:
+    def __init__(self, manual: bool = False, batch_size: int = 8, size: int = 16) -> None:
         super().__init__()
         self.automatic_optimization = not manual
         layers: list[nn.Module] = [nn.Conv2d(3, 16, 3, padding=1), nn.ReLU()]
         for _ in range(5):
             layers += [nn.Conv2d(16, 16, 3, padding=1), nn.BatchNorm2d(16), nn.ReLU()]
         self.encoder = nn.Sequential(*layers, nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(16, 8))
-        self.batch_size = 8
-        self.images = torch.randn(16, 3, 16, 16, generator=torch.Generator().manual_seed(0))
+        self.batch_size = batch_size
+        self.images = torch.randn(2 * batch_size, 3, size, size, generator=torch.Generator().manual_seed(0))
         self.seen: dict[str, list[int]] = {"rows": []}  # a side effect of each step
         self.steps = 0
 
@@ -135,3 +135,32 @@ def test_the_plan_cache_key_follows_training_step(tmp_path: Path) -> None:
         trainer = SimpleNamespace(precision="32-true", lightning_module=lit)
         keys.append(cache_key(cb, trainer, (lit.images[:8],), {}))  # type: ignore[arg-type]
     assert keys[0] is not None and keys[0] != keys[1]
+
+
+@pytest.mark.gpu
+def test_gpu_two_views_fit_under_a_memory_fraction(tmp_path: Path) -> None:
+    """The same on the CUDA allocator: ``set_per_process_memory_fraction`` leaves the two-call step
+    1.7x too little room (one call alone fits), ``budget="auto"``; two steps, no out-of-memory."""
+    torch.manual_seed(0)
+    lit = _TwoViews(batch_size=256, size=64).cuda()
+    x = lit.images[:256].cuda()
+    torch.cuda.synchronize()
+    torch.cuda.reset_peak_memory_stats()
+    base = torch.cuda.memory_allocated()
+    lit.training_step((x,), 0).backward()
+    peak = torch.cuda.max_memory_allocated() - base
+    lit.zero_grad(set_to_none=True)
+    params = sum(p.numel() * p.element_size() for p in lit.parameters())
+    del x
+    torch.cuda.empty_cache()
+    total = torch.cuda.get_device_properties(0).total_memory
+    torch.cuda.set_per_process_memory_fraction(
+        (torch.cuda.memory_reserved() + 3 * params + lit.images[:256].numel() * 4 + int(peak / 1.7)) / total)
+    try:
+        cb = autoremat.AutoRemat(budget="auto", raise_batch_size=False, verbose=False)
+        pl.Trainer(max_steps=2, accelerator="gpu", devices=1, logger=False, enable_checkpointing=False,
+                   enable_progress_bar=False, enable_model_summary=False, callbacks=[cb],
+                   default_root_dir=tmp_path).fit(lit)
+        assert cb.plan is not None and "2 calls per step" in cb.summary["budget_note"]
+    finally:
+        torch.cuda.set_per_process_memory_fraction(1.0)
