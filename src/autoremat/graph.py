@@ -11,14 +11,10 @@ Node attributes (all plain numbers and strings, so solvers never need torch):
     What the node is: fx node name (or module path), a coarse op kind (``"conv"``,
     ``"linear"``, ``"add"``, ``"module"``, ``"glue"``…), the op or module class, and the
     path of the owning submodule.
-``time_s``, ``bwd_time_s``
-    Forward and backward time of the node.
-``out_bytes``
-    Nominal bytes of the node's tensor outputs (the size of its output gradient).
-``alloc_bytes``
-    Bytes of *new* storage its outputs occupy (0 for views and in-place ops).
-``alias_of``
-    For a view / in-place output: the node whose storage it lives in (else ``None``).
+``time_s``, ``bwd_time_s``: forward and backward time of the node.
+``out_bytes``: nominal bytes of the node's tensor outputs (the size of its output gradient).
+``alloc_bytes``: bytes of *new* storage its outputs occupy (0 for views and in-place ops).
+``alias_of``: for a view / in-place output, the node whose storage it lives in (else ``None``).
 ``saves``
     Nodes whose output storage autograd keeps for this node's backward (may include itself).
 ``extra_saved_bytes``
@@ -54,6 +50,8 @@ Node attributes (all plain numbers and strings, so solvers never need torch):
 ``recomputable``
     Whether the runtime can run this node inside a checkpoint region on its own
     (module-level capture: module calls are, glue ops are not).
+``random``
+    An op that draws from the RNG (dropout's mask, drop path's ``rand``): never kept by a plan.
 ``scope``
     The paths of the module calls the node runs inside, outermost first (the model left out; a
     call of a module run ``n > 1`` times per step is ``"<path>@<k>/<n>"``, :mod:`.call_names`,
@@ -119,6 +117,7 @@ NODE_DEFAULTS: dict[str, Any] = {
     "recomputable": True,
     "scope": (),
     "op_index": -1,
+    "random": False,
 }
 
 

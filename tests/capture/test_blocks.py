@@ -93,6 +93,8 @@ def test_scopes_op_indices_and_regions():
     assert mm and all(g.node(v)["params"] for v in mm)  # the weight read through t() is the addmm's
     assert module_fingerprint(model, "ops") == g.fingerprint != module_fingerprint(model)
     assert g.region_of(calls["layers.1.up"]) == "layers.1.up"
+    drawn = [g.node(v)["target"] for v in ops if g.node(v)["random"]]  # the dropout's mask, nothing else
+    assert drawn and all("bernoulli" in t or "dropout" in t for t in drawn), drawn
 
 
 def test_predictions_and_gradients_of_block_plans():

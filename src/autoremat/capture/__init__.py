@@ -351,7 +351,8 @@ def _to_graph(rec: Recorder, meta: dict[str, Any]) -> Graph:
                    requires_grad=bool(r.requires_grad), grad_passthrough=bool(r.grad_passthrough),
                    is_output=bool(r.is_output), grad_seed_bytes=r.grad_seed_bytes,
                    held_by_output=bool(r.held_by_output),
-                   recomputable=bool(r.recomputable), scope=tuple(r.scope), op_index=int(r.op_index))
+                   recomputable=bool(r.recomputable), scope=tuple(r.scope), op_index=int(r.op_index),
+                   random=bool(r.random))
         for u in r.preds:
             g.add_edge(u, v)
     return Graph(g, meta)

@@ -60,6 +60,7 @@ class NodeRecord:
     flops: float = 0.0
     scope: tuple[str, ...] = ()
     op_index: int = -1
+    random: bool = False
 
 
 def _storage_key(t: torch.Tensor) -> int:
@@ -76,8 +77,7 @@ class Recorder:
     def __init__(self, resident: Iterable[torch.Tensor], *, count_flops: bool = False) -> None:
         self.count_flops = count_flops
         self._flop_mode: Any = None
-        self.in_backward = False  # module calls then are the model's own recomputation (its checkpoint)
-        self.replayed: dict[str, int] = {}
+        self.in_backward, self.replayed = False, dict[str, int]()  # calls in backward: the model's own recompute
         self.nodes: list[NodeRecord] = []
         self.owner: dict[int, int] = {}
         resident = list(resident)

@@ -278,7 +278,7 @@ class _ModuleRecorder(Recorder):
             params = {self._param_of[k] for k in keys if k in self._param_of}
             rec = NodeRecord(name=f"{scope[-1]}:{name}", kind=classify_function(func.overloadpacket),
                              target=str(func), module_path=scope[-1], preds=preds, recomputable=False,
-                             params=sorted(params))
+                             params=sorted(params), random=torch.Tag.nondeterministic_seeded in func.tags)
             rec.scope, rec.op_index = scope, -1 if index is None else index
             self.scope_calls[len(self.nodes)] = self.scopes.call_indices()
         else:

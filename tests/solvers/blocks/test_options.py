@@ -43,3 +43,17 @@ def test_parts_and_op_level_options():
     assert all(not s.keep for _n, segs in options for s in segs)  # selective saves: module level only
     few = block_options(g, path, nodes, times, keep_fractions=(), max_parts=1)
     assert len(few) <= len(options)
+
+
+def test_keep_options_never_keep_a_random_op():
+    """The runtime replays a random op even where a plan keeps it (the RNG must advance as in the
+    forward: ``autoremat.runtime.selective``), so a plan keeping one would count bytes it never
+    holds (Swin's drop path: predicted 2.49 MiB, measured 2.48)."""
+    g, path, nodes, times = _block()
+    chosen = block_options(g, path, nodes, times, keep_fractions=(1.0,), max_parts=5)
+    kept = {v + nodes[0] for _n, segs in chosen for s in segs for v in s.keep}
+    assert kept
+    for v in kept:
+        g.node(v)["random"] = True
+    again = block_options(g, path, nodes, times, keep_fractions=(1.0,), max_parts=5)
+    assert not {v + nodes[0] for _n, segs in again for s in segs for v in s.keep} & kept

@@ -15,7 +15,8 @@
   time per byte kept (matmuls, attention) before the cheap ones; never an op whose output is
   written in place later (:func:`written_in_place`), nor the replay's stop node where the replay
   stops before it runs (:func:`autoremat.cost.simulator.stops_before_running`: keeping it saves
-  no time and its stored output stays cached to the end of the segment's backward). Not for a
+  no time and its stored output stays cached to the end of the segment's backward), nor a random
+  op (``random``: the runtime replays it so that the RNG advances as in the forward). Not for a
   call of a module run more than once per step (``"<path>@<k>/<n>"``, ALBERT's shared layer
   group): the runtime refuses selective saves in one such call under autocast
   (:mod:`autoremat.runtime.per_call`), so its options recompute whole or split.
@@ -94,7 +95,7 @@ def _kept(graph: Graph, region: Sequence[int], fraction: float, times: Mapping[i
     written = written_in_place(graph) if written is None else written
     last = stop - 1 if stops_before_running(graph, stop) else stop  # the replay never runs its stop node
     items = [v for v in region if v <= last and graph.node(v)["op_index"] >= 0 and graph.node(v)["alias_of"] is None
-             and graph.node(v)["alloc_bytes"] > 0 and times[v] > 0 and v not in written]
+             and graph.node(v)["alloc_bytes"] > 0 and times[v] > 0 and v not in written and not graph.node(v)["random"]]
     total = sum(graph.node(v)["alloc_bytes"] for v in items)
     if not items or total <= 0:
         return ()
