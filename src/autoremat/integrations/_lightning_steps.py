@@ -187,10 +187,7 @@ def _put_back(v: Any, contents: Any) -> None:
     items, inner = contents
     if isinstance(v, list):
         v[:] = items
-    elif isinstance(v, dict):
-        v.clear()
-        v.update(items)
-    else:
+    else:  # a dict (from its item pairs) or a set
         v.clear()
         v.update(items)
     for x, c in inner:
