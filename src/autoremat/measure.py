@@ -308,8 +308,8 @@ def profiling_run(fn: Callable[..., Any]) -> Callable[..., Any]:
 def counted_step_peak(model: torch.nn.Module, args: Sequence[Any], kwargs: Mapping[str, Any] | None,
                       loss_fn: Callable[[Any], torch.Tensor] | None, *, keep_output: bool = False,
                       context: Callable[[], contextlib.AbstractContextManager[Any]] = contextlib.nullcontext) -> int:
-    """The peak of one :func:`run_step` (``context()`` around its forward), counted by a :class:`LiveStorageCounter`
-    (the CPU's step peak). The module runs inside a ``torch.compile`` wrapper: Dynamo called under
+    """The peak of one :func:`run_step` (``context()`` around its forward and loss), counted by a
+    :class:`LiveStorageCounter` (the CPU's step peak). The module runs inside a ``torch.compile`` wrapper: Dynamo called under
     the counter's dispatch mode runs eagerly anyway, and marks the code it meets to run eagerly
     from then on (the user's compiled model would stop compiling); the peak counted is the eager
     step's, the one a capture predicts."""

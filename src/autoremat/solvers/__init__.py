@@ -301,9 +301,10 @@ def _with_hints(graph: Graph, solver: str, err: InfeasibleBudgetError) -> Infeas
         hints.append(ops_hint(solver))
     own = graph.meta.get("recomputed_by_model") or {}
     if own:
-        hints.append(f"The model already recomputes {next(iter(own))} (and {len(own) - 1} more module(s)) itself "
-                     "(torch.utils.checkpoint in its forward), which the unoptimised step peak includes; remove "
-                     "those checkpoint calls and capture again to let autoremat choose what to recompute.")
+        more = f" (and {len(own) - 1} more module(s))" if len(own) > 1 else ""
+        hints.append(f"The model already recomputes {next(iter(own))}{more} itself (torch.utils.checkpoint in its "
+                     "forward), which the unoptimised step peak includes; remove those checkpoint calls and capture "
+                     "again to let autoremat choose what to recompute.")
     if not hints or hints == [err.reason]:
         return err
     return InfeasibleBudgetError(err.budget_bytes, err.min_budget_bytes, solver=err.solver,
