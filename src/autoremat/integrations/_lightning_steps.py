@@ -19,6 +19,7 @@ from ..measure import profiling_run
 from ..plan import Plan
 from ..resident import device_of, storage_bytes
 from ..runtime import apply, is_patched, restore
+from ._planning import BACK_OFF, CONFIRM_TRIES
 from ._lightning_trainer import batch_of, silenced_logging, trial_step
 
 if TYPE_CHECKING:
@@ -32,9 +33,6 @@ from lightning.pytorch.utilities.rank_zero import rank_zero_info, rank_zero_warn
 __all__ = ["record_inputs", "calls_per_step", "kept_attributes", "confirmed", "try_size", "CONFIRM_TRIES"]
 
 logger = logging.getLogger("autoremat.integrations.lightning")  # the callback's own log
-
-CONFIRM_TRIES = 4
-"""Measured steps tried before giving up when the chosen plan's step runs out of memory."""
 
 
 class _Recorded(Exception):
@@ -73,8 +71,7 @@ def record_inputs(cb: "AutoRemat", trainer: "pl.Trainer", pl_module: "pl.Lightni
     device = device_of(cb._target)
     handles = [m.register_forward_pre_hook(hook_for(path), with_kwargs=True) for path, m in candidates]
     try:
-        with preserved_state(pl_module, [device]), torch.no_grad(), silenced_logging(pl_module), \
-                trainer.precision_plugin.forward_context():
+        with _own_step(trainer, pl_module, device):
             batch = batch_of(trainer, size)
             pl_module.training_step(batch, 0)
     except _Recorded:
@@ -101,6 +98,16 @@ def record_inputs(cb: "AutoRemat", trainer: "pl.Trainer", pl_module: "pl.Lightni
     if seen["module"] is not cb._target:
         _chose(cb, pl_module, seen["path"], seen["module"])
     return tuple(seen["args"]), seen["kwargs"], storage_bytes(batch)
+
+
+@contextlib.contextmanager
+def _own_step(trainer: "pl.Trainer", pl_module: "pl.LightningModule", device: torch.device) -> Iterator[None]:
+    """Where the callback runs ``training_step`` itself (:func:`record_inputs`,
+    :func:`calls_per_step`): the module's state preserved, no gradients, ``self.log`` silenced,
+    under the trainer's precision."""
+    with preserved_state(pl_module, [device]), torch.no_grad(), silenced_logging(pl_module), \
+            trainer.precision_plugin.forward_context():
+        yield
 
 
 COUNT_ROWS = 2
@@ -134,8 +141,7 @@ def calls_per_step(cb: "AutoRemat", trainer: "pl.Trainer", pl_module: "pl.Lightn
     handle = cb._target.register_forward_pre_hook(hook, with_kwargs=True)
     pl_module.__dict__["manual_backward"] = stop
     try:
-        with kept_attributes(pl_module), preserved_state(pl_module, [device_of(cb._target)]), torch.no_grad(), \
-                silenced_logging(pl_module), trainer.precision_plugin.forward_context():
+        with kept_attributes(pl_module), _own_step(trainer, pl_module, device_of(cb._target)):
             pl_module.training_step(batch_of(trainer, COUNT_ROWS), 0)
     except _Recorded:
         pass
@@ -235,7 +241,7 @@ def confirmed(cb: "AutoRemat", target: nn.Module, trainer: "pl.Trainer", pl_modu
                            f"memory; keeping batch size {original}")
             (plan, graph), batch_size = first, original
             continue
-        lower = int(step_budget * 0.85)
+        lower = int(step_budget * BACK_OFF)
         rank_zero_warn(f"AutoRemat: the patched step ran out of memory although its predicted peak "
                        f"({plan.predicted_peak_bytes} bytes) is within the {step_budget}-byte step budget "
                        f"(allocator fragmentation, or a workspace the profile did not see); planning again "

@@ -37,9 +37,16 @@ from ..cost import unoptimised_peak_bytes
 from ..solvers import least_budget, solve
 from ._common import is_percentage, step_budget_bytes
 
-__all__ = ["plan_within", "as_plan", "least_for", "measured_step_peak", "profiling_budget"]
+__all__ = ["plan_within", "as_plan", "least_for", "measured_step_peak", "profiling_budget", "CONFIRM_TRIES",
+           "BACK_OFF"]
 
 logger = logging.getLogger(__name__)
+
+CONFIRM_TRIES = 4
+"""Measured steps an integration tries before giving up when the chosen plan's step runs out of memory."""
+
+BACK_OFF = 0.85
+"""The step budget a plan whose measured step ran out of memory is solved again at, as a fraction."""
 
 
 def least_for(graph: Graph, solver: str, solve_kwargs: Mapping[str, Any]) -> int:

@@ -82,7 +82,7 @@ from ..runtime import apply, restore
 from ..solvers import check_solver, solve
 from ._atomic import Rollback
 from ._common import capture_blocks, is_percentage, step_budget_bytes
-from ._planning import as_plan, least_for, measured_step_peak, plan_within, profiling_budget
+from ._planning import BACK_OFF, CONFIRM_TRIES, as_plan, least_for, measured_step_peak, plan_within, profiling_budget
 from ._strategies import accelerate_units, solve_per_rank
 from .summary import print_summary, summarise
 
@@ -414,10 +414,6 @@ def _decide(accelerator: Any, model: nn.Module, args: tuple, kwargs: dict, cfg: 
     return payload
 
 
-CONFIRM_TRIES = 4
-"""Measured steps :func:`prepare` tries before giving up when the plan's step runs out of memory."""
-
-
 def _confirmed(accelerator: Any, model: nn.Module, graph: Graph, plan: Plan, step: int, inputs: tuple[tuple, dict],
                cfg: AutoRematConfig, loss_fn: Callable[[Any], torch.Tensor]) -> tuple[Plan, int, int]:
     """``(plan, step budget, its measured step peak)``: one step of the patched model as
@@ -438,7 +434,7 @@ def _confirmed(accelerator: Any, model: nn.Module, graph: Graph, plan: Plan, ste
         finally:
             restore(model)
         free_cache()  # out of the except block, whose traceback holds the failed step
-        lower = int(step * 0.85)
+        lower = int(step * BACK_OFF)
         logger.warning("autoremat: the patched step ran out of memory although its predicted peak (%s bytes) is "
                        "within the %d-byte step budget; planning again at %d bytes", plan.predicted_peak_bytes,
                        step, lower)
