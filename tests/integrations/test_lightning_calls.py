@@ -137,6 +137,43 @@ def test_the_plan_cache_key_follows_training_step(tmp_path: Path) -> None:
     assert keys[0] is not None and keys[0] != keys[1]
 
 
+def test_a_cached_plan_is_reused_only_where_each_call_fits_its_share(tmp_path: Path,
+                                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+    """``budget="auto"`` reuses a cached decision where its plan fits the memory free now; the
+    room is shared between the calls as planning shares it (before: the whole room, so a plan of
+    one call at 1.5x its share was reused on a device its two-call step does not fit)."""
+    from autoremat import budget as budget_mod
+
+    free = [10**10]
+    monkeypatch.setattr(budget_mod, "device_free_bytes", lambda device=None: free[0])
+    monkeypatch.setenv("AUTOREMAT_MARGIN", "0")
+    sources = []
+    for room in ("plenty", "the same", "1.5 calls"):
+        if room == "1.5 calls":
+            free[0] = int(1.5 * per_call)
+        cb = autoremat.AutoRemat(budget="auto", raise_batch_size=False, verbose=False, cache_dir=str(tmp_path))
+        _trainer([cb], tmp_path).fit(_TwoViews())
+        sources.append(cb.summary["source"])
+        per_call = cb.summary["predicted_peak_bytes"]
+        assert "2 calls per step" in cb.summary["budget_note"]
+    assert [s.startswith("cache") for s in sources] == [False, True, False], sources
+
+
+def test_the_cached_plans_room_check_reads_the_budget_as_planning_does() -> None:
+    """One check for both integrations (Accelerate passes ``calls_per_step``, Lightning the count
+    stored with the decision): relative budgets always fit; a byte budget's room, net of the
+    resident bytes, is shared by the calls, and a misfit says so."""
+    from autoremat.integrations._planning import cached_plan_misfit
+
+    entry = {"summary": {"predicted_peak_bytes": 600}}
+    assert cached_plan_misfit(entry, "10%", "cpu", 0, None, calls=4) is None
+    assert cached_plan_misfit(entry, "min", "cpu", 0, None) is None
+    assert cached_plan_misfit(entry, 1100, "cpu", 100, None) is None
+    misfit = cached_plan_misfit(entry, 1100, "cpu", 100, None, calls=2)
+    assert misfit is not None and "(500 bytes per call, 2 calls per step)" in misfit
+    assert "(no room above the resident bytes)" in (cached_plan_misfit(entry, 100, "cpu", 100, None) or "")
+
+
 @pytest.mark.gpu
 def test_gpu_two_views_fit_under_a_memory_fraction(tmp_path: Path) -> None:
     """The same on the CUDA allocator: ``set_per_process_memory_fraction`` leaves the two-call step

@@ -10,14 +10,12 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from ..budget import is_min
 from ..cache import plan_key
 from ..capture import resolve_times
 from ..capture.signature import check_inputs
-from ..graph import Graph
 from ..measure import default_loss
 from ..resident import resident_bytes
-from ._common import step_budget_bytes
+from ._planning import cached_plan_misfit
 from .summary import summarise
 
 if TYPE_CHECKING:
@@ -59,22 +57,18 @@ def _source_hash(fn: Any) -> str | None:
 
 def from_cache(cb: "AutoRemat", key: str | None, device: torch.device, resident: int,
                allocated: int | None = None) -> dict[str, Any] | None:
-    """The cached decision under ``key`` where its plan still fits this run's step budget."""
+    """The cached decision under ``key`` where its plan still fits this run's step budget (a
+    share of it per call where ``training_step`` calls the module more than once, as
+    :func:`~._planning.plan_within` plans each call; the count is stored with the decision)."""
     if key is None or cb.cache is None:
         return None
     entry = cb.cache.load(key)
     if entry is None:
         return None
-    predicted = entry["summary"].get("predicted_peak_bytes") or 0
-    if not (is_min(cb.budget) or str(cb.budget).strip().endswith("%") or isinstance(cb.budget, float)):
-        try:
-            room = step_budget_bytes(cb.budget, Graph(), device, resident, allocated)
-        except ValueError:
-            room = -1
-        if predicted > room:
-            cb._progress.line(f"the cached plan ({predicted} bytes) no longer fits the step budget "
-                              f"({room} bytes); profiling again")
-            return None
+    misfit = cached_plan_misfit(entry, cb.budget, device, resident, allocated, int(entry.get("calls", 1)))
+    if misfit is not None:
+        cb._progress.line(misfit)
+        return None
     path = cb.cache.path(key)
     cb._progress.line(f"reusing the cached plan {path} (no profiling)")
     entry["summary"] = {**entry["summary"], "source": f"cache ({path.name})"}

@@ -9,6 +9,7 @@ and load a plan the user saved.
   percent, and ``on_infeasible="min"`` plans at the least instead and says so (one warning line
   and a note in the summary).
 * :func:`measured_step_peak`: one patched step whose peak is measured, training state untouched.
+* :func:`cached_plan_misfit`: whether a cached decision's plan still fits this run's budget.
 * :func:`as_plan`: ``plan=`` as a :class:`~autoremat.plan.Plan`, a path to a plan file or a
   plan dict, checked when the integration is configured (a missing file or a malformed plan is
   an error before any training).
@@ -37,7 +38,7 @@ from ..cost import unoptimised_peak_bytes
 from ..solvers import least_budget, solve
 from ._common import is_percentage, step_budget_bytes
 
-__all__ = ["plan_within", "as_plan", "least_for", "measured_step_peak", "profiling_budget", "CONFIRM_TRIES",
+__all__ = ["plan_within", "as_plan", "cached_plan_misfit", "least_for", "measured_step_peak", "profiling_budget", "CONFIRM_TRIES",
            "BACK_OFF"]
 
 logger = logging.getLogger(__name__)
@@ -120,6 +121,25 @@ def plan_within(graph: Graph, budget: Any, *, device: torch.device | str, reside
     else:
         logger.warning("%s: %s", who, text)
     return plan, least, f"asked {fmt_bytes(step) if step else budget}: unreachable"
+
+
+def cached_plan_misfit(entry: Mapping[str, Any], budget: Any, device: Any, resident: int,
+                       allocated: int | None, calls: int = 1) -> str | None:
+    """Why a cached decision's plan does not fit this run's step budget (``1/calls`` of it per
+    call, as :func:`plan_within` plans each call), or ``None`` where it fits. Device budgets only:
+    a percentage or ``"min"`` is relative to the same graph, so its plan always fits."""
+    if is_min(budget) or is_percentage(budget):
+        return None
+    try:
+        room = step_budget_bytes(budget, Graph(), device, resident, allocated) // max(1, int(calls))
+    except ValueError:
+        room = -1
+    predicted = entry["summary"].get("predicted_peak_bytes") or 0
+    if predicted <= room:
+        return None
+    room_text = ("no room above the resident bytes" if room < 0 else
+                 f"{room} bytes{f' per call, {calls} calls per step' if calls > 1 else ''}")
+    return f"the cached plan ({predicted} bytes) no longer fits the step budget ({room_text}); profiling again"
 
 
 def as_plan(value: Any, name: str = "plan") -> Plan | None:

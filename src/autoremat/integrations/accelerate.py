@@ -66,7 +66,7 @@ import torch
 from torch import nn
 
 from .._compiled import uncompiled
-from ..budget import check_budget, check_on_infeasible, is_min, parse_budget
+from ..budget import check_budget, check_on_infeasible, parse_budget
 from ..cache import PlanCache, plan_key
 from ..capture import resolve_times
 from ..capture.scaled import capture_within, profile_limit_bytes
@@ -81,8 +81,9 @@ from ..resident import allocated_resident_bytes, resident_bytes
 from ..runtime import apply, restore
 from ..solvers import check_solver, solve
 from ._atomic import Rollback
-from ._common import capture_blocks, is_percentage, step_budget_bytes
-from ._planning import BACK_OFF, CONFIRM_TRIES, as_plan, least_for, measured_step_peak, plan_within, profiling_budget
+from ._common import capture_blocks, step_budget_bytes
+from ._planning import (BACK_OFF, CONFIRM_TRIES, as_plan, cached_plan_misfit, least_for, measured_step_peak,
+                        plan_within, profiling_budget)
 from ._strategies import accelerate_units, solve_per_rank
 from .summary import print_summary, summarise
 
@@ -387,7 +388,11 @@ def _decide(accelerator: Any, model: nn.Module, args: tuple, kwargs: dict, cfg: 
                     "loss_fn": getattr(loss_fn, "__qualname__", None)}
         key = plan_key(model, args, kwargs, settings)
         entry = cache.load(key)
-        if entry is not None and _still_fits(entry, cfg.budget, device, resident, allocated, cfg.calls_per_step):
+        misfit = None if entry is None else cached_plan_misfit(entry, cfg.budget, device, resident, allocated,
+                                                               cfg.calls_per_step)
+        if misfit is not None:
+            logger.warning("autoremat: %s", misfit)
+        if entry is not None and misfit is None:
             progress.line(f"reusing the cached plan {cache.path(key)} (no profiling)")
             return {**entry, "summary": {**entry["summary"], "source": f"cache ({cache.path(key).name})",
                                          "measured_peak_bytes": None}}
@@ -452,22 +457,6 @@ def _allocated(model: nn.Module, args: tuple, kwargs: dict, optimizer: Any, devi
     """The resident bytes on ``device`` now (free memory already excludes them)."""
     return allocated_resident_bytes(model, device=device, inputs=(args, kwargs),
                                     optimizers=[] if optimizer is None else [optimizer])
-
-
-def _still_fits(entry: Mapping[str, Any], budget: str, device: Any, resident: int, allocated: int,
-                calls: int = 1) -> bool:
-    """Whether a cached plan's predicted peak fits this run's step budget, ``1/calls`` of it per
-    call (device budgets only: a percentage or ``"min"`` is relative to the same graph)."""
-    if is_min(budget) or is_percentage(budget):
-        return True
-    try:
-        room = step_budget_bytes(budget, Graph(), device, resident, allocated) // calls
-    except ValueError:
-        return False
-    fits = (entry["summary"].get("predicted_peak_bytes") or 0) <= room
-    if not fits:
-        logger.warning("autoremat: the cached plan no longer fits the step budget (%d bytes); profiling again", room)
-    return fits
 
 
 def _broadcast(accelerator: Any, obj: Any) -> Any:

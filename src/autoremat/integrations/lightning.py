@@ -376,10 +376,10 @@ class AutoRemat(Callback):
             graph = capture_within(target, args, kwargs, limit_bytes=limit, loss_fn=loss_fn, repeats=self.profile_steps,
                                    warmup=1, times=self.times, blocks=capture_blocks(self._solver_options()[0]))
         graph.meta["output_kept"] = self.output_kept  # before solving: every cost model reads it
-        solver, solve_kwargs = self._solver_options()
+        (solver, solve_kwargs), calls = self._solver_options(), calls_per_step(self, trainer, pl_module)
         with progress.phase(f"solve ({len(graph)} nodes, solver {self.solver})"):
             plan, step_budget, note = plan_within(graph, self.budget, device=device, resident=resident, solver=solver,
-                                                  allocated=allocated, calls=calls_per_step(self, trainer, pl_module),
+                                                  allocated=allocated, calls=calls,
                                                   solve_kwargs=solve_kwargs, on_infeasible=self.on_infeasible,
                                                   who="AutoRemat", solve_fn=self._solve,
                                                   warn=lambda text: rank_zero_warn(f"AutoRemat: {text}"))
@@ -400,7 +400,7 @@ class AutoRemat(Callback):
         summary = summarise(plan, graph, step_budget=step_budget, resident=resident, least=least, measured=measured,
                             budget_note=note, batch_before=original, batch_after=batch_size, not_raised=skipped)
         payload = {"plan": plan.to_dict(), "batch_size": batch_size, "original_batch_size": original,
-                   "step_budget_bytes": step_budget, "summary": summary, "module": self.module}
+                   "step_budget_bytes": step_budget, "summary": summary, "module": self.module, "calls": calls}
         if key is not None and self.cache is not None:
             path = self.cache.store(key, payload)
             progress.line(f"plan cached in {path}")
