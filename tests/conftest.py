@@ -8,6 +8,8 @@ tied in peak, and a test that assumed this one failed there)."""
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 
 
@@ -53,26 +55,34 @@ def pytest_runtest_logreport(report: pytest.TestReport) -> None:
                 f.write(f"---- {name}\n{text[-4000:]}\n")
 
 
+def jitter_times(rec: Any, meta: dict, seed: str) -> None:
+    """Scale the forward and backward time of every node of a capture's recorder ``rec`` by
+    factors in [1/4, 4], seeded by ``seed`` and the capture's fingerprint; measured times only
+    (``meta["time_source"]``), not FLOP counts or meta captures' zeros."""
+    import random
+
+    if meta.get("time_source") not in ("perf_counter", "cuda-events"):
+        return
+    rng = random.Random(f"{seed}:{meta.get('fingerprint')}")
+    for r in rec.nodes:
+        r.time_s *= 4.0 ** rng.uniform(-1.0, 1.0)
+        r.bwd_time_s *= 4.0 ** rng.uniform(-1.0, 1.0)
+
+
 @pytest.fixture(autouse=True)
 def _jittered_times(monkeypatch: pytest.MonkeyPatch) -> None:
     """Measured node times scaled per node when ``AUTOREMAT_TEST_TIME_JITTER`` is set (module docstring)."""
+    import importlib
     import os
-    import random
 
     seed = os.environ.get("AUTOREMAT_TEST_TIME_JITTER")
     if not seed:
         return
-    import importlib
-
     capture_mod = importlib.import_module("autoremat.capture")  # the package (autoremat.capture is the function)
     to_graph = capture_mod._to_graph
 
     def jittered(rec, meta):  # type: ignore[no-untyped-def]
-        if meta.get("time_source") in ("perf_counter", "cuda-events"):
-            rng = random.Random(f"{seed}:{meta.get('fingerprint')}")
-            for r in rec.nodes:
-                factor = 4.0 ** rng.uniform(-1.0, 1.0)
-                r.time_s, r.bwd_time_s = r.time_s * factor, r.bwd_time_s * 4.0 ** rng.uniform(-1.0, 1.0)
+        jitter_times(rec, meta, seed)
         return to_graph(rec, meta)
 
     monkeypatch.setattr(capture_mod, "_to_graph", jittered)
