@@ -115,6 +115,83 @@ def test_calls_are_counted_up_to_the_first_backward_and_leave_the_module_as_it_w
     assert torch.equal(rng, torch.get_rng_state())
 
 
+class _Tally(nn.Module):
+    """A submodule keeping state outside its parameters and buffers, as a ``torchmetrics`` metric
+    does: a tensor updated in place, a list appended to, an attribute rebound."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.rows = torch.zeros(())
+        self.sizes: list[int] = []
+        self.last = None
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        self.rows += x.shape[0]
+        self.sizes.append(x.shape[0])
+        self.last = x.shape
+        return x
+
+
+class _Tallied(_TwoViews):
+    def __init__(self) -> None:
+        super().__init__()
+        self.tally = _Tally()
+
+    def training_step(self, batch, batch_idx):  # type: ignore[no-untyped-def]
+        self.tally(batch[0])
+        return super().training_step(batch, batch_idx)
+
+
+def test_the_counting_step_leaves_submodules_state_as_it_was(tmp_path: Path) -> None:
+    """The callback's own run of ``training_step`` (2 rows, to count the calls) reached the
+    state of submodules (before: ``rows`` 18 after two steps of 8, ``sizes`` [2, 8, 8])."""
+    lit = _Tallied()
+    cb = autoremat.AutoRemat(budget="75%", module="encoder", raise_batch_size=False, verbose=False, solver="chen")
+    _trainer([cb], tmp_path).fit(lit)
+    assert cb.plan is not None and lit.tally.rows.item() == 16 and lit.tally.sizes == [8, 8]
+
+
+def test_a_large_tensor_changed_in_place_is_named_not_copied(caplog: pytest.LogCaptureFixture) -> None:
+    from autoremat.integrations._kept import KEEP_BYTES, kept_attributes
+
+    outer = nn.Module()
+    outer.inner = nn.Module()
+    outer.inner.small, outer.inner.large = torch.zeros(4), torch.zeros(KEEP_BYTES // 4 + 1)
+    outer.data, outer.total = torch.ones(KEEP_BYTES), torch.zeros(())  # the LightningModule's own: no copies
+    with kept_attributes(outer):
+        outer.inner.small += 1
+        outer.inner.large += 1
+        outer.inner.added = 1
+        outer.total += 1
+    assert not outer.inner.small.any() and outer.inner.large.eq(1).all() and not hasattr(outer.inner, "added")
+    assert outer.total.item() == 1
+    assert "attribute Module.large" in caplog.text and "attribute Module.total" in caplog.text
+    assert ".data" not in caplog.text  # never changed: no warning
+
+
+def test_a_training_metric_counts_the_users_rows_only(tmp_path: Path) -> None:
+    torchmetrics = pytest.importorskip("torchmetrics")
+
+    class _Metered(_TwoViews):
+        def __init__(self) -> None:
+            super().__init__()
+            self.acc = torchmetrics.Accuracy(task="multiclass", num_classes=8)
+
+        def training_step(self, batch, batch_idx):  # type: ignore[no-untyped-def]
+            (x,) = batch
+            self.acc(self.encoder(x), torch.arange(x.shape[0]) % 8)
+            return super().training_step(batch, batch_idx)
+
+    seen = []
+    for callbacks in ([], [autoremat.AutoRemat(budget="75%", module="encoder", raise_batch_size=False,
+                                               verbose=False, solver="chen")]):
+        torch.manual_seed(0)
+        lit = _Metered()
+        _trainer(callbacks, tmp_path).fit(lit)
+        seen.append((int(lit.acc.tp.sum() + lit.acc.fn.sum()), lit.acc.compute().item()))
+    assert seen[0] == seen[1] and seen[0][0] == 16, seen
+
+
 def test_the_plan_cache_key_follows_training_step(tmp_path: Path) -> None:
     """How often ``training_step`` calls the module sets each call's budget: a cached decision
     made for one ``training_step`` is not reused for another (before: same key)."""

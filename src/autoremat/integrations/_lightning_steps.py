@@ -19,6 +19,7 @@ from ..measure import profiling_run
 from ..plan import Plan
 from ..resident import device_of, storage_bytes
 from ..runtime import apply, is_patched, restore
+from ._kept import kept_attributes
 from ._planning import BACK_OFF, CONFIRM_TRIES
 from ._lightning_trainer import batch_of, silenced_logging, trial_step
 
@@ -30,7 +31,7 @@ if TYPE_CHECKING:
 from lightning.pytorch.utilities.memory import garbage_collection_cuda, is_oom_error
 from lightning.pytorch.utilities.rank_zero import rank_zero_info, rank_zero_warn
 
-__all__ = ["record_inputs", "calls_per_step", "kept_attributes", "confirmed", "try_size", "CONFIRM_TRIES"]
+__all__ = ["record_inputs", "calls_per_step", "confirmed", "try_size", "CONFIRM_TRIES"]
 
 logger = logging.getLogger("autoremat.integrations.lightning")  # the callback's own log
 
@@ -103,10 +104,11 @@ def record_inputs(cb: "AutoRemat", trainer: "pl.Trainer", pl_module: "pl.Lightni
 @contextlib.contextmanager
 def _own_step(trainer: "pl.Trainer", pl_module: "pl.LightningModule", device: torch.device) -> Iterator[None]:
     """Where the callback runs ``training_step`` itself (:func:`record_inputs`,
-    :func:`calls_per_step`): the module's state preserved, no gradients, ``self.log`` silenced,
-    under the trainer's precision."""
-    with preserved_state(pl_module, [device]), torch.no_grad(), silenced_logging(pl_module), \
-            trainer.precision_plugin.forward_context():
+    :func:`calls_per_step`): the module's state preserved (parameters, buffers, RNG, and its and
+    its submodules' other attributes: :func:`~._kept.kept_attributes`), no gradients, ``self.log``
+    silenced, under the trainer's precision."""
+    with kept_attributes(pl_module), preserved_state(pl_module, [device]), torch.no_grad(), \
+            silenced_logging(pl_module), trainer.precision_plugin.forward_context():
         yield
 
 
@@ -124,10 +126,10 @@ def calls_per_step(cb: "AutoRemat", trainer: "pl.Trainer", pl_module: "pl.Lightn
     Counted on a batch of :data:`COUNT_ROWS` rows (cheap at any batch size), without gradients,
     the module's state preserved, up to the first ``manual_backward`` (manual optimisation steps
     its optimizers after it, and a later part of the step would count calls of another
-    backward). What the step does to the LightningModule's own attributes is undone
-    (:func:`kept_attributes`: a loss appended to ``self.losses``, a step counter). Where the step
-    cannot run without gradients (``torch.autograd.grad`` in it), the calls before the failure
-    count, said in the log."""
+    backward). What the step does to the LightningModule's and its submodules' attributes is
+    undone (:func:`~._kept.kept_attributes`: a loss appended to ``self.losses``, a step counter,
+    a metric's state). Where the step cannot run without gradients (``torch.autograd.grad`` in
+    it), the calls before the failure count, said in the log."""
     assert cb._target is not None, "please report"
     count = 0
 
@@ -141,7 +143,7 @@ def calls_per_step(cb: "AutoRemat", trainer: "pl.Trainer", pl_module: "pl.Lightn
     handle = cb._target.register_forward_pre_hook(hook, with_kwargs=True)
     pl_module.__dict__["manual_backward"] = stop
     try:
-        with kept_attributes(pl_module), _own_step(trainer, pl_module, device_of(cb._target)):
+        with _own_step(trainer, pl_module, device_of(cb._target)):
             pl_module.training_step(batch_of(trainer, COUNT_ROWS), 0)
     except _Recorded:
         pass
@@ -156,48 +158,6 @@ def calls_per_step(cb: "AutoRemat", trainer: "pl.Trainer", pl_module: "pl.Lightn
                        "step, and each call's activations stay until backward: each call is planned at 1/"
                        f"{count} of a byte or 'auto' budget (a percentage is of one call's peak)")
     return max(count, 1)
-
-
-_OWN = ("_parameters", "_buffers", "_modules")  # preserved_state's
-
-
-@contextlib.contextmanager
-def kept_attributes(obj: nn.Module, depth: int = 2) -> Iterator[None]:
-    """``obj``'s own attributes as they were before the block, and the contents of the lists,
-    dicts and sets they hold (``depth`` levels: a dict of lists), put back in place after it."""
-    before = {k: v for k, v in vars(obj).items() if k not in _OWN}
-    held = [(v, _contents(v, depth)) for k, v in before.items() if not k.startswith("_")]
-    try:
-        yield
-    finally:
-        now = vars(obj)
-        for k in [k for k in now if k not in before and k not in _OWN]:
-            del now[k]
-        now.update(before)
-        for v, contents in held:
-            _put_back(v, contents)
-
-
-def _contents(v: Any, depth: int) -> Any:
-    """A copy of container ``v``'s items (and of its containers', ``depth`` levels), or ``None``."""
-    if depth <= 0 or not isinstance(v, (list, dict, set)):
-        return None
-    items = list(v.items()) if isinstance(v, dict) else list(v)
-    inner = [(x, _contents(x, depth - 1)) for x in (v.values() if isinstance(v, dict) else v)]
-    return items, inner
-
-
-def _put_back(v: Any, contents: Any) -> None:
-    if contents is None:
-        return
-    items, inner = contents
-    if isinstance(v, list):
-        v[:] = items
-    else:  # a dict (from its item pairs) or a set
-        v.clear()
-        v.update(items)
-    for x, c in inner:
-        _put_back(x, c)
 
 
 def _chose(cb: "AutoRemat", pl_module: nn.Module, path: str, module: nn.Module) -> None:
