@@ -152,13 +152,13 @@ def test_the_counting_step_leaves_submodules_state_as_it_was(tmp_path: Path) -> 
 
 
 def test_a_large_tensor_changed_in_place_is_named_not_copied(caplog: pytest.LogCaptureFixture) -> None:
-    from autoremat.integrations._kept import KEEP_BYTES, kept_attributes
+    from autoremat.capture.preserved import KEEP_BYTES, kept_attributes
 
     outer = nn.Module()
     outer.inner = nn.Module()
     outer.inner.small, outer.inner.large = torch.zeros(4), torch.zeros(KEEP_BYTES // 4 + 1)
     outer.data, outer.total = torch.ones(KEEP_BYTES), torch.zeros(())  # the LightningModule's own: no copies
-    with kept_attributes(outer):
+    with kept_attributes(outer, private_root=True):
         outer.inner.small += 1
         outer.inner.large += 1
         outer.inner.added = 1

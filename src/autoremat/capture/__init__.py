@@ -35,7 +35,8 @@ from .._compiled import uncompiled
 from ..graph import Graph
 from ..measure import default_loss, profiling_run
 from ..resident import device_of, resident_bytes
-from ._recorder import NodeRecord, Recorder, paused_gc, preserved_state, tensors_in, timing_noise
+from ._recorder import NodeRecord, Recorder, paused_gc, tensors_in, timing_noise
+from .preserved import preserved_state
 from ._code_reads import traced_through
 from .._module_hooks import global_hooks, has_hooks
 from .fx import fx_fingerprint, profile_fx, records_from_fx, trace

@@ -28,7 +28,7 @@ from .allocator_meter import AllocatorMeter
 from ._loss_reach import seed_bytes
 from .inplace import MutationLog
 
-__all__ = ["NodeRecord", "Recorder", "Timer", "timing_noise", "paused_gc", "preserved_state", "classify_module",
+__all__ = ["NodeRecord", "Recorder", "Timer", "timing_noise", "paused_gc", "classify_module",
            "classify_function"]
 
 
@@ -430,41 +430,6 @@ def paused_gc() -> Iterator[None]:
     finally:
         if was:
             gc.enable()
-
-
-@contextlib.contextmanager
-def preserved_state(model: torch.nn.Module, devices: list[torch.device]) -> Iterator[None]:
-    """Leave the model exactly as it was, whether the block succeeds or raises: RNG, buffers
-    (the same objects, their values, ``requires_grad`` and no ``grad_fn``: a traced in-place
-    buffer update can attach one), parameters (the same objects, ``requires_grad``, ``.grad``)
-    and every module's ``training`` flag."""
-    modules = list(model.modules())
-    held = [(m, dict(m._buffers), dict(m._parameters), m.training) for m in modules]
-    buffers = {id(b): (b, b.detach().clone(), b.requires_grad) for _m, bufs, _p, _t in held
-               for b in bufs.values() if b is not None}
-    params = {id(p): (p, p.grad, p.requires_grad) for _m, _b, ps, _t in held for p in ps.values() if p is not None}
-    for p, _grad, _rg in params.values():
-        p.grad = None  # backward would accumulate into the user's .grad tensors in place
-    cuda_devices = [d for d in devices if d.type == "cuda"]
-    with torch.random.fork_rng(devices=cuda_devices):
-        try:
-            yield
-        finally:
-            for m, bufs, ps, training in held:
-                m._buffers.clear()
-                m._buffers.update(bufs)
-                m._parameters.clear()
-                m._parameters.update(ps)
-                m.training = training
-            for b, value, requires_grad in buffers.values():
-                if b.grad_fn is not None or b.requires_grad != requires_grad:
-                    b.detach_()
-                    b.requires_grad_(requires_grad)
-                with torch.no_grad():
-                    b.copy_(value)
-            for p, grad, requires_grad in params.values():
-                p.requires_grad_(requires_grad)
-                p.grad = grad
 
 
 _MODULE_KINDS = {

@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 from torch import nn
 
-from ..capture._recorder import preserved_state
+from ..capture.preserved import kept_attributes, preserved_state
 from ..capture.scaled.limits import is_oom
 from ..errors import InfeasibleBudgetError
 from ..graph import Graph
@@ -19,7 +19,6 @@ from ..measure import profiling_run
 from ..plan import Plan
 from ..resident import device_of, storage_bytes
 from ..runtime import apply, is_patched, restore
-from ._kept import kept_attributes
 from ._planning import BACK_OFF, CONFIRM_TRIES
 from ._lightning_trainer import batch_of, silenced_logging, trial_step
 
@@ -105,10 +104,11 @@ def record_inputs(cb: "AutoRemat", trainer: "pl.Trainer", pl_module: "pl.Lightni
 def _own_step(trainer: "pl.Trainer", pl_module: "pl.LightningModule", device: torch.device) -> Iterator[None]:
     """Where the callback runs ``training_step`` itself (:func:`record_inputs`,
     :func:`calls_per_step`): the module's state preserved (parameters, buffers, RNG, and its and
-    its submodules' other attributes: :func:`~._kept.kept_attributes`), no gradients, ``self.log``
-    silenced, under the trainer's precision."""
-    with kept_attributes(pl_module), preserved_state(pl_module, [device]), torch.no_grad(), \
-            silenced_logging(pl_module), trainer.precision_plugin.forward_context():
+    its submodules' other attributes, the LightningModule's private ones too:
+    :func:`~autoremat.capture.preserved.kept_attributes`), no gradients, ``self.log`` silenced,
+    under the trainer's precision."""
+    with kept_attributes(pl_module, private_root=True), preserved_state(pl_module, [device], attributes=False), \
+            torch.no_grad(), silenced_logging(pl_module), trainer.precision_plugin.forward_context():
         yield
 
 
@@ -127,9 +127,9 @@ def calls_per_step(cb: "AutoRemat", trainer: "pl.Trainer", pl_module: "pl.Lightn
     the module's state preserved, up to the first ``manual_backward`` (manual optimisation steps
     its optimizers after it, and a later part of the step would count calls of another
     backward). What the step does to the LightningModule's and its submodules' attributes is
-    undone (:func:`~._kept.kept_attributes`: a loss appended to ``self.losses``, a step counter,
-    a metric's state). Where the step cannot run without gradients (``torch.autograd.grad`` in
-    it), the calls before the failure count, said in the log."""
+    undone (:func:`_own_step`: a loss appended to ``self.losses``, a step counter, a metric's
+    state). Where the step cannot run without gradients (``torch.autograd.grad`` in it), the
+    calls before the failure count, said in the log."""
     assert cb._target is not None, "please report"
     count = 0
 

@@ -28,7 +28,7 @@ from torch import nn
 
 from .._units import fmt_bytes
 from ..budget import is_min, parse_budget
-from ..capture._recorder import preserved_state
+from ..capture.preserved import preserved_state
 from ..errors import InfeasibleBudgetError
 from ..graph import Graph
 from ..measure import counted_step_peak, profiling_run, run_step

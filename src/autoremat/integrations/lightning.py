@@ -65,7 +65,6 @@ from torch import nn
 from ..budget import ACCEPTED_FORMS, check_budget, check_on_infeasible
 from ..cache import PlanCache
 from ..capture import resolve_times
-from ..capture._recorder import preserved_state
 from ..capture.scaled import capture_within, profile_limit_bytes
 from ..errors import InfeasibleBudgetError
 from ..graph import Graph, check_output_kept

@@ -56,7 +56,7 @@ from .._compiled import uncompiled
 from .._fsdp import inner_module
 from ..capture.fx import fx_fingerprint, fx_ops, trace
 from ..capture.module import module_fingerprint, node_modules
-from ..capture._recorder import preserved_state
+from ..capture.preserved import preserved_state
 from ..capture.signature import check_inputs, first_difference, tensor_signature
 from ..errors import PlanMismatchError
 from ..plan import Plan, check_segments
@@ -194,7 +194,7 @@ def _apply_fx(model: nn.Module, plan: Plan, names: list[str], regions: str) -> _
             "instead, or capture with mode='module'")
     if is_sharded(model):  # FSDP units or sharded parameters: the plan runs around them (autoremat.runtime.sharding)
         state = _PatchState(plan=plan, had_instance_forward=False)
-        with preserved_state(model, []):
+        with preserved_state(model, [], attributes=False):  # (the block patches the model)
             state.sharded = apply_fx_sharded(model, plan, names, regions, state)
         return state
     with preserved_state(model, []):  # tracing runs forward's Python on the real attributes

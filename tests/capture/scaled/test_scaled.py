@@ -322,15 +322,21 @@ def test_on_meta_swaps_in_place_keeps_ties_and_restores_on_error() -> None:
 class _SwitchingLinear(nn.Linear):
     """A linear layer whose kernel turns slow from ``at`` rows on, as single-threaded PyTorch's
     1x1 convolutions do at batch 16 (native kernel below, oneDNN from there); it records the
-    shapes it ran at. Declared in ``torch.nn``'s namespace so that torch.fx keeps it a leaf."""
+    shapes it ran at, in a private attribute (a capture puts the public ones back as they were,
+    :mod:`autoremat.capture.preserved`). Declared in ``torch.nn``'s namespace so that torch.fx
+    keeps it a leaf."""
 
     def __init__(self, at: int, pause_s: float) -> None:
         super().__init__(8, 8)
         self.at, self.pause_s = at, pause_s
-        self.seen: list[tuple[int, ...]] = []
+        self._seen: list[tuple[int, ...]] = []
+
+    @property
+    def seen(self) -> list[tuple[int, ...]]:
+        return self._seen
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        self.seen.append(tuple(x.shape))
+        self._seen.append(tuple(x.shape))
         if x.shape[0] >= self.at:
             time.sleep(self.pause_s)
         return super().forward(x)

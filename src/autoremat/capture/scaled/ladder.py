@@ -38,7 +38,7 @@ def _timed_copy(model: nn.Module, gm: torch.fx.GraphModule | None, args: tuple, 
     ``opts["warmup"]`` and ``opts["repeats"]`` steps)."""
     from ...measure import default_loss
     from ...resident import device_of
-    from .._recorder import preserved_state
+    from ..preserved import preserved_state
     from ..fx import time_fx
     from ..module import time_modules
 
