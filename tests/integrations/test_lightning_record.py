@@ -138,3 +138,50 @@ def test_without_module_the_network_training_step_calls_is_planned(
     resumed.callbacks.append(Probe())
     resumed.fit(_Frozen(), ckpt_path=tmp_path / "last.ckpt")
     assert cb2.module == "model" and seen["patched"] and cb2.plan.to_dict() == cb.plan.to_dict()
+
+
+class _Seeded(LitClassifier):
+    """Shuffles with its own generator, as a user wanting a reproducible order does; records the
+    rows each step saw."""
+
+    def __init__(self) -> None:
+        super().__init__(batch_size=4, samples=16)
+        self.rows: list[float] = []
+
+    def training_step(self, batch, batch_idx):  # type: ignore[no-untyped-def]
+        self.rows.append(round(float(batch[0][0, 0, 0, 0]), 5))
+        return super().training_step(batch, batch_idx)
+
+    def train_dataloader(self) -> torch.utils.data.DataLoader:
+        dataset = torch.utils.data.TensorDataset(self.images, self.labels)
+        return torch.utils.data.DataLoader(dataset, batch_size=self.batch_size, shuffle=True,
+                                           generator=torch.Generator().manual_seed(3))
+
+
+def test_the_batches_drawn_for_profiling_leave_the_users_shuffle_as_it_was(tmp_path: Path) -> None:
+    """Drawing a batch starts a dataloader iterator, which draws seeds from the dataloader's own
+    generator (before: the user's steps saw their rows in another order than without autoremat)."""
+    seen = []
+    for cb in (None, autoremat.AutoRemat(budget="75%", module="model", raise_batch_size=False, verbose=False,
+                                         solver=SOLVER)):
+        torch.manual_seed(0)
+        lit = _Seeded()
+        _trainer(cb, tmp_path, steps=4).fit(lit)
+        seen.append(lit.rows)
+    assert len(seen[0]) == 4 and seen[0] == seen[1]
+
+
+def test_the_generators_of_every_dataloader_and_sampler_are_found() -> None:
+    from lightning.pytorch.utilities import CombinedLoader
+
+    from autoremat.integrations._lightning_trainer import _generators
+
+    data = torch.utils.data.TensorDataset(torch.arange(8.0))
+    g1, g2, g3 = (torch.Generator() for _ in range(3))
+    shuffled = torch.utils.data.DataLoader(data, shuffle=True, generator=g1)
+    own_sampler = torch.utils.data.DataLoader(data, sampler=torch.utils.data.RandomSampler(data, generator=g2),
+                                              generator=g3)
+    plain = torch.utils.data.DataLoader(data)
+    for loaders in ({"a": shuffled, "b": [own_sampler, plain]}, CombinedLoader({"a": shuffled, "b": own_sampler})):
+        assert {id(g) for g in _generators(loaders)} == {id(g1), id(g2), id(g3)}
+    assert _generators(plain) == [] and _generators(None) == []

@@ -44,9 +44,41 @@ def batch_of(trainer: "pl.Trainer", size: int | None) -> Any:
     training dataloader as needed (tensors concatenated along the first dimension).
 
     The global RNG is left as it was: starting a dataloader iterator draws its base seed (and a
-    shuffling sampler its own seed) from it, which moved every dropout mask of the run after."""
-    with torch.random.fork_rng(devices=[]):
-        return _batch_of(trainer, size)
+    shuffling sampler its own seed) from it, which moved every dropout mask of the run after. So
+    are the generators a dataloader or its sampler were given (``DataLoader(..., shuffle=True,
+    generator=g)``): they drew the same seeds, and the user's epochs saw their rows in another
+    order than without the callback."""
+    generators = _generators(trainer.train_dataloader)
+    states = [g.get_state() for g in generators]
+    try:
+        with torch.random.fork_rng(devices=[]):
+            return _batch_of(trainer, size)
+    finally:
+        for g, state in zip(generators, states):
+            g.set_state(state)
+
+
+def _generators(loaders: Any) -> list[torch.Generator]:
+    """The generators of the dataloaders in ``loaders`` (a dataloader, a list, tuple or dict of
+    them, or Lightning's ``CombinedLoader``) and of their samplers, each once."""
+    found: dict[int, torch.Generator] = {}
+    stack = [loaders]
+    while stack:
+        obj = stack.pop()
+        if isinstance(obj, (list, tuple)):
+            stack.extend(obj)
+        elif isinstance(obj, dict):
+            stack.extend(obj.values())
+        elif hasattr(obj, "flattened"):  # CombinedLoader
+            stack.extend(obj.flattened)
+        elif obj is not None:
+            sampler = getattr(obj, "sampler", None)
+            inner = getattr(getattr(obj, "batch_sampler", None), "sampler", None)
+            for g in (getattr(obj, "generator", None), getattr(sampler, "generator", None),
+                      getattr(inner, "generator", None)):
+                if isinstance(g, torch.Generator):
+                    found[id(g)] = g
+    return list(found.values())
 
 
 def _batch_of(trainer: "pl.Trainer", size: int | None) -> Any:
