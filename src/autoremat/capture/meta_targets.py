@@ -59,5 +59,6 @@ def loss_on(loss_fn: Callable[[Any], torch.Tensor], output: Any, resident: set[i
         return loss_fn(output)
     with _MetaTargets(resident) as mode:
         loss = loss_fn(output)
-    loss._autoremat_meta_targets = mode.copies  # the copies (resident keys) live as long as the loss
+    if isinstance(loss, torch.Tensor):  # else run_loss says what it must be
+        loss._autoremat_meta_targets = mode.copies  # the copies (resident keys) live as long as the loss
     return loss
