@@ -3,9 +3,8 @@
 A :class:`Recorder` runs once around a forward + loss + backward of the real model and
 records, per node: the storages its outputs occupy (views detected by storage identity), what
 autograd saved while it ran (``saved_tensors_hooks``, de-duplicated by storage, parameters and
-inputs excluded), transient workspace (from :class:`~autoremat.measure.LiveStorageCounter`),
-and its backward region (a tensor hook on its output marks where its backward starts).
-A separate :class:`Timer` produces per-node forward and backward times.
+inputs excluded), transient workspace (from :class:`~autoremat.measure.LiveStorageCounter`), and its
+backward region (a tensor hook on its output marks where its backward starts); :class:`Timer`, times.
 """
 
 from __future__ import annotations
@@ -27,6 +26,7 @@ from ..measure import LiveStorageCounter, _flatten
 from .allocator_meter import AllocatorMeter
 from ._loss_reach import seed_bytes
 from .inplace import MutationLog
+from .meta_targets import loss_on
 
 __all__ = ["NodeRecord", "Recorder", "Timer", "timing_noise", "paused_gc", "classify_module",
            "classify_function"]
@@ -214,7 +214,7 @@ class Recorder:
         self.current = "loss"
         self.counter.reset_peak()
         level0 = self.counter.live
-        loss = loss_fn(output)
+        loss = loss_on(loss_fn, output, self.resident)
         if not isinstance(loss, torch.Tensor) or loss.numel() != 1:
             raise ValueError("loss_fn must return a scalar tensor")
         if not loss.requires_grad:

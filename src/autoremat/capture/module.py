@@ -133,13 +133,11 @@ class _ModuleRecorder(Recorder):
         prev = self.owner.get(t.untyped_storage()._cdata)
         super().own(t, v)
         if self.lingering is not None:
-            if prev is not None and prev != v:
-                self.lingering.died(prev)
-            self.lingering.born(v)
+            self.lingering.owned(v, t.untyped_storage(), prev)
 
     def _disown(self, key: int, v: int) -> None:
         if self.lingering is not None and self.owner.get(key) == v:
-            self.lingering.died(v)
+            self.lingering.died(v, key)
         super()._disown(key, v)
 
     def _reader(self) -> int | str | None:
@@ -345,6 +343,8 @@ def profile_modules(
             handles.append(mod.register_forward_hook(rec.post_hook(path)))
         with rec.recording():
             out = model(*args, **kwargs)
+            if rec.lingering is not None:
+                rec.lingering.close()  # what dies from here on outlived the forward
             rec.mark_glue()
             rec.glue_enabled = False
             rec.settle_saves()

@@ -99,6 +99,13 @@ class _Trial:
             # batch-norm's training statistics need two rows: one row is no size to profile at
             logger.info("autoremat: the model does not train on a batch of 1 (%s)", err)
         except (RuntimeError, torch.OutOfMemoryError) as err:
+            if not is_oom(err) and size != self.batch:
+                raise RuntimeError(
+                    f"profiling at batch size {size} (of {self.batch}; the step does not fit the budget, so autoremat "
+                    f"times it at smaller batches cut along dimension {self.batch_dim} of the example inputs) failed: "
+                    f"{err}. A loss_fn that reads a tensor of the full batch it closes over (a target: "
+                    "lambda out: F.mse_loss(out.sample, noise)) cannot run there: slice it to the output's rows "
+                    "(noise[: out.sample.shape[0]]), or give a budget the whole step fits") from err
             if not is_oom(err):
                 raise
             logger.info("autoremat: profiling at batch size %d ran out of memory; trying smaller", size)
