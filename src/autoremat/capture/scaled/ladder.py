@@ -103,8 +103,8 @@ class _Trial:
                 raise RuntimeError(
                     f"profiling at batch size {size} (of {self.batch}; the step does not fit the budget, so autoremat "
                     f"times it at smaller batches cut along dimension {self.batch_dim} of the example inputs) failed: "
-                    f"{err}. A loss_fn that reads a tensor of the full batch it closes over (a target: "
-                    "lambda out: F.mse_loss(out.sample, noise)) cannot run there: slice it to the output's rows "
+                    f"{err}. If loss_fn reads a tensor of the full batch it closes over (a target: "
+                    "lambda out: F.mse_loss(out.sample, noise)), it cannot run there: slice it to the output's rows "
                     "(noise[: out.sample.shape[0]]), or give a budget the whole step fits") from err
             if not is_oom(err):
                 raise
