@@ -1,0 +1,147 @@
+"""A first distributed fit of Hugging Face models nobody wrote for us (Mistral with a sliding
+window and a ``labels`` loss; DistilBERT sequence classification with dropout), as a user would:
+Lightning ``ddp``/``FSDPStrategy``/``ModelParallelStrategy`` and Accelerate DDP and its FSDP
+plugin, gradients accumulated over two batches (``dist_trial_script.py``).
+
+Fast (one process): ``budget="min"`` and ``on_infeasible="min"`` under a sharded strategy (they
+raised before any plan), and a failure on rank zero of a sharded plan reaching the other ranks.
+Slow (two processes, gloo): the fits with and without autoremat give ``torch.equal`` weights,
+every rank runs one plan.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import types
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+import autoremat
+from autoremat.integrations import lightning as lit
+
+from _fsdp import process_group
+
+HERE = Path(__file__).resolve().parent
+
+
+def _mistral() -> tuple[torch.nn.Module, dict[str, torch.Tensor]]:
+    import transformers as T
+
+    torch.manual_seed(0)
+    cfg = T.MistralConfig(vocab_size=128, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                          num_attention_heads=4, num_key_value_heads=2, sliding_window=8, use_cache=False)
+    ids = torch.randint(0, 128, (2, 16), generator=torch.Generator().manual_seed(1))
+    return T.MistralForCausalLM(cfg), {"input_ids": ids, "labels": ids}
+
+
+def _fsdp_accelerator(version: int, layer: type) -> Any:
+    """What Accelerate's FSDP plugin looks like to ``prepare`` on one process (a GPU launch sets
+    it; on a CPU Accelerate runs ``MULTI_CPU``, see ``fsdp_accelerate_script.py``)."""
+    import contextlib
+
+    from accelerate import FullyShardedDataParallelPlugin
+    from accelerate.utils import DistributedType
+
+    plugin = FullyShardedDataParallelPlugin(fsdp_version=version, auto_wrap_policy="transformer_based_wrap",
+                                            transformer_cls_names_to_wrap=[layer.__name__])
+    return types.SimpleNamespace(distributed_type=DistributedType.FSDP, is_main_process=True, num_processes=1,
+                                 device=torch.device("cpu"), native_amp=False, mixed_precision="no",
+                                 autocast=contextlib.nullcontext,
+                                 state=types.SimpleNamespace(fsdp_plugin=plugin, deepspeed_plugin=None))
+
+
+@pytest.mark.parametrize("version", [1, 2])
+def test_least_plan_under_accelerate_fsdp(version: int) -> None:
+    """``budget="min"``, or a budget out of reach (a percentage, or bytes below the resident
+    ones) with ``on_infeasible="min"``, under the FSDP plugin: the least per-rank plan, the same
+    one whichever way it was asked for, recomputing something, the summary saying so. Raised
+    ``parse_budget``'s "give it to autoremat.solve" ``ValueError`` (``"min"``) or
+    ``InfeasibleBudgetError`` before."""
+    import autoremat.integrations.accelerate as ar
+
+    plans = []
+    for budget, on_infeasible in (("min", "error"), ("1%", "min"), ("1000", "min")):
+        model, kwargs = _mistral()
+        accelerator = _fsdp_accelerator(version, type(model.model.layers[0]))
+        with process_group():
+            ar.prepare(accelerator, model, (), kwargs, budget=budget, on_infeasible=on_infeasible,
+                       loss_fn=lambda out: out.loss)
+        plan = model.__dict__["_autoremat_patch"].plan
+        assert autoremat.is_patched(model) and plan.recompute_segments, budget
+        plans.append(plan.to_dict()["segments"])
+    assert plans[1] == plans[0] and plans[2] == plans[0]
+
+
+class _Strategy:
+    def __init__(self, answer: Any = None) -> None:
+        self.sent: list[Any] = []
+        self.answer = answer
+
+    def broadcast(self, obj: Any, src: int = 0) -> Any:
+        self.sent.append(obj)
+        return obj if self.answer is None else self.answer
+
+
+def _trainer(zero: bool, strategy: _Strategy) -> Any:
+    loop = types.SimpleNamespace(_combined_loader=object())
+    return types.SimpleNamespace(is_global_zero=zero, strategy=strategy, fit_loop=loop, _accelerator_connector=None)
+
+
+@pytest.mark.parametrize("kind", ["fsdp1", "fsdp2"])
+def test_rank_zero_tells_the_other_ranks_when_a_sharded_plan_fails(monkeypatch: pytest.MonkeyPatch, kind: str) -> None:
+    """Under FSDP every rank takes part in the capture, then the others wait for rank zero's plan
+    in a broadcast: rank zero's failure (an infeasible per-rank budget) is broadcast before it is
+    raised, so they stop with it. Before: it was raised without a word and the other ranks failed
+    with gloo's 'Connection closed by peer' (or waited, had rank zero's process lived on)."""
+    monkeypatch.setattr(lit, "strategy_kind", lambda trainer: kind)
+    cb = autoremat.AutoRemat(budget="50%", raise_batch_size=False, verbose=False)
+    cb._target = torch.nn.Linear(2, 2)
+
+    def boom(cb, trainer, pl_module, kind):  # type: ignore[no-untyped-def]
+        if trainer.is_global_zero:
+            raise autoremat.InfeasibleBudgetError(10, 20, solver="per-rank")
+        return None
+
+    monkeypatch.setattr(lit, "profile_and_solve_sharded", boom)
+    zero = _Strategy()
+    with pytest.raises(autoremat.InfeasibleBudgetError):
+        cb._fit_start(_trainer(True, zero), None)  # type: ignore[arg-type]
+    assert len(zero.sent) == 1 and zero.sent[0]["error"].startswith("InfeasibleBudgetError: ")
+    other = _Strategy(answer=zero.sent[0])
+    with pytest.raises(RuntimeError, match="rank 0 failed while planning, so every rank stops: InfeasibleBudget"):
+        cb._fit_start(_trainer(False, other), None)  # type: ignore[arg-type]
+    assert other.sent == [None]
+
+
+def _run(tmp_path: Path, *args: str) -> list[dict]:
+    env = {**os.environ, "AUTOREMAT_TEST_OUT": str(tmp_path),
+           "PYTHONPATH": os.pathsep.join(filter(None, (str(HERE), os.environ.get("PYTHONPATH"))))}
+    proc = subprocess.run([sys.executable, str(HERE / "dist_trial_script.py"), *args], env=env, capture_output=True,
+                          text=True, timeout=600, cwd=tmp_path)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    return [torch.load(tmp_path / f"rank{r}.pt", weights_only=False) for r in (0, 1)]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("engine,model,precision,budget", [("l-fsdp2", "mistral", "32", "min"),
+                                                           ("a-fsdp1", "distilbert", "bf16", "min")])
+def test_two_processes_equal_weights_one_plan(tmp_path: Path, engine: str, model: str, precision: str,
+                                              budget: str) -> None:
+    """Two ranks, two optimiser steps of two accumulated batches each: the weights at the end
+    ``torch.equal`` to the same run without autoremat on every rank, one plan on every rank, and
+    the plan recomputes something."""
+    (tmp_path / "a").mkdir()
+    (tmp_path / "b").mkdir()
+    plain = _run(tmp_path / "a", engine, model, precision, budget, "0")
+    ar = _run(tmp_path / "b", engine, model, precision, budget, "1")
+    assert ar[0]["plan"] is not None and any(s["recompute"] for s in ar[0]["plan"]["segments"])
+    for rank in (0, 1):
+        assert ar[rank]["plan"] == ar[0]["plan"]
+        assert ar[rank]["losses"] == plain[rank]["losses"]
+        assert list(ar[rank]["state"]) == list(plain[rank]["state"])
+        assert all(torch.equal(ar[rank]["state"][k], plain[rank]["state"][k]) for k in plain[rank]["state"]), rank
