@@ -171,7 +171,7 @@ def accelerate_run(rank: int, port: int, engine: str, name: str, precision: str,
     loader = torch.utils.data.DataLoader(data(name), batch_size=BATCH, shuffle=False)
     summary = None
     if use:
-        ids, labels = next(iter(loader))
+        ids, labels = data(name)[:BATCH]  # not next(iter(loader)): a loader's iterator draws from the RNG
         model = ar.prepare(accelerator, model, (), {"input_ids": ids, "labels": labels}, budget=budget,
                            optimizer=optimizer, loss_fn=lambda o: o.loss)
         summary = getattr(model, "_autoremat_patch", None)

@@ -145,3 +145,31 @@ def test_two_processes_equal_weights_one_plan(tmp_path: Path, engine: str, model
         assert ar[rank]["losses"] == plain[rank]["losses"]
         assert list(ar[rank]["state"]) == list(plain[rank]["state"])
         assert all(torch.equal(ar[rank]["state"][k], plain[rank]["state"][k]) for k in plain[rank]["state"]), rank
+
+
+@pytest.mark.parametrize("use_orig_params", [False, True])
+def test_fsdp1_root_wrapper_outside_the_target_counts_its_parameters(use_orig_params: bool) -> None:
+    """Lightning's ``FSDPStrategy`` wraps the LightningModule: the root flat parameter (the
+    target's embeddings, norm and head here) sits outside the module autoremat plans. The spec
+    counts it (``outer``) as the model's own unit, as the spec of the unwrapped model with the
+    same units does; before, ``""`` came out empty (``use_orig_params=False``), and with
+    ``use_orig_params=True`` (Lightning's default) the target's parameters, 1-D views of this
+    rank's shard, counted at their local size (two processes: ``test_two_processes_*``)."""
+    from torch.distributed.fsdp import FullyShardedDataParallel
+    from torch.distributed.fsdp.wrap import ModuleWrapPolicy
+
+    from autoremat.runtime.sharded_memory import sharding_spec
+
+    model, kwargs = _mistral()
+    graph = autoremat.capture(model, (), kwargs, loss_fn=lambda out: out.loss, repeats=1, warmup=0)
+    layers = {f"model.layers.{i}": m for i, m in enumerate(model.model.layers)}
+    want = sharding_spec(model, graph, units=layers, world=1, fsdp_version=1).unit_bytes
+    holder = torch.nn.Module()
+    holder.model = model
+    with process_group():
+        root = FullyShardedDataParallel(holder, auto_wrap_policy=ModuleWrapPolicy({type(model.model.layers[0])}),
+                                        device_id=torch.device("cpu"), use_orig_params=use_orig_params)
+        spec = sharding_spec(holder.model, graph, outer=root)
+    assert set(spec.unit_bytes) == set(want)
+    assert want[""] > 0 and all(abs(spec.unit_bytes[u] / want[u] - 1) < 0.01 for u in want), (spec.unit_bytes, want)
+    assert spec.extra["sharded_params"]

@@ -137,7 +137,8 @@ def profile_and_solve_sharded(cb: Any, trainer: "pl.Trainer", pl_module: "pl.Lig
     if not zero:
         return None
     assert graph is not None, "please report"
-    spec = sharding_spec(target, graph, fsdp_version=1 if kind == "fsdp1" else 2)
+    spec = sharding_spec(target, graph, fsdp_version=1 if kind == "fsdp1" else 2,
+                         outer=trainer.strategy.model if kind == "fsdp1" else None)
     ranked_graph = per_rank_graph(graph, spec)
     allocated = allocated_resident_bytes(pl_module, device=device, inputs=(args, kwargs), optimizers=trainer.optimizers)
     step_budget = "min" if wants_least(cb.budget, cb.on_infeasible, resident) else \
