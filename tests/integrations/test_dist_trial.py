@@ -128,13 +128,16 @@ def _run(tmp_path: Path, *args: str) -> list[dict]:
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("engine,model,precision,budget", [("l-fsdp2", "mistral", "32", "min"),
+@pytest.mark.parametrize("engine,model,precision,budget", [("l-fsdp1", "mistral", "32", "60%"),
+                                                           ("l-fsdp2", "mistral", "32", "min"),
                                                            ("a-fsdp1", "distilbert", "bf16", "min")])
 def test_two_processes_equal_weights_one_plan(tmp_path: Path, engine: str, model: str, precision: str,
                                               budget: str) -> None:
     """Two ranks, two optimiser steps of two accumulated batches each: the weights at the end
-    ``torch.equal`` to the same run without autoremat on every rank, one plan on every rank, and
-    the plan recomputes something."""
+    ``torch.equal`` to the same run without autoremat on every rank, one plan on every rank, the
+    plan recomputes something; under Lightning the summary's per-rank prediction within 10 % of
+    the step peak measured on each rank (FSDP1: 23 % under before the root wrapper's and the
+    ``use_orig_params`` views' bytes were counted)."""
     (tmp_path / "a").mkdir()
     (tmp_path / "b").mkdir()
     plain = _run(tmp_path / "a", engine, model, precision, budget, "0")
@@ -145,7 +148,9 @@ def test_two_processes_equal_weights_one_plan(tmp_path: Path, engine: str, model
         assert ar[rank]["losses"] == plain[rank]["losses"]
         assert list(ar[rank]["state"]) == list(plain[rank]["state"])
         assert all(torch.equal(ar[rank]["state"][k], plain[rank]["state"][k]) for k in plain[rank]["state"]), rank
-
+        if engine.startswith("l-"):
+            predicted = ar[rank]["summary"]["predicted_peak_bytes"]
+            assert abs(ar[rank]["peak"] / predicted - 1) <= 0.10, (rank, predicted, ar[rank]["peak"])
 
 @pytest.mark.parametrize("use_orig_params", [False, True])
 def test_fsdp1_root_wrapper_outside_the_target_counts_its_parameters(use_orig_params: bool) -> None:
