@@ -162,6 +162,8 @@ def accelerate_run(rank: int, port: int, engine: str, name: str, precision: str,
     if engine != "a-ddp":  # what a GPU launch would set (fsdp_accelerate_script.py)
         plugin = FullyShardedDataParallelPlugin(fsdp_version=int(engine[-1]), auto_wrap_policy="transformer_based_wrap",
                                                 transformer_cls_names_to_wrap=[type(layers(model)[0]).__name__])
+        if precision == "bf16" and os.environ.get("TRIAL_MP_POLICY") == "1":  # as Accelerator(mixed_precision=) does
+            plugin.set_mixed_precision("bf16")
         PartialState._shared_state["distributed_type"] = DistributedType.FSDP
         PartialState._shared_state["device"] = torch.device("cpu")
         accelerator.state.distributed_type = DistributedType.FSDP

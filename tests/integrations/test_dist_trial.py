@@ -130,14 +130,16 @@ def _run(tmp_path: Path, *args: str) -> list[dict]:
 @pytest.mark.slow
 @pytest.mark.parametrize("engine,model,precision,budget", [("l-fsdp1", "mistral", "32", "60%"),
                                                            ("l-fsdp2", "mistral", "32", "min"),
-                                                           ("a-fsdp1", "distilbert", "bf16", "min")])
+                                                           ("a-fsdp2", "mistral", "bf16", "60%")])
 def test_two_processes_equal_weights_one_plan(tmp_path: Path, engine: str, model: str, precision: str,
                                               budget: str) -> None:
     """Two ranks, two optimiser steps of two accumulated batches each: the weights at the end
     ``torch.equal`` to the same run without autoremat on every rank, one plan on every rank, the
     plan recomputes something; under Lightning the summary's per-rank prediction within 10 % of
     the step peak measured on each rank (FSDP1: 23 % under before the root wrapper's and the
-    ``use_orig_params`` views' bytes were counted)."""
+    ``use_orig_params`` views' bytes were counted). Accelerate's FSDP2 with ``mixed_precision``
+    and no policy casting the parameters: the model runs without autocast (captured under it
+    before, the first step stopped with "the module runs other ops")."""
     (tmp_path / "a").mkdir()
     (tmp_path / "b").mkdir()
     plain = _run(tmp_path / "a", engine, model, precision, budget, "0")
@@ -178,3 +180,19 @@ def test_fsdp1_root_wrapper_outside_the_target_counts_its_parameters(use_orig_pa
     assert set(spec.unit_bytes) == set(want)
     assert want[""] > 0 and all(abs(spec.unit_bytes[u] / want[u] - 1) < 0.01 for u in want), (spec.unit_bytes, want)
     assert spec.extra["sharded_params"]
+
+
+def test_accelerate_fsdp2_mixed_precision_policy_is_refused_before_any_work() -> None:
+    """``mixed_precision="bf16"`` gives the FSDP2 plugin a ``MixedPrecisionPolicy`` with
+    ``param_dtype`` bfloat16: the sharded model runs in bfloat16 without autocast, which the
+    plan is not made for (captured under autocast before, the first step stopped with "the
+    module runs other ops"). Refused in ``prepare``, the model left as it was."""
+    import autoremat.integrations.accelerate as ar
+    from autoremat.integrations._strategies import UnsupportedStrategyError
+
+    model, kwargs = _mistral()
+    accelerator = _fsdp_accelerator(2, type(model.model.layers[0]))
+    accelerator.state.fsdp_plugin.set_mixed_precision("bf16")
+    with process_group(), pytest.raises(UnsupportedStrategyError, match="fsdp_version=1.*mixed_precision='no'"):
+        ar.prepare(accelerator, model, (), kwargs, budget="90%", loss_fn=lambda out: out.loss)
+    assert not autoremat.is_patched(model) and all(p.dtype == torch.float32 for p in model.parameters())

@@ -20,8 +20,9 @@ model has or will have, and a plan solved for one rank (issue 21).
 
 from __future__ import annotations
 
+import contextlib
 import logging
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -37,7 +38,7 @@ from ..plan import Plan
 from ..cost import simulate
 
 __all__ = ["UnsupportedStrategyError", "deepspeed_refusal", "predicted_units", "PerRankPlan", "solve_per_rank",
-           "MAX_TRIES"]
+           "accelerate_units", "accelerate_fsdp_precision", "MAX_TRIES"]
 
 logger = logging.getLogger(__name__)
 
@@ -178,3 +179,26 @@ def accelerate_units(accelerator: Any, model: nn.Module) -> tuple[dict[str, nn.M
 
         policy = fsdp2_prepare_auto_wrap_policy(plugin, model)
     return predicted_units(model, policy, fsdp_version=version), version
+
+
+@contextlib.contextmanager
+def accelerate_fsdp_precision(accelerator: Any, model: nn.Module, version: int) -> Iterator[None]:
+    """The precision ``model`` runs in once ``accelerator.prepare`` has sharded it, for its
+    capture. FSDP1 (and no FSDP): ``accelerator.autocast()``, the forward wrapper Accelerate puts
+    on the model. FSDP2: no autocast (Accelerate's FSDP2 path does not wrap the forward; a capture
+    under autocast ran other ops than the sharded model does, and a plan keeping ops inside a
+    layer stopped the first step with "the module runs other ops"). A ``MixedPrecisionPolicy``
+    whose ``param_dtype`` is not the parameters' (what ``mixed_precision="bf16"`` gives the FSDP2
+    plugin) is refused: the model would run in that dtype, its plan is not made for it yet."""
+    if version != 2:
+        with accelerator.autocast():
+            yield
+        return
+    policy = getattr(getattr(accelerator.state, "fsdp_plugin", None), "mixed_precision_policy", None)
+    dtype = getattr(policy, "param_dtype", None)
+    if dtype is not None and any(p.is_floating_point() and p.dtype != dtype for p in model.parameters()):
+        raise UnsupportedStrategyError(
+            f"autoremat does not plan under Accelerate's FSDP2 plugin with mixed precision yet (its "
+            f"MixedPrecisionPolicy runs the model in {dtype}, without autocast): use fsdp_version=1 (autocast, "
+            "supported), or mixed_precision='no', or leave autoremat out of this run")
+    yield

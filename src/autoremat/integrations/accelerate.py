@@ -84,7 +84,7 @@ from ._atomic import Rollback
 from ._common import capture_blocks, is_percentage, step_budget_bytes
 from ._planning import BACK_OFF, CONFIRM_TRIES, as_plan, least_for, measured_step_peak, plan_within, profiling_budget, \
     wants_least
-from ._strategies import accelerate_units, solve_per_rank
+from ._strategies import accelerate_fsdp_precision, accelerate_units, solve_per_rank
 from .summary import print_summary, summarise
 
 __all__ = ["AutoRematConfig", "prepare", "budget_text"]
@@ -353,7 +353,7 @@ def _solve_sharded(accelerator: Any, model: nn.Module, example_args: Sequence[An
                               shard_over=world)
     limit = profile_limit_bytes(profiling_budget(cfg.budget, cfg.on_infeasible, resident), device=device,
                                 resident_bytes=resident)
-    with accelerator.autocast():
+    with accelerate_fsdp_precision(accelerator, model, version):  # as the sharded model will run
         graph = capture_within(model, args, kwargs, limit_bytes=limit, loss_fn=loss_fn or default_loss,
                                blocks=capture_blocks(cfg.solver),
                                repeats=cfg.profile_steps, times=cfg.times)
