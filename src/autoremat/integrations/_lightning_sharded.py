@@ -42,6 +42,7 @@ from ..per_rank import per_rank_graph
 from ..resident import allocated_resident_bytes, device_of, resident_bytes
 from ..cost import simulate
 from ._common import capture_blocks, step_budget_bytes
+from ._planning import profiling_budget, wants_least
 from ._strategies import UnsupportedStrategyError, deepspeed_refusal, solve_per_rank
 
 if TYPE_CHECKING:
@@ -126,7 +127,8 @@ def profile_and_solve_sharded(cb: Any, trainer: "pl.Trainer", pl_module: "pl.Lig
             args, kwargs, batch_bytes = cb._record_inputs(trainer, pl_module)
             resident += batch_bytes
             device = device_of(target, args, kwargs)
-            limit = profile_limit_bytes(cb.budget, device=device, resident_bytes=resident)
+            limit = profile_limit_bytes(profiling_budget(cb.budget, cb.on_infeasible, resident), device=device,
+                                        resident_bytes=resident)
             with trainer.precision_plugin.forward_context():
                 graph = capture_within(target, args, kwargs, limit_bytes=limit, loss_fn=loss_fn,
                                        blocks=capture_blocks(cb._solver_options(sharded=True)[0]),
@@ -135,14 +137,17 @@ def profile_and_solve_sharded(cb: Any, trainer: "pl.Trainer", pl_module: "pl.Lig
     if not zero:
         return None
     assert graph is not None, "please report"
-    spec = sharding_spec(target, graph, fsdp_version=1 if kind == "fsdp1" else 2)
+    spec = sharding_spec(target, graph, fsdp_version=1 if kind == "fsdp1" else 2,
+                         outer=trainer.strategy.model if kind == "fsdp1" else None)
     ranked_graph = per_rank_graph(graph, spec)
     allocated = allocated_resident_bytes(pl_module, device=device, inputs=(args, kwargs), optimizers=trainer.optimizers)
-    step_budget = step_budget_bytes(cb.budget, ranked_graph, device, resident, allocated)
+    step_budget = "min" if wants_least(cb.budget, cb.on_infeasible, resident) else \
+        step_budget_bytes(cb.budget, ranked_graph, device, resident, allocated)
     canon = canonical_trace(target, units_of(target)) if graph.meta.get("mode") == "fx" else None
     solve = (lambda g, b: cb._solve(g, b, sharded=True))
     ranked = solve_per_rank(graph, spec, step_budget, solve,
-                            (lambda p: snap_plan(p, canon)) if canon is not None else (lambda p: p))
+                            (lambda p: snap_plan(p, canon)) if canon is not None else (lambda p: p),
+                            on_infeasible=cb.on_infeasible)
     sim = simulate(per_rank_graph(graph, spec, ranked.cut), ranked.cut, check=False, record=False)
     batch = None
     from lightning.pytorch.utilities.parsing import lightning_getattr, lightning_hasattr
@@ -153,7 +158,7 @@ def profile_and_solve_sharded(cb: Any, trainer: "pl.Trainer", pl_module: "pl.Lig
     summary = {
         "solver": plan.solver, "segments": len(ranked.cut.segments), "recomputed": len(ranked.cut.recompute_segments),
         "graph_nodes": len(graph), "graph_mode": graph.meta["mode"],
-        "step_budget_bytes": step_budget, "resident_bytes": resident,
+        "step_budget_bytes": ranked.step_budget_bytes, "budget_note": ranked.note, "resident_bytes": resident,
         "unoptimised_peak_bytes": ranked.unoptimised_peak_bytes, "predicted_peak_bytes": sim.peak_bytes,
         "measured_peak_bytes": None,
         "predicted_overhead": sim.extra_time_s / max(sim.step_time_s - sim.extra_time_s, 1e-12),
@@ -164,4 +169,4 @@ def profile_and_solve_sharded(cb: Any, trainer: "pl.Trainer", pl_module: "pl.Lig
     if cb.raise_batch_size is False:
         summary["batch_size_not_raised"] = "raise_batch_size=False"
     return {"plan": plan.to_dict(), "batch_size": batch, "original_batch_size": batch,
-            "step_budget_bytes": step_budget, "summary": summary}
+            "step_budget_bytes": ranked.step_budget_bytes, "summary": summary}

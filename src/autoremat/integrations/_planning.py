@@ -38,8 +38,8 @@ from ..cost import unoptimised_peak_bytes
 from ..solvers import least_budget, solve
 from ._common import is_percentage, step_budget_bytes
 
-__all__ = ["plan_within", "as_plan", "cached_plan_misfit", "least_for", "measured_step_peak", "profiling_budget", "CONFIRM_TRIES",
-           "BACK_OFF"]
+__all__ = ["plan_within", "as_plan", "cached_plan_misfit", "least_for", "measured_step_peak", "profiling_budget",
+           "wants_least", "CONFIRM_TRIES", "BACK_OFF"]
 
 logger = logging.getLogger(__name__)
 
@@ -65,13 +65,16 @@ def _below_resident(budget: Any, resident: int) -> bool:
     return parse_budget(budget) <= int(resident)
 
 
+def wants_least(budget: Any, on_infeasible: str, resident: int) -> bool:
+    """Whether the plan will be the least one before any solve: ``budget="min"``, or a byte
+    budget below the resident bytes under ``on_infeasible="min"``."""
+    return is_min(budget) or (on_infeasible == "min" and _below_resident(budget, resident))
+
+
 def profiling_budget(budget: Any, on_infeasible: str, resident: int) -> Any:
     """The budget that limits profiling: ``"auto"`` where the plan will be the least one
-    (``budget="min"``, or a byte budget below the resident bytes under ``on_infeasible="min"``),
-    else ``budget``."""
-    if is_min(budget) or (on_infeasible == "min" and _below_resident(budget, resident)):
-        return "auto"
-    return budget
+    (:func:`wants_least`), else ``budget``."""
+    return "auto" if wants_least(budget, on_infeasible, resident) else budget
 
 
 def plan_within(graph: Graph, budget: Any, *, device: torch.device | str, resident: int, solver: str,

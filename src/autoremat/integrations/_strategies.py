@@ -20,14 +20,17 @@ model has or will have, and a plan solved for one rank (issue 21).
 
 from __future__ import annotations
 
+import contextlib
 import logging
-from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from collections.abc import Callable, Iterator, Mapping
+from dataclasses import dataclass, replace
 from typing import Any
 
 from torch import nn
 
 from .._fsdp import canonical_path
+from .._units import fmt_bytes
+from ..budget import is_min
 from ..errors import InfeasibleBudgetError
 from ..graph import Graph
 from ..per_rank import ShardingSpec, per_rank_graph
@@ -35,7 +38,7 @@ from ..plan import Plan
 from ..cost import simulate
 
 __all__ = ["UnsupportedStrategyError", "deepspeed_refusal", "predicted_units", "PerRankPlan", "solve_per_rank",
-           "MAX_TRIES"]
+           "accelerate_units", "accelerate_fsdp_precision", "MAX_TRIES"]
 
 logger = logging.getLogger(__name__)
 
@@ -87,45 +90,66 @@ def _recursive_choice(module: nn.Module, policy: Callable[..., bool], chosen: li
 @dataclass
 class PerRankPlan:
     """A plan solved for one rank: ``plan`` (to apply), ``cut`` (what runs: cut at the units),
-    the per-rank prediction, and how many solves it took."""
+    the per-rank prediction, how many solves it took, the step budget it was solved for
+    (``budget="min"`` or ``on_infeasible="min"``: the least reachable, its predicted peak) and a
+    note for the summary when the budget was not the one asked for."""
 
     plan: Plan
     cut: Plan
     predicted_peak_bytes: int
     unoptimised_peak_bytes: int
     tries: int
+    step_budget_bytes: int = 0
+    note: str | None = None
 
 
-def solve_per_rank(graph: Graph, spec: ShardingSpec, step_budget: int, solve: Callable[[Graph, int], Plan],
-                   cut: Callable[[Plan], Plan]) -> PerRankPlan:
+def solve_per_rank(graph: Graph, spec: ShardingSpec, step_budget: int | str, solve: Callable[[Graph, Any], Plan],
+                   cut: Callable[[Plan], Plan], *, on_infeasible: str = "error") -> PerRankPlan:
     """Solve ``graph`` for one rank under ``spec`` within ``step_budget`` (module docstring).
-    ``solve(per_rank_graph, budget)`` is the integration's solver call; ``cut(plan)`` maps a plan
-    onto the units (identity at module level)."""
+    ``solve(per_rank_graph, budget)`` is the integration's solver call (``budget`` bytes or
+    ``"min"``); ``cut(plan)`` maps a plan onto the units (identity at module level).
+    ``step_budget="min"``: the least plan the solver reaches on the per-rank graph, cut;
+    ``on_infeasible="min"``: that plan where no plan meets ``step_budget`` (said in a warning)."""
     from ..cost import unoptimised_peak_bytes
 
     ranked = per_rank_graph(graph, spec)
-    vanilla = unoptimised_peak_bytes(ranked)
+    vanilla = int(unoptimised_peak_bytes(ranked))
+
+    def judged(plan: Plan, tries: int, budget: int | None, note: str | None = None) -> PerRankPlan:
+        snapped = cut(plan)
+        peak = int(simulate(per_rank_graph(graph, spec, snapped), snapped, check=False, record=False).peak_bytes)
+        return PerRankPlan(plan, snapped, peak, vanilla, tries, peak if budget is None else budget, note)
+
+    if is_min(step_budget):
+        return judged(solve(ranked, "min"), 1, None, "budget='min': the least reachable")
     budget = int(step_budget)
-    best: tuple[int, Plan, Plan] | None = None
+    best: PerRankPlan | None = None
     for tries in range(1, MAX_TRIES + 1):
         try:
             plan = solve(ranked, budget)
         except InfeasibleBudgetError as err:
-            if best is None:
+            if best is None and on_infeasible != "min":
                 raise
             logger.info("autoremat: no plan under %d bytes (%s); keeping the closest one", budget, err)
             break
-        snapped = cut(plan)
-        peak = simulate(per_rank_graph(graph, spec, snapped), snapped, check=False, record=False).peak_bytes
-        if best is None or peak < best[0]:
-            best = (peak, plan, snapped)
-        if peak <= step_budget:
-            return PerRankPlan(plan, snapped, int(peak), int(vanilla), tries)
+        judge = judged(plan, tries, int(step_budget))
+        if best is None or judge.predicted_peak_bytes < best.predicted_peak_bytes:
+            best = judge
+        over = judge.predicted_peak_bytes - int(step_budget)
+        if over <= 0:
+            return judge
         logger.info("autoremat: the plan cut at the FSDP units predicts %d bytes per rank, %d over the budget; "
-                    "solving again %d bytes lower", peak, peak - step_budget, peak - step_budget)
-        budget -= max(peak - step_budget, 1)
+                    "solving again %d bytes lower", judge.predicted_peak_bytes, over, over)
+        budget -= max(over, 1)
+    if on_infeasible == "min":
+        least = judged(solve(ranked, "min"), MAX_TRIES + 1, None, f"asked {fmt_bytes(int(step_budget))}: unreachable")
+        logger.warning("autoremat: no plan meets the per-rank step budget of %s; planned at the least reachable, %s "
+                       "(on_infeasible='min')", fmt_bytes(int(step_budget)), fmt_bytes(least.predicted_peak_bytes))
+        if best is not None and best.predicted_peak_bytes < least.predicted_peak_bytes:  # the cut can reorder them
+            return replace(best, step_budget_bytes=best.predicted_peak_bytes, note=least.note)
+        return least
     assert best is not None, "please report"
-    raise InfeasibleBudgetError(step_budget, best[0], solver="per-rank (cut at FSDP units)")
+    raise InfeasibleBudgetError(int(step_budget), best.predicted_peak_bytes, solver="per-rank (cut at FSDP units)")
 
 
 def accelerate_units(accelerator: Any, model: nn.Module) -> tuple[dict[str, nn.Module], int] | None:
@@ -155,3 +179,26 @@ def accelerate_units(accelerator: Any, model: nn.Module) -> tuple[dict[str, nn.M
 
         policy = fsdp2_prepare_auto_wrap_policy(plugin, model)
     return predicted_units(model, policy, fsdp_version=version), version
+
+
+@contextlib.contextmanager
+def accelerate_fsdp_precision(accelerator: Any, model: nn.Module, version: int) -> Iterator[None]:
+    """The precision ``model`` runs in once ``accelerator.prepare`` has sharded it, for its
+    capture. FSDP1 (and no FSDP): ``accelerator.autocast()``, the forward wrapper Accelerate puts
+    on the model. FSDP2: no autocast (Accelerate's FSDP2 path does not wrap the forward; a capture
+    under autocast ran other ops than the sharded model does, and a plan keeping ops inside a
+    layer stopped the first step with "the module runs other ops"). A ``MixedPrecisionPolicy``
+    whose ``param_dtype`` is not the parameters' (what ``mixed_precision="bf16"`` gives the FSDP2
+    plugin) is refused: the model would run in that dtype, its plan is not made for it yet."""
+    if version != 2:
+        with accelerator.autocast():
+            yield
+        return
+    policy = getattr(getattr(accelerator.state, "fsdp_plugin", None), "mixed_precision_policy", None)
+    dtype = getattr(policy, "param_dtype", None)
+    if dtype is not None and any(p.is_floating_point() and p.dtype != dtype for p in model.parameters()):
+        raise UnsupportedStrategyError(
+            f"autoremat does not plan under Accelerate's FSDP2 plugin with mixed precision yet (its "
+            f"MixedPrecisionPolicy runs the model in {dtype}, without autocast): use fsdp_version=1 (autocast, "
+            "supported), or mixed_precision='no', or leave autoremat out of this run")
+    yield

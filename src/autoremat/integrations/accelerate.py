@@ -83,8 +83,8 @@ from ..solvers import check_solver, solve
 from ._atomic import Rollback
 from ._common import capture_blocks, step_budget_bytes
 from ._planning import (BACK_OFF, CONFIRM_TRIES, as_plan, cached_plan_misfit, least_for, measured_step_peak,
-                        plan_within, profiling_budget)
-from ._strategies import accelerate_units, solve_per_rank
+                        plan_within, profiling_budget, wants_least)
+from ._strategies import accelerate_fsdp_precision, accelerate_units, solve_per_rank
 from .summary import print_summary, summarise
 
 __all__ = ["AutoRematConfig", "prepare", "budget_text"]
@@ -351,22 +351,26 @@ def _solve_sharded(accelerator: Any, model: nn.Module, example_args: Sequence[An
     model.to(device)
     resident = resident_bytes(model, inputs=(args, kwargs), optimizers=[] if optimizer is None else [optimizer],
                               shard_over=world)
-    limit = profile_limit_bytes(cfg.budget, device=device, resident_bytes=resident)
-    with accelerator.autocast():
+    limit = profile_limit_bytes(profiling_budget(cfg.budget, cfg.on_infeasible, resident), device=device,
+                                resident_bytes=resident)
+    with accelerate_fsdp_precision(accelerator, model, version):  # as the sharded model will run
         graph = capture_within(model, args, kwargs, limit_bytes=limit, loss_fn=loss_fn or default_loss,
                                blocks=capture_blocks(cfg.solver),
                                repeats=cfg.profile_steps, times=cfg.times)
     graph.meta["output_kept"] = cfg.output_kept
     spec = sharding_spec(model, graph, units=units, world=world, fsdp_version=version)
-    step_budget = step_budget_bytes(cfg.budget.strip(), per_rank_graph(graph, spec), device, resident,
-                                    _allocated(model, args, kwargs, optimizer, device))
+    step_budget = "min" if wants_least(cfg.budget, cfg.on_infeasible, resident) else step_budget_bytes(
+        cfg.budget.strip(), per_rank_graph(graph, spec), device, resident,
+        _allocated(model, args, kwargs, optimizer, device))
     canon = canonical_trace(model, units) if graph.meta.get("mode") == "fx" else None
     ranked = solve_per_rank(graph, spec, step_budget, lambda g, b: solve(g, b, solver=cfg.solver),
-                            (lambda p: snap_plan(p, canon)) if canon is not None else (lambda p: p))
+                            (lambda p: snap_plan(p, canon)) if canon is not None else (lambda p: p),
+                            on_infeasible=cfg.on_infeasible)
     logger.info("autoremat: FSDP%d over %d processes, %d units: per-rank step peak %s bytes predicted "
                 "(unoptimised %s, budget %s, resident %s)", version, world, len(units), ranked.predicted_peak_bytes,
-                ranked.unoptimised_peak_bytes, step_budget, resident)
-    summary = summarise(ranked.plan, None, step_budget=step_budget, resident=resident,
+                ranked.unoptimised_peak_bytes, ranked.step_budget_bytes, resident)
+    summary = summarise(ranked.plan, None, step_budget=ranked.step_budget_bytes, resident=resident,
+                        budget_note=ranked.note,
                         source=f"profiled (FSDP{version}, per rank over {world} processes)", not_raised=_NOT_RAISED)
     summary["predicted_peak_bytes"] = ranked.predicted_peak_bytes
     summary["unoptimised_peak_bytes"] = ranked.unoptimised_peak_bytes

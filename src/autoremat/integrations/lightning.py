@@ -313,15 +313,16 @@ class AutoRemat(Callback):
         if trainer.fit_loop._combined_loader is None:
             trainer.fit_loop.setup_data()  # every rank: it synchronises under DDP
         payload, kind = None, strategy_kind(trainer)
-        if kind in SHARDED:  # every rank takes part (the full parameters are gathered for rank zero's capture)
-            payload = profile_and_solve_sharded(self, trainer, pl_module, kind)
-        elif trainer.is_global_zero:
-            try:
+        try:  # sharded: every rank takes part (the full parameters are gathered for rank zero's capture)
+            if kind in SHARDED:
+                payload = profile_and_solve_sharded(self, trainer, pl_module, kind)
+            elif trainer.is_global_zero:
                 payload = reuse_given(self, trainer, pl_module) if self.given_plan is not None else \
                     self._profile_and_solve(trainer, pl_module)
-            except Exception as err:  # the other ranks wait in the broadcast: tell them, then raise
+        except Exception as err:  # the other ranks wait in the broadcast: tell them, then raise
+            if trainer.is_global_zero:
                 trainer.strategy.broadcast({"error": f"{type(err).__name__}: {err}"}, src=0)
-                raise
+            raise
         payload = trainer.strategy.broadcast(payload, src=0)
         if "error" in payload:
             raise RuntimeError(f"AutoRemat: rank 0 failed while planning, so every rank stops: {payload['error']}")
@@ -335,8 +336,7 @@ class AutoRemat(Callback):
                 reset_dataloaders(trainer)
         if not is_patched(self._target):
             apply(self._target, plan, regions=self.regions)
-        self.plan = plan
-        self.batch_size = payload["batch_size"]
+        self.plan, self.batch_size = plan, payload["batch_size"]
         self.original_batch_size = payload["original_batch_size"]
         self.step_budget_bytes = payload["step_budget_bytes"]
         self.summary = payload["summary"]

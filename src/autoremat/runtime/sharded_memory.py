@@ -10,7 +10,7 @@ budget before ``accelerator.prepare`` or a Lightning strategy shards the model.
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 
 from torch import nn
 
@@ -35,9 +35,13 @@ def _padded_bytes(p: nn.Parameter, world: int) -> int:
     return int(rows * math.prod(shape[1:]) * p.element_size())
 
 
-def unit_param_bytes(model: nn.Module, units: Mapping[str, nn.Module], world: int) -> dict[str, int]:
+def unit_param_bytes(model: nn.Module, units: Mapping[str, nn.Module], world: int,
+                     outer: nn.Module | None = None) -> dict[str, int]:
     """Unsharded bytes of the parameters each unit owns (not a unit's inside it); ``""``: the
-    model's own (those in no unit)."""
+    model's own (those in no unit). FSDP1 units count their flat parameter (with
+    ``use_orig_params``, Lightning's default, the original parameters are 1-D views of this
+    rank's shard, of another size on each rank), also the one of a wrapper outside ``model``
+    in ``outer`` (Lightning's root wrapper around the LightningModule: ``""``)."""
     owner: dict[int, str] = {}
     for path in sorted(units, key=lambda p: p.count(".") if p else -1):  # outer first, inner units win
         for p in units[path].parameters():
@@ -45,6 +49,9 @@ def unit_param_bytes(model: nn.Module, units: Mapping[str, nn.Module], world: in
     out: dict[str, int] = {path: 0 for path in units}
     out[""] = 0
     seen: set[int] = set()
+    for path, flat in _fsdp1_flat_parameters(model, outer):
+        out[path if path in out else ""] += local_tensor(flat).numel() * flat.element_size() * world
+        seen.update([id(flat), *(id(p) for p in getattr(flat, "_params", None) or ())])
     for p in model.parameters():
         if id(p) in seen:
             continue
@@ -53,12 +60,26 @@ def unit_param_bytes(model: nn.Module, units: Mapping[str, nn.Module], world: in
     return out
 
 
+def _fsdp1_flat_parameters(model: nn.Module, outer: nn.Module | None) -> Iterator[tuple[str, nn.Parameter]]:
+    """``(canonical path of the wrapper, its flat parameter)`` of every FSDP1 wrapper in
+    ``model`` and in ``outer`` (``""`` for those outside ``model``)."""
+    inside = {id(m): canonical_path(path) for path, m in model.named_modules()}
+    wrappers = [*model.modules(), *(m for m in (outer.modules() if outer is not None else ()) if id(m) not in inside)]
+    for m in wrappers:
+        handle = getattr(m, "_handle", None) if is_fsdp1(m) else None
+        if handle is not None and handle.flat_param is not None:
+            yield inside.get(id(m), ""), handle.flat_param
+
+
 def sharding_spec(model: nn.Module, graph: Graph, *, units: Mapping[str, nn.Module] | None = None,
-                  world: int | None = None, root_sharded: bool = True, fsdp_version: int | None = None) -> ShardingSpec:
+                  world: int | None = None, root_sharded: bool = True, fsdp_version: int | None = None,
+                  outer: nn.Module | None = None) -> ShardingSpec:
     """The sharding of ``model`` in ``graph``'s terms (a capture of it). ``units``: the units by
     canonical path (default: the model's FSDP units); ``world``: the world size (default: the
-    default process group's)."""
+    default process group's); ``outer``: the module ``model`` sits in when an FSDP1 wrapper
+    outside ``model`` shards its parameters (Lightning's ``FSDPStrategy``: the strategy's model)."""
     world = world_size(model) if world is None else int(world)
+    outer = model if outer is None else outer
     model = inner_module(model)  # an FSDP1 root wrapper: the module it wraps
     found = units_of(model) if units is None else dict(units)
     version = fsdp_version or (1 if any(is_fsdp1(m) for m in found.values()) else 2)
@@ -73,10 +94,11 @@ def sharding_spec(model: nn.Module, graph: Graph, *, units: Mapping[str, nn.Modu
         for u in chain:
             spans.setdefault(u, v)
     order = tuple(sorted(spans, key=lambda u: spans[u]))
-    sizes = unit_param_bytes(model, found, world)
+    sizes = unit_param_bytes(model, found, world, outer)
     return ShardingSpec(world_size=world, units=order, unit_bytes=sizes, node_units=tuple(node_units),
                         root_sharded=root_sharded, fsdp_version=version,
                         extra={"sharded_params": any(is_sharded_tensor(p) or hasattr(p, "_fqns")
+                                                     or getattr(p, "_fsdp_flattened", False)
                                                      for p in model.parameters())})
 
 
