@@ -89,17 +89,24 @@ def _fake_trainer(zero: bool, strategy: _Strategy) -> Any:
                                  _accelerator_connector=None)
 
 
-def test_rank_zero_tells_the_other_ranks_when_planning_fails(monkeypatch: pytest.MonkeyPatch) -> None:
-    """Under DDP the other ranks wait for rank 0's plan in a broadcast: a failure on rank 0 is
-    broadcast before it is raised, so they stop with it instead of hanging."""
-    monkeypatch.setattr(lit, "strategy_kind", lambda trainer: "ddp")
+@pytest.mark.parametrize("kind", ["ddp", "fsdp1", "fsdp2"])
+def test_rank_zero_tells_the_other_ranks_when_planning_fails(monkeypatch: pytest.MonkeyPatch, kind: str) -> None:
+    """The other ranks wait for rank 0's plan in a broadcast: a failure on rank 0 is broadcast
+    before it is raised, so they stop with it instead of hanging. Under FSDP every rank takes
+    part in the capture first (before: rank 0's failure was raised without a word there, and the
+    other ranks failed with gloo's 'Connection closed by peer', or waited had its process lived)."""
+    monkeypatch.setattr(lit, "strategy_kind", lambda trainer: kind)
     cb = autoremat.AutoRemat(budget="60%", raise_batch_size=False, verbose=False)
     cb._target = torch.nn.Linear(2, 2)
 
-    def boom(trainer, pl_module):  # type: ignore[no-untyped-def]
-        raise ValueError("budget='60%' is below the least step peak")
+    def boom(trainer: Any, *args: Any) -> None:
+        if trainer.is_global_zero:
+            raise ValueError("budget='60%' is below the least step peak")
 
-    monkeypatch.setattr(cb, "_profile_and_solve", boom)
+    if kind == "ddp":
+        monkeypatch.setattr(cb, "_profile_and_solve", boom)
+    else:
+        monkeypatch.setattr(lit, "profile_and_solve_sharded", lambda cb, trainer, *args: boom(trainer))
     zero = _Strategy()
     with pytest.raises(ValueError, match="below the least step peak"):
         cb._fit_start(_fake_trainer(True, zero), None)  # type: ignore[arg-type]
@@ -107,3 +114,4 @@ def test_rank_zero_tells_the_other_ranks_when_planning_fails(monkeypatch: pytest
     other = _Strategy(answer=zero.sent[0])
     with pytest.raises(RuntimeError, match="rank 0 failed while planning, so every rank stops: ValueError"):
         cb._fit_start(_fake_trainer(False, other), None)  # type: ignore[arg-type]
+    assert other.sent == [None]

@@ -139,11 +139,17 @@ def _unet2d(dropout: float = 0.1, batch: int = 4, size: int = 16) -> tuple[nn.Mo
         sample_size=size, in_channels=3, out_channels=3, layers_per_block=1, block_out_channels=(32, 64),
         down_block_types=("DownBlock2D", "AttnDownBlock2D"), up_block_types=("AttnUpBlock2D", "UpBlock2D"),
         norm_num_groups=8, dropout=dropout).train()
-    g = torch.Generator().manual_seed(1)
-    x = torch.randn(batch, 3, size, size, generator=g)
-    t = torch.randint(0, 1000, (batch,), generator=g)
-    noise = torch.randn(batch, 3, size, size, generator=g)
+    x, t, noise, _ = _diffusion_batch(batch, 3, size)
     return unet, (x, t), {}, lambda out: F.mse_loss(out.sample.float(), noise)
+
+
+def _diffusion_batch(batch: int, channels: int, size: int) -> tuple[torch.Tensor, ...]:
+    """Latents, timesteps, the noise target and text embeddings (8 tokens of 32), seeded."""
+    g = torch.Generator().manual_seed(1)
+    x = torch.randn(batch, channels, size, size, generator=g)
+    t = torch.randint(0, 1000, (batch,), generator=g)
+    cond = torch.randn(batch, 8, 32, generator=g)
+    return x, t, torch.randn(batch, channels, size, size, generator=g), cond
 
 
 def _cond_unet(dropout: float = 0.1, batch: int = 4, size: int = 16) -> tuple[nn.Module, tuple, dict, Any]:
@@ -153,11 +159,7 @@ def _cond_unet(dropout: float = 0.1, batch: int = 4, size: int = 16) -> tuple[nn
         sample_size=size, in_channels=4, out_channels=4, layers_per_block=1, block_out_channels=(32, 64),
         down_block_types=("CrossAttnDownBlock2D", "DownBlock2D"), up_block_types=("UpBlock2D", "CrossAttnUpBlock2D"),
         cross_attention_dim=32, attention_head_dim=8, norm_num_groups=8, dropout=dropout).train()
-    g = torch.Generator().manual_seed(1)
-    x = torch.randn(batch, 4, size, size, generator=g)
-    t = torch.randint(0, 1000, (batch,), generator=g)
-    cond = torch.randn(batch, 8, 32, generator=g)
-    noise = torch.randn(batch, 4, size, size, generator=g)
+    x, t, noise, cond = _diffusion_batch(batch, 4, size)
     return unet, (x, t), {"encoder_hidden_states": cond}, lambda out: F.mse_loss(out.sample.float(), noise)
 
 
