@@ -5,8 +5,8 @@
 logging why. The model is left exactly as it was, whether capture succeeds or raises: RNG
 state, buffers (batch-norm running statistics, counters a traced forward bumps, a ``grad_fn`` a
 traced in-place update attaches), ``.grad`` (set to ``None`` while profiling, so nothing is
-accumulated into it), ``requires_grad`` and ``training`` flags are restored
-(:func:`~autoremat.capture._recorder.preserved_state`). The graph's meta records the shapes and
+accumulated into it), ``requires_grad`` and ``training`` flags and the modules' own attributes are restored
+(:func:`~autoremat.capture.preserved.preserved_state`). The graph's meta records the shapes and
 dtypes of parameters and buffers (``tensors``) and of the example batch (``inputs``), see
 :mod:`autoremat.capture.signature`.
 

@@ -44,12 +44,13 @@ _OWN = ("_parameters", "_buffers", "_modules")  # preserved_state's
 
 
 @contextlib.contextmanager
-def preserved_state(model: torch.nn.Module, devices: list[torch.device], attributes: bool = True) -> Iterator[None]:
+def preserved_state(model: torch.nn.Module, devices: list[torch.device], attributes: bool = True,
+                    private_root: bool = False) -> Iterator[None]:
     """Leave the model exactly as it was, whether the block succeeds or raises: RNG, buffers
     (the same objects, their values, ``requires_grad`` and no ``grad_fn``: a traced in-place
     buffer update can attach one), parameters (the same objects, ``requires_grad``, ``.grad``),
-    every module's ``training`` flag and (``attributes``) :func:`kept_attributes`: off where the
-    block patches the model itself."""
+    every module's ``training`` flag and (``attributes``) :func:`kept_attributes` (with
+    ``private_root``): off where the block patches the model itself."""
     modules = list(model.modules())
     held = [(m, dict(m._buffers), dict(m._parameters), m.training) for m in modules]
     buffers = {id(b): (b, b.detach().clone(), b.requires_grad) for _m, bufs, _p, _t in held
@@ -58,7 +59,8 @@ def preserved_state(model: torch.nn.Module, devices: list[torch.device], attribu
     for p, _grad, _rg in params.values():
         p.grad = None  # backward would accumulate into the user's .grad tensors in place
     cuda_devices = [d for d in devices if d.type == "cuda"]
-    with torch.random.fork_rng(devices=cuda_devices), kept_attributes(model) if attributes else contextlib.nullcontext():
+    with torch.random.fork_rng(devices=cuda_devices), \
+            kept_attributes(model, private_root=private_root) if attributes else contextlib.nullcontext():
         try:
             yield
         finally:

@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 from torch import nn
 
-from ..capture.preserved import kept_attributes, preserved_state
+from ..capture.preserved import preserved_state
 from ..capture.scaled.limits import is_oom
 from ..errors import InfeasibleBudgetError
 from ..graph import Graph
@@ -107,8 +107,8 @@ def _own_step(trainer: "pl.Trainer", pl_module: "pl.LightningModule", device: to
     its submodules' other attributes, the LightningModule's private ones too:
     :func:`~autoremat.capture.preserved.kept_attributes`), no gradients, ``self.log`` silenced,
     under the trainer's precision."""
-    with kept_attributes(pl_module, private_root=True), preserved_state(pl_module, [device], attributes=False), \
-            torch.no_grad(), silenced_logging(pl_module), trainer.precision_plugin.forward_context():
+    with preserved_state(pl_module, [device], private_root=True), torch.no_grad(), silenced_logging(pl_module), \
+            trainer.precision_plugin.forward_context():
         yield
 
 

@@ -167,7 +167,7 @@ def measured_step_peak(target: nn.Module, args: tuple, kwargs: dict, loss_fn: Ca
     """One forward+backward of ``target``, ``context()`` around the forward and the loss (the
     trainer's precision plugin wraps ``training_step`` so), the returned object kept through
     backward with ``keep_output`` (:func:`~autoremat.measure.run_step`); returns its step peak.
-    RNG, buffers and gradients are put back (:func:`~autoremat.capture._recorder.preserved_state`),
+    RNG, buffers and gradients are put back (:func:`~autoremat.capture.preserved.preserved_state`),
     so training is unaffected.
     On the CPU: :func:`~autoremat.measure.counted_step_peak` (it keeps a compiled model compiling)."""
     device = device_of(target, args, kwargs)

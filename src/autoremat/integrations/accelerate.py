@@ -396,7 +396,7 @@ def _decide(accelerator: Any, model: nn.Module, args: tuple, kwargs: dict, cfg: 
                                                                cfg.calls_per_step)
         if misfit is not None:
             logger.warning("autoremat: %s", misfit)
-        if entry is not None and misfit is None:
+        elif entry is not None:
             progress.line(f"reusing the cached plan {cache.path(key)} (no profiling)")
             return {**entry, "summary": {**entry["summary"], "source": f"cache ({cache.path(key).name})",
                                          "measured_peak_bytes": None}}
