@@ -66,6 +66,8 @@ class LiveStorageCounter(TorchDispatchMode):
         self.live = 0
         self._peak = 0
         self._seen: dict[int, int] = {}
+        self.made = 0
+        """Storages counted so far (each once, when made)."""
         self._born: dict[int, tuple[str, int]] = {}
         """Storage key -> the autograd node that made it (storages made in backward only)."""
         self._pending: tuple[int, int, tuple[int, ...]] | None = None
@@ -166,6 +168,7 @@ class LiveStorageCounter(TorchDispatchMode):
                     continue
                 nbytes = st.nbytes()
                 self._seen[key] = nbytes
+                self.made += 1
                 if made is not None:
                     self._born[key] = made
                 self.live += nbytes

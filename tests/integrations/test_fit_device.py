@@ -146,6 +146,71 @@ def test_lightning_fx_unet_fits_the_device(tmp_path: Path, caplog: pytest.LogCap
     _fit_on_device(_unet, 1, tmp_path, caplog, check_baseline=True, ratio=UNET_RATIO)
 
 
+class _LitWideInput(pl.LightningModule):
+    """A conv net whose batch (32 channels in) outweighs its step's activations (4 channels): a
+    device with room for one batch beside the step has none for two."""
+
+    def __init__(self, batch_size: int = 8, samples: int = 32) -> None:
+        super().__init__()
+        layers: list[nn.Module] = [nn.Conv2d(32, 4, 1)]
+        for _ in range(6):
+            layers += [nn.ReLU(), nn.Conv2d(4, 4, 3, padding=1)]
+        self.model = nn.Sequential(*layers)
+        self.batch_size = batch_size
+        self.images = torch.randn(samples, 32, 32, 32, generator=torch.Generator().manual_seed(0))
+
+    def training_step(self, batch, batch_idx):  # type: ignore[no-untyped-def]
+        (x,) = batch
+        return self.model(x).mean()
+
+    def configure_optimizers(self):  # type: ignore[no-untyped-def]
+        return torch.optim.SGD(self.parameters(), lr=0.05, momentum=0.9)
+
+    def train_dataloader(self) -> DataLoader:
+        return DataLoader(TensorDataset(self.images), batch_size=self.batch_size)
+
+
+def test_lightning_holds_one_batch_at_a_time_while_planning(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    """The profiling batch is let go before the measured step loads its own: the device has room
+    for one batch (an H200 run ran out loading the second batch of 48 MiB under its cap)."""
+    _fit_on_device(_LitWideInput, 1, tmp_path, caplog, ratio=1.4)
+
+
+def test_a_failed_confirming_step_leaves_nothing_on_the_device(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The confirming step runs out of memory in the forward (as on an H200, where a prediction
+    missed a workspace): the retry starts with the device as it was before the failed try (no
+    activation of it kept), plans again below, and the fit ends with no out-of-memory error of
+    the device; the final message would name every try."""
+    import autoremat.integrations.lightning as lightning_cb
+
+    torch.manual_seed(0)
+    capacity = _capacity(_LitWideInput(), 1, 1.2)  # room to plan again at 85 %
+    torch.manual_seed(0)
+    lit = _LitWideInput()
+    device = SimulatedDevice(capacity, [*lit.parameters(), *lit.buffers()])
+    original, levels = lightning_cb.trial_step, []
+
+    def failing_once(target, args, kwargs, loss_fn, trainer):  # type: ignore[no-untyped-def]
+        levels.append(device.live)
+        if len(levels) > 1:
+            return original(target, args, kwargs, loss_fn, trainer)
+
+        def oom(module, inputs, output):  # type: ignore[no-untyped-def]
+            raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 MiB (simulated)")
+        handle = list(target.children())[-1].register_forward_hook(oom)
+        try:
+            return original(target, args, kwargs, loss_fn, trainer)
+        finally:
+            handle.remove()
+
+    monkeypatch.setattr(lightning_cb, "trial_step", failing_once)
+    cb = autoremat.AutoRemat(budget=capacity, module="model", raise_batch_size=False, verbose=False)
+    with pytest.warns(UserWarning, match="ran out of memory although its predicted peak"), device:
+        _trainer([cb], tmp_path).fit(lit)
+    assert len(levels) == 2 and levels[1] <= levels[0], levels
+    assert device.ooms == 0, device.failed_ops
+
+
 class _OOMsInTraining(pl.Callback):
     """Out-of-memory errors of the device during training steps (the batch-size search before
     them may run into some on purpose: a trial step that does not fit backs off)."""
@@ -421,7 +486,7 @@ def test_gpu_accelerate_unet_under_a_memory_fraction() -> None:
     peak = measure(copy.deepcopy(model), (x,), steps=1, warmup=0).peak_bytes
     torch.cuda.empty_cache()
     params = sum(p.numel() * p.element_size() for p in model.parameters())
-    cap = torch.cuda.memory_reserved() + 2 * params + int(peak / UNET_RATIO)
+    cap = torch.cuda.memory_reserved() + 2 * params + int(peak / GPU_UNET_RATIO)
     torch.cuda.set_per_process_memory_fraction(cap / torch.cuda.get_device_properties(0).total_memory)
     peaks = []
     try:

@@ -38,7 +38,7 @@ class _TwoViews(pl.LightningModule):
         (x,) = batch
         z1 = F.normalize(self.encoder(x), dim=1)
         z2 = F.normalize(self.encoder(torch.flip(x, dims=[3])), dim=1)
-        loss = F.cross_entropy(z1 @ z2.t() / 0.1, torch.arange(x.shape[0]))
+        loss = F.cross_entropy(z1 @ z2.t() / 0.1, torch.arange(x.shape[0], device=x.device))
         self.seen["rows"].append(x.shape[0])
         self.steps += 1
         if self.automatic_optimization:

@@ -64,9 +64,12 @@ def test_a_step_that_never_fits_ends_in_a_clear_error(tmp_path: Path, monkeypatc
     model = LitClassifier()
     before = {k: v.clone() for k, v in model.state_dict().items()}
     cb = autoremat.AutoRemat(budget="auto", module="model", raise_batch_size=False, verbose=False)
-    with pytest.warns(UserWarning), pytest.raises(torch.OutOfMemoryError, match="AUTOREMAT_MARGIN"):
+    with pytest.warns(UserWarning), pytest.raises(torch.OutOfMemoryError, match="AUTOREMAT_MARGIN") as err:
         _trainer(cb, tmp_path).fit(model)
     assert len(calls) == steps.CONFIRM_TRIES
+    # every try named with its budget and its error (an H200 run said only the last one's)
+    budgets = [budget for budget, _ in calls]
+    assert all(f"{i + 1}) {b} bytes: " in str(err.value) for i, b in enumerate(budgets)), str(err.value)
     assert not autoremat.is_patched(model.model)
     assert all(torch.equal(v, before[k]) for k, v in model.state_dict().items())
 

@@ -218,10 +218,10 @@ def test_measured_peak_of_offloaded_checkpoints_with_the_host_tier(name: str):
 # ---------------------------------------------------------------- GPU checks (run with -m gpu)
 
 
-def _cuda_case(name: str, budget_fraction: float, solver: str):
+def _cuda_case(name: str, budget_fraction: float, solver: str, batch_size: int = 32):
     from autoremat.offload.bandwidth import measure_bandwidth
 
-    model, args = autoremat.zoo.build(name, size="small", batch_size=32, device="cuda")
+    model, args = autoremat.zoo.build(name, size="small", batch_size=batch_size, device="cuda")
     g = autoremat.capture(model, args)
     g.meta["bandwidth_bytes_per_s"] = measure_bandwidth()
     unpatched = simulate(g, autoremat.cost.no_recompute_plan(g)).peak_bytes
@@ -246,8 +246,8 @@ def test_dag_plans_on_cuda_measure_the_predicted_peak(name: str, solver: str):
     # did on an H200: the U-Net's plan recomputed one segment), and its plan is checked as it is.
     assert plan.offload if solver == "offload-dag" else (plan.offload or plan.recompute_segments)
     before = measure(model, args).peak_bytes
-    stats = run_and_compare(model, args, g, plan)
-    check_bookkeeping(g, plan, stats)
+    if plan.offload:  # a plan that only recomputes has no offloader to keep books
+        check_bookkeeping(g, plan, run_and_compare(model, args, g, plan))
     autoremat.apply(model, plan)
     try:
         after = measure(model, args).peak_bytes
@@ -263,7 +263,10 @@ def test_copies_overlap_compute_on_cuda():
     overlaps a kernel in time (CUDA profiler trace), and prefetches ran ahead of their use."""
     from torch.profiler import ProfilerActivity, profile
 
-    model, args, g, plan = _cuda_case("unet", 0.6, "offload-dag")
+    # batch 128: kernels long enough to keep the GPU busy while copies run. At batch 32, beside 15
+    # other test processes, no copy overlapped a kernel on an H200 (2026-11-28); a likely cause, not
+    # established: each kernel ended before the CPU launched the next, leaving nothing to overlap
+    model, args, g, plan = _cuda_case("unet", 0.6, "offload-dag", batch_size=128)
     autoremat.apply(model, plan)
     try:
         run_step(model, args)  # warm up

@@ -171,6 +171,49 @@ def test_a_call_whose_output_is_offloaded_too_and_saved_by_itself():
     assert measured < simulate(g, base).peak_bytes
 
 
+class _SeedOnAnotherDevice(torch.autograd.Function):
+    """Saves, beside its input, a scalar on another device than the call's, as memory-efficient
+    attention saves its CPU random seed in a CUDA call (here a meta tensor in a CPU call)."""
+
+    @staticmethod
+    def forward(ctx, x: torch.Tensor) -> torch.Tensor:  # type: ignore[no-untyped-def, override]
+        ctx.save_for_backward(x, torch.empty((), dtype=torch.int64, device="meta"))
+        return x * x
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor) -> torch.Tensor:  # type: ignore[no-untyped-def, override]
+        x, seed = ctx.saved_tensors
+        assert seed.device.type == "meta", seed.device  # given back as it was saved
+        return 2 * x * grad
+
+
+class _SeededBlock(torch.nn.Module):
+    def __init__(self, width: int) -> None:
+        super().__init__()
+        self.a = torch.nn.Linear(width, width)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.tanh(_SeedOnAnotherDevice.apply(self.a(x)))
+
+
+def test_a_saved_tensor_on_another_device_stays_out_of_the_unit():
+    """A unit is copied to the host and fetched back to the call's device: a saved tensor on
+    another device (the CPU seed of CUDA attention) stays as it is. Before, it went into the unit
+    and came back on the call's device (here: the host copy failed on the meta tensor). On an H200
+    a GPT-2 plan with units crashed its process (segmentation fault); a CPU seed fetched back as a
+    CUDA tensor is the suspected cause, not yet confirmed on a GPU."""
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(*[_SeededBlock(16) for _ in range(3)], torch.nn.Linear(16, 2))
+    x = torch.randn(8, 16)
+    g = autoremat.capture(model, (x,), mode="module", repeats=1, warmup=0, blocks="module")
+    plan = units_plan(g)
+    assert plan.offload_saved
+    stats = offloaded_step(model, (x,), plan)
+    # the capture counts the seed's 8 bytes among the block's saved bytes; the unit leaves it out
+    assert stats.unit_bytes == {v: g.node(v)["extra_saved_bytes"] - 8 for v in plan.offload_saved}
+    measured_with_host_tier(model, (x,), plan)  # the host copy: no meta tensor in it
+
+
 def test_a_plan_naming_a_glue_op_is_refused_and_nothing_is_patched():
     """``offload_saved`` naming a node that is not a module call (a glue op here; validate_plan
     refuses it too): apply raises before the model is patched, and a failure part-way is rolled

@@ -84,7 +84,7 @@ class Recorder:
         self.resident: set[int] = {_storage_key(t) for t in resident}
         self.counter = LiveStorageCounter()
         self.workspace = AllocatorMeter(next((t.device for t in resident if t.device.type == "cuda"), None),
-                                        live=lambda: self.counter.live)
+                                        live=lambda: self.counter.live, made=lambda: self.counter.made)
         self.current: int | str | None = None
         self._level0 = 0
         self._packed: list[tuple[int | str | None, int, int]] = []
@@ -183,8 +183,7 @@ class Recorder:
             rec.alias_of = next(iter(roots))
         rec.requires_grad = any(t.requires_grad for t in outs)
         self.settle_saves()
-        rec.fwd_temp_bytes = max(0, max(peak_delta, self.workspace.peak_delta())
-                                 - rec.alloc_bytes - rec.extra_saved_bytes)
+        rec.fwd_temp_bytes = max(0, self.workspace.over(peak_delta) - rec.alloc_bytes - rec.extra_saved_bytes)
         for t in outs:
             if t.requires_grad:
                 t.register_hook(self._marker(v))
@@ -242,7 +241,7 @@ class Recorder:
     def _close_region(self) -> None:
         if self._open is not None:
             who, start = self._open
-            self._regions.append((who, max(self.counter.peak - start, self.workspace.peak_delta())))
+            self._regions.append((who, self.workspace.over(self.counter.peak - start)))
 
     def run_backward(self, loss: torch.Tensor) -> None:
         self.mutations.active = False

@@ -85,7 +85,7 @@ def record_inputs(cb: "AutoRemat", trainer: "pl.Trainer", pl_module: "pl.Lightni
         raise torch.OutOfMemoryError(
             f"AutoRemat: recording the inputs of {cb.module or type(pl_module).__name__} ran out of memory before "
             f"the model was called (loading the batch{'' if size is None else f' of {size} rows'} and the part of "
-            f"training_step before it, without gradients: {str(err).splitlines()[0][:200]}); the module is left "
+            f"training_step before it, without gradients: {str(err).splitlines()[0][:1000]}); the module is left "
             "as it was. Lower the batch size, move that work into the model or the dataloader, or pass module= "
             "the submodule that needs planning") from err
     finally:
@@ -182,7 +182,7 @@ def confirmed(cb: "AutoRemat", target: nn.Module, trainer: "pl.Trainer", pl_modu
     :data:`CONFIRM_TRIES` times, each said in a warning. Returns ``(measured, plan, graph,
     batch_size, step_budget)``."""
     plan, graph, batch_size, step_budget = chosen
-    last = ""
+    tries: list[str] = []
     for _ in range(CONFIRM_TRIES):
         try:
             return cb._measure_patched(target, trainer, pl_module, plan, loss_fn, batch_size), \
@@ -190,7 +190,7 @@ def confirmed(cb: "AutoRemat", target: nn.Module, trainer: "pl.Trainer", pl_modu
         except RuntimeError as err:  # torch.OutOfMemoryError is a RuntimeError
             if not is_oom_error(err):
                 raise
-            last = str(err).splitlines()[0][:400]
+            tries.append(f"{len(tries) + 1}) {step_budget} bytes: {str(err).splitlines()[0][:1000]}")
         # Out of the except block: the error's traceback holds the failed step's frames (its
         # activations, the patched model's buffers) until the block ends; emptying the cache in
         # it freed none of them, and each retry started with the last one's memory still held.
@@ -211,7 +211,7 @@ def confirmed(cb: "AutoRemat", target: nn.Module, trainer: "pl.Trainer", pl_modu
     raise torch.OutOfMemoryError(
         f"AutoRemat: the patched step still ran out of memory after {CONFIRM_TRIES} tries down to a "
         f"{step_budget}-byte step budget; raise the margin (AUTOREMAT_MARGIN, now the fraction of free "
-        f"memory kept back by budget='auto') or give a smaller budget. The last try: {last}")
+        f"memory kept back by budget='auto') or give a smaller budget. The tries: {' '.join(tries)}")
 
 
 def try_size(cb: "AutoRemat", trainer: "pl.Trainer", pl_module: "pl.LightningModule", graph: Graph, size: int,

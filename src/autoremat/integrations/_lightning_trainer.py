@@ -102,8 +102,9 @@ def _batch_of(trainer: "pl.Trainer", size: int | None) -> Any:
         for col, leaf in zip(columns, more):
             col.append(leaf)
         rows += next((leaf.shape[0] for leaf in more if isinstance(leaf, torch.Tensor) and leaf.dim()), 0)
-    merged = [torch.cat(col)[:size] if isinstance(col[0], torch.Tensor) and col[0].dim() else col[0]
-              for col in columns]
+    # one batch is sliced, not copied: on a device that holds the batch once, a copy is a second batch
+    merged = [(col[0] if len(col) == 1 else torch.cat(col))[:size] if isinstance(col[0], torch.Tensor) and col[0].dim()
+              else col[0] for col in columns]
     return trainer.strategy.batch_to_device(tree_unflatten(merged, spec))
 
 

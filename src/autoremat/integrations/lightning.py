@@ -374,6 +374,7 @@ class AutoRemat(Callback):
             # never an unpatched step above the device budget
             graph = capture_within(target, args, kwargs, limit_bytes=limit, loss_fn=loss_fn, repeats=self.profile_steps,
                                    warmup=1, times=self.times, blocks=capture_blocks(self._solver_options()[0]))
+        del args, kwargs  # the steps below load batches of their own: one batch on the device at a time
         graph.meta["output_kept"] = self.output_kept  # before solving: every cost model reads it
         (solver, solve_kwargs), calls = self._solver_options(), calls_per_step(self, trainer, pl_module)
         with progress.phase(f"solve ({len(graph)} nodes, solver {self.solver})"):

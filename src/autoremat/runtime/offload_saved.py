@@ -154,10 +154,15 @@ class SavedCall:
         left |= {t.untyped_storage()._cdata for t in (*self.module.parameters(), *self.module.buffers())}
         unit: list[_Save] = []
         left_bytes: dict[int, int] = {}
+        # the call's device: its outputs', else its first save's; a save elsewhere (the CPU seed
+        # of CUDA attention) stays as it is: the unit comes back to the call's device
+        device = next((t.device for t in (*_tensors(out), *(s.tensor for s in saves)) if t is not None), None)
         for s in saves:
             t = s.tensor
             assert t is not None, "please report"
-            if t.untyped_storage()._cdata in left or off.owner_of(t) is not None:
+            if t.device != device:
+                s.packed, s.tensor = t, None
+            elif t.untyped_storage()._cdata in left or off.owner_of(t) is not None:
                 left_bytes[t.untyped_storage()._cdata] = t.untyped_storage().nbytes()
                 s.packed, s.tensor = off._pack(t), None
             else:

@@ -9,7 +9,7 @@ import torch
 
 from .._recorder import tensors_in
 
-__all__ = ["batch_size_of", "map_batch", "cut_rows", "input_bytes"]
+__all__ = ["batch_size_of", "map_batch", "cut_rows", "cut_bytes_per_row", "input_bytes"]
 
 
 def batch_size_of(args: Sequence[Any], kwargs: Mapping[str, Any], batch_dim: int = 0) -> int:
@@ -41,6 +41,20 @@ def cut_rows(args: tuple, kwargs: dict, batch: int, size: int, batch_dim: int) -
         # a copy, not a view: the recorder counts the storages of its inputs as resident
         return t.narrow(batch_dim, 0, size).clone().requires_grad_(t.requires_grad)
     return map_batch(args, batch, batch_dim, cut), map_batch(kwargs, batch, batch_dim, cut)
+
+
+def cut_bytes_per_row(args: tuple, kwargs: dict, batch: int, batch_dim: int) -> float:
+    """Bytes per row of the copies :func:`cut_rows` makes: while a cut batch runs, they are
+    live beside the whole batch (the example inputs), so a size fits where its step peak plus
+    ``size`` times this does."""
+    seen: dict[int, float] = {}
+
+    def note(t: torch.Tensor, batched: bool) -> torch.Tensor:
+        if batched:
+            seen[id(t)] = t.numel() * t.element_size() / batch
+        return t
+    map_batch((args, kwargs), batch, batch_dim, note)
+    return sum(seen.values())
 
 
 def input_bytes(args: tuple, kwargs: dict) -> int:

@@ -12,7 +12,7 @@ import torch.fx
 from torch import nn
 
 from ...graph import Graph
-from .batch import cut_rows, input_bytes
+from .batch import cut_bytes_per_row, cut_rows, input_bytes
 from .fit import check_same, fit, same_graph, scale_to, with_times, with_workspace
 from .limits import CaptureDoesNotFitError, free_cache, is_oom
 
@@ -68,6 +68,7 @@ class _Trial:
         self.model, self.args, self.kwargs, self.opts, self.base = model, args, kwargs, opts, base
         self.batch, self.batch_dim, self.limit = batch, batch_dim, limit
         self.smallest = batch
+        self.per_row = cut_bytes_per_row(args, kwargs, batch, batch_dim)  # the cut batch's copy, beside the step
         self.gm = gm  # the one trace (capture_within's) for the meta capture, every run and the replay
         # blocks captured op by op: per-op times come from a recorded step (a timing step times the
         # node modules only), which also shows whether the meta graph is the real one
@@ -142,12 +143,12 @@ class _Trial:
                 size //= 2
                 continue
             got[size] = g
-            if self._guess(got, self.batch) <= self.limit / 2:  # ample room: the whole batch
+            if self._guess(got, self.batch) + self.per_row * self.batch <= self.limit / 2:  # ample room: the whole batch
                 whole = self.run(self.batch)
                 if whole is not None:
                     return {self.batch: whole}
             nxt = size * 2
-            if nxt > self.batch // 2 or self._guess(got, nxt) > self.limit:
+            if nxt > self.batch // 2 or self._guess(got, nxt) + self.per_row * nxt > self.limit:
                 return got
             size = nxt
 
@@ -215,7 +216,7 @@ def ladder(model: nn.Module, args: tuple, kwargs: dict, opts: dict, base: Graph 
     full-size arguments from the meta capture."""
     trial = _Trial(model, args, kwargs, opts, batch, batch_dim, limit, base, gm)
     if predict is not None:  # the largest size predicted to fit, and half of it
-        got = trial.down(largest_fitting(predict, batch, limit))
+        got = trial.down(largest_fitting(lambda s: predict(s) + trial.per_row * s, batch, limit))
     else:
         got = trial.up(max(max(1, batch // 8), min(2, batch // 2)))  # batch 1 often takes other paths
         if batch in got:
