@@ -5,7 +5,9 @@
 #   also: offload (the offload runtime's GPU tests), diagnose (benchmarks/gpu_diagnose.py),
 #   offload_capture / offload_measure (benchmarks/offload_gpu.py's GPU phases; its plan phase runs
 #   anywhere in between, on the graphs offload_capture wrote: unpack $OUT/offload_gpu.tgz into
-#   $OFFLOAD_DIR, run the plan phase, and carry that folder to the measure step))
+#   $OFFLOAD_DIR, run the plan phase, and carry that folder to the measure step; OFFLOAD_DIR may name
+#   several plan folders, ':'-separated, each measured in turn (its results in the archive's
+#   measured_<folder>/; OG_NETS applies to each, and a folder without a net's plans skips it)))
 # The tests run in parallel (GPU_WORKERS pytest-xdist workers: the memory-fraction tests cap their own
 # process's allocator), each under its own time limit (T_TEST), so that a slow test fails with its
 # traceback instead of cutting the log; each failure's traceback is written to $OUT/gpu_failures.log
@@ -13,7 +15,7 @@
 # written to $OUT as they grow; keep T_TESTS well above T_TEST.
 # Uses the machine's own PyTorch (PYTHONPATH=src). Everything lands in $OUT/gpu_checks.tgz.
 set -u
-export PYTHONPATH=src PYTHONUNBUFFERED=1
+export PYTHONPATH=src PYTHONUNBUFFERED=1 PYTHONFAULTHANDLER=1  # a crash prints its Python stack
 OUT=${OUT:-/tmp/gpu_out}
 R=/tmp/gpu_checks; rm -rf "$R"; mkdir -p "$R" "$OUT"
 steps=${*:-tests compare scaled}
@@ -25,9 +27,11 @@ for s in $steps; do
     offload_capture) mkdir -p "$R/offload_gpu"; timeout ${T_OCAP:-150} python3 benchmarks/offload_gpu.py capture \
                --out "$R/offload_gpu" --nets ${OG_NETS:-densenet121,unet,gpt2,resnet50} > "$OUT/offload_capture.log" 2>&1
              tar czf "$OUT/offload_gpu.tgz" -C "$R/offload_gpu" . ;;
-    offload_measure) timeout ${T_OMEAS:-200} python3 benchmarks/offload_gpu.py measure --out "${OFFLOAD_DIR:?}" \
-               --nets ${OG_NETS:-densenet121,unet,gpt2,resnet50} --rounds ${OG_ROUNDS:-3} > "$OUT/offload_measure.log" 2>&1
-             cp "$OFFLOAD_DIR"/measured.json "$OFFLOAD_DIR"/OFFLOAD_GPU.md "$OUT"/ ;;
+    offload_measure) for d in ${OFFLOAD_DIR//:/ }; do  # one or more plan folders, ':'-separated
+               echo "== $d" >> "$OUT/offload_measure.log"; mkdir -p "$R/measured_$(basename "$d")"
+               timeout ${T_OMEAS:-200} python3 benchmarks/offload_gpu.py measure --out "$d" \
+                 --nets ${OG_NETS:-densenet121,unet,gpt2,resnet50} --rounds ${OG_ROUNDS:-3} >> "$OUT/offload_measure.log" 2>&1
+               cp "$d"/measured.json "$d"/OFFLOAD_GPU.md "$R/measured_$(basename "$d")"/; done ;;
     compare) timeout ${T_COMPARE:-200} python3 benchmarks/compare_gpu.py --models ${CMP_MODELS:-resnet50,gpt2} --configs pytorch,autoremat \
                --solvers ${CMP_SOLVERS:-chen,dp-approx} --budgets 0.5 --rounds 3 --no-batch --no-match --torch-regions none \
                --compiled-plans none --solver-timeout 60 --out "$R/compare" > "$R/compare.log" 2>&1 ;;
