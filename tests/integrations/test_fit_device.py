@@ -5,8 +5,10 @@ equal an unpatched run's on a machine where it fits. GPU variants use the real C
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import logging
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -354,8 +356,9 @@ def test_gpu_lightning_cnn_under_a_memory_fraction(tmp_path: Path) -> None:
     torch.cuda.set_per_process_memory_fraction(_cuda_fraction(3 * params + batch + int(peak / RATIO)))
     try:
         cb = autoremat.AutoRemat(budget="auto", module="model", raise_batch_size=False, verbose=False)
-        pl.Trainer(max_steps=2, accelerator="gpu", devices=1, logger=False, enable_checkpointing=False,
-                   enable_progress_bar=False, callbacks=[cb], default_root_dir=tmp_path).fit(lit)
+        with _live_blocks_on_oom():
+            pl.Trainer(max_steps=2, accelerator="gpu", devices=1, logger=False, enable_checkpointing=False,
+                       enable_progress_bar=False, callbacks=[cb], default_root_dir=tmp_path).fit(lit)
         assert cb.plan is not None
     finally:
         torch.cuda.set_per_process_memory_fraction(1.0)
@@ -394,6 +397,31 @@ class _CudaStepPeaks(pl.Callback):
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):  # type: ignore[no-untyped-def]
         torch.cuda.synchronize()
         self.peaks.append(torch.cuda.max_memory_allocated())
+
+
+@contextlib.contextmanager
+def _live_blocks_on_oom() -> Iterator[None]:
+    """On an out-of-memory error inside, the allocator's live blocks of 1 MiB or more with the
+    Python frames that allocated them, added to the error (what held the memory: two H200 runs
+    ran out loading a 48 MiB batch under a cap that should have left room for it)."""
+    torch.cuda.memory._record_memory_history(max_entries=200_000)
+    try:
+        yield
+    except torch.OutOfMemoryError as err:
+        lines = [f"allocated {torch.cuda.memory_allocated()} reserved {torch.cuda.memory_reserved()}"]
+        try:
+            for seg in torch.cuda.memory._snapshot()["segments"]:
+                for b in seg["blocks"]:
+                    if b["state"] == "active_allocated" and b["size"] >= 2**20:
+                        frames = [f"{f['filename'].rsplit('/', 2)[-1]}:{f['line']}:{f['name']}"
+                                  for f in b.get("frames", [])
+                                  if f["filename"].endswith(".py") and "/torch/" not in f["filename"]][:8]
+                        lines.append(f"{b['size']} bytes: {' < '.join(frames)}")
+        except Exception as exc:  # noqa: BLE001 - a diagnosis that fails must not hide the error
+            lines.append(f"(no snapshot: {type(exc).__name__}: {exc})")
+        raise torch.OutOfMemoryError(f"{err}\nlive blocks:\n" + "\n".join(lines)) from err
+    finally:
+        torch.cuda.memory._record_memory_history(enabled=None)
 
 
 def _gpu_trainer(callbacks: list[pl.Callback], tmp_path: Path) -> pl.Trainer:
@@ -448,7 +476,8 @@ def _gpu_fit_under_a_fraction(make: Any, slots: int, tmp_path: Path, *, ratio: f
         probe = _CudaStepPeaks()
         cb = autoremat.AutoRemat(budget="auto", module="model", raise_batch_size=raise_batch_size, verbose=False)
         torch.manual_seed(0)
-        _gpu_trainer([cb, probe], tmp_path).fit(lit)
+        with _live_blocks_on_oom():
+            _gpu_trainer([cb, probe], tmp_path).fit(lit)
     finally:
         torch.cuda.set_per_process_memory_fraction(1.0)
     assert cb.plan is not None and cb.plan.recompute_segments
