@@ -11,7 +11,8 @@ Method: Beaumont et al.'s fractional relaxation (§4 of [1]: a storage may move 
 at every node of the unpatched step whose level (:func:`autoremat.cost.step_levels`) exceeds the
 budget ``M``, forward or backward, on the graph itself. At such a node ``v`` (level ``L``, running
 from ``t`` to ``t'``) at least ``Q = L - M`` bytes of storages kept for backward
-(:func:`~autoremat.plan.offloadable_nodes`) that nothing reads then must be on the host: in
+(:func:`~autoremat.plan.offloadable_nodes`, and the saved-tensor units of module calls,
+:func:`~autoremat.plan.saved_unit_nodes`) that nothing reads then must be on the host: in
 forward, those forward no longer reads before ``v``; in backward, those first needed after ``v``.
 
 * *Copies out*: bytes produced at time ``s`` or later can only leave in ``[s, t]``, so
@@ -42,7 +43,8 @@ from dataclasses import dataclass
 
 from ...cost import DEFAULT_BANDWIDTH_BYTES_PER_S, no_recompute_plan, step_levels
 from ...graph import Graph
-from ...plan import offloadable_nodes
+from ...plan import offloadable_nodes, saved_unit_nodes
+from ...region_units import region_unit
 
 __all__ = ["OffloadBound", "offload_time_lower_bound"]
 
@@ -153,8 +155,28 @@ def _lifetimes(graph: Graph, plan, order: list[int], pos: dict[int, int], start:
             for u in d["saves"]:
                 if graph.root(u) in size:
                     first_need[graph.root(u)] = max(first_need.get(graph.root(u), -1), pos[w])
-    keep = [r for r in size if r in first_need]
+    for key, nbytes, last, need in _units(graph, plan, pos, cands):
+        size[key], last_read[key], first_need[key] = nbytes, last, need
+        produced[key] = start[("f", order[last])] + graph.node(order[last])["time_s"]
+    keep = [r for r in size if r in first_need and size[r] > 0]
     return ({r: size[r] for r in keep}, produced, last_read, first_need)
+
+
+def _units(graph: Graph, plan, pos: dict[int, int], cands: set[int]) -> list[tuple[int, int, int, int]]:
+    """The saved-tensor units a plan may offload (:func:`~autoremat.plan.saved_unit_nodes`) as
+    candidates ``(-1 - v, bytes, position of the last forward node, position of the first
+    backward need)``: a module call's own saved tensors, ready when its forward ends and needed
+    when its backward starts; a block captured op by op, ready when its last op ends and needed
+    from the backward of its last op that holds a part, less the storages already candidates."""
+    out = []
+    for v in sorted(saved_unit_nodes(graph, plan)):
+        ru = region_unit(graph, v) if graph.node(v)["op_index"] >= 0 else None
+        if ru is None:
+            out.append((-1 - v, int(graph.node(v)["extra_saved_bytes"]), pos[v], pos[v]))
+        else:
+            nbytes = ru.nbytes - sum(int(graph.node(r)["alloc_bytes"]) for r in ru.roots if r in cands)
+            out.append((-1 - v, nbytes, pos[ru.last], pos[ru.first_use]))
+    return out
 
 
 def _disjoint_waits(pre: list[tuple[float, float]], post: list[tuple[float, float]]) -> tuple[float, float]:
