@@ -2,7 +2,8 @@
 
     python benchmarks/hf_inside_layer.py                           # every model, 5 rounds
     python benchmarks/hf_inside_layer.py --models llama --rounds 3 --out /tmp/hf_inside_layer
-    python benchmarks/hf_inside_layer.py --device cuda --out benchmarks/results/<gpu>/hf_inside_layer
+    python benchmarks/hf_inside_layer.py --device cuda --size gpu --models llama,bert,gpt2 \
+        --out benchmarks/results/<gpu>/hf_inside_layer
 
 Each model is captured at module level with its layers op by op (``blocks="ops"``), so that plans
 can recompute parts of a layer and keep op outputs inside it (selective saves). Two parts:
@@ -58,33 +59,56 @@ DEFAULT_OUT = Path(__file__).parent / "results" / "cpu" / "hf_inside_layer"
 MiB = 2**20
 
 
-def _lm(name: str, cfg: Any, cls: str, *, batch: int = 4, seq: int = 256, vocab: int = 4096) -> tuple:
+LM_SIZES = {
+    "cpu": {"hidden": 256, "layers": 6, "heads": 8, "kv_heads": 2, "ff": 1024, "llama_ff": 688, "batch": 4, "seq": 256,
+            "vocab": 4096},
+    "gpu": {"hidden": 768, "layers": 12, "heads": 12, "kv_heads": 4, "ff": 3072, "llama_ff": 2048, "batch": 8,
+            "seq": 1024, "vocab": 32000},
+}
+"""The language models' sizes: ``cpu`` (the earlier runs), ``gpu`` (GPT-2 small's width and depth,
+8 x 1024 tokens: arithmetic, not dispatch, sets a GPU's step time there). ``--size`` picks one."""
+SIZE = "cpu"
+
+
+def lm_config(name: str) -> Any:
+    """The transformers config of language model ``name`` at :data:`SIZE`."""
     import transformers
 
+    d = LM_SIZES[SIZE]
+    if name == "llama":
+        return transformers.LlamaConfig(vocab_size=d["vocab"], hidden_size=d["hidden"], intermediate_size=d["llama_ff"],
+                                        num_hidden_layers=d["layers"], num_attention_heads=d["heads"],
+                                        num_key_value_heads=d["kv_heads"], use_cache=False)
+    if name == "bert":
+        return transformers.BertConfig(vocab_size=d["vocab"], hidden_size=d["hidden"], num_hidden_layers=d["layers"],
+                                       num_attention_heads=d["heads"], intermediate_size=d["ff"],
+                                       max_position_embeddings=d["seq"])
+    return transformers.GPT2Config(vocab_size=d["vocab"], n_embd=d["hidden"], n_layer=d["layers"], n_head=d["heads"],
+                                   n_positions=d["seq"], use_cache=False, bos_token_id=0, eos_token_id=0)
+
+
+def _lm(name: str, cls: str) -> tuple:
+    import transformers
+
+    d = LM_SIZES[SIZE]
     torch.manual_seed(0)
-    ids = torch.randint(0, vocab, (batch, seq))
-    return getattr(transformers, cls)(cfg).train(), (ids,), {"labels": ids}, lambda o: o.loss
+    ids = torch.randint(0, d["vocab"], (d["batch"], d["seq"]))
+    return getattr(transformers, cls)(lm_config(name)).train(), (ids,), {"labels": ids}, lambda o: o.loss
 
 
 def models() -> dict[str, Callable[[], tuple]]:
-    """Builders: the CPU sizes of the earlier run (6 layers, hidden 256, 4 x 256 tokens, loss in
-    forward) for the language models, and one of each other family of the zoo."""
+    """Builders: the language models at :data:`SIZE` (``cpu``: 6 layers, hidden 256, 4 x 256
+    tokens, loss in forward), and one of each other family of the zoo (their CPU sizes always)."""
     import transformers
 
     def llama() -> tuple:
-        return _lm("llama", transformers.LlamaConfig(vocab_size=4096, hidden_size=256, intermediate_size=688,
-                                                     num_hidden_layers=6, num_attention_heads=8, num_key_value_heads=2,
-                                                     use_cache=False), "LlamaForCausalLM")
+        return _lm("llama", "LlamaForCausalLM")
 
     def bert() -> tuple:
-        return _lm("bert", transformers.BertConfig(vocab_size=4096, hidden_size=256, num_hidden_layers=6,
-                                                   num_attention_heads=8, intermediate_size=1024,
-                                                   max_position_embeddings=256), "BertForMaskedLM")
+        return _lm("bert", "BertForMaskedLM")
 
     def gpt2() -> tuple:
-        return _lm("gpt2", transformers.GPT2Config(vocab_size=4096, n_embd=256, n_layer=6, n_head=8, n_positions=256,
-                                                   use_cache=False, bos_token_id=0, eos_token_id=0),
-                   "GPT2LMHeadModel")
+        return _lm("gpt2", "GPT2LMHeadModel")
 
     def t5() -> tuple:
         cfg = transformers.T5Config(vocab_size=4096, d_model=256, d_kv=32, d_ff=1024, num_layers=4,
@@ -321,7 +345,11 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--out", type=Path, default=DEFAULT_OUT)
     ap.add_argument("--device", default="cpu", help="cpu, or cuda (peaks from the caching allocator)")
+    ap.add_argument("--size", default="cpu", choices=sorted(LM_SIZES),
+                    help="the language models' size (LM_SIZES; gpu: GPT-2 small's, 8 x 1024 tokens)")
     a = ap.parse_args(argv)
+    global SIZE
+    SIZE = a.size
     if a.device == "cpu":
         torch.set_num_threads(1)
         machine = f"{platform.machine()}, {os.cpu_count()} cores, CPU only, shared/loaded"
@@ -332,8 +360,8 @@ def main(argv: list[str] | None = None) -> None:
     for name in a.models.split(","):
         results.append(run_model(name, a.rounds, lambda s: print(s, flush=True), a.device))
         plot(results[-1], a.out / f"hf_inside_layer_{name}.png")
-        (a.out / "hf_inside_layer.json").write_text(json.dumps({"machine": machine, "results": results}, indent=1,
-                                                               default=str))
+        (a.out / "hf_inside_layer.json").write_text(json.dumps({"machine": machine, "size": a.size,
+                                                                "results": results}, indent=1, default=str))
         (a.out / "hf_inside_layer.md").write_text(markdown(results, a.rounds, machine))
     print(markdown(results, a.rounds, machine))
 

@@ -568,3 +568,28 @@ def test_reference_speed_checks_kept_plans_against_cold_ones(tmp_path: Path, mon
     assert [(r["model"], r["budget"]) for r in data["rows"]] == [("tiny", "80%"), ("tiny", "90%")]
     assert data["mismatches"] == [] and all(r["same reference costs"] for r in data["rows"])
     assert "| tiny | 8 | 80% |" in (tmp_path / "reference_speed.md").read_text()
+
+
+def test_hf_inside_layer_gpu_size_is_gpt2_smalls(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """``--size gpu`` (for a GPU run, where arithmetic sets the step time): the language models at
+    GPT-2 small's width and depth on 8 x 1024 tokens, the size recorded in the results."""
+    pytest.importorskip("transformers")
+    from autoremat.zoo import hf
+
+    monkeypatch.syspath_prepend(str(BENCH))
+    sys.modules.pop("hf_inside_layer", None)
+    bench = importlib.import_module("hf_inside_layer")
+    seen = []
+
+    def tiny() -> tuple:
+        seen.append(bench.lm_config("gpt2"))
+        ids = torch.randint(0, 256, (2, 32), generator=torch.Generator().manual_seed(0))
+        return hf.gpt2(n_layer=2), (ids,), {"labels": ids}, lambda o: o.loss
+
+    monkeypatch.setattr(bench, "models", lambda: {"gpt2": tiny})
+    monkeypatch.setattr(bench, "plot", lambda result, path: path.write_text("plot"))
+    bench.main(["--models", "gpt2", "--rounds", "1", "--out", str(tmp_path), "--size", "gpu"])
+    cfg = seen[0]
+    assert (cfg.n_embd, cfg.n_layer, cfg.n_head, cfg.n_positions) == (768, 12, 12, 1024)
+    assert bench.lm_config("llama").num_hidden_layers == 12 and bench.LM_SIZES["gpu"]["batch"] == 8
+    assert json.loads((tmp_path / "hf_inside_layer.json").read_text())["size"] == "gpu"

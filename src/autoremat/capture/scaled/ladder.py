@@ -143,7 +143,8 @@ class _Trial:
                 size //= 2
                 continue
             got[size] = g
-            if self._guess(got, self.batch) + self.per_row * self.batch <= self.limit / 2:  # ample room: the whole batch
+            # ample room: the whole batch
+            if self._guess(got, self.batch) + self.per_row * self.batch <= self.limit / 2:
                 whole = self.run(self.batch)
                 if whole is not None:
                     return {self.batch: whole}
