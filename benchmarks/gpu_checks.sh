@@ -2,7 +2,8 @@
 # One device session's GPU checks (H100/H200), each step under its own time limit so that the
 # results of the steps that finished always come back. Run from the repository root:
 #   OUT=/tmp/out bash benchmarks/gpu_checks.sh [steps...]     (default: tests compare scaled;
-#   also: offload (the offload runtime's GPU tests), diagnose (benchmarks/gpu_diagnose.py),
+#   also: offload (the offload runtime's GPU tests), diagnose (benchmarks/gpu_diagnose.py), hf
+#   (benchmarks/hf_inside_layer.py at --size gpu beside HF checkpointing: issue 24),
 #   offload_capture / offload_measure (benchmarks/offload_gpu.py's GPU phases; its plan phase runs
 #   anywhere in between, on the graphs offload_capture wrote: unpack $OUT/offload_gpu.tgz into
 #   $OFFLOAD_DIR, run the plan phase, and carry that folder to the measure step; OFFLOAD_DIR may name
@@ -38,6 +39,8 @@ for s in $steps; do
     scaled)  timeout ${T_SCALED:-60} python3 benchmarks/scaled_capture.py --device cuda --size paper --models ${SC_MODELS:-resnet50,densenet121} \
                --rounds 2 --out "$R/scaled" > "$R/scaled.log" 2>&1 ;;
     offload) timeout ${T_OFFLOAD:-90} python3 -m pytest -q -m gpu -p no:cacheprovider -o addopts="" tests/runtime/test_offload.py tests/runtime/test_offload_saved.py tests/runtime/test_offload_region_units.py > "$R/offload_tests.log" 2>&1 ;;
+    hf)      timeout ${T_HF:-240} python3 benchmarks/hf_inside_layer.py --device cuda --size gpu --models ${HF_MODELS:-gpt2,llama} \
+               --rounds ${HF_ROUNDS:-3} --out "$R/hf_inside_layer" > "$R/hf.log" 2>&1 ;;
     diagnose) timeout ${T_DIAG:-150} python3 benchmarks/gpu_diagnose.py --out "$R/diagnose" > "$R/diagnose.log" 2>&1 ;;
     *) echo "unknown step $s" >> "$R/machine.txt" ;;
   esac
