@@ -60,12 +60,16 @@ class AllocatorMeter:
             self._live0 = self._live() if self._live is not None else 0
             self._made0 = self._made() if self._made is not None else 0
 
+    def _rounding(self) -> int | None:
+        """The most the allocator's rounding adds to the storages made since :meth:`start`
+        (``None`` without a count of them)."""
+        return None if self._made is None else self.ROUND_BYTES * (self._made() - self._made0)
+
     def over(self, counted: int) -> int:
         """The larger of ``counted`` (the live-storage counter's peak above the start) and the
         allocator's, where the allocator's is more than rounding (class docstring)."""
         peak = self.peak_delta()
-        made = self._made() - self._made0 if self._made is not None else 0
-        return counted if peak - counted <= self.ROUND_BYTES * made else max(counted, peak)
+        return counted if peak - counted <= (self._rounding() or 0) else max(counted, peak)
 
     def peak_delta(self, kept: int | None = None) -> int:
         if self.device is None:
@@ -75,10 +79,9 @@ class AllocatorMeter:
             kept = self._live() - self._live0
         if kept is not None:
             stray = torch.cuda.memory_allocated(self.device) - self._start - kept
-            # more than the rounding of the storages made since start explains (a count is
-            # known: the capture's counter), else more than STRAY_MIN_BYTES
-            rounding = self.ROUND_BYTES * (self._made() - self._made0) if self._made is not None \
-                else self.STRAY_MIN_BYTES
-            if stray > rounding:
+            # more than the rounding of the storages made since start explains, else (no count
+            # of them) more than STRAY_MIN_BYTES
+            rounding = self._rounding()
+            if stray > (self.STRAY_MIN_BYTES if rounding is None else rounding):
                 peak -= stray
         return peak

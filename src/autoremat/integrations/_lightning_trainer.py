@@ -102,10 +102,15 @@ def _batch_of(trainer: "pl.Trainer", size: int | None) -> Any:
         for col, leaf in zip(columns, more):
             col.append(leaf)
         rows += next((leaf.shape[0] for leaf in more if isinstance(leaf, torch.Tensor) and leaf.dim()), 0)
-    # one batch is sliced, not copied: on a device that holds the batch once, a copy is a second batch
-    merged = [(col[0] if len(col) == 1 else torch.cat(col))[:size] if isinstance(col[0], torch.Tensor) and col[0].dim()
-              else col[0] for col in columns]
-    return trainer.strategy.batch_to_device(tree_unflatten(merged, spec))
+    return trainer.strategy.batch_to_device(tree_unflatten([_rows(col, size) for col in columns], spec))
+
+
+def _rows(col: list[Any], size: int) -> Any:
+    """The first ``size`` rows of one leaf's batches; a single batch is sliced, not copied (on a
+    device that holds the batch once, a copy is a second batch); a leaf without rows as it is."""
+    if not (isinstance(col[0], torch.Tensor) and col[0].dim()):
+        return col[0]
+    return (col[0] if len(col) == 1 else torch.cat(col))[:size]
 
 
 def dataset_length(trainer: "pl.Trainer") -> int | None:
