@@ -1,6 +1,7 @@
-"""Two rules of :class:`autoremat.graph.Graph` that capture applies too, without a graph: how long
-the step keeps the model's returned object (:data:`OUTPUT_KEPT`), and the size of the gradient the
-loss seeds into a model output (:func:`grad_bytes_of`).
+"""Rules of :class:`autoremat.graph.Graph` that capture applies too, without a graph: how long
+the step keeps the model's returned object (:data:`OUTPUT_KEPT`), the size of the gradient the
+loss seeds into a model output (:func:`grad_bytes_of`), and the form of a node's ``lingering``
+bytes (:func:`lingering_pairs`, :func:`scaled_pairs`).
 
 The seed. ``out.sum()`` hands ``out`` an expanded scalar (one element of storage, strides 0),
 ``out.mean()`` (PyTorch 2.13: ``mean_backward`` divides the expanded gradient) and a
@@ -21,9 +22,11 @@ cost models use it only where the seed stays the output's whole gradient until i
 
 from __future__ import annotations
 
+import math
+from collections.abc import Iterable
 from typing import Any
 
-__all__ = ["OUTPUT_KEPT", "check_output_kept", "grad_bytes_of"]
+__all__ = ["OUTPUT_KEPT", "check_output_kept", "grad_bytes_of", "lingering_pairs", "scaled_pairs"]
 
 OUTPUT_KEPT = ("loss", "step")
 """Values of ``Graph.meta["output_kept"]``: until when the step keeps the model's returned object."""
@@ -47,3 +50,18 @@ def grad_bytes_of(out_bytes: int, grad_seed_bytes: int | None, *, is_output: boo
     if grad_seed_bytes is None or not is_output or passthrough or read_with_grad:
         return int(out_bytes)
     return min(int(grad_seed_bytes), int(out_bytes))
+
+
+def lingering_pairs(pairs: Iterable[Iterable[int]], v: int) -> tuple[tuple[int, int], ...]:
+    """Node ``v``'s ``lingering`` as ``(maker, bytes)`` pairs of ints, each maker once and run
+    before ``v`` (:mod:`autoremat.capture.lingering`); a ``ValueError`` otherwise."""
+    out = tuple((int(u), int(b)) for u, b in pairs)
+    makers = [u for u, _ in out]
+    if any(not 0 <= u < v for u in makers) or len(set(makers)) < len(makers):
+        raise ValueError(f"node {v}'s lingering bytes name makers {makers}: each must be a node run before it, once")
+    return out
+
+
+def scaled_pairs(pairs: Iterable[tuple[int, int]], scale: Any) -> tuple[tuple[int, int], ...]:
+    """``pairs`` with each byte count ``b`` replaced by ``ceil(scale(b))`` (at least 0)."""
+    return tuple((u, max(0, int(math.ceil(scale(b))))) for u, b in pairs)

@@ -25,6 +25,9 @@ Node attributes (all plain numbers and strings, so solvers never need torch):
     ``saves`` plus ``extra_saved_bytes``.
 ``fwd_temp_bytes``, ``bwd_temp_bytes``
     Transient workspace above the modelled allocations during the node's forward / backward.
+``lingering``
+    Of ``fwd_temp_bytes``, ``(maker, bytes)``: earlier outputs Python keeps alive past their last
+    reader while the node runs (:mod:`autoremat.capture.lingering`; the simulator's rule for them).
 ``params``, ``param_grad_bytes``
     Names of the trainable parameters the node uses and the bytes of their gradients.
 ``requires_grad``
@@ -38,9 +41,8 @@ Node attributes (all plain numbers and strings, so solvers never need torch):
     returned object (``meta["output_kept"]``, below).
 ``grad_seed_bytes``
     For an ``is_output`` node: the storage bytes of the gradients the loss hands it, where smaller
-    than ``out_bytes`` (``out.sum()``'s expanded scalar); ``None``: ``out_bytes``. Where the cost
-    models use it: :meth:`Graph.grad_bytes`. :meth:`Graph.scaled` scales it as ``out_bytes`` (a
-    dense part grows with the batch; an expanded scalar's few bytes are then counted high).
+    than ``out_bytes`` (``out.sum()``'s expanded scalar; ``None``: ``out_bytes``); used by
+    :meth:`Graph.grad_bytes`; :meth:`Graph.scaled` scales it as ``out_bytes`` (high for a scalar).
 ``held_by_output``
     Whether the node's output storage is held by the object the model returned (a key/value
     cache, hidden states, attentions, logits beside a loss computed in ``forward``) though the
@@ -82,7 +84,7 @@ from typing import Any
 
 import networkx as nx
 
-from ._graph_rules import OUTPUT_KEPT, check_output_kept, grad_bytes_of
+from ._graph_rules import OUTPUT_KEPT, check_output_kept, grad_bytes_of, lingering_pairs, scaled_pairs
 from ._jsonio import dump_json, load_json
 from .call_names import enclosing_paths, plain_path
 
@@ -107,6 +109,7 @@ NODE_DEFAULTS: dict[str, Any] = {
     "extra_saved_bytes": 0,
     "fwd_temp_bytes": 0,
     "bwd_temp_bytes": 0,
+    "lingering": (),
     "params": (),
     "param_grad_bytes": 0,
     "requires_grad": True,
@@ -139,6 +142,7 @@ class Graph:
             data["saves"] = tuple(sorted(set(int(u) for u in data["saves"])))
             data["params"] = tuple(data["params"])
             data["scope"] = tuple(str(p) for p in data["scope"])
+            data["lingering"] = lingering_pairs(data["lingering"], v)
             for u in data["saves"]:
                 if u > v:
                     raise ValueError(f"node {v} saves node {u}, which runs after it")
@@ -194,9 +198,9 @@ class Graph:
             g.add_node(i, name=f"n{i}", out_bytes=sizes[i], alloc_bytes=sizes[i], time_s=times[i],
                        bwd_time_s=2 * times[i], saves=(i,) if saves_own_output else ())
         g.add_edges_from(edges)
-        for i in range(n):
-            g.nodes[i]["is_output"] = g.out_degree(i) == 0
         outs = [i for i in range(n) if g.out_degree(i) == 0]
+        for i in range(n):
+            g.nodes[i]["is_output"] = i in outs
         return cls(g, {"mode": "synthetic", "loss_saves": outs})
 
     # ------------------------------------------------------------------ basic access
@@ -379,16 +383,10 @@ class Graph:
         return frozenset(nx.ancestors(self.nx, v) | {v})
 
     def lower_sets(self, limit: int | None = None) -> Iterator[frozenset[int]]:
-        """Enumerate every lower set (including ∅ and V) in order of size.
-
-        The family can be exponential; ``limit`` stops with ``ValueError`` once more than
-        ``limit`` sets have been produced.
-        """
+        """Enumerate every lower set (including ∅ and V) in order of size. The family can be
+        exponential: ``limit`` stops with ``ValueError`` once more than ``limit`` sets were produced."""
         n = len(self)
-        pred_mask = [0] * n
-        for v in range(n):
-            for u in self._pred[v]:
-                pred_mask[v] |= 1 << u
+        pred_mask = [sum(1 << u for u in self._pred[v]) for v in range(n)]
         seen = {0}
         frontier = [0]
         count = 0
@@ -423,11 +421,10 @@ class Graph:
         return Graph.from_dict(self.to_dict())
 
     def scaled(self, factor: float) -> "Graph":
-        """A copy with every batch-proportional quantity multiplied by ``factor``.
-
-        Outputs, saved tensors, workspace and times (forward and backward) scale with the batch
-        and are multiplied (bytes rounded up); parameter bytes, parameter gradients and the
-        structure do not change. Used to predict a step at another batch size."""
+        """A copy with every batch-proportional quantity (outputs, saved tensors, workspace and
+        lingering bytes, forward and backward times) multiplied by ``factor`` (bytes rounded up);
+        parameter bytes, parameter gradients and the structure do not change. Used to predict a
+        step at another batch size."""
         if not factor > 0:
             raise ValueError(f"factor={factor!r} must be > 0")
         g = self.copy()
@@ -435,6 +432,7 @@ class Graph:
             d = g.nx.nodes[v]
             for key in _BATCH_BYTES + (("grad_seed_bytes",) if d["grad_seed_bytes"] is not None else ()):
                 d[key] = int(math.ceil(d[key] * factor))
+            d["lingering"] = scaled_pairs(d["lingering"], lambda b: b * factor)
             d["time_s"] *= factor
             d["bwd_time_s"] *= factor
         for key in _BATCH_META_BYTES:
@@ -468,6 +466,7 @@ class Graph:
             d["saves"] = list(d["saves"])
             d["params"] = list(d["params"])
             d["scope"] = list(d["scope"])
+            d["lingering"] = [list(p) for p in d["lingering"]]
             nodes.append(d)
         return {
             "format": "autoremat.graph",

@@ -189,12 +189,16 @@ def test_unet2d_unpatched_peak_is_predicted_to_the_byte(unet2d: tuple) -> None:
 
 @pytest.mark.parametrize("budget", ["50%", "min"])
 def test_unet2d_plans_train_bit_for_bit_at_the_predicted_peak(unet2d: tuple, budget: str) -> None:
-    """Within 3 %: a local that the unpatched step saves anyway is not counted as lingering, but
-    under a plan that recomputes its saver Python may still hold it (0.976-0.985x on some budgets
-    between 50 and 60 %; see the report)."""
+    """Within 0.1 % once the loss's own storage is added: on the CPU ``F.mse_loss`` returns its scalar
+    in a storage the size of its input (12,288 bytes here), which the loop holds through backward and
+    the cost model does not count (a known gap, see CHANGELOG). Before the lingering rule these plans
+    were predicted 1.1-1.5 % high: the up blocks' inputs their caller's frame held in forward were
+    counted again in the replays of the blocks' ResNets."""
     model, args, kwargs, loss_fn, g = unet2d
     reference = _grads(model, args, kwargs, loss_fn)
     unpatched = measure(model, args, kwargs, loss_fn=loss_fn, steps=1, warmup=1).peak_bytes
+    with torch.no_grad():
+        held_loss = loss_fn(model(*args, **kwargs)).untyped_storage().nbytes()
     plan = autoremat.solve(g, budget)
     autoremat.apply(model, plan)
     try:
@@ -202,8 +206,8 @@ def test_unet2d_plans_train_bit_for_bit_at_the_predicted_peak(unet2d: tuple, bud
         peak = measure(model, args, kwargs, loss_fn=loss_fn, steps=1, warmup=1).peak_bytes
     finally:
         autoremat.restore(model)
-    assert peak <= 0.5 * unpatched
-    assert abs(plan.predicted_peak_bytes - peak) <= 0.03 * peak, (plan.predicted_peak_bytes, peak)
+    assert peak <= 0.5 * unpatched + held_loss, (peak, unpatched, held_loss)
+    assert abs(plan.predicted_peak_bytes + held_loss - peak) <= 0.001 * peak, (plan.predicted_peak_bytes, peak)
 
 
 @pytest.mark.slow  # about 8 s alone, 17 s on a loaded machine

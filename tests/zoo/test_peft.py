@@ -42,20 +42,24 @@ def _grads(model: nn.Module, kwargs: dict, loss_fn: Any) -> dict:
     return gradients(model)
 
 
-@pytest.mark.parametrize("arch", ["llama", "gpt2"])
-def test_lora_least_plan_trains_the_adapters_bit_for_bit(arch: str) -> None:
+@pytest.mark.parametrize("arch,amp", [("llama", False), ("gpt2", False), ("llama", True), ("gpt2", True)])
+def test_lora_least_plan_trains_the_adapters_bit_for_bit(arch: str, amp: bool) -> None:
+    """Under bf16 autocast the replays of the least plan held 8.8 % (GPT-2) and 3.8 % (Llama) less
+    than predicted: lingering bytes a caller's frame held in forward (the embeddings, a block's input
+    that the replayed attention keeps as its region input anyway) were counted in the replays too."""
     model, kwargs, loss_fn = _lora(arch)
     assert sum(p.requires_grad for p in model.parameters()) < len(list(model.parameters()))  # base frozen
-    g = autoremat.capture(model, (), kwargs, loss_fn=loss_fn, times="flops")
-    unpatched = measure(model, (), kwargs, loss_fn=loss_fn, steps=1, warmup=1).peak_bytes
-    assert abs(autoremat.simulate(g, autoremat.solve(g, "100%")).peak_bytes - unpatched) <= 0.001 * unpatched
-    reference = _grads(model, kwargs, loss_fn)
-    plan = autoremat.solve(g, "min")
-    autoremat.apply(model, plan)
-    try:
-        assert gradients_equal(reference, _grads(model, kwargs, loss_fn))
-        peak = measure(model, (), kwargs, loss_fn=loss_fn, steps=1, warmup=1).peak_bytes
-    finally:
-        autoremat.restore(model)
+    with torch.autocast("cpu", dtype=torch.bfloat16, enabled=amp):
+        g = autoremat.capture(model, (), kwargs, loss_fn=loss_fn, times="flops")
+        unpatched = measure(model, (), kwargs, loss_fn=loss_fn, steps=1, warmup=1).peak_bytes
+        assert abs(autoremat.simulate(g, autoremat.solve(g, "100%")).peak_bytes - unpatched) <= 0.002 * unpatched
+        reference = _grads(model, kwargs, loss_fn)
+        plan = autoremat.solve(g, "min")
+        autoremat.apply(model, plan)
+        try:
+            assert gradients_equal(reference, _grads(model, kwargs, loss_fn))
+            peak = measure(model, (), kwargs, loss_fn=loss_fn, steps=1, warmup=1).peak_bytes
+        finally:
+            autoremat.restore(model)
     assert peak <= 0.55 * unpatched, (peak, unpatched)
     assert abs(plan.predicted_peak_bytes - peak) <= 0.01 * peak, (plan.predicted_peak_bytes, peak)

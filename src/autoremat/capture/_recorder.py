@@ -52,6 +52,7 @@ class NodeRecord:
     saves: set[int] = field(default_factory=set)
     extra_saved_bytes: int = 0
     fwd_temp_bytes: int = 0
+    lingering: list[tuple[int, int]] = field(default_factory=list)
     bwd_temp_bytes: int = 0
     requires_grad: bool = False
     grad_passthrough: bool = False

@@ -8,7 +8,8 @@ recomputed segments act on it.
 
 from __future__ import annotations
 
-from collections.abc import Hashable
+from collections.abc import Callable, Hashable
+from typing import Any
 
 from ..graph import Graph
 
@@ -97,6 +98,20 @@ class StepState(StorageLedger):
         if level > self.peak:
             self.peak = level
             self._peak_at = (phase, v)
+
+    def workspace(self, d: dict[str, Any], key_of: Callable[[int], Hashable | None]) -> int:
+        """A node's forward workspace here (``d``: its attributes): ``fwd_temp_bytes`` less those of
+        its ``lingering`` bytes whose maker's storage (``key_of(maker)``) this state holds otherwise,
+        counted already, or that have no key (``None``: a replay that does not make the maker again,
+        so the frame that held it is gone); :mod:`autoremat.capture.lingering`."""
+        if not d["lingering"]:
+            return d["fwd_temp_bytes"]
+        drop = 0
+        for u, nbytes in d["lingering"]:
+            key = key_of(u)
+            if key is None or key in self.size:
+                drop += nbytes
+        return max(0, d["fwd_temp_bytes"] - drop)
 
     @property
     def peak_at(self) -> str:

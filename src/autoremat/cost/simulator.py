@@ -28,7 +28,8 @@ and who holds it:
   first use (they stay until the step ends), and frees its output gradient and saved tensors
   when it is done;
 * the measured transient workspace of each node (``fwd_temp_bytes``/``bwd_temp_bytes``) is
-  added on top while it runs;
+  added on top while it runs, less its ``lingering`` bytes (:mod:`autoremat.capture.lingering`)
+  of makers whose storage is held otherwise or, in a replay, not made again;
 * offloaded units follow Beaumont et al.'s model on the DAG (:mod:`.offload_link`): a storage the
   plan keeps for backward (``plan.offload``: saved by a node outside a recomputed segment, or the
   input of a recomputed segment, an offloaded checkpoint) or a node's own saved tensors
@@ -83,8 +84,7 @@ class Simulation:
     """Forward waits derived from ``offload_wait_limit_bytes`` (node -> offloaded unit)."""
     offload_order: list[int] = field(default_factory=list)
     """The offloaded units (:mod:`autoremat.plan_offload`) in the order backward first needed them."""
-    offload_releases: dict[int, int] = field(default_factory=dict)
-    """Forward node -> the last unit (in issue order) whose device copy is released just before it."""
+    offload_releases: dict[int, int] = field(default_factory=dict)  # forward node -> the last unit released before it
 
     @property
     def step_time_s(self) -> float:
@@ -214,7 +214,7 @@ def _forward(s: StepState, st: _Step, si: int, seg: Segment) -> set[int]:
         if d["alias_of"] is None:
             alloc(("o", v), d["alloc_bytes"])
         ok = okeys[v]
-        s.touch(d["extra_saved_bytes"] + d["fwd_temp_bytes"], "fwd", v)
+        s.touch(d["extra_saved_bytes"] + s.workspace(d, okeys.__getitem__), "fwd", v)
         off.clock += d["time_s"]
         saving = not seg.recompute and d["requires_grad"]
         if saving and d["extra_saved_bytes"]:
@@ -264,8 +264,7 @@ def _loss(s: StepState, g: Graph, nd: list[dict]) -> None:
 
 
 def _backward(s: StepState, st: _Step, seg_inputs: list[set[int]], at: SegmentHook | None = None) -> float:
-    """Backward of every segment in reverse order, replaying the recomputed ones; returns the
-    replayed forward time."""
+    """Backward of every segment in reverse order, replaying the recomputed ones; returns the replayed forward time."""
     extra_time = 0.0
     tails = tails_of(st.plan)
     param_bytes: dict[str, int] = st.g.meta.get("param_bytes", {})
@@ -356,8 +355,9 @@ def _recompute(s: StepState, g: Graph, nd: list[dict], seg: Segment, stop: int,
             elif a in rroot:
                 rroot[v] = rroot[a]
         key = _rkey(g, rroot, v)
-        if v not in kept:
-            s.touch(d["extra_saved_bytes"] + d["fwd_temp_bytes"], "recompute", v)
+        if v not in kept:  # lingering bytes: only of makers the replay makes again (StepState.workspace)
+            s.touch(d["extra_saved_bytes"] + s.workspace(d, lambda u: _rkey(g, rroot, u) if u in replay else None),
+                    "recompute", v)
         if d["requires_grad"]:
             if d["extra_saved_bytes"]:
                 s.alloc(("rx", v), d["extra_saved_bytes"])

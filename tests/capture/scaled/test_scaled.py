@@ -304,7 +304,9 @@ def test_times_are_fitted_per_node_as_documented() -> None:
     assert [g.node(v)["bwd_time_s"] for v in g.nodes] == pytest.approx([18.0, 3.0, 24.0, 16.0])
     assert [g.node(v)["out_bytes"] for v in g.nodes] == [10, 10, 10, 10]  # bytes are base's
     lo.node(0)["out_bytes"], hi.node(0)["out_bytes"] = 20, 40
-    assert scale_to(base, lo, hi, 2, 4, 16, bytes_too=True).node(0)["out_bytes"] == 160
+    lo.node(2)["lingering"], hi.node(2)["lingering"] = ((0, 8),), ((0, 16),)  # a frame holds node 0
+    fitted = scale_to(base, lo, hi, 2, 4, 16, bytes_too=True)
+    assert fitted.node(0)["out_bytes"] == 160 and fitted.node(2)["lingering"] == ((0, 64),)
 
 
 def test_profile_limit_from_the_device_budget(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -49,7 +49,7 @@ def check_same(base: Graph, small: Graph, size: int) -> None:
 
 
 def scale_to(base: Graph, lo: Graph, hi: Graph, s_lo: int, s_hi: int, batch: int, *, bytes_too: bool) -> Graph:
-    """``base`` (same nodes as ``lo`` and ``hi``) with times, and with ``bytes_too`` bytes, fitted
+    """``base`` (same nodes as ``lo`` and ``hi``) with times, and with ``bytes_too`` bytes (and lingering ones), fitted
     per node from the captures at ``s_lo`` and ``s_hi`` rows and evaluated at ``batch``; an
     output's ``grad_seed_bytes`` too where both have one (an expanded scalar's stays put, a dense
     part grows), else ``None``."""
@@ -61,6 +61,9 @@ def scale_to(base: Graph, lo: Graph, hi: Graph, s_lo: int, s_hi: int, batch: int
         if bytes_too:
             for key in _BYTE_KEYS:
                 d[key] = max(0, int(math.ceil(fit(a[key], b[key], s_lo, s_hi, batch))))
+            small = dict(a["lingering"])  # the same makers at both sizes (the same graph), else 0 there
+            d["lingering"] = tuple((u, max(0, int(math.ceil(fit(small.get(u, 0), nbytes, s_lo, s_hi, batch)))))
+                                   for u, nbytes in b["lingering"])
             seeds = (a["grad_seed_bytes"], b["grad_seed_bytes"])
             d["grad_seed_bytes"] = None if None in seeds else max(0, int(math.ceil(fit(*seeds, s_lo, s_hi, batch))))
     if bytes_too:
