@@ -43,7 +43,9 @@ __all__ = ["Lingering"]
 class Lingering:
     """Live outputs per op of the block calls (see the module docstring)."""
 
-    def __init__(self) -> None:
+    def __init__(self, *, on: bool = True) -> None:
+        self.on = on
+        """Off: nothing is recorded (a capture without blocks captured op by op)."""
         self.live: dict[int, dict[int, int]] = {}
         """Node -> its output storages alive (key -> bytes)."""
         self.made: dict[int, int] = {}
@@ -51,7 +53,8 @@ class Lingering:
         self.deaths: dict[int, list[tuple[int, int]]] = {}
         """Node -> (the number of block ops that had run when one of its storages died, its bytes)."""
         self.ops: list[int] = []
-        """The block ops in the order they ran (ascending: nodes are numbered in execution order)."""
+        """The nodes in the order they ran (ascending: nodes are numbered in execution order): the
+        block ops, and the glue ops and module calls of the forward between them."""
         self.call_end: dict[int, int] = {}
         """Block op -> the number of block ops run when its call ended (set as the next call starts)."""
         self._call: list[int] = []
@@ -60,6 +63,8 @@ class Lingering:
 
     def owned(self, v: int, storage: Any, prev: int | None) -> None:
         """Node ``v`` made ``storage`` (an in-place op takes it over from ``prev``)."""
+        if not self.on:
+            return
         if prev is not None and prev != v:
             self.died(prev, storage._cdata)
         self.born(v, storage._cdata, storage.nbytes())
@@ -71,7 +76,7 @@ class Lingering:
             self.made[v] = self.made.get(v, 0) + nbytes
 
     def died(self, v: int, key: int) -> None:
-        nbytes = self.live.get(v, {}).pop(key, None)
+        nbytes = self.live.get(v, {}).pop(key, None) if self.on else None
         if nbytes is not None and not self.closed:
             self.deaths.setdefault(v, []).append((len(self.ops), nbytes))
 
@@ -93,6 +98,13 @@ class Lingering:
         """Op node ``v`` of a block call has run."""
         self.ops.append(v)
         self._call.append(v)
+
+    def outside_call(self, v: int) -> None:
+        """Node ``v`` outside the block calls: a glue op that has run, or a module call that starts
+        (what is alive when it starts counts for all of it: its measured workspace is relative to the
+        level then, including what dies during the call)."""
+        if self.on and not self.closed:
+            self.ops.append(v)
 
     def apply(self, rec: Any) -> None:
         """Add each op's lingering bytes to its ``fwd_temp_bytes`` and list them by maker in its

@@ -127,16 +127,15 @@ class _ModuleRecorder(Recorder):
         """Op nodes of blocks: node -> (block call, op index)."""
         if scopes is not None:  # a block call reads its inputs as one region (pinning)
             self.mutations = MutationLog(self._reader, self._is_module_reader)
-        self.lingering = Lingering() if scopes is not None else None
+        self.lingering = Lingering(on=scopes is not None)
 
     def own(self, t: torch.Tensor, v: int) -> None:
         prev = self.owner.get(t.untyped_storage()._cdata)
         super().own(t, v)
-        if self.lingering is not None:
-            self.lingering.owned(v, t.untyped_storage(), prev)
+        self.lingering.owned(v, t.untyped_storage(), prev)
 
     def _disown(self, key: int, v: int) -> None:
-        if self.lingering is not None and self.owner.get(key) == v:
+        if self.owner.get(key) == v:
             self.lingering.died(v, key)
         super()._disown(key, v)
 
@@ -236,6 +235,7 @@ class _ModuleRecorder(Recorder):
                 rec = NodeRecord(name=path, kind=classify_module(module), target=type(module).__name__,
                                  module_path=path, preds=preds, params=params)
                 v = self.add_node(rec)
+                self.lingering.outside_call(v)
                 self.calls[path] = self.calls.get(path, 0) + 1
                 self.call_order.append(v)
                 self._stack.append(v)
@@ -312,6 +312,8 @@ class _ModuleRecorder(Recorder):
         self.last_glue = v
         if in_block:
             self.lingering.after_op(v)
+        else:
+            self.lingering.outside_call(v)
 
 
 def profile_modules(
@@ -343,8 +345,7 @@ def profile_modules(
             handles.append(mod.register_forward_hook(rec.post_hook(path)))
         with rec.recording():
             out = model(*args, **kwargs)
-            if rec.lingering is not None:
-                rec.lingering.close()  # what dies from here on outlived the forward
+            rec.lingering.close()  # what dies from here on outlived the forward
             rec.mark_glue()
             rec.glue_enabled = False
             rec.settle_saves()
@@ -367,8 +368,7 @@ def profile_modules(
         rec.reused.update({p: n for p, n in scopes.calls.items() if n > 1 and p in scopes.blocks})
         settle_scopes(rec, scopes)
     rec.finish(param_bytes)
-    if rec.lingering is not None:
-        rec.lingering.apply(rec)
+    rec.lingering.apply(rec)
     if time_fn is not None:
         time_fn(rec.nodes)
         return rec
