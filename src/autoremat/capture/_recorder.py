@@ -108,6 +108,16 @@ class Recorder:
         self.owner[key] = v
         weakref.finalize(st, self._disown, key, v)
 
+    def take_over(self, v: int, outs: list[torch.Tensor], written: set[int]) -> None:
+        """Node ``v`` wrote the storages ``written`` of its outputs ``outs`` in place: later readers
+        read them from ``v`` (whose backward hands the write's gradient on: Falcon's ``mlp_output +=
+        attention_output``), while each storage stays its maker's (``alias_of``)."""
+        for t in outs:
+            st = t.untyped_storage()
+            if st._cdata in written and st._cdata in self.owner:
+                self.owner[st._cdata] = v
+                weakref.finalize(st, self._disown, st._cdata, v)
+
     def _disown(self, key: int, v: int) -> None:
         if self.owner.get(key) == v:
             del self.owner[key]

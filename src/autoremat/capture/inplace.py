@@ -79,7 +79,7 @@ from torch import nn
 from torch.nn.modules.batchnorm import _BatchNorm
 from ..measure import op_tensors
 
-__all__ = ["out_of_place", "mutated_input", "MutationLog"]
+__all__ = ["out_of_place", "mutated_input", "MutationLog", "written_storages"]
 
 logger = logging.getLogger(__name__)
 
@@ -290,6 +290,15 @@ def _written_args(func: Any) -> tuple[tuple[int, str], ...]:
                     if a.alias_info is not None and a.alias_info.is_write)
         _WRITES[func] = got
     return got
+
+
+def written_storages(func: Any, args: tuple, kwargs: dict) -> set[int]:
+    """Keys of the storages an ATen op writes in place (its schema's ``Tensor(a!)`` arguments)."""
+    keys: set[int] = set()
+    for i, name in _written_args(func):
+        value = args[i] if i < len(args) else kwargs.get(name)
+        keys.update(x.untyped_storage()._cdata for x in op_tensors(value))
+    return keys
 
 
 class MutationLog:

@@ -115,9 +115,11 @@ class Lingering:
             root = rec.root(w)
             if w != root and w in last:
                 last[root] = max(last.get(root, -1), last[w])
-        saved = {u for r in nodes for u in r.saves} | set(rec.loss_saves)
+        # storages saved for backward or held by the output, also through a view or an in-place write
+        kept = {rec.root(u) for r in nodes for u in r.saves} | {rec.root(u) for u in rec.loss_saves}
+        kept |= {rec.root(u) for u, r in enumerate(nodes) if r.is_output or r.held_by_output}
         for u, r in enumerate(nodes):
-            if u in saved or r.is_output or r.held_by_output or not r.alloc_bytes or u not in self.made:
+            if u in kept or not r.alloc_bytes or u not in self.made:
                 continue
             own = self.made[u] - r.alloc_bytes  # its own saved storages: extra_saved_bytes, not lingering
             at = bisect.bisect_right(self.ops, last.get(u, u))  # the first block op after its last reader

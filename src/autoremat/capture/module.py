@@ -34,7 +34,7 @@ from ._recorder import NodeRecord, Recorder, Timer, classify_function, classify_
 from ..call_names import call_name
 from .blocks import BlockScopes, OpTimer, block_paths, settle_scopes, share_times
 from .held_outputs import OutputHold
-from .inplace import MutationLog
+from .inplace import MutationLog, written_storages
 from .kv_cache import cache_arguments
 from .lingering import Lingering
 from .signature import tensor_lines
@@ -66,10 +66,7 @@ def node_modules(model: nn.Module) -> list[tuple[str, nn.Module]]:
             else:
                 visit(path, child)
 
-    if isinstance(model, _CONTAINERS):
-        members("", model)
-    else:
-        visit("", model)
+    (members if isinstance(model, _CONTAINERS) else visit)("", model)
     # a module also registered inside another node module is not a node (autoremat.capture.aliases)
     paths = {p for p, _ in found}
     inside = {k for k, ps in aliased(model).items() if not paths.issuperset(ps)}
@@ -135,8 +132,7 @@ class _ModuleRecorder(Recorder):
         self.lingering.owned(v, t.untyped_storage(), prev)
 
     def _disown(self, key: int, v: int) -> None:
-        if self.owner.get(key) == v:
-            self.lingering.died(v, key)
+        self.lingering.died(v, key)  # the storage's maker's, also where an in-place write took it over
         super()._disown(key, v)
 
     def _reader(self) -> int | str | None:
@@ -206,7 +202,9 @@ class _ModuleRecorder(Recorder):
         if self.current is None and self.glue_enabled and self.scopes is not None and self.scopes.active is not None:
             return t  # an op of a block: its saves are read from its autograd node (_read_saves)
         if self.current is None and self.glue_enabled:
-            if self.last_glue is not None and self.owner.get(key) == self.last_glue:
+            # the last glue op saving its output, if it has a backward (else the next op an input: dropout's mask)
+            last = self.last_glue
+            if last is not None and self.owner.get(key) == last and self.nodes[last].requires_grad:
                 self._packed.append((self.last_glue, key, nbytes))
             else:
                 self._pending_glue.append((key, nbytes))
@@ -298,6 +296,7 @@ class _ModuleRecorder(Recorder):
         rec.alloc_bytes = sum(fresh.values())
         if not fresh and len(roots) == 1:
             rec.alias_of = next(iter(roots))
+            self.take_over(v, outs, written_storages(func, args, kwargs))  # an in-place write
         rec.requires_grad = any(t.requires_grad for t in ins) and any(t.is_floating_point() for t in outs)
         # glue: a view or an in-place write has its owner's backward; an op of a block is marked
         # either way, so that a view's backward is seen to pass its gradient on (grad_passthrough),
