@@ -143,8 +143,10 @@ def with_held_outputs(g: Graph, seed: int, share: float = 0.25, kept: str | None
 
 def random_dag_with_views(seed: int, n: int) -> Graph:
     """:func:`random_dag` plus views (output in an input's storage, no allocation) and gradient
-    pass-through nodes (adds and views), a non-recomputable node and a second output."""
+    pass-through nodes (adds and views; about half the adds with two inputs or more give one input a
+    new gradient, ``grad_new``: autocast's cast to its dtype), a non-recomputable node and a second output."""
     rng = random.Random(seed)
+    casts = random.Random(f"cast:{seed}:{n}")  # a generator of its own: the draws below stay
     g = random_dag(seed, n).nx
     for v in range(1, n):
         preds = sorted(g.predecessors(v))
@@ -155,6 +157,9 @@ def random_dag_with_views(seed: int, n: int) -> Graph:
                               grad_passthrough=True, saves=())
         elif r < 0.35:  # an add-like node
             g.nodes[v].update(grad_passthrough=True, saves=())
+            only = [u for u in preds if g.out_degree(u) == 1]  # its only reader: what capture marks
+            if len(preds) > 1 and only and casts.random() < 0.5:
+                g.nodes[v]["grad_new"] = (casts.choice(only),)
     if n > 3:
         g.nodes[rng.randrange(n)]["recomputable"] = False
     for v in range(n):

@@ -26,7 +26,7 @@ import math
 from collections.abc import Iterable
 from typing import Any
 
-__all__ = ["OUTPUT_KEPT", "check_output_kept", "grad_bytes_of", "lingering_pairs", "scaled_pairs"]
+__all__ = ["OUTPUT_KEPT", "check_output_kept", "grad_bytes_of", "input_nodes", "lingering_pairs", "scaled_pairs"]
 
 OUTPUT_KEPT = ("loss", "step")
 """Values of ``Graph.meta["output_kept"]``: until when the step keeps the model's returned object."""
@@ -65,3 +65,11 @@ def lingering_pairs(pairs: Iterable[Iterable[int]], v: int) -> tuple[tuple[int, 
 def scaled_pairs(pairs: Iterable[tuple[int, int]], scale: Any) -> tuple[tuple[int, int], ...]:
     """``pairs`` with each byte count ``b`` replaced by ``ceil(scale(b))`` (at least 0)."""
     return tuple((u, max(0, int(math.ceil(scale(b))))) for u, b in pairs)
+
+
+def input_nodes(nodes: Iterable[int], v: int, preds: Iterable[int], name: str) -> tuple[int, ...]:
+    """Node ``v``'s attribute ``name`` listing some of its inputs ``preds``, sorted; a ``ValueError`` otherwise."""
+    out, inputs = tuple(sorted({int(u) for u in nodes})), set(preds)
+    if not inputs.issuperset(out):
+        raise ValueError(f"node {v}'s {name} names {sorted(set(out) - inputs)}, which are not its inputs")
+    return out

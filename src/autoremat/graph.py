@@ -32,9 +32,9 @@ Node attributes (all plain numbers and strings, so solvers never need torch):
     Names of the trainable parameters the node uses and the bytes of their gradients.
 ``requires_grad``
     Whether the node's output takes part in backward.
-``grad_passthrough``
+``grad_passthrough``, ``grad_new``
     Whether the node's backward hands its output gradient to its inputs without a new
-    allocation (``add``, views).
+    allocation (``add``, views); the inputs it gives a new one even so (a cast to their dtype).
 ``is_output``
     Whether the node's value is an output of the model whose gradient the loss seeds (module
     capture: one the loss reads; :mod:`autoremat.capture._loss_reach`): held as long as the
@@ -84,7 +84,7 @@ from typing import Any
 
 import networkx as nx
 
-from ._graph_rules import OUTPUT_KEPT, check_output_kept, grad_bytes_of, lingering_pairs, scaled_pairs
+from ._graph_rules import OUTPUT_KEPT, check_output_kept, grad_bytes_of, input_nodes, lingering_pairs, scaled_pairs
 from ._jsonio import dump_json, load_json
 from .call_names import enclosing_paths, plain_path
 
@@ -114,6 +114,7 @@ NODE_DEFAULTS: dict[str, Any] = {
     "param_grad_bytes": 0,
     "requires_grad": True,
     "grad_passthrough": False,
+    "grad_new": (),
     "is_output": False,
     "grad_seed_bytes": None,
     "held_by_output": False,
@@ -143,6 +144,7 @@ class Graph:
             data["params"] = tuple(data["params"])
             data["scope"] = tuple(str(p) for p in data["scope"])
             data["lingering"] = lingering_pairs(data["lingering"], v)
+            data["grad_new"] = input_nodes(data["grad_new"], v, g.predecessors(v), "grad_new")
             for u in data["saves"]:
                 if u > v:
                     raise ValueError(f"node {v} saves node {u}, which runs after it")
@@ -466,7 +468,7 @@ class Graph:
             d["saves"] = list(d["saves"])
             d["params"] = list(d["params"])
             d["scope"] = list(d["scope"])
-            d["lingering"] = [list(p) for p in d["lingering"]]
+            d["lingering"], d["grad_new"] = [list(p) for p in d["lingering"]], list(d["grad_new"])
             nodes.append(d)
         return {
             "format": "autoremat.graph",

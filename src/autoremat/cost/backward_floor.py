@@ -123,11 +123,12 @@ class BackwardFloor:
             has_grad[v] = bool(p.rg[v]) and (bool(p.is_out[v]) or any(has_grad[w] for w in p.succ[v]))
         self.local = [
             (p.btemp[v] + sum(b for _, b in p.params[v])
-             + (0 if p.passthru[v] else sum(p.out[u] for u in set(p.pred[v]) if p.rg[u])))
+             + sum(p.out[u] for u in (p.grad_new[v] if p.passthru[v] else set(p.pred[v])) if p.rg[u]))
             if has_grad[v] else -1
             for v in range(p.n)]
         # a node whose gradient buffer is its own (no pass-through reader shares it)
-        self.own_grad = [bool(p.rg[u]) and not any(p.passthru[w] for w in p.succ[u]) for u in range(p.n)]
+        self.own_grad = [bool(p.rg[u]) and not any(p.passthru[w] and u not in p.grad_new[w] for w in p.succ[u])
+                         for u in range(p.n)]
         self.passthru_mask = sum(1 << w for w in range(p.n) if p.passthru[w])
         self._split: dict[int, tuple[list[int], list[tuple[int, tuple[int, ...]]]]] = {}
 

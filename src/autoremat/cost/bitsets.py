@@ -93,6 +93,7 @@ class GraphBits:
         self.out = [graph.grad_bytes(v) for v in range(n)]  # its gradient's bytes (Graph.grad_bytes)
         self.rg = [bool(d["requires_grad"]) for d in nd]
         self.passthru = [bool(d["grad_passthrough"]) for d in nd]
+        self.grad_new = [frozenset(d["grad_new"]) for d in nd]  # inputs a pass-through still gives a new one
         self.is_out = [bool(d["is_output"]) for d in nd]  # the loss seeds its gradient
         self.held = [graph.held_to_loss(v) for v in range(n)]  # its storage is held until the loss
         self.held_end = graph.held_to_end()  # ... and to the end of backward (meta["output_kept"] "step")
@@ -166,7 +167,8 @@ class GraphBits:
         # whose gradient buffer a node holds when its backward runs (pass-through chains share)
         owner = list(range(n))
         for v in range(n - 1, -1, -1):
-            if not self.is_out[v] and len(self.succ[v]) == 1 and self.passthru[self.succ[v][0]]:
+            w = self.succ[v][0] if len(self.succ[v]) == 1 else -1
+            if not self.is_out[v] and w >= 0 and self.passthru[w] and v not in self.grad_new[w]:
                 owner[v] = owner[self.succ[v][0]]
         self.buf_owner = owner
         # integer node times (the papers' convention, integer test times) with few distinct
@@ -275,7 +277,7 @@ class GraphBits:
                 owner = u
                 if not self.is_out[u] and out_succ & (out_succ - 1) == 0:
                     w = out_succ.bit_length() - 1
-                    if self.passthru[w]:
+                    if self.passthru[w] and u not in self.grad_new[w]:
                         owner = self.buf_owner[w]
                 grads.append((u, owner))
             params = frozenset(q for q, users in self.param_users.items() if users & outside)

@@ -139,8 +139,7 @@ class ClosedForm:
             cut_above[v] = cut - (p.out[v] if last[v] == v else 0) - sum(
                 p.out[u] for u in p.pred[v] if last[u] == v)
             acc = p.btemp[v]
-            if not p.passthru[v]:
-                acc += sum(p.out[u] for u in p.pred[v] if last[u] > v)
+            acc += sum(p.out[u] for u in (p.grad_new[v] if p.passthru[v] else p.pred[v]) if last[u] > v)
             steps[v] = prefix[v + 1] + cut + acc + pgc[v]
             inflight = p.ftemp[v] + (0 if saved_root[p.root[v]] else p.alloc[v])
             inflight += sum(p.alloc[u] for u in p.pred[v] if not saved_root[p.root[u]])

@@ -226,7 +226,7 @@ def replay_segment(p: GraphBits, lower: int, upper: int, dangling: int, recomput
     rroot: dict[int, int] = {}
     pgrad: set[str] = set()  # parameter gradients allocated during this backward
     spent = 0.0
-    out_b, passthru, btemp, alias_of = p.out, p.passthru, p.btemp, p.alias_of
+    out_b, passthru, btemp, alias_of, cast = p.out, p.passthru, p.btemp, p.alias_of, p.grad_new
     for v in reversed(nodes):
         if v == stop:
             for x in nodes:
@@ -280,7 +280,7 @@ def replay_segment(p: GraphBits, lower: int, upper: int, dangling: int, recomput
                 if not rg[u]:
                     continue
                 old = grad.get(u)
-                if passthru[v]:
+                if passthru[v] and u not in cast[v]:
                     if old is None:
                         refs[gv].add(gb_base + u)
                         grad[u] = gv

@@ -436,7 +436,7 @@ def _input_grads(s: StepState, g: Graph, nd: list[dict], v: int, gv: Hashable) -
         if not du["requires_grad"]:
             continue
         old = s.grad.get(u)
-        if d["grad_passthrough"]:
+        if d["grad_passthrough"] and u not in d["grad_new"]:  # else a new one (a cast to u's dtype)
             if old is None:
                 s.addref(gv, ("gb", u))
                 s.grad[u] = gv

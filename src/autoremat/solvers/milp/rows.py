@@ -121,7 +121,7 @@ def _replay_rows(f: Formulation, st: Storages, hold: list[int]) -> None:
               if alloc[u] > 0 and g.node(u)["alias_of"] is None and (u == w or u in g.pred(w))
               and (w, 0) in f.y]
     own = [u for u in g.nodes if g.node(u)["requires_grad"]
-           and all(not g.node(w)["grad_passthrough"] for w in g.succ(u) if grad[w])]
+           and all(not g.node(w)["grad_passthrough"] or u in g.node(w)["grad_new"] for w in g.succ(u) if grad[w])]
     puse = [(p, v) for v in g.nodes if grad[v] for p in set(g.node(v)["params"]) if p in pb]
     kept = float(sum(alloc[r] for r in st.kept))
     for i in range(k):
@@ -247,7 +247,7 @@ def backward_rows(f: Formulation, deps: set[tuple[int, int]], st: Storages) -> N
     grad = has_grad(g)
     alloc = st.alloc
     own = {u for u in g.nodes if g.node(u)["requires_grad"] and g.grad_bytes(u) > 0
-           and all(not g.node(w)["grad_passthrough"] for w in g.succ(u) if grad[w])}
+           and all(not g.node(w)["grad_passthrough"] or u in g.node(w)["grad_new"] for w in g.succ(u) if grad[w])}
     puse = [(p, w) for w in g.nodes if grad[w] for p in set(g.node(w)["params"]) if p in pb]
     top = f.max_terms or n
     roots = sorted((set(st.savers) | {r for r, _ in f.cin}) - st.kept, key=lambda r: -alloc[r])[:top]
