@@ -1,7 +1,7 @@
 """Rules of :class:`autoremat.graph.Graph` that capture applies too, without a graph: how long
 the step keeps the model's returned object (:data:`OUTPUT_KEPT`), the size of the gradient the
 loss seeds into a model output (:func:`grad_bytes_of`), and the form of a node's ``lingering``
-bytes (:func:`lingering_pairs`, :func:`scaled_pairs`).
+and ``grad_part`` bytes (:func:`byte_pairs`, :func:`scaled_pairs`).
 
 The seed. ``out.sum()`` hands ``out`` an expanded scalar (one element of storage, strides 0),
 ``out.mean()`` (PyTorch 2.13: ``mean_backward`` divides the expanded gradient) and a
@@ -26,7 +26,7 @@ import math
 from collections.abc import Iterable
 from typing import Any
 
-__all__ = ["OUTPUT_KEPT", "check_output_kept", "grad_bytes_of", "input_nodes", "lingering_pairs", "scaled_pairs"]
+__all__ = ["OUTPUT_KEPT", "check_output_kept", "grad_bytes_of", "input_nodes", "byte_pairs", "scaled_pairs"]
 
 OUTPUT_KEPT = ("loss", "step")
 """Values of ``Graph.meta["output_kept"]``: until when the step keeps the model's returned object."""
@@ -52,13 +52,17 @@ def grad_bytes_of(out_bytes: int, grad_seed_bytes: int | None, *, is_output: boo
     return min(int(grad_seed_bytes), int(out_bytes))
 
 
-def lingering_pairs(pairs: Iterable[Iterable[int]], v: int) -> tuple[tuple[int, int], ...]:
-    """Node ``v``'s ``lingering`` as ``(maker, bytes)`` pairs of ints, each maker once and run
-    before ``v`` (:mod:`autoremat.capture.lingering`); a ``ValueError`` otherwise."""
+def byte_pairs(pairs: Iterable[Iterable[int]], v: int, name: str,
+               nodes: Iterable[int] | None = None) -> tuple[tuple[int, int], ...]:
+    """Node ``v``'s attribute ``name`` as ``(node, bytes)`` pairs of ints, each node once and run before
+    ``v`` (``lingering``: the makers, :mod:`autoremat.capture.lingering`), or one of ``nodes`` (``grad_part``:
+    its inputs); a ``ValueError`` otherwise."""
     out = tuple((int(u), int(b)) for u, b in pairs)
-    makers = [u for u, _ in out]
-    if any(not 0 <= u < v for u in makers) or len(set(makers)) < len(makers):
-        raise ValueError(f"node {v}'s lingering bytes name makers {makers}: each must be a node run before it, once")
+    named = [u for u, _ in out]
+    allowed = set(range(v)) if nodes is None else set(nodes)
+    if not allowed.issuperset(named) or len(set(named)) < len(named):
+        raise ValueError(f"node {v}'s {name} names nodes {named}: each must be "
+                         f"{'a node run before it' if nodes is None else 'one of its inputs'}, once")
     return out
 
 

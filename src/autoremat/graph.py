@@ -32,9 +32,11 @@ Node attributes (all plain numbers and strings, so solvers never need torch):
     Names of the trainable parameters the node uses and the bytes of their gradients.
 ``requires_grad``
     Whether the node's output takes part in backward.
-``grad_passthrough``, ``grad_new``
+``grad_passthrough``, ``grad_new``, ``grad_part``
     Whether the node's backward hands its output gradient to its inputs without a new
-    allocation (``add``, views); the inputs it gives a new one even so (a cast to their dtype).
+    allocation (``add``, views); the inputs it gives a new one even so (a cast to their dtype);
+    ``(input, bytes)``: inputs it read through one of the views a split made (``chunk``), whose
+    gradient is that view's size until the split's backward joins them (:class:`~autoremat.cost.ledger.StepState`).
 ``is_output``
     Whether the node's value is an output of the model whose gradient the loss seeds (module
     capture: one the loss reads; :mod:`autoremat.capture._loss_reach`): held as long as the
@@ -84,7 +86,7 @@ from typing import Any
 
 import networkx as nx
 
-from ._graph_rules import OUTPUT_KEPT, check_output_kept, grad_bytes_of, input_nodes, lingering_pairs, scaled_pairs
+from ._graph_rules import OUTPUT_KEPT, byte_pairs, check_output_kept, grad_bytes_of, input_nodes, scaled_pairs
 from ._jsonio import dump_json, load_json
 from .call_names import enclosing_paths, plain_path
 
@@ -115,6 +117,7 @@ NODE_DEFAULTS: dict[str, Any] = {
     "requires_grad": True,
     "grad_passthrough": False,
     "grad_new": (),
+    "grad_part": (),
     "is_output": False,
     "grad_seed_bytes": None,
     "held_by_output": False,
@@ -143,8 +146,9 @@ class Graph:
             data["saves"] = tuple(sorted(set(int(u) for u in data["saves"])))
             data["params"] = tuple(data["params"])
             data["scope"] = tuple(str(p) for p in data["scope"])
-            data["lingering"] = lingering_pairs(data["lingering"], v)
+            data["lingering"] = byte_pairs(data["lingering"], v, "lingering")
             data["grad_new"] = input_nodes(data["grad_new"], v, g.predecessors(v), "grad_new")
+            data["grad_part"] = byte_pairs(data["grad_part"], v, "grad_part", g.predecessors(v))
             for u in data["saves"]:
                 if u > v:
                     raise ValueError(f"node {v} saves node {u}, which runs after it")
@@ -161,13 +165,8 @@ class Graph:
 
     # ------------------------------------------------------------------ construction helpers
     @classmethod
-    def chain(
-        cls,
-        out_bytes: Iterable[int],
-        time_s: Iterable[float] | None = None,
-        *,
-        saves_own_output: bool = True,
-    ) -> "Graph":
+    def chain(cls, out_bytes: Iterable[int], time_s: Iterable[float] | None = None, *,
+              saves_own_output: bool = True) -> "Graph":
         """A linear chain ``0 -> 1 -> ... -> n-1`` (tests, examples); each node saves its own
         output when ``saves_own_output`` (the papers' model)."""
         sizes = [int(b) for b in out_bytes]
@@ -183,15 +182,8 @@ class Graph:
         return cls(g, {"mode": "synthetic", "loss_saves": [len(sizes) - 1] if sizes else []})
 
     @classmethod
-    def from_edges(
-        cls,
-        n: int,
-        edges: Iterable[tuple[int, int]],
-        *,
-        out_bytes: Iterable[int] | None = None,
-        time_s: Iterable[float] | None = None,
-        saves_own_output: bool = True,
-    ) -> "Graph":
+    def from_edges(cls, n: int, edges: Iterable[tuple[int, int]], *, out_bytes: Iterable[int] | None = None,
+                   time_s: Iterable[float] | None = None, saves_own_output: bool = True) -> "Graph":
         """A synthetic DAG on ``n`` nodes; the sinks are the model outputs."""
         sizes = [1] * n if out_bytes is None else [int(b) for b in out_bytes]
         times = [1.0] * n if time_s is None else [float(t) for t in time_s]
@@ -434,7 +426,8 @@ class Graph:
             d = g.nx.nodes[v]
             for key in _BATCH_BYTES + (("grad_seed_bytes",) if d["grad_seed_bytes"] is not None else ()):
                 d[key] = int(math.ceil(d[key] * factor))
-            d["lingering"] = scaled_pairs(d["lingering"], lambda b: b * factor)
+            for key in ("lingering", "grad_part"):
+                d[key] = scaled_pairs(d[key], lambda b: b * factor)
             d["time_s"] *= factor
             d["bwd_time_s"] *= factor
         for key in _BATCH_META_BYTES:
@@ -468,7 +461,8 @@ class Graph:
             d["saves"] = list(d["saves"])
             d["params"] = list(d["params"])
             d["scope"] = list(d["scope"])
-            d["lingering"], d["grad_new"] = [list(p) for p in d["lingering"]], list(d["grad_new"])
+            d["lingering"], d["grad_part"] = [list(p) for p in d["lingering"]], [list(p) for p in d["grad_part"]]
+            d["grad_new"] = list(d["grad_new"])
             nodes.append(d)
         return {
             "format": "autoremat.graph",

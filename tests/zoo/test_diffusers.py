@@ -213,12 +213,15 @@ def test_unet2d_plans_train_bit_for_bit_at_the_predicted_peak(unet2d: tuple, bud
 @pytest.mark.slow  # about 8 s alone, 17 s on a loaded machine
 def test_cond_unet_least_plan_trains_bit_for_bit() -> None:
     """Cross-attention, GEGLU feed-forward, dropout: the least plan measures about 0.4x the unpatched
-    peak. Its prediction is high by one half of a GEGLU projection (the cost model hands the
-    gradient of one ``chunk`` half to the whole projection: see the report), so within 7 %."""
+    peak, predicted within 0.1 % once the loss's own storage is added (CPU ``F.mse_loss``: see the
+    ``UNet2DModel`` test). Before ``grad_part`` it was predicted 1.057x: each half of a GEGLU
+    projection's ``chunk`` got a gradient of the whole projection output."""
     model, args, kwargs, loss_fn = _cond_unet()
     g = autoremat.capture(model, args, kwargs, loss_fn=loss_fn, times="flops")
     reference = _grads(model, args, kwargs, loss_fn)
     unpatched = measure(model, args, kwargs, loss_fn=loss_fn, steps=1, warmup=1).peak_bytes
+    with torch.no_grad():
+        held_loss = loss_fn(model(*args, **kwargs)).untyped_storage().nbytes()
     plan = autoremat.solve(g, "min")
     autoremat.apply(model, plan)
     try:
@@ -227,7 +230,7 @@ def test_cond_unet_least_plan_trains_bit_for_bit() -> None:
     finally:
         autoremat.restore(model)
     assert peak <= 0.45 * unpatched, (peak, unpatched)
-    assert peak <= plan.predicted_peak_bytes <= 1.07 * peak, (plan.predicted_peak_bytes, peak)
+    assert abs(plan.predicted_peak_bytes + held_loss - peak) <= 0.001 * peak, (plan.predicted_peak_bytes, peak)
 
 
 def _accelerate_steps(model: nn.Module, args: tuple, kwargs: dict, loss_fn: Any, plan: bool, mixed: str) -> nn.Module:

@@ -25,6 +25,7 @@ from .._fsdp import original_class
 from ..measure import LiveStorageCounter, _flatten
 from .allocator_meter import AllocatorMeter
 from ._loss_reach import seed_bytes
+from .input_grads import InputGrads
 from .inplace import MutationLog
 from .meta_targets import loss_on
 
@@ -54,6 +55,7 @@ class NodeRecord:
     fwd_temp_bytes: int = 0
     lingering: list[tuple[int, int]] = field(default_factory=list)
     grad_new: list[int] = field(default_factory=list)
+    grad_part: list[tuple[int, int]] = field(default_factory=list)
     bwd_temp_bytes: int = 0
     requires_grad: bool = False
     grad_passthrough: bool = False
@@ -95,7 +97,7 @@ class Recorder:
         self._regions: list[tuple[int | str, int]] = []  # (node or "loss", peak bytes above its start)
         self._open: tuple[int | str, int] | None = None
         self._grad_ref: dict[int, tuple[int, weakref.ref]] = {}
-        self._cast_inputs: dict[int, set[int]] = {}  # op node -> inputs of another floating dtype than its output
+        self.input_grads = InputGrads()  # casts and split parts each op read (grad_new, grad_part)
         self.on_pack: Callable[[int | str | None, int, int], None] | None = None
         self.succs: dict[int, list[int]] = {}
         self.pinned: dict[str, str] = {}
@@ -294,23 +296,6 @@ class Recorder:
                     rec.saves.discard(u)
                     rec.extra_saved_bytes += self.nodes[u].alloc_bytes
 
-    def note_casts(self, v: int, ins: list[torch.Tensor], outs: list[torch.Tensor]) -> None:
-        """Op node ``v`` read ``ins`` and made ``outs``: remember the inputs of another floating dtype."""
-        out = next((t.dtype for t in outs if t.is_floating_point()), None)
-        found = {self.owner[k] for t in ins if t.is_floating_point() and t.dtype != out and out is not None
-                 and (k := t.untyped_storage()._cdata) in self.owner}
-        if found:
-            self._cast_inputs[v] = found
-
-    def _cast_gradients(self) -> None:
-        """``grad_new`` of each node that passes its gradient through: its inputs of another dtype,
-        which its backward gives a new gradient (a cast: under autocast a residual ``add`` of a bf16
-        and an fp32 tensor hands its fp32 gradient to one and a bf16 copy to the other)."""
-        for w, inputs in self._cast_inputs.items():
-            rec = self.nodes[w]
-            if rec.grad_passthrough:
-                rec.grad_new = sorted(u for u in inputs if u in rec.preds and self.nodes[u].requires_grad)
-
     def finish(self, param_bytes: dict[str, int]) -> None:
         """Derive backward workspace from the recorded regions; pin the nodes whose inputs were
         written in place (:mod:`autoremat.capture.inplace`)."""
@@ -323,7 +308,7 @@ class Recorder:
             self.nodes[v].recomputable = False
             self.pinned[self.nodes[v].name] = (self.nodes[writer].name if isinstance(writer, int)
                                                  else writer or "code between nodes")
-        self._cast_gradients()
+        self.input_grads.apply(self.nodes)
         for who, delta in self._regions:
             if who == "loss":
                 modelled = sum(seed_bytes(self.nodes, self.succs, v) for v, r in enumerate(self.nodes)
@@ -332,8 +317,9 @@ class Recorder:
                 continue
             rec = self.nodes[who]
             modelled = 0
+            parts = dict(rec.grad_part)  # the gradients the cost model gives the inputs
             if not rec.grad_passthrough:
-                modelled += sum(self.nodes[u].out_bytes for u in rec.preds if self.nodes[u].requires_grad)
+                modelled += sum(parts.get(u, self.nodes[u].out_bytes) for u in rec.preds if self.nodes[u].requires_grad)
             modelled += sum(self.nodes[u].out_bytes for u in rec.grad_new)
             for p in rec.params:  # the first use in backward allocates p's gradient; a later use's
                 if p in param_bytes:  # contribution is the transient the cost model charges beside it

@@ -170,8 +170,8 @@ class _Interp(torch.fx.Interpreter):
             self.probe.begin(v)
             out = fn(*args, **kwargs)
             self.probe.end(v, out)
-            if (note := getattr(self.probe, "note_casts", None)) is not None:  # the recorder (not the timer)
-                note(v, tensors_in((args, kwargs)), tensors_in(out))
+            if (grads := getattr(self.probe, "input_grads", None)) is not None:  # the recorder (not the timer)
+                grads.note(v, tensors_in((args, kwargs)), tensors_in(out), self.probe.owner)
         if v in self.outputs:
             for t in tensors_in(out):
                 if t.grad_fn is not None:

@@ -294,7 +294,7 @@ class _ModuleRecorder(Recorder):
                 fresh[k] = t.untyped_storage().nbytes()
                 self.own(t, v)
         rec.alloc_bytes = sum(fresh.values())
-        self.note_casts(v, ins, outs)
+        self.input_grads.note(v, ins, outs, self.owner)
         if not fresh and len(roots) == 1:
             rec.alias_of = next(iter(roots))
             self.take_over(v, outs, written_storages(func, args, kwargs))  # an in-place write

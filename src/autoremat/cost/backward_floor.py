@@ -123,7 +123,7 @@ class BackwardFloor:
             has_grad[v] = bool(p.rg[v]) and (bool(p.is_out[v]) or any(has_grad[w] for w in p.succ[v]))
         self.local = [
             (p.btemp[v] + sum(b for _, b in p.params[v])
-             + sum(p.out[u] for u in (p.grad_new[v] if p.passthru[v] else set(p.pred[v])) if p.rg[u]))
+             + sum(p.part[v].get(u, p.out[u]) for u in (p.grad_new[v] if p.passthru[v] else set(p.pred[v])) if p.rg[u]))
             if has_grad[v] else -1
             for v in range(p.n)]
         # a node whose gradient buffer is its own (no pass-through reader shares it)

@@ -94,6 +94,9 @@ class GraphBits:
         self.rg = [bool(d["requires_grad"]) for d in nd]
         self.passthru = [bool(d["grad_passthrough"]) for d in nd]
         self.grad_new = [frozenset(d["grad_new"]) for d in nd]  # inputs a pass-through still gives a new one
+        # inputs read through a split's view, whose gradient is the view's size (the simulator's
+        # grad_part; the replay and closed-form models give them the whole input's, the floors the part's)
+        self.part = [dict(d["grad_part"]) for d in nd]
         self.is_out = [bool(d["is_output"]) for d in nd]  # the loss seeds its gradient
         self.held = [graph.held_to_loss(v) for v in range(n)]  # its storage is held until the loss
         self.held_end = graph.held_to_end()  # ... and to the end of backward (meta["output_kept"] "step")

@@ -88,6 +88,8 @@ class StepState(StorageLedger):
         self.grad: dict[int, Hashable] = {}
         self.pgrad: set[str] = set()
         self.pgrad_bytes = 0
+        self.parts: dict[int, list[tuple[Hashable, Hashable]]] = {}
+        """Node -> the gradients of its parts handed on so far (``grad_part``): ``(key, holder)``."""
 
     def touch(self, extra: int, phase: str, v: int = -1) -> None:
         """The live level plus ``extra`` bytes of transients at ``phase`` (a key of
@@ -98,6 +100,28 @@ class StepState(StorageLedger):
         if level > self.peak:
             self.peak = level
             self._peak_at = (phase, v)
+
+    def give_part(self, u: int, nbytes: int, v: int) -> None:
+        """Node ``v``'s backward hands node ``u`` the gradient of a part of its output (a view a
+        split made, ``grad_part``): a buffer of that part's size, held until ``u``'s are joined."""
+        key = self.new_grad(nbytes)
+        self.addref(key, ("gp", u, v))
+        self.parts.setdefault(u, []).append((key, ("gp", u, v)))
+
+    def join_parts(self, u: int, nbytes: int) -> None:
+        """Before node ``u``'s backward: the split's backward joins its parts' gradients into one of
+        ``nbytes`` (added into ``u``'s gradient where it has one already), then lets them go."""
+        parts = self.parts.pop(u, None)
+        if parts is None:
+            return
+        old = self.grad.get(u)
+        key = self.new_grad(nbytes)  # the join (and, with ``old``, the sum: added in place)
+        self.addref(key, ("gb", u))
+        self.grad[u] = key
+        for k, holder in parts:
+            self.decref(k, holder)
+        if old is not None:
+            self.decref(old, ("gb", u))
 
     def workspace(self, d: dict[str, Any], key_of: Callable[[int], Hashable | None]) -> int:
         """A node's forward workspace here (``d``: its attributes): ``fwd_temp_bytes`` less those of

@@ -192,8 +192,8 @@ def _step_of(g: Graph, plan: Plan, s: StepState, bandwidth_bytes_per_s: float | 
 
 
 def _forward(s: StepState, st: _Step, si: int, seg: Segment) -> set[int]:
-    """The forward of segment ``si``; returns its inputs (held by a recomputed segment until its
-    backward is over: non-reentrant checkpoint keeps its inputs; an offloaded one in host memory)."""
+    """The forward of segment ``si``; returns its inputs (a recomputed segment holds them until its
+    backward is over, in host memory if offloaded)."""
     g, nd, off, offloaded, units = st.g, st.nd, st.off, st.offloaded, st.units
     members = set(seg.nodes)
     inputs = {u for v in seg.nodes for u in g.pred(v) if u not in members}
@@ -278,8 +278,7 @@ def _backward(s: StepState, st: _Step, seg_inputs: list[set[int]], at: SegmentHo
 
 def _backward_segment(s: StepState, st: _Step, si: int, inputs: set[int], tail: tuple[int, list[int]] | None,
                       param_bytes: dict[str, int]) -> float:
-    """Backward of segment ``si`` (``inputs``: what its forward returned), replaying it when it is
-    recomputed; returns the replayed forward time."""
+    """Backward of segment ``si`` (``inputs``: its forward's), replaying it when recomputed; the replayed time."""
     g, nd, off, offloaded = st.g, st.nd, st.off, st.offloaded
     seg = st.plan.segments[si]
     stop = st.stops[si]
@@ -315,10 +314,8 @@ def _backward_segment(s: StepState, st: _Step, si: int, inputs: set[int], tail: 
 
 def _rkey(g: Graph, rroot: dict[int, Hashable], v: int) -> Hashable:
     """Storage key of ``v``'s value during the recomputation of a segment."""
-    if v in rroot:
-        return rroot[v]
     r = g.root(v)
-    return rroot[r] if r in rroot else ("o", r)  # an offloaded input's storage is its prefetched copy
+    return rroot[v] if v in rroot else rroot[r] if r in rroot else ("o", r)  # an offloaded input: its prefetched copy
 
 
 def _recompute(s: StepState, g: Graph, nd: list[dict], seg: Segment, stop: int,
@@ -387,10 +384,10 @@ def _recompute(s: StepState, g: Graph, nd: list[dict], seg: Segment, stop: int,
 def _backward_node(s: StepState, g: Graph, nd: list[dict], v: int, *, recomputed: bool,
                    rroot: dict[int, Hashable], param_bytes: dict[str, int], off: Offload,
                    okeys: list[tuple[str, int]]) -> None:
-    """Node ``v``'s backward: its inputs' gradients (new, shared by a pass-through, or
-    accumulated), its parameters' gradients on first use, its workspace; then what it saved is
-    released."""
+    """Node ``v``'s backward: its inputs' gradients (new, shared by a pass-through, accumulated, or parts
+    of a split's views), its parameters' gradients on first use, its workspace; then its saves go."""
     d = nd[v]
+    s.join_parts(v, d["out_bytes"])  # gradients of parts a split made of v's output (grad_part)
     gv = s.grad.pop(v, None)
     if gv is not None:
         transient = _input_grads(s, g, nd, v, gv)
@@ -427,13 +424,16 @@ def _backward_node(s: StepState, g: Graph, nd: list[dict], v: int, *, recomputed
 
 
 def _input_grads(s: StepState, g: Graph, nd: list[dict], v: int, gv: Hashable) -> int:
-    """The gradients node ``v``'s backward hands its inputs; returns the transient bytes (new
-    gradients added in place into a buffer that is not shared)."""
+    """The gradients node ``v``'s backward hands its inputs; returns the transient bytes (new ones added in place)."""
     d = nd[v]
     transient = 0
+    parts = dict(d["grad_part"]) if d["grad_part"] else {}
     for u in g.pred(v):
         du = nd[u]
         if not du["requires_grad"]:
+            continue
+        if u in parts:  # a part of u's output that a split made: its gradient, joined before u's backward
+            s.give_part(u, parts[u], v)
             continue
         old = s.grad.get(u)
         if d["grad_passthrough"] and u not in d["grad_new"]:  # else a new one (a cast to u's dtype)

@@ -61,9 +61,10 @@ def scale_to(base: Graph, lo: Graph, hi: Graph, s_lo: int, s_hi: int, batch: int
         if bytes_too:
             for key in _BYTE_KEYS:
                 d[key] = max(0, int(math.ceil(fit(a[key], b[key], s_lo, s_hi, batch))))
-            small = dict(a["lingering"])  # the same makers at both sizes (the same graph), else 0 there
-            d["lingering"] = tuple((u, max(0, int(math.ceil(fit(small.get(u, 0), nbytes, s_lo, s_hi, batch)))))
-                                   for u, nbytes in b["lingering"])
+            for key in ("lingering", "grad_part"):  # the same nodes at both sizes (the same graph), else 0 there
+                small = dict(a[key])
+                d[key] = tuple((u, max(0, int(math.ceil(fit(small.get(u, 0), nbytes, s_lo, s_hi, batch)))))
+                               for u, nbytes in b[key])
             seeds = (a["grad_seed_bytes"], b["grad_seed_bytes"])
             d["grad_seed_bytes"] = None if None in seeds else max(0, int(math.ceil(fit(*seeds, s_lo, s_hi, batch))))
     if bytes_too:

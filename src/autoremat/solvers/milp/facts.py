@@ -35,7 +35,8 @@ def backward_need(g: Graph, v: int, pb: dict) -> int:
     saved = sum(g.node(r)["alloc_bytes"] for r in {g.root(u) for u in d["saves"]}) if d["requires_grad"] else 0
     extra = d["extra_saved_bytes"] if d["requires_grad"] else 0
     given = d["grad_new"] if d["grad_passthrough"] else g.pred(v)  # a pass-through gives new ones to grad_new only
-    grads = sum(g.grad_bytes(u) for u in given if g.node(u)["requires_grad"])
+    part = dict(d["grad_part"])  # a split's view: the view's size
+    grads = sum(part.get(u, g.grad_bytes(u)) for u in given if g.node(u)["requires_grad"])
     params = sum(pb[p] for p in set(d["params"]) if p in pb)
     return int(saved + extra + grads + params + d["bwd_temp_bytes"])
 

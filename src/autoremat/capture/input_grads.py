@@ -1,0 +1,72 @@
+"""What an op's backward hands each input, where the cost model's default (a gradient of the input's
+``out_bytes``, or the op's own when it passes it through) is not what autograd does.
+
+* **Casts** (``grad_new``): a node that passes its gradient through gives an input of another
+  floating dtype a new gradient, a copy in that dtype. Under autocast a residual ``add`` of a bf16
+  block input and an fp32 branch (ConvNeXt's layer scale: an fp32 parameter times a bf16 tensor)
+  hands its fp32 gradient to the branch and a bf16 copy to the input.
+* **Parts of a split** (``grad_part``): an op reading one of the views a split made of a tensor
+  (``chunk``, ``split``, ``unbind``: one op, several views of one storage) hands that view a gradient
+  of the view's size; the split's backward joins them into one of the whole tensor when all are in
+  (zeros for the missing ones). A GLU's ``gate, up = proj(x).chunk(2, -1)`` (Phi-3, Mixtral's
+  experts, diffusers' GEGLU): the cost model gave each reader a gradient of the whole projection
+  output, 1.05-1.08x the measured least-plan peak.
+
+:class:`InputGrads` notes what each op read and made while capture records the forward (the
+tensors are the ones the model sees: a dispatch mode below autograd gets the same objects), and
+:meth:`InputGrads.apply` writes the node records once backward has said which nodes pass their
+gradient through.
+"""
+
+from __future__ import annotations
+
+import weakref
+from collections.abc import Mapping
+from typing import Any
+
+import torch
+
+__all__ = ["InputGrads"]
+
+
+class InputGrads:
+    """Casts and split parts read by each op node (module docstring)."""
+
+    def __init__(self) -> None:
+        self.casts: dict[int, set[int]] = {}
+        """Op node -> the nodes whose outputs it read in another floating dtype than its own."""
+        self.parts: dict[int, dict[int, int]] = {}
+        """Op node -> {node: bytes of the split views of that node's output it read}."""
+        self._views: dict[int, weakref.ref] = {}
+        """``id`` of each view a split made -> a reference to it (an ``id`` may be reused)."""
+
+    def note(self, v: int, ins: list[torch.Tensor], outs: list[torch.Tensor], owner: Mapping[int, int]) -> None:
+        """Op node ``v`` read ``ins`` and made ``outs``; ``owner``: storage key -> the node that owns it."""
+        dtype = next((t.dtype for t in outs if t.is_floating_point()), None)
+        for t in ins:
+            u = owner.get(t.untyped_storage()._cdata)
+            if u is None:
+                continue
+            if dtype is not None and t.is_floating_point() and t.dtype != dtype:
+                self.casts.setdefault(v, set()).add(u)
+            ref = self._views.get(id(t))
+            if ref is not None and ref() is t:
+                parts = self.parts.setdefault(v, {})
+                parts[u] = parts.get(u, 0) + t.numel() * t.element_size()
+        keys = {t.untyped_storage()._cdata for t in outs}
+        if len(outs) > 1 and len(keys) == 1 and keys <= {t.untyped_storage()._cdata for t in ins}:
+            for t in outs:  # one op, several views of an input's storage: a split
+                self._views[id(t)] = weakref.ref(t)
+
+    def apply(self, nodes: list[Any]) -> None:
+        """Set ``grad_new`` (a pass-through node's inputs of another dtype) and ``grad_part`` (the split
+        views a node that makes its inputs' gradients read) of the node records ``nodes``."""
+        for w, inputs in self.casts.items():
+            rec = nodes[w]
+            if rec.grad_passthrough:
+                rec.grad_new = sorted(u for u in inputs if u in rec.preds and nodes[u].requires_grad)
+        for w, parts in self.parts.items():
+            rec = nodes[w]
+            if not rec.grad_passthrough:
+                rec.grad_part = sorted((u, b) for u, b in parts.items()
+                                       if u in rec.preds and nodes[u].requires_grad and b < nodes[u].out_bytes)
