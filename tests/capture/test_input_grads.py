@@ -2,7 +2,7 @@
 gradient of the half's size until the split's backward joins them (``grad_part``). Phi-3 and
 Mixtral's experts chunk their gate-up projection, diffusers' GEGLU too: their least plans were
 predicted 1.05-1.08x the measured peak while the cost model gave each reader a gradient of the whole
-projection output."""
+projection output (this model: 65,528 bytes high on every plan before)."""
 
 from __future__ import annotations
 
@@ -51,11 +51,15 @@ def test_the_halves_of_a_chunk_get_gradients_of_their_size() -> None:
     measured = measure(model, (x,), steps=1, warmup=1).peak_bytes
     assert abs(autoremat.simulate(g, autoremat.solve(g, "100%")).peak_bytes - measured) <= 64
     reference = _grads(model, x)
-    plan = autoremat.solve(g, "min")  # before: 1.064x the measured unpatched peak
-    autoremat.apply(model, plan)
-    try:
-        assert gradients_equal(reference, _grads(model, x))
-        peak = measure(model, (x,), steps=1, warmup=1).peak_bytes
-    finally:
-        autoremat.restore(model)
-    assert abs(plan.predicted_peak_bytes - peak) <= 64, (plan.predicted_peak_bytes, peak)
+    # 60 % and 90 %: plans keeping op outputs in their regions, layer norm among them (selective
+    # checkpointing stores its statistics with its output: 2-4 KiB predicted low before)
+    for budget in ("min", "60%", "90%"):
+        plan = autoremat.solve(g, budget)
+        assert (budget == "min") or any(s.keep for s in plan.segments)
+        autoremat.apply(model, plan)
+        try:
+            assert gradients_equal(reference, _grads(model, x))
+            peak = measure(model, (x,), steps=1, warmup=1).peak_bytes
+        finally:
+            autoremat.restore(model)
+        assert abs(plan.predicted_peak_bytes - peak) <= 64, (budget, plan.predicted_peak_bytes, peak)

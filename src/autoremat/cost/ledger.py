@@ -101,6 +101,28 @@ class StepState(StorageLedger):
             self.peak = level
             self._peak_at = (phase, v)
 
+    def keep(self, key: Hashable, v: int, extra: int) -> None:
+        """Forward of node ``v``, kept in a recomputed segment (``Segment.keep``): its output storage
+        ``key`` and its ``extra`` saved bytes (the op's other outputs: a layer norm's statistics,
+        which selective checkpointing stores with it) are held from now."""
+        self.addref(key, ("keep", v))
+        if extra:
+            self.alloc(("kx", v), extra)
+
+    def replay_extras(self, v: int, extra: int) -> None:
+        """A replay reaches node ``v``, which requires grad: its ``extra`` saved bytes are held for its
+        backward (for a kept node, the ones stored in forward)."""
+        if extra:
+            self.alloc(("rx", v), extra)
+            if ("kx", v) in self.size:
+                self.free(("kx", v))
+
+    def let_go(self, key: Hashable, v: int) -> None:
+        """The replay no longer needs kept node ``v``'s stored output ``key`` (nor extras not handed on)."""
+        self.decref(key, ("keep", v))
+        if ("kx", v) in self.size:
+            self.free(("kx", v))
+
     def give_part(self, u: int, nbytes: int, v: int) -> None:
         """Node ``v``'s backward hands node ``u`` the gradient of a part of its output (a view a
         split made, ``grad_part``): a buffer of that part's size, held until ``u``'s are joined."""

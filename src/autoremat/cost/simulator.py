@@ -15,8 +15,8 @@ and who holds it:
   (:mod:`autoremat.replay_tail`), the replay ends before it, holds the tail inputs until it
   ends, and what the tail's nodes save is held for their backward;
 * a recomputed segment's kept nodes (``Segment.keep``: selective saves, PyTorch's
-  ``create_selective_checkpoint_contexts``) hold their output storage from forward until the
-  replay reaches them; the replay hands the stored output on instead of running the node (no
+  ``create_selective_checkpoint_contexts``) hold their output storage and saved extras (the op's
+  other outputs) from forward until the replay reaches them; the replay hands the stored output on instead of running the node (no
   time, no new storage, no workspace), and what the node saves is held as for any replayed
   node; a kept node the replay never reaches (after its early stop) is held until the
   segment's backward is over, and so is a kept node at the early stop that saves only its
@@ -222,7 +222,7 @@ def _forward(s: StepState, st: _Step, si: int, seg: Segment) -> set[int]:
         for w in succ(v):
             addref(ok, ("f", w, v))
         if v in kept:
-            addref(ok, ("keep", v))
+            s.keep(ok, v, d["extra_saved_bytes"])
         if d["is_output"] or d["held_by_output"]:  # Graph.held_to_loss, without the call
             addref(ok, ("out", v))
         if saving:
@@ -308,7 +308,7 @@ def _backward_segment(s: StepState, st: _Step, si: int, inputs: set[int], tail: 
         for u in inputs:
             s.decref(off.key(held[u]) if u in held else _okey(g, u), ("seg", si))
         for v in seg.keep:  # kept outputs the replay did not reach (after its early stop)
-            s.decref(_okey(g, v), ("keep", v))
+            s.let_go(_okey(g, v), v)
     return extra_time
 
 
@@ -356,8 +356,7 @@ def _recompute(s: StepState, g: Graph, nd: list[dict], seg: Segment, stop: int,
             s.touch(d["extra_saved_bytes"] + s.workspace(d, lambda u: _rkey(g, rroot, u) if u in replay else None),
                     "recompute", v)
         if d["requires_grad"]:
-            if d["extra_saved_bytes"]:
-                s.alloc(("rx", v), d["extra_saved_bytes"])
+            s.replay_extras(v, d["extra_saved_bytes"])
             for u in d["saves"]:
                 s.addref(_rkey(g, rroot, u), ("rs", v))
         for w in tail_savers.get(v, ()):
@@ -372,7 +371,7 @@ def _recompute(s: StepState, g: Graph, nd: list[dict], seg: Segment, stop: int,
                 s.decref(_rkey(g, rroot, u), ("rf", v, u))
         if v in kept:
             if v != stop or not stops_before_running(g, v):  # else held to the segment's end
-                s.decref(key, ("keep", v))
+                s.let_go(key, v)
         elif v in rroot:
             s.maybe_free(key)
         s.mark("recompute", v)
