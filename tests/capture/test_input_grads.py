@@ -9,8 +9,10 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from _stacked import Stacked, planned_peak, step_gradients
+
 import autoremat
-from autoremat.measure import gradients, gradients_equal, measure
+from autoremat.measure import measure
 
 
 class _GLU(nn.Module):
@@ -23,43 +25,20 @@ class _GLU(nn.Module):
         return x + self.down(torch.nn.functional.silu(gate) * up)
 
 
-class _Net(nn.Module):
-    def __init__(self, d: int = 16) -> None:
-        super().__init__()
-        self.layers = nn.ModuleList(_GLU(d) for _ in range(3))
-        self.head = nn.Linear(d, 4)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        for layer in self.layers:
-            x = layer(x)
-        return self.head(x)
-
-
-def _grads(model: nn.Module, x: torch.Tensor) -> dict:
-    model.zero_grad(set_to_none=True)
-    model(x).sum().backward()
-    return gradients(model)
-
-
 def test_the_halves_of_a_chunk_get_gradients_of_their_size() -> None:
     torch.manual_seed(0)
-    model, x = _Net(), torch.randn(8, 32, 16)
+    model, x = Stacked(_GLU), torch.randn(8, 32, 16)
     g = autoremat.capture(model, (x,), mode="module", times="flops")
     parts = {v: g.node(v)["grad_part"] for v in g.nodes if g.node(v)["grad_part"]}
     assert len(parts) == 6  # silu and mul of each layer, each a half of the projection's output
     assert all(2 * b == g.node(u)["out_bytes"] for ps in parts.values() for u, b in ps)
     measured = measure(model, (x,), steps=1, warmup=1).peak_bytes
     assert abs(autoremat.simulate(g, autoremat.solve(g, "100%")).peak_bytes - measured) <= 64
-    reference = _grads(model, x)
+    reference = step_gradients(model, x)
     # 60 % and 90 %: plans keeping op outputs in their regions, layer norm among them (selective
     # checkpointing stores its statistics with its output: 2-4 KiB predicted low before)
     for budget in ("min", "60%", "90%"):
         plan = autoremat.solve(g, budget)
         assert (budget == "min") or any(s.keep for s in plan.segments)
-        autoremat.apply(model, plan)
-        try:
-            assert gradients_equal(reference, _grads(model, x))
-            peak = measure(model, (x,), steps=1, warmup=1).peak_bytes
-        finally:
-            autoremat.restore(model)
+        peak = planned_peak(model, x, plan, reference)
         assert abs(plan.predicted_peak_bytes - peak) <= 64, (budget, plan.predicted_peak_bytes, peak)
