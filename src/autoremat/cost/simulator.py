@@ -16,12 +16,12 @@ and who holds it:
   ends, and what the tail's nodes save is held for their backward;
 * a recomputed segment's kept nodes (``Segment.keep``: selective saves, PyTorch's
   ``create_selective_checkpoint_contexts``) hold their output storage and saved extras (the op's
-  other outputs) from forward until the replay reaches them; the replay hands the stored output on instead of running the node (no
-  time, no new storage, no workspace), and what the node saves is held as for any replayed
-  node; a kept node the replay never reaches (after its early stop) is held until the
-  segment's backward is over, and so is a kept node at the early stop that saves only its
-  inputs (:func:`stops_before_running`: the replay stops when it packs them, before the node
-  runs and takes its stored output);
+  other outputs) from forward until the replay reaches them; the replay hands the stored output
+  on instead of running the node (no time, no new storage, no workspace), and what the node
+  saves is held as for any replayed node; a kept node the replay never reaches (after its early
+  stop) is held until the segment's backward is over, and so is a kept node at the early stop
+  that saves only its inputs (:func:`stops_before_running`: the replay stops when it packs them,
+  before the node runs and takes its stored output);
 * backward runs in reverse execution order (the autograd engine's order for one graph task);
   each node allocates gradients for its inputs (none when it passes its gradient through,
   like ``add``), out-of-place accumulation when a buffer is shared, parameter gradients on
@@ -69,7 +69,6 @@ DEFAULT_BANDWIDTH_BYTES_PER_S = 12e9
 @dataclass
 class Simulation:
     """What :func:`simulate` predicts for one training step."""
-
     peak_bytes: int
     extra_time_s: float
     fwd_time_s: float
@@ -93,8 +92,8 @@ class Simulation:
 
 def no_recompute_plan(graph: Graph) -> Plan:
     """The plan that recomputes nothing (one plain segment)."""
-    segs = [Segment(tuple(graph.nodes), recompute=False)] if len(graph) else []
-    return Plan(segs, solver="none", graph_fingerprint=graph.fingerprint)
+    return Plan([Segment(tuple(graph.nodes), recompute=False)] if len(graph) else [], solver="none",
+                graph_fingerprint=graph.fingerprint)
 
 
 def unoptimised_peak_bytes(graph: Graph) -> int:
@@ -314,8 +313,10 @@ def _backward_segment(s: StepState, st: _Step, si: int, inputs: set[int], tail: 
 
 def _rkey(g: Graph, rroot: dict[int, Hashable], v: int) -> Hashable:
     """Storage key of ``v``'s value during the recomputation of a segment."""
+    if v in rroot:
+        return rroot[v]
     r = g.root(v)
-    return rroot[v] if v in rroot else rroot[r] if r in rroot else ("o", r)  # an offloaded input: its prefetched copy
+    return rroot[r] if r in rroot else ("o", r)  # an offloaded input's storage is its prefetched copy
 
 
 def _recompute(s: StepState, g: Graph, nd: list[dict], seg: Segment, stop: int,
