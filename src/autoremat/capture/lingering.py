@@ -20,7 +20,10 @@ UNet's frame keeps ``sample`` alive all the while: the unpatched step peak was p
 the measured one. So an op output counts while it is alive after its last reader, wherever it was made,
 up to its death in the forward. An output that outlives the forward is held by something the graph
 models otherwise (autocast's cache of weight casts, freed when the autocast region exits), or by a
-local to the end of its block call: it counts to the end of the call that made it.
+local to the end of its block call: it counts to the end of the call that made it. Glue ops and module
+calls between the block calls carry lingering bytes too (a module call those alive when it starts):
+SegFormer's decode head keeps its upsampled maps in a list under the calls that follow, and its
+unpatched step was predicted 0.952x the measured peak without them.
 
 Lingering bytes are the unpatched step's: a plan can hold the same storage for its own reasons (a
 recomputed region keeps its inputs), and a replay runs only the region's calls, so what a caller's
@@ -51,7 +54,7 @@ class Lingering:
         self.made: dict[int, int] = {}
         """Node -> the bytes of all its output storages (its own saved ones too: layer norm's statistics)."""
         self.deaths: dict[int, list[tuple[int, int]]] = {}
-        """Node -> (the number of block ops that had run when one of its storages died, its bytes)."""
+        """Node -> (the number of nodes of :attr:`ops` that had run when one of its storages died, its bytes)."""
         self.ops: list[int] = []
         """The nodes in the order they ran (ascending: nodes are numbered in execution order): the
         block ops, and the glue ops and module calls of the forward between them."""
