@@ -371,8 +371,8 @@ def measure(
     (which is not timed, since a Python dispatch mode slows every op). Called inside one
     ``torch.autocast`` region, every step after the first reuses autocast's cached casts of the
     parameters, which a training loop entering autocast per step makes again each step (ResNet-50
-    under CPU bf16, small size: its step peak measured about 0.85x the per-step one): measure one step per region
-    to compare with a plan's prediction.
+    under CPU bf16, small size: its step peak measured about 0.85x the per-step one): measure one
+    step per region to compare with a plan's prediction.
     """
     if not isinstance(model, torch.nn.Module):
         raise TypeError(f"model must be a torch.nn.Module, got {type(model).__name__}")
