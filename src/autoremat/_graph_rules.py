@@ -58,9 +58,11 @@ def byte_pairs(pairs: Iterable[Iterable[int]], v: int, name: str,
     ``v`` (``lingering``: the makers, :mod:`autoremat.capture.lingering`), or one of ``nodes`` (``grad_part``:
     its inputs); a ``ValueError`` otherwise."""
     out = tuple((int(u), int(b)) for u, b in pairs)
+    if not out:  # most nodes: nothing to check (and no set of every earlier node per node)
+        return out
     named = [u for u, _ in out]
-    allowed = set(range(v)) if nodes is None else set(nodes)
-    if not allowed.issuperset(named) or len(set(named)) < len(named):
+    ok = all(0 <= u < v for u in named) if nodes is None else set(nodes).issuperset(named)
+    if not ok or len(set(named)) < len(named):
         raise ValueError(f"node {v}'s {name} names nodes {named}: each must be "
                          f"{'a node run before it' if nodes is None else 'one of its inputs'}, once")
     return out

@@ -292,13 +292,14 @@ def _written_args(func: Any) -> tuple[tuple[int, str], ...]:
     return got
 
 
+def _written_tensors(func: Any, args: tuple, kwargs: dict) -> list[torch.Tensor]:
+    """The tensors an ATen op writes in place (its schema's ``Tensor(a!)`` arguments)."""
+    return [x for i, name in _written_args(func) for x in op_tensors(args[i] if i < len(args) else kwargs.get(name))]
+
+
 def written_storages(func: Any, args: tuple, kwargs: dict) -> set[int]:
-    """Keys of the storages an ATen op writes in place (its schema's ``Tensor(a!)`` arguments)."""
-    keys: set[int] = set()
-    for i, name in _written_args(func):
-        value = args[i] if i < len(args) else kwargs.get(name)
-        keys.update(x.untyped_storage()._cdata for x in op_tensors(value))
-    return keys
+    """Keys of the storages an ATen op writes in place."""
+    return {x.untyped_storage()._cdata for x in _written_tensors(func, args, kwargs)}
 
 
 class MutationLog:
@@ -343,13 +344,11 @@ class MutationLog:
                 ref = weakref.ref(x.untyped_storage())
                 if ref not in in_refs:
                     created.add(ref)
-        for i, name in _written_args(func):
-            value = args[i] if i < len(args) else kwargs.get(name)
-            for x in op_tensors(value):
-                st = x.untyped_storage()
-                if isinstance(v, int) and st._cdata in self.state and self.is_module(v):
-                    continue
-                self._writes.setdefault(weakref.ref(st), []).append((t, v))
+        for x in _written_tensors(func, args, kwargs):
+            st = x.untyped_storage()
+            if isinstance(v, int) and st._cdata in self.state and self.is_module(v):
+                continue
+            self._writes.setdefault(weakref.ref(st), []).append((t, v))
 
     def pinned(self) -> dict[int, int | str | None]:
         """Nodes whose input storage was written in place after they read it: node -> writer."""

@@ -205,7 +205,7 @@ class _ModuleRecorder(Recorder):
             # the last glue op saving its output, if it has a backward (else the next op an input: dropout's mask)
             last = self.last_glue
             if last is not None and self.owner.get(key) == last and self.nodes[last].requires_grad:
-                self._packed.append((self.last_glue, key, nbytes))
+                self._packed.append((last, key, nbytes))
             else:
                 self._pending_glue.append((key, nbytes))
         else:

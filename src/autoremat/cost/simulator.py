@@ -202,7 +202,7 @@ def _forward(s: StepState, st: _Step, si: int, seg: Segment) -> set[int]:
                 off.pack(g.root(u), ("seg", si), st.pos[st.stops[si]])
             else:
                 s.addref(_okey(g, u), ("seg", si))
-    kept = set(seg.keep)
+    kept, okey_of = set(seg.keep), st.ok.__getitem__  # okey_of: where a lingering maker's output lives
     okeys, root, succ, pred, alloc, addref, decref = st.ok, g.root, g.succ, g.pred, s.alloc, s.addref, s.decref
     for v in seg.nodes:
         d = nd[v]
@@ -213,7 +213,7 @@ def _forward(s: StepState, st: _Step, si: int, seg: Segment) -> set[int]:
         if d["alias_of"] is None:
             alloc(("o", v), d["alloc_bytes"])
         ok = okeys[v]
-        s.touch(d["extra_saved_bytes"] + s.workspace(d, okeys.__getitem__), "fwd", v)
+        s.touch(d["extra_saved_bytes"] + s.workspace(d, okey_of), "fwd", v)
         off.clock += d["time_s"]
         saving = not seg.recompute and d["requires_grad"]
         if saving and d["extra_saved_bytes"]:
@@ -330,6 +330,7 @@ def _recompute(s: StepState, g: Graph, nd: list[dict], seg: Segment, stop: int,
     held: set[int] = set()
     todo = [v for v in seg.nodes if (v <= stop if tail is None else v < tail[0])]
     replay = set(todo)
+    again = lambda u: _rkey(g, rroot, u) if u in replay else None  # noqa: E731 (lingering makers: StepState.workspace)
     if tail is not None:
         for w in seg.nodes:
             if w >= tail[0] and nd[w]["requires_grad"]:
@@ -353,9 +354,8 @@ def _recompute(s: StepState, g: Graph, nd: list[dict], seg: Segment, stop: int,
             elif a in rroot:
                 rroot[v] = rroot[a]
         key = _rkey(g, rroot, v)
-        if v not in kept:  # lingering bytes: only of makers the replay makes again (StepState.workspace)
-            s.touch(d["extra_saved_bytes"] + s.workspace(d, lambda u: _rkey(g, rroot, u) if u in replay else None),
-                    "recompute", v)
+        if v not in kept:  # lingering bytes: only of makers the replay makes again
+            s.touch(d["extra_saved_bytes"] + s.workspace(d, again), "recompute", v)
         if d["requires_grad"]:
             s.replay_extras(v, d["extra_saved_bytes"])
             for u in d["saves"]:

@@ -143,15 +143,18 @@ class _Trial:
                 size //= 2
                 continue
             got[size] = g
-            # ample room: the whole batch
-            if self._guess(got, self.batch) + self.per_row * self.batch <= self.limit / 2:
+            if self._need(got, self.batch) <= self.limit / 2:  # ample room: the whole batch
                 whole = self.run(self.batch)
                 if whole is not None:
                     return {self.batch: whole}
             nxt = size * 2
-            if nxt > self.batch // 2 or self._guess(got, nxt) + self.per_row * nxt > self.limit:
+            if nxt > self.batch // 2 or self._need(got, nxt) > self.limit:
                 return got
             size = nxt
+
+    def _need(self, got: dict[int, Graph], size: int) -> float:
+        """The unoptimised peak at ``size`` (:meth:`_guess`) and the cut batch's copy beside it."""
+        return self._guess(got, size) + self.per_row * size
 
     @staticmethod
     def _guess(got: dict[int, Graph], size: int) -> float:
