@@ -344,9 +344,16 @@ class Graph:
         return {u for s in nodes for u in self._pred[s]}
 
     def is_lower_set(self, nodes: Iterable[int]) -> bool:
-        """``L`` is a lower set iff no edge enters it from outside (``δ−(L) ⊆ L``)."""
+        """``L`` is a lower set iff no edge enters it from outside (``δ−(L) ⊆ L``) (:attr:`in_program_order`)."""
         s = set(nodes)
+        if self.in_program_order:
+            return not s or (min(s) == 0 and max(s) == len(s) - 1)
         return all(u in s for v in s for u in self._pred[v])
+
+    @property
+    def in_program_order(self) -> bool:
+        """A module-level graph's forward runs in id order whatever the plan: its lower sets are the id prefixes."""
+        return self.meta.get("mode") == "module"
 
     def boundary(self, lower: Iterable[int]) -> set[int]:
         """``∂(L) = δ−(V \\ L) ∩ L``: nodes of ``L`` with an edge leaving ``L``."""
@@ -379,8 +386,8 @@ class Graph:
     def lower_sets(self, limit: int | None = None) -> Iterator[frozenset[int]]:
         """Enumerate every lower set (including ∅ and V) in order of size. The family can be
         exponential: ``limit`` stops with ``ValueError`` once more than ``limit`` sets were produced."""
-        n = len(self)
-        pred_mask = [sum(1 << u for u in self._pred[v]) for v in range(n)]
+        n = len(self)  # the program's order is one more edge into each node (in_program_order)
+        pred_mask = [sum(1 << u for u in self._pred[v]) | (self.in_program_order and v and 1 << v - 1) for v in range(n)]
         seen = {0}
         frontier = [0]
         count = 0
@@ -391,13 +398,10 @@ class Graph:
                 if limit is not None and count > limit:
                     raise ValueError(f"more than {limit} lower sets; use a pruned family instead")
                 yield frozenset(i for i in range(n) if mask >> i & 1)
-                for v in range(n):
-                    bit = 1 << v
-                    if not mask & bit and pred_mask[v] & ~mask == 0:
-                        m2 = mask | bit
-                        if m2 not in seen:
-                            seen.add(m2)
-                            nxt.append(m2)
+                for m2 in (mask | 1 << v for v in range(n) if not mask >> v & 1 and pred_mask[v] & ~mask == 0):
+                    if m2 not in seen:
+                        seen.add(m2)
+                        nxt.append(m2)
             frontier = nxt
 
     # ------------------------------------------------------------------ transforms

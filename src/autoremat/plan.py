@@ -319,7 +319,8 @@ def check_segments(plan: Plan, num_nodes: int, *, is_lower_set: Callable[[set[in
         seen.update(seg.nodes)
         if is_lower_set is not None and not is_lower_set(seen):
             raise PlanMismatchError(f"segments 0..{i} do not form a lower set: a node in them depends on a node "
-                                    "of a later segment (segments out of order, or a plan for another model)")
+                                    "of a later segment (segments out of order: at module level they follow the forward's "
+                                    "own order; or a plan for another model)")
         if module_level and seg.recompute and len(seg.nodes) != 1 and i not in plan.module_calls:
             raise PlanFormatError(field, f"segment {i}: module-level graphs recompute one module call per "
                                   f"segment, got {len(seg.nodes)} nodes and no module_calls entry naming the call")

@@ -5,7 +5,7 @@ Variables (``i`` = segment index ``0..k-1``, execution order):
 * ``e[v,i]`` (``i = 1..k-1``) = [node ``v`` lies in segment ``i`` or later]; non-increasing in
   ``i``; ``x[v,i] = e[v,i] - e[v,i+1]`` (``e[v,0] = 1``, ``e[v,k] = 0``) is "``v`` in segment ``i``".
   A lower-set sequence is ``e[u,i] <= e[v,i]`` for every edge ``u -> v`` (and every saved or
-  aliased node ``u`` of ``v``).
+  aliased node ``u`` of ``v``; at module level ``u = v - 1`` too: :attr:`~autoremat.graph.Graph.in_program_order`).
 * ``r[i]`` = segment ``i`` is recomputed, ``ne[i]`` = segment ``i`` is non-empty. Empty segments
   come last and are not recomputed, so every plan has exactly one encoding (the no-good cuts
   of :mod:`.search` then remove exactly one plan each).
@@ -137,7 +137,7 @@ class Formulation:
                 self.e[v, i] = b.var()
             for i in range(1, k - 1):
                 b.row({self.e[v, i]: 1.0, self.e[v, i + 1]: -1.0}, 0.0, float("inf"))
-        deps = {(u, v) for u, v in g.nx.edges}
+        deps = {(u, v) for u, v in g.nx.edges} | ({(v - 1, v) for v in g.nodes if v} if g.in_program_order else set())
         for v in g.nodes:
             d = g.node(v)
             deps.update((u, v) for u in d["saves"] if u != v)
