@@ -22,9 +22,10 @@ Every generator is deterministic in its arguments. Import it as ``from _graphs i
     regions, op indices), the shape the chain-of-blocks model and the ``blocks`` solver work on;
   - :func:`with_held_outputs` (``graph, seed``): marks some nodes of any of these
     ``held_by_output`` (held by the returned object, no gradient seed) and keeps that object until
-    the loss or to the end of backward (``meta["output_kept"]``, by the seed's parity), and gives
-    about half the outputs a gradient seed smaller than their ``out_bytes`` (``grad_seed_bytes``),
-    for the cost models' property tests;
+    the loss or to the end of backward (``meta["output_kept"]``, by the seed's parity), gives
+    about half the outputs a gradient seed smaller than their ``out_bytes`` (``grad_seed_bytes``)
+    and about half the graphs a loss tensor held to the step's end (``loss_held_bytes``), for the
+    cost models' property tests;
   - :func:`random_from_edges` (``seed``): a chain with short skips, sizes and times from a few
     values; :func:`random_edges` (``n, p, rng``): an Erdős-Rényi DAG in execution order;
 
@@ -124,7 +125,9 @@ def with_held_outputs(g: Graph, seed: int, share: float = 0.25, kept: str | None
     (``seed``), so ``g``'s other draws are unchanged. The ops of repeated blocks (``op_index >= 0``)
     are marked by op index, alike in every block. ``meta["output_kept"]`` is ``kept``; by default
     ``"step"`` (the object kept to the end of backward) for odd seeds, ``"loss"`` for even ones.
-    About half the outputs get ``grad_seed_bytes`` 0 or 1 (the loss's seed, an expanded scalar)."""
+    About half the outputs get ``grad_seed_bytes`` 0 or 1 (the loss's seed, an expanded scalar), and
+    about half the graphs a loss tensor held to the step's end (``loss_held_bytes``: 4 bytes, a scalar,
+    or an output's size, ``mse_loss``'s mean on the CPU)."""
     g.meta["output_kept"] = kept or ("step" if seed % 2 else "loss")
     rng = random.Random(f"held:{seed}:{len(g)}")
     by_index: dict[int, bool] = {}
@@ -138,6 +141,8 @@ def with_held_outputs(g: Graph, seed: int, share: float = 0.25, kept: str | None
     for v in g.nodes:  # about half the outputs get a seed below out_bytes (out.sum()'s expanded scalar)
         if g.node(v)["is_output"] and seeds.random() < 0.5:
             g.node(v)["grad_seed_bytes"] = seeds.choice([0, 1])
+    outs = [g.node(v)["out_bytes"] for v in g.nodes if g.node(v)["is_output"]]
+    g.meta["loss_held_bytes"] = random.Random(f"loss:{seed}:{len(g)}").choice([0, 0, 4, max(outs, default=0)])
     return g
 
 

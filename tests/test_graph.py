@@ -115,6 +115,7 @@ class TestInvariants:
         assert len(g) == 0
         assert list(g.lower_sets()) == [frozenset()]
         assert Graph.chain([]).meta["loss_saves"] == []
+        assert Graph.chain([]).meta["loss_held_bytes"] == 0  # also for a graph saved before the key
 
 
 # ---------------------------------------------------------------------- order theory
@@ -292,11 +293,12 @@ def test_scaled_multiplies_batch_quantities_only() -> None:
     g.node(0)["params"] = ("w",)
     g.node(0)["param_grad_bytes"] = 64
     g.meta["loss_extra_bytes"] = 3
+    g.meta["loss_held_bytes"] = 5  # an input-sized loss storage (CPU mse_loss) grows with the batch
     s = g.scaled(2.5)
     assert [s.node(v)["out_bytes"] for v in s.nodes] == [250, 503]  # rounded up
     assert [s.node(v)["saved_bytes"] for v in s.nodes] == [250, 503]  # derived totals refreshed
     assert [s.node(v)["time_s"] for v in s.nodes] == [2.5, 5.0]
-    assert s.node(0)["param_grad_bytes"] == 64 and s.meta["loss_extra_bytes"] == 8
+    assert s.node(0)["param_grad_bytes"] == 64 and s.meta["loss_extra_bytes"] == 8 and s.meta["loss_held_bytes"] == 13
     assert g.node(0)["out_bytes"] == 100  # the original is untouched
     with pytest.raises(ValueError, match="factor"):
         g.scaled(0)

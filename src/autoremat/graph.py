@@ -67,7 +67,8 @@ Node attributes (all plain numbers and strings, so solvers never need torch):
 Graph-level attributes live in :attr:`Graph.meta`: ``mode`` (``"fx"``, ``"module"`` or
 ``"synthetic"``), ``fingerprint``, ``model``, ``device``, ``time_source``, ``param_bytes``
 (name -> bytes), ``resident_bytes``, the loss node (``loss_saves``, ``loss_extra_bytes``,
-``loss_fwd_temp_bytes``, ``loss_bwd_temp_bytes``), when measured, ``measured_peak_bytes``, and
+``loss_fwd_temp_bytes``, ``loss_bwd_temp_bytes``, and ``loss_held_bytes``: the loss tensor's own
+storage, held from the loss to the step's end), when measured, ``measured_peak_bytes``, and
 ``output_kept``: how long the step keeps the object the model returned, so the storages it holds
 (``is_output`` and ``held_by_output`` nodes; :mod:`autoremat.capture.held_outputs`): ``"loss"``
 (the default: dropped once the loss is computed, ``loss = model(**batch).loss``, Lightning's
@@ -91,7 +92,7 @@ from ._jsonio import dump_json, load_json
 from .call_names import enclosing_paths, plain_path
 
 _BATCH_BYTES = ("out_bytes", "alloc_bytes", "extra_saved_bytes", "fwd_temp_bytes", "bwd_temp_bytes")
-_BATCH_META_BYTES = ("loss_extra_bytes", "loss_fwd_temp_bytes", "loss_bwd_temp_bytes")
+_BATCH_META_BYTES = ("loss_extra_bytes", "loss_fwd_temp_bytes", "loss_bwd_temp_bytes", "loss_held_bytes")
 
 __all__ = ["Graph", "NODE_DEFAULTS", "GRAPH_FORMAT_VERSION", "OUTPUT_KEPT", "check_output_kept"]
 
@@ -160,6 +161,7 @@ class Graph:
         self.meta.setdefault("loss_extra_bytes", 0)
         self.meta.setdefault("loss_fwd_temp_bytes", 0)
         self.meta.setdefault("loss_bwd_temp_bytes", 0)
+        self.meta.setdefault("loss_held_bytes", 0)
         self.meta.setdefault("resident_bytes", 0)
         self._refresh()
 

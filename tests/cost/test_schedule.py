@@ -165,3 +165,16 @@ def test_the_loss_node_is_the_seed_the_loss_hands_the_output():
     assert j.size_bytes[loss] == 4
     assert simulate_schedule(j, no_remat(j)).peak_bytes == unoptimised_peak_bytes(g) < unoptimised_peak_bytes(
         Graph.chain([SIZE] * 5))
+
+
+def test_the_loss_tensor_is_held_to_final():
+    """The loss tensor's own storage (``loss_held_bytes``, held by the loop to the step's end) is a
+    joint node of its own after the loss, an input of ``final``: on a chain NoRemat's peak stays
+    equal to the simulator's, both above the chain's without it."""
+    g = Graph.chain([SIZE] * 5)
+    g.meta["loss_held_bytes"] = 7
+    j = JointGraph.from_graph(g)
+    held = j.kind.index("loss tensor")
+    assert j.pred[held] == [j.kind.index("loss")] and held in j.pred[j.final] and j.size_bytes[held] == 7
+    assert simulate_schedule(j, no_remat(j)).peak_bytes == unoptimised_peak_bytes(g) == unoptimised_peak_bytes(
+        Graph.chain([SIZE] * 5)) + 7

@@ -264,6 +264,28 @@ def test_step_levels_by_hand():
     assert (lv.loss_fwd_touch, lv.loss_bwd_touch) == (60, 90)
 
 
+def test_the_loss_tensor_is_held_to_the_steps_end():
+    """``loss_held_bytes`` (the loss tensor's own storage, which the loop holds through
+    ``backward()``: ``mse_loss``'s mean is input-sized on the CPU) is live from the loss's forward
+    to the step's end. Chain 10, 20, 30 with 7 held bytes: the loss forward 60 + 7, its backward
+    97, node 2's backward 60 + 30 + 20 + 7 = 117 (the peak; 110 without), 7 left after the last
+    backward; a replay of nodes 0 and 1 sees it too."""
+    base = Graph.chain([10, 20, 30])
+    g = base.copy()
+    g.meta["loss_held_bytes"] = 7
+    lv = step_levels(g)
+    assert (lv.loss_fwd_touch, lv.loss_bwd_touch) == (67, 97)
+    assert lv.bwd_touch == [10 + 10 + 7, 30 + 20 + 10 + 7, 60 + 30 + 20 + 7]
+    assert lv.bwd_after == [7, 10 + 10 + 7, 30 + 20 + 7]
+    sim = simulate(g, no_recompute_plan(g))
+    assert sim.peak_bytes == 117 and sim.peak_at == "backward of node 2 (n2)"
+    assert sim.timeline[-1][2] == 7
+    plan = plan_of(g, ((0, 1), True), ((2,), False))
+    replayed = [x for x in step_levels(g, plan).recompute_touch if x is not None]
+    assert replayed and replayed == [x + 7 for x in step_levels(base, plan).recompute_touch if x is not None]
+    assert simulate(g, plan).peak_bytes == simulate(base, plan).peak_bytes + 7
+
+
 @pytest.mark.parametrize("seed", range(12))
 def test_step_levels_are_the_simulators_events(seed):
     """The levels are the simulator's own: their maximum is the unoptimised peak, the level after

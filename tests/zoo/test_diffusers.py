@@ -189,16 +189,15 @@ def test_unet2d_unpatched_peak_is_predicted_to_the_byte(unet2d: tuple) -> None:
 
 @pytest.mark.parametrize("budget", ["50%", "min"])
 def test_unet2d_plans_train_bit_for_bit_at_the_predicted_peak(unet2d: tuple, budget: str) -> None:
-    """Within 0.1 % once the loss's own storage is added: on the CPU ``F.mse_loss`` returns its scalar
-    in a storage the size of its input (12,288 bytes here), which the loop holds through backward and
-    the cost model does not count (a known gap, see CHANGELOG). Before the lingering rule these plans
-    were predicted 1.1-1.5 % high: the up blocks' inputs their caller's frame held in forward were
-    counted again in the replays of the blocks' ResNets."""
+    """Predicted at or above the measured peak, within 0.1 %: on the CPU ``F.mse_loss`` returns its
+    scalar in a storage the size of its input (12,288 bytes here), which the loop holds through
+    backward (``loss_held_bytes``; not counted before, these plans measured about 0.25 % above
+    their prediction). Before the lingering rule they were predicted 1.1-1.5 % high: the up blocks'
+    inputs their caller's frame held in forward were counted again in the replays of the blocks' ResNets."""
     model, args, kwargs, loss_fn, g = unet2d
+    assert g.meta["loss_held_bytes"] == 12_288 + 4  # and the gradient backward() seeds the loss with
     reference = _grads(model, args, kwargs, loss_fn)
     unpatched = measure(model, args, kwargs, loss_fn=loss_fn, steps=1, warmup=1).peak_bytes
-    with torch.no_grad():
-        held_loss = loss_fn(model(*args, **kwargs)).untyped_storage().nbytes()
     plan = autoremat.solve(g, budget)
     autoremat.apply(model, plan)
     try:
@@ -206,22 +205,21 @@ def test_unet2d_plans_train_bit_for_bit_at_the_predicted_peak(unet2d: tuple, bud
         peak = measure(model, args, kwargs, loss_fn=loss_fn, steps=1, warmup=1).peak_bytes
     finally:
         autoremat.restore(model)
-    assert peak <= 0.5 * unpatched + held_loss, (peak, unpatched, held_loss)
-    assert abs(plan.predicted_peak_bytes + held_loss - peak) <= 0.001 * peak, (plan.predicted_peak_bytes, peak)
+    assert peak <= 0.5 * unpatched, (peak, unpatched)
+    assert 0 <= plan.predicted_peak_bytes - peak <= 0.001 * peak, (plan.predicted_peak_bytes, peak)
 
 
 @pytest.mark.slow  # about 8 s alone, 17 s on a loaded machine
 def test_cond_unet_least_plan_trains_bit_for_bit() -> None:
     """Cross-attention, GEGLU feed-forward, dropout: the least plan measures about 0.4x the unpatched
-    peak, predicted within 0.1 % once the loss's own storage is added (CPU ``F.mse_loss``: see the
-    ``UNet2DModel`` test). Before ``grad_part`` it was predicted 1.057x: each half of a GEGLU
+    peak, predicted at or above it within 0.1 % (the loss's own storage counted: CPU ``F.mse_loss``,
+    see the ``UNet2DModel`` test). Before ``grad_part`` it was predicted 1.057x: each half of a GEGLU
     projection's ``chunk`` got a gradient of the whole projection output."""
     model, args, kwargs, loss_fn = _cond_unet()
     g = autoremat.capture(model, args, kwargs, loss_fn=loss_fn, times="flops")
+    assert g.meta["loss_held_bytes"] > 4
     reference = _grads(model, args, kwargs, loss_fn)
     unpatched = measure(model, args, kwargs, loss_fn=loss_fn, steps=1, warmup=1).peak_bytes
-    with torch.no_grad():
-        held_loss = loss_fn(model(*args, **kwargs)).untyped_storage().nbytes()
     plan = autoremat.solve(g, "min")
     autoremat.apply(model, plan)
     try:
@@ -230,7 +228,7 @@ def test_cond_unet_least_plan_trains_bit_for_bit() -> None:
     finally:
         autoremat.restore(model)
     assert peak <= 0.45 * unpatched, (peak, unpatched)
-    assert abs(plan.predicted_peak_bytes + held_loss - peak) <= 0.001 * peak, (plan.predicted_peak_bytes, peak)
+    assert 0 <= plan.predicted_peak_bytes - peak <= 0.001 * peak, (plan.predicted_peak_bytes, peak)
 
 
 def _accelerate_steps(model: nn.Module, args: tuple, kwargs: dict, loss_fn: Any, plan: bool, mixed: str) -> nn.Module:

@@ -206,9 +206,8 @@ def _capture(
         "resident_bytes": resident_bytes(model, inputs=(args, kwargs)),
         "input_bytes": int(input_bytes),
         "loss_saves": sorted(rec.loss_saves),
-        "loss_extra_bytes": int(rec.loss_extra_bytes),
-        "loss_fwd_temp_bytes": int(rec.loss_fwd_temp_bytes),
-        "loss_bwd_temp_bytes": int(rec.loss_bwd_temp_bytes),
+        **{key: int(getattr(rec, key)) for key in ("loss_extra_bytes", "loss_fwd_temp_bytes", "loss_bwd_temp_bytes",
+                                                    "loss_held_bytes")},
         # issue 26 (autoremat.capture.inplace): in-place ops run out of place; nodes pinned by one
         "out_of_place": list(gm.meta.get("autoremat_out_of_place", ())) if gm is not None else [],
         **_kept_calls(rec),

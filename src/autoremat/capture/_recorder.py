@@ -93,7 +93,9 @@ class Recorder:
         self._level0 = 0
         self._packed: list[tuple[int | str | None, int, int]] = []
         self.loss_saves: set[int] = set()
-        self.loss_extra_bytes = self.loss_fwd_temp_bytes = self.loss_bwd_temp_bytes = 0
+        self.loss_extra_bytes = self.loss_fwd_temp_bytes = self.loss_bwd_temp_bytes = self.loss_held_bytes = 0
+        self.loss_seed_bytes = self._loss_made = 0  # the gradient backward() seeds the loss with; its storage's bytes
+        self._loss_extras: dict[int, int] = {}  # storage -> bytes of the loss's extra saved tensors
         self._regions: list[tuple[int | str, int]] = []  # (node or "loss", peak bytes above its start)
         self._open: tuple[int | str, int] | None = None
         self._grad_ref: dict[int, tuple[int, weakref.ref]] = {}
@@ -220,6 +222,7 @@ class Recorder:
         for who, d in extras.items():
             if who == "loss":
                 self.loss_extra_bytes += sum(d.values())
+                self._loss_extras.update(d)
             else:
                 self.nodes[who].extra_saved_bytes += sum(d.values())
 
@@ -234,9 +237,24 @@ class Recorder:
         if not loss.requires_grad:
             raise ValueError("the loss does not require grad: no parameter or input takes part in it")
         self.settle_saves()
-        self.loss_fwd_temp_bytes = max(0, self.counter.peak - level0 - self.loss_extra_bytes)
+        self._hold_loss(loss)
+        self.loss_fwd_temp_bytes = max(0, self.counter.peak - level0 - self.loss_extra_bytes - self._loss_made)
         self.current = None
         return loss
+
+    def _hold_loss(self, loss: torch.Tensor) -> None:
+        """``loss_held_bytes``: what stays for the loss to the step's end. The loss tensor's own storage,
+        which the loop holds (``loss = ...; loss.backward()``): 4 bytes for a float32 scalar, but on the
+        CPU ``mse_loss`` returns its mean in a storage the size of its input; also where a node's output
+        is that storage (a loss the model returns: the step drops the returned object at the loss, the
+        loop's ``loss`` keeps it; kept to the end too, ``output_kept="step"``, it is counted twice).
+        And the gradient ``backward()`` seeds it with (``ones_like(loss)``, which its frame holds until
+        it returns; :meth:`finish` takes it out of the loss's backward workspace), from the loss on."""
+        st, key = loss.untyped_storage(), loss.untyped_storage()._cdata
+        self.loss_seed_bytes = loss.numel() * loss.element_size()
+        self.loss_extra_bytes -= self._loss_extras.pop(key, 0)  # saved by the loss: held longer
+        self.loss_held_bytes = (0 if key in self.resident else st.nbytes()) + self.loss_seed_bytes
+        self._loss_made = st.nbytes() if key not in self.owner and key not in self.resident else 0  # by the loss
 
     def _marker(self, v: int) -> Callable[[torch.Tensor], None]:
         def hook(grad: torch.Tensor) -> None:
@@ -313,7 +331,7 @@ class Recorder:
             if who == "loss":
                 modelled = sum(seed_bytes(self.nodes, self.succs, v) for v, r in enumerate(self.nodes)
                                if r.is_output and r.requires_grad)
-                self.loss_bwd_temp_bytes = max(0, delta - modelled)
+                self.loss_bwd_temp_bytes = max(0, delta - modelled - self.loss_seed_bytes)  # held: loss_held_bytes
                 continue
             rec = self.nodes[who]
             modelled = 0

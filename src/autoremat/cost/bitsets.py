@@ -123,6 +123,7 @@ class GraphBits:
         self.loss_extra = int(meta.get("loss_extra_bytes", 0))
         self.loss_ftemp = int(meta.get("loss_fwd_temp_bytes", 0))
         self.loss_btemp = int(meta.get("loss_bwd_temp_bytes", 0))
+        self.loss_held = int(meta.get("loss_held_bytes", 0))  # the loss tensor: from the loss to the step's end
         self.alias_of = [d["alias_of"] for d in nd]
         self._info: dict[int, SetInfo] = {}
         self._nbytes: dict[int, int] = {}

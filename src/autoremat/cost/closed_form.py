@@ -224,6 +224,7 @@ class ClosedForm:
         out: list[tuple[int, float, int]] = []
         notl = ~lower
         ends = sum(nbytes for bit, nbytes in self.end_roots if not lower & bit)  # L's own are charged in m
+        ends += p.loss_held  # the loss tensor, alive in every backward
         for upper, tu in uppers:
             seg = upper & notl
             lo = (seg & -seg).bit_length() - 1

@@ -31,6 +31,9 @@ PyTorch's order:
     Inputs: what the returned object holds (:meth:`Graph.held_to_loss`) and ``meta["loss_saves"]``. Its tensor is the gradient seeds of
     the outputs (``Σ`` :meth:`Graph.grad_bytes` of outputs that require grad: ``out_bytes``, or
     the loss's smaller seed). Time 0.
+``loss tensor`` (where ``meta["loss_held_bytes"] > 0``)
+    The loss tensor's own storage, which the loop holds to the end of backward: input ``loss``,
+    size ``loss_held_bytes``, time 0, an input of ``final``.
 ``bwd v`` (one per node ``v`` that requires grad)
     The backward of ``v``: inputs are the gradient of ``v``'s output, i.e. ``bwd w`` for
     every successor ``w`` that requires grad (and ``loss`` when ``v`` is an output), the
@@ -146,7 +149,7 @@ class JointGraph:
         return f"JointGraph(nodes={len(self)}, edges={e}, final={self.final})"
 
     def name(self, v: int) -> str:
-        """A readable label: ``fwd 12``, ``bwd 12``, ``extra 3``, ``loss``, ``final``."""
+        """A readable label: ``fwd 12``, ``bwd 12``, ``extra 3``, ``loss``, ``loss tensor``, ``final``."""
         o = self.origin[v]
         return self.kind[v] if o is None else f"{self.kind[v]} {o}"
 
@@ -205,6 +208,8 @@ class JointGraph:
         loss_ins = sorted({j for u in held + [int(u) for u in graph.meta["loss_saves"]] for j in storage(u)})
         seed_bytes = sum(graph.grad_bytes(v) for v in outputs if req[v])  # Graph.grad_bytes
         loss = b.add(loss_ins, seed_bytes, 0.0, int(graph.meta.get("loss_bwd_temp_bytes", 0)), "loss", None)
+        if graph.meta.get("loss_held_bytes", 0) > 0:  # consumed by nothing: ``final`` takes it
+            b.add([loss], int(graph.meta["loss_held_bytes"]), 0.0, 0, "loss tensor", None)
         bwd: dict[int, int] = {}
         for v in reversed(graph.nodes):
             if not req[v]:

@@ -147,10 +147,10 @@ def replay_segment(p: GraphBits, lower: int, upper: int, dangling: int, recomput
     grad: dict[int, int] = {}
     next_gid = 4 * n + 1
     if final:
-        level = live + p.loss_extra + p.loss_ftemp
+        level = live + p.loss_extra + p.loss_held + p.loss_ftemp
         if level > peak:
             peak = level
-        live += p.loss_extra
+        live += p.loss_extra + p.loss_held  # the loss tensor's storage stays to the step's end
         for u in p.loss_saves:
             got = refs.get(root[u])
             if got is not None:
@@ -199,8 +199,8 @@ def replay_segment(p: GraphBits, lower: int, upper: int, dangling: int, recomput
                 else:
                     kept_new |= 1 << key
         # backward of everything after upper has run: gradients of upper's boundary are alive, and
-        # the storages made after upper that the output object holds to the step's end
-        live += p.nbytes(end_mask & ~upper)
+        # the storages made after upper that the output object holds to the step's end, and the loss's
+        live += p.nbytes(end_mask & ~upper) + p.loss_held
         peak = live
         shared: dict[int, int] = {}
         after = p.after(upper)

@@ -27,6 +27,8 @@ and who holds it:
   like ``add``), out-of-place accumulation when a buffer is shared, parameter gradients on
   first use (they stay until the step ends), and frees its output gradient and saved tensors
   when it is done;
+* the loss tensor's own storage (``loss_held_bytes``: the loop holds ``loss`` through ``backward()``) is
+  live from the loss's forward to the step's end;
 * the measured transient workspace of each node (``fwd_temp_bytes``/``bwd_temp_bytes``) is
   added on top while it runs, less its ``lingering`` bytes (:mod:`autoremat.capture.lingering`)
   of makers whose storage is held otherwise or, in a replay, not made again;
@@ -240,10 +242,11 @@ def _forward(s: StepState, st: _Step, si: int, seg: Segment) -> set[int]:
 
 
 def _loss(s: StepState, g: Graph, nd: list[dict]) -> None:
-    """The loss: its forward and backward, the gradients of the outputs allocated."""
+    """The loss: its forward and backward, the gradients of the outputs allocated; its own storage stays."""
     meta = g.meta
-    s.touch(meta["loss_extra_bytes"] + meta["loss_fwd_temp_bytes"], "loss fwd")
+    s.touch(meta["loss_extra_bytes"] + meta["loss_held_bytes"] + meta["loss_fwd_temp_bytes"], "loss fwd")
     s.alloc(("x", "loss"), meta["loss_extra_bytes"])
+    s.alloc(("l", "loss"), meta["loss_held_bytes"])  # never freed: held to the step's end
     for u in meta["loss_saves"]:
         s.addref(_okey(g, u), ("s", "loss"))
     for v in (g.nodes if g.output_kept == "loss" else ()):  # Graph.held_until: the object is dropped
@@ -468,8 +471,7 @@ class StepLevels:
     fwd_touch: list[int | None]
     """Per node: live bytes plus its saved extras and workspace during its forward."""
     bwd_touch: list[int | None]
-    """Per node: live bytes plus its transients and workspace during its backward (``None``
-    where no gradient reaches it)."""
+    """Per node: live bytes plus its transients and workspace during its backward (``None``: no gradient reaches it)."""
     bwd_after: list[int]
     """Per node: live bytes once its backward is over."""
     pgrad_after: list[int]
@@ -478,16 +480,14 @@ class StepLevels:
     loss_bwd_touch: int
     peak: int
     recompute_touch: list[int | None] = field(default_factory=list)
-    """Per node: live bytes plus its saved extras and workspace during its replay (``None``
-    where it is not replayed)."""
+    """Per node: live bytes plus its saved extras and workspace during its replay (``None``: not replayed)."""
     extra_time_s: float = 0.0
 
 
 def step_levels(graph: Graph, plan: Plan | None = None, *, at: SegmentHook | None = None) -> StepLevels:
-    """The levels :func:`simulate` sees at each node's forward, replay and backward under
-    ``plan`` (default: nothing recomputed; what :func:`autoremat.cost.chain.chain_from_graph`
-    turns into the chain's terms, and :mod:`autoremat.cost.block_chain` into its blocks'); ``at``: see
-    ``_run``)."""
+    """The levels :func:`simulate` sees at each node's forward, replay and backward under ``plan`` (default: nothing
+    recomputed; what :func:`autoremat.cost.chain.chain_from_graph` turns into the chain's terms, and
+    :mod:`autoremat.cost.block_chain` into its blocks'); ``at``: see ``_run``)."""
     levels: dict[str, dict[int, int]] = {phase: {} for phase in (*PEAK_PLACES, "after bwd", "pgrad after bwd")}
     plan = no_recompute_plan(graph) if plan is None else plan
     sim = _run(graph, plan, StepState(graph, record=False, levels=levels), None, at=at)

@@ -24,6 +24,7 @@ pytest.importorskip("highspy")
 
 from autoremat.solvers.milp import min_budget_milp, optimality_gap, solve_milp  # noqa: E402
 from autoremat.solvers.milp import search as milp_search  # noqa: E402
+from autoremat.solvers.milp.formulation import constant_floor  # noqa: E402
 from autoremat.solvers.milp.search import Search, judge  # noqa: E402
 
 FAST = {"seeds": False, "time_limit_s": 30.0}
@@ -145,6 +146,24 @@ def test_program_against_the_simulator(seed):
         assert res.status == "optimal"
         assert res.objective / tim.f.time_scale == pytest.approx(extra, abs=1e-6), (seed, plan.segments)
         assert judge(g, plan) == (peak, extra)
+
+
+def test_the_loss_tensor_is_in_every_row_after_the_loss():
+    """``loss_held_bytes`` (the loss tensor, live from the loss to the step's end) is a constant of
+    the loss, replay and backward rows and of the plan-independent floor: on the chain 10, 20, 30
+    with 7 held bytes the program's least peak of each plan of its space is the simulated one, 7
+    above the chain's without (it was the chain's without: rows below the peak they bound)."""
+    from autoremat.solvers.milp.highs import run
+
+    base = Graph.chain([10, 20, 30])
+    g = base.copy()
+    g.meta["loss_held_bytes"] = 7
+    assert constant_floor(g) == constant_floor(base) + 7 == 67
+    for peak, _, plan in space_table(g):
+        mem = Search(g, len(g), "memory")
+        _fixed(mem, plan)
+        res = run(mem.h, mem.highspy, 20)
+        assert res.objective / mem.f.mem_scale == pytest.approx(peak) and peak == simulate(base, plan).peak_bytes + 7
 
 
 def test_solve_stamps_the_simulators_numbers():

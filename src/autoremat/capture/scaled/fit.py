@@ -17,7 +17,7 @@ from ...graph import Graph
 __all__ = ["fit", "scale_to", "check_same", "linear_peak", "with_times", "with_workspace"]
 
 _BYTE_KEYS = ("out_bytes", "alloc_bytes", "extra_saved_bytes", "fwd_temp_bytes", "bwd_temp_bytes")
-_META_BYTE_KEYS = ("loss_extra_bytes", "loss_fwd_temp_bytes", "loss_bwd_temp_bytes")
+_META_BYTE_KEYS = ("loss_extra_bytes", "loss_fwd_temp_bytes", "loss_bwd_temp_bytes", "loss_held_bytes")
 
 
 def fit(y_lo: float, y_hi: float, s_lo: int, s_hi: int, batch: int) -> float:

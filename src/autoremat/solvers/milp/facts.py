@@ -46,6 +46,8 @@ def constant_floor(graph: Graph) -> int:
     g = graph
     pb = g.meta.get("param_bytes", {})
     grad = has_grad(g)
+    meta = g.meta
+    held = meta["loss_held_bytes"]  # the loss tensor: alive from the loss to the step's end
     best = 0
     for v in g.nodes:
         d = g.node(v)
@@ -55,13 +57,13 @@ def constant_floor(graph: Graph) -> int:
         fwd = sum(g.node(r)["alloc_bytes"] for r in roots) + d["extra_saved_bytes"] + d["fwd_temp_bytes"]
         best = max(best, fwd)
         if grad[v]:
-            best = max(best, backward_need(g, v, pb))
-    meta = g.meta
+            best = max(best, backward_need(g, v, pb) + held)
     outs = g.held_roots()
-    best = max(best, sum(g.node(r)["alloc_bytes"] for r in outs) + meta["loss_extra_bytes"] + meta["loss_fwd_temp_bytes"])
+    best = max(best, sum(g.node(r)["alloc_bytes"] for r in outs) + meta["loss_extra_bytes"] + held
+               + meta["loss_fwd_temp_bytes"])
     ograds = sum(g.grad_bytes(v) for v in g.nodes if g.node(v)["is_output"] and g.node(v)["requires_grad"])
     lsaves = sum(g.node(r)["alloc_bytes"] for r in {g.root(u) for u in meta["loss_saves"]})
-    return int(max(best, ograds + lsaves + meta["loss_bwd_temp_bytes"]))
+    return int(max(best, ograds + lsaves + held + meta["loss_bwd_temp_bytes"]))
 
 
 def sub(a: tuple[Expr, float], b_: tuple[Expr, float]) -> tuple[Expr, float]:

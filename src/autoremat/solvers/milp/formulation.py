@@ -23,8 +23,9 @@ checks, so every plan that fits the budget in simulation is feasible here):
 
 * at the loss forward: every storage held for backward (saved by a node outside recomputed
   segments, an input of a recomputed segment, a model output), the extras of non-recomputed
-  savers, and the loss's own extra and workspace; at the loss backward the same without the
-  outputs, with the outputs' gradients and the loss's saved storages;
+  savers, and the loss's own extra, storage (``loss_held_bytes``) and workspace; at the loss
+  backward the same without the outputs, with the outputs' gradients and the loss's saved
+  storages; the loss's storage stays in every replay and backward row below;
 * at the replay of each recomputed segment ``i`` that has a holder (its last holder's replay
   forward): the storages held for backward by the segments before ``i`` (saved by their
   non-recomputed nodes, or inputs of recomputed segments up to ``i``), the extras of those

@@ -79,8 +79,9 @@ def _loss_rows(f: Formulation, st: Storages) -> None:
     lsaves = {g.root(u) for u in g.meta["loss_saves"]}
     fwd: Expr = {}
     bwd: Expr = {}
-    fconst = float(g.meta["loss_extra_bytes"] + g.meta["loss_fwd_temp_bytes"])
-    bconst = float(g.meta["loss_extra_bytes"] + g.meta["loss_bwd_temp_bytes"])
+    held = g.meta["loss_held_bytes"]  # the loss tensor's storage: from the loss to the step's end
+    fconst = float(g.meta["loss_extra_bytes"] + held + g.meta["loss_fwd_temp_bytes"])
+    bconst = float(g.meta["loss_extra_bytes"] + held + g.meta["loss_bwd_temp_bytes"])
     bconst += sum(g.grad_bytes(v) for v in g.nodes if g.node(v)["is_output"] and g.node(v)["requires_grad"])
     for r in set(savers) | set(inputs) | outs | lsaves:
         if alloc[r] == 0:
@@ -123,7 +124,7 @@ def _replay_rows(f: Formulation, st: Storages, hold: list[int]) -> None:
     own = [u for u in g.nodes if g.node(u)["requires_grad"]
            and all(not g.node(w)["grad_passthrough"] or u in g.node(w)["grad_new"] for w in g.succ(u) if grad[w])]
     puse = [(p, v) for v in g.nodes if grad[v] for p in set(g.node(v)["params"]) if p in pb]
-    kept = float(sum(alloc[r] for r in st.kept))
+    kept = float(sum(alloc[r] for r in st.kept) + g.meta["loss_held_bytes"])  # and the loss tensor
     for i in range(k):
         terms: Expr = {}
         for r in (set(savers) | set(inputs)) - st.kept:
@@ -269,6 +270,7 @@ def _backward_row(f: Formulation, ctx: _Backward, v: int) -> None:
     terms: Expr = {}
     const = float(backward_need(g, v, pb) + (g.grad_bytes(v) if v in own else 0))
     const += sum(alloc[r] for r in ctx.kept if r not in mine)  # held by the returned object throughout
+    const += g.meta["loss_held_bytes"]  # the loss tensor, too
     for r in roots:
         if r in mine:
             continue
