@@ -26,7 +26,8 @@ import math
 from collections.abc import Iterable
 from typing import Any
 
-__all__ = ["OUTPUT_KEPT", "check_output_kept", "grad_bytes_of", "input_nodes", "byte_pairs", "scaled_pairs"]
+__all__ = ["OUTPUT_KEPT", "check_output_kept", "grad_bytes_of", "input_nodes", "byte_pairs", "scaled_pairs",
+           "scale_sparse_grads"]
 
 OUTPUT_KEPT = ("loss", "step")
 """Values of ``Graph.meta["output_kept"]``: until when the step keeps the model's returned object."""
@@ -79,3 +80,18 @@ def input_nodes(nodes: Iterable[int], v: int, preds: Iterable[int], name: str) -
     if not inputs.issuperset(out):
         raise ValueError(f"node {v}'s {name} names {sorted(set(out) - inputs)}, which are not its inputs")
     return out
+
+
+def scale_sparse_grads(meta: dict[str, Any], nodes: Iterable[dict[str, Any]], scale: Any) -> None:
+    """``meta["param_bytes"]`` of the parameters whose gradient is sparse (``meta["sparse_grad_params"]``:
+    one row per lookup, so it grows with the batch; :mod:`autoremat.capture.sparse_grads`) set to
+    ``ceil(scale(name, bytes))``, and the ``param_grad_bytes`` of the nodes using them summed again."""
+    sparse = set(meta.get("sparse_grad_params", ()))
+    if not sparse:
+        return
+    pb = meta["param_bytes"]
+    for name in sparse:
+        pb[name] = max(0, int(math.ceil(scale(name, pb[name]))))
+    for d in nodes:
+        if sparse & set(d["params"]):
+            d["param_grad_bytes"] = int(sum(pb.get(p, 0) for p in d["params"]))

@@ -66,7 +66,7 @@ Node attributes (all plain numbers and strings, so solvers never need torch):
 
 Graph-level attributes live in :attr:`Graph.meta`: ``mode`` (``"fx"``, ``"module"`` or
 ``"synthetic"``), ``fingerprint``, ``model``, ``device``, ``time_source``, ``param_bytes``
-(name -> bytes), ``resident_bytes``, the loss node (``loss_saves``, ``loss_extra_bytes``,
+(name -> bytes of its gradient; ``sparse_grad_params``: the names whose gradient is sparse), ``resident_bytes``, the loss node (``loss_saves``, ``loss_extra_bytes``,
 ``loss_fwd_temp_bytes``, ``loss_bwd_temp_bytes``, and ``loss_held_bytes``: the loss tensor's own
 storage, held from the loss to the step's end), when measured, ``measured_peak_bytes``, and
 ``output_kept``: how long the step keeps the object the model returned, so the storages it holds
@@ -87,7 +87,8 @@ from typing import Any
 
 import networkx as nx
 
-from ._graph_rules import OUTPUT_KEPT, byte_pairs, check_output_kept, grad_bytes_of, input_nodes, scaled_pairs
+from ._graph_rules import (OUTPUT_KEPT, byte_pairs, check_output_kept, grad_bytes_of, input_nodes, scale_sparse_grads,
+                           scaled_pairs)
 from ._jsonio import dump_json, load_json
 from .call_names import enclosing_paths, plain_path
 
@@ -329,12 +330,9 @@ class Graph:
     # ------------------------------------------------------------------ totals
     def total(self, attr: str, nodes: Iterable[int] | None = None) -> float:
         """Sum of a numeric node attribute over ``nodes`` (default: all)."""
-        it = self.nodes if nodes is None else nodes
-        return sum(self.nx.nodes[v][attr] for v in it)
+        return sum(self.nx.nodes[v][attr] for v in (self.nodes if nodes is None else nodes))
 
-    @property
-    def param_grad_bytes(self) -> int:
-        return int(sum(self.meta["param_bytes"].values()))
+    param_grad_bytes = property(lambda self: int(sum(self.meta["param_bytes"].values())))
 
     # ------------------------------------------------------------------ order theory (Kusumoto §2)
     def delta_plus(self, nodes: Iterable[int]) -> set[int]:
@@ -421,10 +419,9 @@ class Graph:
         return Graph.from_dict(self.to_dict())
 
     def scaled(self, factor: float) -> "Graph":
-        """A copy with every batch-proportional quantity (outputs, saved tensors, workspace and
-        lingering bytes, forward and backward times) multiplied by ``factor`` (bytes rounded up);
-        parameter bytes, parameter gradients and the structure do not change. Used to predict a
-        step at another batch size."""
+        """A copy with every batch-proportional quantity (outputs, saved tensors, workspace and lingering bytes,
+        sparse gradients, times) multiplied by ``factor`` (bytes rounded up); dense parameter gradients and the
+        structure do not change. Used to predict a step at another batch size."""
         if not factor > 0:
             raise ValueError(f"factor={factor!r} must be > 0")
         g = self.copy()
@@ -438,6 +435,7 @@ class Graph:
             d["bwd_time_s"] *= factor
         for key in _BATCH_META_BYTES:
             g.meta[key] = int(math.ceil(g.meta[key] * factor))
+        scale_sparse_grads(g.meta, (g.nx.nodes[v] for v in g.nodes), lambda _, b: b * factor)
         g._refresh()
         return g
 

@@ -249,16 +249,30 @@ def _own_loss(output: Any) -> torch.Tensor | None:
     return None
 
 
+def _sparse_parts(t: torch.Tensor) -> list[torch.Tensor]:
+    """The dense tensors a sparse one keeps its data in (COO: indices, values; compressed: the index
+    arrays and values)."""
+    if t.layout is torch.sparse_coo:
+        return [t._indices(), t._values()]
+    if t.layout in (torch.sparse_csr, torch.sparse_bsr):
+        return [t.crow_indices(), t.col_indices(), t.values()]
+    if t.layout in (torch.sparse_csc, torch.sparse_bsc):
+        return [t.ccol_indices(), t.row_indices(), t.values()]
+    return [t]
+
+
 def op_tensors(obj: Any) -> list[torch.Tensor]:
     """The tensors in an ATen op's arguments or result, in order: what ``tree_flatten`` finds there
     (tensors, lists and tuples of them, and scalars, which are left out; ``(args, kwargs)``'s
-    dict), without its per-leaf work (a dispatch mode calls this for every op of a capture)."""
+    dict), without its per-leaf work (a dispatch mode calls this for every op of a capture). A sparse
+    tensor (``nn.Embedding(sparse=True)``'s gradient) has no storage of its own: its index and value
+    tensors stand for it."""
     if isinstance(obj, torch.Tensor):
-        return [obj]
+        return [obj] if obj.layout is torch.strided else _sparse_parts(obj)
     out: list[torch.Tensor] = []
     for x in (obj.values() if isinstance(obj, dict) else obj if isinstance(obj, (list, tuple)) else ()):
         if isinstance(x, torch.Tensor):
-            out.append(x)
+            out.extend((x,) if x.layout is torch.strided else _sparse_parts(x))
         elif isinstance(x, (list, tuple, dict)):
             out.extend(op_tensors(x))
     return out

@@ -44,6 +44,7 @@ from .blocks import BLOCK_MODES
 from .meta_cache import MetaOpCache
 from .module import module_fingerprint, profile_modules
 from .signature import input_signature, tensor_signature
+from .sparse_grads import SparseGrads
 from .scaled import CaptureDoesNotFitError, capture_within
 
 __all__ = ["capture", "capture_within", "CaptureDoesNotFitError", "CAPTURE_MODES", "TIMES", "resolve_times",
@@ -185,7 +186,7 @@ def _capture(
     # collector paused (a fifth of a 64-layer GPT-2's meta capture; on a real device it frees memory)
     with paused_gc() if is_meta else contextlib.nullcontext(), \
             MetaOpCache() if is_meta else contextlib.nullcontext() as cache, \
-            shadows if shadows is not None else contextlib.nullcontext():
+            shadows if shadows is not None else contextlib.nullcontext(), SparseGrads(model, param_bytes) as sparse:
         rec, gm, fingerprint, tensors, cmode = _trace_and_profile(
             model, args, kwargs, mode, blocks, loss, resident, param_names, param_bytes, device,
             dict(repeats=repeats, warmup=warmup, time_fn=time_fn, count_flops=count_flops), traced, watch)
@@ -203,6 +204,7 @@ def _capture(
         "device": str(device),
         "time_source": time_source,
         "param_bytes": param_bytes,
+        "sparse_grad_params": sparse.names,  # autoremat.capture.sparse_grads
         "resident_bytes": resident_bytes(model, inputs=(args, kwargs)),
         "input_bytes": int(input_bytes),
         "loss_saves": sorted(rec.loss_saves),

@@ -90,7 +90,7 @@ class MetaOpCache(TorchDispatchMode):
         out = func(*args, **kwargs)
         flat, out_spec = tree_flatten(out)
         arg_flat = tree_flatten((args, kwargs))[0] if shape_key is None else arg_flat
-        inputs = {a.untyped_storage()._cdata for a in arg_flat if isinstance(a, torch.Tensor)}
+        inputs = {a.untyped_storage()._cdata for a in arg_flat if isinstance(a, torch.Tensor) and a.layout is torch.strided}
         if _fresh(flat, inputs):
             metas = [(tuple(t.shape), t.stride(), t.dtype) for t in flat]
             single = isinstance(out, torch.Tensor)
@@ -113,7 +113,7 @@ def _meta_key(x: Any) -> Any:
     output's layout follows sizes and strides; gradients of a concatenation are slices of one
     storage at many offsets), plain values with their type, lists and tuples element-wise."""
     if isinstance(x, torch.Tensor):
-        if x.device.type != "meta":
+        if x.device.type != "meta" or x.layout is not torch.strided:  # a sparse gradient: run it
             raise _Uncacheable
         return (tuple(x.shape), x.stride(), x.dtype, x.is_conj(), x.is_neg())
     if isinstance(x, (list, tuple)):
@@ -130,7 +130,8 @@ def _fresh(flat: list[Any], inputs: set[int]) -> bool:
     storage: a hit would make a new one, and the recorder would count bytes that a view has not)."""
     storages = set()
     for t in flat:
-        if not isinstance(t, torch.Tensor) or t.device.type != "meta" or t.storage_offset() != 0:
+        if not isinstance(t, torch.Tensor) or t.device.type != "meta" or t.layout is not torch.strided \
+                or t.storage_offset() != 0:
             return False
         st = t.untyped_storage()
         if st._cdata in inputs:

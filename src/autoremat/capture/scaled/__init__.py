@@ -94,7 +94,7 @@ from ..._compiled import uncompiled
 from ...graph import Graph
 from ...measure import profiling_run
 from .batch import batch_size_of
-from .fit import linear_peak, scale_to
+from .fit import fixed_grad_bytes, linear_peak, scale_to
 from .ladder import ladder
 from .limits import CaptureDoesNotFitError, free_cache, is_oom, profile_limit_bytes, resident_bytes_of
 from .meta import meta_capture, on_meta, traced_on_meta
@@ -173,7 +173,7 @@ def capture_within(
                 logger.info("autoremat: the full step (predicted %d bytes) ran out of memory; profiling at "
                             "smaller batch sizes", full)
             free_cache()
-        predict = linear_peak(full, base.param_grad_bytes, batch)
+        predict = linear_peak(full, fixed_grad_bytes(base), batch)
     try:
         return record_link(ladder(model, args, kwargs, opts, base, batch, batch_dim, limit_bytes, predict, gm,
                                   signatures))

@@ -12,9 +12,10 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Mapping
 
+from ..._graph_rules import scale_sparse_grads
 from ...graph import Graph
 
-__all__ = ["fit", "scale_to", "check_same", "linear_peak", "with_times", "with_workspace"]
+__all__ = ["fit", "scale_to", "check_same", "linear_peak", "fixed_grad_bytes", "with_times", "with_workspace"]
 
 _BYTE_KEYS = ("out_bytes", "alloc_bytes", "extra_saved_bytes", "fwd_temp_bytes", "bwd_temp_bytes")
 _META_BYTE_KEYS = ("loss_extra_bytes", "loss_fwd_temp_bytes", "loss_bwd_temp_bytes", "loss_held_bytes")
@@ -70,6 +71,9 @@ def scale_to(base: Graph, lo: Graph, hi: Graph, s_lo: int, s_hi: int, batch: int
     if bytes_too:
         for key in _META_BYTE_KEYS:
             g.meta[key] = max(0, int(math.ceil(fit(lo.meta[key], hi.meta[key], s_lo, s_hi, batch))))
+        lo_pb, hi_pb = lo.meta["param_bytes"], hi.meta["param_bytes"]
+        scale_sparse_grads(g.meta, (g.nx.nodes[v] for v in g.nodes),
+                           lambda name, _: fit(lo_pb[name], hi_pb[name], s_lo, s_hi, batch))
     return g.copy() if bytes_too else g  # a copy derives saved bytes from the edited bytes again
 
 
@@ -90,6 +94,13 @@ def with_workspace(g: Graph, workspace: Mapping[int, tuple[int, int]]) -> Graph:
         d["fwd_temp_bytes"] = max(int(d["fwd_temp_bytes"]), int(fwd))
         d["bwd_temp_bytes"] = max(int(d["bwd_temp_bytes"]), int(bwd))
     return out
+
+
+def fixed_grad_bytes(g: Graph) -> int:
+    """The parameter gradients that do not grow with the batch: all but the sparse ones
+    (:mod:`autoremat.capture.sparse_grads`: one row per lookup)."""
+    sparse = set(g.meta.get("sparse_grad_params", ()))
+    return int(sum(b for name, b in g.meta["param_bytes"].items() if name not in sparse))
 
 
 def linear_peak(full: int, fixed: int, batch: int) -> Callable[[int], float]:

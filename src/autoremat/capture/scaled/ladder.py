@@ -13,7 +13,7 @@ from torch import nn
 
 from ...graph import Graph
 from .batch import cut_bytes_per_row, cut_rows, input_bytes
-from .fit import check_same, fit, same_graph, scale_to, with_times, with_workspace
+from .fit import check_same, fit, fixed_grad_bytes, same_graph, scale_to, with_times, with_workspace
 from .limits import CaptureDoesNotFitError, free_cache, is_oom
 
 __all__ = ["largest_fitting", "ladder"]
@@ -165,7 +165,7 @@ class _Trial:
         sizes = sorted(got)[-2:]
         peaks = [unoptimised_peak_bytes(got[s]) for s in sizes]
         if len(sizes) == 1:
-            fixed = got[sizes[0]].param_grad_bytes
+            fixed = fixed_grad_bytes(got[sizes[0]])
             return fixed + max(0, peaks[0] - fixed) * size / sizes[0]
         return fit(peaks[0], peaks[-1], sizes[0], sizes[-1], size)
 
@@ -247,7 +247,8 @@ def ladder(model: nn.Module, args: tuple, kwargs: dict, opts: dict, base: Graph 
     if noises:  # the noisier of the two timed sizes (solvers.stable)
         out.meta["time_noise"] = max(noises)
     out.meta["input_bytes"] = input_bytes(args, kwargs)
-    out.meta["resident_bytes"] = int(sum(out.meta["param_bytes"].values()) + out.meta["input_bytes"]
+    out.meta["resident_bytes"] = int(sum(p.numel() * p.element_size() for p in model.parameters() if p.requires_grad)
+                                     + out.meta["input_bytes"]
                                      + sum(b.numel() * b.element_size() for b in model.buffers()))
     out.meta["scaled"] = {"batch_size": batch, "sizes": [s_lo, s_hi] if s_lo != s_hi else [s_hi],
                           "smallest_tried": trial.smallest, "bytes_from": bytes_from, "limit_bytes": limit,
