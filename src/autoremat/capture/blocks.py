@@ -41,6 +41,7 @@ from torch.utils.checkpoint import SAC_IGNORED_OPS
 
 from ..call_names import call_name, plain_path
 from .aliases import aliased
+from ._recorder import tensors_in
 from .kv_cache import cache_arguments
 
 __all__ = ["BLOCK_MODES", "BlockScopes", "block_paths", "OpTimer", "settle_scopes", "share_times"]
@@ -84,6 +85,10 @@ class BlockScopes:
         """The blocks in call order (one entry per call)."""
         self.cache_calls: dict[str, str] = {}
         """Calls inside the blocks handed a key/value cache (:mod:`autoremat.capture.kv_cache`)."""
+        self.owner: Mapping[int, int] = {}
+        """Storage -> the node that made it (the recorder's), for :meth:`hold_args`."""
+        self.held: set[int] = set()
+        """Nodes whose outputs a call now starting takes as arguments without gradients (:meth:`hold_args`)."""
         self._inner: list[tuple[str, nn.Module]] = []
         mods = dict(model.named_modules())
         several = aliased(model)  # one object at several paths: no scope of its own (capture.aliases)
@@ -96,7 +101,23 @@ class BlockScopes:
         """An id for the block call now running (the mutation log's reader), else ``None``."""
         return None if self.active is None else _PSEUDO + len(self.block_calls) - 1
 
-    def enter_block(self, path: str) -> None:
+    def hold_args(self, args: tuple, kwargs: dict | None) -> None:
+        """Note the nodes that made the tensors a call takes without gradients: a recomputed call region
+        (``torch.utils.checkpoint``) holds every argument until its backward, read or not (``nn.Transformer``'s
+        decoder layers take ``tgt_mask`` and, told ``tgt_is_causal``, never read it), so the call's first op
+        lists them as inputs (:meth:`take_held`). Arguments with gradients are left out: an edge from them
+        would be a gradient the op never gives."""
+        for t in tensors_in((args, kwargs or {})):
+            if t.layout is torch.strided and not t.requires_grad and (k := t.untyped_storage()._cdata) in self.owner:
+                self.held.add(self.owner[k])
+
+    def take_held(self) -> set[int]:
+        """The nodes :meth:`hold_args` noted since the last op (the next op of the block takes them)."""
+        held, self.held = self.held, set()
+        return held
+
+    def enter_block(self, path: str, args: tuple = (), kwargs: dict | None = None) -> None:
+        self.hold_args(args, kwargs)
         self.active = path
         self.stack = [path]
         self.count = 0
@@ -130,6 +151,7 @@ class BlockScopes:
     def _pre(self, path: str) -> Callable[..., None]:
         def hook(_m: nn.Module, args: tuple, kwargs: dict) -> None:
             if self.active is not None:
+                self.hold_args(args, kwargs)
                 if names := cache_arguments(args, kwargs):
                     self.cache_calls[path] = ", ".join(names)
                 self.stack.append(path)

@@ -1,12 +1,12 @@
 """Module-level capture for models fx cannot trace (Hugging Face transformers, say).
 
-Nodes are calls of *node modules*: every leaf module, and every member of a container
-(``nn.ModuleList`` / ``nn.Sequential`` / ``nn.ModuleDict``), which are the repeated blocks a user
-would checkpoint (a member that is itself a ``Sequential`` is one block; a member that is a
-``ModuleList``/``ModuleDict`` is looked into); other modules are looked into. Tensor operations that
-run between node modules (the glue in a parent's ``forward``: embedding sums, views, mask
-arithmetic) become ``"glue"`` nodes, one per ATen op, seen by a ``TorchDispatchMode``. Edges come
-from storage identity: a node depends on the nodes that produced the storages of its inputs.
+Nodes are calls of *node modules*: every leaf module, and every member of a container (``nn.ModuleList`` /
+``nn.Sequential`` / ``nn.ModuleDict``), which are the repeated blocks a user would checkpoint (a member that is
+itself a ``Sequential`` is one block; a member that is a ``ModuleList``/``ModuleDict`` is looked into); other
+modules are looked into. Tensor operations that run between node modules (the glue in a parent's ``forward``:
+embedding sums, views, mask arithmetic) become ``"glue"`` nodes, one per ATen op, seen by a
+``TorchDispatchMode``. Edges come from storage identity: a node depends on the nodes that produced the storages
+of its inputs (a call's arguments, read or not: a recomputed call holds them all).
 
 Only module calls can be recomputed (the runtime wraps the module's ``forward``); each call of
 a module called ``n > 1`` times in one step (a shared layer) is a node of its own whose ``scope``
@@ -77,12 +77,10 @@ def module_fingerprint(model: nn.Module, blocks: str = "module", *,
                        nodes: Sequence[tuple[str, nn.Module]] | None = None,
                        tensors: Mapping[str, str] | None = None,
                        modules: Mapping[str, nn.Module] | None = None) -> str:
-    """Hash of the node modules (``blocks="ops"``: the repeated blocks marked as captured op by
-    op) and of the model's parameters' and buffers' shapes and dtypes
-    (:mod:`autoremat.capture.signature`); equals ``Graph.fingerprint`` of a module capture.
-    ``nodes`` / ``tensors`` / ``modules``: the node modules, tensor signature and modules by
-    path to use instead of the model's own (a sharded model's canonical ones,
-    :mod:`autoremat.runtime.sharding`)."""
+    """Hash of the node modules (``blocks="ops"``: the repeated blocks marked as captured op by op) and of the
+    model's parameters' and buffers' shapes and dtypes (:mod:`autoremat.capture.signature`); equals
+    ``Graph.fingerprint`` of a module capture. ``nodes`` / ``tensors`` / ``modules``: the node modules, tensor
+    signature and modules by path to use instead of the model's own (:mod:`autoremat.runtime.sharding`'s)."""
     h = hashlib.sha256(b"module")
     mods = node_modules(model) if nodes is None else list(nodes)
     ops = set(block_paths(model, [p for p, _ in mods], modules)) if blocks == "ops" else set()
@@ -111,6 +109,8 @@ class _ModuleRecorder(Recorder):
         self._param_of = {p.untyped_storage()._cdata: param_names[id(p)] for p in model.parameters()
                           if id(p) in param_names}
         self.scopes = scopes
+        if scopes is not None:
+            scopes.owner = self.owner  # the storages' makers: the calls' unread arguments (BlockScopes.hold_args)
         self.call_op_start: dict[str, int] | None = None
         """Blocks captured op by op: where each call region's op sequence starts."""
         self.pinned_regions: list[str] = []
@@ -220,7 +220,7 @@ class _ModuleRecorder(Recorder):
             if self.depth == 0 and self.glue_enabled and self.scopes is not None and path in self.scopes.blocks:
                 self.mark_glue()
                 self._pending_glue.clear()  # input saves of the block's first op: read from its node
-                self.scopes.enter_block(path)
+                self.scopes.enter_block(path, args, kwargs)
                 self.lingering.enter_call()
                 self.call_order.append(-len(self.scopes.block_calls))  # block call j: -(j + 1)
             elif self.depth == 0 and self.glue_enabled:
@@ -265,7 +265,8 @@ class _ModuleRecorder(Recorder):
             return
         ins = tensors_in((args, kwargs))
         keys = [t.untyped_storage()._cdata for t in ins]
-        preds = sorted({self.owner[k] for k in keys if k in self.owner})
+        preds = sorted({self.owner[k] for k in keys if k in self.owner}
+                       | (self.scopes.take_held() if in_block else set()))  # a call's unread arguments too
         name = str(getattr(func, "__name__", func))
         if in_block:
             scope = self.scopes.scope()
@@ -299,10 +300,9 @@ class _ModuleRecorder(Recorder):
             rec.alias_of = next(iter(roots))
             self.take_over(v, outs, written_storages(func, args, kwargs))  # an in-place write
         rec.requires_grad = any(t.requires_grad for t in ins) and any(t.is_floating_point() for t in outs)
-        # glue: a view or an in-place write has its owner's backward; an op of a block is marked
-        # either way, so that a view's backward is seen to pass its gradient on (grad_passthrough),
-        # and whatever its inputs: the last op of a custom autograd.Function (Bloom's GELU) reads
-        # tensors made without history, yet its output gets the Function's (mark_glue checks)
+        # glue: a view or an in-place write has its owner's backward; a block's op is marked either way (a view's
+        # backward passes its gradient on: grad_passthrough) and whatever its inputs (a custom autograd.Function's
+        # last op, Bloom's GELU, reads tensors without history, yet its output gets the Function's: mark_glue checks)
         if (rec.requires_grad and fresh) or (in_block and any(t.is_floating_point() for t in outs)):
             first = next(t for t in outs if t.is_floating_point())
             self._glue_marks.append((v, weakref.ref(first)))
