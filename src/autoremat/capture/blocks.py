@@ -87,8 +87,9 @@ class BlockScopes:
         """Calls inside the blocks handed a key/value cache (:mod:`autoremat.capture.kv_cache`)."""
         self.owner: Mapping[int, int] = {}
         """Storage -> the node that made it (the recorder's), for :meth:`hold_args`."""
-        self.held: set[int] = set()
-        """Nodes whose outputs a call now starting takes as arguments without gradients (:meth:`hold_args`)."""
+        self.held: dict[int, set[int]] = {}
+        """Per depth of :attr:`stack`: the nodes whose outputs that call takes as arguments without gradients and
+        no op of its own has listed yet (:meth:`hold_args`)."""
         self._inner: list[tuple[str, nn.Module]] = []
         mods = dict(model.named_modules())
         several = aliased(model)  # one object at several paths: no scope of its own (capture.aliases)
@@ -102,24 +103,26 @@ class BlockScopes:
         return None if self.active is None else _PSEUDO + len(self.block_calls) - 1
 
     def hold_args(self, args: tuple, kwargs: dict | None) -> None:
-        """Note the nodes that made the tensors a call takes without gradients: a recomputed call region
-        (``torch.utils.checkpoint``) holds every argument until its backward, read or not (``nn.Transformer``'s
-        decoder layers take ``tgt_mask`` and, told ``tgt_is_causal``, never read it), so the call's first op
-        lists them as inputs (:meth:`take_held`). Arguments with gradients are left out: an edge from them
-        would be a gradient the op never gives."""
+        """Note the nodes that made the tensors the call just entered takes without gradients: a recomputed call
+        region (``torch.utils.checkpoint``) holds every argument until its backward, read or not
+        (``nn.Transformer``'s decoder layers take ``tgt_mask`` and, told ``tgt_is_causal``, never read it), so the
+        call's first op of its own (not one inside a call it makes: that call's region does not hold them) lists
+        them as inputs (:meth:`take_held`); a call with no op of its own lists none. Arguments with gradients are
+        left out: an edge from them would be a gradient the op never gives."""
+        held = self.held.setdefault(len(self.stack), set())
         for t in tensors_in((args, kwargs or {})):
             if t.layout is torch.strided and not t.requires_grad and (k := t.untyped_storage()._cdata) in self.owner:
-                self.held.add(self.owner[k])
+                held.add(self.owner[k])
 
     def take_held(self) -> set[int]:
-        """The nodes :meth:`hold_args` noted since the last op (the next op of the block takes them)."""
-        held, self.held = self.held, set()
-        return held
+        """The nodes :meth:`hold_args` noted for the innermost call now running (its op being recorded takes them)."""
+        return self.held.pop(len(self.stack), set())
 
     def enter_block(self, path: str, args: tuple = (), kwargs: dict | None = None) -> None:
-        self.hold_args(args, kwargs)
         self.active = path
         self.stack = [path]
+        self.held.clear()
+        self.hold_args(args, kwargs)
         self.count = 0
         self.calls[path] = self.calls.get(path, 0) + 1
         self.stack_calls = [self.calls[path] - 1]
@@ -128,6 +131,7 @@ class BlockScopes:
 
     def leave_block(self) -> None:
         self.active = None
+        self.held.clear()
         self.stack = []
         self.stack_calls = []
 
@@ -151,10 +155,10 @@ class BlockScopes:
     def _pre(self, path: str) -> Callable[..., None]:
         def hook(_m: nn.Module, args: tuple, kwargs: dict) -> None:
             if self.active is not None:
-                self.hold_args(args, kwargs)
                 if names := cache_arguments(args, kwargs):
                     self.cache_calls[path] = ", ".join(names)
                 self.stack.append(path)
+                self.hold_args(args, kwargs)
                 self.calls[path] = self.calls.get(path, 0) + 1
                 self.stack_calls.append(self.calls[path] - 1)
                 self.start[(path, self.calls[path] - 1)] = self.count
@@ -163,6 +167,7 @@ class BlockScopes:
     def _post(self, path: str) -> Callable[..., None]:
         def hook(_m: nn.Module, _a: tuple, _o: Any) -> None:
             if self.active is not None and self.stack and self.stack[-1] == path:
+                self.held.pop(len(self.stack), None)  # no op of its own took them
                 self.stack.pop()
                 self.stack_calls.pop()
         return hook
