@@ -9,19 +9,20 @@ Measured (CPU, a DLRM-like model, four 1000 x 64 tables, 32 samples x 8 lookups 
 predicted 1.72x the measured step peak with dense gradient sizes.
 
 :class:`SparseGrads` watches every trainable parameter's incoming gradient during capture (a tensor
-hook, removed afterwards); a parameter whose gradient is sparse gets the bytes of its indices and
-values (the largest seen in one backward; every capture step has the same batch), from their sizes:
-the incoming values can be a view of a larger buffer (an embedding read through ``torch.cat`` gets
-a slice of the concatenation's gradient), which accumulation into ``.grad`` copies, and on the meta
-device ``.grad`` after accumulation is empty; in
-``param_bytes``, and its name in ``meta["sparse_grad_params"]``, which :meth:`Graph.scaled
-<autoremat.graph.Graph.scaled>` scales with the batch (lookups grow with it). Decision: the
-gradient as autograd hands it to the parameter, uncoalesced; an optimizer that coalesces it does
-so after the step's peak.
+hook, removed afterwards). A parameter whose gradient is sparse gets, in ``param_bytes``, the bytes
+of its indices and values counted from their sizes (the largest seen in one backward; every
+capture step has the same batch), and its name goes in ``meta["sparse_grad_params"]``, which
+:meth:`Graph.scaled <autoremat.graph.Graph.scaled>` and the scaled capture's fit scale with the
+batch (lookups grow with it). From sizes, not storages: the incoming values can be a view of a
+larger buffer (an embedding read through ``torch.cat`` gets a slice of the concatenation's
+gradient), which accumulation into ``.grad`` copies; and on the meta device ``.grad`` after
+accumulation is empty. Decision: the gradient as autograd hands it to the parameter, uncoalesced;
+an optimizer that coalesces it does so after the step's peak.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -56,11 +57,11 @@ class SparseGrads:
                 self.handles.append(p.register_hook(self._hook(name)))
         return self
 
-    def _hook(self, name: str):
+    def _hook(self, name: str) -> Callable[[torch.Tensor], None]:
         def hook(grad: torch.Tensor) -> None:
-            if grad.layout is not torch.strided:  # at once: the recorder's
-                self.seen[name] = max(self.seen.get(name, 0), sparse_bytes(grad))  # finish reads it
-                self.param_bytes[name] = self.seen[name]
+            if grad.layout is not torch.strided:
+                self.seen[name] = max(self.seen.get(name, 0), sparse_bytes(grad))
+                self.param_bytes[name] = self.seen[name]  # at once: the recorder's finish reads it
         return hook
 
     def __exit__(self, *exc: Any) -> None:
