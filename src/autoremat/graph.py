@@ -386,8 +386,8 @@ class Graph:
     def lower_sets(self, limit: int | None = None) -> Iterator[frozenset[int]]:
         """Enumerate every lower set (including ∅ and V) in order of size. The family can be
         exponential: ``limit`` stops with ``ValueError`` once more than ``limit`` sets were produced."""
-        n = len(self)  # the program's order is one more edge into each node (in_program_order)
-        pred_mask = [sum(1 << u for u in self._pred[v]) | (self.in_program_order and v and 1 << v - 1) for v in range(n)]
+        n, ordered = len(self), self.in_program_order  # the program's order: one more edge into each node
+        pred_mask = [sum(1 << u for u in self._pred[v]) | (ordered and v and 1 << v - 1) for v in range(n)]
         seen = {0}
         frontier = [0]
         count = 0

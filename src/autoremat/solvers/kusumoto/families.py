@@ -26,7 +26,7 @@ def all_lower_sets(p: GraphBits, limit: int) -> list[int] | None:
     """Every lower set as a bitset, in order of size; ``None`` when there are more than ``limit``.
     At module level (:attr:`~autoremat.graph.Graph.in_program_order`) the id prefixes."""
     if p.module_mode:
-        return [(1 << k) - 1 for k in range(p.n + 1)] if p.n + 1 <= limit else None
+        return _prefixes(p) if p.n + 1 <= limit else None
     sources = sum(p.bit[v] for v in range(p.n) if not p.pred[v])
     out = [0]
     frontier: list[tuple[int, int]] = [(0, sources)]  # (lower set, nodes that can join it)
@@ -55,7 +55,7 @@ def pruned_lower_sets(p: GraphBits) -> list[int]:
     """Kusumoto §4.3: ``{L^v : v ∈ V} ∪ {∅, V}`` where ``L^v`` is ``v`` and its ancestors (at module
     level the id prefix ending at ``v``: the forward runs in the program's order)."""
     if p.module_mode:
-        return [(1 << k) - 1 for k in range(p.n + 1)]
+        return _prefixes(p)
     anc = [0] * p.n
     for v in range(p.n):
         mask = p.bit[v]
@@ -63,3 +63,8 @@ def pruned_lower_sets(p: GraphBits) -> list[int]:
             mask |= anc[u]
         anc[v] = mask
     return sorted(set(anc) | {0, p.full}, key=lambda m: m.bit_count())
+
+
+def _prefixes(p: GraphBits) -> list[int]:
+    """The id prefixes ``{0..k-1}``, ``k = 0..n``: every lower set of a module-level graph (module docstring)."""
+    return [(1 << k) - 1 for k in range(p.n + 1)]
