@@ -40,7 +40,8 @@ PLANS = [("none", None, "lean"), ("auto", "1%", "lean"), ("each", None, "torch")
          pytest.param("each", None, "lean", marks=_SLOW)]
 _PLAN_IDS = ["none", "auto-least", "each-torch", "auto-50%", "chen-20%", "dp-approx-40%", "prefix-lean", "prefix-torch",
              "each-lean"]
-REFUSED_FX = {"counter_buffer": "assigns buffer calls", "self_checkpoint_reentrant": "gradients disabled",
+REFUSED_FX = {"counter_buffer": "assigns buffer calls", "self_checkpoint_reentrant": "torch.utils.checkpoint",
+              "self_checkpoint_nonreentrant": "torch.fx would trace through", "self_checkpoint_dropout": "trace through",
               "custom_autograd_function": "autograd.Function", "amp_inside_forward": "autocast block inside forward",
               "fx_tracing_branch": r"is_fx_tracing\(\)"}
 """Kinds an fx capture refuses (``mode='auto'`` captures them at module level, where they are equal)."""

@@ -17,7 +17,7 @@ from . import zoo
 from .budget import parse_budget
 from .capture import CaptureDoesNotFitError, capture, capture_within
 from .capture.signature import check_inputs
-from .errors import CallCountError, InfeasibleBudgetError, PlanFormatError, PlanMismatchError
+from .errors import CallCountError, InfeasibleBudgetError, ModelRecomputesError, PlanFormatError, PlanMismatchError
 from .graph import Graph
 from .measure import Measurement, is_profiling, measure
 from .plan import Plan, Segment, validate_plan
@@ -35,7 +35,8 @@ __all__ = [
     "capture", "capture_within", "CaptureDoesNotFitError", "solve", "simulate", "apply", "restore", "is_patched", "measure",
     "is_profiling",
     "validate_plan", "parse_budget", "SOLVERS", "min_budget",
-    "InfeasibleBudgetError", "PlanMismatchError", "PlanFormatError", "CallCountError", "check_inputs", "zoo", "__version__",
+    "InfeasibleBudgetError", "PlanMismatchError", "PlanFormatError", "CallCountError", "ModelRecomputesError",
+    "check_inputs", "zoo", "__version__",
 ]
 
 

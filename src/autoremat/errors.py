@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-__all__ = ["InfeasibleBudgetError", "PlanMismatchError", "PlanFormatError", "CallCountError"]
+__all__ = ["InfeasibleBudgetError", "PlanMismatchError", "PlanFormatError", "CallCountError", "ModelRecomputesError"]
 
 
 def _fmt_bytes(n: int) -> str:
@@ -61,6 +61,12 @@ class InfeasibleBudgetError(ValueError):
 
 class PlanMismatchError(ValueError):
     """A plan was applied to a model (or simulated on a graph) it was not made for."""
+
+
+class ModelRecomputesError(ValueError):
+    """The model recomputes by itself (Hugging Face ``gradient_checkpointing``, hand-placed
+    ``torch.utils.checkpoint`` calls, modules run inside a custom ``autograd.Function`` whose
+    backward runs them again): the capture refuses it (:mod:`autoremat.capture.own_recompute`)."""
 
 
 class CallCountError(RuntimeError):

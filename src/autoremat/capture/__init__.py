@@ -37,6 +37,8 @@ from ..measure import default_loss, profiling_run
 from ..resident import device_of, resident_bytes
 from ._recorder import NodeRecord, Recorder, paused_gc, tensors_in, timing_noise
 from .preserved import preserved_state
+from ..errors import ModelRecomputesError
+from .own_recompute import refusing
 from ._code_reads import traced_through
 from .._module_hooks import global_hooks, has_hooks
 from .fx import fx_fingerprint, profile_fx, records_from_fx, trace
@@ -100,7 +102,7 @@ def _validate(model: Any, args: Any, kwargs: Any, mode: str, loss_fn: Any) -> tu
     checkpointing = next((n for n, m in model.named_modules() if getattr(m, "gradient_checkpointing", False) is True
                           and hasattr(m, "_gradient_checkpointing_func")), None)
     if checkpointing is not None:
-        raise ValueError(
+        raise ModelRecomputesError(
             f"{type(model).__name__} has Hugging Face gradient checkpointing enabled ({checkpointing or 'the model'}): "
             "autoremat chooses what to recompute itself, and a capture of a step that already recomputes cannot be "
             "planned. Call model.gradient_checkpointing_disable() before profiling (AutoRemat's plan replaces it)")
@@ -270,8 +272,9 @@ def _trace_and_profile(model: nn.Module, args: tuple[Any, ...], kwargs: dict[str
             rec = profile_fx(gm, records_from_fx(gm, param_names), args, kwargs, loss, resident, param_bytes,
                              device=device, watch=watch, **profile)
             return rec, gm, fx_fingerprint(gm), tensor_signature(gm), "fx"
-        rec = profile_modules(model, args, kwargs, loss, resident, param_names, param_bytes, device=device,
-                              blocks=blocks, **profile)
+        with refusing(model):  # modules run inside a custom autograd.Function: refused
+            rec = profile_modules(model, args, kwargs, loss, resident, param_names, param_bytes, device=device,
+                                  blocks=blocks, **profile)
         return rec, None, module_fingerprint(model, blocks), tensor_signature(model), "module"
 
 

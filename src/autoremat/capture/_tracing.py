@@ -23,6 +23,10 @@ model's semantics (issue 29):
   another autocast state than the one the trace started in raises :class:`AutocastBlockError`
   (``mode="auto"``: module level). Autocast around the whole forward, set by the caller, is not
   affected: the patched forward runs in the caller's autocast state, as the model's own does;
+* **the model's own checkpoints are refused**: fx traces through a non-reentrant
+  ``torch.utils.checkpoint`` call and would drop it; a node traced inside one raises
+  :class:`~autoremat.capture.own_recompute.SelfCheckpointTraceError` (``mode="auto"``: module
+  level, which keeps them);
 * **attribute reads are recorded**: while tracing, every module's instance-attribute reads are
   logged (:func:`recorded_reads`; ``gm.meta["autoremat_reads"]``: module path -> names), and
   whether forward asked for the autocast state (``torch.is_autocast_enabled()``, ...;
@@ -46,6 +50,7 @@ from torch.nn.modules import module as _module_mod
 
 from .._module_hooks import GLOBAL_HOOK_DICTS as _GLOBAL_HOOK_DICTS
 from .._module_hooks import HOOK_DICTS as _HOOK_DICTS
+from .own_recompute import SelfCheckpointTraceError, checkpoint_call
 from ._code_reads import QUERIES, _foreign, code_reads, traced_through
 
 __all__ = ["NoGradBlockError", "AutocastBlockError", "StateAssignmentError", "FxTracingBranchError", "SemanticTracer", "semantic_trace",
@@ -200,6 +205,10 @@ class SemanticTracer(torch.fx.Tracer):
         node = super().create_node(*args, **kwargs)
         if node.op not in ("call_module", "call_function", "call_method"):
             return node
+        if (call := checkpoint_call()) is not None:
+            raise SelfCheckpointTraceError(
+                f"{node.name} runs inside {call}, which torch.fx would trace through and drop: capture with "
+                "mode='module' (mode='auto' does so by itself), which keeps the model's own checkpoints")
         if not torch.is_grad_enabled():
             raise NoGradBlockError(
                 f"{node.name} runs with gradients disabled (a torch.no_grad() block in forward, or a custom "

@@ -30,6 +30,7 @@ from torch import nn
 from .._fsdp import original_class
 from ._loss_reach import SeedMeter, seed_only_what_the_loss_reads
 from .aliases import aliased
+from .autograd_saves import saved_by
 from ._recorder import NodeRecord, Recorder, Timer, classify_function, classify_module, tensors_in
 from ..call_names import call_name
 from .blocks import BlockScopes, OpTimer, block_paths, settle_scopes, share_times
@@ -37,6 +38,7 @@ from .held_outputs import OutputHold
 from .inplace import MutationLog, written_storages
 from .kv_cache import cache_arguments
 from .lingering import Lingering
+from .own_recompute import checkpoint_held, in_reentrant_checkpoint
 from .signature import tensor_lines
 
 __all__ = ["node_modules", "module_fingerprint", "profile_modules", "time_modules"]
@@ -172,7 +174,7 @@ class _ModuleRecorder(Recorder):
         extra: dict[int, int] = {}
         own: dict[int, int] = {}
         custom = isinstance(fn, torch.autograd.function.BackwardCFunction)
-        for t in _saved_by(fn):
+        for t in saved_by(fn):
             key = t.untyped_storage()._cdata
             if key in self.resident:
                 continue
@@ -221,6 +223,7 @@ class _ModuleRecorder(Recorder):
                 self.mark_glue()
                 self._pending_glue.clear()  # input saves of the block's first op: read from its node
                 self.scopes.enter_block(path, args, kwargs)
+                self._pending_glue += checkpoint_held()  # the block's first op saves them
                 self.lingering.enter_call()
                 self.call_order.append(-len(self.scopes.block_calls))  # block call j: -(j + 1)
             elif self.depth == 0 and self.glue_enabled:
@@ -239,6 +242,7 @@ class _ModuleRecorder(Recorder):
                 self._stack.append(v)
                 self.settle_saves()
                 self.begin(v)
+                self._packed += [(v, k, nb) for k, nb in checkpoint_held()]  # held by the model's own checkpoint
             self.depth += 1
         return hook
 
@@ -252,7 +256,18 @@ class _ModuleRecorder(Recorder):
             elif self.depth == 0 and self._stack:
                 v = self._stack.pop()
                 self.end(v, output)
+            if self.depth == 0 and in_reentrant_checkpoint():
+                self._history_later(output)
         return hook
+
+    def _history_later(self, output: Any) -> None:
+        """A call inside the model's own reentrant checkpoint: its Function gives the outputs their
+        history and saves its inputs once it returns, so their makers are read then (mark_glue)."""
+        for t in tensors_in(output):
+            v = self.owner.get(t.untyped_storage()._cdata)
+            if v is not None and t.is_floating_point():
+                self._op_outputs.append((v, [weakref.ref(t)]))
+                self._glue_marks.append((v, weakref.ref(t)))
 
     def _on_op(self, func: Any, args: tuple, kwargs: dict, out: Any) -> None:
         in_block = self.scopes is not None and self.scopes.active is not None
@@ -397,22 +412,6 @@ def _mark_outputs(rec: Recorder, out: Any) -> dict[Any, set[int]]:
             if t.grad_fn is not None:
                 producers.setdefault(t.grad_fn, set()).add(rec.owner[k])
     return producers
-
-
-def _saved_by(fn: Any) -> list[torch.Tensor]:
-    """The tensors autograd node ``fn`` keeps for its backward: its ``_saved_*`` fields, or a custom
-    ``autograd.Function``'s ``saved_tensors``."""
-    values: list[Any] = []
-    names = [n for n in dir(fn) if n.startswith("_saved_")]
-    if isinstance(fn, torch.autograd.function.BackwardCFunction):
-        names.append("saved_tensors")
-    for name in names:
-        try:
-            value = getattr(fn, name)
-        except RuntimeError:  # a field freed or not saved
-            continue
-        values.extend(value if isinstance(value, (list, tuple)) else (value,))
-    return [t for t in values if isinstance(t, torch.Tensor)]
 
 
 def _name_calls(rec: _ModuleRecorder) -> None:
