@@ -150,9 +150,14 @@ class _ModuleRecorder(Recorder):
         Autograd attaches a tensor's history only after the dispatch mode returns, so a glue
         node's output is marked at the next op or module call. With its own marker, a glue
         node's backward (the cross-entropy of a loss computed in ``forward``, say) is a backward
-        region of its own instead of workspace of the module whose backward ran before it."""
-        for v, refs in self._op_outputs:
-            self._read_saves(v, refs)
+        region of its own instead of workspace of the module whose backward ran before it.
+        Reading a node's saves unpacks them (``detach`` ops): not the model's ops, not recorded."""
+        enabled, self.glue_enabled = self.glue_enabled, False
+        try:
+            for v, refs in self._op_outputs:
+                self._read_saves(v, refs)
+        finally:
+            self.glue_enabled = enabled
         self._op_outputs.clear()
         for v, ref in self._glue_marks:
             t = ref()
