@@ -54,7 +54,9 @@ from __future__ import annotations
 
 from typing import Any
 
-__all__ = ["OutputHold"]
+from ._recorder import tensors_in
+
+__all__ = ["OutputHold", "mark_outputs"]
 
 
 class OutputHold:
@@ -75,3 +77,17 @@ class OutputHold:
         for v in held:
             nodes[v].held_by_output = True
         return held
+
+
+def mark_outputs(rec: Any, out: Any) -> dict[Any, set[int]]:
+    """Mark the nodes of recorder ``rec`` whose storage holds a tensor of the model's output ``out`` as outputs;
+    returns their autograd nodes -> those nodes. A function of its own, so that no local of the
+    caller (a loop variable) holds an output tensor once ``out`` is dropped."""
+    producers: dict[Any, set[int]] = {}
+    for t in tensors_in(out):
+        k = t.untyped_storage()._cdata
+        if k in rec.owner:
+            rec.nodes[rec.owner[k]].is_output = True
+            if t.grad_fn is not None:
+                producers.setdefault(t.grad_fn, set()).add(rec.owner[k])
+    return producers

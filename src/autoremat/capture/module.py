@@ -34,7 +34,7 @@ from .autograd_saves import saved_by
 from ._recorder import NodeRecord, Recorder, Timer, classify_function, classify_module, tensors_in
 from ..call_names import call_name
 from .blocks import BlockScopes, OpTimer, block_paths, settle_scopes, share_times
-from .held_outputs import OutputHold
+from .held_outputs import OutputHold, mark_outputs
 from .inplace import MutationLog, written_storages
 from .kv_cache import cache_arguments
 from .lingering import Lingering
@@ -369,7 +369,7 @@ def profile_modules(
             rec.mark_glue()
             rec.glue_enabled = False
             rec.settle_saves()
-            producers = _mark_outputs(rec, out)
+            producers = mark_outputs(rec, out)
             loss = rec.run_loss(loss_fn, out)
             seed_only_what_the_loss_reads(rec.nodes, loss, producers)
             seeds = SeedMeter(rec.nodes, loss, producers)
@@ -403,20 +403,6 @@ def profile_modules(
         for v, (f, b) in share_times(rec.block_of, op_times, fwd[n:], bwd[n:]).items():
             rec.nodes[v].time_s, rec.nodes[v].bwd_time_s = f, b
     return rec
-
-
-def _mark_outputs(rec: Recorder, out: Any) -> dict[Any, set[int]]:
-    """Mark the nodes whose storage holds a tensor of the model's output ``out`` as outputs;
-    returns their autograd nodes -> those nodes. A function of its own, so that no local of the
-    caller (a loop variable) holds an output tensor once ``out`` is dropped."""
-    producers: dict[Any, set[int]] = {}
-    for t in tensors_in(out):
-        k = t.untyped_storage()._cdata
-        if k in rec.owner:
-            rec.nodes[rec.owner[k]].is_output = True
-            if t.grad_fn is not None:
-                producers.setdefault(t.grad_fn, set()).add(rec.owner[k])
-    return producers
 
 
 def _name_calls(rec: _ModuleRecorder) -> None:
