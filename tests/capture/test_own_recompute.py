@@ -14,6 +14,7 @@ import autoremat
 from autoremat import ModelRecomputesError
 from autoremat.cost import no_recompute_plan, simulate
 from autoremat.measure import measure
+from semantics_models import CustomFunction
 
 
 class _Block(nn.Module):
@@ -69,29 +70,6 @@ class _Reversible(nn.Module):
         return x
 
 
-class _Square(torch.autograd.Function):
-    """A custom op that runs no module (Bloom's GELU kind): captured as any other op."""
-
-    @staticmethod
-    def forward(ctx, x: torch.Tensor) -> torch.Tensor:  # type: ignore[override]
-        ctx.save_for_backward(x)
-        return x * x
-
-    @staticmethod
-    def backward(ctx, grad: torch.Tensor) -> torch.Tensor:  # type: ignore[override]
-        (x,) = ctx.saved_tensors
-        return 2 * x * grad
-
-
-class _WithSquare(nn.Module):
-    def __init__(self) -> None:
-        super().__init__()
-        self.a, self.b = nn.Linear(16, 16), nn.Linear(16, 16)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.b(_Square.apply(self.a(x)))
-
-
 def _hooks(model: nn.Module) -> int:
     return sum(len(m._forward_pre_hooks) for m in model.modules())
 
@@ -138,7 +116,7 @@ def test_modules_run_inside_a_custom_function_are_refused() -> None:
 
 
 def test_a_custom_function_without_modules_and_the_unpatched_model_capture() -> None:
-    for model in (_WithSquare(), _Checkpointed(None)):
+    for model in (CustomFunction(), _Checkpointed(None)):  # CustomFunction: a Function squaring, no module
         graph = autoremat.capture(model, (torch.randn(4, 16),), repeats=1, warmup=0)
         assert len(graph) > 2
         assert _hooks(model) == 0
