@@ -38,7 +38,6 @@ from ..resident import device_of, resident_bytes
 from ._recorder import NodeRecord, Recorder, paused_gc, tensors_in, timing_noise
 from .preserved import preserved_state
 from ..errors import ModelRecomputesError
-from .own_recompute import refusing
 from ._code_reads import traced_through
 from .._module_hooks import global_hooks, has_hooks
 from .fx import fx_fingerprint, profile_fx, records_from_fx, trace
@@ -272,9 +271,8 @@ def _trace_and_profile(model: nn.Module, args: tuple[Any, ...], kwargs: dict[str
             rec = profile_fx(gm, records_from_fx(gm, param_names), args, kwargs, loss, resident, param_bytes,
                              device=device, watch=watch, **profile)
             return rec, gm, fx_fingerprint(gm), tensor_signature(gm), "fx"
-        with refusing(model):  # modules run inside a custom autograd.Function: refused
-            rec = profile_modules(model, args, kwargs, loss, resident, param_names, param_bytes, device=device,
-                                  blocks=blocks, **profile)
+        rec = profile_modules(model, args, kwargs, loss, resident, param_names, param_bytes, device=device,
+                              blocks=blocks, **profile)
         return rec, None, module_fingerprint(model, blocks), tensor_signature(model), "module"
 
 

@@ -38,7 +38,7 @@ from .held_outputs import OutputHold, mark_outputs
 from .inplace import MutationLog, written_storages
 from .kv_cache import cache_arguments
 from .lingering import Lingering
-from .own_recompute import checkpoint_held, in_reentrant_checkpoint
+from .own_recompute import checkpoint_held, in_reentrant_checkpoint, refusing
 from .signature import tensor_lines
 
 __all__ = ["node_modules", "module_fingerprint", "profile_modules", "time_modules"]
@@ -363,7 +363,7 @@ def profile_modules(
         for path, mod in mods:
             handles.append(mod.register_forward_pre_hook(rec.pre_hook(path, mod), with_kwargs=True))
             handles.append(mod.register_forward_hook(rec.post_hook(path)))
-        with rec.recording():
+        with rec.recording(), refusing(model):  # not the timed steps: the checks walk the stack
             out = model(*args, **kwargs)
             rec.lingering.close()  # what dies from here on outlived the forward
             rec.mark_glue()
