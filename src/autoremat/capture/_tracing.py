@@ -27,6 +27,9 @@ model's semantics (issue 29):
   ``torch.utils.checkpoint`` call and would drop it; a node traced inside one raises
   :class:`~autoremat.capture.own_recompute.SelfCheckpointTraceError` (``mode="auto"``: module
   level, which keeps them);
+* **random draws are refused**: a draw forward makes outside the traced tensor ops (numpy,
+  Python's ``random``, ``torch.rand(())`` on no traced input) would be frozen into the graph
+  (:mod:`autoremat.capture.host_rng`): :class:`RandomDrawError` (``mode="auto"``: module level);
 * **attribute reads are recorded**: while tracing, every module's instance-attribute reads are
   logged (:func:`recorded_reads`; ``gm.meta["autoremat_reads"]``: module path -> names), and
   whether forward asked for the autocast state (``torch.is_autocast_enabled()``, ...;
@@ -50,10 +53,11 @@ from torch.nn.modules import module as _module_mod
 
 from .._module_hooks import GLOBAL_HOOK_DICTS as _GLOBAL_HOOK_DICTS
 from .._module_hooks import HOOK_DICTS as _HOOK_DICTS
+from .host_rng import draws, host_rng_kept, rng_states
 from .own_recompute import SelfCheckpointTraceError, checkpoint_call
 from ._code_reads import QUERIES, _foreign, code_reads, traced_through
 
-__all__ = ["NoGradBlockError", "AutocastBlockError", "StateAssignmentError", "FxTracingBranchError", "SemanticTracer", "semantic_trace",
+__all__ = ["NoGradBlockError", "AutocastBlockError", "StateAssignmentError", "FxTracingBranchError", "RandomDrawError", "SemanticTracer", "semantic_trace",
            "silenced_hooks", "recorded_reads", "autocast_state"]
 
 
@@ -69,6 +73,11 @@ class AutocastBlockError(TypeError):
 
 class StateAssignmentError(TypeError):
     """The traced forward assigns a module attribute, buffer or parameter."""
+
+
+class RandomDrawError(TypeError):
+    """The traced forward drew random numbers outside the traced tensor ops
+    (:mod:`autoremat.capture.host_rng`): the trace would freeze the draw."""
 
 
 class FxTracingBranchError(TypeError):
@@ -279,8 +288,16 @@ def semantic_trace(model: nn.Module, tracer: SemanticTracer | None = None) -> to
         tracer = SemanticTracer() if tracer is None else tracer
         amp: list[bool] = []
         queries: dict[str, str] = {}
-        with recorded_reads(model) as reads, _autocast_queries_recorded(amp), _queries_recorded(queries):
+        with recorded_reads(model) as reads, _autocast_queries_recorded(amp), _queries_recorded(queries), \
+                host_rng_kept(), torch.random.fork_rng(devices=[]):
+            before = rng_states()
             graph = tracer.trace(model)
+            drawn = draws(before)
+    if drawn:
+        raise RandomDrawError(
+            f"forward drew random numbers from {', '.join(drawn)} while torch.fx traced it, outside the traced "
+            "tensor ops (np.random.rand(), random.random(), torch.rand(()) on no traced input): the trace would "
+            "freeze that one draw into every step. Capture with mode='module' (mode='auto' does so by itself)")
     gm = tracer.graph_module(graph, model.__class__.__name__)
     queries = {**code_reads(traced_through(model, gm)).queries, **queries}
     if "fx" in queries:

@@ -2,9 +2,9 @@
 timing runs, a measured step, the Lightning callback's runs of ``training_step``), whether the
 block succeeds or raises.
 
-:func:`preserved_state`: RNG, parameters (the same objects, ``requires_grad``, ``.grad``),
-buffers (the same objects, their values), every module's ``training`` flag, and, by default,
-:func:`kept_attributes`.
+:func:`preserved_state`: RNG (torch's, Python's and numpy's: :mod:`.host_rng`), parameters (the
+same objects, ``requires_grad``, ``.grad``), buffers (the same objects, their values), every
+module's ``training`` flag, and, by default, :func:`kept_attributes`.
 
 :func:`kept_attributes`: every module's public attributes as they were (added ones removed,
 rebound ones rebound; the root's private ones too with ``private_root``), the contents of the
@@ -31,6 +31,8 @@ from typing import Any
 
 import torch
 from torch import nn
+
+from .host_rng import host_rng_kept
 
 __all__ = ["preserved_state", "kept_attributes", "KEEP_BYTES"]
 
@@ -59,7 +61,7 @@ def preserved_state(model: torch.nn.Module, devices: list[torch.device], attribu
     for p, _grad, _rg in params.values():
         p.grad = None  # backward would accumulate into the user's .grad tensors in place
     cuda_devices = [d for d in devices if d.type == "cuda"]
-    with torch.random.fork_rng(devices=cuda_devices), \
+    with torch.random.fork_rng(devices=cuda_devices), host_rng_kept(), \
             kept_attributes(model, private_root=private_root) if attributes else contextlib.nullcontext():
         try:
             yield
