@@ -78,23 +78,22 @@ def _where(frame: FrameType | None) -> str:
     return f"{frame.f_code.co_name} ({frame.f_code.co_filename}:{frame.f_lineno})"
 
 
-def _enclosing(match: Any) -> tuple[FrameType, FrameType | None] | None:
-    """The innermost frame of the running code that ``match`` accepts and whose caller is not
-    autoremat's, with that caller; ``None`` where there is none."""
-    frame: FrameType | None = sys._getframe(2)
+def _enclosing(match: Any) -> Iterator[tuple[FrameType, FrameType | None]]:
+    """The frames of the running code that ``match`` accepts and whose caller is not autoremat's,
+    innermost first, each with that caller."""
+    frame: FrameType | None = sys._getframe()
     while frame is not None:
         if match(frame):
             caller = _user_caller(frame)
             if caller is None or not os.path.abspath(caller.f_code.co_filename).startswith(_OURS):
-                return frame, caller
+                yield frame, caller
         frame = frame.f_back
-    return None
 
 
 def checkpoint_call() -> str | None:
     """The model's own ``torch.utils.checkpoint`` call the running code is inside, as a phrase
     (``"torch.utils.checkpoint.checkpoint, called in forward (net.py:12)"``), else ``None``."""
-    found = _enclosing(lambda f: f.f_code in _CHECKPOINT)
+    found = next(_enclosing(lambda f: f.f_code in _CHECKPOINT), None)
     return None if found is None else f"torch.utils.checkpoint.checkpoint, called in {_where(found[1])}"
 
 
@@ -105,27 +104,23 @@ def checkpoint_held() -> list[tuple[int, int]]:
     the capture, and nothing else says the inputs stay: without them a model ending in
     checkpointed blocks was predicted 0.71x its step."""
     held: dict[int, int] = {}
-    frame: FrameType | None = sys._getframe(1)
-    while frame is not None:
-        if frame.f_code is _CHECKPOINT_FN and frame.f_locals.get("use_reentrant") is False:
-            caller = _user_caller(frame)
-            if caller is None or not os.path.abspath(caller.f_code.co_filename).startswith(_OURS):
-                for t in tensors_in((frame.f_locals.get("args"), frame.f_locals.get("kwargs"))):
-                    held[t.untyped_storage()._cdata] = t.untyped_storage().nbytes()
-        frame = frame.f_back
+    for frame, _caller in _enclosing(lambda f: f.f_code is _CHECKPOINT_FN and f.f_locals.get("use_reentrant") is False):
+        for t in tensors_in((frame.f_locals.get("args"), frame.f_locals.get("kwargs"))):
+            held[t.untyped_storage()._cdata] = t.untyped_storage().nbytes()
     return list(held.items())
 
 
 def in_reentrant_checkpoint() -> bool:
     """Whether the running code is inside the model's own reentrant checkpoint (its Function's
     ``forward``: the outputs get their history, and the inputs are saved, once it returns)."""
-    return _enclosing(lambda f: f.f_code is _REENTRANT) is not None
+    return next(_enclosing(lambda f: f.f_code is _REENTRANT), None) is not None
 
 
 def function_call() -> str | None:
     """The custom ``autograd.Function`` (other than the reentrant checkpoint's) whose ``forward``
     the running code is inside, as a phrase, else ``None``."""
-    found = _enclosing(lambda f: f.f_code is _APPLY and f.f_locals.get("cls") is not _ckpt.CheckpointFunction)
+    found = next(_enclosing(lambda f: f.f_code is _APPLY and f.f_locals.get("cls") is not _ckpt.CheckpointFunction),
+                 None)
     if found is None:
         return None
     name = getattr(found[0].f_locals.get("cls"), "__qualname__", "?")
