@@ -36,6 +36,7 @@ from ..graph import Graph
 from ..measure import default_loss, profiling_run
 from ..resident import device_of, resident_bytes
 from ._recorder import NodeRecord, Recorder, paused_gc, tensors_in, timing_noise
+from .layer_drop import every_layer
 from .preserved import preserved_state
 from ..errors import ModelRecomputesError
 from ._code_reads import traced_through
@@ -271,8 +272,9 @@ def _trace_and_profile(model: nn.Module, args: tuple[Any, ...], kwargs: dict[str
             rec = profile_fx(gm, records_from_fx(gm, param_names), args, kwargs, loss, resident, param_bytes,
                              device=device, watch=watch, **profile)
             return rec, gm, fx_fingerprint(gm), tensor_signature(gm), "fx"
-        rec = profile_modules(model, args, kwargs, loss, resident, param_names, param_bytes, device=device,
-                              blocks=blocks, **profile)
+        with every_layer(model):  # LayerDrop: the step in which every layer runs (.layer_drop)
+            rec = profile_modules(model, args, kwargs, loss, resident, param_names, param_bytes, device=device,
+                                  blocks=blocks, **profile)
         return rec, None, module_fingerprint(model, blocks), tensor_signature(model), "module"
 
 

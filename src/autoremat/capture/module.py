@@ -37,6 +37,7 @@ from .blocks import BlockScopes, OpTimer, block_paths, settle_scopes, share_time
 from .held_outputs import OutputHold, mark_outputs
 from .inplace import MutationLog, written_storages
 from .kv_cache import cache_arguments
+from .layer_drop import warn_skipped
 from .lingering import Lingering
 from .own_recompute import checkpoint_held, in_reentrant_checkpoint, refusing
 from .signature import tensor_lines
@@ -383,6 +384,7 @@ def profile_modules(
         for h in handles:
             h.remove()
     _name_calls(rec)
+    warn_skipped(model, [p for p, _ in mods], {**rec.calls, **(scopes.calls if scopes is not None else {})})
     rec.reused = {p: n for p, n in rec.calls.items() if n > 1}  # modules run more than once: per call
     if scopes is not None:
         rec.reused.update({p: n for p, n in scopes.calls.items() if n > 1 and p in scopes.blocks})
