@@ -28,6 +28,7 @@ from ._loss_reach import seed_bytes
 from .input_grads import InputGrads
 from .inplace import MutationLog
 from .meta_targets import loss_on
+from .unread_saves import settle_unread_saves
 
 __all__ = ["NodeRecord", "Recorder", "Timer", "timing_noise", "paused_gc", "classify_module",
            "classify_function"]
@@ -300,24 +301,10 @@ class Recorder:
             u = self.nodes[u].alias_of
         return u
 
-    def _fold_hidden_saves(self) -> None:
-        """A node that saves the output of an earlier node it does not read, which nothing reads
-        either, saves a tensor made for its backward only: autograd's copy of the original ``self``
-        of an in-place op (Mixtral's router, ``top_value /= top_value.sum(...)``, dispatches a
-        ``clone`` before its ``div_``). That output is the saver's extra saved bytes: it lives
-        from the saver's forward to its backward, not from a producer whose output nobody holds."""
-        root = self.root
-        for v, rec in enumerate(self.nodes):
-            read = {root(p) for p in rec.preds} | {root(v)}
-            for u in sorted(rec.saves):
-                if root(u) not in read and not self.succs.get(u) and self.nodes[u].alias_of is None:
-                    rec.saves.discard(u)
-                    rec.extra_saved_bytes += self.nodes[u].alloc_bytes
-
     def finish(self, param_bytes: dict[str, int]) -> None:
         """Derive backward workspace from the recorded regions; pin the nodes whose inputs were
         written in place (:mod:`autoremat.capture.inplace`)."""
-        self._fold_hidden_saves()
+        settle_unread_saves(self.nodes, self.succs, self.root, self.input_grads.held)
         for v, writer in self.mutations.pinned().items():
             if not 0 <= v < len(self.nodes):  # a block call read it (autoremat.capture.blocks)
                 continue

@@ -49,6 +49,8 @@ class InputGrads:
         self.wide: dict[int, dict[int, int]] = {}
         """Op node -> {node: bytes of the widest view of that node's output it read, where wider than
         the storage (``expand``, ``as_strided`` with overlapping windows)}."""
+        self.held: dict[int, set[int]] = {}
+        """Op node -> inputs it saves without reading them (:mod:`.unread_saves`): a part of 0 bytes."""
         self._views: dict[int, weakref.ref] = {}
         """``id`` of each view a split made -> a reference to it (an ``id`` may be reused)."""
 
@@ -82,11 +84,13 @@ class InputGrads:
             rec = nodes[w]
             if rec.grad_passthrough:
                 rec.grad_new = sorted(u for u in inputs if u in rec.preds and nodes[u].requires_grad)
-        for w in self.parts.keys() | self.wide.keys():
+        for w in self.parts.keys() | self.wide.keys() | self.held.keys():
             rec = nodes[w]
+            part = {u: 0 for u in self.held.get(w, ())}
             if rec.grad_passthrough:
+                rec.grad_part = sorted((u, b) for u, b in part.items() if nodes[u].requires_grad)
                 continue
-            part = {u: b for u, b in self.parts.get(w, {}).items() if b < nodes[u].out_bytes}
+            part.update({u: b for u, b in self.parts.get(w, {}).items() if b < nodes[u].out_bytes})
             if rec.alias_of is None:  # an op computing something; a view of a view hands its gradient on as a view
                 part.update({u: b for u, b in self.wide.get(w, {}).items() if b > nodes[u].out_bytes})
             rec.grad_part = sorted((u, b) for u, b in part.items() if u in rec.preds and nodes[u].requires_grad)
