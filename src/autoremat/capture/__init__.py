@@ -273,9 +273,21 @@ def _trace_and_profile(model: nn.Module, args: tuple[Any, ...], kwargs: dict[str
                              device=device, watch=watch, **profile)
             return rec, gm, fx_fingerprint(gm), tensor_signature(gm), "fx"
         with every_layer(model):  # LayerDrop: the step in which every layer runs (.layer_drop)
+            _first_call(model, args, kwargs, device)
             rec = profile_modules(model, args, kwargs, loss, resident, param_names, param_bytes, device=device,
                                   blocks=blocks, **profile)
         return rec, None, module_fingerprint(model, blocks), tensor_signature(model), "module"
+
+
+def _first_call(model: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any], device: torch.device) -> None:
+    """One forward without gradients before a module-level capture records its step, its effects on
+    the model undone (:func:`preserved_state`): what a model does on its first call only is then not
+    recorded as what every call does. Measured: the Hugging Face BEiT builds its relative position
+    index in an ``lru_cache``'d method on the first call; recorded in the first layer's op sequence,
+    a selective plan for that layer failed at its first step (the layer no longer ran those ops)."""
+    with preserved_state(model, [device]), torch.no_grad():
+        model(*args, **kwargs)
+    _empty_cast_cache()
 
 
 def _traced_in_state(model: nn.Module, mode: str) -> Any:
