@@ -34,6 +34,7 @@ from .autograd_saves import saved_by
 from ._recorder import NodeRecord, Recorder, Timer, classify_function, classify_module, tensors_in
 from ..call_names import call_name
 from .blocks import BlockScopes, OpTimer, block_paths, settle_scopes, share_times
+from .handed_params import call_params
 from .held_outputs import OutputHold, mark_outputs
 from .inplace import MutationLog, written_storages
 from .kv_cache import cache_arguments
@@ -237,8 +238,7 @@ class _ModuleRecorder(Recorder):
                 ins = tensors_in((args, kwargs))
                 preds = sorted({self.owner[t.untyped_storage()._cdata] for t in ins
                                 if t.untyped_storage()._cdata in self.owner})
-                params = sorted({self._param_names[id(p)] for p in module.parameters()
-                                 if id(p) in self._param_names})
+                params = call_params(module, args, kwargs, self._param_names)
                 rec = NodeRecord(name=path, kind=classify_module(module), target=type(module).__name__,
                                  module_path=path, preds=preds, params=params)
                 v = self.add_node(rec)
