@@ -30,7 +30,7 @@ from torch import nn
 from .._fsdp import original_class
 from ._loss_reach import SeedMeter, seed_only_what_the_loss_reads
 from .aliases import aliased
-from .autograd_saves import saved_by
+from .autograd_saves import behind_copy_slices, saved_by
 from ._recorder import NodeRecord, Recorder, Timer, classify_function, classify_module, tensors_in
 from ..call_names import call_name
 from .blocks import BlockScopes, OpTimer, block_paths, settle_scopes, share_times
@@ -178,6 +178,9 @@ class _ModuleRecorder(Recorder):
         fn = next((t.grad_fn for t in alive if t.grad_fn is not None), None)
         if fn is None:
             return
+        if not rec.alloc_bytes and behind_copy_slices(fn) and any(self.owner.get(t.untyped_storage()._cdata) == v
+                                                                   for t in alive):
+            rec.saves.add(v)  # an in-place op on a view: what its backward saves is hidden (.autograd_saves)
         extra: dict[int, int] = {}
         own: dict[int, int] = {}
         custom = isinstance(fn, torch.autograd.function.BackwardCFunction)
