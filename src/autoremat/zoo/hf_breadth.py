@@ -47,6 +47,15 @@ def _decoder(cls: str, cfg: str, **kw: Any) -> Callable[[], Case]:
     return make
 
 
+def _series(batch: int = 2, past: int = 19, future: int = 8) -> dict[str, torch.Tensor]:
+    """A time-series batch (the transformers forecasting models): past values with their lags,
+    time features and observed mask, and the future to predict."""
+    gen = torch.Generator().manual_seed(7)
+    return {"past_values": torch.randn(batch, past, generator=gen), "past_time_features": torch.randn(batch, past, 1, generator=gen),
+            "past_observed_mask": torch.ones(batch, past), "future_values": torch.randn(batch, future, generator=gen),
+            "future_time_features": torch.randn(batch, future, 1, generator=gen)}
+
+
 def _image(batch: int, size: int) -> torch.Tensor:
     return torch.randn(batch, 3, size, size, generator=torch.Generator().manual_seed(6))
 
@@ -108,12 +117,39 @@ CASES: dict[str, Callable[[], Case]] = {
     "segformer": lambda: (T.SegformerForSemanticSegmentation(T.SegformerConfig(
         num_encoder_blocks=2, depths=[1, 1], sr_ratios=[2, 1], hidden_sizes=[16, 32], num_attention_heads=[1, 2],
         decoder_hidden_size=32, num_labels=4, patch_sizes=[7, 3], strides=[4, 2])), (_image(2, 64),), {}, _lm),
+    "beit": lambda: (T.BeitForImageClassification(T.BeitConfig(
+        image_size=32, patch_size=4, hidden_size=64, num_hidden_layers=2, num_attention_heads=4, intermediate_size=128,
+        use_relative_position_bias=True, use_mean_pooling=True, drop_path_rate=0.1)), (_image(2, 32),), {}, _lm),
+    "swinv2": lambda: (T.Swinv2ForImageClassification(T.Swinv2Config(
+        image_size=32, patch_size=2, embed_dim=16, depths=[1, 1], num_heads=[2, 4], window_size=4, drop_path_rate=0.1)),
+        (_image(2, 32),), {}, _lm),
+    "perceiver": lambda: (T.PerceiverForMaskedLM(T.PerceiverConfig(
+        num_latents=16, d_latents=64, d_model=64, num_blocks=1, num_self_attends_per_block=2, num_self_attention_heads=4,
+        num_cross_attention_heads=4, vocab_size=V, max_position_embeddings=32, qk_channels=64, v_channels=64)),
+        (), {"inputs": _ids(2, 32, 1), "labels": _ids(2, 32, 2)}, _loss),
+    "t5": lambda: (T.T5ForConditionalGeneration(T.T5Config(
+        vocab_size=V, d_model=64, d_kv=16, d_ff=128, num_layers=2, num_decoder_layers=2, num_heads=4,
+        decoder_start_token_id=0, pad_token_id=0)), (), {"input_ids": _ids(2, 32, 1), "labels": _ids(2, 16, 2)}, _loss),
+    "autoformer": lambda: (T.AutoformerForPrediction(T.AutoformerConfig(
+        prediction_length=8, context_length=16, lags_sequence=[1, 2, 3], num_time_features=1, d_model=32,
+        encoder_layers=2, decoder_layers=2, encoder_attention_heads=2, decoder_attention_heads=2, encoder_ffn_dim=32,
+        decoder_ffn_dim=32, encoder_layerdrop=0.0, decoder_layerdrop=0.0)), (), _series(), _loss),  # as HuBERT's
+    "hubert": lambda: (T.HubertForCTC(T.HubertConfig(
+        vocab_size=32, hidden_size=64, num_hidden_layers=2, num_attention_heads=4, intermediate_size=128,
+        conv_dim=(32, 32, 32), conv_stride=(5, 2, 2), conv_kernel=(10, 3, 3), num_conv_pos_embeddings=16,
+        num_conv_pos_embedding_groups=4, mask_time_prob=0.0, ctc_loss_reduction="mean", pad_token_id=0,
+        layerdrop=0.0)),  # with LayerDrop a measured step may skip layers: tests/capture/test_layer_drop.py
+        (), {"input_values": torch.randn(2, 4000, generator=torch.Generator().manual_seed(6)),
+             "labels": torch.randint(1, 32, (2, 20), generator=torch.Generator().manual_seed(3))}, _loss),
 }
 """Builders by name: decoders with rotary embeddings, grouped-query attention, sliding windows,
 ALiBi (Bloom), mixture of experts (Mixtral), parallel residuals (GPT-NeoX, GPT-J, Falcon); a GPT-2
 whose loss is computed inside ``forward`` (``labels``); encoders (DistilBERT, ALBERT with one
-layer shared by all, RoBERTa, DeBERTa-v2 with relative attention); encoder-decoders (BART, Whisper); vision (Swin, ConvNeXt, SegFormer) and
-a two-tower model (CLIP)."""
+layer shared by all, RoBERTa, DeBERTa-v2 with relative attention); encoder-decoders (BART, Whisper, T5 with
+relative position buckets); vision (Swin, ConvNeXt, SegFormer, BEiT with an ``lru_cache``'d position index,
+Swin v2 with an in-place ReLU in its position-bias MLP); a two-tower model (CLIP); Perceiver (a decoder
+tied to the input embedding, expanded latent and query parameters); Autoformer (FFT auto-correlation,
+``x * conj(y)``); HuBERT (convolutional feature encoder, weight-normed positional convolution)."""
 
 
 def build(name: str, *, seed: int = 0) -> Case:
