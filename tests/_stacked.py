@@ -1,16 +1,19 @@
 """A stack of layers in an ``nn.ModuleList`` and a linear head (module-level capture takes the
 layers op by op), and one patched step checked against the unpatched gradients: the small models
-of the capture tests of what backward hands each input (``test_module_inplace``, ``test_input_grads``)."""
+of the capture tests of what backward hands each input (``test_module_inplace``, ``test_input_grads``), and of
+what a node saves or uses (``test_unread_saves``, ``test_first_call``, ``test_inplace_on_view``)."""
 
 from __future__ import annotations
 
+import copy
 from collections.abc import Callable
 
 import torch
 from torch import nn
 
 import autoremat
-from autoremat.measure import gradients, gradients_equal, measure
+from autoremat.cost import no_recompute_plan, simulate
+from autoremat.measure import LiveStorageCounter, gradients, gradients_equal, measure
 
 
 class Stacked(nn.Module):
@@ -41,3 +44,20 @@ def planned_peak(model: nn.Module, x: torch.Tensor, plan: autoremat.Plan, refere
         return measure(model, (x,), steps=1, warmup=1).peak_bytes
     finally:
         autoremat.restore(model)
+
+
+def predicted_and_measured(model: nn.Module, x: torch.Tensor, budget: str | None) -> tuple[autoremat.Graph, int, int]:
+    """Capture ``model`` at module level (FLOP times), plan at ``budget`` (``None``: nothing
+    recomputed) and run one ``sum`` step of a patched copy, whose gradients must equal the model's:
+    ``(graph, predicted step peak, measured step peak)``."""
+    graph = autoremat.capture(model, (x,), loss_fn=torch.sum, mode="module", times="flops")
+    plan = no_recompute_plan(graph) if budget is None else autoremat.solve(graph, budget)
+    patched = copy.deepcopy(model)
+    if budget is not None:
+        autoremat.apply(patched, plan)
+    reference = step_gradients(model, x)
+    counter = LiveStorageCounter()
+    with counter:
+        grads = step_gradients(patched, x)
+    assert gradients_equal(reference, grads)
+    return graph, simulate(graph, plan).peak_bytes, counter.peak

@@ -5,14 +5,12 @@ call runs: module-level capture runs one forward without gradients first
 
 from __future__ import annotations
 
-import copy
 import functools
 
+import pytest
 import torch
+from _stacked import Stacked, predicted_and_measured
 from torch import nn
-
-import autoremat
-from autoremat.measure import gradients, gradients_equal
 
 
 @functools.lru_cache(maxsize=4)
@@ -22,7 +20,7 @@ def _relative_index(n: int) -> torch.Tensor:
 
 
 class _Attention(nn.Module):
-    def __init__(self, n: int = 16, width: int = 32) -> None:
+    def __init__(self, width: int, n: int = 16) -> None:
         super().__init__()
         self.n, self.qkv, self.out = n, nn.Linear(width, 3 * width), nn.Linear(width, width)
         self.bias_table = nn.Parameter(torch.randn(2 * n - 1))
@@ -34,38 +32,15 @@ class _Attention(nn.Module):
         return x + self.out(torch.relu(scores @ v))
 
 
-class _Net(nn.Module):
-    def __init__(self) -> None:
-        super().__init__()
-        self.layers = nn.ModuleList(_Attention() for _ in range(4))
-        self.head = nn.Linear(32, 2)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        for layer in self.layers:
-            x = layer(x)
-        return self.head(x)
-
-
-def _loss(out: torch.Tensor) -> torch.Tensor:
-    return out.square().mean()
-
-
-def test_a_cache_filled_on_the_first_call_is_not_recorded_as_every_calls_ops() -> None:
+@pytest.mark.parametrize("budget", ["60%", "min"])
+def test_a_cache_filled_on_the_first_call_is_not_recorded_as_every_calls_ops(budget: str) -> None:
     _relative_index.cache_clear()
     torch.manual_seed(0)
-    model, x = _Net(), torch.randn(8, 16, 32)
-    graph = autoremat.capture(model, (x,), loss_fn=_loss, mode="module", times="flops")
+    graph, predicted, peak = predicted_and_measured(Stacked(_Attention, d=32, n=4), torch.randn(8, 16, 32), budget)
     ops = {i: [graph.node(v)["name"].split(":")[-1] for v in graph.nodes
                if graph.node(v)["name"].startswith(f"layers.{i}")] for i in range(4)}
     assert "arange.default" not in ops[0]
     assert ops[0] == ops[1] == ops[3]
-    for budget in ("60%", "min"):
-        plan = autoremat.solve(graph, budget)
-        patched = copy.deepcopy(model)
-        autoremat.apply(patched, plan)
-        want, got = {}, {}
-        for m, out in ((model, want), (patched, got)):
-            m.zero_grad(set_to_none=True)
-            _loss(m(x)).backward()
-            out.update(gradients(m))
-        assert gradients_equal(want, got)
+    # never low; high (1.13x unpatched, 1.28x least): the cached index, made before the step, counts
+    # as saved bytes of each layer's index op (8 KB), the rest is in backward: not explained yet
+    assert peak <= predicted <= 1.3 * peak

@@ -178,8 +178,8 @@ class _ModuleRecorder(Recorder):
         fn = next((t.grad_fn for t in alive if t.grad_fn is not None), None)
         if fn is None:
             return
-        if not rec.alloc_bytes and behind_copy_slices(fn) and any(self.owner.get(t.untyped_storage()._cdata) == v
-                                                                   for t in alive):
+        if not rec.alloc_bytes and behind_copy_slices(fn, rec.target) and any(
+                self.owner.get(t.untyped_storage()._cdata) == v for t in alive):
             rec.saves.add(v)  # an in-place op on a view: what its backward saves is hidden (.autograd_saves)
         extra: dict[int, int] = {}
         own: dict[int, int] = {}

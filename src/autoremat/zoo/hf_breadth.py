@@ -51,8 +51,8 @@ def _series(batch: int = 2, past: int = 19, future: int = 8) -> dict[str, torch.
     """A time-series batch (the transformers forecasting models): past values with their lags,
     time features and observed mask, and the future to predict."""
     gen = torch.Generator().manual_seed(7)
-    return {"past_values": torch.randn(batch, past, generator=gen), "past_time_features": torch.randn(batch, past, 1, generator=gen),
-            "past_observed_mask": torch.ones(batch, past), "future_values": torch.randn(batch, future, generator=gen),
+    return {"past_values": torch.randn(batch, past, generator=gen),
+            "past_time_features": torch.randn(batch, past, 1, generator=gen), "past_observed_mask": torch.ones(batch, past), "future_values": torch.randn(batch, future, generator=gen),
             "future_time_features": torch.randn(batch, future, 1, generator=gen)}
 
 
@@ -124,8 +124,8 @@ CASES: dict[str, Callable[[], Case]] = {
         image_size=32, patch_size=2, embed_dim=16, depths=[1, 1], num_heads=[2, 4], window_size=4, drop_path_rate=0.1)),
         (_image(2, 32),), {}, _lm),
     "perceiver": lambda: (T.PerceiverForMaskedLM(T.PerceiverConfig(
-        num_latents=16, d_latents=64, d_model=64, num_blocks=1, num_self_attends_per_block=2, num_self_attention_heads=4,
-        num_cross_attention_heads=4, vocab_size=V, max_position_embeddings=32, qk_channels=64, v_channels=64)),
+        num_latents=16, d_latents=64, d_model=64, num_blocks=1, num_self_attends_per_block=2,
+        num_self_attention_heads=4, num_cross_attention_heads=4, vocab_size=V, max_position_embeddings=32, qk_channels=64, v_channels=64)),
         (), {"inputs": _ids(2, 32, 1), "labels": _ids(2, 32, 2)}, _loss),
     "t5": lambda: (T.T5ForConditionalGeneration(T.T5Config(
         vocab_size=V, d_model=64, d_kv=16, d_ff=128, num_layers=2, num_decoder_layers=2, num_heads=4,
