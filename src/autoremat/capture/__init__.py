@@ -285,6 +285,8 @@ def _first_call(model: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any],
     recorded as what every call does. Measured: the Hugging Face BEiT builds its relative position
     index in an ``lru_cache``'d method on the first call; recorded in the first layer's op sequence,
     a selective plan for that layer failed at its first step (the layer no longer ran those ops)."""
+    if device.type == "meta":  # a meta capture follows real ones (which warmed the caches) and replays their
+        return                 # data-dependent values in order (.shadow_values): a forward more would shift them
     with preserved_state(model, [device]), torch.no_grad():
         model(*args, **kwargs)
     _empty_cast_cache()
