@@ -36,8 +36,9 @@ each point is at least the bounds' row and at most the attaining step's): equal 
 CPU size, 50 %, exact needs at every set in 22.7 s with 9,510 replays (eagerly: 656,644
 replays, 174 s under a profiler), ``h`` at the empty set 2.408e-6 s against 1.326e-6 s with the
 bounds; the A* then closed at the optimum, 2.412e-6 s (best heuristic plan 2.770e-6 s).
-:meth:`~.lattice.Lattice.cost_to_go` gives exact needs :data:`~.lattice.EXACT_SHARE` of its
-time, the bounds (priced in batches, :mod:`.step_arrays`) the rest.
+The table is built in two passes: the bounds' (priced in batches, :mod:`.step_arrays`; PSPNet:
+5 s), then the exact needs' until ``exact_until`` (:meth:`CostToGo._exact_pass`; a row not
+reached keeps the bounds' value), so running out of time for exact needs never leaves ``h = 0``.
 
 It is computed by a backward DP over the lower sets (supersets first) on a grid of ``m``
 (points ``0, u, 2u, …`` up to the budget, ``u`` the least power of two giving at most
@@ -111,17 +112,17 @@ class CostToGo:
         return float(self.table[j, m // self.unit])
 
     def _solve(self, lat) -> np.ndarray | None:
-        """The backward DP (supersets first). A step from grid point ``k`` with ``add`` kept bytes
-        lands at or above point ``k + add // unit``; it fits from every ``k`` with
-        ``k * unit + need <= budget`` (a prefix of the row). Past the deadline the sets not yet
-        reached (smaller than every set done: their steps all lead to done sets) get ``h = 0``,
-        a consistent lower bound beside the others; past ``work``, no table (``None``)."""
+        """The backward DP (supersets first), with the bounds' needs; then, while before
+        ``exact_until`` (:meth:`_exact_pass`), the exact needs. A step from grid point ``k`` with
+        ``add`` kept bytes lands at or above point ``k + add // unit``; it fits from every ``k``
+        with ``k * unit + need <= budget`` (a prefix of the row). Past the deadline the sets not
+        yet reached (smaller than every set done: their steps all lead to done sets) get
+        ``h = 0``, a consistent lower bound beside the others; past ``work``, no table (``None``)."""
         fam, budget, unit = lat.fam, self.budget, self.unit
         G = budget // unit + 1
         table = np.full((len(fam), G + 1), np.inf)  # column G: above the budget
         table[lat.last, :] = 0.0
         order = sorted(range(len(fam)), key=lambda k: -fam[k].bit_count())
-        lazy = self.lazy and hasattr(lat, "exact_needs")
         for n, i in enumerate(order):
             if i == lat.last:
                 continue
@@ -129,20 +130,41 @@ class CostToGo:
                 # the sets not reached (every one with fewer nodes) get 0: still consistent
                 self.partial = len(fam) - n
                 table[[k for k in order[n:] if k != lat.last]] = 0.0
-                break
-            exact = time.monotonic() < self.exact_until
-            self.exact_sets += exact
-            arrays = lat.move_arrays(i, budget, exact and not lazy)
+                return table[:, :G]
+            arrays = lat.move_arrays(i, budget)
             if arrays is None:
                 continue
             self.work += STEP_WORK * len(arrays[3])
             if self.work > self.work_limit:
                 return None
-            if exact and lazy:
+            self._row(table, i, *arrays, G)
+        self._exact_pass(lat, table, order, G)
+        return table[:, :G]
+
+    def _exact_pass(self, lat, table: np.ndarray, order: list[int], G: int) -> None:
+        """The rows again with exact needs, supersets first, until ``exact_until`` (and the
+        deadline). A set's row is computed from its supersets' rows, all of them done in this
+        pass before it (more nodes), so the rows done are those of exact needs; a row not done
+        keeps the bounds' value, computed from rows that were at most the final ones, so ``h``
+        stays consistent (``h(L) <= dt + h(L')`` held with the old rows and ``h(L')`` only rose)
+        and complete when this pass is cut: no ``h = 0`` at the empty set because exact needs
+        ran out of time, as when one pass did both (PSPNet at CPU size under a profiler)."""
+        stop = min(self.exact_until, self.deadline)
+        lazy = self.lazy and hasattr(lat, "exact_needs")
+        for i in order:
+            if time.monotonic() >= stop:
+                return
+            if i == lat.last:
+                continue
+            arrays = lat.move_arrays(i, self.budget, not lazy)
+            if arrays is None:
+                continue
+            self.exact_sets += 1
+            if lazy:
                 self._refine(lat, table, i, arrays, G)
             else:
+                table[i, :] = np.inf
                 self._row(table, i, *arrays, G)
-        return table[:, :G]
 
     def _row(self, table: np.ndarray, i: int, req, add, dt, j, G: int) -> None:
         """Row ``i`` lowered to the least over the steps ``(need, add, time, target)``."""

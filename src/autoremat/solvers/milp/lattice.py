@@ -82,11 +82,11 @@ CHILD_WORK = 1.0
 CTG_MAX_SETS = 2500
 """Above this many lower sets the cost-to-go relaxes only the steps inside modules (:mod:`.modules`;
 every step of GoogLeNet's 8838 sets, 35.8 M pairs, would take ~5000 s)."""
-EXACT_SHARE = 0.75
-"""The share of the cost-to-go's time in which its steps get exact needs (:meth:`Lattice.cost_to_go`).
-Was 0.3 while each step the bounds let fit was replayed; paid lazily
-(:meth:`.cost_to_go.CostToGo._refine`) they cover every set of PSPNet at CPU size in ~23-26 s,
-and the sets left get the bounds, priced in batches (PSPNet: 5 s for every set)."""
+EXACT_SHARE = 1.0
+"""The share of the cost-to-go's time until which its second pass gives steps exact needs
+(:meth:`Lattice.cost_to_go`; the first pass, with the bounds, completes the table before it).
+Was 0.3 in one pass, while each step the bounds let fit was replayed; paid lazily
+(:meth:`.cost_to_go.CostToGo._refine`) they cover every set of PSPNet at CPU size in ~20-25 s."""
 CHECK_WORK = 24.0
 """Work units per exact check of a step's need (a replay of the segment where not cached). The
 three weights and :data:`.cost_to_go.STEP_WORK` are a least-squares fit of CPU seconds on cold
@@ -374,8 +374,8 @@ class Lattice:
         """:class:`.cost_to_go.CostToGo` at ``budget`` (cached per budget; ``None`` past ``deadline``
         or when it needs more than ``work`` units: its :attr:`~.cost_to_go.CostToGo.work`, the
         same whether cached or not, so a work-bounded caller gets the same answer either way).
-        Without a work limit, the sets it relaxes in the first :data:`EXACT_SHARE` of the time
-        get exact needs (all without a deadline); under one none do (``auto``: cached apart)."""
+        Without a work limit, the sets its second pass reaches within :data:`EXACT_SHARE` of the
+        time get exact needs (all without a deadline); under one none do (``auto``: cached apart)."""
         key = (budget, work == math.inf)
         got = self._ctg.get(key)
         if got is None and len(self.fam) > CTG_MAX_SETS and self._modules is None:
