@@ -169,14 +169,20 @@ class BatchPricer:
             rec &= self.weigh(seg, self.ones) == 1
         return seg, rec
 
-    def price(self, i: int, dang: int, js: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    def price(self, i: int, dang: int, js: np.ndarray,
+              recompute: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
         """``(times, added kept bytes, dangling roots after, lower bounds of the need)`` of
         ``L_i -> L_j`` from the dangling roots ``dang``, for the set indices ``js``; the
-        dangling roots as rows of little-endian bytes (``int.from_bytes`` gives the set)."""
+        dangling roots as rows of little-endian bytes (``int.from_bytes`` gives the set).
+        ``recompute``: the segments' flags where the caller chooses them (``milp``'s free
+        flags; a recomputed segment must have a saver and only recomputable nodes), else
+        :meth:`segments`'."""
         p, n = self.p, self.n
         self._fill(js)
         lower = self.fam[i]
         seg, rec = self.segments(i, js)
+        if recompute is not None:
+            rec = np.asarray(recompute, dtype=bool) & (js != self.last)
         # recomputation time: the segment's nodes up to its last holding node
         held_nodes = np.where(rec[:, None], seg & self.holder, np.uint64(0))
         below = held_nodes.copy()

@@ -16,6 +16,7 @@ import math
 import random
 import time
 
+import numpy as np
 import pytest
 from _graphs import random_dag_with_views, random_network, with_held_outputs
 
@@ -109,3 +110,59 @@ def test_above_its_lower_set_limit_the_cost_to_go_is_the_module_relaxation(monke
     monkeypatch.setattr(lattice_module, "CTG_MAX_SETS", len(lat.fam))
     other = Lattice(p, lat.fam)
     assert other.cost_to_go(budget) is not None and other._modules is None
+
+
+@pytest.mark.parametrize("done", [0, 5, 40, 10_000])
+def test_exact_needs_cut_by_the_clock_keep_a_complete_consistent_table(monkeypatch, done):
+    """The exact pass runs after the bounds' pass: stopped by the deadline after ``done`` sets,
+    the rows it did are exact needs' rows, the others the bounds', ``h`` at the empty set is at
+    least the bounds' (one pass that switched to exact needs first left it 0 when its deadline
+    came before the small sets), and every row is consistent along the steps with exact needs."""
+    from types import SimpleNamespace
+
+    from autoremat.solvers.milp import cost_to_go as module
+
+    g = random_network("transformer", 0, 60)  # 130 lower sets
+    p = GraphBits(g)
+    lat = Lattice(p, all_lower_sets(p, 3000))
+    budget = int(lat.least_peak().cost)
+    loose = CostToGo(lat, budget)
+    tight = CostToGo(lat, budget, exact_until=math.inf)
+    calls = [0]
+
+    def counting():
+        calls[0] += 1
+        return 0.0
+
+    monkeypatch.setattr(module, "time", SimpleNamespace(monotonic=counting))
+    CostToGo(lat, budget, deadline=1.0, exact_until=-math.inf)
+    first = calls[0] - 1  # the bounds' pass (the exact pass looked once)
+    calls[0] = 0
+
+    def cutting():  # before the deadline for the bounds' pass and `done` sets of the exact pass
+        calls[0] += 1
+        return 0.0 if calls[0] <= first + done else 2.0
+
+    monkeypatch.setattr(module, "time", SimpleNamespace(monotonic=cutting))
+    cut = CostToGo(lat, budget, deadline=1.0, exact_until=1.0)
+    monkeypatch.undo()
+    assert cut.partial == 0 and cut.exact_sets <= done and (cut.exact_sets > 0) == (done > 0)
+    exact_rows = (cut.table == tight.table).all(axis=1)
+    assert ((cut.table == loose.table).all(axis=1) | exact_rows).all()
+    assert cut.at(0, 0) >= loose.at(0, 0) > 0
+    if done >= len(lat.fam):
+        assert (cut.table == tight.table).all()
+    eager = Lattice(p, lat.fam)
+    G = cut.table.shape[1]
+    for i in range(len(lat.fam)):
+        arrays = eager.move_arrays(i, budget, exact=True)
+        if arrays is None or i == lat.last:
+            continue
+        for req, add, dt, j in zip(*(a.tolist() for a in arrays)):
+            top = (budget - req) // cut.unit
+            if top < 0:
+                continue
+            span, s = min(top + 1, G), add // cut.unit
+            src = cut.table[j, s:s + span]
+            src = np.concatenate([src, np.full(span - len(src), 0.0 if j == lat.last else np.inf)])
+            assert (cut.table[i, :span] <= src + dt + 1e-18).all(), (done, i, j)

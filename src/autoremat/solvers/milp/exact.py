@@ -16,8 +16,8 @@ flags (no limit on the number of segments, so ``k`` is the node count); the HiGH
   through a pass-through op or a recomputed segment views its input; the plan's summary and
   :class:`~autoremat.solvers.milp.Gap` say which basis a proof has.
 * Time limit: the lattice gets :data:`LATTICE_SHARE` of ``time_limit_s`` (its A* bound,
-  :class:`.cost_to_go.CostToGo`, up to :data:`CTG_SHARE` of that, with exact needs in its
-  first :data:`.lattice.EXACT_SHARE`, and zero at the sets it did not reach in time); when it
+  :class:`.cost_to_go.CostToGo`, up to :data:`CTG_SHARE` of that: the bounds first, exact needs in
+  the time left, and zero at the sets its first pass did not reach in time); when it
   stops there, its bound (the next label's key) is kept beside the program's.
 
 ``auto`` at tight budgets (issue 28; decision by measurement, x86_64, 2 cores, shared, load 2-8,

@@ -68,6 +68,7 @@ from ...cost.bitsets import GraphBits, bits
 from ...cost.segment_replay import SegmentCost, bookkeeping, exact_transition, pair_bookkeeping
 from .cost_to_go import CostToGo
 from .modules import ModuleMoves
+from .step_arrays import StepArrays
 
 __all__ = ["Lattice", "LatticeAnswer", "dominated", "add_label", "EXACT_SHARE", "CTG_MAX_SETS"]
 
@@ -81,8 +82,11 @@ CHILD_WORK = 1.0
 CTG_MAX_SETS = 2500
 """Above this many lower sets the cost-to-go relaxes only the steps inside modules (:mod:`.modules`;
 every step of GoogLeNet's 8838 sets, 35.8 M pairs, would take ~5000 s)."""
-EXACT_SHARE = 0.3
-"""The share of the cost-to-go's time in which its steps get exact needs (:meth:`Lattice.cost_to_go`)."""
+EXACT_SHARE = 1.0
+"""The share of the cost-to-go's time until which its second pass gives steps exact needs
+(:meth:`Lattice.cost_to_go`; the first pass, with the bounds, completes the table before it).
+Was 0.3 in one pass, while each step the bounds let fit was replayed; paid lazily
+(:meth:`.cost_to_go.CostToGo._refine`) they cover every set of PSPNet at CPU size in ~20-25 s."""
 CHECK_WORK = 24.0
 """Work units per exact check of a step's need (a replay of the segment where not cached). The
 three weights and :data:`.cost_to_go.STEP_WORK` are a least-squares fit of CPU seconds on cold
@@ -127,6 +131,7 @@ class Lattice:
         self.rows = np.frombuffer(raw, dtype="<u8").reshape(len(family), words).astype(np.uint64)
         self.succ: list[list[int]] = [[] for _ in family]
         self.scanned = [-1] * len(family)
+        self.priced = [0] * len(family)  # successors whose steps moves_of has priced
         self.scan = [bisect_left(self.sorted_keys, self.keys[k]) for k in range(len(family))]
         self.replays: dict[tuple, SegmentCost] = {}
         self.needs: dict[tuple[int, int, int, bool], int] = {}
@@ -136,7 +141,7 @@ class Lattice:
         self._module = module
         self.pairs: list[dict[int, tuple]] = [{} for _ in family]  # per set: its steps' plan-free terms
         self.moves: list[list[tuple]] = [[] for _ in family]  # per set: (step, key gap, flag) in key order
-        self._arrays: dict[tuple[int, bool], tuple] = {}  # (set, exact needs) -> move_arrays
+        self.step_arrays = StepArrays(self)  # move_arrays, priced in batches
         self._ctg: dict[tuple[int, bool], CostToGo] = {}  # (budget, without a work limit) -> h
         self._ctg_failed: dict[tuple[int, bool], tuple[float, float]] = {}  # -> (seconds, work) it did not finish in
         self._modules: ModuleMoves | None = None  # above CTG_MAX_SETS: the module relaxation's steps
@@ -160,39 +165,28 @@ class Lattice:
     def moves_of(self, i: int, room: int) -> list[tuple]:
         """Steps out of set ``i`` with key gap within ``room`` (maybe more), in key order: ``(gap, j, flag, *step)``."""
         lst = self.moves[i]
-        have = len(self.succ[i])
+        have = self.priced[i]  # successors listed by others (StepArrays) are priced here too
         succ = self.successors(i, self.keys[i] + room)
         if len(succ) > have:
             ki = self.keys[i]
             for j in succ[have:]:
                 for f in self.flags(i, j):
                     lst.append((self.keys[j] - ki, j, f, *self.step(i, j, f)))
+            self.priced[i] = len(succ)
         return lst
 
     def move_arrays(self, i: int, budget: int, exact: bool = False):
         """Set ``i``'s steps within ``budget`` as numpy arrays ``(need bound, kept bytes added,
         time, target set)`` for :class:`.cost_to_go.CostToGo`, whatever the dangling roots beyond
-        :meth:`certain_dangling` (``None`` without steps; cached). ``exact``: a step the bounds
-        let fit gets the exact model's need at the certainly dangling roots (:meth:`need`; the
-        need never falls when more roots dangle, held to the brute force in
-        ``tests/solvers/milp/test_cost_to_go.py``), else the bounds alone."""
-        moves = self.moves_of(i, budget)
-        got = self._arrays.get((i, exact))
-        if got is None or got[0] != len(moves):
-            if not moves:
-                return None
-            cd, nbytes = self.certain_dangling(i), self.p.nbytes
-            rows = []
-            for gap, j, f, cheap, dt, reach, add, _, _, low in moves:
-                held = nbytes(reach & cd)
-                req = max(gap, cheap, low + add + held)
-                if exact and req <= budget:
-                    req = max(req, self.need(i, j, cd, f, budget))
-                rows.append((req, add + held, dt, j))
-            a = np.array(rows, dtype=np.float64)
-            got = self._arrays[(i, exact)] = (len(moves), (a[:, 0].astype(np.int64), a[:, 1].astype(np.int64), a[:, 2],
-                                                   a[:, 3].astype(np.intp)))
-        return got[1]
+        :meth:`certain_dangling` (``None`` without steps; cached; priced in one batch:
+        :mod:`.step_arrays`). ``exact``: a step the bounds let fit gets the exact model's need
+        at the certainly dangling roots (:meth:`need`; the need never falls when more roots
+        dangle, held to the brute force in ``tests/solvers/milp/test_cost_to_go.py``)."""
+        return self.step_arrays.arrays(i, budget, exact)
+
+    def exact_needs(self, i: int, idx: list[int], budget: int) -> np.ndarray:
+        """The exact needs of the steps at positions ``idx`` of ``move_arrays(i, budget)``."""
+        return self.step_arrays.exact_needs(i, idx, budget)
 
     def certain_dangling(self, i: int) -> int:
         """Roots that dangle at set ``i`` on every path: alive after it, not held by the returned
@@ -380,8 +374,8 @@ class Lattice:
         """:class:`.cost_to_go.CostToGo` at ``budget`` (cached per budget; ``None`` past ``deadline``
         or when it needs more than ``work`` units: its :attr:`~.cost_to_go.CostToGo.work`, the
         same whether cached or not, so a work-bounded caller gets the same answer either way).
-        Without a work limit, the sets it relaxes in the first :data:`EXACT_SHARE` of the time
-        get exact needs (all without a deadline); under one none do (``auto``: cached apart)."""
+        Without a work limit, the sets its second pass reaches within :data:`EXACT_SHARE` of the
+        time get exact needs (all without a deadline); under one none do (``auto``: cached apart)."""
         key = (budget, work == math.inf)
         got = self._ctg.get(key)
         if got is None and len(self.fam) > CTG_MAX_SETS and self._modules is None:
