@@ -4,6 +4,9 @@ which of its segments (of recomputable nodes only) are recomputed."""
 from __future__ import annotations
 
 import itertools
+from collections.abc import Iterator
+
+from _graphs import random_dag_with_views, random_network, with_held_outputs
 
 from autoremat.graph import Graph
 from autoremat.plan import Plan, Segment
@@ -53,3 +56,14 @@ def lattice_cases(family: str, seeds: int = 2, nodes: int = 30):
         least = int(lat.least_peak().cost)
         for budget in (least, (least + unoptimised_peak_bytes(g)) // 2):
             yield p, fam, lat, budget
+
+
+def bound_graphs(n: int) -> Iterator[tuple[str, Graph]]:
+    """The seeded networks the cost-to-go tests check: chains with skips, U-Nets, dense and
+    transformer blocks of ``n`` nodes, each also with held outputs, and small DAGs with views."""
+    for family in ("chain_skips", "unet", "dense", "transformer"):
+        for seed in range(2):
+            yield f"{family}-{seed}", random_network(family, seed, n)
+            yield f"{family}-{seed}-held", with_held_outputs(random_network(family, seed, n), seed)
+    for seed in range(6):
+        yield f"views-{seed}", random_dag_with_views(seed, 9)

@@ -26,16 +26,11 @@ from autoremat.solvers.kusumoto.families import all_lower_sets
 from autoremat.solvers.milp.cost_to_go import CostToGo
 from autoremat.solvers.milp.lattice import Lattice
 
-from .milp_oracle import lattice_cases
+from .milp_oracle import bound_graphs, lattice_cases
 
 
 def _graphs():
-    for family in ("chain_skips", "unet", "dense", "transformer"):
-        for seed in range(2):
-            yield f"{family}-{seed}", random_network(family, seed, 24)
-            yield f"{family}-{seed}-held", with_held_outputs(random_network(family, seed, 24), seed)
-    for seed in range(6):
-        yield f"views-{seed}", random_dag_with_views(seed, 9)
+    return bound_graphs(24)
 
 
 @pytest.mark.parametrize("name,graph", list(_graphs()), ids=lambda x: x if isinstance(x, str) else "")

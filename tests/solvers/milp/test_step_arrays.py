@@ -14,7 +14,6 @@ import math
 
 import numpy as np
 import pytest
-from _graphs import random_dag_with_views, random_network, with_held_outputs
 
 from autoremat.cost.bitsets import GraphBits
 from autoremat.solvers.kusumoto.families import all_lower_sets
@@ -22,16 +21,11 @@ from autoremat.solvers.milp.cost_to_go import CostToGo
 from autoremat.solvers.milp.lattice import Lattice
 from autoremat.solvers.milp.step_arrays import StepArrays
 
-from .milp_oracle import lattice_cases
+from .milp_oracle import bound_graphs, lattice_cases
 
 
 def _graphs():
-    for family in ("chain_skips", "unet", "dense", "transformer"):
-        for seed in range(2):
-            yield f"{family}-{seed}", random_network(family, seed, 20)
-            yield f"{family}-{seed}-held", with_held_outputs(random_network(family, seed, 20), seed)
-    for seed in range(6):
-        yield f"views-{seed}", random_dag_with_views(seed, 9)
+    return bound_graphs(20)
 
 
 def _rows(arrays):
