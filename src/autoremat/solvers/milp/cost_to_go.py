@@ -175,10 +175,7 @@ class CostToGo:
             if t < 0:
                 continue
             span = min(t + 1, G)
-            src = table[k, s:s + span]
-            if len(src) < span:  # beyond the budget: only the full set is reached from there
-                src = np.concatenate([src, np.full(span - len(src), table[k, G])])
-            np.minimum(row[:span], src + d, out=row[:span])
+            np.minimum(row[:span], _landing(table, k, s, span, G) + d, out=row[:span])
 
     def _refine(self, lat, table: np.ndarray, i: int, arrays, G: int) -> None:
         """Row ``i`` with exact needs, paid only where they can matter. The row with the bounds'
@@ -205,11 +202,8 @@ class CostToGo:
                 for n in np.flatnonzero(checked == first).tolist():
                     if top[n] < 0:
                         continue
-                    span, s, k = min(top[n] + 1, G), shift[n], j[n]
-                    src = table[k, s:s + span]
-                    if len(src) < span:
-                        src = np.concatenate([src, np.full(span - len(src), table[k, G])])
-                    att = (src + dt[n] <= row[:span]) & ~covered[:span]
+                    span = min(top[n] + 1, G)
+                    att = (_landing(table, j[n], shift[n], span, G) + dt[n] <= row[:span]) & ~covered[:span]
                     if att.any():
                         covered[:span] |= att
                         if not first:
@@ -219,3 +213,12 @@ class CostToGo:
             self.refined += len(hit)
             req[hit] = np.maximum(req[hit], lat.exact_needs(i, hit, budget))
             checked[hit] = True
+
+
+def _landing(table: np.ndarray, k: int, shift: int, span: int, G: int) -> np.ndarray:
+    """``h`` of set ``k`` where a step adding ``shift`` grid points of kept bytes lands from each
+    of the ``span`` first points of its row (beyond the budget: only the full set, column ``G``)."""
+    src = table[k, shift:shift + span]
+    if len(src) < span:
+        src = np.concatenate([src, np.full(span - len(src), table[k, G])])
+    return src

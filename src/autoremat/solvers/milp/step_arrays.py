@@ -44,6 +44,7 @@ class StepArrays:
     def __init__(self, lat, batch: bool = True) -> None:
         self.lat = lat
         self.batch = batch
+        self.keys = np.asarray(lat.keys, dtype=np.int64)
         self._pricer: BatchPricer | None = None
         self._cache: dict[tuple[int, bool], tuple[int, tuple | None]] = {}
 
@@ -88,7 +89,7 @@ class StepArrays:
         js = np.asarray(succ, dtype=np.intp)
         inner = js[js != lat.last]
         cd = lat.certain_dangling(i)
-        keys = self._keys()
+        keys = self.keys
         parts: list[tuple] = []
         if len(inner):
             gap = keys[inner] - keys[i]
@@ -115,27 +116,25 @@ class StepArrays:
     def exact_needs(self, i: int, idx: list[int], budget: int) -> np.ndarray:
         """The exact model's need at the certainly dangling roots of the steps at positions
         ``idx`` of :meth:`arrays`' bounded arrays of set ``i`` (:meth:`.lattice.Lattice.need`)."""
-        lat = self.lat
         _, _, _, j, flag = self._cache[(i, False)][1]
+        return self._needs(i, j, flag, idx, budget)
+
+    def _needs(self, i: int, j: np.ndarray, flag: np.ndarray, idx: list[int], budget: int) -> np.ndarray:
+        """:meth:`.lattice.Lattice.need` at the certainly dangling roots of set ``i`` for the steps
+        at positions ``idx`` of the columns ``j`` (target sets) and ``flag``."""
+        lat = self.lat
         cd = lat.certain_dangling(i)
         return np.asarray([lat.need(i, int(j[k]), cd, bool(flag[k]), budget) for k in idx], dtype=np.int64)
 
     def _exact(self, i: int, budget: int, rows: tuple) -> tuple:
         """The exact model's need at the certainly dangling roots for the steps the bounds let
         fit (:meth:`.lattice.Lattice.need`; the need never falls when more roots dangle)."""
-        lat = self.lat
         req, add, dt, j, flag = rows
         req = req.copy()
-        cd = lat.certain_dangling(i)
-        for k in np.flatnonzero(req <= budget).tolist():
-            req[k] = max(int(req[k]), lat.need(i, int(j[k]), cd, bool(flag[k]), budget))
+        idx = np.flatnonzero(req <= budget).tolist()
+        if idx:
+            req[idx] = np.maximum(req[idx], self._needs(i, j, flag, idx, budget))
         return req, add, dt, j, flag
-
-    def _keys(self) -> np.ndarray:
-        keys = getattr(self, "_keys_np", None)
-        if keys is None:
-            keys = self._keys_np = np.asarray(self.lat.keys, dtype=np.int64)
-        return keys
 
 
 def _columns(rows: list[tuple]) -> tuple:
