@@ -288,6 +288,8 @@ class Offloader:
         return entry[0]
 
     def _pack(self, t: torch.Tensor) -> Any:
+        t = t.detach()  # held as it is, a tensor an op saves of its own output (exp) holds that op's autograd
+        # node: a cycle only backward breaks, so a graph no gradient reaches would never be freed (a leak a step)
         node = self.owner_of(t)
         if node is None:
             if self._pending is None:

@@ -136,7 +136,7 @@ class SavedCall:
         saves: list[_Save] = []
 
         def pack(t: torch.Tensor) -> _Save:
-            saves.append(_Save(t))
+            saves.append(_Save(t.detach()))  # without its history: no cycle through its autograd node (Offloader._pack)
             return saves[-1]
 
         with torch.autograd.graph.saved_tensors_hooks(pack, functools.partial(_unpack, offloader=self.offloader)):
