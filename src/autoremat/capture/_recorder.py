@@ -130,19 +130,30 @@ class Recorder:
             del self.owner[key]
 
     # ------------------------------------------------------------------ hooks
-    def _pack(self, t: torch.Tensor) -> torch.Tensor:
+    def _pack(self, t: torch.Tensor) -> None:
+        """Note what autograd saves while the current node runs."""
         st = t.untyped_storage()
         entry = (self.current, st._cdata, st.nbytes())
         if self.on_pack is not None:
             self.on_pack(*entry)
         else:
             self._packed.append(entry)
-        return t
+
+    def _pack_hook(self, t: torch.Tensor) -> torch.Tensor:
+        """Notes ``t`` (:meth:`_pack`), hands autograd ``t`` without its history: ``t`` itself, saved by the op
+        that made it (ELU), holds that op's autograd node, a cycle only backward breaks, so a graph no gradient
+        reaches (:mod:`.dead_nodes`) lived to the process's end. The ``detach`` is no op of the model's."""
+        self._pack(t)
+        on_op, self.counter.on_op = self.counter.on_op, None
+        try:
+            return t.detach()
+        finally:
+            self.counter.on_op = on_op
 
     @contextlib.contextmanager
     def recording(self) -> Iterator[None]:
         self._watch_mutations()
-        with self.counter, torch.autograd.graph.saved_tensors_hooks(self._pack, lambda t: t):
+        with self.counter, torch.autograd.graph.saved_tensors_hooks(self._pack_hook, lambda t: t):
             yield
 
     def _watch_mutations(self) -> None:
@@ -214,6 +225,8 @@ class Recorder:
         for who, key, nbytes in self._packed:
             if who is None or key in self.resident:
                 continue
+            if key in self.owner and isinstance(who, int) and self.owner[key] > who:
+                continue  # the storage died before now, its address reused by a later node's: its saver was freed
             if key in self.owner:
                 target = self.loss_saves if who == "loss" else self.nodes[who].saves
                 target.add(self.owner[key])

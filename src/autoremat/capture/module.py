@@ -208,11 +208,11 @@ class _ModuleRecorder(Recorder):
             rec.saves.add(v)
         rec.extra_saved_bytes += sum(extra.values())
 
-    def _pack(self, t: torch.Tensor) -> torch.Tensor:
+    def _pack(self, t: torch.Tensor) -> None:
         st = t.untyped_storage()
         key, nbytes = st._cdata, st.nbytes()
         if self.current is None and self.glue_enabled and self.scopes is not None and self.scopes.active is not None:
-            return t  # an op of a block: its saves are read from its autograd node (_read_saves)
+            return  # an op of a block: its saves are read from its autograd node (_read_saves)
         if self.current is None and self.glue_enabled:
             # the last glue op saving its output, if it has a backward (else the next op an input: dropout's mask)
             last = self.last_glue
@@ -222,7 +222,6 @@ class _ModuleRecorder(Recorder):
                 self._pending_glue.append((key, nbytes))
         else:
             self._packed.append((self.current, key, nbytes))
-        return t
 
     def pre_hook(self, path: str, mod: nn.Module) -> Callable[..., None]:
         def hook(module: nn.Module, args: tuple, kwargs: dict) -> None:
