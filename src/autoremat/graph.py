@@ -17,6 +17,9 @@ Node attributes (all plain numbers and strings, so solvers never need torch):
 ``alias_of``: for a view / in-place output, the node whose storage it lives in (else ``None``).
 ``saves``
     Nodes whose output storage autograd keeps for this node's backward (may include itself).
+``unreached_saves``
+    Of a node no gradient reaches (``requires_grad`` false, :mod:`autoremat.capture.dead_nodes`): the nodes whose
+    storage its autograd node holds until freed (capture's lingering bytes), unless recomputed with them.
 ``extra_saved_bytes``
     Bytes of storages this node's backward keeps that are no node's output (batch-norm
     statistics, dropout masks, pooling indices…).
@@ -110,6 +113,7 @@ NODE_DEFAULTS: dict[str, Any] = {
     "alloc_bytes": 0,
     "alias_of": None,
     "saves": (),
+    "unreached_saves": (),
     "extra_saved_bytes": 0,
     "fwd_temp_bytes": 0,
     "bwd_temp_bytes": 0,
@@ -146,12 +150,13 @@ class Graph:
             for key, default in NODE_DEFAULTS.items():
                 data.setdefault(key, default)
             data["saves"] = tuple(sorted(set(int(u) for u in data["saves"])))
+            data["unreached_saves"] = tuple(sorted(set(int(u) for u in data["unreached_saves"])))
             data["params"] = tuple(data["params"])
             data["scope"] = tuple(str(p) for p in data["scope"])
             data["lingering"] = byte_pairs(data["lingering"], v, "lingering")
             data["grad_new"] = input_nodes(data["grad_new"], v, g.predecessors(v), "grad_new")
             data["grad_part"] = byte_pairs(data["grad_part"], v, "grad_part", g.predecessors(v))
-            for u in data["saves"]:
+            for u in (*data["saves"], *data["unreached_saves"]):
                 if u > v:
                     raise ValueError(f"node {v} saves node {u}, which runs after it")
         self.nx = g
@@ -159,11 +164,8 @@ class Graph:
         self.meta.setdefault("mode", "synthetic")
         self.meta.setdefault("param_bytes", {})
         self.meta.setdefault("loss_saves", [])
-        self.meta.setdefault("loss_extra_bytes", 0)
-        self.meta.setdefault("loss_fwd_temp_bytes", 0)
-        self.meta.setdefault("loss_bwd_temp_bytes", 0)
-        self.meta.setdefault("loss_held_bytes", 0)
-        self.meta.setdefault("resident_bytes", 0)
+        for key in (*_BATCH_META_BYTES, "resident_bytes"):
+            self.meta.setdefault(key, 0)
         self._refresh()
 
     # ------------------------------------------------------------------ construction helpers
@@ -462,7 +464,7 @@ class Graph:
         nodes = []
         for v in self.nodes:
             d = {k: self.nx.nodes[v][k] for k in NODE_DEFAULTS}
-            d["saves"] = list(d["saves"])
+            d["saves"], d["unreached_saves"] = list(d["saves"]), list(d["unreached_saves"])
             d["params"] = list(d["params"])
             d["scope"] = list(d["scope"])
             d["lingering"], d["grad_part"] = [list(p) for p in d["lingering"]], [list(p) for p in d["grad_part"]]

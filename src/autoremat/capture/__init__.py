@@ -364,6 +364,7 @@ def _to_graph(rec: Recorder, meta: dict[str, Any]) -> Graph:
         g.add_node(v, name=r.name, kind=r.kind, target=r.target, module_path=r.module_path,
                    time_s=float(r.time_s), bwd_time_s=float(r.bwd_time_s), out_bytes=int(r.out_bytes),
                    alloc_bytes=int(r.alloc_bytes), alias_of=r.alias_of, saves=tuple(sorted(r.saves)),
+                   unreached_saves=tuple(sorted(r.unreached_saves)),
                    extra_saved_bytes=int(r.extra_saved_bytes), fwd_temp_bytes=int(r.fwd_temp_bytes),
                    lingering=tuple(r.lingering), grad_new=tuple(r.grad_new), grad_part=tuple(r.grad_part),
                    bwd_temp_bytes=int(r.bwd_temp_bytes), params=tuple(r.params),

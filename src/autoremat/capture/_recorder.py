@@ -52,6 +52,7 @@ class NodeRecord:
     alloc_bytes: int = 0
     alias_of: int | None = None
     saves: set[int] = field(default_factory=set)
+    unreached_saves: set[int] = field(default_factory=set)
     extra_saved_bytes: int = 0
     fwd_temp_bytes: int = 0
     lingering: list[tuple[int, int]] = field(default_factory=list)
@@ -140,9 +141,8 @@ class Recorder:
             self._packed.append(entry)
 
     def _pack_hook(self, t: torch.Tensor) -> torch.Tensor:
-        """Notes ``t`` (:meth:`_pack`), hands autograd ``t`` without its history: ``t`` itself, saved by the op
-        that made it (ELU), holds that op's autograd node, a cycle only backward breaks, so a graph no gradient
-        reaches (:mod:`.dead_nodes`) lived to the process's end. The ``detach`` is no op of the model's."""
+        """Notes ``t``, hands autograd ``t`` without history: ``t`` saved by the op that made it (ELU) holds that op's
+        node, a cycle only backward breaks (:mod:`.dead_nodes`: leaked). The ``detach`` is no op of the model's."""
         self._pack(t)
         on_op, self.counter.on_op = self.counter.on_op, None
         try:

@@ -38,6 +38,7 @@ least-budget plan): without that rule the prediction was 8.8 % above the measure
 from __future__ import annotations
 
 import bisect
+from collections.abc import Collection
 from typing import Any
 
 __all__ = ["Lingering"]
@@ -109,9 +110,10 @@ class Lingering:
         if self.on and not self.closed:
             self.ops.append(v)
 
-    def apply(self, rec: Any) -> None:
+    def apply(self, rec: Any, unreached: Collection[int] = ()) -> None:
         """Add each op's lingering bytes to its ``fwd_temp_bytes`` and list them by maker in its
-        ``lingering`` (``rec``: the capture's recorder)."""
+        ``lingering`` (``rec``: the capture's recorder; ``unreached``: the nodes no gradient reaches,
+        :mod:`.dead_nodes`, whose own saved storages linger too: no backward holds them)."""
         nodes = rec.nodes
         last = {u: max(vs) for u, vs in rec.succs.items() if vs}
         for w in range(len(nodes)):  # a view's consumers read its root's storage
@@ -124,7 +126,7 @@ class Lingering:
         for u, r in enumerate(nodes):
             if u in kept or not r.alloc_bytes or u not in self.made:
                 continue
-            own = self.made[u] - r.alloc_bytes  # its own saved storages: extra_saved_bytes, not lingering
+            own = 0 if u in unreached else self.made[u] - r.alloc_bytes  # its own saved storages: extra_saved_bytes
             at = bisect.bisect_right(self.ops, last.get(u, u))  # the first block op after its last reader
             end = self.call_end.get(u, at)  # what outlives the forward: to the end of its call
             deaths = list(self.deaths.get(u, ()))

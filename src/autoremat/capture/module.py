@@ -29,6 +29,7 @@ from torch import nn
 
 from .._fsdp import original_class
 from ._loss_reach import SeedMeter, seed_only_what_the_loss_reads
+from .dead_nodes import settle_dead_nodes
 from .aliases import aliased
 from .autograd_saves import behind_copy_slices, saved_by
 from ._recorder import NodeRecord, Recorder, Timer, classify_function, classify_module, tensors_in
@@ -392,7 +393,7 @@ def profile_modules(
         rec.reused.update({p: n for p, n in scopes.calls.items() if n > 1 and p in scopes.blocks})
         settle_scopes(rec, scopes)
     rec.finish(param_bytes)
-    rec.lingering.apply(rec)
+    rec.lingering.apply(rec, unreached=settle_dead_nodes(rec.nodes, rec.succs, rec.root))
     if time_fn is not None:
         time_fn(rec.nodes)
         return rec

@@ -47,6 +47,7 @@ from ..plan import Plan, Segment
 from ..replay_tail import replay_tails
 from .block_window import ReferenceWindows
 from .simulator import StepLevels, step_levels
+from .unreached import recomputing, unreached_units
 
 __all__ = ["BlockChain", "ChainProfile", "chain_plan", "profile_chain", "chain_peak", "chain_time", "chain_slack",
            "contexts"]
@@ -96,7 +97,8 @@ def _shifted(seg: Segment, offset: int) -> Segment:
 
 
 def chain_plan(graph: Graph, chain: BlockChain, choice: Sequence[int]) -> Plan:
-    """The plan of a choice of options (one per block): gaps stored, each block's local plan."""
+    """The plan of a choice of options (one per block): gaps stored (their regions no gradient reaches
+    recomputed: :mod:`.unreached`), each block's local plan."""
     if len(choice) != len(chain.blocks):
         raise ValueError(f"choice names {len(choice)} options for {len(chain.blocks)} blocks")
     segs: list[Segment] = []
@@ -108,6 +110,7 @@ def chain_plan(graph: Graph, chain: BlockChain, choice: Sequence[int]) -> Plan:
         v = nodes[-1] + 1
     if v < len(graph):
         segs.append(Segment(tuple(range(v, len(graph))), recompute=False))
+    segs = recomputing(segs, unreached_units(graph))  # the gaps' regions no gradient reaches: free (.unreached)
     plan = Plan(segs, solver="blocks", graph_fingerprint=graph.fingerprint)
     if graph.meta.get("mode") == "fx":  # as finalize_plan does: the replays the runtime shortens
         plan.replay_tails = replay_tails(graph, plan)

@@ -31,7 +31,8 @@ and who holds it:
   live from the loss's forward to the step's end;
 * the measured transient workspace of each node (``fwd_temp_bytes``/``bwd_temp_bytes``) is
   added on top while it runs, less its ``lingering`` bytes (:mod:`autoremat.capture.lingering`)
-  of makers whose storage is held otherwise or, in a replay, not made again;
+  of makers whose storage is held otherwise, in a replay not made again, or that nodes no gradient
+  reaches hold in a recomputed segment with them in forward (:mod:`.unreached`);
 * offloaded units follow Beaumont et al.'s model on the DAG (:mod:`.offload_link`): a storage the
   plan keeps for backward (``plan.offload``: saved by a node outside a recomputed segment, or the
   input of a recomputed segment, an offloaded checkpoint) or a node's own saved tensors
@@ -59,6 +60,7 @@ from ..plan import Plan, Segment, region_stop, validate_plan, wait_points
 from ..replay_tail import tails_of
 from .ledger import PEAK_PLACES, StepState
 from .offload_link import Offload
+from .unreached import held_inputs, lingering_key
 
 __all__ = ["Simulation", "simulate", "no_recompute_plan", "unoptimised_peak_bytes",
            "DEFAULT_BANDWIDTH_BYTES_PER_S", "StepLevels", "step_levels", "stops_before_running"]
@@ -81,10 +83,8 @@ class Simulation:
     offload_stall_s: float = 0.0  # waits for transfers (forward: copies out; backward: prefetches), in extra_time_s
     offloaded_bytes: int = 0
     offload_wait_s: float = 0.0  # the forward's part of ``offload_stall_s``
-    offload_waits: dict[int, int] = field(default_factory=dict)
-    """Forward waits derived from ``offload_wait_limit_bytes`` (node -> offloaded unit)."""
-    offload_order: list[int] = field(default_factory=list)
-    """The offloaded units (:mod:`autoremat.plan_offload`) in the order backward first needed them."""
+    offload_waits: dict[int, int] = field(default_factory=dict)  # derived from ``offload_wait_limit_bytes``: node -> unit
+    offload_order: list[int] = field(default_factory=list)  # the units (autoremat.plan_offload) in order of first need
     offload_releases: dict[int, int] = field(default_factory=dict)  # forward node -> the last unit released before it
 
     @property
@@ -142,11 +142,10 @@ class _Step:
     off: Offload
     offloaded: set[int]
     pos: dict[int, int]  # node -> its index in the forward's execution order (segment by segment)
-    stops: list[int]
-    """Per segment: the node whose backward starts its replay (-1: none, or not recomputed)."""
+    stops: list[int]  # per segment: the node whose backward starts its replay (-1: none, or not recomputed)
     ok: list[tuple[str, int]]  # node -> the key of the storage its output lives in (``_okey``)
-    units: frozenset[int] = frozenset()
-    """Nodes whose own saved tensors are offloaded (``plan.offload_saved``)."""
+    lkey: Callable[[int], Hashable | None]  # where a lingering maker's output lives in forward (.unreached)
+    units: frozenset[int] = frozenset()  # nodes whose own saved tensors are offloaded (``plan.offload_saved``)
 
 
 def _run(g: Graph, plan: Plan, s: StepState, bandwidth_bytes_per_s: float | None,
@@ -189,22 +188,22 @@ def _step_of(g: Graph, plan: Plan, s: StepState, bandwidth_bytes_per_s: float | 
     pos = dict(zip(chain.from_iterable(seg.nodes for seg in plan.segments), count())) if pos is None else pos
     stops = [region_stop(g, seg) for seg in plan.segments]
     ok = [_okey(g, v) for v in g.nodes] if ok is None else ok
-    return _Step(g, nd, plan, off, offloaded, pos, stops, ok, units)
+    return _Step(g, nd, plan, off, offloaded, pos, stops, ok, lingering_key(g, plan, nd, ok), units)
 
 
 def _forward(s: StepState, st: _Step, si: int, seg: Segment) -> set[int]:
     """The forward of segment ``si``; returns its inputs (a recomputed segment holds them until its
-    backward is over, in host memory if offloaded)."""
+    backward is over, in host memory if offloaded; none in a region no gradient reaches: .unreached)."""
     g, nd, off, offloaded, units = st.g, st.nd, st.off, st.offloaded, st.units
     members = set(seg.nodes)
-    inputs = {u for v in seg.nodes for u in g.pred(v) if u not in members}
+    inputs = {u for v in seg.nodes for u in g.pred(v) if u not in members} if held_inputs(seg, nd) else set()
     if seg.recompute:
         for u in inputs:
             if g.root(u) in offloaded and st.stops[si] >= 0:
                 off.pack(g.root(u), ("seg", si), st.pos[st.stops[si]])
             else:
                 s.addref(_okey(g, u), ("seg", si))
-    kept, okey_of = set(seg.keep), st.ok.__getitem__  # okey_of: where a lingering maker's output lives
+    kept, okey_of = set(seg.keep), st.lkey  # okey_of: where a lingering maker's output lives
     okeys, root, succ, pred, alloc, addref, decref = st.ok, g.root, g.succ, g.pred, s.alloc, s.addref, s.decref
     for v in seg.nodes:
         d = nd[v]

@@ -61,6 +61,7 @@ from .beaumont import (OffloadDPConfig, OffloadGreedyConfig, VdnnConfig, solve_o
                             solve_vdnn)
 from .reforward import ReforwardConfig, solve_reforward
 from .least import auto_lattice_least, auto_order, least_budget
+from .unreached_regions import recompute_unreached
 from .stable import DEFAULT_NOISE_TOLERANCE, is_measured, stable_plan
 from .xla_greedy import XlaGreedyConfig, solve_xla_greedy
 
@@ -164,7 +165,9 @@ def finalize_plan(graph: Graph, plan: Plan, budget_bytes: int, solver: str,
     :func:`autoremat.apply` reads (``graph_mode``, ``node_names``, ``tensors``, ``inputs``, the
     replay tails of an fx graph, the module calls of a module-level one, the order of first
     backward use of the offloaded nodes) and the simulated peak and extra time, at the link the
-    solver planned with (``options["bandwidth_bytes_per_s"]``, else the graph's)."""
+    solver planned with (``options["bandwidth_bytes_per_s"]``, else the graph's). Regions no
+    gradient reaches that the plan stores are recomputed where that lowers the peak for no time
+    (:mod:`.unreached_regions`; the plan returned is then a new one)."""
     plan.solver = solver
     plan.budget_bytes = int(budget_bytes)
     plan.graph_fingerprint = graph.fingerprint
@@ -175,6 +178,7 @@ def finalize_plan(graph: Graph, plan: Plan, budget_bytes: int, solver: str,
     plan.tensors = graph.meta.get("tensors")  # what apply / check_inputs compare (autoremat.capture.signature)
     plan.inputs = graph.meta.get("inputs")
     validate_plan(graph, plan)
+    plan = recompute_unreached(graph, plan)  # free, where a region no gradient reaches holds something
     if graph.meta.get("mode") == "fx":  # module-level regions replay whole submodule calls
         plan.replay_tails = replay_tails(graph, plan)
     plan.module_calls = module_calls_of(graph, plan)  # module level: the calls apply wraps, the ops they keep

@@ -40,6 +40,10 @@ def _loss(out: Any) -> torch.Tensor:
     return out.loss
 
 
+def _audio(out: Any) -> torch.Tensor:
+    return out.audio_values.square().mean()
+
+
 def _decoder(cls: str, cfg: str, **kw: Any) -> Callable[[], Case]:
     def make() -> Case:
         config = getattr(T, cfg)(vocab_size=V, **kw)
@@ -141,6 +145,11 @@ CASES: dict[str, Callable[[], Case]] = {
         layerdrop=0.0)),  # with LayerDrop a measured step may skip layers: tests/capture/test_layer_drop.py
         (), {"input_values": torch.randn(2, 4000, generator=torch.Generator().manual_seed(6)),
              "labels": torch.randint(1, 32, (2, 20), generator=torch.Generator().manual_seed(3))}, _loss),
+    "encodec": lambda: (T.EncodecModel(T.EncodecConfig(
+        num_filters=8, hidden_size=32, upsampling_ratios=[4, 2], codebook_size=64, num_lstm_layers=1,
+        target_bandwidths=[12.0], sampling_rate=8000, audio_channels=1, codebook_dim=32)),
+        (), {"input_values": torch.randn(2, 1, 800, generator=torch.Generator().manual_seed(5))},
+        _audio),
 }
 """Builders by name: decoders with rotary embeddings, grouped-query attention, sliding windows,
 ALiBi (Bloom), mixture of experts (Mixtral), parallel residuals (GPT-NeoX, GPT-J, Falcon); a GPT-2
@@ -149,7 +158,8 @@ layer shared by all, RoBERTa, DeBERTa-v2 with relative attention); encoder-decod
 relative position buckets); vision (Swin, ConvNeXt, SegFormer, BEiT with an ``lru_cache``'d position index,
 Swin v2 with an in-place ReLU in its position-bias MLP); a two-tower model (CLIP); Perceiver (a decoder
 tied to the input embedding, expanded latent and query parameters); Autoformer (FFT auto-correlation,
-``x * conj(y)``); HuBERT (convolutional feature encoder, weight-normed positional convolution)."""
+``x * conj(y)``); HuBERT (convolutional feature encoder, weight-normed positional convolution); Encodec
+(an encoder no gradient reaches: its output only picks integer codes, which the decoder decodes)."""
 
 
 def build(name: str, *, seed: int = 0) -> Case:

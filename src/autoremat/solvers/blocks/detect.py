@@ -81,7 +81,8 @@ def _signature(graph: Graph, path: str, nodes: list[int]) -> Hashable:
                     d["fwd_temp_bytes"], d["bwd_temp_bytes"], d["param_grad_bytes"], d["requires_grad"],
                     d["grad_passthrough"], d["is_output"], d["held_by_output"], d["recomputable"], d["op_index"],
                     None if d["alias_of"] is None else ref(d["alias_of"]),
-                    tuple(ref(u) for u in d["saves"]), tuple(ref(u) for u in graph.pred(v)), _relative(d["scope"], path, regions)))
+                    tuple(ref(u) for u in d["saves"]), tuple(ref(u) for u in graph.pred(v)), _relative(d["scope"], path, regions),
+                    tuple(ref(u) for u in d["unreached_saves"])))
     return tuple(sig)
 
 
@@ -99,7 +100,8 @@ def find_blocks(graph: Graph) -> Blocks:
     count: dict[str, int] = {}
     for path, _ in runs:
         count[path] = count.get(path, 0) + 1
-    runs = [(p, vs) for p, vs in runs if count[p] == 1]
+    # a block no gradient reaches has nothing to plan: a gap (whose regions chain_plan recomputes, cost.unreached)
+    runs = [(p, vs) for p, vs in runs if count[p] == 1 and any(graph.node(v)["requires_grad"] for v in vs)]
     classes: list[int] = []
     seen: dict[Hashable, int] = {}
     for j, (_p, vs) in enumerate(runs):

@@ -1,0 +1,94 @@
+"""Nodes no gradient reaches (:mod:`autoremat.capture.dead_nodes`): an encoder whose output only
+picks integer codes, as in the Hugging Face ``EncodecModel``.
+
+Autograd records the encoder (its parameters require gradients) and frees it, saved tensors and
+all, when the model drops it: its backward never runs. Modelled as ordinary nodes, its saves stayed
+to that backward: the unpatched step of the network below was predicted well above its measured
+peak (Encodec: 1.78x). Now its nodes take no part in backward, what they save counts while it lives
+(lingering bytes), and a plan that recomputes the encoder's blocks frees it (a checkpointed block
+saves nothing).
+"""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+from _codec import Codec
+from _stacked import predicted_and_measured, step_gradients
+from torch import nn
+
+import autoremat
+from autoremat.capture.dead_nodes import dead_nodes
+from autoremat.capture._recorder import NodeRecord
+from autoremat.cost import simulate
+from autoremat.measure import LiveStorageCounter, gradients_equal
+from autoremat.plan import Plan, Segment
+from autoremat.solvers import finalize_plan
+
+
+@pytest.fixture
+def codec() -> tuple[nn.Module, torch.Tensor]:
+    torch.manual_seed(0)
+    return Codec(), torch.randn(2, 1, 512)
+
+
+def test_the_encoder_takes_no_part_in_backward_and_the_step_is_predicted(codec):
+    model, x = codec
+    graph, predicted, measured = predicted_and_measured(model, x, None)
+    encoder = [v for v in graph.nodes if graph.node(v)["module_path"].startswith(("inp", "encoder"))]
+    assert encoder and not any(graph.node(v)["requires_grad"] for v in encoder)
+    assert any(graph.node(v)["unreached_saves"] for v in encoder)
+    assert not any(graph.node(v)["saves"] for v in encoder)
+    decoder = [v for v in graph.nodes if graph.node(v)["module_path"].startswith("decoder")]
+    assert any(graph.node(v)["saves"] for v in decoder)
+    assert abs(predicted / measured - 1) < 0.01, (predicted, measured)
+
+
+def test_recomputing_the_encoder_blocks_frees_what_they_hold(codec):
+    model, x = codec
+    graph, unpatched, _ = predicted_and_measured(model, x, None)
+    regions = graph.call_regions()
+    blocks = [regions[f"encoder.{i}"] for i in range(3)]
+    segs, at = [], 0
+    for nodes in blocks:
+        if nodes[0] > at:
+            segs.append(Segment(tuple(range(at, nodes[0])), False))
+        segs.append(Segment(tuple(nodes), True))
+        at = nodes[-1] + 1
+    segs.append(Segment(tuple(range(at, len(graph))), False))
+    plan = finalize_plan(graph, Plan(segs, graph_fingerprint=graph.fingerprint), 10**15, "manual")
+    predicted = simulate(graph, plan).peak_bytes
+    patched = copy.deepcopy(model)
+    autoremat.apply(patched, plan)
+    reference = step_gradients(model, x)
+    counter = LiveStorageCounter()
+    with counter:
+        grads = step_gradients(patched, x)
+    assert gradients_equal(reference, grads)
+    assert predicted < unpatched
+    assert abs(predicted / counter.peak - 1) < 0.02, (predicted, counter.peak)
+
+
+def test_the_least_plan_holds_its_prediction(codec):
+    model, x = codec
+    _, unpatched, _ = predicted_and_measured(model, x, None)
+    _, predicted, measured = predicted_and_measured(model, x, "min")
+    assert predicted < unpatched
+    assert measured <= predicted * 1.01, (predicted, measured)
+
+
+def test_a_view_with_no_reader_follows_its_root():
+    """Readers link to a storage's owner, so a view without readers is no evidence: a live node's
+    view is not dead; a dead node's is."""
+    def rec(**kw):
+        r = NodeRecord(name="", kind="op", target="", requires_grad=True)
+        for k, val in kw.items():
+            setattr(r, k, val)
+        return r
+    # 0 -> view 1 (no reader); 0 -> 2 (output); 3 -> view 4 (no reader), 3 read by nobody else
+    nodes = [rec(), rec(alias_of=0), rec(is_output=True), rec(), rec(alias_of=3)]
+    succs = {0: [1, 2], 3: [4]}
+    root = lambda v: nodes[v].alias_of if nodes[v].alias_of is not None else v  # noqa: E731
+    assert dead_nodes(nodes, succs, root) == {3, 4}
