@@ -92,8 +92,6 @@ def _kept(graph: Graph, region: Sequence[int], fraction: float, times: Mapping[i
     """The ops of ``region`` a knapsack keeps within ``fraction`` of its items' bytes (``written``:
     :func:`written_in_place` of the graph, where the caller has it: it reads every node)."""
     stop = _stop(graph, region)
-    if stop < 0:  # nothing in it saves (a block no gradient reaches: autoremat.capture.dead_nodes)
-        return ()
     written = written_in_place(graph) if written is None else written
     last = stop - 1 if stops_before_running(graph, stop) else stop  # the replay never runs its stop node
     items = [v for v in region if v <= last and graph.node(v)["op_index"] >= 0 and graph.node(v)["alias_of"] is None
@@ -150,8 +148,7 @@ def block_options(graph: Graph, path: str, nodes: Sequence[int], times: Mapping[
     keeps = keep_fractions if module and not is_per_call(path) else ()
     written = written_in_place(graph) if keeps else set()
     whole = tuple(nodes)
-    # recomputed whole, a block that saves nothing still frees what its nodes no gradient reaches hold (cost.unreached)
-    if _whole_ok(graph, path, nodes) and (_stop(graph, whole) >= 0 or any(graph.node(v)["unreached_saves"] for v in whole)):
+    if _whole_ok(graph, path, nodes) and _stop(graph, whole) >= 0:
         add("whole", [(whole, ())])
         for f in keeps:
             add(f"whole+keep{f:g}", [(whole, _kept(graph, whole, f, times, written))])
