@@ -52,12 +52,18 @@ def predicted_and_measured(model: nn.Module, x: torch.Tensor, budget: str | None
     ``(graph, predicted step peak, measured step peak)``."""
     graph = autoremat.capture(model, (x,), loss_fn=torch.sum, mode="module", times="flops")
     plan = no_recompute_plan(graph) if budget is None else autoremat.solve(graph, budget)
+    return graph, simulate(graph, plan).peak_bytes, measured_under(model, x, None if budget is None else plan)
+
+
+def measured_under(model: nn.Module, x: torch.Tensor, plan: autoremat.Plan | None) -> int:
+    """The measured peak of one ``sum`` step of a copy of ``model`` patched with ``plan`` (``None``:
+    unpatched), whose gradients must equal the model's."""
     patched = copy.deepcopy(model)
-    if budget is not None:
+    if plan is not None:
         autoremat.apply(patched, plan)
     reference = step_gradients(model, x)
     counter = LiveStorageCounter()
     with counter:
         grads = step_gradients(patched, x)
     assert gradients_equal(reference, grads)
-    return graph, simulate(graph, plan).peak_bytes, counter.peak
+    return counter.peak
