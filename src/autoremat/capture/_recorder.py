@@ -141,8 +141,8 @@ class Recorder:
             self._packed.append(entry)
 
     def _pack_hook(self, t: torch.Tensor) -> torch.Tensor:
-        """Notes ``t``, hands autograd ``t`` without history: ``t`` saved by the op that made it (ELU) holds that op's
-        node, a cycle only backward breaks (:mod:`.dead_nodes`: leaked). The ``detach`` is no op of the model's."""
+        """Note ``t``; hand autograd a history-free alias: ``t``, saved by its own op (ELU), holds that op's node,
+        a cycle only backward breaks (a graph no gradient reaches leaked). This ``detach`` is no model op."""
         self._pack(t)
         on_op, self.counter.on_op = self.counter.on_op, None
         try:

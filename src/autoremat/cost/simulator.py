@@ -83,7 +83,7 @@ class Simulation:
     offload_stall_s: float = 0.0  # waits for transfers (forward: copies out; backward: prefetches), in extra_time_s
     offloaded_bytes: int = 0
     offload_wait_s: float = 0.0  # the forward's part of ``offload_stall_s``
-    offload_waits: dict[int, int] = field(default_factory=dict)  # derived from ``offload_wait_limit_bytes``: node -> unit
+    offload_waits: dict[int, int] = field(default_factory=dict)  # from ``offload_wait_limit_bytes``: node -> unit
     offload_order: list[int] = field(default_factory=list)  # the units (autoremat.plan_offload) in order of first need
     offload_releases: dict[int, int] = field(default_factory=dict)  # forward node -> the last unit released before it
 
@@ -196,7 +196,8 @@ def _forward(s: StepState, st: _Step, si: int, seg: Segment) -> set[int]:
     backward is over, in host memory if offloaded; none in a region no gradient reaches: .unreached)."""
     g, nd, off, offloaded, units = st.g, st.nd, st.off, st.offloaded, st.units
     members = set(seg.nodes)
-    inputs = {u for v in seg.nodes for u in g.pred(v) if u not in members} if held_inputs(seg, nd) else set()
+    held = held_inputs(seg, nd)  # none in a region no gradient reaches (.unreached)
+    inputs = {u for v in seg.nodes for u in g.pred(v) if u not in members} if held else set()
     if seg.recompute:
         for u in inputs:
             if g.root(u) in offloaded and st.stops[si] >= 0:

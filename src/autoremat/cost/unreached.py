@@ -58,7 +58,8 @@ def held_inputs(seg: Segment, nd: Sequence[dict[str, Any]]) -> bool:
         nd[v]["unreached_saves"] for v in seg.nodes)
 
 
-def lingering_key(g: Graph, plan: Plan, nd: Sequence[dict[str, Any]], ok: Sequence[Hashable]) -> Callable[[int], Hashable | None]:
+def lingering_key(g: Graph, plan: Plan, nd: Sequence[dict[str, Any]],
+                  ok: Sequence[Hashable]) -> Callable[[int], Hashable | None]:
     """Where a lingering maker's output lives in the forward (``ok``: node -> storage key), for
     :meth:`~autoremat.cost.ledger.StepState.workspace`: ``None`` (not counted) for the makers
     :func:`freed_by_recomputation`."""
