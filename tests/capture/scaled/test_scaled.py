@@ -197,6 +197,23 @@ def test_a_size_whose_graph_differs_is_left_out(caplog: pytest.LogCaptureFixture
     assert unoptimised_peak_bytes(g) == unoptimised_peak_bytes(full)
 
 
+def test_where_only_a_differing_row_fits_the_graph_is_the_meta_capture_on_flop_times(
+        caplog: pytest.LogCaptureFixture) -> None:
+    """Only one row fits, and at one row the model takes another path: a linear fit of that capture
+    was a graph with other nodes than the full batch's (the Hugging Face Encodec at a batch of 2:
+    a reshape that is a view at one row); the full-size meta capture is the graph, timed by FLOPs."""
+    torch.manual_seed(0)
+    model = _OneRowPath()
+    x = torch.randn(4, 8)
+    full = autoremat.capture(model, (x,), mode="module", repeats=1)
+    with caplog.at_level(logging.WARNING, logger="autoremat.capture.scaled"):
+        g = capture_within(model, (x,), limit_bytes=_limit(full, 0.3), mode="module", repeats=1)
+    assert "batch size 1" in caplog.text and "node times from FLOPs" in caplog.text
+    assert g.meta["scaled"]["times_from"] == "flops" and g.meta["scaled"]["sizes"] == [1]
+    assert [g.node(v)["name"] for v in g.nodes] == [full.node(v)["name"] for v in full.nodes]
+    assert unoptimised_peak_bytes(g) == unoptimised_peak_bytes(full)
+
+
 def test_never_runs_a_step_above_the_limit_where_a_plain_capture_runs_out_of_memory() -> None:
     model, x = _resnet()
     full = autoremat.capture(model, (x,), repeats=1)

@@ -175,23 +175,29 @@ def capture_within(
             free_cache()
         predict = linear_peak(full, fixed_grad_bytes(base), batch)
     try:
-        return record_link(ladder(model, args, kwargs, opts, base, batch, batch_dim, limit_bytes, predict, gm,
-                                  signatures))
+        out = ladder(model, args, kwargs, opts, base, batch, batch_dim, limit_bytes, predict, gm, signatures)
     except CaptureDoesNotFitError as err:
         return record_link(_on_flop_times(model, args, kwargs, opts, base, gm, batch, limit_bytes, err))
+    if out is None:  # one row fits, and takes another path than the full batch (ladder._to_scale, warned)
+        return record_link(_on_flop_times(model, args, kwargs, opts, base, gm, batch, limit_bytes, None))
+    return record_link(out)
 
 
 def _on_flop_times(model: nn.Module, args: tuple, kwargs: dict, opts: dict, base: Graph | None,
                    gm: torch.fx.GraphModule | None, batch: int, limit_bytes: int,
-                   err: CaptureDoesNotFitError) -> Graph:
-    """No batch size runs within the limit: the full-size meta capture with node times from FLOPs
-    (module docstring, 7), or ``err`` where the model has no meta capture."""
+                   err: CaptureDoesNotFitError | None) -> Graph:
+    """No batch size runs within the limit (``err``), or only one row, whose graph is not the full
+    batch's (``None``): the full-size meta capture with node times from FLOPs (module docstring, 7),
+    or ``err`` where the model has no meta capture."""
     flops = meta_capture(model, args, kwargs, {**opts, "times": "flops"}, gm) if base is not None else None
-    if flops is None:
+    if flops is None and err is not None:
         raise err
-    logger.warning("autoremat: no batch size runs within the %d-byte step limit for timing (a batch of %d of %d "
-                   "does not fit); node times from FLOPs and bytes moved instead (times='flops'), bytes from the "
-                   "full-size meta capture", limit_bytes, err.smallest_size, err.batch_size)
-    flops[0].meta["scaled"] = {"batch_size": batch, "sizes": [], "smallest_tried": err.smallest_size,
+    assert flops is not None, "please report"  # without err, ladder had the meta capture
+    if err is not None:
+        logger.warning("autoremat: no batch size runs within the %d-byte step limit for timing (a batch of %d of %d "
+                       "does not fit); node times from FLOPs and bytes moved instead (times='flops'), bytes from the "
+                       "full-size meta capture", limit_bytes, err.smallest_size, err.batch_size)
+    flops[0].meta["scaled"] = {"batch_size": batch, "sizes": [] if err is not None else [1],
+                               "smallest_tried": err.smallest_size if err is not None else 1,
                                "bytes_from": "meta", "limit_bytes": limit_bytes, "times_from": "flops"}
     return flops[0]

@@ -195,11 +195,17 @@ def _to_scale(base: Graph | None, got: dict[int, Graph]) -> tuple[dict[int, Grap
     """The captures to scale from and where the bytes come from. With a meta capture: the sizes
     whose recorded graph is the meta graph (transformers takes other paths at one row: that size
     is left out, logged); where none is, the meta capture is not the graph the model runs
-    (warned) and the bytes come from a linear fit of the real captures. A timing step's copy of
-    ``base`` is always the same graph."""
+    (warned) and the bytes come from a linear fit of the real captures, unless the only size that
+    fits is one row: none then (warned; the caller times the meta capture by FLOPs). A timing
+    step's copy of ``base`` is always the same graph."""
     if base is None:
         return got, "linear fit"
     same = {s: g for s, g in got.items() if same_graph(base, g)}
+    if not same and max(got) == 1:  # one row takes its own path (a reshape that is a view only there: Encodec)
+        logger.warning("autoremat: the graph at batch size 1 (%d nodes) is not the full-size graph (%d nodes, meta "
+                       "capture) and no larger size fits the limit: bytes from the meta capture, node times from "
+                       "FLOPs", len(got[1]), len(base))
+        return {}, "meta"
     if same:
         if len(same) < len(got):
             logger.info("autoremat: the graph at batch size %s is not the full-size graph (the model takes "
@@ -214,10 +220,11 @@ def _to_scale(base: Graph | None, got: dict[int, Graph]) -> tuple[dict[int, Grap
 
 def ladder(model: nn.Module, args: tuple, kwargs: dict, opts: dict, base: Graph | None, batch: int,
            batch_dim: int, limit: int, predict: Callable[[int], float] | None,
-           gm: torch.fx.GraphModule | None = None, signatures: dict[str, Any] | None = None) -> Graph:
+           gm: torch.fx.GraphModule | None = None, signatures: dict[str, Any] | None = None) -> Graph | None:
     """Capture the two sizes that fit (:func:`autoremat.capture.scaled.capture_within`), scale.
     ``gm``: the model's one trace (``None`` at module level); ``signatures``: the replayed nodes'
-    full-size arguments from the meta capture."""
+    full-size arguments from the meta capture. ``None``: only one row fits and its graph is not the
+    meta capture's (:func:`_to_scale`)."""
     trial = _Trial(model, args, kwargs, opts, batch, batch_dim, limit, base, gm)
     if predict is not None:  # the largest size predicted to fit, and half of it
         got = trial.down(largest_fitting(lambda s: predict(s) + trial.per_row * s, batch, limit))
@@ -226,6 +233,8 @@ def ladder(model: nn.Module, args: tuple, kwargs: dict, opts: dict, base: Graph 
         if batch in got:
             return got[batch]
     got, bytes_from = _to_scale(base, got)
+    if not got:
+        return None
     sizes = sorted(got)
     s_hi = sizes[-1]
     s_lo = sizes[-2] if len(sizes) > 1 else s_hi
