@@ -30,9 +30,15 @@ class Codec(nn.Module):
         self.out = nn.Conv1d(c, 1, 3, padding=1)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.decode(self.encode(x))
+
+    def encode(self, x: torch.Tensor) -> torch.Tensor:
         h = self.inp(x)
         for block in self.encoder:
             h = block(h)
+        return h
+
+    def decode(self, h: torch.Tensor) -> torch.Tensor:
         z = h.transpose(1, 2)
         dist = z.pow(2).sum(-1, keepdim=True) - 2 * z @ self.codebook.t() + self.codebook.pow(2).sum(-1)
         q = F.embedding(dist.argmin(-1), self.codebook).transpose(1, 2)

@@ -101,3 +101,31 @@ def test_under_bf16_the_encoders_weight_casts_count_to_the_end_of_the_forward(co
         loss.backward()
     predicted = simulate(graph, no_recompute_plan(graph)).peak_bytes
     assert abs(predicted / counter.peak - 1) < 0.005, (predicted, counter.peak)
+
+
+class _Returning(Codec):
+    """Returns the encoder's output beside the decoded signal, as a model output the loss does not
+    read (CLIP's vision tower under a text-only loss): the object holds the encoder's graph, saved
+    tensors and all, until the loop drops it."""
+
+    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        h = self.encode(x)
+        return self.decode(h), h
+
+
+def test_what_a_returned_graph_holds_goes_where_the_plan_recomputes_its_holders():
+    torch.manual_seed(0)
+    model, x = _Returning(), torch.randn(2, 1, 512)
+    loss = lambda out: out[0].sum()  # noqa: E731
+    graph = autoremat.capture(model, (x,), loss_fn=loss, mode="module", times="flops")
+    held = [v for v in graph.nodes if graph.node(v)["held_by_output"] and not graph.node(v)["requires_grad"]]
+    assert held  # the encoder's saved storages, freed when the returned object is dropped
+    for plan in (no_recompute_plan(graph), autoremat.solve(graph, "min")):
+        patched = copy.deepcopy(model)
+        if plan.recompute_segments:
+            autoremat.apply(patched, plan)
+        counter = LiveStorageCounter()
+        with counter:
+            loss(patched(x)).backward()
+        predicted = simulate(graph, plan).peak_bytes
+        assert abs(predicted / counter.peak - 1) < 0.01, (plan.describe(), predicted, counter.peak)

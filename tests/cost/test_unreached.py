@@ -88,3 +88,16 @@ def test_a_recomputed_region_no_gradient_reaches_holds_no_inputs_for_a_backward(
     plan = ((0,), False), ((1,), True), ((2, 3, 4, 5), False)
     live = _graph(unreached=())  # the same, but node 1 holds nothing: an ordinary no-grad node
     assert step_levels(g, _plan(g, *plan)).bwd_touch[5] == step_levels(live, _plan(live, *plan)).bwd_touch[5] - 100
+
+
+def test_what_the_returned_object_holds_through_the_branch_goes_with_it() -> None:
+    """Node 0 is also held by the returned object (``held_by_output``: the object holds the branch's
+    graph, which holds node 0) until the loss: recomputing node 0 and its holder frees it there."""
+    g = _graph(lingering={})
+    g.node(0)["held_by_output"] = True
+    stored = ((0, 1, 2, 3, 4, 5), False),
+    both = ((0, 1), True), ((2, 3, 4, 5), False)
+    assert step_levels(g, _plan(g, *stored)).fwd_touch[4] == step_levels(g, _plan(g, *both)).fwd_touch[4] + 100
+    plain = _graph(unreached=(), lingering={})  # held by the object itself: held either way
+    plain.node(0)["held_by_output"] = True
+    assert step_levels(plain, _plan(plain, *stored)).fwd_touch[4] == step_levels(plain, _plan(plain, *both)).fwd_touch[4]

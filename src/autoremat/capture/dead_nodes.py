@@ -40,7 +40,7 @@ predicted 1.78x the measured peak before, 1.0005x now; the least plan 1.34x befo
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from typing import Any
 
 __all__ = ["dead_nodes", "settle_dead_nodes"]
@@ -63,14 +63,19 @@ def dead_nodes(nodes: Sequence[Any], succs: Mapping[int, Sequence[int]], root: C
     return dead
 
 
-def settle_dead_nodes(nodes: Sequence[Any], succs: Mapping[int, Sequence[int]], root: Callable[[int], int]) -> set[int]:
+def settle_dead_nodes(nodes: Sequence[Any], succs: Mapping[int, Sequence[int]], root: Callable[[int], int],
+                      returned: Collection[int] = ()) -> set[int]:
     """Take the dead nodes (:func:`dead_nodes`) out of backward; returns them. Call before
-    :meth:`.lingering.Lingering.apply`, which then counts their saved storages while alive."""
+    :meth:`.lingering.Lingering.apply`, which then counts their saved storages while alive.
+    ``returned``: the nodes whose storage a tensor of the returned object is; held by the object
+    anyway, they are left out of ``unreached_saves`` (a plan freeing what dead nodes hold does
+    not free them)."""
     dead = dead_nodes(nodes, succs, root)
+    kept = {root(u) for u in returned}
     for v in dead:
         r = nodes[v]
         r.requires_grad = False
-        r.unreached_saves, r.saves = r.saves, set()
+        r.unreached_saves, r.saves = {u for u in r.saves if root(u) not in kept}, set()
         r.bwd_temp_bytes = 0
         r.grad_new, r.grad_part = [], []
     return dead

@@ -374,6 +374,7 @@ def profile_modules(
             rec.glue_enabled = False
             rec.settle_saves()
             producers = mark_outputs(rec, out)
+            returned = {v for v, r in enumerate(rec.nodes) if r.is_output}  # the object's own tensors (.dead_nodes)
             loss = rec.run_loss(loss_fn, out)
             seed_only_what_the_loss_reads(rec.nodes, loss, producers)
             seeds = SeedMeter(rec.nodes, loss, producers)
@@ -393,7 +394,7 @@ def profile_modules(
         rec.reused.update({p: n for p, n in scopes.calls.items() if n > 1 and p in scopes.blocks})
         settle_scopes(rec, scopes)
     rec.finish(param_bytes)
-    rec.lingering.apply(rec, unreached=settle_dead_nodes(rec.nodes, rec.succs, rec.root))
+    rec.lingering.apply(rec, unreached=settle_dead_nodes(rec.nodes, rec.succs, rec.root, returned))
     if time_fn is not None:
         time_fn(rec.nodes)
         return rec

@@ -60,7 +60,7 @@ from ..plan import Plan, Segment, region_stop, validate_plan, wait_points
 from ..replay_tail import tails_of
 from .ledger import PEAK_PLACES, StepState
 from .offload_link import Offload
-from .unreached import held_inputs, lingering_key
+from .unreached import freed_by_recomputation, held_inputs, lingering_key, unheld
 
 __all__ = ["Simulation", "simulate", "no_recompute_plan", "unoptimised_peak_bytes",
            "DEFAULT_BANDWIDTH_BYTES_PER_S", "StepLevels", "step_levels", "stops_before_running"]
@@ -78,8 +78,7 @@ class Simulation:
     fwd_time_s: float
     bwd_time_s: float
     peak_at: str
-    timeline: list[tuple[str, int, int]] = field(default_factory=list)
-    """``(phase, node, live_bytes)`` after each event; phase is fwd, loss, recompute or bwd."""
+    timeline: list[tuple[str, int, int]] = field(default_factory=list)  # (fwd|loss|recompute|bwd, node, live) per event
     offload_stall_s: float = 0.0  # waits for transfers (forward: copies out; backward: prefetches), in extra_time_s
     offloaded_bytes: int = 0
     offload_wait_s: float = 0.0  # the forward's part of ``offload_stall_s``
@@ -145,6 +144,7 @@ class _Step:
     stops: list[int]  # per segment: the node whose backward starts its replay (-1: none, or not recomputed)
     ok: list[tuple[str, int]]  # node -> the key of the storage its output lives in (``_okey``)
     lkey: Callable[[int], Hashable | None]  # where a lingering maker's output lives in forward (.unreached)
+    unheld: frozenset[int]  # held_by_output nodes the plan frees before the object is dropped (.unreached)
     units: frozenset[int] = frozenset()  # nodes whose own saved tensors are offloaded (``plan.offload_saved``)
 
 
@@ -161,9 +161,9 @@ def _run(g: Graph, plan: Plan, s: StepState, bandwidth_bytes_per_s: float | None
         seg_inputs.append(_forward(s, st, si, seg))
         if at is not None:
             at("fwd end", si, s)
-    _loss(s, g, st.nd)
+    _loss(s, g, st.nd, st.unheld)
     extra_time = _backward(s, st, seg_inputs, at)
-    for v in g.held_to_end():  # the loop drops the output object after backward
+    for v in (w for w in g.held_to_end() if w not in st.unheld):  # the loop drops the output object after backward
         s.decref(_okey(g, v), ("out", v))
     fwd = float(sum(d["time_s"] for d in st.nd))  # Graph.total's sum, in node order, without networkx
     bwd = float(sum(d["bwd_time_s"] for d in st.nd))
@@ -188,16 +188,16 @@ def _step_of(g: Graph, plan: Plan, s: StepState, bandwidth_bytes_per_s: float | 
     pos = dict(zip(chain.from_iterable(seg.nodes for seg in plan.segments), count())) if pos is None else pos
     stops = [region_stop(g, seg) for seg in plan.segments]
     ok = [_okey(g, v) for v in g.nodes] if ok is None else ok
-    return _Step(g, nd, plan, off, offloaded, pos, stops, ok, lingering_key(g, plan, nd, ok), units)
+    freed = freed_by_recomputation(g, plan, nd)  # what nodes no gradient reach hold, freed by the plan (.unreached)
+    return _Step(g, nd, plan, off, offloaded, pos, stops, ok, lingering_key(g, freed, ok), unheld(g, nd, freed), units)
 
 
 def _forward(s: StepState, st: _Step, si: int, seg: Segment) -> set[int]:
-    """The forward of segment ``si``; returns its inputs (a recomputed segment holds them until its
-    backward is over, in host memory if offloaded; none in a region no gradient reaches: .unreached)."""
+    """The forward of segment ``si``; returns its inputs (a recomputed segment holds them until its backward
+    is over, in host memory if offloaded; none in a region no gradient reaches: .unreached)."""
     g, nd, off, offloaded, units = st.g, st.nd, st.off, st.offloaded, st.units
     members = set(seg.nodes)
-    held = held_inputs(seg, nd)  # none in a region no gradient reaches (.unreached)
-    inputs = {u for v in seg.nodes for u in g.pred(v) if u not in members} if held else set()
+    inputs = {u for v in seg.nodes for u in g.pred(v) if u not in members} if held_inputs(seg, nd) else set()
     if seg.recompute:
         for u in inputs:
             if g.root(u) in offloaded and st.stops[si] >= 0:
@@ -224,7 +224,7 @@ def _forward(s: StepState, st: _Step, si: int, seg: Segment) -> set[int]:
             addref(ok, ("f", w, v))
         if v in kept:
             s.keep(ok, v, d["extra_saved_bytes"])
-        if d["is_output"] or d["held_by_output"]:  # Graph.held_to_loss, without the call
+        if d["is_output"] or d["held_by_output"] and v not in st.unheld:  # Graph.held_to_loss, without the call
             addref(ok, ("out", v))
         if saving:
             for u in d["saves"]:
@@ -241,7 +241,7 @@ def _forward(s: StepState, st: _Step, si: int, seg: Segment) -> set[int]:
     return inputs
 
 
-def _loss(s: StepState, g: Graph, nd: list[dict]) -> None:
+def _loss(s: StepState, g: Graph, nd: list[dict], unheld: frozenset[int]) -> None:
     """The loss: its forward and backward, the gradients of the outputs allocated; its own storage stays."""
     meta = g.meta
     s.touch(meta["loss_extra_bytes"] + meta["loss_held_bytes"] + meta["loss_fwd_temp_bytes"], "loss fwd")
@@ -250,7 +250,7 @@ def _loss(s: StepState, g: Graph, nd: list[dict]) -> None:
     for u in meta["loss_saves"]:
         s.addref(_okey(g, u), ("s", "loss"))
     for v in (g.nodes if g.output_kept == "loss" else ()):  # Graph.held_until: the object is dropped
-        if nd[v]["is_output"] or nd[v]["held_by_output"]:
+        if nd[v]["is_output"] or nd[v]["held_by_output"] and v not in unheld:
             s.decref(_okey(g, v), ("out", v))
     s.mark("loss", -1)
     outputs = [v for v in g.nodes if nd[v]["is_output"] and nd[v]["requires_grad"]]

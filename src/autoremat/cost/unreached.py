@@ -20,6 +20,13 @@ segment with its inputs held (above the simulator there, so their plans stay wit
 and every plan is simulated), and ``milp``'s proven bounds do not cover plans that free what such
 regions hold; on other graphs the rule never applies.
 
+A model output the loss does not read can hold such a graph (CLIP's vision tower under a
+text-only loss: its outputs are returned): capture then marks what the graph saved
+``held_by_output`` (freed when the loop drops the object), the object's own tensors left out of
+``unreached_saves``; where a plan frees a maker as above, the object no longer holds it either
+(:func:`unheld`). Measured (CPU, that CLIP configuration): the least plan was predicted 1.082x its
+measured peak without this rule, 1.000x with it.
+
 Such a region's recomputation costs no time (no backward replays it), so plans recompute the
 stored ones that hold something (:func:`unreached_units`, :func:`recomputing`): every solver's plan
 where that lowers the peak (:mod:`autoremat.solvers.unreached_regions`), and the ``blocks`` chain's
@@ -34,7 +41,7 @@ from typing import Any
 from ..graph import Graph
 from ..plan import Plan, Segment
 
-__all__ = ["freed_by_recomputation", "held_inputs", "lingering_key", "recomputing", "unreached_units"]
+__all__ = ["freed_by_recomputation", "held_inputs", "lingering_key", "recomputing", "unheld", "unreached_units"]
 
 
 def freed_by_recomputation(g: Graph, plan: Plan, nd: Sequence[dict[str, Any]] | None = None) -> frozenset[int]:
@@ -58,15 +65,22 @@ def held_inputs(seg: Segment, nd: Sequence[dict[str, Any]]) -> bool:
         nd[v]["unreached_saves"] for v in seg.nodes)
 
 
-def lingering_key(g: Graph, plan: Plan, nd: Sequence[dict[str, Any]],
-                  ok: Sequence[Hashable]) -> Callable[[int], Hashable | None]:
+def lingering_key(g: Graph, freed: frozenset[int], ok: Sequence[Hashable]) -> Callable[[int], Hashable | None]:
     """Where a lingering maker's output lives in the forward (``ok``: node -> storage key), for
     :meth:`~autoremat.cost.ledger.StepState.workspace`: ``None`` (not counted) for the makers
-    :func:`freed_by_recomputation`."""
-    freed = freed_by_recomputation(g, plan, nd)
+    ``freed`` (:func:`freed_by_recomputation`)."""
     if not freed:
         return ok.__getitem__
     return lambda u: None if g.root(u) in freed else ok[u]
+
+
+def unheld(g: Graph, nd: Sequence[dict[str, Any]], freed: frozenset[int]) -> frozenset[int]:
+    """The ``held_by_output`` nodes (no output the loss reads) whose storage is among ``freed``: the returned
+    object held them only through the graph no gradient reaches (capture leaves the object's own tensors out
+    of ``unreached_saves``), which a plan that frees them no longer keeps."""
+    if not freed:
+        return frozenset()
+    return frozenset(v for v, d in enumerate(nd) if d["held_by_output"] and not d["is_output"] and g.root(v) in freed)
 
 
 def unreached_units(graph: Graph) -> list[tuple[int, ...]]:
