@@ -183,15 +183,19 @@ class _OneRowPath(nn.Module):
         return self.head(h)
 
 
+def _one_row_path(frac: float) -> tuple[Graph, Graph]:
+    """:class:`_OneRowPath` at 4 rows: its full capture, and ``capture_within`` at :func:`_limit` ``frac``."""
+    torch.manual_seed(0)
+    model, x = _OneRowPath(), torch.randn(4, 8)
+    full = autoremat.capture(model, (x,), mode="module", repeats=1)
+    return full, capture_within(model, (x,), limit_bytes=_limit(full, frac), mode="module", repeats=1)
+
+
 def test_a_size_whose_graph_differs_is_left_out(caplog: pytest.LogCaptureFixture) -> None:
     """The sizes that fit are 2 and 1 rows; at 1 row the model takes another path: the scaled
     graph is timed from 2 rows alone, bytes from meta (the Lightning GPT-2 example met this)."""
-    torch.manual_seed(0)
-    model = _OneRowPath()
-    x = torch.randn(4, 8)
-    full = autoremat.capture(model, (x,), mode="module", repeats=1)
     with caplog.at_level(logging.INFO, logger="autoremat.capture.scaled"):
-        g = capture_within(model, (x,), limit_bytes=_limit(full, 0.55), mode="module", repeats=1)
+        full, g = _one_row_path(0.55)
     assert "is not the full-size graph" in caplog.text
     assert g.meta["scaled"]["bytes_from"] == "meta" and g.meta["scaled"]["sizes"] == [2]
     assert unoptimised_peak_bytes(g) == unoptimised_peak_bytes(full)
@@ -202,12 +206,8 @@ def test_where_only_a_differing_row_fits_the_graph_is_the_meta_capture_on_flop_t
     """Only one row fits, and at one row the model takes another path: a linear fit of that capture
     was a graph with other nodes than the full batch's (the Hugging Face Encodec at a batch of 2:
     a reshape that is a view at one row); the full-size meta capture is the graph, timed by FLOPs."""
-    torch.manual_seed(0)
-    model = _OneRowPath()
-    x = torch.randn(4, 8)
-    full = autoremat.capture(model, (x,), mode="module", repeats=1)
     with caplog.at_level(logging.WARNING, logger="autoremat.capture.scaled"):
-        g = capture_within(model, (x,), limit_bytes=_limit(full, 0.3), mode="module", repeats=1)
+        full, g = _one_row_path(0.3)
     assert "batch size 1" in caplog.text and "node times from FLOPs" in caplog.text
     assert g.meta["scaled"]["times_from"] == "flops" and g.meta["scaled"]["sizes"] == [1]
     assert [g.node(v)["name"] for v in g.nodes] == [full.node(v)["name"] for v in full.nodes]
