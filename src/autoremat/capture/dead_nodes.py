@@ -17,8 +17,8 @@ of anything; it is dead with its root. The test is on the recorded graph, not on
 exact where the graph's edges are autograd's (an op that reads a tensor without differentiating
 it, ``torch.where``'s condition, ``index``'s indices, is an integer or boolean read anyway).
 
-What a dead node gets (:func:`settle_dead_nodes`): no part in backward (``requires_grad`` off, no
-backward workspace: its backward never ran, so its timed backward is 0 too), and its saves move to
+What a dead node gets (:func:`settle_dead_nodes`): no part in backward (``requires_grad`` off; its
+backward never ran, so it has no backward region, workspace or time), and its saves move to
 ``unreached_saves``: not held to a backward. Its saved extras count only while it runs, as for any
 node outside backward. Its saved tensors still live in the forward until autograd frees its graph:
 the storages that outlive their last reader that way are what :mod:`.lingering` already measures (a
@@ -76,6 +76,4 @@ def settle_dead_nodes(nodes: Sequence[Any], succs: Mapping[int, Sequence[int]], 
         r = nodes[v]
         r.requires_grad = False
         r.unreached_saves, r.saves = {u for u in r.saves if root(u) not in kept}, set()
-        r.bwd_temp_bytes = 0
-        r.grad_new, r.grad_part = [], []
     return dead

@@ -94,7 +94,7 @@ def unreached_units(graph: Graph) -> list[tuple[int, ...]]:
 
 def recomputing(segments: Sequence[Segment], units: Sequence[tuple[int, ...]]) -> list[Segment]:
     """``segments`` with each of ``units`` that runs inside a stored segment split out of it as a
-    recomputed segment of its own (the list itself when none does)."""
+    recomputed segment of its own (a new list, equal to ``segments`` when none does)."""
     start = {u[0]: u for u in units}
     out: list[Segment] = []
     for seg in segments:

@@ -34,7 +34,7 @@ def recompute_unreached(graph: Graph, plan: Plan) -> Plan:
     units = unreached_units(graph)
     moved = set(plan.offload) | set(plan.offload_saved)
     segments = recomputing(plan.segments, [u for u in units if not moved.intersection(u)])
-    if len(segments) == len(plan.segments) and all(a == b for a, b in zip(segments, plan.segments)):
+    if segments == list(plan.segments):
         return plan
     freed = dataclasses.replace(plan, segments=segments)
     before = simulate(graph, plan, check=False, record=False, bandwidth_bytes_per_s=plan.bandwidth_bytes_per_s)
