@@ -175,6 +175,34 @@ def random_dag_with_views(seed: int, n: int) -> Graph:
     return Graph(g, {"mode": "synthetic", "loss_saves": outs[:1], "param_bytes": {"a": 4, "b": 1, "c": 2}})
 
 
+def with_reader_less_views(g: Graph, seed: int, share: float = 0.3) -> Graph:
+    """``g`` with about ``share`` of its non-output nodes that have an input turned into views as module-level
+    capture records them (a new graph): in the first input's root storage (their only input) (no allocation), saving nothing, no
+    readers of their own (their readers read and save the root: the edges move there) and, for most, backward
+    workspace (an overlapping ``as_strided``'s slow backward, :mod:`autoremat.cost.grad_handoff`). Drawn
+    from a generator of its own (``seed``)."""
+    rng = random.Random(f"views:{seed}:{len(g)}")
+    nxg = g.nx
+    for v in list(nxg.nodes):
+        preds = sorted(nxg.predecessors(v))
+        d = nxg.nodes[v]
+        if not preds or d.get("is_output") or rng.random() >= share:
+            continue
+        root = preds[0]
+        while nxg.nodes[root].get("alias_of") is not None:
+            root = nxg.nodes[root]["alias_of"]
+        for w in list(nxg.successors(v)):
+            nxg.remove_edge(v, w)
+            nxg.add_edge(root, w)
+            nxg.nodes[w]["saves"] = tuple(sorted({root if u == v else u for u in nxg.nodes[w]["saves"]}))
+        for u in preds:
+            nxg.remove_edge(u, v)
+        nxg.add_edge(root, v)
+        d.update(alias_of=root, alloc_bytes=0, out_bytes=nxg.nodes[root]["out_bytes"], saves=(), extra_saved_bytes=0,
+                 grad_passthrough=False, bwd_temp_bytes=rng.choice([0, 3, 7, 7]), params=())
+    return Graph(nxg, g.meta)
+
+
 def random_profiled(rng: random.Random, n: int) -> Graph:
     """A random profiled DAG: random sizes, saves, extras, views, a few nodes without grad."""
     g = nx.DiGraph()

@@ -12,7 +12,7 @@ from __future__ import annotations
 import random
 
 import pytest
-from _graphs import random_dag, random_dag_with_views, with_held_outputs
+from _graphs import random_dag, random_dag_with_views, with_held_outputs, with_reader_less_views
 
 from autoremat.cost import simulate
 from autoremat.cost.bitsets import GraphBits, bits
@@ -69,6 +69,25 @@ def test_with_views_and_pass_through_nodes_the_model_stays_close():
             (peak, t), (sim_peak, sim_t) = exact_peak(p, seq), simulated(g, seq)
             assert t == pytest.approx(sim_t)
             assert abs(peak - sim_peak) <= 0.10 * sim_peak, (seed, seq)
+            equal += peak == sim_peak
+            total += 1
+    assert equal >= 0.9 * total
+
+
+def test_with_reader_less_views_the_model_stays_close_and_never_below():
+    """Views as module-level capture records them (no readers of their own, most with backward workspace:
+    :mod:`autoremat.cost.grad_handoff`): on 40 seeded DAGs, 6 random sequences each, the peaks were equal on
+    221 of 240, the others above the simulator by up to 21.6 % (a view in a later segment than its root: the
+    documented exception); with the simulator's rule alone, 200 equal and 21 below."""
+    rng = random.Random(12)
+    equal = total = 0
+    for seed in range(40):
+        g = with_reader_less_views(with_held_outputs(random_dag(seed, 3 + seed % 8), seed), seed)
+        p = GraphBits(g)
+        for seq in random_sequences(p, rng, 6):
+            (peak, t), (sim_peak, sim_t) = exact_peak(p, seq), simulated(g, seq)
+            assert t == pytest.approx(sim_t)
+            assert sim_peak <= peak <= 1.25 * sim_peak, (seed, seq)
             equal += peak == sim_peak
             total += 1
     assert equal >= 0.9 * total

@@ -317,6 +317,10 @@ def replay_segment(p: GraphBits, lower: int, upper: int, dangling: int, recomput
             if not got:
                 live -= size.pop(gv)
                 del refs[gv]
+        elif btemp[v] and alias_of[v] is not None and rg[v] and root[v] in grad:  # a view's backward (.grad_handoff)
+            level = live + sum(out_b[u] for u in pred[v] if rg[u]) + btemp[v]
+            if level > peak:
+                peak = level
         if rg[v]:
             holder = (rs_base if recompute else s_base) + v
             for u in saves[v]:

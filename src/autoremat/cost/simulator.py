@@ -58,6 +58,7 @@ from itertools import chain, count
 from ..graph import Graph
 from ..plan import Plan, Segment, region_stop, validate_plan, wait_points
 from ..replay_tail import tails_of
+from .grad_handoff import input_grads, reader_less_view_runs, view_backward_bytes
 from .ledger import PEAK_PLACES, StepState
 from .offload_link import Offload
 from .unreached import freed_by_recomputation, held_inputs, lingering_key, unheld
@@ -393,7 +394,7 @@ def _backward_node(s: StepState, g: Graph, nd: list[dict], v: int, *, recomputed
     s.join_parts(v, d["out_bytes"])  # gradients of parts a split made of v's output (grad_part)
     gv = s.grad.pop(v, None)
     if gv is not None:
-        transient = _input_grads(s, g, nd, v, gv)
+        transient = input_grads(s, g, nd, v, gv)
         for p in d["params"]:
             if p not in param_bytes:
                 continue
@@ -405,6 +406,8 @@ def _backward_node(s: StepState, g: Graph, nd: list[dict], v: int, *, recomputed
                 s.alloc(("p", p), param_bytes[p])
         s.touch(transient + d["bwd_temp_bytes"], "bwd", v)
         s.decref(gv, ("gb", v))
+    elif reader_less_view_runs(s, g, nd, v):  # its readers handed their gradients to its root (.grad_handoff)
+        s.touch(view_backward_bytes(g, nd, v), "bwd", v)
     if d["requires_grad"]:
         holder = ("rs" if recomputed else "s", v)
         targets = off.targets
@@ -424,43 +427,6 @@ def _backward_node(s: StepState, g: Graph, nd: list[dict], v: int, *, recomputed
         elif xkey in s.size:
             s.free(xkey)
     s.mark("bwd", v)
-
-
-def _input_grads(s: StepState, g: Graph, nd: list[dict], v: int, gv: Hashable) -> int:
-    """The gradients node ``v``'s backward hands its inputs; returns the transient bytes (new ones added in place)."""
-    d = nd[v]
-    transient = 0
-    parts = dict(d["grad_part"]) if d["grad_part"] else {}
-    for u in g.pred(v):
-        du = nd[u]
-        if not du["requires_grad"]:
-            continue
-        if u in parts:  # a part of u's output that a split made: its gradient, joined before u's backward
-            s.give_part(u, parts[u], v)
-            continue
-        old = s.grad.get(u)
-        if d["grad_passthrough"] and u not in d["grad_new"]:  # else a new one (a cast to u's dtype)
-            if old is None:
-                s.addref(gv, ("gb", u))
-                s.grad[u] = gv
-            else:
-                new = s.new_grad(du["out_bytes"])
-                s.addref(new, ("gb", u))
-                s.grad[u] = new
-                s.decref(old, ("gb", u))
-        elif old is None:
-            new = s.new_grad(du["out_bytes"])
-            s.addref(new, ("gb", u))
-            s.grad[u] = new
-        elif len(s.refs[old]) == 1:
-            transient += du["out_bytes"]  # new gradient, added in place, freed
-        else:
-            transient += du["out_bytes"]
-            new = s.new_grad(du["out_bytes"])
-            s.addref(new, ("gb", u))
-            s.grad[u] = new
-            s.decref(old, ("gb", u))
-    return transient
 
 
 # ------------------------------------------------------------------------ per-node levels

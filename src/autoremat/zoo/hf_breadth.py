@@ -150,6 +150,10 @@ CASES: dict[str, Callable[[], Case]] = {
         target_bandwidths=[12.0], sampling_rate=8000, audio_channels=1, codebook_dim=32)),
         (), {"input_values": torch.randn(2, 1, 800, generator=torch.Generator().manual_seed(5))},
         _audio),
+    "longformer": lambda: (T.LongformerForMaskedLM(T.LongformerConfig(
+        vocab_size=V, hidden_size=64, num_hidden_layers=2, num_attention_heads=4, intermediate_size=128,
+        attention_window=8, max_position_embeddings=80)), (), {"input_ids": _ids(2, 32, 1), "labels": _ids(2, 32, 1)},
+        _loss),
 }
 """Builders by name: decoders with rotary embeddings, grouped-query attention, sliding windows,
 ALiBi (Bloom), mixture of experts (Mixtral), parallel residuals (GPT-NeoX, GPT-J, Falcon); a GPT-2
@@ -159,7 +163,8 @@ relative position buckets); vision (Swin, ConvNeXt, SegFormer, BEiT with an ``lr
 Swin v2 with an in-place ReLU in its position-bias MLP); a two-tower model (CLIP); Perceiver (a decoder
 tied to the input embedding, expanded latent and query parameters); Autoformer (FFT auto-correlation,
 ``x * conj(y)``); HuBERT (convolutional feature encoder, weight-normed positional convolution); Encodec
-(an encoder no gradient reaches: its output only picks integer codes, which the decoder decodes)."""
+(an encoder no gradient reaches: its output only picks integer codes, which the decoder decodes); Longformer
+(sliding-window attention: overlapping ``as_strided`` chunks, whose backward has workspace)."""
 
 
 def build(name: str, *, seed: int = 0) -> Case:
