@@ -26,7 +26,7 @@ and who holds it:
   each node allocates gradients for its inputs (none when it passes its gradient through,
   like ``add``), out-of-place accumulation when a buffer is shared, parameter gradients on
   first use (they stay until the step ends), and frees its output gradient and saved tensors
-  when it is done;
+  when it is done (:mod:`.grad_handoff`; also a view's backward workspace where its readers read its root);
 * the loss tensor's own storage (``loss_held_bytes``: the loop holds ``loss`` through ``backward()``) is
   live from the loss's forward to the step's end;
 * the measured transient workspace of each node (``fwd_temp_bytes``/``bwd_temp_bytes``) is
