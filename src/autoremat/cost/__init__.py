@@ -16,6 +16,7 @@ module                      what it models, and how it relates to :func:`simulat
 :mod:`.unreached`           the simulator's rules for what nodes no gradient reaches hold
 :mod:`.grad_handoff`        the simulator's rules for the gradients a node's backward hands its
                             inputs, and a reader-less view's backward workspace
+:mod:`.replay_frames`       the simulator's rule for what a module-level replay's frames hold
 :mod:`.bitsets`             a graph as bitsets (per-set boundary, liveness): no rule of its own
 :mod:`.segment_replay`      dp-exact's model: the simulator's events on one segment; equal to
                             ``simulate`` on plain DAGs, within 10 % with views / pass-through

@@ -22,6 +22,9 @@ and who holds it:
   stop) is held until the segment's backward is over, and so is a kept node at the early stop
   that saves only its inputs (:func:`stops_before_running`: the replay stops when it packs them,
   before the node runs and takes its stored output);
+* a replay at module level runs the user's code: what a replayed call computes for later nodes (read
+  after the segment, or held by the returned object) stays in its frames until the replay ends
+  (:mod:`.replay_frames`), not only until its last reader inside the segment;
 * backward runs in reverse execution order (the autograd engine's order for one graph task);
   each node allocates gradients for its inputs (none when it passes its gradient through,
   like ``add``), out-of-place accumulation when a buffer is shared, parameter gradients on
@@ -60,6 +63,7 @@ from ..plan import Plan, Segment, region_stop, validate_plan, wait_points
 from ..replay_tail import tails_of
 from .grad_handoff import input_grads, reader_less_view_runs, view_backward_bytes
 from .ledger import PEAK_PLACES, StepState
+from .replay_frames import returned_by_replay
 from .offload_link import Offload
 from .unreached import freed_by_recomputation, held_inputs, lingering_key, unheld
 
@@ -334,6 +338,7 @@ def _recompute(s: StepState, g: Graph, nd: list[dict], seg: Segment, stop: int,
     held: set[int] = set()
     todo = [v for v in seg.nodes if (v <= stop if tail is None else v < tail[0])]
     replay = set(todo)
+    frame = returned_by_replay(g, nd, seg, todo)  # held by the replayed calls' frames to the replay's end
     again = lambda u: _rkey(g, rroot, u) if u in replay else None  # noqa: E731 (lingering makers: StepState.workspace)
     if tail is not None:
         for w in seg.nodes:
@@ -368,6 +373,8 @@ def _recompute(s: StepState, g: Graph, nd: list[dict], seg: Segment, stop: int,
             s.addref(key, ("rs", w))
         if v in held:
             s.addref(key, ("tail", v))
+        if v in frame:
+            s.addref(key, ("frame", v))
         for w in g.succ(v):
             if w in replay:
                 s.addref(key, ("rf", w, v))
@@ -382,6 +389,8 @@ def _recompute(s: StepState, g: Graph, nd: list[dict], seg: Segment, stop: int,
         s.mark("recompute", v)
     for u in held:  # the replay has returned its tail inputs
         s.decref(_rkey(g, rroot, u), ("tail", u))
+    for u in frame:  # the replayed calls have returned (or stopped early)
+        s.decref(_rkey(g, rroot, u), ("frame", u))
     return spent
 
 

@@ -154,6 +154,15 @@ CASES: dict[str, Callable[[], Case]] = {
         vocab_size=V, hidden_size=64, num_hidden_layers=2, num_attention_heads=4, intermediate_size=128,
         attention_window=8, max_position_embeddings=80)), (), {"input_ids": _ids(2, 32, 1), "labels": _ids(2, 32, 1)},
         _loss),
+    "led": lambda: (T.LEDForConditionalGeneration(T.LEDConfig(
+        vocab_size=V, d_model=64, encoder_layers=2, decoder_layers=2, encoder_attention_heads=4,
+        decoder_attention_heads=4, encoder_ffn_dim=128, decoder_ffn_dim=128, attention_window=8,
+        max_encoder_position_embeddings=64, max_decoder_position_embeddings=64)), (),
+        {"input_ids": _ids(2, 32, 1), "labels": _ids(2, 16, 2)}, _loss),
+    "longt5": lambda: (T.LongT5ForConditionalGeneration(T.LongT5Config(
+        vocab_size=V, d_model=64, d_kv=16, d_ff=128, num_layers=2, num_decoder_layers=2, num_heads=4,
+        local_radius=4, global_block_size=4, encoder_attention_type="transient-global", decoder_start_token_id=0,
+        pad_token_id=0)), (), {"input_ids": _ids(2, 32, 1), "labels": _ids(2, 16, 2)}, _loss),
 }
 """Builders by name: decoders with rotary embeddings, grouped-query attention, sliding windows,
 ALiBi (Bloom), mixture of experts (Mixtral), parallel residuals (GPT-NeoX, GPT-J, Falcon); a GPT-2
@@ -164,7 +173,8 @@ Swin v2 with an in-place ReLU in its position-bias MLP); a two-tower model (CLIP
 tied to the input embedding, expanded latent and query parameters); Autoformer (FFT auto-correlation,
 ``x * conj(y)``); HuBERT (convolutional feature encoder, weight-normed positional convolution); Encodec
 (an encoder no gradient reaches: its output only picks integer codes, which the decoder decodes); Longformer
-(sliding-window attention: overlapping ``as_strided`` chunks, whose backward has workspace)."""
+and LED (sliding-window attention: overlapping ``as_strided`` chunks, whose backward has workspace); LongT5
+(transient-global attention; its first layer returns the position bias to the next, as T5's does)."""
 
 
 def build(name: str, *, seed: int = 0) -> Case:
