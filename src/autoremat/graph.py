@@ -71,8 +71,8 @@ Graph-level attributes live in :attr:`Graph.meta`: ``mode`` (``"fx"``, ``"module
 ``"synthetic"``), ``fingerprint``, ``model``, ``device``, ``time_source``, ``param_bytes``
 (name -> bytes of its gradient; ``sparse_grad_params``: the names whose gradient is sparse), ``resident_bytes``, the loss node (``loss_saves``, ``loss_extra_bytes``,
 ``loss_fwd_temp_bytes``, ``loss_bwd_temp_bytes``, and ``loss_held_bytes``: the loss tensor's own
-storage, held from the loss to the step's end), when measured, ``measured_peak_bytes``, and
-``output_kept``: how long the step keeps the object the model returned, so the storages it holds
+storage, held from the loss to the step's end), ``dead_released_after`` (:mod:`autoremat.capture.dead_nodes`),
+when measured, ``measured_peak_bytes``, and ``output_kept``: how long the step keeps the object the model returned, so the storages it holds
 (``is_output`` and ``held_by_output`` nodes; :mod:`autoremat.capture.held_outputs`): ``"loss"``
 (the default: dropped once the loss is computed, ``loss = model(**batch).loss``, Lightning's
 ``training_step``) or ``"step"`` (to the end of backward, ``outputs = model(**batch);

@@ -18,6 +18,7 @@ import torch
 from _codec import Codec
 from _stacked import measured_under, predicted_and_measured
 from torch import nn
+from torch.nn import functional as F
 
 import autoremat
 from autoremat.capture.dead_nodes import dead_nodes
@@ -44,6 +45,38 @@ def test_the_encoder_takes_no_part_in_backward_and_the_step_is_predicted(codec):
     decoder = [v for v in graph.nodes if graph.node(v)["module_path"].startswith("decoder")]
     assert any(graph.node(v)["saves"] for v in decoder)
     assert abs(predicted / measured - 1) < 0.01, (predicted, measured)
+
+
+class _Dropping(Codec):
+    """The codes are taken in ``forward`` itself, which drops the encoder's output before decoding."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = self.encode(x)
+        z = h.transpose(1, 2)
+        codes = (z.pow(2).sum(-1, keepdim=True) - 2 * z @ self.codebook.t()).argmin(-1)
+        del h, z
+        q = F.embedding(codes, self.codebook).transpose(1, 2)
+        for block in self.decoder:
+            q = block(q)
+        return self.out(q)
+
+
+@pytest.mark.parametrize("dropping", [False, True])
+def test_capture_records_where_the_encoders_graph_is_freed(codec, dropping):
+    """``decode`` holds the encoder's output in its frame to the end of the forward, so the graph dies
+    after the last node; taken apart in ``forward``, after the codes (``argmin``)."""
+    _, x = codec
+    torch.manual_seed(0)
+    graph = autoremat.capture(_Dropping() if dropping else Codec(), (x,), loss_fn=torch.sum, mode="module",
+                              times="flops")
+    encoder = {v for v in graph.nodes if graph.node(v)["module_path"].startswith(("inp", "encoder"))}
+    released = dict(graph.meta["dead_released_after"])
+    assert encoder <= set(released) and len(set(released.values())) == 1
+    at = released.popitem()[1]
+    if dropping:
+        assert graph.node(at)["name"].endswith("argmin.default"), graph.node(at)["name"]
+    else:
+        assert at == len(graph) - 1
 
 
 def test_recomputing_the_encoder_blocks_frees_what_they_hold(codec):

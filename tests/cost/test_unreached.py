@@ -101,3 +101,18 @@ def test_what_the_returned_object_holds_through_the_branch_goes_with_it() -> Non
     plain = _graph(unreached=(), lingering={})  # held by the object itself: held either way
     plain.node(0)["held_by_output"] = True
     assert step_levels(plain, _plan(plain, *stored)).fwd_touch[4] == step_levels(plain, _plan(plain, *both)).fwd_touch[4]
+
+
+@pytest.mark.parametrize("at,held_to", [(4, (3, 4)), (-1, (3, 4, 5))])
+def test_a_recomputed_regions_inputs_are_held_to_where_its_graph_was_freed(at: int, held_to: tuple[int, ...]) -> None:
+    """Capture recorded the branch's graph freed after node 4 (or after the forward: ``-1``,
+    :func:`autoremat.capture.dead_nodes.release_points`); with no lingering bytes to show it (under bf16
+    autocast the maker's consumer saved a cast), the recomputed branch still holds its input, node 0, to
+    there."""
+    alone = ((0,), False), ((1,), True), ((2, 3, 4, 5), False)
+    plain = _graph(lingering={})
+    freed = _graph(lingering={})
+    freed.meta["dead_released_after"] = [[1, at]]
+    assert Graph.from_json(freed.to_json()).meta["dead_released_after"] == [[1, at]]
+    before, after = (step_levels(g, _plan(g, *alone)).fwd_touch for g in (plain, freed))
+    assert [after[v] - before[v] for v in (2, 3, 4, 5)] == [100 if v in held_to else 0 for v in (2, 3, 4, 5)]

@@ -216,11 +216,19 @@ def _capture(
         "out_of_place": list(gm.meta.get("autoremat_out_of_place", ())) if gm is not None else [],
         **_kept_calls(rec),
     }
+    return _to_graph(rec, {**meta, **_recorded_meta(rec)})
+
+
+def _recorded_meta(rec: Any) -> dict[str, Any]:
+    """The graph facts only some captures record."""
+    meta: dict[str, Any] = {}
+    if getattr(rec, "dead_released_after", None):  # autoremat.capture.dead_nodes.release_points
+        meta["dead_released_after"] = sorted([v, at] for v, at in rec.dead_released_after.items())
     if rec.time_noise is not None:  # measured times: how much of them is interference (solvers.stable)
         meta["time_noise"] = round(float(rec.time_noise), 6)
     if getattr(rec, "call_op_start", None) is not None:  # blocks captured op by op
         meta.update(blocks="ops", call_op_start=dict(rec.call_op_start), pinned_regions=list(rec.pinned_regions))
-    return _to_graph(rec, meta)
+    return meta
 
 
 def _empty_cast_cache() -> None:

@@ -36,6 +36,15 @@ is not told apart).
 
 Measured (CPU, the Hugging Face ``EncodecModel`` of :mod:`autoremat.zoo.hf_breadth`): unpatched step
 predicted 1.78x the measured peak before, 1.0005x now; the least plan 1.34x before, 0.9997x now.
+
+Where a plan recomputes such a region, the region's own autograd node holds its inputs until the
+graph is freed: a graph fact capture records (:func:`release_points`, the graph's
+``meta["dead_released_after"]``): for each connected set of dead nodes, the node after which the
+storages they saved died in the measured forward (``-1``: they outlived it), which the simulator
+holds a recomputed dead region's inputs to (:mod:`autoremat.cost.unreached`). Under bf16 autocast
+Encodec's downsampling convolutions save a bf16 cast of their input, so the fp32 input dies at once
+in the unpatched step and no lingering bytes showed what the recomputed region holds: its least plan
+was predicted 0.945x the measured peak without the release point.
 """
 
 from __future__ import annotations
@@ -43,7 +52,7 @@ from __future__ import annotations
 from collections.abc import Callable, Collection, Mapping, Sequence
 from typing import Any
 
-__all__ = ["dead_nodes", "settle_dead_nodes"]
+__all__ = ["dead_nodes", "settle_dead_nodes", "release_points"]
 
 
 def dead_nodes(nodes: Sequence[Any], succs: Mapping[int, Sequence[int]], root: Callable[[int], int]) -> set[int]:
@@ -77,3 +86,42 @@ def settle_dead_nodes(nodes: Sequence[Any], succs: Mapping[int, Sequence[int]], 
         r.requires_grad = False
         r.unreached_saves, r.saves = {u for u in r.saves if root(u) not in kept}, set()
     return dead
+
+
+def release_points(nodes: Sequence[Any], succs: Mapping[int, Sequence[int]], root: Callable[[int], int],
+                   dead: Collection[int], deaths: Mapping[int, Sequence[tuple[int, int]]], alive: Collection[int],
+                   ops: Sequence[int]) -> dict[int, int]:
+    """Dead node -> the node after which autograd freed its graph in the recorded forward (``-1``: after
+    the forward): per connected set of dead nodes (edges between them, views to their roots), the last
+    death in the forward of a storage they saved (``unreached_saves``); ``-1`` where none died in it but
+    some outlived it (a storage that outlives the forward besides those that died in it is held by
+    something else: autocast's cache of weight casts, freed when the autocast region exits). ``deaths``: maker -> (ops run when one of its
+    storages died, bytes), from :class:`.lingering.Lingering`; ``alive``: the makers with a storage still
+    alive when the forward ended; ``ops``: the nodes in the order they ran. Sets whose nodes saved nothing
+    get no entry."""
+    parent = {v: v for v in dead}
+
+    def find(v: int) -> int:
+        while parent[v] != v:
+            parent[v] = parent[parent[v]]
+            v = parent[v]
+        return v
+
+    for v in dead:
+        for w in (*succs.get(v, ()), root(v)):
+            if w in parent:
+                parent[find(w)] = find(v)
+    groups: dict[int, list[int]] = {}
+    for v in dead:
+        groups.setdefault(find(v), []).append(v)
+    out: dict[int, int] = {}
+    for members in groups.values():
+        makers = {root(u) for v in members for u in nodes[v].unreached_saves}
+        if not makers:
+            continue
+        last = max((pos for m in makers for pos, _ in deaths.get(m, ())), default=0)
+        if 0 < last <= len(ops):  # what outlived the forward besides is held otherwise (autocast's weight casts)
+            out.update((v, ops[last - 1]) for v in members)
+        elif makers & set(alive):
+            out.update((v, -1) for v in members)
+    return out

@@ -67,6 +67,8 @@ class Lingering:
         self._call: list[int] = []
         self.closed = False
         """The forward is over: a storage that dies now outlived it."""
+        self.outlived: set[int] = set()
+        """The nodes with a storage still alive when the forward ended (set by :meth:`close`)."""
 
     def owned(self, v: int, storage: Any, prev: int | None) -> None:
         """Node ``v`` made ``storage`` (an in-place op takes it over from ``prev``)."""
@@ -100,6 +102,7 @@ class Lingering:
         """The forward (and the loss) is over."""
         self.close_call()
         self.closed = True
+        self.outlived = {v for v, mine in self.live.items() if mine}
 
     def after_op(self, v: int) -> None:
         """Op node ``v`` of a block call has run."""

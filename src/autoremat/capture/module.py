@@ -29,7 +29,7 @@ from torch import nn
 
 from .._fsdp import original_class
 from ._loss_reach import SeedMeter, seed_only_what_the_loss_reads
-from .dead_nodes import settle_dead_nodes
+from .dead_nodes import release_points, settle_dead_nodes
 from .aliases import aliased
 from .autograd_saves import behind_copy_slices, saved_by
 from ._recorder import NodeRecord, Recorder, Timer, classify_function, classify_module, tensors_in
@@ -394,7 +394,9 @@ def profile_modules(
         rec.reused.update({p: n for p, n in scopes.calls.items() if n > 1 and p in scopes.blocks})
         settle_scopes(rec, scopes)
     rec.finish(param_bytes)
-    rec.lingering.apply(rec, unreached=settle_dead_nodes(rec.nodes, rec.succs, rec.root, returned))
+    dead, ling = settle_dead_nodes(rec.nodes, rec.succs, rec.root, returned), rec.lingering
+    ling.apply(rec, unreached=dead)
+    rec.dead_released_after = release_points(rec.nodes, rec.succs, rec.root, dead, ling.deaths, ling.outlived, ling.ops)
     if time_fn is not None:
         time_fn(rec.nodes)
         return rec

@@ -139,7 +139,7 @@ class ReferenceWindows:
         if not jump:
             for si in range(last + 1, end):
                 inputs[si] = _forward(s, st, si, plan.segments[si])
-            _loss(s, g, st.nd, st.unheld)
+            _loss(s, st)
             last = end - 1
         st.off.start_backward()
         tails = tails_of(plan)

@@ -65,7 +65,7 @@ from .grad_handoff import input_grads, reader_less_view_runs, view_backward_byte
 from .ledger import PEAK_PLACES, StepState
 from .replay_frames import returned_by_replay
 from .offload_link import Offload
-from .unreached import freed_by_recomputation, held_inputs, lingering_key, unheld
+from .unreached import freed_by_recomputation, held_inputs, lingering_key, released_after, unheld
 
 __all__ = ["Simulation", "simulate", "no_recompute_plan", "unoptimised_peak_bytes",
            "DEFAULT_BANDWIDTH_BYTES_PER_S", "StepLevels", "step_levels", "stops_before_running"]
@@ -151,6 +151,7 @@ class _Step:
     lkey: Callable[[int], Hashable | None]  # where a lingering maker's output lives in forward (.unreached)
     unheld: frozenset[int]  # held_by_output nodes the plan frees before the object is dropped (.unreached)
     units: frozenset[int] = frozenset()  # nodes whose own saved tensors are offloaded (``plan.offload_saved``)
+    dead: dict[int, list[int]] = field(default_factory=dict)  # node -> the dead recomputed segments freed after it
 
 
 def _run(g: Graph, plan: Plan, s: StepState, bandwidth_bytes_per_s: float | None,
@@ -166,7 +167,7 @@ def _run(g: Graph, plan: Plan, s: StepState, bandwidth_bytes_per_s: float | None
         seg_inputs.append(_forward(s, st, si, seg))
         if at is not None:
             at("fwd end", si, s)
-    _loss(s, g, st.nd, st.unheld)
+    _loss(s, st)
     extra_time = _backward(s, st, seg_inputs, at)
     for v in (w for w in g.held_to_end() if w not in st.unheld):  # the loop drops the output object after backward
         s.decref(_okey(g, v), ("out", v))
@@ -194,15 +195,21 @@ def _step_of(g: Graph, plan: Plan, s: StepState, bandwidth_bytes_per_s: float | 
     stops = [region_stop(g, seg) for seg in plan.segments]
     ok = [_okey(g, v) for v in g.nodes] if ok is None else ok
     freed = freed_by_recomputation(g, plan, nd)  # what nodes no gradient reach hold, freed by the plan (.unreached)
-    return _Step(g, nd, plan, off, offloaded, pos, stops, ok, lingering_key(g, freed, ok), unheld(g, nd, freed), units)
+    dead: dict[int, list[int]] = {}
+    for si, at in released_after(g, plan, nd).items():
+        dead.setdefault(at, []).append(si)
+    return _Step(g, nd, plan, off, offloaded, pos, stops, ok, lingering_key(g, freed, ok), unheld(g, nd, freed), units,
+                 dead)
 
 
 def _forward(s: StepState, st: _Step, si: int, seg: Segment) -> set[int]:
     """The forward of segment ``si``; returns its inputs (a recomputed segment holds them until its backward
     is over, in host memory if offloaded; none in a region no gradient reaches: .unreached)."""
     g, nd, off, offloaded, units = st.g, st.nd, st.off, st.offloaded, st.units
-    members = set(seg.nodes)
-    inputs = {u for v in seg.nodes for u in g.pred(v) if u not in members} if held_inputs(seg, nd) else set()
+    inputs = _inputs(g, seg) if held_inputs(seg, nd) else set()
+    if any(si in sis for sis in st.dead.values()):  # its autograd node holds its inputs until its graph is freed
+        for u in _inputs(g, seg):
+            s.addref(st.ok[u], ("dead", si))
     if seg.recompute:
         for u in inputs:
             if g.root(u) in offloaded and st.stops[si] >= 0:
@@ -242,14 +249,29 @@ def _forward(s: StepState, st: _Step, si: int, seg: Segment) -> set[int]:
         if v in off.pack_at:  # own saved tensors (Plan.offload_saved): a node's, or its block's at the block's end
             off.pack_saved(v, st.pos)
         s.maybe_free(ok)
+        for di in st.dead.get(v, ()):
+            _release_dead(s, st, di)
         s.mark("fwd", v)
     return inputs
 
 
-def _loss(s: StepState, g: Graph, nd: list[dict], unheld: frozenset[int]) -> None:
+def _inputs(g: Graph, seg: Segment) -> set[int]:
+    members = set(seg.nodes)
+    return {u for v in seg.nodes for u in g.pred(v) if u not in members}
+
+
+def _release_dead(s: StepState, st: _Step, si: int) -> None:
+    """The graph of dead recomputed segment ``si`` is freed: its inputs go (a no-op when already gone)."""
+    for u in _inputs(st.g, st.plan.segments[si]):
+        s.decref(st.ok[u], ("dead", si))
+
+
+def _loss(s: StepState, st: _Step) -> None:
     """The loss: its forward and backward, the gradients of the outputs allocated; its own storage stays."""
-    meta = g.meta
+    g, nd, unheld, meta = st.g, st.nd, st.unheld, st.g.meta
     s.touch(meta["loss_extra_bytes"] + meta["loss_held_bytes"] + meta["loss_fwd_temp_bytes"], "loss fwd")
+    for di in chain.from_iterable(st.dead.values()):  # graphs no gradient reaches freed after the forward
+        _release_dead(s, st, di)
     s.alloc(("x", "loss"), meta["loss_extra_bytes"])
     s.alloc(("l", "loss"), meta["loss_held_bytes"])  # never freed: held to the step's end
     for u in meta["loss_saves"]:
