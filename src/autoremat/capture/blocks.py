@@ -41,6 +41,7 @@ from torch.utils.checkpoint import SAC_IGNORED_OPS
 
 from ..call_names import call_name, plain_path
 from .aliases import aliased
+from .shared_casts import shared_cast_regions
 from ._recorder import tensors_in
 from .kv_cache import cache_arguments
 
@@ -230,8 +231,8 @@ def share_times(block_of: Mapping[int, tuple[int, int]], op_times: Sequence[Mapp
 def settle_scopes(rec: Any, scopes: BlockScopes) -> None:
     """Once the step is over, name the op nodes' scope entries per call (``rec.scope_calls``);
     record where each call's op sequence starts (``rec.call_op_start``) and which call regions
-    are pinned (``rec.pinned_regions``: an input written in place after the block read it, or a
-    key/value cache handed to the call). ``rec``: the module capture's recorder."""
+    are pinned (``rec.pinned_regions``: an input written in place after the block read it, a
+    key/value cache handed to the call, or an autocast parameter cast read twice: :mod:`.shared_casts`). ``rec``: the module capture's recorder."""
     pinned_calls = {v - _PSEUDO for v in rec.mutations.pinned() if v >= len(rec.nodes)}
     pinned: set[str] = set()
     for v, (call, _i) in rec.block_of.items():
@@ -242,4 +243,5 @@ def settle_scopes(rec: Any, scopes: BlockScopes) -> None:
     rec.call_op_start = scopes.call_starts()
     rec.cache_calls.update(scopes.cache_calls)
     cached = {name for name in rec.call_op_start if plain_path(name) in rec.cache_calls}
-    rec.pinned_regions = sorted(pinned | cached)
+    casts = shared_cast_regions(rec.nodes, rec.succs, list(rec.block_of))  # autocast: .shared_casts
+    rec.pinned_regions = sorted(pinned | cached | set(casts))
