@@ -176,11 +176,11 @@ def random_dag_with_views(seed: int, n: int) -> Graph:
 
 
 def with_reader_less_views(g: Graph, seed: int, share: float = 0.3) -> Graph:
-    """``g`` with about ``share`` of its non-output nodes that have an input turned into views as module-level
-    capture records them (a new graph): in the first input's root storage (their only input) (no allocation), saving nothing, no
-    readers of their own (their readers read and save the root: the edges move there) and, for most, backward
-    workspace (an overlapping ``as_strided``'s slow backward, :mod:`autoremat.cost.grad_handoff`). Drawn
-    from a generator of its own (``seed``)."""
+    """A new graph: ``g`` with about ``share`` of its non-output nodes that have an input turned into views
+    as module-level capture records them: in their first input's root storage (their only input now, no
+    allocation), saving nothing, no readers of their own (their readers read and save the root: the edges
+    move there) and, for most, backward workspace (an overlapping ``as_strided``'s slow backward,
+    :mod:`autoremat.cost.grad_handoff`). Drawn from a generator of its own (``seed``)."""
     rng = random.Random(f"views:{seed}:{len(g)}")
     nxg = g.nx
     for v in list(nxg.nodes):

@@ -40,7 +40,7 @@ predicted 1.78x the measured peak before, 1.0005x now; the least plan 1.34x befo
 Where a plan recomputes such a region, the region's own autograd node holds its inputs until the
 graph is freed: a graph fact capture records (:func:`release_points`, the graph's
 ``meta["dead_released_after"]``): for each connected set of dead nodes, the node after which the
-storages they saved died in the measured forward (``-1``: they outlived it), which the simulator
+storages they saved died in the recorded forward (``-1``: they outlived it), which the simulator
 holds a recomputed dead region's inputs to (:mod:`autoremat.cost.unreached`). Under bf16 autocast
 Encodec's downsampling convolutions save a bf16 cast of their input, so the fp32 input dies at once
 in the unpatched step and no lingering bytes showed what the recomputed region holds: its least plan
@@ -94,11 +94,12 @@ def release_points(nodes: Sequence[Any], succs: Mapping[int, Sequence[int]], roo
     """Dead node -> the node after which autograd freed its graph in the recorded forward (``-1``: after
     the forward): per connected set of dead nodes (edges between them, views to their roots), the last
     death in the forward of a storage they saved (``unreached_saves``); ``-1`` where none died in it but
-    some outlived it (a storage that outlives the forward besides those that died in it is held by
-    something else: autocast's cache of weight casts, freed when the autocast region exits). ``deaths``: maker -> (ops run when one of its
-    storages died, bytes), from :class:`.lingering.Lingering`; ``alive``: the makers with a storage still
-    alive when the forward ended; ``ops``: the nodes in the order they ran. Sets whose nodes saved nothing
-    get no entry."""
+    some outlived it. A storage that outlives the forward while others of the set died in it is held by
+    something else (autocast's cache of weight casts, freed when the autocast region exits).
+
+    ``deaths``: maker -> (ops run when one of its storages died, bytes), from
+    :class:`.lingering.Lingering`; ``alive``: the makers with a storage still alive when the forward
+    ended; ``ops``: the nodes in the order they ran. Sets whose nodes saved nothing get no entry."""
     parent = {v: v for v in dead}
 
     def find(v: int) -> int:

@@ -204,10 +204,11 @@ def _step_of(g: Graph, plan: Plan, s: StepState, bandwidth_bytes_per_s: float | 
 
 def _forward(s: StepState, st: _Step, si: int, seg: Segment) -> set[int]:
     """The forward of segment ``si``; returns its inputs (a recomputed segment holds them until its backward
-    is over, in host memory if offloaded; none in a region no gradient reaches: .unreached)."""
+    is over, in host memory if offloaded; none in a region no gradient reaches, whose graph holds them until
+    capture saw it freed where it recorded that: .unreached)."""
     g, nd, off, offloaded, units = st.g, st.nd, st.off, st.offloaded, st.units
     inputs = _inputs(g, seg) if held_inputs(seg, nd) else set()
-    if any(si in sis for sis in st.dead.values()):  # its autograd node holds its inputs until its graph is freed
+    if any(si in sis for sis in st.dead.values()):  # its graph holds its inputs until freed (.unreached.released_after)
         for u in _inputs(g, seg):
             s.addref(st.ok[u], ("dead", si))
     if seg.recompute:
