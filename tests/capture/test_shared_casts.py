@@ -43,3 +43,14 @@ def test_regions_reading_a_cast_twice_are_kept_and_plans_train_bit_for_bit(amp: 
                        and plan.module_calls[s.nodes[0]][0] in pinned for s in plan.recompute_segments)
     else:
         assert not pinned
+
+
+def test_a_capture_within_a_limit_pins_them_too() -> None:
+    """The meta-device capture and the small real ones of :func:`autoremat.capture_within` (a step that
+    does not fit) see the same cached casts."""
+    torch.manual_seed(0)
+    model, x = Stacked(_Twice, d=16), torch.randn(4, 8, 16)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        graph = autoremat.capture_within(model, (x,), loss_fn=lambda y: y.float().sum(), mode="module",
+                                         limit_bytes=10**5)
+    assert set(graph.meta["pinned_regions"]) == {f"layers.{i}" for i in range(3)}

@@ -56,7 +56,13 @@ def shared_cast_regions(nodes: Sequence[Any], succs: Mapping[int, Sequence[int]]
                     out.setdefault(region, r.params[0])
     if out:
         region, param = next(iter(out.items()))
-        logger.warning("autoremat: %d call region(s) read an autocast cast of a parameter more than once (%s in %s): "
-                       "recomputed, they would cast it at each use and sum its gradient in float32, not bit for bit "
-                       "the unpatched step's; they are kept (autoremat.capture.shared_casts)", len(out), param, region)
+        said = (len(out), param, region)
+        if said not in _SAID:  # once, though capture_within captures the model more than once
+            _SAID.add(said)
+            logger.warning("autoremat: %d call region(s) read an autocast cast of a parameter more than once (%s in "
+                           "%s): recomputed, they would cast it at each use and sum its gradient in float32, not bit "
+                           "for bit the unpatched step's; they are kept (autoremat.capture.shared_casts)", *said)
     return out
+
+
+_SAID: set[tuple[int, str, str]] = set()
