@@ -113,8 +113,8 @@ cost model left out (``autoremat.cost.grad_handoff``); T5's least plan peaks in 
 layer, whose frames hold the relative position bias it returns to the next layers after the attention's
 last read of it (``autoremat.cost.replay_frames``); Encodec under bf16 recomputes its encoder (no gradient
 reaches it), whose regions hold their fp32 inputs until the encoder's graph is freed, where the unpatched
-step saved bf16 casts of them (``autoremat.capture.dead_nodes.release_points``). Now within 1 % (Falcon: within ``high``: the
-    gradient of its multi-query key/value heads' expanded view is held until the projection's
+step saved bf16 casts of them (``autoremat.capture.dead_nodes.release_points``). Now within 1 % (Falcon:
+    within ``high``: the gradient of its multi-query key/value heads' expanded view is held until the projection's
     backward, ``autoremat.capture.input_grads``, 1.019x)."""
     graph = _trains_as_predicted(name, amp, high, times="flops")
     assert (name != "convnext") or any(graph.node(v)["grad_new"] for v in graph.nodes)

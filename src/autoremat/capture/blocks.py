@@ -232,7 +232,8 @@ def settle_scopes(rec: Any, scopes: BlockScopes) -> None:
     """Once the step is over, name the op nodes' scope entries per call (``rec.scope_calls``);
     record where each call's op sequence starts (``rec.call_op_start``) and which call regions
     are pinned (``rec.pinned_regions``: an input written in place after the block read it, a
-    key/value cache handed to the call, or an autocast parameter cast read twice: :mod:`.shared_casts`). ``rec``: the module capture's recorder."""
+    key/value cache handed to the call, or an autocast parameter cast read twice: :mod:`.shared_casts`).
+    ``rec``: the module capture's recorder."""
     pinned_calls = {v - _PSEUDO for v in rec.mutations.pinned() if v >= len(rec.nodes)}
     pinned: set[str] = set()
     for v, (call, _i) in rec.block_of.items():

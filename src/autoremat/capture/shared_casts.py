@@ -17,9 +17,10 @@ captured op by op, each cast of a parameter (``_to_copy`` reading one) that two 
 pins every call region holding the cast or one of its readers (``meta["pinned_regions"]``, logged
 once), but for the calls of a module run more than once per step: they run with the step's cache
 (:func:`autoremat.runtime.recompute_state.shared_casts`), so they read the one cast as the unpatched
-step does (LongT5's two calls of its key projection; ALBERT's shared layer). The graph cannot tell an autocast cache hit from a model that casts a parameter itself and
-reuses the result (which a region recomputes exactly); such a model loses those regions too. Module
-calls captured as single nodes are not examined (their ops are not in the graph)."""
+step does (LongT5's two calls of its key projection; ALBERT's shared layer). The graph cannot tell an
+autocast cache hit from a model that casts a parameter itself and reuses the result (which a region
+recomputes exactly); such a model loses those regions too. Module calls captured as single nodes are
+not examined (their ops are not in the graph)."""
 
 from __future__ import annotations
 

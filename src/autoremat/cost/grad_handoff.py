@@ -71,7 +71,10 @@ def reader_less_view_runs(s: StepState, g: Graph, nd: list[dict], v: int) -> boo
     """Whether node ``v``, which gets no gradient of its own in the model, is a view whose backward
     runs with workspace now: its root holds a gradient its readers handed it (module docstring)."""
     d = nd[v]
-    return bool(d["bwd_temp_bytes"]) and d["alias_of"] is not None and d["requires_grad"] and (g.root(v) in s.grad or g.root(v) in s.parts)
+    if not (d["bwd_temp_bytes"] and d["alias_of"] is not None and d["requires_grad"]):
+        return False
+    root = g.root(v)
+    return root in s.grad or root in s.parts
 
 
 def view_backward_bytes(g: Graph, nd: list[dict], v: int) -> int:

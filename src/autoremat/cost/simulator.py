@@ -271,7 +271,7 @@ def _loss(s: StepState, st: _Step) -> None:
     """The loss: its forward and backward, the gradients of the outputs allocated; its own storage stays."""
     g, nd, unheld, meta = st.g, st.nd, st.unheld, st.g.meta
     s.touch(meta["loss_extra_bytes"] + meta["loss_held_bytes"] + meta["loss_fwd_temp_bytes"], "loss fwd")
-    for di in chain.from_iterable(st.dead.values()):  # graphs no gradient reaches freed after the forward
+    for di in chain.from_iterable(st.dead.values()):  # those freed after the forward (the others: a no-op)
         _release_dead(s, st, di)
     s.alloc(("x", "loss"), meta["loss_extra_bytes"])
     s.alloc(("l", "loss"), meta["loss_held_bytes"])  # never freed: held to the step's end
