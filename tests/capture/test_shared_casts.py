@@ -1,7 +1,9 @@
 """A layer that applies one linear twice (LongT5's key projection, on the hidden states and on the
 global inputs) under bf16 autocast reads one cached cast of its weight twice: a recomputed region
 would cast it at each use and sum the weight's gradient in float32. Capture pins those call regions
-(:mod:`autoremat.capture.shared_casts`), so every plan trains bit for bit; in float32 nothing is pinned."""
+(:mod:`autoremat.capture.shared_casts`), so every plan trains bit for bit; in float32 nothing is pinned.
+The same holds for module calls and fx nodes that share a cast: a leaf module applying its weight twice,
+two modules sharing a tied weight."""
 
 from __future__ import annotations
 
@@ -9,6 +11,7 @@ import copy
 
 import pytest
 import torch
+import torch.nn.functional as F
 from _stacked import Stacked, step_gradients
 from torch import nn
 
@@ -54,3 +57,68 @@ def test_a_capture_within_a_limit_pins_them_too() -> None:
         graph = autoremat.capture_within(model, (x,), loss_fn=lambda y: y.float().sum(), mode="module",
                                          limit_bytes=10**5)
     assert set(graph.meta["pinned_regions"]) == {f"layers.{i}" for i in range(3)}
+
+
+class _TwiceF(nn.Module):
+    """A leaf module (one node at module level) applying its weight ``w`` twice; ``m`` once."""
+
+    def __init__(self, width: int) -> None:
+        super().__init__()
+        self.w = nn.Parameter(torch.randn(width, width) / width**0.5)
+        self.m = nn.Parameter(torch.randn(width, width) / width**0.5)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x + F.linear(F.linear(x, self.w) * F.linear(x.flip(1), self.w), self.m)
+
+
+class _Tied(nn.Module):
+    """``b`` shares ``a``'s weight; ``c`` and ``head`` own theirs."""
+
+    def __init__(self, d: int = 16) -> None:
+        super().__init__()
+        self.a, self.b, self.c, self.head = nn.Linear(d, d), nn.Linear(d, d), nn.Linear(d, d), nn.Linear(d, 4)
+        self.b.weight = self.a.weight
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.head(torch.tanh(self.b(torch.tanh(self.c(torch.tanh(self.a(x)))))))
+
+
+_SHARING = {  # (model, capture mode) -> the nodes sharing a cast (fx: the F.linear calls reading w)
+    ("twice", "module"): {f"layers.{i}": f"layers.{i}.w" for i in range(3)},
+    ("twice", "fx"): {f"linear{s}": f"layers.{i}.w" for i, pair in enumerate((("", "_1"), ("_3", "_4"), ("_6", "_7")))
+                      for s in pair},
+    ("tied", "module"): {"a": "a.weight", "b": "a.weight"},
+    ("tied", "fx"): {"a": "a.weight", "b": "a.weight"},
+}
+
+
+@pytest.mark.parametrize("mode", ["module", "fx"])
+@pytest.mark.parametrize("name", ["twice", "tied"])
+@pytest.mark.parametrize("amp", [False, True])
+def test_nodes_sharing_a_cast_are_kept_and_plans_train_bit_for_bit(name: str, mode: str, amp: bool) -> None:
+    """Recomputed, ``a`` or a node of ``_TwiceF`` trained with a weight gradient not bit for bit the
+    unpatched step's (its own cast, summed in float32); ``c``, ``head`` and ``m`` are read once: free."""
+    torch.manual_seed(0)
+    model = Stacked(_TwiceF, d=16) if name == "twice" else _Tied()
+    x = torch.randn(4, 8, 16)
+    with torch.autocast("cpu", dtype=torch.bfloat16, enabled=amp):
+        graph = autoremat.capture(model, (x,), loss_fn=lambda y: y.float().sum(), mode=mode, times="flops")
+        reference = step_gradients(model, x)
+        plan = autoremat.solve(graph, "min")
+        patched = copy.deepcopy(model)
+        autoremat.apply(patched, plan)
+        assert gradients_equal(reference, step_gradients(patched, x))
+    assert graph.meta["pinned_by_shared_cast"] == (_SHARING[name, mode] if amp else {})
+    kept = {graph.node(v)["name"] for v in range(len(graph)) if not graph.node(v)["recomputable"]}
+    assert set(graph.meta["pinned_by_shared_cast"]) <= kept
+    if amp and (name, mode) != ("twice", "module"):  # there only the head is left
+        assert plan.recompute_segments  # nodes reading a cast once are recomputed still
+
+
+@pytest.mark.parametrize("mode", ["module", "fx"])
+def test_a_capture_within_a_limit_pins_the_tied_modules(mode: str) -> None:
+    torch.manual_seed(0)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        graph = autoremat.capture_within(_Tied(), (torch.randn(4, 8, 16),), loss_fn=lambda y: y.float().sum(),
+                                         mode=mode, limit_bytes=10**4)
+    assert graph.meta["pinned_by_shared_cast"] == {"a": "a.weight", "b": "a.weight"}

@@ -35,7 +35,8 @@ from .._compiled import uncompiled
 from ..graph import Graph
 from ..measure import default_loss, profiling_run
 from ..resident import device_of, resident_bytes
-from ._recorder import NodeRecord, Recorder, paused_gc, tensors_in, timing_noise
+from ._recorder import NodeRecord, Recorder, tensors_in
+from .step_timer import paused_gc, timing_noise
 from .layer_drop import every_layer
 from .preserved import preserved_state
 from ..errors import ModelRecomputesError
@@ -243,7 +244,7 @@ def _empty_cast_cache() -> None:
 def _kept_calls(rec: Recorder) -> dict[str, dict[str, Any]]:
     """What capture keeps from recomputation, and why, for the graph's meta: nodes whose input is
     written in place (:mod:`.inplace`), calls handed a key/value cache (:mod:`.kv_cache`, said once
-    here) and modules run more than once in the step."""
+    here), nodes sharing an autocast cast (:mod:`.shared_casts`) and modules run more than once in the step."""
     calls = dict(getattr(rec, "cache_calls", {}))
     if calls:
         logger.warning("autoremat: %d module call(s) write a key/value cache (%s: %s) and are kept, not "
@@ -256,7 +257,7 @@ def _kept_calls(rec: Recorder) -> dict[str, dict[str, Any]]:
                        "torch.utils.checkpoint in its forward): the captured step counts that recomputation and a "
                        "plan cannot split what the model's own checkpoint holds; remove the checkpoint calls to let "
                        "autoremat choose (its plan replaces them)", sum(replayed.values()), next(iter(replayed)))
-    return {"pinned_by_mutation": dict(rec.pinned), "pinned_by_cache": calls,
+    return {"pinned_by_mutation": dict(rec.pinned), "pinned_by_cache": calls, "pinned_by_shared_cast": rec.cast_pins,
             "reused_modules": dict(getattr(rec, "reused", {})), "recomputed_by_model": replayed}
 
 

@@ -4,22 +4,19 @@ A :class:`Recorder` runs once around a forward + loss + backward of the real mod
 records, per node: the storages its outputs occupy (views detected by storage identity), what
 autograd saved while it ran (``saved_tensors_hooks``, de-duplicated by storage, parameters and
 inputs excluded), transient workspace (from :class:`~autoremat.measure.LiveStorageCounter`), and its
-backward region (a tensor hook on its output marks where its backward starts); :class:`Timer`, times.
+backward region (a tensor hook on its output marks where its backward starts); times come from
+:class:`~autoremat.capture.step_timer.Timer`.
 """
 
 from __future__ import annotations
 
 import contextlib
-import gc
-import statistics
-import time
 import weakref
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
 import torch
-from torch import nn
 
 from .._fsdp import original_class
 from ..measure import LiveStorageCounter, _flatten
@@ -28,10 +25,10 @@ from ._loss_reach import seed_bytes
 from .input_grads import InputGrads
 from .inplace import MutationLog
 from .meta_targets import loss_on
+from .shared_casts import CastReads
 from .unread_saves import settle_unread_saves
 
-__all__ = ["NodeRecord", "Recorder", "Timer", "timing_noise", "paused_gc", "classify_module",
-           "classify_function"]
+__all__ = ["NodeRecord", "Recorder", "classify_module", "classify_function"]
 
 
 @dataclass
@@ -80,8 +77,11 @@ def tensors_in(obj: Any) -> list[torch.Tensor]:
 class Recorder:
     """Attributes storages, saved tensors, workspace and backward regions to nodes."""
 
-    def __init__(self, resident: Iterable[torch.Tensor], *, count_flops: bool = False) -> None:
+    def __init__(self, resident: Iterable[torch.Tensor], *, count_flops: bool = False,
+                 params: Iterable[tuple[str, torch.Tensor]] = ()) -> None:
         self.count_flops = count_flops
+        self.casts = CastReads(params)  # autocast casts read more than once: kept (.shared_casts)
+        self.cast_pins: dict[str, str] = {}
         self._flop_mode: Any = None
         self.in_backward, self.replayed = False, dict[str, int]()  # calls in backward: the model's own recompute
         self.nodes: list[NodeRecord] = []
@@ -162,8 +162,12 @@ class Recorder:
 
         def on_op(func: Any, args: tuple, kwargs: dict, out: Any) -> None:
             log.on_op(func, args, kwargs, out)
+            n = len(self.nodes)
             if then is not None:
                 then(func, args, kwargs, out)
+            if self.casts.on and log.active:  # forward and loss: in the current node, or the one node it added
+                who = self.current if isinstance(self.current, int) else n if len(self.nodes) == n + 1 else None
+                self.casts.note(func, tensors_in((args, kwargs)), tensors_in(out), who)
 
         self.counter.on_op = on_op
         log.active = True
@@ -316,7 +320,8 @@ class Recorder:
 
     def finish(self, param_bytes: dict[str, int]) -> None:
         """Derive backward workspace from the recorded regions; pin the nodes whose inputs were
-        written in place (:mod:`autoremat.capture.inplace`)."""
+        written in place (:mod:`autoremat.capture.inplace`) and those sharing an autocast cast
+        (:mod:`autoremat.capture.shared_casts`)."""
         settle_unread_saves(self.nodes, self.succs, self.root, self.input_grads.held)
         for v, writer in self.mutations.pinned().items():
             if not 0 <= v < len(self.nodes):  # a block call read it (autoremat.capture.blocks)
@@ -326,6 +331,10 @@ class Recorder:
             self.nodes[v].recomputable = False
             self.pinned[self.nodes[v].name] = (self.nodes[writer].name if isinstance(writer, int)
                                                  else writer or "code between nodes")
+        shared = self.casts.settle(self.nodes).nodes
+        for v, param in shared.items():
+            self.nodes[v].recomputable = False
+        self.cast_pins = {self.nodes[v].name: param for v, param in shared.items()}
         self.input_grads.apply(self.nodes)
         for who, delta in self._regions:
             if who == "loss":
@@ -343,128 +352,6 @@ class Recorder:
                 if p in param_bytes:  # contribution is the transient the cost model charges beside it
                     modelled += param_bytes[p]
             rec.bwd_temp_bytes = max(0, delta - modelled)
-
-
-class Timer:
-    """Per-node forward and backward times: CUDA events on a GPU, ``perf_counter`` otherwise."""
-
-    def __init__(self, n: int, device: torch.device) -> None:
-        self.n = n
-        self.cuda = device.type == "cuda"
-        self.fwd: list[list[float]] = [[] for _ in range(n)]
-        self.bwd: list[list[float]] = [[] for _ in range(n)]
-        self._t0: float | Any = 0.0
-        self._marks: list[tuple[int | str, Any]] = []
-
-    def _now(self) -> Any:
-        if self.cuda:
-            ev = torch.cuda.Event(enable_timing=True)
-            ev.record()
-            return ev
-        return time.perf_counter()
-
-    @staticmethod
-    def _elapsed(a: Any, b: Any) -> float:
-        if isinstance(a, float):
-            return b - a
-        return a.elapsed_time(b) / 1000.0
-
-    def begin(self, v: int) -> None:
-        self._t0 = self._now()
-
-    def end(self, v: int, out: Any) -> None:
-        t1 = self._now()
-        self._pending_fwd.append((v, self._t0, t1))
-        for t in tensors_in(out):
-            if t.requires_grad:
-                t.register_hook(self._marker(v))
-                break
-
-    def _marker(self, v: int) -> Callable[[torch.Tensor], None]:
-        def hook(grad: torch.Tensor) -> None:
-            self._marks.append((v, self._now()))
-        return hook
-
-    def start_step(self) -> None:
-        self._pending_fwd: list[tuple[int, Any, Any]] = []
-        self._marks = []
-
-    def backward(self, loss: torch.Tensor) -> None:
-        loss.backward()
-        self._marks.append(("end", self._now()))
-        if self.cuda:
-            torch.cuda.synchronize()
-        for v, a, b in self._pending_fwd:
-            self.fwd[v].append(self._elapsed(a, b))
-        for (v, a), (_w, b) in zip(self._marks, self._marks[1:]):
-            if isinstance(v, int):
-                self.bwd[v].append(self._elapsed(a, b))
-
-    def run_steps(self, module: nn.Module, forward: Callable[[], Any], loss_fn: Callable[[Any], torch.Tensor],
-                  warmup: int, repeats: int, before_step: Callable[[], None] = lambda: None
-                  ) -> tuple[list[float], list[float], float]:
-        """Time ``warmup + repeats`` steps of ``forward()`` and its loss's backward (each from no
-        gradients, as the recorded step; the collector paused): the medians of the last
-        ``repeats`` and their :meth:`noise`."""
-        with paused_gc():
-            for i in range(warmup + repeats):
-                module.zero_grad(set_to_none=True)
-                before_step()
-                self.start_step()
-                out = forward()
-                loss = loss_fn(out)
-                del out
-                self.backward(loss)
-                del loss
-                if i < warmup:
-                    self.fwd = [[] for _ in range(self.n)]
-                    self.bwd = [[] for _ in range(self.n)]
-        return (*self.medians(), self.noise())
-
-    def medians(self) -> tuple[list[float], list[float]]:
-        f = [statistics.median(x) if x else 0.0 for x in self.fwd]
-        b = [statistics.median(x) if x else 0.0 for x in self.bwd]
-        return f, b
-
-    def noise(self) -> float:
-        """:func:`timing_noise` of every node's forward and backward repeats."""
-        return timing_noise(self.fwd + self.bwd)
-
-
-def timing_noise(samples: Iterable[Sequence[float]]) -> float:
-    """The share of the median times that lies above each time's fastest repeat:
-    ``sum(median - min) / sum(median)`` over every timed quantity (a node's forward or backward),
-    in ``[0, 1)``; 0 with one repeat or no time.
-
-    Interference only ever slows an op down, so the fastest repeat is the best estimate of its
-    own time and what a median holds above it is noise. Measured on the development machine
-    (x86_64, 2 cores, CPU only, CPU-size ResNet-50 and DenseNet-121, 3 repeats): 0.11-0.95 in
-    36 captures while other processes kept both cores busy (load average 1-16); not measured
-    on an idle machine (the synthetic quiet captures of ``tests/solvers/test_stable.py``, 5 %
-    jitter, give 0.04)
-    (:mod:`autoremat.solvers.stable` keeps the reference plan within this share of the step).
-    """
-    med = spread = 0.0
-    for xs in samples:
-        if xs:
-            m = statistics.median(xs)
-            med += m
-            spread += m - min(xs)
-    return spread / med if med > 0 else 0.0
-
-
-@contextlib.contextmanager
-def paused_gc() -> Iterator[None]:
-    """Python's cyclic garbage collector off while timing (as ``timeit`` does): its collections
-    start at fixed allocation counts, so one lands on the same node of every timed step and added
-    0.1-0.2 ms to a 15 us ReLU of ResNet-50 (CPU); it is back on, as it was, afterwards."""
-    was = gc.isenabled()
-    gc.disable()
-    try:
-        yield
-    finally:
-        if was:
-            gc.enable()
 
 
 _MODULE_KINDS = {

@@ -41,7 +41,6 @@ from torch.utils.checkpoint import SAC_IGNORED_OPS
 
 from ..call_names import call_name, plain_path
 from .aliases import aliased
-from .shared_casts import shared_cast_regions
 from ._recorder import tensors_in
 from .kv_cache import cache_arguments
 
@@ -244,5 +243,5 @@ def settle_scopes(rec: Any, scopes: BlockScopes) -> None:
     rec.call_op_start = scopes.call_starts()
     rec.cache_calls.update(scopes.cache_calls)
     cached = {name for name in rec.call_op_start if plain_path(name) in rec.cache_calls}
-    casts = shared_cast_regions(rec.nodes, rec.succs, list(rec.block_of))  # autocast: .shared_casts
+    casts = rec.casts.settle(rec.nodes).regions  # autocast: .shared_casts
     rec.pinned_regions = sorted(pinned | cached | set(casts))

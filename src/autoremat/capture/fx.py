@@ -15,7 +15,8 @@ import torch
 import torch.fx
 
 from ._loss_reach import SeedMeter, seed_only_what_the_loss_reads
-from ._recorder import NodeRecord, Recorder, Timer, classify_function, classify_module, tensors_in
+from ._recorder import NodeRecord, Recorder, classify_function, classify_module, tensors_in
+from .step_timer import Timer
 from .signature import tensor_lines
 from ._tracing import SemanticTracer, semantic_trace
 from .held_outputs import OutputHold
@@ -196,7 +197,7 @@ def profile_fx(
     watch: Watch | None = None,
 ) -> Recorder:
     """One recorded step (memory; ``watch`` sees its nodes) and ``warmup + repeats`` timed steps."""
-    rec = Recorder(resident, count_flops=count_flops)
+    rec = Recorder(resident, count_flops=count_flops, params=gm.named_parameters())
     rec.mutations.watch_state([*gm.parameters(), *gm.buffers()])
     for r in recs:
         rec.add_node(r)
@@ -235,7 +236,7 @@ def time_fx(
     device: torch.device,
 ) -> tuple[list[float], list[float], float]:
     """Median forward and backward time of every node over ``repeats`` steps after ``warmup``, and
-    the :func:`~autoremat.capture._recorder.timing_noise` of those steps."""
+    the :func:`~autoremat.capture.step_timer.timing_noise` of those steps."""
     n = len(fx_ops(gm))
     timer = Timer(n, device)
     tinterp = _Interp(gm, timer)

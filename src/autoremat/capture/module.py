@@ -32,7 +32,8 @@ from ._loss_reach import SeedMeter, seed_only_what_the_loss_reads
 from .dead_nodes import release_points, settle_dead_nodes
 from .aliases import aliased
 from .autograd_saves import behind_copy_slices, saved_by
-from ._recorder import NodeRecord, Recorder, Timer, classify_function, classify_module, tensors_in
+from ._recorder import NodeRecord, Recorder, classify_function, classify_module, tensors_in
+from .step_timer import Timer
 from ..call_names import call_name
 from .blocks import BlockScopes, OpTimer, block_paths, settle_scopes, share_times
 from .handed_params import call_params
@@ -99,7 +100,7 @@ def module_fingerprint(model: nn.Module, blocks: str = "module", *,
 class _ModuleRecorder(Recorder):
     def __init__(self, resident: list[torch.Tensor], model: nn.Module, param_names: Mapping[int, str],
                  count_flops: bool = False, scopes: BlockScopes | None = None) -> None:
-        super().__init__(resident, count_flops=count_flops)
+        super().__init__(resident, count_flops=count_flops, params=model.named_parameters())
         self.depth = 0
         self.glue_enabled = True
         self.last_glue: int | None = None
@@ -467,7 +468,7 @@ def time_modules(
     device: torch.device,
 ) -> tuple[list[float], list[float], float]:
     """Median forward and backward time of the ``n`` nodes over ``repeats`` steps after ``warmup``
-    and their :func:`~autoremat.capture._recorder.timing_noise`;
+    and their :func:`~autoremat.capture.step_timer.timing_noise`;
     ``order`` lists the node of each top-level node-module call of a step, in call order."""
     timer = Timer(n, device)
     mods = node_modules(model)

@@ -1,69 +1,121 @@
-"""Call regions that read one autocast parameter cast more than once: kept, not recomputed.
+"""Nodes and call regions that share one autocast parameter cast: kept, not recomputed.
 
 Under autocast the step casts a parameter that requires grad once and keeps the cast in autocast's
-cache, so a module that uses the parameter twice (LongT5's key and value projections, applied to the
-hidden states and to the global inputs) reads one cast twice; backward sums the two uses' gradients in
-the cast's dtype (bfloat16) and casts the sum once. A recomputed region runs without that cache
-(:class:`autoremat.runtime.recompute_state.UncachedAutocast`: the region's casts must not outlive it,
-and its replay must dispatch what its forward did), so it casts the parameter at each use, and
-backward sums the two casts' gradients in float32: the parameter's gradient is not bit for bit the
-unpatched step's (measured, CPU, Hugging Face LongT5 under bf16: the key and value weights of every
-recomputed layer), and a region keeping ops (selective saves) counted its ops past the captured step's
-and raised at its first call ("dispatched aten.view.default as its op 103, where the captured step ran
-aten.mm.default").
+cache, so every later use of the parameter in the forward reads that one cast: a module that applies
+a weight twice (LongT5's key and value projections, applied to the hidden states and to the global
+inputs; a layer calling ``F.linear(x, self.w)`` on two inputs), and two modules sharing a tied weight.
+Backward sums the uses' gradients in the cast's dtype (bfloat16) and casts the sum once. A recomputed
+region runs without that cache (:class:`autoremat.runtime.recompute_state.UncachedAutocast`: the
+region's casts must not outlive it, and its replay must dispatch what its forward did), so it casts
+the parameter itself, and backward sums two casts' gradients in float32: the parameter's gradient is
+not bit for bit the unpatched step's (measured, CPU, bf16: Hugging Face LongT5's key and value weights
+of every recomputed layer; a leaf module applying one weight twice and a weight tied between two
+linear modules, captured at module level and by fx, in every plan recomputing them), and a region
+keeping ops (selective saves) counted its ops past the captured step's and raised at its first call
+("dispatched aten.view.default as its op 103, where the captured step ran aten.mm.default").
 
-So such regions are refused up front: :func:`shared_cast_regions` finds, among the ops of blocks
-captured op by op, each cast of a parameter (``_to_copy`` reading one) that two or more ops read, and
-pins every call region holding the cast or one of its readers (``meta["pinned_regions"]``, logged
-once), but for the calls of a module run more than once per step: they run with the step's cache
-(:func:`autoremat.runtime.recompute_state.shared_casts`), so they read the one cast as the unpatched
-step does (LongT5's two calls of its key projection; ALBERT's shared layer). The graph cannot tell an
-autocast cache hit from a model that casts a parameter itself and reuses the result (which a region
-recomputes exactly); such a model loses those regions too. Module calls captured as single nodes are
-not examined (their ops are not in the graph)."""
+So capture refuses them up front. :class:`CastReads` watches the recorded forward's ops: each
+``_to_copy`` of a parameter that requires grad (autocast's cast; under autocast with its cache only)
+and every op reading the cast's storage but for views of it, each attributed to the node it ran in
+(the op's own node, or the module call or fx node running it). A cast read more than once pins every
+node that made or read it (``recomputable=False``, ``graph.meta["pinned_by_shared_cast"]``: node ->
+parameter) and every call region holding one of those ops when blocks are captured op by op
+(``meta["pinned_regions"]``), logged once; but for the calls of a module run more than once per step:
+they run with the step's cache (:func:`autoremat.runtime.recompute_state.shared_casts`), so they read
+the one cast as the unpatched step does (LongT5's two calls of its key projection; ALBERT's shared
+layer). Decided: ops outside any node (glue between module calls) count as reads but pin nothing
+(glue is never recomputed). The ops cannot tell an autocast cache hit from a model that casts a
+parameter itself and reuses the result (which a region recomputes exactly); such a model loses those
+nodes too (conservative)."""
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 
 from ..call_names import is_per_call
 
-__all__ = ["shared_cast_regions"]
+__all__ = ["CastReads", "SharedCasts"]
 
 logger = logging.getLogger("autoremat.capture")
 
+_CAST = torch.ops.aten._to_copy.default
 
-def shared_cast_regions(nodes: Sequence[Any], succs: Mapping[int, Sequence[int]], ops: Sequence[int]) -> dict[str, str]:
-    """Call region -> a parameter whose autocast cast its ops read more than once (module docstring);
-    ``ops``: the op nodes of blocks captured op by op (their ``scope`` named per call). Empty unless
-    autocast (with its cache) is on."""
-    if not torch.is_autocast_cache_enabled() or not any(torch.is_autocast_enabled(d) for d in ("cpu", "cuda")):
-        return {}
-    out: dict[str, str] = {}
-    for v in ops:
-        r = nodes[v]
-        if not r.params or not r.name.endswith("_to_copy.default"):
-            continue
-        readers = [w for w in succs.get(v, ()) if nodes[w].alias_of is None]
-        if len(readers) < 2:
-            continue
-        for w in (v, *readers):
-            for region in nodes[w].scope:
-                if not is_per_call(region):  # one call of a module run several times keeps the step's casts
-                    out.setdefault(region, r.params[0])
-    if out:
-        region, param = next(iter(out.items()))
-        said = (len(out), param, region)
-        if said not in _SAID:  # once, though capture_within captures the model more than once
-            _SAID.add(said)
-            logger.warning("autoremat: %d call region(s) read an autocast cast of a parameter more than once (%s in "
-                           "%s): recomputed, they would cast it at each use and sum its gradient in float32, not bit "
-                           "for bit the unpatched step's; they are kept (autoremat.capture.shared_casts)", *said)
-    return out
+
+@dataclass
+class SharedCasts:
+    """What sharing casts pins: call regions and nodes, each -> a parameter whose cast it shares."""
+
+    regions: dict[str, str] = field(default_factory=dict)
+    nodes: dict[int, str] = field(default_factory=dict)
+
+
+class CastReads:
+    """The recorded forward's autocast parameter casts and the nodes reading each (module docstring).
+    ``params``: the model's named parameters; :meth:`note` sees each op of the forward."""
+
+    def __init__(self, params: Iterable[tuple[str, torch.Tensor]]) -> None:
+        self.on = torch.is_autocast_cache_enabled() and any(torch.is_autocast_enabled(d) for d in ("cpu", "cuda"))
+        self._param_of = {p.untyped_storage()._cdata: name for name, p in params} if self.on else {}
+        self._casts: dict[int, tuple[str, list[int | None]]] = {}  # cast storage -> (parameter, [maker, readers])
+        self._reads: dict[int, int] = {}
+        self._settled: SharedCasts | None = None
+
+    def note(self, func: Any, ins: Sequence[torch.Tensor], outs: Sequence[torch.Tensor], who: int | None) -> None:
+        """An op of the forward (its tensor arguments and results) that ran in node ``who``."""
+        if not self._param_of:
+            return
+        keys = {t.untyped_storage()._cdata for t in ins}
+        if func is _CAST and len(ins) == 1 and ins[0].requires_grad and ins[0].is_leaf and outs:
+            param = self._param_of.get(next(iter(keys)))
+            if param is not None:
+                self._casts[outs[0].untyped_storage()._cdata] = (param, [who])
+                return
+        made = {t.untyped_storage()._cdata for t in outs}
+        for k in keys:
+            if k in self._casts and k not in made:  # a view of the cast is not a use of it
+                self._casts[k][1].append(who)
+                self._reads[k] = self._reads.get(k, 0) + 1
+
+    def settle(self, nodes: Sequence[Any]) -> SharedCasts:
+        """The call regions and nodes to keep, once the step's scopes are named (logged once)."""
+        if self._settled is not None:
+            return self._settled
+        out = SharedCasts()
+        for k, (param, whos) in self._casts.items():
+            if self._reads.get(k, 0) < 2:
+                continue
+            for w in whos:
+                r = None if w is None else nodes[w]
+                if r is None or r.kind == "glue":
+                    continue
+                if r.scope and all(is_per_call(s) for s in r.scope):
+                    continue  # one call of a module run several times keeps the step's casts
+                if r.recomputable:  # a module call or an fx node
+                    out.nodes.setdefault(w, param)
+                for region in r.scope:  # an op of a block captured op by op
+                    if not is_per_call(region):
+                        out.regions.setdefault(region, param)
+        self._settled = out
+        _log(out, nodes)
+        return out
+
+
+def _log(out: SharedCasts, nodes: Sequence[Any]) -> None:
+    if not out.regions and not out.nodes:
+        return
+    names = [*out.regions, *(nodes[v].name for v in out.nodes)]
+    param = next(iter({**out.regions, **{nodes[v].name: p for v, p in out.nodes.items()}}.values()))
+    said = (len(names), param, names[0])
+    if said not in _SAID:  # once, though capture_within captures the model more than once
+        _SAID.add(said)
+        logger.warning("autoremat: %d node(s) or call region(s) share an autocast cast of a parameter (%s, in %s): "
+                       "recomputed, they would cast it again and sum its gradient in float32, not bit for bit "
+                       "the unpatched step's; they are kept (autoremat.capture.shared_casts)", *said)
 
 
 _SAID: set[tuple[int, str, str]] = set()

@@ -441,7 +441,7 @@ def test_replay_keeps_fitted_times_where_a_node_would_not_fit(caplog: pytest.Log
 
 
 def test_timing_pauses_the_garbage_collector_and_puts_it_back() -> None:
-    from autoremat.capture._recorder import paused_gc
+    from autoremat.capture.step_timer import paused_gc
 
     assert gc.isenabled()
     with paused_gc():

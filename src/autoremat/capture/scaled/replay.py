@@ -54,7 +54,8 @@ import torch.fx
 from torch.utils._pytree import tree_flatten, tree_unflatten
 
 from ...graph import Graph
-from .._recorder import paused_gc, tensors_in
+from .._recorder import tensors_in
+from ..step_timer import paused_gc
 from ..preserved import preserved_state
 from ..allocator_meter import AllocatorMeter
 from ..fx import _run_kwargs, fx_ops
