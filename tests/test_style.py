@@ -230,6 +230,9 @@ PRIVATE_TORCH = {
     "torch.Tensor._make_wrapper_subclass", "torch._C.DispatchKey", "torch._C.DispatchKeySet",
     "torch._C._ExcludeDispatchKeyGuard", "torch._C._IncludeDispatchKeyGuard",
     "torch._C._dispatch_get_registrations_for_dispatch_key", "torch.ops.aten._to_copy.default",
+    # whether the running backward keeps the graph (runtime.selective's retained graphs): bound in
+    # torch/csrc/autograd/init.cpp, read by aot_autograd's backward since torch 2.1; present in 2.13
+    "torch._C._autograd._get_current_graph_task_keep_graph",
 }
 """Private torch names the library uses, each checked to exist in torch 2.11 (the PyTorch of the GPU
 machines the GPU benchmark runs on) and in the pinned 2.13. A private name can vanish between

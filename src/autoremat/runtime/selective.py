@@ -39,6 +39,7 @@ baseline of the benchmarks) refuses modules with running statistics.
 
 from __future__ import annotations
 
+import copy
 import functools
 from collections.abc import Callable, Collection, Mapping
 from typing import Any
@@ -52,7 +53,8 @@ from .recompute_state import BothContexts, restoring_contexts
 from .probed_call import ProbedCall
 from .region import stateful_buffers
 
-__all__ = ["MATMUL_OPS", "apply_selective", "restore_selective", "layer_paths", "is_selective", "SelectiveCall"]
+__all__ = ["MATMUL_OPS", "apply_selective", "restore_selective", "layer_paths", "is_selective", "SelectiveCall",
+           "selective_contexts"]
 
 _ATTR = "_autoremat_selective"
 
@@ -97,8 +99,49 @@ def _policy(spec: str | Collection[int]) -> Callable[[], Callable[..., Checkpoin
     return make_indexed
 
 
+class _RetainedCache:
+    """Selective checkpointing's recomputation context, for a backward that keeps the graph as well.
+
+    PyTorch's context hands each stored output to the recomputation once and marks it consumed, so
+    a second backward through a retained graph (``loss.backward(retain_graph=True)`` then another
+    backward, as multi-loss training does) raised "Trying to backward an extra time ..." in every
+    selective region, where the unpatched model and plain recomputed regions run it. Decided: a
+    recomputation inside a backward that keeps the graph
+    (``torch._C._autograd._get_current_graph_task_keep_graph()``) leaves the region's storage as it
+    found it, so the next backward finds the stored outputs, as the unpatched step's saved tensors
+    stay with a retained graph; the last backward (not keeping it) consumes them as PyTorch's does.
+    Only the storage's containers are copied and put back (no tensor is copied), which holds for
+    the storage layouts of the torch versions we run on (lists per op, or dicts per op and call)."""
+
+    def __init__(self, cached: Any) -> None:
+        self.cached = cached
+        self.kept: dict[Any, Any] | None = None
+
+    def __enter__(self) -> Any:
+        keep = torch._C._autograd._get_current_graph_task_keep_graph()
+        self.kept = {k: copy.copy(v) for k, v in self.cached.storage.items()} if keep else None
+        return self.cached.__enter__()
+
+    def __exit__(self, *exc: Any) -> Any:
+        try:
+            return self.cached.__exit__(*exc)
+        finally:
+            if self.kept is not None:  # the graph is kept for another backward
+                self.cached.storage.clear()
+                self.cached.storage.update(self.kept)
+                getattr(self.cached, "func_counter", {}).clear()
+                self.kept = None
+
+
+def selective_contexts(policy: Callable[..., CheckpointPolicy]) -> tuple[Any, Any]:
+    """``create_selective_checkpoint_contexts(policy)`` whose recomputation also serves backwards
+    through a retained graph (:class:`_RetainedCache`)."""
+    caching, cached = create_selective_checkpoint_contexts(policy)
+    return caching, _RetainedCache(cached)
+
+
 def _context(make: Callable[[], Callable[..., CheckpointPolicy]]) -> Any:
-    return create_selective_checkpoint_contexts(make())
+    return selective_contexts(make())
 
 
 def _call(fn: Callable[..., Any], make: Callable[[], Callable[..., CheckpointPolicy]], *args: Any,
@@ -180,7 +223,7 @@ def _selective_contexts(stateful: list[tuple[nn.Module, str]], params: tuple[tor
     """``context_fn``: selective checkpointing's two contexts joined with the buffer-restoring and
     parameter-checking ones (:func:`.recompute_state.checkpoint_kwargs`)."""
     fwd, rec = restoring_contexts(stateful, params)
-    sac_fwd, sac_rec = create_selective_checkpoint_contexts(_KeptOps(keep, where))
+    sac_fwd, sac_rec = selective_contexts(_KeptOps(keep, where))
     return BothContexts(fwd, sac_fwd), BothContexts(rec, sac_rec)
 
 
