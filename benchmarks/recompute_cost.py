@@ -21,8 +21,8 @@ the replay costs beyond the profile, and the runtime's overhead.
                                         [--batch N] [--rounds 40] [--threads 1] [--out benchmarks/results/cpu]
 
 Writes ``recompute_cost.json`` and ``recompute_cost.md`` under ``--out``. It wraps two private
-pieces of :mod:`autoremat.runtime.region` (``CheckpointRegion.forward`` and
-``_Frame.recompute``) for the timed steps and puts them back afterwards.
+pieces of the runtime (``autoremat.runtime.checkpoint_region.CheckpointRegion.forward`` and
+``autoremat.runtime.region._Frame.recompute``) for the timed steps and puts them back afterwards.
 """
 
 from __future__ import annotations
@@ -41,7 +41,7 @@ import torch
 
 import autoremat
 from autoremat.measure import default_loss
-from autoremat.runtime import region
+from autoremat.runtime import checkpoint_region, region
 from autoremat.cost import simulate, unoptimised_peak_bytes
 from compare import machine_info  # this folder's comparison script
 
@@ -51,9 +51,9 @@ OUT = Path(__file__).resolve().parent / "results" / "cpu"
 @contextmanager
 def _probes(clock: dict[str, float]) -> Iterator[None]:
     """Adds the seconds spent in region forwards, replays and recomputations to ``clock``."""
-    fwd, rec = region.CheckpointRegion.forward, region._Frame.recompute
+    fwd, rec = checkpoint_region.CheckpointRegion.forward, region._Frame.recompute
 
-    def timed_forward(self: region.CheckpointRegion, *args: Any) -> Any:
+    def timed_forward(self: checkpoint_region.CheckpointRegion, *args: Any) -> Any:
         t0 = time.perf_counter()
         try:
             return fwd(self, *args)
@@ -84,12 +84,12 @@ def _probes(clock: dict[str, float]) -> Iterator[None]:
             clock["recompute_s"] += time.perf_counter() - t0
             self.replay, self.short = replay, short
 
-    region.CheckpointRegion.forward = timed_forward  # type: ignore[method-assign]
+    checkpoint_region.CheckpointRegion.forward = timed_forward  # type: ignore[method-assign]
     region._Frame.recompute = timed_recompute  # type: ignore[method-assign]
     try:
         yield
     finally:
-        region.CheckpointRegion.forward = fwd  # type: ignore[method-assign]
+        checkpoint_region.CheckpointRegion.forward = fwd  # type: ignore[method-assign]
         region._Frame.recompute = rec  # type: ignore[method-assign]
 
 

@@ -264,15 +264,15 @@ def test_compare_gpu_dry_run_lists_configurations(monkeypatch: pytest.MonkeyPatc
 
 
 def test_recompute_cost_splits_the_patched_step(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    from autoremat.runtime import region
+    from autoremat.runtime import checkpoint_region, region
 
     monkeypatch.syspath_prepend(str(BENCH))
     sys.modules.pop("recompute_cost", None)
     bench = importlib.import_module("recompute_cost")
-    fwd, rec = region.CheckpointRegion.forward, region._Frame.recompute
+    fwd, rec = checkpoint_region.CheckpointRegion.forward, region._Frame.recompute
     bench.main(["--model", "unet", "--solver", "dp-approx", "--budget", "0.7", "--rounds", "1", "--batch", "2",
                 "--out", str(tmp_path)])
-    assert region.CheckpointRegion.forward is fwd and region._Frame.recompute is rec  # probes removed
+    assert checkpoint_region.CheckpointRegion.forward is fwd and region._Frame.recompute is rec  # probes removed
     data = json.loads((tmp_path / "recompute_cost.json").read_text())
     res = data["result"]
     assert data["machine"]["torch_threads"] == 1 and res["recomputed_segments"] >= 1

@@ -19,6 +19,7 @@ from autoremat.measure import gradients, gradients_equal, measure, run_step
 from autoremat.plan import Plan, Segment
 from autoremat.replay_tail import replay_tail, replay_tails, tail_inputs, tails_of
 from autoremat.runtime import region
+from autoremat.runtime.checkpoint_region import CheckpointRegion
 from autoremat.cost import simulate
 from autoremat.solvers import finalize_plan
 
@@ -148,7 +149,7 @@ def test_dense_layers_replay_without_their_convolution_and_match_the_prediction(
 
     patched = autoremat.apply(copy.deepcopy(model), plan)
     state = patched.__dict__["_autoremat_patch"]
-    regions = [m for m in state.forward_module.children() if isinstance(m, region.CheckpointRegion)]
+    regions = [m for m in state.forward_module.children() if isinstance(m, CheckpointRegion)]
     assert sum(r.short_replay is not None for r in regions) == 4
     for r in regions:
         assert "tail_mark" not in r.replay.code  # the whole replay runs in backward: no marker

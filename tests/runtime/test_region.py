@@ -297,6 +297,7 @@ def test_trim_replay_erases_trailing_ops_that_cannot_save() -> None:
 
 def test_regions_ending_in_a_saving_op_return_instead_of_raising(monkeypatch: pytest.MonkeyPatch) -> None:
     from autoremat.runtime import region
+    from autoremat.runtime.checkpoint_region import CheckpointRegion
 
     raised = []
 
@@ -311,14 +312,14 @@ def test_regions_ending_in_a_saving_op_return_instead_of_raising(monkeypatch: py
     plan = autoremat.solve(autoremat.capture(model, args), "50%", solver="dp-approx")
     patched = copy.deepcopy(model)
     autoremat.apply(patched, plan)
-    regions = [m for m in patched.__dict__["forward"].__self__.modules() if isinstance(m, region.CheckpointRegion)]
+    regions = [m for m in patched.__dict__["forward"].__self__.modules() if isinstance(m, CheckpointRegion)]
     assert regions and not any(r.stop for r in regions)  # every region of ResNet-50 ends in a saving op
     assert gradients_equal(reference, _step_grads(patched, args))
     assert not raised
 
 
 def test_a_replay_that_saves_more_than_the_forward_is_reported() -> None:
-    from autoremat.runtime.region import CheckpointRegion
+    from autoremat.runtime.checkpoint_region import CheckpointRegion
 
     class Body(nn.Module):
         def forward(self, x: torch.Tensor) -> torch.Tensor:

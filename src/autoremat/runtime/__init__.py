@@ -1,7 +1,7 @@
 """Runtime: patch a model in place so that it runs a plan, and undo it exactly.
 
 ``apply(model, plan)`` replaces the *instance's* ``forward`` (fx graphs: a generated forward
-that runs each recomputed segment as one :class:`~autoremat.runtime.region.CheckpointRegion`;
+that runs each recomputed segment as one :class:`~autoremat.runtime.checkpoint_region.CheckpointRegion`;
 module-level graphs: the ``forward`` of each recomputed submodule is wrapped). A region is
 autoremat's own non-reentrant checkpoint (:func:`~autoremat.runtime.region.recomputed_call`,
 little work per saved tensor) or, with ``regions="torch"``, ``torch.utils.checkpoint``.
@@ -71,7 +71,8 @@ from .offload_calls import install_offload_hooks
 from .offload_saved import hooked_path, install_saved_units
 from .sharding import ShardingWatch, apply_fx_sharded, is_sharded, module_plan_fingerprint
 from .per_call import install_calls
-from .region import REGION_MODES, CheckpointRegion, is_recomputing, tail_mark
+from .checkpoint_region import CheckpointRegion
+from .region import REGION_MODES, is_recomputing, tail_mark
 from .region_graph import may_draw_random, trim_replay
 from ..replay_tail import tails_of
 

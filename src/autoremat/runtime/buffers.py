@@ -3,7 +3,7 @@
 ``torch.fx`` (with buffers proxied, see :mod:`autoremat.capture._tracing`) records a buffer
 read as a ``get_attr`` node; a ``GraphModule`` built from it would hold the buffer *tensor*
 found at build time. ``module.to()``/``.double()`` replace buffer tensors, and a recomputed region
-swaps a module's buffers for copies (:class:`~autoremat.runtime.region.CheckpointRegion`), so
+swaps a module's buffers for copies (:class:`~autoremat.runtime.checkpoint_region.CheckpointRegion`), so
 the generated modules instead read ``owner._buffers[name]`` at run time (:func:`read_buffer`):
 a buffer read stays a read of the model's current buffer. The same holds for a plain tensor
 attribute of a module (``self.mask = torch.ones(n)``, not a buffer), which fx also records as a

@@ -47,6 +47,7 @@ from ..errors import CallCountError, PlanMismatchError
 from .probed_call import ProbedCall
 from .recompute_state import cached_autocast_devices, is_recomputing, shared_casts, stateful_buffers
 from .selective import SelectiveCall
+from .substituted import state_dicts
 
 __all__ = ["PerCallForward", "StepCalls", "install_calls"]
 
@@ -125,8 +126,8 @@ def _region(fn: Callable[..., Any], mod: nn.Module, keep: dict[int, str], region
     """The recomputed region one call of ``mod`` runs as (module level: arbitrary user code; its
     first forward finds out what it draws, see :class:`ProbedCall`)."""
     if keep:
-        return SelectiveCall(fn, stateful_buffers([mod]), tuple(mod.parameters()), keep, path)
-    return ProbedCall(fn, stateful_buffers([mod]), regions, tuple(mod.parameters()), path)
+        return SelectiveCall(fn, stateful_buffers([mod]), tuple(mod.parameters()), keep, path, state_dicts([mod]))
+    return ProbedCall(fn, stateful_buffers([mod]), regions, tuple(mod.parameters()), path, state_dicts([mod]))
 
 
 def install_calls(model: nn.Module, targets: list[tuple[str, nn.Module, dict[int, str]]], regions: str,

@@ -13,7 +13,8 @@ from torch.utils.checkpoint import checkpoint
 
 from ..capture.kv_cache import refuse_cache_writes
 from .recompute_state import SeededProbe, checkpoint_kwargs, prepare_scratch
-from .region import _run, compiled_region, refuse_offloaded_inputs
+from .checkpoint_region import refuse_offloaded_inputs
+from .region import _run, compiled_region
 
 __all__ = ["ProbedCall"]
 
@@ -26,8 +27,10 @@ class ProbedCall:
     :data:`_FILLS_SAVED` ran."""
 
     def __init__(self, fn: Callable[..., Any], stateful: list[tuple[nn.Module, str]], mode: str,
-                 params: tuple[torch.Tensor, ...] = (), where: str = "a module call") -> None:
+                 params: tuple[torch.Tensor, ...] = (), where: str = "a module call",
+                 dicts: tuple[dict[str, Any], ...] = ()) -> None:
         self.fn, self.stateful, self.mode, self.params, self.where = fn, stateful, mode, params, where
+        self.dicts = dicts  # the module's parameter and buffer dicts (autoremat.runtime.substituted)
         prepare_scratch(stateful)
         self.probed: SeededProbe | None = None
         self.active = True  # False after restore: a user wrapper still holding it runs plain fn
@@ -49,7 +52,7 @@ class ProbedCall:
 
     def _call(self, rng: bool, stop: bool | Callable[[], bool], args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
         if self.mode == "lean":
-            return _run(self.fn, self.fn, self.stateful, rng, args, kwargs, stop, params=self.params)
+            return _run(self.fn, self.fn, self.stateful, rng, args, kwargs, stop, params=self.params, dicts=self.dicts)
         refuse_offloaded_inputs(args, kwargs)
-        return checkpoint(self.fn, *args, **checkpoint_kwargs(self.stateful, rng, self.params),
+        return checkpoint(self.fn, *args, **checkpoint_kwargs(self.stateful, rng, self.params, self.dicts),
                           early_stop=stop if isinstance(stop, bool) else False, **kwargs)

@@ -16,6 +16,8 @@ import torch
 from torch import nn
 from torch.utils._python_dispatch import TorchDispatchMode
 
+from .substituted import HeldState
+
 __all__ = ["is_recomputing", "prepare_scratch", "snapshot_buffers", "stateful_buffers", "checkpoint_kwargs",
            "restoring_contexts", "shared_casts", "cached_autocast_devices", "BothContexts", "param_versions", "check_params", "RestoreBuffers", "SeededProbe", "UncachedAutocast"]
 
@@ -223,13 +225,13 @@ class _ParamCheck:
 
 
 def checkpoint_kwargs(stateful: list[tuple[nn.Module, str]], preserve_rng: bool = True,
-                      params: tuple[torch.Tensor, ...] = ()) -> dict[str, Any]:
+                      params: tuple[torch.Tensor, ...] = (), dicts: tuple[dict[str, Any], ...] = ()) -> dict[str, Any]:
     """Keyword arguments of a non-reentrant ``torch.utils.checkpoint`` leaving the buffers
-    ``stateful`` (see :func:`stateful_buffers`) alone."""
+    ``stateful`` (see :func:`stateful_buffers`) alone; ``dicts``: see :func:`restoring_contexts`."""
     # a partial, not a lambda: a patched model pickles (torch.save of the module); also without
     # buffers, for is_recomputing()
     kw: dict[str, Any] = {"use_reentrant": False, "preserve_rng_state": preserve_rng,
-                          "context_fn": functools.partial(restoring_contexts, stateful, params)}
+                          "context_fn": functools.partial(restoring_contexts, stateful, params, dicts)}
     return kw
 
 
@@ -282,13 +284,16 @@ def shared_casts() -> Any:
         _SHARED_CASTS.on = prev
 
 
-def restoring_contexts(stateful: list[tuple[nn.Module, str]], params: tuple[torch.Tensor, ...] = ()
-                        ) -> tuple[Any, Any]:
+def restoring_contexts(stateful: list[tuple[nn.Module, str]], params: tuple[torch.Tensor, ...] = (),
+                       dicts: tuple[dict[str, Any], ...] = ()) -> tuple[Any, Any]:
     """``context_fn`` of ``torch.utils.checkpoint``: a forward taking a snapshot of the buffers
     (and the parameters' versions: called at the forward), a recomputation checking the versions,
-    starting from the snapshot and leaving the real buffers alone."""
+    starting from the snapshot and leaving the real buffers alone, with the tensors the region's
+    modules' parameter and buffer ``dicts`` held at the forward (:mod:`.substituted`)."""
     snap = _Snapshot(stateful) if stateful else None
     restore = BothContexts(RestoreBuffers(stateful, snap), UncachedAutocast())
+    if dicts:
+        restore = BothContexts(HeldState(dicts), restore)
     forward = BothContexts(snap or contextlib.nullcontext(), UncachedAutocast())
     if not params:
         return forward, restore

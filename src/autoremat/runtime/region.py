@@ -1,6 +1,7 @@
 """Recomputed regions: autoremat's own non-reentrant checkpoint, with little work per tensor.
 
-A recomputed segment runs under :func:`recomputed_call`. Like non-reentrant
+A recomputed segment runs under :func:`recomputed_call` (fx plans: as a
+:class:`~autoremat.runtime.checkpoint_region.CheckpointRegion`). Like non-reentrant
 ``torch.utils.checkpoint`` it keeps the original autograd graph and replaces every tensor the
 region saves by a small handle (``saved_tensors_hooks``); the first handle unpacked in a
 backward replays the region's forward, collects the tensors it saves, and stops as soon as it
@@ -54,6 +55,9 @@ Decisions, each tested:
   changed in place between the region's forward and its recomputation raises at backward, as
   PyTorch does for a saved parameter, instead of recomputing with the new values
   (:func:`param_versions`; any parameter of the region counts, also one its ops do not save);
+* a recomputation runs with the parameters and buffers the region's forward ran with, where the
+  modules hold others by then (``torch.func.functional_call`` swaps its tensors in for the call
+  only): :class:`~autoremat.runtime.substituted.HeldState`;
 * the replay of an applied region ends at its last op that may save (:func:`~autoremat.runtime.region_graph.trim_replay`) and
   returns: no exception, and a replay that saves more tensors than the forward is reported;
 * under ``torch.compile`` a region (either mode) is traced as PyTorch's checkpoint higher-order
@@ -73,12 +77,12 @@ from torch import nn
 from torch.utils.checkpoint import checkpoint, get_device_states, set_device_states
 
 from .offload import HostInput, Offloader, active_offloader
-from .recompute_state import (SeededProbe, RestoreBuffers, UncachedAutocast, check_params, checkpoint_kwargs,
-                              is_recomputing, param_versions, prepare_scratch, snapshot_buffers,
-                              stateful_buffers)
+from .substituted import HeldState
+from .recompute_state import (SeededProbe, RestoreBuffers, UncachedAutocast, check_params, is_recomputing,
+                              param_versions, snapshot_buffers, stateful_buffers)
 
-__all__ = ["CheckpointRegion", "REGION_MODES", "compiled_region", "recomputed_call", "RecomputationMismatchError",
-           "tail_mark", "is_recomputing", "snapshot_buffers", "refuse_offloaded_inputs"]
+__all__ = ["REGION_MODES", "compiled_region", "recomputed_call", "RecomputationMismatchError",
+           "tail_mark", "is_recomputing", "snapshot_buffers"]
 
 logger = logging.getLogger(__name__)
 
@@ -133,13 +137,15 @@ class _Frame:
     """One forward call of a region: its inputs and the state its recomputation replays."""
 
     __slots__ = ("replay", "stateful", "snapshot", "params", "versions", "args", "kwargs", "count", "by_task", "rng",
-                 "autocast", "stop",
+                 "autocast", "stop", "held",
                  "short", "tail", "tail_at", "sources", "whole", "offloaded")
 
     def __init__(self, replay: Callable[..., Any], stateful: list[tuple[nn.Module, str]], args: tuple[Any, ...],
                  kwargs: dict[str, Any], preserve_rng: bool, stop: bool | Callable[[], bool] = True,
-                 short: Callable[..., Any] | None = None, params: tuple[torch.Tensor, ...] = ()) -> None:
+                 short: Callable[..., Any] | None = None, params: tuple[torch.Tensor, ...] = (),
+                 dicts: tuple[dict[str, Any], ...] = ()) -> None:
         self.replay = replay
+        self.held = HeldState(dicts) if dicts else None  # the forward's parameters (.substituted)
         # stop the replay by an exception once it saved all (else it ends there); a callable decides
         # at the replay (a probing forward knows only once it has run: ProbedCall)
         self.stop = stop
@@ -267,6 +273,8 @@ class _Frame:
         args = [fresh(a) for a in self.args]
         kwargs = {k: fresh(a) for k, a in self.kwargs.items()}
         with contextlib.ExitStack() as stack:
+            if self.held is not None:
+                stack.enter_context(self.held)
             if self.rng is not None:
                 cpu_state, devices, states = self.rng
                 stack.enter_context(torch.random.fork_rng(devices=devices))
@@ -361,17 +369,19 @@ def tail_mark(*values: Any) -> None:
 
 def _run(fn: Callable[..., Any], replay: Callable[..., Any], stateful: list[tuple[nn.Module, str]],
          preserve_rng: bool, args: tuple[Any, ...], kwargs: dict[str, Any], stop: bool | Callable[[], bool] = True,
-         short: Callable[..., Any] | None = None, params: tuple[torch.Tensor, ...] = ()) -> Any:
+         short: Callable[..., Any] | None = None, params: tuple[torch.Tensor, ...] = (),
+         dicts: tuple[dict[str, Any], ...] = ()) -> Any:
     """:func:`recomputed_call`, with ``replay`` (same ops as ``fn``) run for recomputation; ``stop``:
     stop the replay by an exception once it saved what the forward saved (``False``: the replay
     ends at its last saving op, see :class:`CheckpointRegion`); ``short``: the replay without the
     region's tail (``fn`` calls :func:`tail_mark` before it); ``params``: the parameters checked
-    for in-place changes before recomputation (:func:`check_params`)."""
+    for in-place changes before recomputation (:func:`check_params`); ``dicts``: the parameter and
+    buffer dicts whose forward-time tensors the recomputation runs with (:mod:`.substituted`)."""
     if not torch.is_grad_enabled():
         return fn(*args, **kwargs)
     if torch.compiler.is_compiling():
         return compiled_region(fn, preserve_rng, args, kwargs)
-    frame = _Frame(replay, stateful, args, kwargs, preserve_rng, stop, short, params)
+    frame = _Frame(replay, stateful, args, kwargs, preserve_rng, stop, short, params, dicts)
     if short is None:
         with torch.autograd.graph.saved_tensors_hooks(frame.pack, _unpack), UncachedAutocast():
             out = fn(*args, **kwargs)
@@ -387,114 +397,3 @@ def _run(fn: Callable[..., Any], replay: Callable[..., Any], stateful: list[tupl
     if frame.offloaded:
         frame.offloaded[0].offloader.end_region(frame.offloaded)
     return out
-
-
-class CheckpointRegion(nn.Module):
-    """Runs ``body`` as one recomputed region (a segment of the plan).
-
-    ``modules``: the modules whose buffers the recomputation must leave untouched (``buffers``:
-    more ``(module, name)`` buffers, those the body's ops read or update);
-    ``preserve_rng``: replay the RNG state on recomputation (needed only when ``body`` draws
-    random numbers; ``None``: find out on the first forward with gradients, see
-    :class:`~autoremat.runtime.recompute_state.SeededProbe`); ``mode``: ``"lean"``
-    (:func:`recomputed_call`) or ``"torch"`` (``torch.utils.checkpoint``); ``replay``: the body
-    with an empty output, run for recomputation (default ``body``). A generated forward holds the values it returns until it
-    returns, and an early-stopped recomputation never does: the region's outputs computed before
-    its last saving node would stay alive through the whole replay, which the simulator does not
-    count (on ResNet-50 a downsample branch recomputed before its block's main branch measured
-    3 % above the prediction). The replay frees each value after its last use in the region.
-    ``body.forward`` is called directly: a ``GraphModule``'s ``__call__`` formats a traceback for
-    every exception passing through it, and both stop each recomputation by raising one.
-
-    ``replay_ends_at_last_save``: the replay's last op is the region's last one that can save a
-    tensor for backward (:func:`~autoremat.runtime.region_graph.trim_replay`), so the lean recomputation lets it return instead of
-    stopping it with an exception at the last saved tensor (the exception's way back through
-    autograd cost ~60-80 µs per recomputation on the CPU-size ResNet-50); it still checks that the
-    replay saved exactly what the forward did.
-
-    ``short_replay``: the replay without the region's tail (:mod:`autoremat.replay_tail`),
-    returning the tail inputs; ``body`` then calls :func:`tail_mark` with them before the tail.
-    The lean recomputation runs it where every tensor the tail saved in that forward was traced
-    to a tail input or a parameter, else ``replay``. PyTorch's checkpoint (``mode="torch"``)
-    always replays up to the last saved tensor."""
-
-    def __init__(self, body: nn.Module, modules: list[nn.Module], preserve_rng: bool = True,
-                 mode: str = "lean", replay: nn.Module | None = None, replay_ends_at_last_save: bool = False,
-                 short_replay: nn.Module | None = None, buffers: list[tuple[nn.Module, str]] | None = None,
-                 params: tuple[torch.Tensor, ...] = ()) -> None:
-        super().__init__()
-        if mode not in REGION_MODES:
-            raise ValueError(f"regions must be one of {REGION_MODES}, got {mode!r}")
-        self.body = body
-        self.replay = body if replay is None else replay
-        self.short_replay = short_replay
-        self.stop = not (replay_ends_at_last_save and replay is not None)
-        self.mode = mode
-        self.preserve_rng = preserve_rng
-        self.stateful = stateful_buffers(modules)
-        for slot in buffers or ():  # buffers the region's ops read or update (fx get_attr)
-            if not any(slot[0] is m and slot[1] == n for m, n in self.stateful):
-                self.stateful.append(slot)
-        prepare_scratch(self.stateful)
-        seen: set[int] = set()
-        self.params = tuple(p for p in (*(q for m in modules for q in m.parameters()), *params)
-                            if not (id(p) in seen or seen.add(id(p))))  # type: ignore[func-returns-value]
-        self._kwargs = checkpoint_kwargs(self.stateful, bool(preserve_rng), self.params)
-        self._probed = False  # see SeededProbe: the first forward with gradients finds out more
-        self._early_stop = True
-
-    def forward(self, *args: Any) -> Any:
-        if not torch.is_grad_enabled():
-            return self.body.forward(*args)
-        if torch.compiler.is_compiling():
-            return compiled_region(self.body.forward, self.preserve_rng is not False, args, {})
-        if not self._probed:  # the first forward: replay the RNG and to the end this time, and find out
-            with SeededProbe() as probe:
-                out = self._region(True, False, args)
-            self._probed = True
-            if self.preserve_rng is None:
-                self.preserve_rng = probe.seen
-                self._kwargs = checkpoint_kwargs(self.stateful, probe.seen, self.params)
-            if probe.fills_saved:
-                self.stop, self._early_stop = False, False
-            return out
-        return self._region(self.preserve_rng, self._early_stop, args)
-
-    def _region(self, preserve_rng: bool, early_stop: bool, args: tuple[Any, ...]) -> Any:
-        if self.mode == "lean":
-            short = None if self.short_replay is None else self.short_replay.forward
-            return _run(self.body.forward, self.replay.forward, self.stateful, preserve_rng, args, {},
-                        self.stop and early_stop, short, self.params)
-        refuse_offloaded_inputs(args, {})
-        kwargs = self._kwargs if preserve_rng == self._kwargs["preserve_rng_state"] else \
-            checkpoint_kwargs(self.stateful, preserve_rng, self.params)
-        return checkpoint(_FirstThenReplay(self.body.forward, self.replay.forward), *args, **kwargs,
-                          early_stop=early_stop)
-
-
-def refuse_offloaded_inputs(args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
-    """``regions="torch"``: ``torch.utils.checkpoint`` keeps a region's inputs itself, so an input
-    the plan offloads (an offloaded checkpoint) would stay on the device: refused."""
-    off = active_offloader()
-    if off is None:
-        return
-    for a in (*args, *kwargs.values()):
-        if isinstance(a, torch.Tensor) and off.owner_of(a) is not None:
-            raise RuntimeError(
-                f"autoremat: the plan offloads an input of a recomputed region (the output of node "
-                f"{off.owner_of(a)}), which regions='torch' cannot do (torch.utils.checkpoint keeps its inputs on "
-                "the device); apply the plan with regions='lean' (the default)")
-
-
-class _FirstThenReplay:
-    """For ``torch.utils.checkpoint``, which calls one function for the forward and its replays."""
-
-    __slots__ = ("first", "replay")
-
-    def __init__(self, first: Callable[..., Any], replay: Callable[..., Any]) -> None:
-        self.first: Callable[..., Any] | None = first
-        self.replay = replay
-
-    def __call__(self, *args: Any) -> Any:
-        fn, self.first = self.first, None
-        return (fn or self.replay)(*args)

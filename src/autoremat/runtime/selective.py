@@ -219,10 +219,11 @@ class _KeptOps:
 
 
 def _selective_contexts(stateful: list[tuple[nn.Module, str]], params: tuple[torch.Tensor, ...],
-                        keep: Mapping[int, str], where: str) -> tuple[Any, Any]:
+                        keep: Mapping[int, str], where: str, dicts: tuple[dict[str, Any], ...] = ()
+                        ) -> tuple[Any, Any]:
     """``context_fn``: selective checkpointing's two contexts joined with the buffer-restoring and
     parameter-checking ones (:func:`.recompute_state.checkpoint_kwargs`)."""
-    fwd, rec = restoring_contexts(stateful, params)
+    fwd, rec = restoring_contexts(stateful, params, dicts)
     sac_fwd, sac_rec = selective_contexts(_KeptOps(keep, where))
     return BothContexts(fwd, sac_fwd), BothContexts(rec, sac_rec)
 
@@ -235,11 +236,11 @@ class SelectiveCall(ProbedCall):
     compiler's choice under ``torch.compile``); only the region differs."""
 
     def __init__(self, fn: Callable[..., Any], stateful: list[tuple[nn.Module, str]], params: tuple[torch.Tensor, ...],
-                 keep: Mapping[int, str], where: str) -> None:
-        super().__init__(fn, stateful, "torch", params, where)
+                 keep: Mapping[int, str], where: str, dicts: tuple[dict[str, Any], ...] = ()) -> None:
+        super().__init__(fn, stateful, "torch", params, where, dicts)
         self.keep = dict(keep)
 
     def _call(self, rng: bool, stop: bool | Callable[[], bool], args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
-        context = functools.partial(_selective_contexts, self.stateful, self.params, self.keep, self.where)
+        context = functools.partial(_selective_contexts, self.stateful, self.params, self.keep, self.where, self.dicts)
         return checkpoint(self.fn, *args, use_reentrant=False, preserve_rng_state=rng, context_fn=context,
                           early_stop=stop if isinstance(stop, bool) else False, **kwargs)
