@@ -233,6 +233,8 @@ PRIVATE_TORCH = {
     # whether the running backward keeps the graph (runtime.selective's retained graphs): bound in
     # torch/csrc/autograd/init.cpp, read by aot_autograd's backward since torch 2.1; present in 2.13
     "torch._C._autograd._get_current_graph_task_keep_graph",
+    # whether a torch.func transform runs (runtime.transforms): torch._functorch.pyfunctorch reads it since 2.1
+    "torch._C._functorch.peek_interpreter_stack",
 }
 """Private torch names the library uses, each checked to exist in torch 2.11 (the PyTorch of the GPU
 machines the GPU benchmark runs on) and in the pinned 2.13. A private name can vanish between

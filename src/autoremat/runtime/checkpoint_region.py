@@ -15,6 +15,7 @@ from .offload import active_offloader
 from .recompute_state import SeededProbe, checkpoint_kwargs, prepare_scratch, stateful_buffers
 from .region import REGION_MODES, _run, compiled_region
 from .substituted import state_dicts
+from .transforms import records
 
 __all__ = ["CheckpointRegion", "refuse_offloaded_inputs"]
 
@@ -75,7 +76,7 @@ class CheckpointRegion(nn.Module):
         self._early_stop = True
 
     def forward(self, *args: Any) -> Any:
-        if not torch.is_grad_enabled():
+        if not records():  # also under torch.func transforms (.transforms)
             return self.body.forward(*args)
         if torch.compiler.is_compiling():
             return compiled_region(self.body.forward, self.preserve_rng is not False, args, {})

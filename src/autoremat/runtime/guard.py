@@ -79,6 +79,7 @@ from torch import nn
 from .._module_hooks import HOOK_DICTS, global_hooks
 from ..capture._code_reads import _foreign, code_reads, traced_through
 from ..capture._tracing import autocast_state
+from .transforms import records
 
 __all__ = ["GuardedForward", "StateGuardWarning", "UnguardedStateWarning", "MAX_VARIANTS", "MAX_REBUILDS", "MAX_LEAVES", "op_structure"]
 
@@ -393,7 +394,7 @@ class GuardedForward:
         return type(self._model).forward(self._model, *args, **kwargs)
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
-        if not torch.is_grad_enabled() or not self._model.training or not self._active():
+        if not records() or not self._model.training or not self._active():  # records: .transforms
             return self.own(*args, **kwargs)
         if self._queries and any(q() for q in self._queries):
             if not self._warned:

@@ -36,6 +36,7 @@ from ..errors import CallCountError, PlanMismatchError
 from ..plan import Plan
 from .offload import Offloader, active_offloader
 from .recompute_state import is_recomputing
+from .transforms import records
 
 __all__ = ["CallTally", "install_offload_hooks", "call_of"]
 
@@ -54,7 +55,7 @@ class CallTally:
     def next_call(self) -> int | None:
         """Count a call starting now; its index, or ``None`` where calls are not counted."""
         off = self.offloader
-        if active_offloader() is not off or not torch.is_grad_enabled() or is_recomputing():
+        if active_offloader() is not off or not records() or is_recomputing():
             self.current = None
             return None
         if self.step != off.steps:

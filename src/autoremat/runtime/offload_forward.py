@@ -11,6 +11,7 @@ import torch
 
 from ..plan import Plan
 from .offload import Offloader
+from .transforms import records
 
 __all__ = ["offloading_forward", "new_offloader"]
 
@@ -23,7 +24,7 @@ def offloading_forward(forward: Any, offloader: Offloader) -> Any:
     @torch.compiler.disable
     @functools.wraps(forward)
     def run(*args: Any, **kwargs: Any) -> Any:
-        if not torch.is_grad_enabled():
+        if not records():  # also under torch.func transforms (.transforms)
             return forward(*args, **kwargs)
         offloader.begin_step()
         with offloader.active():

@@ -15,6 +15,7 @@ from ..capture.kv_cache import refuse_cache_writes
 from .recompute_state import SeededProbe, checkpoint_kwargs, prepare_scratch
 from .checkpoint_region import refuse_offloaded_inputs
 from .region import _run, compiled_region
+from .transforms import records
 
 __all__ = ["ProbedCall"]
 
@@ -36,7 +37,7 @@ class ProbedCall:
         self.active = True  # False after restore: a user wrapper still holding it runs plain fn
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
-        if not self.active or not torch.is_grad_enabled():
+        if not self.active or not records():  # also under torch.func transforms (.transforms)
             return self.fn(*args, **kwargs)
         if torch.compiler.is_compiling():  # the buffer guard (context_fn) is eager code
             return compiled_region(self.fn, True, args, kwargs)

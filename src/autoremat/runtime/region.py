@@ -78,6 +78,7 @@ from torch.utils.checkpoint import checkpoint, get_device_states, set_device_sta
 
 from .offload import HostInput, Offloader, active_offloader
 from .substituted import HeldState
+from .transforms import records
 from .recompute_state import (SeededProbe, RestoreBuffers, UncachedAutocast, check_params, is_recomputing,
                               param_versions, snapshot_buffers, stateful_buffers)
 
@@ -377,7 +378,7 @@ def _run(fn: Callable[..., Any], replay: Callable[..., Any], stateful: list[tupl
     region's tail (``fn`` calls :func:`tail_mark` before it); ``params``: the parameters checked
     for in-place changes before recomputation (:func:`check_params`); ``dicts``: the parameter and
     buffer dicts whose forward-time tensors the recomputation runs with (:mod:`.substituted`)."""
-    if not torch.is_grad_enabled():
+    if not records():  # also under torch.func transforms (.transforms)
         return fn(*args, **kwargs)
     if torch.compiler.is_compiling():
         return compiled_region(fn, preserve_rng, args, kwargs)

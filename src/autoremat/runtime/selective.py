@@ -52,6 +52,7 @@ from ..capture.module import node_modules
 from .recompute_state import BothContexts, restoring_contexts
 from .probed_call import ProbedCall
 from .region import stateful_buffers
+from .transforms import records
 
 __all__ = ["MATMUL_OPS", "apply_selective", "restore_selective", "layer_paths", "is_selective", "SelectiveCall",
            "selective_contexts"]
@@ -146,7 +147,7 @@ def _context(make: Callable[[], Callable[..., CheckpointPolicy]]) -> Any:
 
 def _call(fn: Callable[..., Any], make: Callable[[], Callable[..., CheckpointPolicy]], *args: Any,
           **kwargs: Any) -> Any:
-    if not torch.is_grad_enabled():
+    if not records():  # also under torch.func transforms (.transforms)
         return fn(*args, **kwargs)
     return checkpoint(fn, *args, use_reentrant=False, preserve_rng_state=True,
                       context_fn=functools.partial(_context, make), **kwargs)
