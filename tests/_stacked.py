@@ -67,3 +67,23 @@ def measured_under(model: nn.Module, x: torch.Tensor, plan: autoremat.Plan | Non
         grads = step_gradients(patched, x)
     assert gradients_equal(reference, grads)
     return counter.peak
+
+
+def selective_plan(graph: autoremat.Graph, keeps: Callable[[str], bool]) -> autoremat.Plan:
+    """Every call region of ``layers.<i>`` recomputed, keeping the outputs of its ops whose target
+    ``keeps`` names (a plan of selective regions, whatever a solver would choose)."""
+    from autoremat.plan import Segment
+
+    regions = {v[0]: v for path, v in graph.call_regions().items() if path.count(".") == 1 and path[:7] == "layers."}
+    segs, v = [], 0
+    while v < len(graph):
+        if v in regions:
+            nodes = regions[v]
+            segs.append(Segment(nodes, True, tuple(u for u in nodes if keeps(graph.node(u)["target"]))))
+            v = nodes[-1] + 1
+        else:
+            segs.append(Segment((v,), False))
+            v += 1
+    plan = autoremat.solve(graph, 10**12, solver="none")
+    plan.segments = segs
+    return autoremat.solvers.finalize_plan(graph, plan, 10**12, "hand")

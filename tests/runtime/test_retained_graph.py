@@ -11,7 +11,7 @@ from collections.abc import Callable
 
 import pytest
 import torch
-from _stacked import Stacked
+from _stacked import Stacked, selective_plan
 from torch import nn
 
 import autoremat
@@ -60,31 +60,12 @@ class _Mlp(nn.Module):
         return x + self.down(torch.tanh(self.up(x)))
 
 
-def _keeping_matmuls(graph: autoremat.Graph) -> autoremat.Plan:
-    """Every layer recomputed, keeping its matmul outputs (selective regions)."""
-    from autoremat.plan import Segment
-
-    regions = {v[0]: v for path, v in graph.call_regions().items() if path.count(".") == 1}  # layers.<i>
-    segs, v = [], 0
-    while v < len(graph):
-        if v in regions:
-            nodes = regions[v]
-            segs.append(Segment(nodes, True, tuple(u for u in nodes if "mm" in graph.node(u)["target"])))
-            v = nodes[-1] + 1
-        else:
-            segs.append(Segment((v,), False))
-            v += 1
-    plan = autoremat.solve(graph, 10**12, solver="none")
-    plan.segments = segs
-    return autoremat.solvers.finalize_plan(graph, plan, 10**12, "hand")
-
-
 def test_a_gradient_penalty_through_selective_regions() -> None:
     """``create_graph=True`` keeps the graph: the penalty's backward runs the regions' backward again."""
     torch.manual_seed(0)
     model, x = Stacked(_Mlp, d=16, n=3), torch.randn(8, 16)
     graph = autoremat.capture(model, (x,), loss_fn=torch.sum, mode="module", times="flops")
-    plan = _keeping_matmuls(graph)
+    plan = selective_plan(graph, lambda target: "mm" in target)
     assert len(plan.module_calls) == 3 and all(ops for _path, ops in plan.module_calls.values())
     patched = copy.deepcopy(model)
     autoremat.apply(patched, plan)

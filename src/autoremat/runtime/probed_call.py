@@ -34,6 +34,7 @@ class ProbedCall:
         self.dicts = dicts  # the module's parameter and buffer dicts (autoremat.runtime.substituted)
         prepare_scratch(stateful)
         self.probed: SeededProbe | None = None
+        self.generators: list[torch.Generator] = []  # the module's own generators its random ops draw from
         self.active = True  # False after restore: a user wrapper still holding it runs plain fn
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
@@ -43,17 +44,23 @@ class ProbedCall:
             return compiled_region(self.fn, True, args, kwargs)
         refuse_cache_writes(self.where, args, kwargs)
         if self.probed is None:
+            gens: list[tuple[torch.Generator, torch.Tensor]] = []  # filled once the forward has run
             with SeededProbe() as probe:
                 # the replay stops early unless the forward ran an op that fills what it saves: known
                 # once the forward has run, before the replay (it ran to its end: 1.05x the prediction)
-                out = self._call(True, lambda: not probe.fills_saved, args, kwargs)
+                out = self._call(True, lambda: not probe.fills_saved, args, kwargs, gens)
+            gens += probe.generators  # their states before their first draw: the forward's
+            self.generators = [g for g, _ in probe.generators]
             self.probed = probe
             return out
-        return self._call(self.probed.seen, not self.probed.fills_saved, args, kwargs)
+        gens = [(g, g.get_state()) for g in self.generators] if self.generators else None
+        return self._call(self.probed.seen, not self.probed.fills_saved, args, kwargs, gens)
 
-    def _call(self, rng: bool, stop: bool | Callable[[], bool], args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+    def _call(self, rng: bool, stop: bool | Callable[[], bool], args: tuple[Any, ...], kwargs: dict[str, Any],
+              gens: list[tuple[torch.Generator, torch.Tensor]] | None = None) -> Any:
         if self.mode == "lean":
-            return _run(self.fn, self.fn, self.stateful, rng, args, kwargs, stop, params=self.params, dicts=self.dicts)
+            return _run(self.fn, self.fn, self.stateful, rng, args, kwargs, stop, params=self.params, dicts=self.dicts,
+                        generators=gens)
         refuse_offloaded_inputs(args, kwargs)
-        return checkpoint(self.fn, *args, **checkpoint_kwargs(self.stateful, rng, self.params, self.dicts),
+        return checkpoint(self.fn, *args, **checkpoint_kwargs(self.stateful, rng, self.params, self.dicts, gens),
                           early_stop=stop if isinstance(stop, bool) else False, **kwargs)

@@ -225,13 +225,15 @@ class _ParamCheck:
 
 
 def checkpoint_kwargs(stateful: list[tuple[nn.Module, str]], preserve_rng: bool = True,
-                      params: tuple[torch.Tensor, ...] = (), dicts: tuple[dict[str, Any], ...] = ()) -> dict[str, Any]:
+                      params: tuple[torch.Tensor, ...] = (), dicts: tuple[dict[str, Any], ...] = (),
+                      generators: list[tuple[torch.Generator, torch.Tensor]] | None = None) -> dict[str, Any]:
     """Keyword arguments of a non-reentrant ``torch.utils.checkpoint`` leaving the buffers
-    ``stateful`` (see :func:`stateful_buffers`) alone; ``dicts``: see :func:`restoring_contexts`."""
+    ``stateful`` (see :func:`stateful_buffers`) alone; ``dicts``, ``generators``: see
+    :func:`restoring_contexts`."""
     # a partial, not a lambda: a patched model pickles (torch.save of the module); also without
     # buffers, for is_recomputing()
     kw: dict[str, Any] = {"use_reentrant": False, "preserve_rng_state": preserve_rng,
-                          "context_fn": functools.partial(restoring_contexts, stateful, params, dicts)}
+                          "context_fn": functools.partial(restoring_contexts, stateful, params, dicts, generators)}
     return kw
 
 
@@ -285,15 +287,17 @@ def shared_casts() -> Any:
 
 
 def restoring_contexts(stateful: list[tuple[nn.Module, str]], params: tuple[torch.Tensor, ...] = (),
-                       dicts: tuple[dict[str, Any], ...] = ()) -> tuple[Any, Any]:
+                       dicts: tuple[dict[str, Any], ...] = (),
+                       generators: list[tuple[torch.Generator, torch.Tensor]] | None = None) -> tuple[Any, Any]:
     """``context_fn`` of ``torch.utils.checkpoint``: a forward taking a snapshot of the buffers
     (and the parameters' versions: called at the forward), a recomputation checking the versions,
     starting from the snapshot and leaving the real buffers alone, with the tensors the region's
-    modules' parameter and buffer ``dicts`` held at the forward (:mod:`.substituted`)."""
+    modules' parameter and buffer ``dicts`` held at the forward and the ``generators`` in the states
+    the forward found them in (:mod:`.substituted`)."""
     snap = _Snapshot(stateful) if stateful else None
     restore = BothContexts(RestoreBuffers(stateful, snap), UncachedAutocast())
-    if dicts:
-        restore = BothContexts(HeldState(dicts), restore)
+    if dicts or generators is not None:
+        restore = BothContexts(HeldState(dicts, generators), restore)
     forward = BothContexts(snap or contextlib.nullcontext(), UncachedAutocast())
     if not params:
         return forward, restore
@@ -309,15 +313,21 @@ then gives wrong gradients), so a region running one replays to its end."""
 class SeededProbe(TorchDispatchMode):
     """Notes whether an ATen op tagged ``nondeterministic_seeded`` (one that draws from the RNG:
     dropout's ``bernoulli_``, ``rrelu_with_noise``, ``randn``…) runs while it is active
-    (``seen``), and whether one of :data:`_FILLS_SAVED` does (``fills_saved``)."""
+    (``seen``), and whether one of :data:`_FILLS_SAVED` does (``fills_saved``); ``generators``: each
+    ``torch.Generator`` such an op was handed (``generator=``: a module's own generator) with its
+    state before that op, its first use (:mod:`.substituted` replays it)."""
 
     def __init__(self) -> None:
         super().__init__()
         self.seen = False
         self.fills_saved = False
+        self.generators: list[tuple[torch.Generator, torch.Tensor]] = []
 
     def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
         if torch.Tag.nondeterministic_seeded in func.tags:
             self.seen = True
             self.fills_saved = self.fills_saved or func.overloadpacket.__name__ in _FILLS_SAVED
+            gen = (kwargs or {}).get("generator")
+            if isinstance(gen, torch.Generator) and not any(g is gen for g, _ in self.generators):
+                self.generators.append((gen, gen.get_state()))
         return func(*args, **(kwargs or {}))

@@ -144,9 +144,11 @@ class _Frame:
     def __init__(self, replay: Callable[..., Any], stateful: list[tuple[nn.Module, str]], args: tuple[Any, ...],
                  kwargs: dict[str, Any], preserve_rng: bool, stop: bool | Callable[[], bool] = True,
                  short: Callable[..., Any] | None = None, params: tuple[torch.Tensor, ...] = (),
-                 dicts: tuple[dict[str, Any], ...] = ()) -> None:
+                 dicts: tuple[dict[str, Any], ...] = (),
+                 generators: list[tuple[torch.Generator, torch.Tensor]] | None = None) -> None:
         self.replay = replay
-        self.held = HeldState(dicts) if dicts else None  # the forward's parameters (.substituted)
+        # the forward's parameters and generator states (.substituted)
+        self.held = HeldState(dicts, generators) if dicts or generators is not None else None
         # stop the replay by an exception once it saved all (else it ends there); a callable decides
         # at the replay (a probing forward knows only once it has run: ProbedCall)
         self.stop = stop
@@ -371,18 +373,20 @@ def tail_mark(*values: Any) -> None:
 def _run(fn: Callable[..., Any], replay: Callable[..., Any], stateful: list[tuple[nn.Module, str]],
          preserve_rng: bool, args: tuple[Any, ...], kwargs: dict[str, Any], stop: bool | Callable[[], bool] = True,
          short: Callable[..., Any] | None = None, params: tuple[torch.Tensor, ...] = (),
-         dicts: tuple[dict[str, Any], ...] = ()) -> Any:
+         dicts: tuple[dict[str, Any], ...] = (),
+         generators: list[tuple[torch.Generator, torch.Tensor]] | None = None) -> Any:
     """:func:`recomputed_call`, with ``replay`` (same ops as ``fn``) run for recomputation; ``stop``:
     stop the replay by an exception once it saved what the forward saved (``False``: the replay
     ends at its last saving op, see :class:`CheckpointRegion`); ``short``: the replay without the
     region's tail (``fn`` calls :func:`tail_mark` before it); ``params``: the parameters checked
     for in-place changes before recomputation (:func:`check_params`); ``dicts``: the parameter and
-    buffer dicts whose forward-time tensors the recomputation runs with (:mod:`.substituted`)."""
+    buffer dicts whose forward-time tensors the recomputation runs with, ``generators`` the
+    generators it replays from their forward-time states (:mod:`.substituted`)."""
     if not records():  # also under torch.func transforms (.transforms)
         return fn(*args, **kwargs)
     if torch.compiler.is_compiling():
         return compiled_region(fn, preserve_rng, args, kwargs)
-    frame = _Frame(replay, stateful, args, kwargs, preserve_rng, stop, short, params, dicts)
+    frame = _Frame(replay, stateful, args, kwargs, preserve_rng, stop, short, params, dicts, generators)
     if short is None:
         with torch.autograd.graph.saved_tensors_hooks(frame.pack, _unpack), UncachedAutocast():
             out = fn(*args, **kwargs)

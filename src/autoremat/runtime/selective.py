@@ -220,11 +220,11 @@ class _KeptOps:
 
 
 def _selective_contexts(stateful: list[tuple[nn.Module, str]], params: tuple[torch.Tensor, ...],
-                        keep: Mapping[int, str], where: str, dicts: tuple[dict[str, Any], ...] = ()
-                        ) -> tuple[Any, Any]:
+                        keep: Mapping[int, str], where: str, dicts: tuple[dict[str, Any], ...] = (),
+                        generators: list[tuple[torch.Generator, torch.Tensor]] | None = None) -> tuple[Any, Any]:
     """``context_fn``: selective checkpointing's two contexts joined with the buffer-restoring and
     parameter-checking ones (:func:`.recompute_state.checkpoint_kwargs`)."""
-    fwd, rec = restoring_contexts(stateful, params, dicts)
+    fwd, rec = restoring_contexts(stateful, params, dicts, generators)
     sac_fwd, sac_rec = selective_contexts(_KeptOps(keep, where))
     return BothContexts(fwd, sac_fwd), BothContexts(rec, sac_rec)
 
@@ -241,7 +241,9 @@ class SelectiveCall(ProbedCall):
         super().__init__(fn, stateful, "torch", params, where, dicts)
         self.keep = dict(keep)
 
-    def _call(self, rng: bool, stop: bool | Callable[[], bool], args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
-        context = functools.partial(_selective_contexts, self.stateful, self.params, self.keep, self.where, self.dicts)
+    def _call(self, rng: bool, stop: bool | Callable[[], bool], args: tuple[Any, ...], kwargs: dict[str, Any],
+              gens: list[tuple[torch.Generator, torch.Tensor]] | None = None) -> Any:
+        context = functools.partial(_selective_contexts, self.stateful, self.params, self.keep, self.where, self.dicts,
+                                    gens)
         return checkpoint(self.fn, *args, use_reentrant=False, preserve_rng_state=rng, context_fn=context,
                           early_stop=stop if isinstance(stop, bool) else False, **kwargs)

@@ -22,6 +22,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import Any
 
+import torch
 from torch import nn
 
 __all__ = ["state_dicts", "HeldState"]
@@ -42,14 +43,19 @@ def state_dicts(modules: Iterable[nn.Module]) -> tuple[dict[str, Any], ...]:
 
 class HeldState:
     """What ``dicts`` (:func:`state_dicts`) held when made (a region's forward start); entered
-    around the region's recomputation, puts that back where the dicts hold other tensors now."""
+    around the region's recomputation, puts that back where the dicts hold other tensors now, and
+    sets each of ``generators`` (a list of ``(generator, state at the forward)``, which the caller
+    may fill once the forward has run) to its forward state, leaving it as found afterwards."""
 
-    __slots__ = ("dicts", "held", "found")
+    __slots__ = ("dicts", "held", "found", "generators", "advanced")
 
-    def __init__(self, dicts: tuple[dict[str, Any], ...]) -> None:
+    def __init__(self, dicts: tuple[dict[str, Any], ...],
+                 generators: list[tuple[torch.Generator, torch.Tensor]] | None = None) -> None:
         self.dicts = dicts
         self.held = [dict(d) for d in dicts]
         self.found: list[dict[str, Any]] | None = None
+        self.generators = generators
+        self.advanced: list[torch.Tensor] = []
 
     def _changed(self) -> bool:
         for d, h in zip(self.dicts, self.held):
@@ -58,6 +64,10 @@ class HeldState:
         return False
 
     def __enter__(self) -> "HeldState":
+        if self.generators:
+            self.advanced = [g.get_state() for g, _ in self.generators]
+            for g, state in self.generators:
+                g.set_state(state)
         if self.dicts and self._changed():
             self.found = [dict(d) for d in self.dicts]
             for d, h in zip(self.dicts, self.held):
@@ -66,6 +76,9 @@ class HeldState:
         return self
 
     def __exit__(self, *exc: Any) -> None:
+        for (g, _), state in zip(self.generators or (), self.advanced):
+            g.set_state(state)
+        self.advanced = []
         if self.found is not None:
             for d, f in zip(self.dicts, self.found):
                 d.clear()
