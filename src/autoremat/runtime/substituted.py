@@ -1,21 +1,32 @@
-"""The parameters and buffers a recomputed region's forward ran with, put back for its recomputation.
+"""The module state a recomputed region's forward ran with, put back for its recomputation.
 
-``torch.func.functional_call(model, params, args)`` (meta-learning, stateless training loops) swaps
-other tensors into the modules' ``_parameters`` and ``_buffers`` for the duration of the call and
-swaps the model's own back when it returns: before backward, so before any region is recomputed.
-A region replaying its modules then read the model's own tensors, not those its forward ran with,
-and trained with wrong gradients, silently (measured, CPU: the least plans of the zoo's ResNet-50
-and of Hugging Face GPT-2 under ``functional_call`` with scaled parameters, 128 of 161 and 44 of 52
-gradients not equal to the unpatched model's).
+A region is recomputed in backward, when the modules may hold other state than when its forward
+ran, and a replay reading that state computed other values than the forward did, silently:
 
-:class:`HeldState` takes, when a region's forward starts, the tensors its modules' parameter and
-buffer dicts hold (references only: the region's forward holds them anyway); its recomputation runs
-with them put back where the dicts now hold others, and the dicts are left as they were found
-afterwards. The common case, nothing swapped, costs one identity comparison per tensor.
-Decided: parameters read through ``get_attr`` of an fx trace (not a called module's) are guarded
-by :mod:`autoremat.runtime.guard` instead (a changed identity runs the model's own forward), and a
-module's tensors a region reads without holding the module (a tied weight read through another
-module) are put back with that module only when that module is one of the region's."""
+* ``torch.func.functional_call(model, params, args)`` (meta-learning, stateless training loops)
+  swaps other tensors into the modules' ``_parameters`` and ``_buffers`` for the call only, so the
+  replay read the model's own (measured, CPU: the least plans of the zoo's ResNet-50 and of Hugging
+  Face GPT-2 under ``functional_call`` with scaled parameters, 128 of 161 and 44 of 52 gradients
+  not equal to the unpatched model's);
+* a forward that updates plain attributes (a call counter ``self.calls += 1`` that later steps
+  branch on, a tensor kept for inspection ``self.attn = attn``) ran that update again in the
+  replay: the counter advanced twice per step and the model's next steps differed (measured, CPU:
+  a 4-layer stack whose layers halve a branch from their third call on, least plan: gradients
+  not equal from the second step on, counters at 2x);
+* a module drawing from its own ``torch.Generator`` (``torch.rand(..., generator=self.gen)``)
+  drew other numbers in the replay and advanced the generator twice.
+
+:class:`HeldState` takes, when a region's forward starts, the entries of its modules' instance
+dicts and parameter and buffer dicts (:func:`state_dicts`; references, no copies: the forward holds
+them anyway) and the states of its generators; the recomputation runs with the entries that differ
+by then put back, and leaves every dict and generator as it found it. The common case, nothing
+changed, costs one identity comparison per entry.
+
+Decided: parameters read through ``get_attr`` of an fx trace (not a called module's) are guarded by
+:mod:`autoremat.runtime.guard` instead (a changed identity runs the model's own forward); a
+container a forward changes in place (``self.seen.append(x)``) is the same object at both times
+and is not put back (the replay changes it again); entries are compared by identity, so a plain
+value replaced by an equal one (an ``int`` past the small-integer cache) is put back too (harmless)."""
 
 from __future__ import annotations
 
@@ -27,14 +38,17 @@ from torch import nn
 
 __all__ = ["state_dicts", "HeldState"]
 
+_MISSING = object()
+
 
 def state_dicts(modules: Iterable[nn.Module]) -> tuple[dict[str, Any], ...]:
-    """The non-empty parameter and buffer dicts of ``modules`` and their submodules, each once."""
+    """The instance dicts and the non-empty parameter and buffer dicts of ``modules`` and their
+    submodules, each once."""
     seen: set[int] = set()
     out: list[dict[str, Any]] = []
     for top in modules:
         for m in top.modules():
-            for d in (m._parameters, m._buffers):
+            for d in (m.__dict__, m._parameters, m._buffers):
                 if d and id(d) not in seen:
                     seen.add(id(d))
                     out.append(d)
@@ -43,9 +57,9 @@ def state_dicts(modules: Iterable[nn.Module]) -> tuple[dict[str, Any], ...]:
 
 class HeldState:
     """What ``dicts`` (:func:`state_dicts`) held when made (a region's forward start); entered
-    around the region's recomputation, puts that back where the dicts hold other tensors now, and
-    sets each of ``generators`` (a list of ``(generator, state at the forward)``, which the caller
-    may fill once the forward has run) to its forward state, leaving it as found afterwards."""
+    around the region's recomputation, puts back the entries that differ now, and sets each of
+    ``generators`` (a list of ``(generator, state at the forward)``, which the caller may fill once
+    the forward has run) to its forward state; on exit leaves all as it found them."""
 
     __slots__ = ("dicts", "held", "found", "generators", "advanced")
 
@@ -53,35 +67,35 @@ class HeldState:
                  generators: list[tuple[torch.Generator, torch.Tensor]] | None = None) -> None:
         self.dicts = dicts
         self.held = [dict(d) for d in dicts]
-        self.found: list[dict[str, Any]] | None = None
+        self.found: list[tuple[dict[str, Any], dict[str, Any]]] = []
         self.generators = generators
         self.advanced: list[torch.Tensor] = []
-
-    def _changed(self) -> bool:
-        for d, h in zip(self.dicts, self.held):
-            if len(d) != len(h) or any(d.get(k) is not v for k, v in h.items()):
-                return True
-        return False
 
     def __enter__(self) -> "HeldState":
         if self.generators:
             self.advanced = [g.get_state() for g, _ in self.generators]
             for g, state in self.generators:
                 g.set_state(state)
-        if self.dicts and self._changed():
-            self.found = [dict(d) for d in self.dicts]
-            for d, h in zip(self.dicts, self.held):
-                d.clear()
-                d.update(h)
+        for d, h in zip(self.dicts, self.held):
+            if len(d) == len(h) and all(d.get(k, _MISSING) is v for k, v in h.items()):
+                continue
+            now = {k: d.get(k, _MISSING) for k in {*d, *h} if d.get(k, _MISSING) is not h.get(k, _MISSING)}
+            _put(d, {k: h.get(k, _MISSING) for k in now})
+            self.found.append((d, now))
         return self
 
     def __exit__(self, *exc: Any) -> None:
         for (g, _), state in zip(self.generators or (), self.advanced):
             g.set_state(state)
         self.advanced = []
-        if self.found is not None:
-            for d, f in zip(self.dicts, self.found):
-                d.clear()
-                d.update(f)
-            self.found = None
+        for d, now in reversed(self.found):
+            _put(d, now)
+        self.found = []
 
+
+def _put(d: dict[str, Any], entries: dict[str, Any]) -> None:
+    for k, v in entries.items():
+        if v is _MISSING:
+            d.pop(k, None)
+        else:
+            d[k] = v
