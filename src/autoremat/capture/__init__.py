@@ -244,7 +244,8 @@ def _empty_cast_cache() -> None:
 def _kept_calls(rec: Recorder) -> dict[str, dict[str, Any]]:
     """What capture keeps from recomputation, and why, for the graph's meta: nodes whose input is
     written in place (:mod:`.inplace`), calls handed a key/value cache (:mod:`.kv_cache`, said once
-    here), nodes sharing an autocast cast (:mod:`.shared_casts`) and modules run more than once in the step."""
+    here), nodes sharing an autocast cast (:mod:`.shared_casts`), calls changing a container in place
+    (:mod:`.container_writes`) and modules run more than once in the step."""
     calls = dict(getattr(rec, "cache_calls", {}))
     if calls:
         logger.warning("autoremat: %d module call(s) write a key/value cache (%s: %s) and are kept, not "
@@ -258,6 +259,7 @@ def _kept_calls(rec: Recorder) -> dict[str, dict[str, Any]]:
                        "plan cannot split what the model's own checkpoint holds; remove the checkpoint calls to let "
                        "autoremat choose (its plan replaces them)", sum(replayed.values()), next(iter(replayed)))
     return {"pinned_by_mutation": dict(rec.pinned), "pinned_by_cache": calls, "pinned_by_shared_cast": rec.cast_pins,
+            "pinned_by_container_write": {**rec.write_pins, **getattr(rec, "pinned_regions_by_write", {})},
             "reused_modules": dict(getattr(rec, "reused", {})), "recomputed_by_model": replayed}
 
 

@@ -26,6 +26,7 @@ from .input_grads import InputGrads
 from .inplace import MutationLog
 from .meta_targets import loss_on
 from .shared_casts import CastReads
+from .container_writes import ContainerWrites
 from .unread_saves import settle_unread_saves
 
 __all__ = ["NodeRecord", "Recorder", "classify_module", "classify_function"]
@@ -82,6 +83,8 @@ class Recorder:
         self.count_flops = count_flops
         self.casts = CastReads(params)  # autocast casts read more than once: kept (.shared_casts)
         self.cast_pins: dict[str, str] = {}
+        self.writes = ContainerWrites()  # node calls changing containers in place: kept (.container_writes)
+        self.write_pins: dict[str, str] = {}
         self._flop_mode: Any = None
         self.in_backward, self.replayed = False, dict[str, int]()  # calls in backward: the model's own recompute
         self.nodes: list[NodeRecord] = []
@@ -335,6 +338,12 @@ class Recorder:
         for v, param in shared.items():
             self.nodes[v].recomputable = False
         self.cast_pins = {self.nodes[v].name: param for v, param in shared.items()}
+        block_ops = getattr(self, "block_of", {})
+        for v, r in enumerate(self.nodes):
+            if r.module_path in self.writes.changed and v not in block_ops and r.kind != "glue":
+                r.recomputable = False
+                self.write_pins[r.name] = self.writes.changed[r.module_path]
+        self.writes.said({**self.write_pins, **getattr(self, "pinned_regions_by_write", {})})
         self.input_grads.apply(self.nodes)
         for who, delta in self._regions:
             if who == "loss":

@@ -11,7 +11,9 @@ model's semantics (issue 29):
 * **assignments to module state are refused**: a forward that assigns a module attribute, buffer
   or parameter (``self.calls += 1`` on a buffer, ``self.last = x``) would, traced, assign an fx
   ``Proxy`` once and never again at run time; the trace puts every such entry back and raises
-  :class:`StateAssignmentError` (``mode="auto"`` then captures at module level);
+  :class:`StateAssignmentError` (``mode="auto"`` then captures at module level); so does a forward
+  changing a list, dict or set attribute in place (``self.features.append(h)``: the generated
+  forward would never do it, :mod:`autoremat.capture.container_writes`);
 * **no-grad blocks are refused**: ``torch.fx`` does not record ``with torch.no_grad():``, so a
   traced graph would run such a block with gradients on (a buffer updated there would get a
   ``grad_fn``). A graph with an op traced under disabled grad raises :class:`NoGradBlockError`;
@@ -53,6 +55,7 @@ from torch.nn.modules import module as _module_mod
 
 from .._module_hooks import GLOBAL_HOOK_DICTS as _GLOBAL_HOOK_DICTS
 from .._module_hooks import HOOK_DICTS as _HOOK_DICTS
+from .container_writes import changed_containers, held_containers, put_back
 from .host_rng import draws, host_rng_kept, rng_states
 from .own_recompute import SelfCheckpointTraceError, checkpoint_call
 from ._code_reads import QUERIES, _foreign, code_reads, traced_through
@@ -112,13 +115,18 @@ def _queries_recorded(seen: dict[str, str]) -> Iterator[None]:
 @contextlib.contextmanager
 def _state_kept(model: nn.Module) -> Iterator[None]:
     """Puts back every module's ``__dict__``, ``_buffers`` and ``_parameters`` entries the block
-    assigned (also on error); raises :class:`StateAssignmentError` naming the first one."""
+    assigned and the container attributes it changed in place (also on error); raises
+    :class:`StateAssignmentError` naming the first one."""
     tables = [(path, kind, table, dict(table)) for path, m in model.named_modules()
               for kind, table in (("attribute", m.__dict__), ("buffer", m._buffers), ("parameter", m._parameters))]
     changed: list[str] = []
+    containers = held_containers(model.named_modules())
     try:
         yield
     finally:
+        written = changed_containers(containers)
+        for _label, v, items in containers:
+            put_back(v, items)
         for path, kind, table, before in tables:
             for k in list(table):
                 if k not in before:
@@ -128,6 +136,10 @@ def _state_kept(model: nn.Module) -> Iterator[None]:
                 if table.get(k, _MISSING) is not v:
                     table[k] = v
                     changed.append(f"{kind} {path + '.' if path else ''}{k}")
+    if written and not changed:
+        raise StateAssignmentError(
+            f"forward changes {written[0]} in place (e.g. `self.features.append(x)`), which a torch.fx trace runs "
+            "once and the traced graph never again: capture with mode='module' (mode='auto' does so by itself)")
     if changed:
         raise StateAssignmentError(
             f"forward assigns {changed[0]} (e.g. `self.x += 1` or `self.x = ...`), which a torch.fx trace cannot "

@@ -244,4 +244,6 @@ def settle_scopes(rec: Any, scopes: BlockScopes) -> None:
     rec.cache_calls.update(scopes.cache_calls)
     cached = {name for name in rec.call_op_start if plain_path(name) in rec.cache_calls}
     casts = rec.casts.settle(rec.nodes).regions  # autocast: .shared_casts
-    rec.pinned_regions = sorted(pinned | cached | set(casts))
+    rec.pinned_regions_by_write = {name: rec.writes.changed[plain_path(name)] for name in rec.call_op_start
+                                   if plain_path(name) in rec.writes.changed}  # .container_writes
+    rec.pinned_regions = sorted(pinned | cached | set(casts) | set(rec.pinned_regions_by_write))

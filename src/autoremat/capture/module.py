@@ -368,7 +368,7 @@ def profile_modules(
         for path, mod in mods:
             handles.append(mod.register_forward_pre_hook(rec.pre_hook(path, mod), with_kwargs=True))
             handles.append(mod.register_forward_hook(rec.post_hook(path)))
-        with rec.recording(), refusing(model):  # not the timed steps: the checks walk the stack
+        with rec.recording(), refusing(model), rec.writes.watching(mods):  # the checks walk the stack
             out = model(*args, **kwargs)
             rec.lingering.close()  # what dies from here on outlived the forward
             rec.mark_glue()

@@ -32,6 +32,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from .container_writes import contents, put_back
 from .host_rng import host_rng_kept
 
 __all__ = ["preserved_state", "kept_attributes", "KEEP_BYTES"]
@@ -90,7 +91,7 @@ def kept_attributes(obj: nn.Module, depth: int = 2, private_root: bool = False) 
         return k not in _OWN and (not k.startswith("_") or (private_root and m is obj))
 
     before = {m: {k: v for k, v in vars(m).items() if kept(m, k)} for m in obj.modules()}
-    held = [(v, _contents(v, depth)) for attrs in before.values() for k, v in attrs.items() if not k.startswith("_")]
+    held = [(v, contents(v, depth)) for attrs in before.values() for k, v in attrs.items() if not k.startswith("_")]
     values = [(f"{type(m).__name__}.{k}", v, v._version, v.detach().clone() if m is not obj and _small(v) else None)
               for m, attrs in before.items() for k, v in attrs.items()
               if not k.startswith("_") and isinstance(v, torch.Tensor) and not isinstance(v, nn.Parameter)
@@ -103,8 +104,8 @@ def kept_attributes(obj: nn.Module, depth: int = 2, private_root: bool = False) 
             for k in [k for k in now if k not in attrs and kept(m, k)]:
                 del now[k]
             now.update(attrs)
-        for v, contents in held:
-            _put_back(v, contents)
+        for v, held_items in held:
+            put_back(v, held_items)
         _restore(values)
 
 
@@ -126,25 +127,3 @@ def _restore(values: list[tuple[str, torch.Tensor, int, torch.Tensor | None]]) -
                                "place, which was not copied beforehand (over %d bytes, or the module's own): it keeps "
                                "that change; register it as a buffer to have it restored", name, tuple(v.shape),
                                v.dtype, KEEP_BYTES)
-
-
-def _contents(v: Any, depth: int) -> Any:
-    """A copy of container ``v``'s items (and of its containers', ``depth`` levels), or ``None``."""
-    if depth <= 0 or not isinstance(v, (list, dict, set)):
-        return None
-    items = list(v.items()) if isinstance(v, dict) else list(v)
-    inner = [(x, _contents(x, depth - 1)) for x in (v.values() if isinstance(v, dict) else v)]
-    return items, inner
-
-
-def _put_back(v: Any, contents: Any) -> None:
-    if contents is None:
-        return
-    items, inner = contents
-    if isinstance(v, list):
-        v[:] = items
-    else:  # a dict (from its item pairs) or a set
-        v.clear()
-        v.update(items)
-    for x, c in inner:
-        _put_back(x, c)
