@@ -131,10 +131,15 @@ class ReferenceWindows:
         if jump:
             snap = self._snaps[("jump from", k)]
             differ = _differing(s, snap)
-            jump = self._unused(differ, self.blocks[k + 1][-1])
+            own = _Own(self.blocks[k], range(start, _first_segment_after(plan, self.blocks[k][-1])),
+                       self.blocks[k + 1][-1])
+            held = {key for key in differ if own.holds_both(key, s, snap)}
+            jump = self._unused(differ - held, self.blocks[k + 1][-1])
             if jump:
-                delta = s.live - snap.live
-                s = _patched(g, self._snaps[("jump to", k)], s, snap, differ, levels)
+                delta, mine = s.live - snap.live, s
+                s = _patched(g, self._snaps[("jump to", k)], mine, snap, differ - held, levels)
+                for key in held:  # the window's holders as R's, block k's as the option's
+                    s.refs[key] = {h for h in s.refs[key] if not own(h)} | {h for h in mine.refs[key] if own(h)}
                 st = _step_of(g, plan, s, None, nd=self._nd, ok=self._ok)
         if not jump:
             for si in range(last + 1, end):
@@ -162,7 +167,7 @@ class ReferenceWindows:
         """Whether no event after node ``bound``'s forward and before its backward touches ``differ``."""
         for key in differ:
             kind = key[0] if isinstance(key, tuple) and key else None
-            if kind == "x" and isinstance(key[1], int) and key[1] <= bound:
+            if kind in ("x", "kx") and isinstance(key[1], int) and key[1] <= bound:  # a node's extras, to its backward
                 continue
             if kind == "o" and self._last_use.get(key[1], -1) <= bound and key[1] not in self._loss_roots:
                 continue
@@ -182,6 +187,39 @@ def _uses(graph: Graph) -> tuple[dict[int, int], set[int]]:
     loss = {graph.root(u) for u in graph.meta.get("loss_saves", ())}
     loss |= graph.held_roots()
     return last, loss
+
+
+class _Own:
+    """Block ``k``'s holders in the option and in ``R``: the saves and kept outputs of its nodes and
+    the inputs of its recomputed segments (``segments``: the option's), which both plans release in
+    its backward; ``bound``: block ``k + 1``'s last node, the window's end."""
+
+    def __init__(self, nodes: Sequence[int], segments: range, bound: int) -> None:
+        self.nodes, self.segments, self.bound = frozenset(nodes), segments, bound
+
+    def __call__(self, h: Hashable) -> bool:
+        if not isinstance(h, tuple) or len(h) != 2:
+            return False
+        kind, x = h
+        return (kind in ("s", "keep") and x in self.nodes) or (kind == "seg" and x in self.segments)
+
+    def _lasts(self, h: Hashable) -> bool:
+        """A holder released only in the backward of a node up to ``bound`` (after the window)."""
+        if not isinstance(h, tuple) or len(h) != 2 or not isinstance(h[1], int):
+            return False
+        kind, x = h
+        return (kind in ("s", "keep") and x <= self.bound) or (kind == "seg" and x < self.segments.stop)
+
+    def holds_both(self, key: Hashable, mine: StepState, ref: _Ledger) -> bool:
+        """Whether the two steps hold storage ``key`` alike but for block ``k``'s holders, each by a
+        holder lasting through the window: alive in both there, every other holder comes and goes as
+        in ``R`` (a mask every block reads, which a recomputed block keeps as an input)."""
+        if key not in mine.size or mine.size[key] != ref.size.get(key):
+            return False
+        a, b = mine.refs.get(key, set()), ref.refs.get(key, set())
+        others = {h for h in a if not self(h)}
+        return (others == {h for h in b if not self(h)} and any(map(self._lasts, a))
+                and any(map(self._lasts, b)))
 
 
 def _differing(s: StepState, snap: _Ledger) -> set[Hashable]:
