@@ -85,6 +85,7 @@ class Recorder:
         self.cast_pins: dict[str, str] = {}
         self.writes = ContainerWrites()  # node calls changing containers in place: kept (.container_writes)
         self.write_pins: dict[str, str] = {}
+        self.pinned_regions_by_write: dict[str, str] = {}  # the block call regions among them (.blocks)
         self._flop_mode: Any = None
         self.in_backward, self.replayed = False, dict[str, int]()  # calls in backward: the model's own recompute
         self.nodes: list[NodeRecord] = []
@@ -323,8 +324,9 @@ class Recorder:
 
     def finish(self, param_bytes: dict[str, int]) -> None:
         """Derive backward workspace from the recorded regions; pin the nodes whose inputs were
-        written in place (:mod:`autoremat.capture.inplace`) and those sharing an autocast cast
-        (:mod:`autoremat.capture.shared_casts`)."""
+        written in place (:mod:`autoremat.capture.inplace`), those sharing an autocast cast
+        (:mod:`autoremat.capture.shared_casts`) and the calls changing a container in place
+        (:mod:`autoremat.capture.container_writes`)."""
         settle_unread_saves(self.nodes, self.succs, self.root, self.input_grads.held)
         for v, writer in self.mutations.pinned().items():
             if not 0 <= v < len(self.nodes):  # a block call read it (autoremat.capture.blocks)
@@ -335,7 +337,7 @@ class Recorder:
             self.pinned[self.nodes[v].name] = (self.nodes[writer].name if isinstance(writer, int)
                                                  else writer or "code between nodes")
         shared = self.casts.settle(self.nodes).nodes
-        for v, param in shared.items():
+        for v in shared:
             self.nodes[v].recomputable = False
         self.cast_pins = {self.nodes[v].name: param for v, param in shared.items()}
         block_ops = getattr(self, "block_of", {})
@@ -343,7 +345,7 @@ class Recorder:
             if r.module_path in self.writes.changed and v not in block_ops and r.kind != "glue":
                 r.recomputable = False
                 self.write_pins[r.name] = self.writes.changed[r.module_path]
-        self.writes.said({**self.write_pins, **getattr(self, "pinned_regions_by_write", {})})
+        self.writes.said({**self.write_pins, **self.pinned_regions_by_write})
         self.input_grads.apply(self.nodes)
         for who, delta in self._regions:
             if who == "loss":

@@ -31,7 +31,7 @@ class ProbedCall:
                  params: tuple[torch.Tensor, ...] = (), where: str = "a module call",
                  dicts: tuple[dict[str, Any], ...] = ()) -> None:
         self.fn, self.stateful, self.mode, self.params, self.where = fn, stateful, mode, params, where
-        self.dicts = dicts  # the module's parameter and buffer dicts (autoremat.runtime.substituted)
+        self.dicts = dicts  # the module's instance, parameter and buffer dicts (.substituted)
         prepare_scratch(stateful)
         self.probed: SeededProbe | None = None
         self.generators: list[torch.Generator] = []  # the module's own generators its random ops draw from

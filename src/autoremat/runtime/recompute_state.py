@@ -291,9 +291,9 @@ def restoring_contexts(stateful: list[tuple[nn.Module, str]], params: tuple[torc
                        generators: list[tuple[torch.Generator, torch.Tensor]] | None = None) -> tuple[Any, Any]:
     """``context_fn`` of ``torch.utils.checkpoint``: a forward taking a snapshot of the buffers
     (and the parameters' versions: called at the forward), a recomputation checking the versions,
-    starting from the snapshot and leaving the real buffers alone, with the tensors the region's
-    modules' parameter and buffer ``dicts`` held at the forward and the ``generators`` in the states
-    the forward found them in (:mod:`.substituted`)."""
+    starting from the snapshot and leaving the real buffers alone, with the entries the region's
+    modules' instance, parameter and buffer ``dicts`` held at the forward and the ``generators`` in
+    the states the forward found them in (:mod:`.substituted`)."""
     snap = _Snapshot(stateful) if stateful else None
     restore = BothContexts(RestoreBuffers(stateful, snap), UncachedAutocast())
     if dicts or generators is not None:

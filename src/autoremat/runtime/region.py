@@ -379,8 +379,8 @@ def _run(fn: Callable[..., Any], replay: Callable[..., Any], stateful: list[tupl
     stop the replay by an exception once it saved what the forward saved (``False``: the replay
     ends at its last saving op, see :class:`CheckpointRegion`); ``short``: the replay without the
     region's tail (``fn`` calls :func:`tail_mark` before it); ``params``: the parameters checked
-    for in-place changes before recomputation (:func:`check_params`); ``dicts``: the parameter and
-    buffer dicts whose forward-time tensors the recomputation runs with, ``generators`` the
+    for in-place changes before recomputation (:func:`check_params`); ``dicts``: the instance,
+    parameter and buffer dicts whose forward-time entries the recomputation runs with, ``generators`` the
     generators it replays from their forward-time states (:mod:`.substituted`)."""
     if not records():  # also under torch.func transforms (.transforms)
         return fn(*args, **kwargs)
