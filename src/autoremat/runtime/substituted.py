@@ -25,8 +25,11 @@ changed, costs one identity comparison per entry.
 Decided: parameters read through ``get_attr`` of an fx trace (not a called module's) are guarded by
 :mod:`autoremat.runtime.guard` instead (a changed identity runs the model's own forward); a
 container a forward changes in place (``self.seen.append(x)``) is the same object at both times
-and is not put back (the replay changes it again); entries are compared by identity, so a plain
-value replaced by an equal one (an ``int`` past the small-integer cache) is put back too (harmless)."""
+and is not put back (capture keeps such calls from recomputation: :mod:`autoremat.capture.container_writes`);
+entries are compared by identity, so a plain value replaced by an equal one (an ``int`` past the
+small-integer cache) is put back too (harmless). Holding the entries has a cost the cost model does
+not count: a tensor attribute a forward replaces (``self.last = h``, an activation kept for
+inspection) lives until the region's recomputation instead of until that forward replaced it."""
 
 from __future__ import annotations
 
