@@ -593,3 +593,21 @@ def test_hf_inside_layer_gpu_size_is_gpt2_smalls(tmp_path: Path, monkeypatch: py
     assert (cfg.n_embd, cfg.n_layer, cfg.n_head, cfg.n_positions) == (768, 12, 12, 1024)
     assert bench.lm_config("llama").num_hidden_layers == 12 and bench.LM_SIZES["gpu"]["batch"] == 8
     assert json.loads((tmp_path / "hf_inside_layer.json").read_text())["size"] == "gpu"
+
+
+def test_mode_free_peaks_measures_without_a_dispatch_mode(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """``benchmarks/mode_free_peaks.py`` on the U-Net's unpatched step: the three peaks per memory
+    format, the profiler's the same in both formats (no dispatch mode: the gradient sums run in place)."""
+    monkeypatch.syspath_prepend(str(BENCH))
+    sys.modules.pop("mode_free_peaks", None)
+    bench = importlib.import_module("mode_free_peaks")
+    threads = torch.get_num_threads()
+    try:
+        result = bench.main(["--models", "unet", "--budgets", "none", "--out", str(tmp_path)])
+    finally:
+        torch.set_num_threads(threads)
+    rows = result["rows"]
+    assert [(r["format"], r["budget"]) for r in rows] == [("contiguous", "none"), ("channels_last", "none")]
+    assert all(r["profiler"] > 0 and r["counter"] == r["predicted"] for r in rows)
+    assert rows[0]["profiler"] == rows[1]["profiler"]
+    assert (tmp_path / "mode_free_peaks.md").read_text().count("| unet |") == 2
