@@ -39,11 +39,16 @@ import torch
 
 from ..call_names import is_per_call
 
-__all__ = ["CastReads", "SharedCasts"]
+__all__ = ["CastReads", "SharedCasts", "autocast_caches"]
 
 logger = logging.getLogger("autoremat.capture")
 
 _CAST = torch.ops.aten._to_copy.default
+
+
+def autocast_caches() -> bool:
+    """Whether autocast is on (CPU or CUDA) with its cache of parameter casts."""
+    return torch.is_autocast_cache_enabled() and any(torch.is_autocast_enabled(d) for d in ("cpu", "cuda"))
 
 
 @dataclass
@@ -59,10 +64,9 @@ class CastReads:
     ``params``: the model's named parameters; :meth:`note` sees each op of the forward."""
 
     def __init__(self, params: Iterable[tuple[str, torch.Tensor]]) -> None:
-        self.on = torch.is_autocast_cache_enabled() and any(torch.is_autocast_enabled(d) for d in ("cpu", "cuda"))
+        self.on = autocast_caches()
         self._param_of = {p.untyped_storage()._cdata: name for name, p in params} if self.on else {}
         self._casts: dict[int, tuple[str, list[int | None]]] = {}  # cast storage -> (parameter, [maker, readers])
-        self._reads: dict[int, int] = {}
         self._settled: SharedCasts | None = None
 
     def note(self, func: Any, ins: Sequence[torch.Tensor], outs: Sequence[torch.Tensor], who: int | None) -> None:
@@ -79,15 +83,14 @@ class CastReads:
         for k in keys:
             if k in self._casts and k not in made:  # a view of the cast is not a use of it
                 self._casts[k][1].append(who)
-                self._reads[k] = self._reads.get(k, 0) + 1
 
     def settle(self, nodes: Sequence[Any]) -> SharedCasts:
         """The call regions and nodes to keep, once the step's scopes are named (logged once)."""
         if self._settled is not None:
             return self._settled
         out = SharedCasts()
-        for k, (param, whos) in self._casts.items():
-            if self._reads.get(k, 0) < 2:
+        for param, whos in self._casts.values():
+            if len(whos) < 3:  # the maker and fewer than two readers
                 continue
             for w in whos:
                 r = None if w is None else nodes[w]
@@ -109,8 +112,7 @@ def _log(out: SharedCasts, nodes: Sequence[Any]) -> None:
     if not out.regions and not out.nodes:
         return
     names = [*out.regions, *(nodes[v].name for v in out.nodes)]
-    param = next(iter({**out.regions, **{nodes[v].name: p for v, p in out.nodes.items()}}.values()))
-    said = (len(names), param, names[0])
+    said = (len(names), next(iter([*out.regions.values(), *out.nodes.values()])), names[0])
     if said not in _SAID:  # once, though capture_within captures the model more than once
         _SAID.add(said)
         logger.warning("autoremat: %d node(s) or call region(s) share an autocast cast of a parameter (%s, in %s): "

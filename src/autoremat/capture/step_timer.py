@@ -16,7 +16,29 @@ from torch import nn
 
 from ._recorder import tensors_in
 
-__all__ = ["Timer", "timing_noise", "paused_gc"]
+__all__ = ["Clock", "Timer", "timing_noise", "paused_gc"]
+
+
+class Clock:
+    """Points in time on ``device``: a recorded CUDA event on a GPU, ``perf_counter`` otherwise."""
+
+    def __init__(self, device: torch.device) -> None:
+        self.cuda = device.type == "cuda"
+
+    def now(self) -> Any:
+        if self.cuda:
+            ev = torch.cuda.Event(enable_timing=True)
+            ev.record()
+            return ev
+        return time.perf_counter()
+
+    def seconds(self, a: Any, b: Any, *, sync: bool = True) -> float:
+        """Seconds from ``a`` to ``b`` (``sync``: wait for the device first)."""
+        if self.cuda:
+            if sync:
+                torch.cuda.synchronize()
+            return a.elapsed_time(b) / 1000.0
+        return b - a
 
 
 class Timer:
@@ -24,30 +46,18 @@ class Timer:
 
     def __init__(self, n: int, device: torch.device) -> None:
         self.n = n
-        self.cuda = device.type == "cuda"
+        self.clock = Clock(device)
+        self.cuda = self.clock.cuda
         self.fwd: list[list[float]] = [[] for _ in range(n)]
         self.bwd: list[list[float]] = [[] for _ in range(n)]
         self._t0: float | Any = 0.0
         self._marks: list[tuple[int | str, Any]] = []
 
-    def _now(self) -> Any:
-        if self.cuda:
-            ev = torch.cuda.Event(enable_timing=True)
-            ev.record()
-            return ev
-        return time.perf_counter()
-
-    @staticmethod
-    def _elapsed(a: Any, b: Any) -> float:
-        if isinstance(a, float):
-            return b - a
-        return a.elapsed_time(b) / 1000.0
-
     def begin(self, v: int) -> None:
-        self._t0 = self._now()
+        self._t0 = self.clock.now()
 
     def end(self, v: int, out: Any) -> None:
-        t1 = self._now()
+        t1 = self.clock.now()
         self._pending_fwd.append((v, self._t0, t1))
         for t in tensors_in(out):
             if t.requires_grad:
@@ -56,7 +66,7 @@ class Timer:
 
     def _marker(self, v: int) -> Callable[[torch.Tensor], None]:
         def hook(grad: torch.Tensor) -> None:
-            self._marks.append((v, self._now()))
+            self._marks.append((v, self.clock.now()))
         return hook
 
     def start_step(self) -> None:
@@ -65,14 +75,14 @@ class Timer:
 
     def backward(self, loss: torch.Tensor) -> None:
         loss.backward()
-        self._marks.append(("end", self._now()))
+        self._marks.append(("end", self.clock.now()))
         if self.cuda:
             torch.cuda.synchronize()
         for v, a, b in self._pending_fwd:
-            self.fwd[v].append(self._elapsed(a, b))
+            self.fwd[v].append(self.clock.seconds(a, b, sync=False))
         for (v, a), (_w, b) in zip(self._marks, self._marks[1:]):
             if isinstance(v, int):
-                self.bwd[v].append(self._elapsed(a, b))
+                self.bwd[v].append(self.clock.seconds(a, b, sync=False))
 
     def run_steps(self, module: nn.Module, forward: Callable[[], Any], loss_fn: Callable[[Any], torch.Tensor],
                   warmup: int, repeats: int, before_step: Callable[[], None] = lambda: None

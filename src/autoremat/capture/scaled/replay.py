@@ -45,7 +45,6 @@ from __future__ import annotations
 import logging
 import math
 import statistics
-import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
@@ -55,7 +54,7 @@ from torch.utils._pytree import tree_flatten, tree_unflatten
 
 from ...graph import Graph
 from .._recorder import tensors_in
-from ..step_timer import paused_gc
+from ..step_timer import Clock, paused_gc
 from ..preserved import preserved_state
 from ..allocator_meter import AllocatorMeter
 from ..fx import _run_kwargs, fx_ops
@@ -154,31 +153,13 @@ class _Shapes(torch.fx.Interpreter):
         return _detached_run(self, n)
 
 
-class _Clock:
-    def __init__(self, device: torch.device) -> None:
-        self.cuda = device.type == "cuda"
-
-    def now(self) -> Any:
-        if self.cuda:
-            ev = torch.cuda.Event(enable_timing=True)
-            ev.record()
-            return ev
-        return time.perf_counter()
-
-    def seconds(self, a: Any, b: Any) -> float:
-        if self.cuda:
-            torch.cuda.synchronize()
-            return a.elapsed_time(b) / 1000.0
-        return b - a
-
-
 def _storage_total(tensors: Sequence[Any]) -> int:
     seen = {t.untyped_storage()._cdata: t.untyped_storage().nbytes() for t in tensors if isinstance(t, torch.Tensor)}
     return int(sum(seen.values()))
 
 
 def _time_node(fn: Callable[..., Any], args: tuple, kwargs: dict, grad_ids: set[int], params: list[torch.Tensor],
-               clock: _Clock, repeats: int, warmup: int,
+               clock: Clock, repeats: int, warmup: int,
                meter: AllocatorMeter | None = None) -> tuple[float, float, int, int]:
     """Median forward and backward seconds of ``fn`` alone (module docstring, step 2), and the
     largest forward and backward workspace ``meter`` saw (step 3; 0 without a meter)."""
@@ -244,7 +225,7 @@ class _Replay(torch.fx.Interpreter):
         """Whether ``signatures`` are the full batch's (else at ``sizes[0]``, extrapolated)."""
         self.ids = {n: i for i, n in enumerate(fx_ops(gm))}
         self.base, self.signatures, self.sizes, self.room = base, signatures, sizes, room_bytes
-        self.repeats, self.warmup, self.clock = repeats, warmup, _Clock(device)
+        self.repeats, self.warmup, self.clock = repeats, warmup, Clock(device)
         self.meter = _meter(device)
         self.times: dict[int, tuple[float, float]] = {}
         self.workspace: dict[int, tuple[int, int]] = {}
