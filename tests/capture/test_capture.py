@@ -114,6 +114,9 @@ def test_graph_json_round_trip_of_capture() -> None:
         (nn.Linear(2, 2), (1, 2), None, "auto", TypeError, "no tensor"),
         (nn.Linear(2, 2), (torch.randn(2, 2),), [1], "auto", TypeError, "dict of keyword"),
         (nn.Linear(2, 2), (torch.randn(2, 2),), None, "jit", ValueError, "capture mode"),
+        # lazy modules: before, PyTorch's "Attempted to use an uninitialized parameter in numel" from inside capture
+        (nn.Sequential(nn.LazyLinear(4), nn.ReLU()), (torch.randn(2, 3),), None, "auto", ValueError,
+         r"2 uninitialized lazy parameters or buffers \(0.weight, 0.bias\).*Run the model once on a batch"),
     ],
 )
 def test_capture_rejects_bad_input(model, args, kwargs, mode, error, match) -> None:  # type: ignore[no-untyped-def]

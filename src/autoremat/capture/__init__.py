@@ -47,7 +47,8 @@ from .fx import fx_fingerprint, profile_fx, records_from_fx, trace
 from .blocks import BLOCK_MODES
 from .meta_cache import MetaOpCache
 from .module import module_fingerprint, profile_modules
-from .signature import input_signature, tensor_signature
+from .param_writes import written_first
+from .signature import input_signature, resized_signature, tensor_signature
 from .sparse_grads import SparseGrads
 from .scaled import CaptureDoesNotFitError, capture_within
 
@@ -108,6 +109,14 @@ def _validate(model: Any, args: Any, kwargs: Any, mode: str, loss_fn: Any) -> tu
             f"{type(model).__name__} has Hugging Face gradient checkpointing enabled ({checkpointing or 'the model'}): "
             "autoremat chooses what to recompute itself, and a capture of a step that already recomputes cannot be "
             "planned. Call model.gradient_checkpointing_disable() before profiling (AutoRemat's plan replaces it)")
+    lazy = [n for n, t in (*model.named_parameters(), *model.named_buffers())
+            if isinstance(t, nn.parameter.UninitializedTensorMixin)]
+    if lazy:
+        raise ValueError(
+            f"{type(model).__name__} has {len(lazy)} uninitialized lazy parameters or buffers ({', '.join(lazy[:3])}"
+            f"{', ...' if len(lazy) > 3 else ''}): their shapes, so the step's memory, are unknown until the first "
+            "forward. Run the model once on a batch (model(batch)) before capturing it, as PyTorch asks before "
+            "creating an optimizer")
     return tuple(args), dict(kwargs)
 
 
@@ -281,14 +290,18 @@ def _trace_and_profile(model: nn.Module, args: tuple[Any, ...], kwargs: dict[str
         if gm is None and mode in ("auto", "fx"):
             gm = _traced_in_state(model, mode)
         if gm is not None:
+            before = tensor_signature(gm)
             rec = profile_fx(gm, records_from_fx(gm, param_names), args, kwargs, loss, resident, param_bytes,
                              device=device, watch=watch, **profile)
-            return rec, gm, fx_fingerprint(gm), tensor_signature(gm), "fx"
+            sig = resized_signature(before, tensor_signature(gm))  # buffers the forward resizes (signature)
+            return rec, gm, fx_fingerprint(gm, tensors=sig), sig, "fx"
+        before = tensor_signature(model)
         with every_layer(model):  # LayerDrop: the step in which every layer runs (.layer_drop)
             _first_call(model, args, kwargs, device)
             rec = profile_modules(model, args, kwargs, loss, resident, param_names, param_bytes, device=device,
                                   blocks=blocks, **profile)
-        return rec, None, module_fingerprint(model, blocks), tensor_signature(model), "module"
+        sig = resized_signature(before, tensor_signature(model))
+        return rec, None, module_fingerprint(model, blocks, tensors=sig), sig, "module"
 
 
 def _first_call(model: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any], device: torch.device) -> None:
@@ -299,7 +312,8 @@ def _first_call(model: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any],
     a selective plan for that layer failed at its first step (the layer no longer ran those ops)."""
     if device.type == "meta":  # a meta capture follows real ones (which warmed the caches) and replays their
         return                 # data-dependent values in order (.shadow_values): a forward more would shift them
-    with preserved_state(model, [device]), torch.no_grad():
+    with preserved_state(model, [device]), torch.no_grad(), \
+            written_first([*model.parameters(), *tensors_in((args, kwargs))]):
         model(*args, **kwargs)
     _empty_cast_cache()
 

@@ -20,7 +20,8 @@ from .step_timer import Timer
 from .signature import tensor_lines
 from ._tracing import SemanticTracer, semantic_trace
 from .held_outputs import OutputHold
-from .inplace import out_of_place
+from .inplace import out_of_place, write_order
+from .param_writes import written_first
 
 __all__ = ["trace", "fx_ops", "fx_fingerprint", "records_from_fx", "profile_fx", "time_fx", "Watch"]
 
@@ -81,6 +82,7 @@ def records_from_fx(gm: torch.fx.GraphModule, param_names: Mapping[int, str]) ->
     ids = {n: i for i, n in enumerate(ops)}
     out_node = next(n for n in gm.graph.nodes if n.op == "output")
     outputs = {ids[u] for u in _output_nodes(out_node) if u in ids}
+    order = write_order(gm)  # in-place ops left in place: their readers before and after them keep their order
     recs: list[NodeRecord] = []
     for i, n in enumerate(ops):
         params: list[str] = []
@@ -93,7 +95,7 @@ def records_from_fx(gm: torch.fx.GraphModule, param_names: Mapping[int, str]) ->
                 obj = _get_attr(gm, str(u.target))
                 if isinstance(obj, torch.nn.Parameter) and id(obj) in param_names:
                     params.append(param_names[id(obj)])
-        preds = sorted({ids[u] for u in n.all_input_nodes if u in ids})
+        preds = sorted({ids[u] for u in (*n.all_input_nodes, *order.get(n, ())) if u in ids})
         recs.append(NodeRecord(
             name=n.name, kind=_kind(gm, n), target=_target_name(n),
             module_path=str(n.target) if n.op == "call_module" else "",
@@ -198,12 +200,13 @@ def profile_fx(
 ) -> Recorder:
     """One recorded step (memory; ``watch`` sees its nodes) and ``warmup + repeats`` timed steps."""
     rec = Recorder(resident, count_flops=count_flops, params=gm.named_parameters())
-    rec.mutations.watch_state([*gm.parameters(), *gm.buffers()])
+    rec.mutations.watch_state(gm.buffers())
     for r in recs:
         rec.add_node(r)
     interp = _Interp(gm, rec, watch, outputs={v for v, r in enumerate(recs) if r.is_output})
     with rec.recording():
-        out = _run_kwargs(interp, gm, args, kwargs)
+        with written_first([*gm.parameters(), *tensors_in((args, kwargs))]):  # the first run: copies (.param_writes)
+            out = _run_kwargs(interp, gm, args, kwargs)
         interp.env.clear()  # the interpreter's env holds the returned value: only ``out`` may
         loss = rec.run_loss(loss_fn, out)
         seed_only_what_the_loss_reads(recs, loss, interp.producers)

@@ -48,9 +48,10 @@ of issue 26):
    ``setitem``, ``out=``), and at module level (Hugging Face style captures, where version
    counters of the recorded step would say the same for the tensors still alive, but the log
    also sees tensors whose Python object died) e.g. a leaf ``ReLU(inplace=True)`` applied to a
-   recomputable module's output. Writes by a module node to the parameters and buffers of the
-   model (batch-norm statistics) are left out: the runtime restores the buffers of the modules
-   it recomputes.
+   recomputable module's output. Writes by a module node to the buffers of the model (batch-norm
+   statistics) are left out: the runtime restores the buffers of the modules it recomputes. A
+   write to a parameter is not (``nn.Embedding(max_norm=...)`` renormalises the rows it looks up
+   in place): the node is pinned, as a replay would write the parameter a second time.
 
    Keeping an unmutated copy of a written input instead of pinning was not built: measured on
    the zoo's in-place ResNet-50 (``size="small"`` shapes, batch 4, CPU), the rewrite leaves
@@ -79,7 +80,7 @@ from torch import nn
 from torch.nn.modules.batchnorm import _BatchNorm
 from ..measure import op_tensors
 
-__all__ = ["out_of_place", "mutated_input", "MutationLog", "written_storages"]
+__all__ = ["out_of_place", "mutated_input", "write_order", "MutationLog", "written_storages"]
 
 logger = logging.getLogger(__name__)
 
@@ -276,6 +277,33 @@ def out_of_place(gm: torch.fx.GraphModule) -> list[str]:
         logger.debug("autoremat: ran %d in-place ops out of place: %s", len(done), ", ".join(done))
     gm.meta["autoremat_out_of_place"] = done
     return done
+
+def write_order(gm: torch.fx.GraphModule) -> dict[torch.fx.Node, set[torch.fx.Node]]:
+    """Order edges for the in-place ops left in place (after :func:`out_of_place`): each reads
+    after every earlier node reading a possible alias of the tensor it writes, and every later
+    such node reads after it; ``{node: nodes it must follow}``. Without them a plan could run a
+    reader of a model input before the forward normalised it in place (``x.sub_(mean)``, then
+    ``self.a(x)``: ``a`` takes the placeholder, not the in-place op's result): measured, a plan
+    recomputing ``a`` ran it first. The readers before a write are pinned already
+    (:class:`MutationLog`), so an edge never makes a recomputed region take another input."""
+    ops = [n for n in gm.graph.nodes if n.op in _OPS]
+    pos = {n: i for i, n in enumerate(ops)}
+    writes = [(k, m) for k in ops for m in [mutated_input(gm, k)] if m is not None]
+    if not writes:
+        return {}
+    root = _alias_classes(gm)
+    readers: dict[torch.fx.Node, list[torch.fx.Node]] = {}
+    for n in ops:
+        for c in {root[a] for a in n.all_input_nodes}:
+            readers.setdefault(c, []).append(n)
+    out: dict[torch.fx.Node, set[torch.fx.Node]] = {}
+    for k, m in writes:
+        for n in readers.get(root[m], ()):
+            if n is not k:
+                before, after = (n, k) if pos[n] < pos[k] else (k, n)
+                out.setdefault(after, set()).add(before)
+    return out
+
 
 # --------------------------------------------------------------------------- recorded writes
 _WRITES: dict[Any, tuple[tuple[int, str], ...]] = {}

@@ -362,7 +362,7 @@ def profile_modules(
     mods = node_modules(model)
     scopes = BlockScopes(model, block_paths(model, [p for p, _ in mods])) if blocks == "ops" else None
     rec = _ModuleRecorder(resident, model, param_names, count_flops=count_flops, scopes=scopes)
-    rec.mutations.watch_state([*model.parameters(), *model.buffers()])
+    rec.mutations.watch_state(model.buffers())
     handles = [] if scopes is None else scopes.register()
     try:
         for path, mod in mods:

@@ -3,7 +3,8 @@ timing runs, a measured step, the Lightning callback's runs of ``training_step``
 block succeeds or raises.
 
 :func:`preserved_state`: RNG (torch's, Python's and numpy's: :mod:`.host_rng`), parameters (the
-same objects, ``requires_grad``, ``.grad``), buffers (the same objects, their values), every
+same objects, ``requires_grad``, ``.grad``, and the values of those a forward writes in place,
+copied on their first write: :mod:`.param_writes`; the example batch likewise), buffers (the same objects, their values), every
 module's ``training`` flag, and, by default, :func:`kept_attributes`.
 
 :func:`kept_attributes`: every module's public attributes as they were (added ones removed,
@@ -34,8 +35,9 @@ from torch import nn
 
 from .container_writes import contents, put_back
 from .host_rng import host_rng_kept
+from .param_writes import held_copies
 
-__all__ = ["preserved_state", "kept_attributes", "KEEP_BYTES"]
+__all__ = ["preserved_state", "kept_attributes", "put_values", "KEEP_BYTES"]
 
 logger = logging.getLogger("autoremat")
 
@@ -59,14 +61,16 @@ def preserved_state(model: torch.nn.Module, devices: list[torch.device], attribu
     buffers = {id(b): (b, b.detach().clone(), b.requires_grad) for _m, bufs, _p, _t in held
                for b in bufs.values() if b is not None}
     params = {id(p): (p, p.grad, p.requires_grad) for _m, _b, ps, _t in held for p in ps.values() if p is not None}
+    versions = {k: p._version for k, (p, _g, _r) in params.items()}
     for p, _grad, _rg in params.values():
         p.grad = None  # backward would accumulate into the user's .grad tensors in place
     cuda_devices = [d for d in devices if d.type == "cuda"]
-    with torch.random.fork_rng(devices=cuda_devices), host_rng_kept(), \
+    with torch.random.fork_rng(devices=cuda_devices), host_rng_kept(), held_copies() as copies, \
             kept_attributes(model, private_root=private_root) if attributes else contextlib.nullcontext():
         try:
             yield
         finally:
+            _put_back_written(params, versions, copies)
             for m, bufs, ps, training in held:
                 m._buffers.clear()
                 m._buffers.update(bufs)
@@ -77,8 +81,7 @@ def preserved_state(model: torch.nn.Module, devices: list[torch.device], attribu
                 if b.grad_fn is not None or b.requires_grad != requires_grad:
                     b.detach_()
                     b.requires_grad_(requires_grad)
-                with torch.no_grad():
-                    b.copy_(value)
+                put_values(b, value)
             for p, grad, requires_grad in params.values():
                 p.requires_grad_(requires_grad)
                 p.grad = grad
@@ -109,6 +112,29 @@ def kept_attributes(obj: nn.Module, depth: int = 2, private_root: bool = False) 
         _restore(values)
 
 
+def _put_back_written(params: dict[int, tuple[nn.Parameter, Any, bool]], versions: dict[int, int],
+                      copies: dict[int, tuple[torch.Tensor, torch.Tensor]]) -> None:
+    """The values of the tensors (parameters, the batch) written in place in the block, from their
+    copies (:mod:`.param_writes`); a warning for parameters written with no copy."""
+    for t, copy in copies.values():
+        put_values(t, copy)
+    for k, (p, _g, _r) in params.items():
+        if p._version != versions[k] and k not in copies:
+            logger.warning("autoremat ran the model for its own purposes (a capture, a measured step, the Lightning "
+                           "callback's run of training_step) and its forward changed a parameter (%s, %s) in place "
+                           "in a run after the first: that change stays", tuple(p.shape), p.dtype)
+
+
+def put_values(t: torch.Tensor, old: torch.Tensor) -> None:
+    """``old``'s values into ``t`` in place, resized back first where the block resized it
+    (``resize_``: a quantization observer's ``min_val`` starts empty and takes its shape in the
+    first forward)."""
+    with torch.no_grad():
+        if t.shape != old.shape:
+            t.resize_(old.shape)
+        t.copy_(old)
+
+
 def _small(v: torch.Tensor) -> bool:
     return v.numel() * v.element_size() <= KEEP_BYTES
 
@@ -119,8 +145,8 @@ def _restore(values: list[tuple[str, torch.Tensor, int, torch.Tensor | None]]) -
         for name, v, version, old in values:
             if v._version == version:
                 continue
-            if old is not None and v.shape == old.shape and v.dtype == old.dtype and v.device == old.device:
-                v.copy_(old)
+            if old is not None and v.dtype == old.dtype and v.device == old.device:
+                put_values(v, old)
             else:
                 logger.warning("autoremat ran the model for its own purposes (a capture, a measured step, the Lightning "
                                "callback's run of training_step) and it changed tensor attribute %s (%s, %s) in "

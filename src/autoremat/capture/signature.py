@@ -21,6 +21,13 @@ batch 64. So:
   batch is refused, not re-scaled: solve again (capture is the only source of the byte counts
   the plan relies on).
 
+A buffer the model's forward resizes (a quantization-aware-training observer's ``min_val`` and
+fake-quantizer's ``scale`` start as ``[0]`` / ``[1]`` and take their per-channel shapes in the first
+forward, ``resize_``) has one shape before the first step and another after: a capture that sees a
+buffer's shape change records it as ``float32[*]`` (:func:`resized_signature`), the fingerprint hashes
+that, and ``apply`` compares such a buffer's dtype only (:func:`as_recorded`), so the plan applies to
+the model before and after its first step.
+
 A patched model itself checks no shapes when it runs: the last, smaller batch of an epoch, an
 evaluation at another batch size or a larger batch run exactly as the unpatched model does
 (at a larger batch its step peak grows past the plan's prediction).
@@ -36,7 +43,11 @@ from torch import nn
 
 from ..errors import PlanMismatchError
 
-__all__ = ["tensor_signature", "input_signature", "tensor_lines", "first_difference", "check_inputs"]
+__all__ = ["tensor_signature", "resized_signature", "as_recorded", "input_signature", "tensor_lines",
+           "first_difference", "check_inputs"]
+
+RESIZED = "[*]"
+"""The shape a signature records for a buffer the forward resizes."""
 
 
 def _sig(t: torch.Tensor) -> str:
@@ -48,6 +59,22 @@ def tensor_signature(module: nn.Module) -> dict[str, str]:
     out = {f"param:{n}": _sig(p) for n, p in module.named_parameters()}
     out.update({f"buffer:{n}": _sig(b) for n, b in module.named_buffers()})
     return out
+
+
+def resized_signature(before: Mapping[str, str], after: Mapping[str, str]) -> dict[str, str]:
+    """``after`` with every buffer whose shape differs from ``before`` recorded as resized (``dtype[*]``)."""
+    return {k: (v.partition("[")[0] + RESIZED if k.startswith("buffer:") and before.get(k, v) != v else v)
+            for k, v in after.items()}
+
+
+def as_recorded(own: Mapping[str, str], recorded: Mapping[str, str] | None) -> dict[str, str]:
+    """``own`` (a model's :func:`tensor_signature`) with the shapes of the buffers ``recorded`` (a
+    plan's) has as resized left out, where the dtype agrees."""
+    def one(k: str, v: str) -> str:
+        r = (recorded or {}).get(k, "")
+        return r if r.endswith(RESIZED) and v.partition("[")[0] == r.partition("[")[0] else v
+
+    return {k: one(k, v) for k, v in own.items()}
 
 
 def tensor_lines(module: nn.Module) -> Iterable[str]:

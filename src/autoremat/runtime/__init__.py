@@ -57,7 +57,7 @@ from .._fsdp import inner_module
 from ..capture.fx import fx_fingerprint, fx_ops, trace
 from ..capture.module import module_fingerprint, node_modules
 from ..capture.preserved import preserved_state
-from ..capture.signature import check_inputs, first_difference, tensor_signature
+from ..capture.signature import as_recorded, check_inputs, first_difference, tensor_signature
 from ..errors import PlanMismatchError
 from ..plan import Plan, check_segments
 from ._rollback import PatchPoints
@@ -201,10 +201,11 @@ def _apply_fx(model: nn.Module, plan: Plan, names: list[str], regions: str) -> _
     with preserved_state(model, []):  # tracing runs forward's Python on the real attributes
         gm = trace(model)
     ops = fx_ops(gm)
-    fp = fx_fingerprint(gm)
+    sig = as_recorded(tensor_signature(gm), plan.tensors)  # (buffers the forward resizes: dtype only)
+    fp = fx_fingerprint(gm, tensors=sig)
     if plan.graph_fingerprint and fp != plan.graph_fingerprint:
         why = (first_difference(list(names), [n.name for n in ops], "node")
-               or first_difference(plan.tensors or {}, tensor_signature(gm), "tensor"))
+               or first_difference(plan.tensors or {}, sig, "tensor"))
         raise PlanMismatchError(f"plan was made for graph {plan.graph_fingerprint} but {type(model).__name__} "
                                 f"traces to {fp}{f' ({why})' if why else ''}; capture this model and solve again")
     if [n.name for n in ops] != list(names):
@@ -447,11 +448,12 @@ def _build_forward(gm: torch.fx.GraphModule, ops: list[torch.fx.Node], plan: Pla
 # ---------------------------------------------------------------------- module level
 def _apply_module(model: nn.Module, plan: Plan, names: list[str], regions: str) -> _PatchState:
     sharded = is_sharded(model)  # FSDP units: modules by their names before sharding (autoremat.runtime.sharding)
-    fp, canonical = module_plan_fingerprint(model, plan) if sharded else (module_fingerprint(model), None)
+    sig = as_recorded(tensor_signature(model), plan.tensors)  # (buffers the forward resizes: dtype only)
+    fp, canonical = module_plan_fingerprint(model, plan) if sharded else (module_fingerprint(model, tensors=sig), None)
     if not sharded and plan.graph_fingerprint and plan.graph_fingerprint != fp:  # blocks captured op by op?
-        fp = module_fingerprint(model, "ops")
+        fp = module_fingerprint(model, "ops", tensors=sig)
     if plan.graph_fingerprint and fp != plan.graph_fingerprint:
-        why = first_difference(plan.tensors or {}, tensor_signature(model), "tensor")
+        why = first_difference(plan.tensors or {}, sig, "tensor")
         raise PlanMismatchError(f"plan was made for graph {plan.graph_fingerprint} but {type(model).__name__} "
                                 f"has module structure {fp}{f' ({why})' if why else ''}; capture this model and "
                                 "solve again")

@@ -204,7 +204,9 @@ def check_params(params: tuple[torch.Tensor, ...], versions: tuple[int, ...] | N
                 f"autoremat: one of the variables needed for gradient computation has been modified by an inplace "
                 f"operation: a parameter of a recomputed region ({tuple(p.shape)} {p.dtype}) is at version "
                 f"{p._version}; expected version {v} instead. Change parameters after backward (e.g. "
-                "optimizer.step() after loss.backward()), as without autoremat")
+                "optimizer.step() after loss.backward()), as without autoremat. If the model's own forward writes "
+                "it (nn.Embedding(max_norm=...)), capture the model again with this autoremat and solve: a "
+                "capture keeps the node writing it from recomputation")
 
 
 class _ParamCheck:
