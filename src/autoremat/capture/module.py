@@ -51,12 +51,16 @@ _CONTAINERS = (nn.ModuleList, nn.Sequential, nn.ModuleDict)
 
 
 def node_modules(model: nn.Module) -> list[tuple[str, nn.Module]]:
-    """The modules whose calls are nodes, with their dotted paths, in registration order."""
+    """The modules whose calls are nodes, with their dotted paths, in registration order. A
+    TorchScript module (``torch.jit.script``) takes no hooks and cannot be patched: neither it nor
+    anything inside it is a node (its ops are glue of the call around it)."""
     found: list[tuple[str, nn.Module]] = []
 
     def members(prefix: str, container: nn.Module) -> None:
         for name, child in container.named_children():
             path = f"{prefix}.{name}" if prefix else name
+            if isinstance(child, torch.jit.ScriptModule):
+                continue
             if isinstance(child, (nn.ModuleList, nn.ModuleDict)):  # not callable: look inside
                 members(path, child)
             else:  # a block (a Sequential member of a list is a block too)
@@ -65,6 +69,8 @@ def node_modules(model: nn.Module) -> list[tuple[str, nn.Module]]:
     def visit(prefix: str, mod: nn.Module) -> None:
         for name, child in mod.named_children():
             path = f"{prefix}.{name}" if prefix else name
+            if isinstance(child, torch.jit.ScriptModule):  # no hooks, no patching: its ops are its caller's glue
+                continue
             if isinstance(child, _CONTAINERS):
                 members(path, child)
             elif next(child.children(), None) is None:

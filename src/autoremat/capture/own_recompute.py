@@ -142,7 +142,8 @@ def refusing(model: nn.Module) -> Iterator[None]:
                     "autoremat cannot plan this model; train it without autoremat, or call the layers outside "
                     "the Function (plain calls, or torch.utils.checkpoint, which autoremat understands)")
         return check
-    handles = [m.register_forward_pre_hook(hook(p)) for p, m in model.named_modules()]
+    handles = [m.register_forward_pre_hook(hook(p)) for p, m in model.named_modules()
+               if not isinstance(m, torch.jit.ScriptModule)]  # (no hooks; nor does it run Python Functions)
     try:
         yield
     finally:

@@ -72,10 +72,11 @@ def preserved_state(model: torch.nn.Module, devices: list[torch.device], attribu
         finally:
             _put_back_written(params, versions, copies)
             for m, bufs, ps, training in held:
-                m._buffers.clear()
-                m._buffers.update(bufs)
-                m._parameters.clear()
-                m._parameters.update(ps)
+                if isinstance(m._buffers, dict):  # (a TorchScript module's are fixed views of its C++ module)
+                    m._buffers.clear()
+                    m._buffers.update(bufs)
+                    m._parameters.clear()
+                    m._parameters.update(ps)
                 m.training = training
             for b, value, requires_grad in buffers.values():
                 if b.grad_fn is not None or b.requires_grad != requires_grad:

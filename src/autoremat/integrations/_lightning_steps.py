@@ -59,7 +59,8 @@ def record_inputs(cb: "AutoRemat", trainer: "pl.Trainer", pl_module: "pl.Lightni
     candidates = [(cb.module or "", cb._target)]
     if choose and cb.module is None:
         candidates += [(path, m) for path, m in pl_module.named_modules()
-                       if path and any(p.requires_grad for p in m.parameters())]
+                       if path and any(p.requires_grad for p in m.parameters())
+                       and not isinstance(m, torch.jit.ScriptModule)]  # (takes no hooks)
 
     def hook_for(path: str) -> Callable[..., None]:
         def hook(module: nn.Module, args: tuple, kwargs: dict) -> None:
