@@ -118,3 +118,13 @@ step saved bf16 casts of them (``autoremat.capture.dead_nodes.release_points``).
     backward, ``autoremat.capture.input_grads``, 1.019x)."""
     graph = _trains_as_predicted(name, amp, high, times="flops")
     assert (name != "convnext") or any(graph.node(v)["grad_new"] for v in graph.nodes)
+
+
+@pytest.mark.parametrize("amp", [False, True], ids=["fp32", "bf16"])
+def test_funnels_in_place_scaled_view_is_predicted_exactly(amp: bool) -> None:
+    """Funnel's relative-position attention scales a slice of an einsum's output in place by a mask
+    (``positional_attn *= cls_mask``), whose backward autograd hides behind a ``CopySlices``: taken to
+    save its result, which held the einsum's whole output to backward, the unpatched step was predicted
+    1.112x (fp32) and 1.069x (bf16) its measured peak (x86_64 CPU); ``mul_`` by a tensor keeps that tensor
+    (:data:`autoremat.capture.autograd_saves.OTHER_SAVES`): now within 1 %."""
+    _trains_as_predicted("funnel", amp, 0.01)

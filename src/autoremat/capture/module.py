@@ -18,7 +18,6 @@ recomputed. With ``blocks="ops"`` the repeated blocks are captured op by op
 
 from __future__ import annotations
 
-import hashlib
 import statistics
 import weakref
 from collections.abc import Callable, Collection, Mapping, Sequence
@@ -27,11 +26,9 @@ from typing import Any
 import torch
 from torch import nn
 
-from .._fsdp import original_class
 from ._loss_reach import SeedMeter, seed_only_what_the_loss_reads
 from .dead_nodes import release_points, settle_dead_nodes
-from .aliases import aliased
-from .autograd_saves import behind_copy_slices, saved_by
+from .autograd_saves import behind_copy_slices, handed, hidden_saves, saved_by
 from ._recorder import NodeRecord, Recorder, classify_function, classify_module, tensors_in
 from .step_timer import Timer
 from ..call_names import call_name
@@ -43,65 +40,9 @@ from .kv_cache import cache_arguments
 from .layer_drop import warn_skipped
 from .lingering import Lingering
 from .own_recompute import checkpoint_held, in_reentrant_checkpoint, refusing
-from .signature import tensor_lines
+from .node_modules import module_fingerprint, node_modules
 
 __all__ = ["node_modules", "module_fingerprint", "profile_modules", "time_modules"]
-
-_CONTAINERS = (nn.ModuleList, nn.Sequential, nn.ModuleDict)
-
-
-def node_modules(model: nn.Module) -> list[tuple[str, nn.Module]]:
-    """The modules whose calls are nodes, with their dotted paths, in registration order. A
-    TorchScript module (``torch.jit.script``) takes no hooks and cannot be patched: neither it nor
-    anything inside it is a node (its ops are glue of the call around it)."""
-    found: list[tuple[str, nn.Module]] = []
-
-    def members(prefix: str, container: nn.Module) -> None:
-        for name, child in container.named_children():
-            path = f"{prefix}.{name}" if prefix else name
-            if isinstance(child, torch.jit.ScriptModule):
-                continue
-            if isinstance(child, (nn.ModuleList, nn.ModuleDict)):  # not callable: look inside
-                members(path, child)
-            else:  # a block (a Sequential member of a list is a block too)
-                found.append((path, child))
-
-    def visit(prefix: str, mod: nn.Module) -> None:
-        for name, child in mod.named_children():
-            path = f"{prefix}.{name}" if prefix else name
-            if isinstance(child, torch.jit.ScriptModule):  # no hooks, no patching: its ops are its caller's glue
-                continue
-            if isinstance(child, _CONTAINERS):
-                members(path, child)
-            elif next(child.children(), None) is None:
-                found.append((path, child))
-            else:
-                visit(path, child)
-
-    (members if isinstance(model, _CONTAINERS) else visit)("", model)
-    # a module also registered inside another node module is not a node (autoremat.capture.aliases)
-    paths = {p for p, _ in found}
-    inside = {k for k, ps in aliased(model).items() if not paths.issuperset(ps)}
-    return [(p, m) for p, m in found if id(m) not in inside]
-
-
-def module_fingerprint(model: nn.Module, blocks: str = "module", *,
-                       nodes: Sequence[tuple[str, nn.Module]] | None = None,
-                       tensors: Mapping[str, str] | None = None,
-                       modules: Mapping[str, nn.Module] | None = None) -> str:
-    """Hash of the node modules (``blocks="ops"``: the repeated blocks marked as captured op by op) and of the
-    model's parameters' and buffers' shapes and dtypes (:mod:`autoremat.capture.signature`); equals
-    ``Graph.fingerprint`` of a module capture. ``nodes`` / ``tensors`` / ``modules``: the node modules, tensor
-    signature and modules by path to use instead of the model's own (:mod:`autoremat.runtime.sharding`'s)."""
-    h = hashlib.sha256(b"module")
-    mods = node_modules(model) if nodes is None else list(nodes)
-    ops = set(block_paths(model, [p for p, _ in mods], modules)) if blocks == "ops" else set()
-    for path, mod in mods:
-        h.update(f"{path}:{original_class(mod).__name__}{':ops' if path in ops else ''};".encode())
-    for line in tensor_lines(model) if tensors is None else (f"{k}={v};" for k, v in tensors.items()):
-        h.update(line.encode())
-    return h.hexdigest()[:16]
-
 
 class _ModuleRecorder(Recorder):
     def __init__(self, resident: list[torch.Tensor], model: nn.Module, param_names: Mapping[int, str],
@@ -117,7 +58,7 @@ class _ModuleRecorder(Recorder):
         self.counter.on_op = self._on_op
         self._param_names = param_names
         self._glue_marks: list[tuple[int, weakref.ref]] = []
-        self._op_outputs: list[tuple[int, list[weakref.ref]]] = []
+        self._op_outputs: list[tuple[int, list[weakref.ref], Any]] = []
         self._param_of = {p.untyped_storage()._cdata: param_names[id(p)] for p in model.parameters()
                           if id(p) in param_names}
         self.scopes = scopes
@@ -164,8 +105,8 @@ class _ModuleRecorder(Recorder):
         Reading a node's saves unpacks them (``detach`` ops): not the model's ops, not recorded."""
         enabled, self.glue_enabled = self.glue_enabled, False
         try:
-            for v, refs in self._op_outputs:
-                self._read_saves(v, refs)
+            for v, refs, other in self._op_outputs:
+                self._read_saves(v, refs, other)
         finally:
             self.glue_enabled = enabled
         self._op_outputs.clear()
@@ -175,10 +116,12 @@ class _ModuleRecorder(Recorder):
                 t.register_hook(self._marker(v))
         self._glue_marks.clear()
 
-    def _read_saves(self, v: int, refs: list[weakref.ref]) -> None:
+    def _read_saves(self, v: int, refs: list[weakref.ref], other: Any) -> None:
         """What op node ``v``'s autograd node saved, read from its ``_saved_*`` fields, or, for a
         custom ``autograd.Function`` (Bloom's GELU), its ``saved_tensors`` (exact, where the order of
-        pack hooks cannot tell an op's input saves from the previous op's output saves)."""
+        pack hooks cannot tell an op's input saves from the previous op's output saves); for an
+        in-place op on a view, whose node hides them, from the op (:func:`.autograd_saves.hidden_saves`:
+        ``other``, what it was handed besides the view)."""
         rec = self.nodes[v]
         alive = [t for t in (r() for r in refs) if t is not None]
         if alive:  # autograd has attached the history now: whether the op's output takes part
@@ -186,18 +129,21 @@ class _ModuleRecorder(Recorder):
         fn = next((t.grad_fn for t in alive if t.grad_fn is not None), None)
         if fn is None:
             return
+        saved: list[tuple[Any, int]] = [(t.untyped_storage()._cdata, t.untyped_storage().nbytes()) for t in saved_by(fn)]
         if not rec.alloc_bytes and behind_copy_slices(fn, rec.target) and any(
-                self.owner.get(t.untyped_storage()._cdata) == v for t in alive):
-            rec.saves.add(v)  # an in-place op on a view: what its backward saves is hidden (.autograd_saves)
+                self.owner.get(t.untyped_storage()._cdata) == v for t in alive):  # (.autograd_saves)
+            hidden = hidden_saves(rec.target, other, rec.out_bytes, v)
+            saved += hidden
+            if not hidden:  # what its backward saves is hidden: its result, high, never low
+                rec.saves.add(v)
         extra: dict[int, int] = {}
         own: dict[int, int] = {}
         custom = isinstance(fn, torch.autograd.function.BackwardCFunction)
-        for t in saved_by(fn):
-            key = t.untyped_storage()._cdata
+        for key, nbytes in saved:
             if key in self.resident:
                 continue
             if self.owner.get(key) == v:
-                own[key] = t.untyped_storage().nbytes()
+                own[key] = nbytes
             elif key in self.owner:
                 u = self.owner[key]
                 rec.saves.add(u)
@@ -205,7 +151,7 @@ class _ModuleRecorder(Recorder):
                     rec.preds.append(u)  # the Function reads it (and gets its gradient)
                     self.succs.setdefault(u, []).append(v)
             else:
-                extra[key] = t.untyped_storage().nbytes()
+                extra[key] = nbytes
         if own and sum(own.values()) < rec.alloc_bytes:
             # some of its outputs only (layer norm's mean and rstd, not its result): those are saved
             # bytes of its own, not the node's output, which its consumers may free (under autocast
@@ -282,7 +228,7 @@ class _ModuleRecorder(Recorder):
         for t in tensors_in(output):
             v = self.owner.get(t.untyped_storage()._cdata)
             if v is not None and t.is_floating_point():
-                self._op_outputs.append((v, [weakref.ref(t)]))
+                self._op_outputs.append((v, [weakref.ref(t)], None))
                 self._glue_marks.append((v, weakref.ref(t)))
 
     def _on_op(self, func: Any, args: tuple, kwargs: dict, out: Any) -> None:
@@ -314,7 +260,7 @@ class _ModuleRecorder(Recorder):
         v = self.add_node(rec)
         if in_block:
             self.block_of[v] = (len(self.scopes.block_calls) - 1, rec.op_index)
-            self._op_outputs.append((v, [weakref.ref(t) for t in outs]))  # history comes after dispatch
+            self._op_outputs.append((v, [weakref.ref(t) for t in outs], handed(func, args)))  # history: after dispatch
         fresh: dict[int, int] = {}
         roots: set[int] = set()
         for t in outs:

@@ -163,6 +163,15 @@ CASES: dict[str, Callable[[], Case]] = {
         vocab_size=V, d_model=64, d_kv=16, d_ff=128, num_layers=2, num_decoder_layers=2, num_heads=4,
         local_radius=4, global_block_size=4, encoder_attention_type="transient-global", decoder_start_token_id=0,
         pad_token_id=0)), (), {"input_ids": _ids(2, 32, 1), "labels": _ids(2, 16, 2)}, _loss),
+    "mamba": lambda: (T.MambaForCausalLM(T.MambaConfig(vocab_size=V, hidden_size=64, num_hidden_layers=3, state_size=8,
+                                                       use_cache=False)), (_ids(2, 32, 1),), {}, _lm),
+    "qwen2_moe": _decoder("Qwen2MoeForCausalLM", "Qwen2MoeConfig", **LLAMA_LIKE, num_experts=4, num_experts_per_tok=2,
+                          moe_intermediate_size=32, shared_expert_intermediate_size=64),
+    "modernbert": lambda: (T.ModernBertForMaskedLM(T.ModernBertConfig(
+        vocab_size=V, hidden_size=64, num_hidden_layers=3, num_attention_heads=4, intermediate_size=128, pad_token_id=0,
+        local_attention=16)), (_ids(2, 32, 1, low=1),), {}, _lm),
+    "funnel": lambda: (T.FunnelForMaskedLM(T.FunnelConfig(vocab_size=V, d_model=64, n_head=4, d_head=16, d_inner=128,
+                                                           block_sizes=[1, 1, 1])), (_ids(2, 32, 1),), {}, _lm),
 }
 """Builders by name: decoders with rotary embeddings, grouped-query attention, sliding windows,
 ALiBi (Bloom), mixture of experts (Mixtral), parallel residuals (GPT-NeoX, GPT-J, Falcon); a GPT-2
@@ -174,7 +183,11 @@ tied to the input embedding, expanded latent and query parameters); Autoformer (
 ``x * conj(y)``); HuBERT (convolutional feature encoder, weight-normed positional convolution); Encodec
 (an encoder no gradient reaches: its output only picks integer codes, which the decoder decodes); Longformer
 and LED (sliding-window attention: overlapping ``as_strided`` chunks, whose backward has workspace); LongT5
-(transient-global attention; its first layer returns the position bias to the next, as T5's does)."""
+(transient-global attention; its first layer returns the position bias to the next, as T5's does); Funnel
+(pooling between blocks; its relative-position attention scales a slice of an einsum's output in place by
+a mask, whose saves autograd hides); Mamba (a selective state-space scan, its slow path in plain ops);
+Qwen2-MoE (routed experts beside a gated shared expert); ModernBERT (alternating local and global
+attention)."""
 
 
 def build(name: str, *, seed: int = 0) -> Case:
