@@ -193,3 +193,29 @@ def test_never_behind_chen_on_the_zoo_networks_and_transformers(part, caplog):
             g = autoremat.capture(make(layers=6), (), {"input_ids": ids, "labels": ids}, repeats=1, warmup=0)
             checked += assert_never_behind_chen(g, caplog)
         assert checked >= 4
+
+
+def test_the_exact_models_least_is_searched_only_where_it_can_beat_what_is_known(monkeypatch):
+    """``Search._exact_least``: a probe one byte below the least simulated peak known decides whether
+    the exact model's least-budget search (which proves every smaller budget infeasible from 1/64 up)
+    is paid; its answers are kept by bytes and structure, so the reference graph of a stable plan
+    (same bytes, other times) meets them. Measured before: the first solve of a 374-node Qwen3-MoE
+    capture under bf16 took 14.5 s (two searches of 47 infeasible probes each), now 1.6 s."""
+    from autoremat.solvers.kusumoto import search as search_mod
+    from autoremat.solvers.stable import reference_graph
+
+    g = random_network("transformer", 3, 147)
+    search = Search(g, "dp-approx", parse_config(None, "dp-approx"))
+    searched: list[int] = []
+    real = Search.least_dp_budget
+    monkeypatch.setattr(Search, "least_dp_budget", lambda self, dp=None: searched.append(1) or real(self, dp))
+    search_mod._EXACT_LEAST.clear()
+    least, seq = search._exact_least(10 ** 12)  # far above: it may beat that, so it searches
+    assert searched == [1] and search.second_opinion().model_peak(seq)[0] == least
+    again = search._exact_least(least)  # nothing fits below its own least: no search, the same least
+    assert searched == [1] and again is not None and again[0] == least
+    assert search._exact_least(least - 1) is None and searched == [1]  # nothing fits at all
+    ref = reference_graph(g)  # (a search holds its graph weakly)
+    twin = Search(ref, "dp-approx", parse_config(None, "dp-approx"))
+    monkeypatch.setattr(Search, "second_opinion", lambda self: pytest.fail("the reference graph searched again"))
+    assert twin._exact_least(10 ** 12) == (least, seq)
