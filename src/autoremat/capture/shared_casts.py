@@ -39,16 +39,24 @@ import torch
 
 from ..call_names import is_per_call
 
-__all__ = ["CastReads", "SharedCasts", "autocast_caches"]
+__all__ = ["CastReads", "SharedCasts", "autocast_caches", "cached_autocast_devices"]
 
 logger = logging.getLogger("autoremat.capture")
 
 _CAST = torch.ops.aten._to_copy.default
 
 
+def cached_autocast_devices() -> list[str]:
+    """The devices (of CPU and CUDA) whose autocast is on with its cache of parameter casts (the
+    runtime's recomputations run without that cache: :class:`autoremat.runtime.recompute_state.UncachedAutocast`)."""
+    if not torch.is_autocast_cache_enabled():
+        return []
+    return [d for d in ("cpu", "cuda") if torch.is_autocast_enabled(d)]
+
+
 def autocast_caches() -> bool:
     """Whether autocast is on (CPU or CUDA) with its cache of parameter casts."""
-    return torch.is_autocast_cache_enabled() and any(torch.is_autocast_enabled(d) for d in ("cpu", "cuda"))
+    return bool(cached_autocast_devices())
 
 
 @dataclass

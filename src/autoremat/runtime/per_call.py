@@ -45,7 +45,8 @@ from torch import nn
 from ..call_names import parse_call
 from ..errors import CallCountError, PlanMismatchError
 from .probed_call import ProbedCall
-from .recompute_state import cached_autocast_devices, is_recomputing, shared_casts, stateful_buffers
+from ..capture.shared_casts import cached_autocast_devices
+from .recompute_state import is_recomputing, shared_casts, stateful_buffers
 from .selective import SelectiveCall
 from .substituted import state_dicts
 

@@ -16,10 +16,11 @@ import torch
 from torch import nn
 from torch.utils._python_dispatch import TorchDispatchMode
 
+from ..capture.shared_casts import cached_autocast_devices
 from .substituted import HeldState
 
 __all__ = ["is_recomputing", "prepare_scratch", "snapshot_buffers", "stateful_buffers", "checkpoint_kwargs",
-           "restoring_contexts", "shared_casts", "cached_autocast_devices", "BothContexts", "param_versions", "check_params", "RestoreBuffers", "SeededProbe", "UncachedAutocast"]
+           "restoring_contexts", "shared_casts", "BothContexts", "param_versions", "check_params", "RestoreBuffers", "SeededProbe", "UncachedAutocast"]
 
 _BN_TYPES = (nn.BatchNorm1d, nn.BatchNorm2d, nn.BatchNorm3d)
 _BN_STATS = frozenset({"running_mean", "running_var", "num_batches_tracked"})
@@ -237,13 +238,6 @@ def checkpoint_kwargs(stateful: list[tuple[nn.Module, str]], preserve_rng: bool 
     kw: dict[str, Any] = {"use_reentrant": False, "preserve_rng_state": preserve_rng,
                           "context_fn": functools.partial(restoring_contexts, stateful, params, dicts, generators)}
     return kw
-
-
-def cached_autocast_devices() -> list[str]:
-    """The devices (of CPU and CUDA) whose autocast is on with its cache of parameter casts."""
-    if not torch.is_autocast_cache_enabled():
-        return []
-    return [d for d in ("cpu", "cuda") if torch.is_autocast_enabled(d)]
 
 
 class UncachedAutocast:
