@@ -24,6 +24,7 @@ from ...errors import InfeasibleBudgetError
 from ...graph import Graph
 from ...plan import Plan, segments_from_lower_sets
 from ..chen import chen_plans
+from ..content_keys import memory_signature, signature
 from .closed import ClosedDP
 from .config import DPApproxConfig, DPConfig, DPExactConfig
 from .dp import LowerSetDP, time_quantum
@@ -403,23 +404,8 @@ _cache: weakref.WeakKeyDictionary[Graph, OrderedDict[tuple[str, int, int, bool],
 _cache_lock = threading.Lock()
 
 
-def signature(graph: Graph) -> int:
-    """A hash of the graph's nodes, edges and meta (not the lazily added fingerprint)."""
-    meta = sorted((k, v) for k, v in graph.meta.items() if k != "fingerprint")
-    text = repr([tuple(d.items()) for _, d in graph.nx.nodes(data=True)]) + repr(list(graph.nx.edges)) + repr(meta)
-    return hash(text)
-
-
 _EXACT_LEAST_KEPT = 8
 _EXACT_LEAST: OrderedDict[tuple, tuple[int, list[int]] | None] = OrderedDict()  # Search._exact_least's answers
-_TIMES = frozenset({"time_s", "bwd_time_s", "time_noise", "time_source", "fingerprint"})
-
-
-def memory_signature(graph: Graph) -> int:
-    """:func:`signature` without the times (a hash of what memory depends on)."""
-    meta = sorted((k, v) for k, v in graph.meta.items() if k not in _TIMES)
-    nodes = [sorted((k, v) for k, v in d.items() if k not in _TIMES) for _, d in graph.nx.nodes(data=True)]
-    return hash(repr(nodes) + repr(list(graph.nx.edges)) + repr(meta))
 
 
 def search_for(graph: Graph, solver: str, cfg: dict[str, Any]) -> Search:
