@@ -223,3 +223,17 @@ def test_min_budget_is_the_least_budget_chen_meets(index: int) -> None:
         solve_chen(g, coarse - 1, config={"thresholds": 3})
     with pytest.raises(ValueError, match="thresholds"):
         min_budget(g, "chen", config={"thresholds": 0})
+
+
+def test_chens_plans_are_kept_per_graph_and_tried_again_after_an_edit() -> None:
+    from _graphs import skip_chain
+
+    from autoremat.solvers.chen import chen_plans
+
+    g = skip_chain()
+    first = chen_plans(g)
+    again = chen_plans(g)
+    assert [(p, t, q.to_dict()) for p, t, q in first] == [(p, t, q.to_dict()) for p, t, q in again]
+    assert all(a[2] is not b[2] for a, b in zip(first, again))  # fresh plans: a caller may stamp its own
+    g.nx.nodes[1]["time_s"] *= 10  # an edited graph: its plans' extra times change
+    assert [t for _, t, _ in chen_plans(g)] != [t for _, t, _ in first]
