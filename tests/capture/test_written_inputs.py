@@ -1,8 +1,7 @@
 """A forward that writes its input in place (``x.mul_(0.5).add_(0.1)``: normalising the batch):
 
 * a capture leaves the example batch as it was (:mod:`autoremat.capture.param_writes`). Before, the
-  batch came back normalised once per run of the capture, and the Lightning callback trained its first
-  step on it;
+  batch came back normalised once per run of the capture;
 * at fx level, the readers of the input after the write follow the in-place op in the graph
   (:func:`autoremat.capture.inplace.write_order`): ``self.a(x)`` takes the placeholder, not the in-place
   op's result, so before, a plan could run ``a`` first (measured: every plan recomputing ``a`` did,

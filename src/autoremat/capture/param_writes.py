@@ -16,9 +16,9 @@ parameter the first time one is written, for every :func:`preserved_state` block
 no copy (a write in a later run only) is left changed, with a warning naming it.
 
 The example batch is watched too: a forward normalising its input in place (``x.sub_(mean)``)
-left the batch of a capture normalised once per run (measured: 4 times for ``repeats=2,
-warmup=1``), and the Lightning callback then trained its first step on that batch. The batch is
-put back when the capture ends; its runs after the first see the batch as the run before left it.
+left the batch handed to ``capture`` normalised once per run (measured: 4 times for ``repeats=2,
+warmup=1``). The batch is put back when the capture ends; its runs after the first see the batch as
+the run before left it.
 """
 
 from __future__ import annotations

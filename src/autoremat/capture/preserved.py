@@ -4,8 +4,9 @@ block succeeds or raises.
 
 :func:`preserved_state`: RNG (torch's, Python's and numpy's: :mod:`.host_rng`), parameters (the
 same objects, ``requires_grad``, ``.grad``, and the values of those a forward writes in place,
-copied on their first write: :mod:`.param_writes`; the example batch likewise), buffers (the same objects, their values), every
-module's ``training`` flag, and, by default, :func:`kept_attributes`.
+copied on their first write: :mod:`.param_writes`; the example batch likewise), buffers (the same
+objects, their values, their shapes where the forward resized them), every module's ``training``
+flag, and, by default, :func:`kept_attributes`.
 
 :func:`kept_attributes`: every module's public attributes as they were (added ones removed,
 rebound ones rebound; the root's private ones too with ``private_root``), the contents of the
@@ -37,7 +38,7 @@ from .container_writes import contents, put_back
 from .host_rng import host_rng_kept
 from .param_writes import held_copies
 
-__all__ = ["preserved_state", "kept_attributes", "put_values", "KEEP_BYTES"]
+__all__ = ["preserved_state", "kept_attributes", "KEEP_BYTES"]
 
 logger = logging.getLogger("autoremat")
 
@@ -82,7 +83,7 @@ def preserved_state(model: torch.nn.Module, devices: list[torch.device], attribu
                 if b.grad_fn is not None or b.requires_grad != requires_grad:
                     b.detach_()
                     b.requires_grad_(requires_grad)
-                put_values(b, value)
+                _put_values(b, value)
             for p, grad, requires_grad in params.values():
                 p.requires_grad_(requires_grad)
                 p.grad = grad
@@ -118,7 +119,7 @@ def _put_back_written(params: dict[int, tuple[nn.Parameter, Any, bool]], version
     """The values of the tensors (parameters, the batch) written in place in the block, from their
     copies (:mod:`.param_writes`); a warning for parameters written with no copy."""
     for t, copy in copies.values():
-        put_values(t, copy)
+        _put_values(t, copy)
     for k, (p, _g, _r) in params.items():
         if p._version != versions[k] and k not in copies:
             logger.warning("autoremat ran the model for its own purposes (a capture, a measured step, the Lightning "
@@ -126,7 +127,7 @@ def _put_back_written(params: dict[int, tuple[nn.Parameter, Any, bool]], version
                            "in a run after the first: that change stays", tuple(p.shape), p.dtype)
 
 
-def put_values(t: torch.Tensor, old: torch.Tensor) -> None:
+def _put_values(t: torch.Tensor, old: torch.Tensor) -> None:
     """``old``'s values into ``t`` in place, resized back first where the block resized it
     (``resize_``: a quantization observer's ``min_val`` starts empty and takes its shape in the
     first forward)."""
@@ -147,7 +148,7 @@ def _restore(values: list[tuple[str, torch.Tensor, int, torch.Tensor | None]]) -
             if v._version == version:
                 continue
             if old is not None and v.dtype == old.dtype and v.device == old.device:
-                put_values(v, old)
+                _put_values(v, old)
             else:
                 logger.warning("autoremat ran the model for its own purposes (a capture, a measured step, the Lightning "
                                "callback's run of training_step) and it changed tensor attribute %s (%s, %s) in "
