@@ -111,6 +111,7 @@ def test_graph_json_round_trip_of_capture() -> None:
     [
         ("nope", (torch.randn(2, 2),), None, "auto", TypeError, "torch.nn.Module"),
         (nn.Linear(2, 2), "x", None, "auto", TypeError, "tuple of positional inputs"),
+        (nn.Linear(2, 2), {"x": torch.randn(2, 2)}, None, "auto", TypeError, r"a mapping: .*capture\(model, \(\), batch\)"),
         (nn.Linear(2, 2), (1, 2), None, "auto", TypeError, "no tensor"),
         (nn.Linear(2, 2), (torch.randn(2, 2),), [1], "auto", TypeError, "dict of keyword"),
         (nn.Linear(2, 2), (torch.randn(2, 2),), None, "jit", ValueError, "capture mode"),

@@ -412,3 +412,11 @@ def test_a_plan_whose_measured_step_runs_out_of_memory_is_solved_again_lower(
         ar.prepare(Accelerator(cpu=True), model, (x,), budget="80%")
     assert not autoremat.is_patched(model)
     assert all(torch.equal(v, model.state_dict()[k]) for k, v in before.items())
+
+
+def test_a_batch_mapping_as_the_example_args_says_how_to_pass_it() -> None:
+    """``prepare(accelerator, model, batch)`` with a Hugging Face batch (a dict): before, "no input tensor has
+    a batch dimension 0"; now it says to pass it as the keyword batch."""
+    model = torch.nn.Linear(4, 4)
+    with pytest.raises(TypeError, match=r"a mapping \(dict\): .*prepare\(accelerator, model, \(\), batch\)"):
+        ar.prepare(Accelerator(cpu=True), model, {"input": torch.randn(2, 4)})

@@ -92,6 +92,9 @@ def _validate(model: Any, args: Any, kwargs: Any, mode: str, loss_fn: Any) -> tu
         raise ValueError(f"mode={mode!r} is not a capture mode; expected one of {CAPTURE_MODES}")
     if isinstance(args, torch.Tensor):
         args = (args,)
+    if isinstance(args, Mapping) and not kwargs:  # a Hugging Face batch (BatchEncoding, a dict)
+        raise TypeError(f"args must be a tuple of positional inputs (e.g. (x,)), got {type(args).__name__}, a mapping: "
+                        "for a model called as model(**batch), pass capture(model, (), batch)")
     if not isinstance(args, (tuple, list)):
         raise TypeError(f"args must be a tuple of positional inputs (e.g. (x,)), got {type(args).__name__}")
     if kwargs is None:

@@ -278,6 +278,9 @@ def prepare(
     given = given or (as_plan(os.path.expanduser(cfg.plan)) if cfg.plan else None)
     if isinstance(example_args, torch.Tensor):
         example_args = (example_args,)
+    if isinstance(example_args, Mapping) and example_kwargs is None:  # a Hugging Face batch
+        raise TypeError(f"example_args is a mapping ({type(example_args).__name__}): for a model called as "
+                        "model(**batch), pass prepare(accelerator, model, (), batch)")
     rollback = Rollback(model, [accelerator.device])
     try:
         sharding = accelerate_units(accelerator, model)  # DeepSpeed refused, FSDP units predicted
