@@ -235,6 +235,9 @@ PRIVATE_TORCH = {
     "torch._C._autograd._get_current_graph_task_keep_graph",
     # whether a torch.func transform runs (runtime.transforms): torch._functorch.pyfunctorch reads it since 2.1
     "torch._C._functorch.peek_interpreter_stack",
+    # parametrize.cached()'s module globals (runtime.substituted): in torch/nn/utils/parametrize.py since 1.9,
+    # unchanged through 2.13 (peft and bitsandbytes set them too)
+    "torch.nn.utils.parametrize._cache", "torch.nn.utils.parametrize._cache_enabled",
 }
 """Private torch names the library uses, each checked to exist in torch 2.11 (the PyTorch of the GPU
 machines the GPU benchmark runs on) and in the pinned 2.13. A private name can vanish between

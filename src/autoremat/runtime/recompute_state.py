@@ -17,7 +17,7 @@ from torch import nn
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from ..capture.shared_casts import cached_autocast_devices
-from .substituted import HeldState
+from .substituted import HeldState, holds_state
 
 __all__ = ["is_recomputing", "prepare_scratch", "snapshot_buffers", "stateful_buffers", "checkpoint_kwargs",
            "restoring_contexts", "shared_casts", "BothContexts", "param_versions", "check_params", "RestoreBuffers", "SeededProbe", "UncachedAutocast"]
@@ -292,7 +292,7 @@ def restoring_contexts(stateful: list[tuple[nn.Module, str]], params: tuple[torc
     the states the forward found them in (:mod:`.substituted`)."""
     snap = _Snapshot(stateful) if stateful else None
     restore = BothContexts(RestoreBuffers(stateful, snap), UncachedAutocast())
-    if dicts or generators is not None:
+    if holds_state(dicts, generators):
         restore = BothContexts(HeldState(dicts, generators), restore)
     forward = BothContexts(snap or contextlib.nullcontext(), UncachedAutocast())
     if not params:

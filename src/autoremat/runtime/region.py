@@ -77,7 +77,7 @@ from torch import nn
 from torch.utils.checkpoint import checkpoint, get_device_states, set_device_states
 
 from .offload import HostInput, Offloader, active_offloader
-from .substituted import HeldState
+from .substituted import HeldState, holds_state
 from .transforms import records
 from .recompute_state import (SeededProbe, RestoreBuffers, UncachedAutocast, check_params, is_recomputing,
                               param_versions, snapshot_buffers, stateful_buffers)
@@ -148,7 +148,7 @@ class _Frame:
                  generators: list[tuple[torch.Generator, torch.Tensor]] | None = None) -> None:
         self.replay = replay
         # the forward's parameters and generator states (.substituted)
-        self.held = HeldState(dicts, generators) if dicts or generators is not None else None
+        self.held = HeldState(dicts, generators) if holds_state(dicts, generators) else None
         # stop the replay by an exception once it saved all (else it ends there); a callable decides
         # at the replay (a probing forward knows only once it has run: ProbedCall)
         self.stop = stop
