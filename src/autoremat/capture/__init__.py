@@ -273,6 +273,7 @@ def _kept_calls(rec: Recorder) -> dict[str, dict[str, Any]]:
                        "autoremat choose (its plan replaces them)", sum(replayed.values()), next(iter(replayed)))
     return {"pinned_by_mutation": dict(rec.pinned), "pinned_by_cache": calls, "pinned_by_shared_cast": rec.cast_pins,
             "pinned_by_container_write": {**rec.write_pins, **rec.pinned_regions_by_write},
+            "pinned_by_host_rng": {**rec.rng_pins, **rec.pinned_regions_by_rng},
             "reused_modules": dict(getattr(rec, "reused", {})), "recomputed_by_model": replayed}
 
 

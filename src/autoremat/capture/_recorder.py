@@ -86,6 +86,8 @@ class Recorder:
         self.writes = ContainerWrites()  # node calls changing containers in place: kept (.container_writes)
         self.write_pins: dict[str, str] = {}
         self.pinned_regions_by_write: dict[str, str] = {}  # the block call regions among them (.blocks)
+        self.rng_pins: dict[str, str] = {}  # node calls drawing from Python's or numpy's generator (.host_rng)
+        self.pinned_regions_by_rng: dict[str, str] = {}
         self._flop_mode: Any = None
         self.in_backward, self.replayed = False, dict[str, int]()  # calls in backward: the model's own recompute
         self.nodes: list[NodeRecord] = []
@@ -342,10 +344,12 @@ class Recorder:
         self.cast_pins = {self.nodes[v].name: param for v, param in shared.items()}
         block_ops = getattr(self, "block_of", {})
         for v, r in enumerate(self.nodes):
-            if r.module_path in self.writes.changed and v not in block_ops and r.kind != "glue":
-                r.recomputable = False
-                self.write_pins[r.name] = self.writes.changed[r.module_path]
-        self.writes.said({**self.write_pins, **self.pinned_regions_by_write})
+            for found, pins in ((self.writes.changed, self.write_pins), (self.writes.drew, self.rng_pins)):
+                if r.module_path in found and v not in block_ops and r.kind != "glue":
+                    r.recomputable = False
+                    pins[r.name] = found[r.module_path]
+        self.writes.said({**self.write_pins, **self.pinned_regions_by_write},
+                         {**self.rng_pins, **self.pinned_regions_by_rng})
         self.input_grads.apply(self.nodes)
         for who, delta in self._regions:
             if who == "loss":

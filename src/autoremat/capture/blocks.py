@@ -246,4 +246,7 @@ def settle_scopes(rec: Any, scopes: BlockScopes) -> None:
     casts = rec.casts.settle(rec.nodes).regions  # autocast: .shared_casts
     rec.pinned_regions_by_write = {name: rec.writes.changed[plain_path(name)] for name in rec.call_op_start
                                    if plain_path(name) in rec.writes.changed}  # .container_writes
-    rec.pinned_regions = sorted(pinned | cached | set(casts) | set(rec.pinned_regions_by_write))
+    rec.pinned_regions_by_rng = {name: rec.writes.drew[plain_path(name)] for name in rec.call_op_start
+                                 if plain_path(name) in rec.writes.drew}  # .host_rng
+    rec.pinned_regions = sorted(pinned | cached | set(casts) | set(rec.pinned_regions_by_write)
+                                | set(rec.pinned_regions_by_rng))

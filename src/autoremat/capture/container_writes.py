@@ -12,7 +12,8 @@ recomputation can keep exact:
   step: module-level capture watches each node module's call (:class:`ContainerWrites`) and keeps
   the calls that change a container of their modules from recomputation
   (``graph.meta["pinned_by_container_write"]``: call -> attribute, and the call regions of blocks
-  captured op by op in ``meta["pinned_regions"]``), with a log line.
+  captured op by op in ``meta["pinned_regions"]``), with a log line. The same watch keeps the calls
+  that draw from Python's or numpy's generator (``meta["pinned_by_host_rng"]``, :mod:`.host_rng`).
 
 What is compared: every public (not ``_``-prefixed) list, dict and set attribute of the modules,
 and the lists, dicts and sets they hold (two levels), by the identity of their items (a dict's keys
@@ -27,6 +28,8 @@ from collections.abc import Iterable, Iterator
 from typing import Any
 
 from torch import nn
+
+from .host_rng import draws, host_states
 
 __all__ = ["contents", "put_back", "held_containers", "changed_containers", "ContainerWrites"]
 
@@ -94,7 +97,8 @@ class ContainerWrites:
 
     def __init__(self) -> None:
         self.changed: dict[str, str] = {}
-        self._open: dict[int, list[tuple[str, Any, Any]]] = {}
+        self.drew: dict[str, str] = {}  # calls drawing from Python's or numpy's generator (.host_rng)
+        self._open: dict[int, tuple[list[tuple[str, Any, Any]], dict[str, bytes]]] = {}
 
     @contextlib.contextmanager
     def watching(self, mods: Iterable[tuple[str, nn.Module]]) -> Iterator[None]:
@@ -111,26 +115,30 @@ class ContainerWrites:
 
     def _pre(self, module: nn.Module, args: Any) -> None:
         if id(module) not in self._open:  # the outermost call
-            self._open[id(module)] = held_containers(module.named_modules())
+            self._open[id(module)] = held_containers(module.named_modules()), host_states()
 
     def _post(self, path: str) -> Any:
         def hook(module: nn.Module, args: Any, out: Any) -> None:
-            held = self._open.pop(id(module), None)
+            held, rng = self._open.pop(id(module), (None, None))
             changed = changed_containers(held) if held else []
             if changed:
                 self.changed.setdefault(path, changed[0])
+            moved = draws(rng) if rng is not None else []
+            if moved:
+                self.drew.setdefault(path, moved[0])
         return hook
 
-    def said(self, kept: dict[str, str]) -> None:
-        """Log once which calls are kept (``kept``: call or region -> attribute)."""
-        if not kept:
-            return
-        said = (len(kept), *next(iter(kept.items())))
-        if said not in _SAID:
-            _SAID.add(said)
-            logger.warning("autoremat: %d module call(s) change a list, dict or set attribute in place in forward "
-                           "(%s: %s): recomputed, they would change it again; they are kept "
-                           "(autoremat.capture.container_writes)", *said)
+    def said(self, kept: dict[str, str], drew: dict[str, str]) -> None:
+        """Log once which calls are kept (``kept``: call or region -> attribute; ``drew``: -> generator)."""
+        for pins, what in ((kept, "change a list, dict or set attribute in place in forward (%s: %s): recomputed, "
+                                  "they would change it again"),
+                           (drew, "draw from Python's or numpy's random generator in forward (%s: %s): recomputed, "
+                                  "they would draw again (draw from torch's generator to let them be recomputed)")):
+            said = (len(pins), *next(iter(pins.items()))) if pins else None
+            if said is not None and said not in _SAID:
+                _SAID.add(said)
+                logger.warning("autoremat: %d module call(s) " + what + "; they are kept "
+                               "(autoremat.capture.container_writes)", *said)
 
 
 _SAID: set[tuple[int, str, str]] = set()

@@ -16,12 +16,19 @@ numpy's global generator.
   :class:`~autoremat.capture._tracing.RandomDrawError` if one moved (``mode="auto"`` then captures
   at module level). Generators of the model's own (``np.random.default_rng()``, a
   ``random.Random`` instance) are not seen.
+* **Kept from recomputation** (:func:`host_states`): a recomputation replays torch's draws, not
+  these, so a module call drawing from them drew again in its replay (measured, CPU: a stack of
+  blocks scaling their branch by ``random.uniform(0.5, 1.5)`` and adding ``np.random.rand()``,
+  module level, least plan: from the second step on the outputs differed from the unpatched model's,
+  both generators having advanced twice per recomputed call). Module-level capture compares the two
+  around each node call and keeps the calls that moved one
+  (:class:`~autoremat.capture.container_writes.ContainerWrites`; ``graph.meta["pinned_by_host_rng"]``),
+  with a log line: draw from torch's generator to let them be recomputed.
 """
 
 from __future__ import annotations
 
 import contextlib
-import pickle
 import random
 import sys
 from collections.abc import Iterator
@@ -29,7 +36,7 @@ from typing import Any
 
 import torch
 
-__all__ = ["host_rng_kept", "rng_states", "draws"]
+__all__ = ["host_rng_kept", "rng_states", "host_states", "draws"]
 
 
 def _numpy_random() -> Any:
@@ -50,16 +57,25 @@ def host_rng_kept() -> Iterator[None]:
             npr.set_state(nps)
 
 
-def rng_states() -> dict[str, bytes]:
+def rng_states() -> dict[str, Any]:
     """The states of torch's CPU generator, Python's ``random`` and numpy's global generator."""
-    states = {"torch": torch.get_rng_state().numpy().tobytes(), "random": pickle.dumps(random.getstate())}
+    return {"torch": torch.get_rng_state().numpy().tobytes(), **host_states()}
+
+
+def host_states() -> dict[str, Any]:
+    """Python's and numpy's generator states, comparable by :func:`draws` (not torch's, whose draws a
+    recomputation replays; reading these runs no torch op, so a capture's recorder, which sees every op,
+    can read them between calls). numpy's is its position and key, not pickled: read around every module
+    call of a capture."""
+    states: dict[str, Any] = {"random": random.getstate()}
     npr = _numpy_random()
     if npr is not None:
-        states["numpy.random"] = pickle.dumps(npr.get_state())
+        _, key, pos, *_rest = npr.get_state()
+        states["numpy.random"] = (pos, key.tobytes())
     return states
 
 
-def draws(before: dict[str, bytes]) -> list[str]:
-    """The generators of :func:`rng_states` ``before`` whose state has moved since."""
-    now = rng_states()
+def draws(before: dict[str, Any]) -> list[str]:
+    """The generators of :func:`rng_states` (or :func:`host_states`) ``before`` whose state has moved since."""
+    now = rng_states() if "torch" in before else host_states()
     return [name for name, state in before.items() if now.get(name) != state]
