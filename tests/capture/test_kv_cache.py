@@ -4,6 +4,7 @@ model behaves as the user's, or refuses and says why)."""
 
 from __future__ import annotations
 
+import importlib
 import logging
 
 import pytest
@@ -45,7 +46,9 @@ def _step(model: torch.nn.Module, args: tuple, kwargs: dict) -> tuple[dict, int]
     return grads, out.past_key_values.get_seq_length()
 
 
-def test_cache_writing_calls_are_kept_and_training_is_exact(caplog: pytest.LogCaptureFixture) -> None:
+def test_cache_writing_calls_are_kept_and_training_is_exact(caplog: pytest.LogCaptureFixture,
+                                                            monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(importlib.import_module("autoremat.capture"), "_SAID", set())  # said once per process
     model, args, kwargs = _llama()
     reference, length = _step(model, args, kwargs)
     assert length == args[0].shape[1]
@@ -87,3 +90,14 @@ def test_a_plan_recomputing_a_cache_writer_refuses_at_its_first_forward() -> Non
             run_step(model, args, kwargs, hf.logits_mean)
     finally:
         autoremat.restore(model)
+
+
+def test_the_cache_line_is_said_once_per_process(caplog: pytest.LogCaptureFixture,
+                                                 monkeypatch: pytest.MonkeyPatch) -> None:
+    """The integrations capture twice (the real step and a meta one): the line came twice."""
+    monkeypatch.setattr(importlib.import_module("autoremat.capture"), "_SAID", set())
+    model, args, kwargs = _llama()
+    with caplog.at_level(logging.WARNING, logger="autoremat"):
+        for _ in range(2):
+            autoremat.capture(model, args, kwargs, loss_fn=hf.logits_mean, repeats=1, warmup=0)
+    assert sum("write a key/value cache" in r.getMessage() for r in caplog.records) == 1

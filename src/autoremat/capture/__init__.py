@@ -254,13 +254,18 @@ def _empty_cast_cache() -> None:
         torch.clear_autocast_cache()
 
 
+_SAID: set[tuple[Any, ...]] = set()
+
+
 def _kept_calls(rec: Recorder) -> dict[str, dict[str, Any]]:
     """What capture keeps from recomputation, and why, for the graph's meta: nodes whose input is
     written in place (:mod:`.inplace`), calls handed a key/value cache (:mod:`.kv_cache`, said once
     here), nodes sharing an autocast cast (:mod:`.shared_casts`), calls changing a container in place
     (:mod:`.container_writes`) and modules run more than once in the step."""
     calls = dict(getattr(rec, "cache_calls", {}))
-    if calls:
+    said = (len(calls), *next(iter(calls.items()))) if calls else None
+    if said is not None and said not in _SAID:  # once per process (the integrations capture twice: real and meta)
+        _SAID.add(said)
         logger.warning("autoremat: %d module call(s) write a key/value cache (%s: %s) and are kept, not "
                        "recomputed (a replay would write the cache twice); pass use_cache=False to the model, as "
                        "gradient_checkpointing_enable() does, if the training step does not use the returned cache",
