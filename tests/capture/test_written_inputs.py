@@ -77,3 +77,27 @@ def test_every_plan_reads_the_input_after_the_forward_wrote_it(model_cls: type, 
         assert torch.equal(x_pat, x_ref)
         assert all(torch.equal(p.grad, q.grad) for p, q in zip(ref.parameters(), patched.parameters()))
     assert all(plan.recompute_segments for plan in plans[-1:] + (plans[:1] if model_cls is Normalising else []))
+
+
+class _ManyWrites(nn.Module):
+    """Twenty writes of the input, each read before and after."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.lins = nn.ModuleList(nn.Linear(W, W) for _ in range(20))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = torch.zeros_like(x)
+        for lin in self.lins:
+            h = h + lin(x)
+            x.mul_(0.9)
+        return h
+
+
+def test_order_edges_grow_with_the_writes_and_readers_not_their_product() -> None:
+    from autoremat.capture.fx import trace
+    from autoremat.capture.inplace import write_order
+
+    order = write_order(trace(_ManyWrites()))
+    edges = sum(len(v) for v in order.values())
+    assert 20 * 2 <= edges <= 3 * (20 + 21)  # each reader tied to the writes on either side; writes chained

@@ -285,23 +285,37 @@ def write_order(gm: torch.fx.GraphModule) -> dict[torch.fx.Node, set[torch.fx.No
     reader of a model input before the forward normalised it in place (``x.sub_(mean)``, then
     ``self.a(x)``: ``a`` takes the placeholder, not the in-place op's result): measured, a plan
     recomputing ``a`` ran it first. The readers before a write are pinned already
-    (:class:`MutationLog`), so an edge never makes a recomputed region take another input."""
+    (:class:`MutationLog`), so an edge never makes a recomputed region take another input. Per alias
+    class the writes are chained in program order and each reader is tied to the writes on either side
+    of it only (the rest follows): edges linear in the class's readers and writes."""
     ops = [n for n in gm.graph.nodes if n.op in _OPS]
-    pos = {n: i for i, n in enumerate(ops)}
-    writes = [(k, m) for k in ops for m in [mutated_input(gm, k)] if m is not None]
-    if not writes:
+    written = {k: m for k in ops for m in [mutated_input(gm, k)] if m is not None}
+    if not written:
         return {}
     root = _alias_classes(gm)
-    readers: dict[torch.fx.Node, list[torch.fx.Node]] = {}
+    events: dict[torch.fx.Node, list[tuple[torch.fx.Node, bool]]] = {}  # class -> (node, writes it) in order
     for n in ops:
-        for c in {root[a] for a in n.all_input_nodes}:
-            readers.setdefault(c, []).append(n)
+        classes = {root[a] for a in n.all_input_nodes}
+        if n in written:
+            classes.discard(root[written[n]])
+            events.setdefault(root[written[n]], []).append((n, True))
+        for c in classes:
+            events.setdefault(c, []).append((n, False))
     out: dict[torch.fx.Node, set[torch.fx.Node]] = {}
-    for k, m in writes:
-        for n in readers.get(root[m], ()):
-            if n is not k:
-                before, after = (n, k) if pos[n] < pos[k] else (k, n)
-                out.setdefault(after, set()).add(before)
+    for seq in events.values():
+        if not any(w for _, w in seq):
+            continue
+        last_write, pending = None, []  # readers since the last write: they precede the next one
+        for n, writes in seq:
+            if writes:
+                out.setdefault(n, set()).update(pending)
+                if last_write is not None:
+                    out[n].add(last_write)
+                last_write, pending = n, []
+            else:
+                if last_write is not None:
+                    out.setdefault(n, set()).add(last_write)
+                pending.append(n)
     return out
 
 
