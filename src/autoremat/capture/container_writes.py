@@ -98,7 +98,7 @@ class ContainerWrites:
     def __init__(self) -> None:
         self.changed: dict[str, str] = {}
         self.drew: dict[str, str] = {}  # calls drawing from Python's or numpy's generator (.host_rng)
-        self._open: dict[int, tuple[list[tuple[str, Any, Any]], dict[str, bytes]]] = {}
+        self._open: dict[int, tuple[list[tuple[str, Any, Any]], dict[str, Any]]] = {}
 
     @contextlib.contextmanager
     def watching(self, mods: Iterable[tuple[str, nn.Module]]) -> Iterator[None]:

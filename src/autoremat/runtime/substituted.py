@@ -34,7 +34,8 @@ and is not put back (capture keeps such calls from recomputation: :mod:`autorema
 entries are compared by identity, so a plain value replaced by an equal one (an ``int`` past the
 small-integer cache) is put back too (harmless). Holding the entries has a cost the cost model does
 not count: a tensor attribute a forward replaces (``self.last = h``, an activation kept for
-inspection) lives until the region's recomputation instead of until that forward replaced it."""
+inspection) lives until the region's recomputation instead of until that forward replaced it, and so
+do the weights ``parametrize.cached()`` held at the forward, where the backward runs after the block."""
 
 from __future__ import annotations
 
