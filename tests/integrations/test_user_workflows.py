@@ -7,6 +7,7 @@ must still run compiled once the callback has planned it."""
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import lightning.pytorch as pl
 import pytest
@@ -228,3 +229,50 @@ def test_autoremat_measure_leaves_a_compiled_module_compiling() -> None:
     assert len(backend.graphs) == 1
     compiled(torch.randn(5, 8)).sum().backward()  # a new batch size: Dynamo compiles again
     assert len(backend.graphs) == 2
+
+
+class _RenormLit(pl.LightningModule):
+    """An embedding renormalising the rows it looks up (``max_norm``): every forward writes the parameter."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.e = nn.Embedding(20, 16, max_norm=1.0)
+        self.l = nn.Sequential(nn.Linear(16, 16), nn.Tanh(), nn.Linear(16, 16), nn.Tanh(), nn.Linear(16, 16))
+        with torch.no_grad():
+            self.e.weight.mul_(3.0)  # every row over max_norm
+        self.outs: list[torch.Tensor] = []
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        return self.l(self.e(ids))
+
+    def training_step(self, batch: Any, idx: int) -> torch.Tensor:
+        out = self(batch[0])
+        if torch.is_grad_enabled():
+            self.outs.append(out.detach().clone())
+        return out.square().mean()
+
+    def configure_optimizers(self) -> Any:
+        return torch.optim.SGD(self.parameters(), lr=0.1)
+
+    def train_dataloader(self) -> Any:
+        ids = torch.randint(0, 20, (24, 6), generator=torch.Generator().manual_seed(5))
+        return torch.utils.data.DataLoader(torch.utils.data.TensorDataset(ids), batch_size=8)
+
+
+def test_a_forward_writing_a_parameter_trains_as_without_autoremat_under_the_callback(
+        tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    """The callback's own runs of ``training_step`` and its measured steps copy a parameter before the first
+    write and put it back (:mod:`autoremat.capture.param_writes`): no change stays, none is warned about."""
+    fits = []
+    for cb in (None, autoremat.AutoRemat(budget="min", raise_batch_size=False, verbose=False)):
+        torch.manual_seed(0)
+        lit = _RenormLit()
+        with caplog.at_level("WARNING", logger="autoremat"):
+            pl.Trainer(max_epochs=2, accelerator="cpu", devices=1, logger=False, enable_checkpointing=False,
+                       enable_progress_bar=False, enable_model_summary=False, default_root_dir=tmp_path,
+                       callbacks=[] if cb is None else [cb]).fit(lit)
+        fits.append(lit)
+    ref, pat = fits
+    assert len(ref.outs) == len(pat.outs) == 6 and all(torch.equal(a, b) for a, b in zip(ref.outs, pat.outs))
+    assert all(torch.equal(a, b) for a, b in zip(ref.state_dict().values(), pat.state_dict().values()))
+    assert not [r for r in caplog.records if "changed a parameter" in r.getMessage()]

@@ -11,7 +11,9 @@ the unpatched model's). Copying every parameter beforehand would take a model's 
 parameter is copied the moment it is about to be written: :class:`CopyOnWrite`, a dispatch mode run
 around a capture's first forward (the module-level first call, the fx recorded step), looks up each
 ATen op's written arguments (its schema's ``Tensor(a!)``) among the parameters' storages and clones a
-parameter the first time one is written, for every :func:`preserved_state` block open then.
+parameter the first time one is written, for every :func:`preserved_state` block open then (in host
+memory, with the dispatch modes off: a measured step's peak does not see the copy). The Lightning
+callback's own runs of ``training_step`` and the integrations' measured steps run under it too.
 ``preserved_state`` puts the copies back when its block ends; a parameter whose version moved with
 no copy (a write in a later run only) is left changed, with a warning naming it.
 
@@ -28,7 +30,7 @@ from collections.abc import Iterable, Iterator
 from typing import Any
 
 import torch
-from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._python_dispatch import TorchDispatchMode, _disable_current_modes
 
 from .inplace import written_storages
 
@@ -64,8 +66,8 @@ class CopyOnWrite(TorchDispatchMode):
             for key in written_storages(func, args, kwargs):
                 p = self.by_storage.get(key)
                 if p is not None and any(id(p) not in held for held in _HELD):
-                    with torch.no_grad():
-                        copy = p.detach().clone()
+                    with torch.no_grad(), _disable_current_modes():  # unseen by a measuring mode, off the device
+                        copy = p.detach().to("cpu", copy=True)
                     for held in _HELD:
                         held.setdefault(id(p), (p, copy))
         return func(*args, **kwargs)

@@ -121,7 +121,7 @@ def _put_back_written(params: dict[int, tuple[nn.Parameter, Any, bool]], version
     for t, copy in copies.values():
         _put_values(t, copy)
     for k, (p, _g, _r) in params.items():
-        if p._version != versions[k] and k not in copies:
+        if p._version != versions[k] and k not in copies and p.device.type != "meta":  # (a meta one holds no values)
             logger.warning("autoremat ran the model for its own purposes (a capture, a measured step, the Lightning "
                            "callback's run of training_step) and its forward changed a parameter (%s, %s) in place "
                            "in a run after the first: that change stays", tuple(p.shape), p.dtype)

@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 from torch import nn
 
+from ..capture.param_writes import written_first
 from ..capture.preserved import preserved_state
 from ..capture.scaled.limits import is_oom
 from ..errors import InfeasibleBudgetError
@@ -109,7 +110,7 @@ def _own_step(trainer: "pl.Trainer", pl_module: "pl.LightningModule", device: to
     :func:`~autoremat.capture.preserved.kept_attributes`), no gradients, ``self.log`` silenced,
     under the trainer's precision."""
     with preserved_state(pl_module, [device], private_root=True), torch.no_grad(), silenced_logging(pl_module), \
-            trainer.precision_plugin.forward_context():
+            trainer.precision_plugin.forward_context(), written_first(pl_module.parameters()):
         yield
 
 

@@ -28,6 +28,8 @@ from torch import nn
 
 from .._units import fmt_bytes
 from ..budget import is_min, parse_budget
+from ..capture._recorder import tensors_in
+from ..capture.param_writes import written_first
 from ..capture.preserved import preserved_state
 from ..errors import InfeasibleBudgetError
 from ..graph import Graph
@@ -171,7 +173,7 @@ def measured_step_peak(target: nn.Module, args: tuple, kwargs: dict, loss_fn: Ca
     so training is unaffected.
     On the CPU: :func:`~autoremat.measure.counted_step_peak` (it keeps a compiled model compiling)."""
     device = device_of(target, args, kwargs)
-    with preserved_state(target, [device]):
+    with preserved_state(target, [device]), written_first([*target.parameters(), *tensors_in((args, kwargs))]):
         if device.type == "cuda":
             torch.cuda.synchronize(device)
             torch.cuda.reset_peak_memory_stats(device)
