@@ -48,7 +48,7 @@ def _step(model: torch.nn.Module, args: tuple, kwargs: dict) -> tuple[dict, int]
 
 def test_cache_writing_calls_are_kept_and_training_is_exact(caplog: pytest.LogCaptureFixture,
                                                             monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(importlib.import_module("autoremat.capture"), "_SAID", set())  # said once per process
+    monkeypatch.setattr(importlib.import_module("autoremat.capture.kept_said"), "_SAID", set())  # said once per process
     model, args, kwargs = _llama()
     reference, length = _step(model, args, kwargs)
     assert length == args[0].shape[1]
@@ -95,7 +95,7 @@ def test_a_plan_recomputing_a_cache_writer_refuses_at_its_first_forward() -> Non
 def test_the_cache_line_is_said_once_per_process(caplog: pytest.LogCaptureFixture,
                                                  monkeypatch: pytest.MonkeyPatch) -> None:
     """The integrations capture twice (the real step and a meta one): the line came twice."""
-    monkeypatch.setattr(importlib.import_module("autoremat.capture"), "_SAID", set())
+    monkeypatch.setattr(importlib.import_module("autoremat.capture.kept_said"), "_SAID", set())
     model, args, kwargs = _llama()
     with caplog.at_level(logging.WARNING, logger="autoremat"):
         for _ in range(2):

@@ -47,6 +47,7 @@ from .fx import fx_fingerprint, profile_fx, records_from_fx, trace
 from .blocks import BLOCK_MODES
 from .meta_cache import MetaOpCache
 from .module import module_fingerprint, profile_modules
+from .kept_said import say_kept
 from .param_writes import written_first
 from .signature import input_signature, resized_signature, tensor_signature
 from .sparse_grads import SparseGrads
@@ -254,22 +255,17 @@ def _empty_cast_cache() -> None:
         torch.clear_autocast_cache()
 
 
-_SAID: set[tuple[Any, ...]] = set()
-
-
 def _kept_calls(rec: Recorder) -> dict[str, dict[str, Any]]:
     """What capture keeps from recomputation, and why, for the graph's meta: nodes whose input is
     written in place (:mod:`.inplace`), calls handed a key/value cache (:mod:`.kv_cache`, said once
     here), nodes sharing an autocast cast (:mod:`.shared_casts`), calls changing a container in place
     (:mod:`.container_writes`) and modules run more than once in the step."""
     calls = dict(getattr(rec, "cache_calls", {}))
-    said = (len(calls), *next(iter(calls.items()))) if calls else None
-    if said is not None and said not in _SAID:  # once per process (the integrations capture twice: real and meta)
-        _SAID.add(said)
-        logger.warning("autoremat: %d module call(s) write a key/value cache (%s: %s) and are kept, not "
-                       "recomputed (a replay would write the cache twice); pass use_cache=False to the model, as "
-                       "gradient_checkpointing_enable() does, if the training step does not use the returned cache",
-                       len(calls), next(iter(calls)), next(iter(calls.values())))
+    if calls:
+        say_kept("autoremat: %d module call(s) write a key/value cache (%s: %s) and are kept, not recomputed (a "
+                 "replay would write the cache twice); pass use_cache=False to the model, as "
+                 "gradient_checkpointing_enable() does, if the training step does not use the returned cache",
+                 len(calls), *next(iter(calls.items())))
     replayed = {path: n for path, n in rec.replayed.items() if n}
     if replayed:
         logger.warning("autoremat: the model recomputes %d module call(s) itself during backward (%s, a "

@@ -23,17 +23,15 @@ with the forward's); containers held elsewhere (globals, closures) are not seen.
 from __future__ import annotations
 
 import contextlib
-import logging
 from collections.abc import Iterable, Iterator
 from typing import Any
 
 from torch import nn
 
 from .host_rng import draws, host_states
+from .kept_said import say_kept
 
 __all__ = ["contents", "put_back", "held_containers", "changed_containers", "ContainerWrites"]
-
-logger = logging.getLogger("autoremat.capture")
 
 _KINDS = (list, dict, set)
 
@@ -134,11 +132,6 @@ class ContainerWrites:
                                   "they would change it again"),
                            (drew, "draw from Python's or numpy's random generator in forward (%s: %s): recomputed, "
                                   "they would draw again (draw from torch's generator to let them be recomputed)")):
-            said = (len(pins), *next(iter(pins.items()))) if pins else None
-            if said is not None and said not in _SAID:
-                _SAID.add(said)
-                logger.warning("autoremat: %d module call(s) " + what + "; they are kept "
-                               "(autoremat.capture.container_writes)", *said)
-
-
-_SAID: set[tuple[int, str, str]] = set()
+            if pins:
+                say_kept("autoremat: %d module call(s) " + what + "; they are kept (autoremat.capture.container_writes)",
+                         len(pins), *next(iter(pins.items())))

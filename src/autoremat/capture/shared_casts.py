@@ -30,7 +30,6 @@ nodes too (conservative)."""
 
 from __future__ import annotations
 
-import logging
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -38,10 +37,9 @@ from typing import Any
 import torch
 
 from ..call_names import is_per_call
+from .kept_said import say_kept
 
 __all__ = ["CastReads", "SharedCasts", "autocast_caches", "cached_autocast_devices"]
-
-logger = logging.getLogger("autoremat.capture")
 
 _CAST = torch.ops.aten._to_copy.default
 
@@ -120,12 +118,7 @@ def _log(out: SharedCasts, nodes: Sequence[Any]) -> None:
     if not out.regions and not out.nodes:
         return
     names = [*out.regions, *(nodes[v].name for v in out.nodes)]
-    said = (len(names), next(iter([*out.regions.values(), *out.nodes.values()])), names[0])
-    if said not in _SAID:  # once, though capture_within captures the model more than once
-        _SAID.add(said)
-        logger.warning("autoremat: %d node(s) or call region(s) share an autocast cast of a parameter (%s, in %s): "
-                       "recomputed, they would cast it again and sum its gradient in float32, not bit for bit "
-                       "the unpatched step's; they are kept (autoremat.capture.shared_casts)", *said)
-
-
-_SAID: set[tuple[int, str, str]] = set()
+    say_kept("autoremat: %d node(s) or call region(s) share an autocast cast of a parameter (%s, in %s): "
+             "recomputed, they would cast it again and sum its gradient in float32, not bit for bit the unpatched "
+             "step's; they are kept (autoremat.capture.shared_casts)", len(names),
+             next(iter([*out.regions.values(), *out.nodes.values()])), names[0])
