@@ -48,7 +48,7 @@ from ..plan_offload import offload_calls_of
 from ..replay_tail import replay_tails
 from ..cost import simulate, unoptimised_peak_bytes
 from ._config import SolverConfig, check_budget, option_names
-from .blocks import BlocksConfig, solve_blocks
+from .blocks import BlocksConfig, repeats, solve_blocks
 from .chen import ChenConfig, solve_chen
 from .combined import CombinedConfig, offload_allowed, solve_combined
 from .kusumoto import DPApproxConfig, DPExactConfig, solve_dp_approx, solve_dp_exact
@@ -66,7 +66,7 @@ from .stable import DEFAULT_NOISE_TOLERANCE, is_measured, stable_plan
 from .xla_greedy import XlaGreedyConfig, solve_xla_greedy
 
 __all__ = ["SOLVERS", "SOLVER_FUNCTIONS", "RegisteredSolver", "CONFIGS", "OFFLOAD_ONLY", "AUTO_ORDER",
-           "AUTO_BLOCKS_ENOUGH_NODES", "SolverFn", "SolverConfig", "solve", "finalize_plan", "bare_solver",
+           "AUTO_BLOCKS_ENOUGH_NODES", "AUTO_SLOW_ON_LARGE", "SolverFn", "SolverConfig", "solve", "finalize_plan", "bare_solver",
            "min_budget", "check_solver", "least_budget", "DEFAULT_NOISE_TOLERANCE", "REGION_SOLVERS",
            "plans_single_nodes", "ops_hint", "large_op_capture", "refuse_large_op_capture"]
 
@@ -135,10 +135,18 @@ CONFIGS: dict[str, type[SolverConfig]] = {
 AUTO_ORDER = ("none", "blocks", "chen", "dp-approx", "combined")
 
 AUTO_BLOCKS_ENOUGH_NODES = 400
-"""``"auto"`` stops after ``"blocks"`` when it found a plan on a graph of at least this many nodes:
+"""``"auto"`` stops after ``"blocks"`` when it found a plan over repeated blocks (:func:`.blocks.repeats`)
+on a graph of at least this many nodes:
 on deep models the chain program is exact over per-block options in well under a second, where
 the node-by-node solvers after it take seconds to minutes (a 64-layer GPT at op level: dp-approx
 ~16 s, issue 24)."""
+
+AUTO_SLOW_ON_LARGE = ("combined",)
+"""What ``"auto"`` leaves out on a graph of at least :data:`AUTO_BLOCKS_ENOUGH_NODES` nodes whose
+``blocks`` plan has no repeated blocks (:func:`.blocks.repeats`), where it tries the node-by-node
+solvers after all: there the blocks are a coarse partition that ``dp-approx`` plans better in about
+a second (DenseNet-201 at CPU size, 711 nodes, 50 %: 6.98e-6 s of extra time against blocks'
+7.57e-6 s, 1.0 s each), but ``combined``'s offload search took ~14 s more for the same plan."""
 
 OFFLOAD_ONLY = ("offload-greedy", "offload-dp", "vdnn", "offload-dag")
 """Registered solvers that only offload (no recomputation)."""
@@ -207,7 +215,8 @@ def solve(graph: Graph, budget: Any, *, solver: str = "auto", auto_solvers: Sequ
     solver (``"auto"``: any solver it tries) meets (:func:`.least.least_budget`). ``solver``: a
     key of :data:`SOLVERS`, or ``"auto"`` (no recomputation when it fits, else the best plan of
     the solvers of :data:`AUTO_ORDER` that fits, stopping after ``"blocks"`` on a large graph
-    where it found one, see :data:`AUTO_BLOCKS_ENOUGH_NODES`; ``auto_solvers`` narrows the
+    where it found one over repeated blocks, see :data:`AUTO_BLOCKS_ENOUGH_NODES` and
+    :data:`AUTO_SLOW_ON_LARGE`; ``auto_solvers`` narrows the
     solvers ``"auto"`` tries; on graphs of at most 120 nodes with deterministic times it also gives
     ``milp``'s exact lattice search a bounded amount of work (about 2 s on an idle machine; a count,
     not a clock, so the same plan at any load) to find a cheaper plan, or one at all where no other
@@ -325,7 +334,10 @@ def _solve_bytes(graph: Graph, budget_bytes: int, solver: str, auto_solvers: Seq
     order = auto_order(graph, options, auto_solvers)
     _check_auto_options(options, AUTO_ORDER if auto_solvers is None else
                         tuple(n for n in AUTO_ORDER if n in auto_solvers or n == "none"))
+    skipped: tuple[str, ...] = ()
     for name in order:
+        if name in skipped:
+            continue
         mine = _accepted(name, options)
         try:
             plan = finalize_plan(graph, bare_solver(name)(graph, budget_bytes, config=mine), budget_bytes, name, mine)
@@ -338,9 +350,13 @@ def _solve_bytes(graph: Graph, budget_bytes: int, solver: str, auto_solvers: Seq
         if name == "none":
             break
         if name == "blocks" and len(graph) >= AUTO_BLOCKS_ENOUGH_NODES:
-            logger.info("solver='auto': %d nodes and a plan of the blocks solver; not trying the node-by-node "
-                        "solvers (AUTO_BLOCKS_ENOUGH_NODES)", len(graph))
-            break
+            if repeats(plan):
+                logger.info("solver='auto': %d nodes and a plan of the blocks solver over repeated blocks; not trying "
+                            "the node-by-node solvers (AUTO_BLOCKS_ENOUGH_NODES)", len(graph))
+                break
+            skipped = AUTO_SLOW_ON_LARGE
+            logger.info("solver='auto': %d nodes, but the blocks solver's blocks all differ; trying the node-by-node "
+                        "solvers but %s (AUTO_SLOW_ON_LARGE)", len(graph), ", ".join(skipped))
     best = _polished(graph, budget_bytes, _lattice_for_auto(graph, budget_bytes, best))
     found = _chain_for_auto(graph, budget_bytes, best)
     if found is not best:  # the chain search's plan recomputes less; polished in turn

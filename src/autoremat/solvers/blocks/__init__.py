@@ -63,7 +63,7 @@ from .detect import Blocks, find_blocks
 from .dp import least_peak, solve_chain
 from .options import block_options
 
-__all__ = ["solve_blocks", "BlocksConfig", "chain_of", "Blocks", "find_blocks"]
+__all__ = ["solve_blocks", "BlocksConfig", "chain_of", "Blocks", "find_blocks", "repeats"]
 
 logger = logging.getLogger(__name__)
 
@@ -171,6 +171,15 @@ def solve_blocks(graph: Graph, budget_bytes: int, *, config: dict[str, Any] | Bl
                         "choice": _summary(chain, choice), "attempts": cfg.retries + 1, "least_peak_choice": True}
         return plan
     raise InfeasibleBudgetError(budget_bytes, peak, solver="blocks")
+
+
+def repeats(plan: Plan) -> bool:
+    """Whether ``plan`` is this solver's over a chain in which some blocks repeat (fewer classes
+    than blocks): where it is exact over options solved once per class. A chain of blocks all
+    different (DenseNet's dense blocks and transitions) is a coarse partition of the graph, which
+    the node-by-node solvers plan better (``auto`` asks them there, :func:`autoremat.solve`)."""
+    blocks, classes = plan.options.get("blocks", 0), plan.options.get("classes", 0)
+    return plan.solver == "blocks" and 0 < classes < blocks
 
 
 def _least_plan(graph: Graph, chain: BlockChain, profile: ChainProfile,
