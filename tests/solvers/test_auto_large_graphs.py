@@ -2,7 +2,8 @@
 ``blocks`` plan where the blocks repeat (a chain exact over options solved once per class), and
 asks the node-by-node solvers (not ``combined``, :data:`autoremat.solvers.AUTO_SLOW_ON_LARGE`)
 where they all differ: DenseNet's dense blocks and transitions, a coarse partition that
-``dp-approx`` plans better (DenseNet-201 at CPU size, 50 %: 7.9 % less recomputation)."""
+``dp-approx`` plans better (DenseNet-201 at CPU size, 50 %: 7.9 % less recomputation); up to
+``CHAIN_MAX_NODES`` nodes, where dp-approx takes seconds."""
 
 from __future__ import annotations
 
@@ -49,6 +50,11 @@ def test_auto_asks_the_node_solvers_where_the_blocks_all_differ(densenet, monkey
     assert called == ["blocks", "chen", "dp-approx"] and not set(called) & set(AUTO_SLOW_ON_LARGE)
     assert "blocks solver's blocks all differ" in caplog.text and "combined" in caplog.text
     dp = autoremat.solve(graph, budget, solver="dp-approx")
+    monkeypatch.setattr(solvers_pkg, "CHAIN_MAX_NODES", len(graph) - 1)  # above it: blocks' plan as before
+    called.clear()
+    with caplog.at_level(logging.INFO, logger="autoremat.solvers"):
+        assert autoremat.solve(graph, budget).solver in ("blocks", "milp")
+    assert called == ["blocks"] and f"over {len(graph) - 1} nodes; not trying" in caplog.text
     assert plan.predicted_extra_time_s <= min(blocks.predicted_extra_time_s, dp.predicted_extra_time_s)
     assert autoremat.simulate(graph, plan).peak_bytes <= budget
 

@@ -60,6 +60,7 @@ from .offload_dag import OffloadDagConfig, solve_offload_dag
 from .beaumont import (OffloadDPConfig, OffloadGreedyConfig, VdnnConfig, solve_offload_dp, solve_offload_greedy,
                             solve_vdnn)
 from .reforward import ReforwardConfig, solve_reforward
+from .milp.chain import CHAIN_MAX_NODES
 from .least import auto_lattice_least, auto_order, least_budget
 from .unreached_regions import recompute_unreached
 from .stable import DEFAULT_NOISE_TOLERANCE, is_measured, stable_plan
@@ -146,7 +147,9 @@ AUTO_SLOW_ON_LARGE = ("combined",)
 ``blocks`` plan has no repeated blocks (:func:`.blocks.repeats`), where it tries the node-by-node
 solvers after all: there the blocks are a coarse partition that ``dp-approx`` plans better in about
 a second (DenseNet-201 at CPU size, 711 nodes, 50 %: 6.98e-6 s of extra time against blocks'
-7.57e-6 s, 1.0 s each), but ``combined``'s offload search took ~14 s more for the same plan."""
+7.57e-6 s, 1.0 s each), but ``combined``'s offload search took ~14 s more for the same plan. Up
+to :data:`.milp.chain.CHAIN_MAX_NODES` nodes (1000) only: dp-approx's time grows about with the
+square of the nodes (0.4 s at 431, 2.8 s at 966, 10 s at 1,926 on op-level GPTs, x86_64)."""
 
 OFFLOAD_ONLY = ("offload-greedy", "offload-dp", "vdnn", "offload-dag")
 """Registered solvers that only offload (no recomputation)."""
@@ -350,9 +353,10 @@ def _solve_bytes(graph: Graph, budget_bytes: int, solver: str, auto_solvers: Seq
         if name == "none":
             break
         if name == "blocks" and len(graph) >= AUTO_BLOCKS_ENOUGH_NODES:
-            if repeats(plan):
-                logger.info("solver='auto': %d nodes and a plan of the blocks solver over repeated blocks; not trying "
-                            "the node-by-node solvers (AUTO_BLOCKS_ENOUGH_NODES)", len(graph))
+            if repeats(plan) or len(graph) > CHAIN_MAX_NODES:
+                logger.info("solver='auto': %d nodes and a plan of the blocks solver%s; not trying the node-by-node "
+                            "solvers (AUTO_BLOCKS_ENOUGH_NODES)", len(graph),
+                            " over repeated blocks" if repeats(plan) else f", over {CHAIN_MAX_NODES} nodes")
                 break
             skipped = AUTO_SLOW_ON_LARGE
             logger.info("solver='auto': %d nodes, but the blocks solver's blocks all differ; trying the node-by-node "
