@@ -36,6 +36,22 @@ class _Twice(torch.autograd.Function):
         return g * 2 + g * 3
 
 
+def _transposed_sum(w: torch.Tensor) -> None:
+    """Two gradients of one input, each through a transpose (SpeechT5's relative position bias,
+    shared by every encoder layer, reaches it that way): not contiguous, still dense, summed in
+    place by the plain engine."""
+    y = w.sum(1, keepdim=True).expand(w.shape) * 1.0  # in backward only the two gradients are large
+    ((y.t() * 3).sum() + (y.t() * 5).sum()).backward()
+
+
+def _view_sum(w: torch.Tensor) -> None:
+    """Two gradients of one input, each through a reshape: the first is a view of the buffer its
+    backward made, which the plain engine does not add into (it shares the storage with the
+    view's base): the sum is out of place, contiguous as it is."""
+    y = w.sum(1, keepdim=True).expand(w.shape) * 1.0
+    ((y.reshape(-1) * 3).sum() + (y.reshape(-1) * 5).sum()).backward()
+
+
 def _own_sum(w: torch.Tensor) -> None:
     _Twice.apply(w * 2).sum().backward()
 
@@ -76,7 +92,8 @@ def test_a_dispatch_mode_makes_autograd_sum_gradients_out_of_place():
     assert "aten.add_.Tensor" not in Ops.seen
 
 
-@pytest.mark.parametrize("step", [_two_consumers, _own_sum], ids=["engine-sum", "formula-sum"])
+@pytest.mark.parametrize("step", [_two_consumers, _transposed_sum, _view_sum, _own_sum],
+                         ids=["engine-sum", "transposed-sum", "view-sum", "formula-sum"])
 def test_the_counter_reads_what_the_allocator_holds(step):
     w = torch.randn(64, 1024, requires_grad=True)
     step(w)
