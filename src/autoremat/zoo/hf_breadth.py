@@ -172,6 +172,46 @@ CASES: dict[str, Callable[[], Case]] = {
         local_attention=16)), (_ids(2, 32, 1, low=1),), {}, _lm),
     "funnel": lambda: (T.FunnelForMaskedLM(T.FunnelConfig(vocab_size=V, d_model=64, n_head=4, d_head=16, d_inner=128,
                                                            block_sizes=[1, 1, 1])), (_ids(2, 32, 1),), {}, _lm),
+    "granite": _decoder("GraniteForCausalLM", "GraniteConfig", **LLAMA_LIKE),
+    "olmoe": _decoder("OlmoeForCausalLM", "OlmoeConfig", **LLAMA_LIKE, num_experts=4, num_experts_per_tok=2),
+    "jamba": lambda: (T.JambaForCausalLM(T.JambaConfig(
+        vocab_size=V, **LLAMA_LIKE, num_experts=2, num_experts_per_tok=1, attn_layer_period=2, attn_layer_offset=1,
+        expert_layer_period=2, expert_layer_offset=1, mamba_d_state=8, mamba_dt_rank=8, mamba_expand=2,
+        use_mamba_kernels=False)), (_ids(2, 32, 1),), {}, _lm),
+    "rwkv": lambda: (T.RwkvForCausalLM(T.RwkvConfig(vocab_size=V, hidden_size=64, num_hidden_layers=3,
+                                                     attention_hidden_size=64, intermediate_size=128, context_length=64,
+                                                     use_cache=False)), (_ids(2, 32, 1),), {}, _lm),
+    "electra": lambda: (T.ElectraForMaskedLM(T.ElectraConfig(
+        vocab_size=V, embedding_size=32, hidden_size=64, intermediate_size=128, num_hidden_layers=3,
+        num_attention_heads=4)), (_ids(4, 64, 2),), {}, _lm),
+    "mpnet": lambda: (T.MPNetForMaskedLM(T.MPNetConfig(vocab_size=V, hidden_size=64, intermediate_size=128,
+                                                       num_hidden_layers=3, num_attention_heads=4)),
+                      (_ids(4, 64, 2, low=3),), {}, _lm),
+    "videomae": lambda: (T.VideoMAEForVideoClassification(T.VideoMAEConfig(
+        image_size=32, patch_size=8, num_frames=4, tubelet_size=2, hidden_size=64, intermediate_size=128,
+        num_hidden_layers=3, num_attention_heads=4, num_labels=5)),
+        (torch.randn(2, 4, 3, 32, 32, generator=torch.Generator().manual_seed(1)),), {}, _lm),
+    "patchtst": lambda: (T.PatchTSTForPrediction(T.PatchTSTConfig(
+        num_input_channels=3, context_length=64, patch_length=8, patch_stride=8, prediction_length=8, d_model=32,
+        num_attention_heads=4, num_hidden_layers=2, ffn_dim=64)),
+        (torch.randn(4, 64, 3, generator=torch.Generator().manual_seed(2)),), {},
+        lambda out: out.prediction_outputs.float().square().mean()),
+    "convnextv2": lambda: (T.ConvNextV2ForImageClassification(T.ConvNextV2Config(
+        num_stages=2, hidden_sizes=[16, 32], depths=[1, 2], num_labels=10, drop_path_rate=0.1)), (_image(4, 64),), {},
+        _lm),
+    "dinov2": lambda: (T.Dinov2ForImageClassification(T.Dinov2Config(
+        image_size=32, patch_size=4, hidden_size=64, num_hidden_layers=3, num_attention_heads=4, mlp_ratio=2,
+        num_labels=10, drop_path_rate=0.1)), (_image(4, 32),), {}, _lm),
+    "levit": lambda: (T.LevitForImageClassification(T.LevitConfig(
+        image_size=64, hidden_sizes=[32, 48, 64], num_attention_heads=[1, 2, 2], depths=[1, 1, 1], key_dim=[8, 8, 8],
+        num_labels=10)), (_image(4, 64),), {}, _lm),
+    "speecht5": lambda: (T.SpeechT5ForSpeechToText(T.SpeechT5Config(
+        vocab_size=V, hidden_size=64, encoder_layers=2, decoder_layers=2, encoder_attention_heads=4,
+        decoder_attention_heads=4, encoder_ffn_dim=128, decoder_ffn_dim=128, conv_dim=(32, 32), conv_stride=(5, 2),
+        conv_kernel=(10, 3), num_conv_pos_embeddings=16, num_conv_pos_embedding_groups=4, mask_time_prob=0.0,
+        encoder_layerdrop=0.0, decoder_layerdrop=0.0)),
+        (torch.randn(2, 4000, generator=torch.Generator().manual_seed(3)),), {"decoder_input_ids": _ids(2, 12, 5)},
+        _lm),
 }
 """Builders by name: decoders with rotary embeddings, grouped-query attention, sliding windows,
 ALiBi (Bloom), mixture of experts (Mixtral), parallel residuals (GPT-NeoX, GPT-J, Falcon); a GPT-2
@@ -187,7 +227,12 @@ and LED (sliding-window attention: overlapping ``as_strided`` chunks, whose back
 (pooling between blocks; its relative-position attention scales a slice of an einsum's output in place by
 a mask, whose saves autograd hides); Mamba (a selective state-space scan, its slow path in plain ops);
 Qwen2-MoE (routed experts beside a gated shared expert); ModernBERT (alternating local and global
-attention)."""
+attention); Granite, OLMoE (routed experts), Jamba (Mamba and attention layers, experts every other
+layer), RWKV (a time-mixing recurrence in plain ops: ~3,000 nodes), ELECTRA, MPNet (relative
+position bias), VideoMAE (tubelet patches), PatchTST (time-series patches), ConvNeXt V2 (global
+response norm, stochastic depth), DINOv2 (layer scale, stochastic depth), LeViT (attention biases
+indexed by position), SpeechT5 (speech encoder-decoder; its relative position embedding, one tensor
+every encoder layer reads, gets a gradient from each: see ``tests/zoo/test_hf_breadth.py``)."""
 
 
 def build(name: str, *, seed: int = 0) -> Case:
