@@ -56,11 +56,7 @@ def test_speecht5s_least_plan_is_predicted_low() -> None:
     graph = autoremat.capture(model, args, kwargs, loss_fn=loss, repeats=1, warmup=0, times="flops")
     plan = autoremat.solve(graph, "min")
     reference = _step(model, args, kwargs, loss, False)[1]
-    autoremat.apply(model, plan)
-    try:
-        peak, grads = _step(model, args, kwargs, loss, False)
-    finally:
-        autoremat.restore(model)
+    peak, grads = _patched_step(model, plan, args, kwargs, loss, False)
     assert gradients_equal(reference, grads)
     assert 0.85 < plan.predicted_peak_bytes / peak < 0.95, (plan.predicted_peak_bytes, peak)
 
@@ -80,6 +76,16 @@ def _step(model: torch.nn.Module, args: tuple, kwargs: dict, loss: Any, amp: boo
     return counter.peak, grads
 
 
+def _patched_step(model: torch.nn.Module, plan: autoremat.Plan, args: tuple, kwargs: dict, loss: Any,
+                  amp: bool) -> tuple[int, dict]:
+    """:func:`_step` of ``model`` under ``plan`` (restored after)."""
+    autoremat.apply(model, plan)
+    try:
+        return _step(model, args, kwargs, loss, amp)
+    finally:
+        autoremat.restore(model)
+
+
 def _trains_as_predicted(name: str, amp: bool, tolerance: float, **capture_kw: Any) -> autoremat.Graph:
     """The unpatched step and the least plan's measured peaks within ``tolerance`` of their
     predictions, the plan's gradients bit for bit the unpatched model's; returns the graph."""
@@ -90,11 +96,7 @@ def _trains_as_predicted(name: str, amp: bool, tolerance: float, **capture_kw: A
     predicted = simulate(graph, no_recompute_plan(graph)).peak_bytes
     assert abs(predicted - vanilla) <= tolerance * vanilla, (name, predicted, vanilla)
     plan = autoremat.solve(graph, "min")
-    autoremat.apply(model, plan)
-    try:
-        peak, grads = _step(model, args, kwargs, loss, amp)
-    finally:
-        autoremat.restore(model)
+    peak, grads = _patched_step(model, plan, args, kwargs, loss, amp)
     assert gradients_equal(reference, grads)
     assert abs(plan.predicted_peak_bytes - peak) <= tolerance * peak, (name, plan.predicted_peak_bytes, peak)
     return graph
