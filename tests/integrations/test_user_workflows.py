@@ -276,3 +276,56 @@ def test_a_forward_writing_a_parameter_trains_as_without_autoremat_under_the_cal
     assert len(ref.outs) == len(pat.outs) == 6 and all(torch.equal(a, b) for a, b in zip(ref.outs, pat.outs))
     assert all(torch.equal(a, b) for a, b in zip(ref.state_dict().values(), pat.state_dict().values()))
     assert not [r for r in caplog.records if "changed a parameter" in r.getMessage()]
+
+
+class _ScaledInputs(pl.LightningModule):
+    """A CNN whose ``on_before_batch_transfer`` rescales the images (what a user's hook may do
+    before the batch reaches ``training_step``)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        torch.manual_seed(0)
+        self.model = nn.Sequential(nn.Conv2d(3, 8, 3, padding=1), nn.ReLU(), nn.Conv2d(8, 8, 3, padding=1), nn.ReLU(),
+                                   nn.Conv2d(8, 8, 3, padding=1), nn.ReLU(), nn.AdaptiveAvgPool2d(1), nn.Flatten(),
+                                   nn.Linear(8, 4))
+        self.seen: list[torch.dtype] = []
+
+    def on_before_batch_transfer(self, batch: Any, dataloader_idx: int) -> Any:
+        x, y = batch
+        return x * 4.0, y, torch.ones(len(y))  # the third tensor says the hook ran
+
+    def training_step(self, batch: Any, batch_idx: int) -> torch.Tensor:
+        x, y, _ = batch  # raises where on_before_batch_transfer did not run
+        self.seen.append(x.dtype)
+        return nn.functional.cross_entropy(self.model(x).float(), y)
+
+    def configure_optimizers(self) -> Any:
+        return torch.optim.SGD(self.parameters(), lr=0.1)
+
+    def train_dataloader(self) -> Any:
+        g = torch.Generator().manual_seed(3)
+        data = torch.utils.data.TensorDataset(torch.randn(16, 3, 16, 16, generator=g), torch.randint(0, 4, (16,), generator=g))
+        return torch.utils.data.DataLoader(data, batch_size=8)
+
+
+@pytest.mark.parametrize("precision", ["bf16-true", "64-true"])
+def test_the_callback_profiles_the_batch_training_step_gets(tmp_path: Path, precision: str) -> None:
+    """Under ``bf16-true`` (and ``64-true``) Lightning casts the batch's floating tensors to the
+    trainer's dtype, and a module's ``on_before_batch_transfer`` may change the batch: the callback
+    profiles what the loop hands ``training_step``, not the dataloader's raw rows (the capture of a
+    ``bf16-true`` CNN raised "Input type (torch.FloatTensor) and weight type (CPUBFloat16Type) should
+    be the same")."""
+    fits = []
+    cb = autoremat.AutoRemat(budget="min", solver=SOLVER, raise_batch_size=False, verbose=False)
+    for callbacks in ([], [cb]):
+        torch.manual_seed(0)
+        lit = _ScaledInputs()
+        pl.Trainer(max_steps=2, accelerator="cpu", devices=1, logger=False, enable_checkpointing=False,
+                   enable_progress_bar=False, enable_model_summary=False, default_root_dir=tmp_path,
+                   precision=precision, callbacks=callbacks).fit(lit)
+        fits.append(lit)
+    ref, pat = fits
+    assert cb.plan is not None and cb.plan.recompute_segments
+    dtype = torch.bfloat16 if precision == "bf16-true" else torch.float64
+    assert pat.seen == ref.seen == [dtype, dtype]  # what the callback's own runs appended is put back
+    assert all(torch.equal(a, b) for a, b in zip(ref.state_dict().values(), pat.state_dict().values()))

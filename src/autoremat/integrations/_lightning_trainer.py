@@ -90,7 +90,7 @@ def _batch_of(trainer: "pl.Trainer", size: int | None) -> Any:
     it = iter(dataloader)
     first = next(it)
     if size is None:
-        return trainer.strategy.batch_to_device(first)
+        return _as_the_loop_does(trainer, first)
     leaves, spec = tree_flatten(first)
     columns = [[leaf] for leaf in leaves]
     rows = next((leaf.shape[0] for leaf in leaves if isinstance(leaf, torch.Tensor) and leaf.dim()), 0)
@@ -102,7 +102,18 @@ def _batch_of(trainer: "pl.Trainer", size: int | None) -> Any:
         for col, leaf in zip(columns, more):
             col.append(leaf)
         rows += next((leaf.shape[0] for leaf in more if isinstance(leaf, torch.Tensor) and leaf.dim()), 0)
-    return trainer.strategy.batch_to_device(tree_unflatten([_rows(col, size) for col in columns], spec))
+    return _as_the_loop_does(trainer, tree_unflatten([_rows(col, size) for col in columns], spec))
+
+
+def _as_the_loop_does(trainer: "pl.Trainer", batch: Any) -> Any:
+    """``batch`` as Lightning's training loop hands it to ``training_step``: the precision plugin's
+    input conversion (``bf16-true``, ``16-true``, ``64-true``: floating tensors to the trainer's
+    dtype; without it a ``bf16-true`` CNN's capture met float32 images and bfloat16 weights),
+    ``on_before_batch_transfer`` (the module's or the datamodule's, as the loop calls it), then the
+    strategy's transfer with ``on_after_batch_transfer``."""
+    batch = trainer.precision_plugin.convert_input(batch)
+    batch = trainer.lightning_module._on_before_batch_transfer(batch, dataloader_idx=0)
+    return trainer.strategy.batch_to_device(batch, dataloader_idx=0)
 
 
 def _rows(col: list[Any], size: int) -> Any:
