@@ -329,3 +329,42 @@ def test_the_callback_profiles_the_batch_training_step_gets(tmp_path: Path, prec
     dtype = torch.bfloat16 if precision == "bf16-true" else torch.float64
     assert pat.seen == ref.seen == [dtype, dtype]  # what the callback's own runs appended is put back
     assert all(torch.equal(a, b) for a, b in zip(ref.state_dict().values(), pat.state_dict().values()))
+
+
+class _TwoLoaders(pl.LightningModule):
+    """``train_dataloader`` returns a dict of two dataloaders; ``training_step`` gets one batch of each."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        torch.manual_seed(0)
+        self.model = nn.Sequential(nn.Linear(16, 256), nn.GELU(), nn.Linear(256, 256), nn.GELU(), nn.Linear(256, 256),
+                                   nn.GELU(), nn.Linear(256, 1))
+
+    def training_step(self, batch: Any, batch_idx: int) -> torch.Tensor:
+        (xa,), (xb,) = batch["a"], batch["b"]
+        return self.model(xa).pow(2).mean() + self.model(xb).abs().mean()
+
+    def configure_optimizers(self) -> Any:
+        return torch.optim.SGD(self.parameters(), lr=0.1)
+
+    def train_dataloader(self) -> Any:
+        g = torch.Generator().manual_seed(1)
+        a = torch.utils.data.TensorDataset(torch.randn(32, 16, generator=g))
+        b = torch.utils.data.TensorDataset(torch.randn(24, 16, generator=g))
+        return {"a": torch.utils.data.DataLoader(a, batch_size=8), "b": torch.utils.data.DataLoader(b, batch_size=4)}
+
+
+def test_several_training_dataloaders_are_profiled_as_training_step_gets_them(tmp_path: Path) -> None:
+    """A dict of dataloaders (Lightning's ``CombinedLoader``, "max_size_cycle"): the callback profiles a
+    batch of each, as the loop hands them (it iterated the dict's keys: "string indices must be integers")."""
+    fits = []
+    cb = autoremat.AutoRemat(budget="min", solver=SOLVER, raise_batch_size=False, verbose=False)
+    for callbacks in ([], [cb]):
+        torch.manual_seed(0)
+        lit = _TwoLoaders()
+        pl.Trainer(max_epochs=2, accelerator="cpu", devices=1, logger=False, enable_checkpointing=False,
+                   enable_progress_bar=False, enable_model_summary=False, default_root_dir=tmp_path,
+                   callbacks=callbacks).fit(lit)
+        fits.append(lit)
+    assert cb.plan is not None and cb.plan.recompute_segments
+    assert all(torch.equal(a, b) for a, b in zip(fits[0].state_dict().values(), fits[1].state_dict().values()))

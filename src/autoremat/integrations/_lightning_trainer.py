@@ -7,7 +7,7 @@ step under the trainer's precision that leaves the training state as it was, and
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -87,7 +87,7 @@ def _batch_of(trainer: "pl.Trainer", size: int | None) -> Any:
     dataloader = trainer.train_dataloader
     if dataloader is None:
         raise ValueError("AutoRemat needs a training dataloader to profile on")
-    it = iter(dataloader)
+    it = _batches(dataloader)
     first = next(it)
     if size is None:
         return _as_the_loop_does(trainer, first)
@@ -103,6 +103,19 @@ def _batch_of(trainer: "pl.Trainer", size: int | None) -> Any:
             col.append(leaf)
         rows += next((leaf.shape[0] for leaf in more if isinstance(leaf, torch.Tensor) and leaf.dim()), 0)
     return _as_the_loop_does(trainer, tree_unflatten([_rows(col, size) for col in columns], spec))
+
+
+def _batches(dataloader: Any) -> Iterator[Any]:
+    """The batches ``training_step`` gets from ``trainer.train_dataloader``: where
+    ``train_dataloader()`` returned several dataloaders (a dict, list or tuple of them), one batch
+    of each at a time in that structure, as Lightning's ``CombinedLoader`` in its training mode
+    ("max_size_cycle") yields them (iterating the dict itself gave its keys: the recording call
+    raised "string indices must be integers" in ``batch["a"]``)."""
+    if isinstance(dataloader, (Mapping, list, tuple)):
+        from lightning.pytorch.utilities import CombinedLoader
+
+        return (batch for batch, _, _ in CombinedLoader(dataloader, "max_size_cycle"))
+    return iter(dataloader)
 
 
 def _as_the_loop_does(trainer: "pl.Trainer", batch: Any) -> Any:
