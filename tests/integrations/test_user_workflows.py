@@ -368,3 +368,29 @@ def test_several_training_dataloaders_are_profiled_as_training_step_gets_them(tm
         fits.append(lit)
     assert cb.plan is not None and cb.plan.recompute_segments
     assert all(torch.equal(a, b) for a, b in zip(fits[0].state_dict().values(), fits[1].state_dict().values()))
+
+
+def test_a_callback_reused_after_unfreezing_plans_again(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    """Fine-tuning in two fits with one callback: the head alone first, then the whole model. The
+    plan of the first fit was made with the body frozen (no gradient of its weights, less kept); the
+    second fit plans again (it reused the first plan before), puts back the batch size it had, and
+    trains as without autoremat; a third fit with nothing changed reuses the second's plan."""
+    def fits(callbacks: list) -> _TwoLoaders:
+        torch.manual_seed(0)
+        lit = _TwoLoaders()
+        for stage in range(3):
+            for i, p in enumerate(lit.model.parameters()):
+                p.requires_grad_(stage > 0 or i >= 4)
+            pl.Trainer(max_epochs=1, accelerator="cpu", devices=1, logger=False, enable_checkpointing=False,
+                       enable_progress_bar=False, enable_model_summary=False, default_root_dir=tmp_path,
+                       callbacks=callbacks).fit(lit)
+        return lit
+
+    ref = fits([])
+    cb = autoremat.AutoRemat(budget="min", solver=SOLVER, raise_batch_size=False, verbose=False)
+    with caplog.at_level("INFO"):
+        pat = fits([cb])
+    said = [r.getMessage() for r in caplog.records if r.getMessage().startswith("AutoRemat: ")]
+    assert sum("trainable parameters changed" in m for m in said) == 1 and sum("resumed" in m for m in said) == 1
+    assert cb.plan is not None and cb.plan.options["trainable_at_planning"]
+    assert all(torch.equal(a, b) for a, b in zip(ref.state_dict().values(), pat.state_dict().values()))

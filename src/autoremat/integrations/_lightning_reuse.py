@@ -23,7 +23,7 @@ if TYPE_CHECKING:
 
     from .lightning import AutoRemat
 
-__all__ = ["cache_key", "from_cache", "reuse_given"]
+__all__ = ["cache_key", "from_cache", "reuse_given", "TRAINABLE", "trainable_digest", "dropped_if_stale"]
 
 
 def _batch_size(cb: "AutoRemat", pl_module: "pl.LightningModule") -> int | None:
@@ -91,3 +91,37 @@ def reuse_given(cb: "AutoRemat", trainer: "pl.Trainer", pl_module: "pl.Lightning
                         not_raised=cb._raise_skipped(trainer, pl_module))
     return {"plan": plan.to_dict(), "batch_size": size, "original_batch_size": size,
             "step_budget_bytes": plan.budget_bytes, "summary": summary, "module": cb.module}
+
+
+TRAINABLE = "trainable_at_planning"
+"""The key of ``Plan.options`` under which the callback records :func:`trainable_digest` of its
+target when it plans (kept with the plan in the callback's ``state_dict``)."""
+
+
+def trainable_digest(module: torch.nn.Module) -> str:
+    """A hash of the names of ``module``'s parameters that require a gradient: what its step
+    stores and allocates depends on them (a frozen layer keeps no input for its weight's gradient)."""
+    names = sorted(n for n, p in module.named_parameters() if p.requires_grad)
+    return hashlib.sha256("\n".join(names).encode()).hexdigest()[:16]
+
+
+def dropped_if_stale(cb: "AutoRemat", trainer: "pl.Trainer", pl_module: "pl.LightningModule") -> str | None:
+    """Where the callback holds a plan from an earlier fit (or a checkpoint) made while other
+    parameters were trainable (a backbone unfrozen between two fits of a fine-tuning run): the
+    plan and batch size are dropped, the batch size the callback raised is put back, and the reason
+    is returned, so that this fit plans again; else ``None`` (the plan is reused, as before). A plan
+    from an older checkpoint has no record and is reused."""
+    from lightning.pytorch.utilities.parsing import lightning_getattr, lightning_hasattr, lightning_setattr
+
+    from ._lightning_trainer import reset_dataloaders
+
+    assert cb.plan is not None and cb._target is not None, "please report"
+    then = cb.plan.options.get(TRAINABLE)
+    if then is None or then == trainable_digest(cb._target):
+        return None
+    original, name = cb.original_batch_size, cb.batch_arg_name
+    if original is not None and lightning_hasattr(pl_module, name) and lightning_getattr(pl_module, name) != original:
+        lightning_setattr(pl_module, name, original)
+        reset_dataloaders(trainer)
+    cb.plan = cb.batch_size = None
+    return "the trainable parameters changed since the plan was made; planning again"

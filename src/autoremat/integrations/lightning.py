@@ -75,7 +75,7 @@ from ..resident import allocated_resident_bytes, device_of, resident_bytes, stor
 from ..runtime import REGION_MODES, apply, is_patched, restore
 from ..solvers import OFFLOAD_ONLY, SOLVERS, check_solver, solve
 from ._common import capture_blocks, step_budget_bytes
-from ._lightning_reuse import cache_key, from_cache, reuse_given
+from ._lightning_reuse import TRAINABLE, cache_key, dropped_if_stale, from_cache, reuse_given, trainable_digest
 from ._lightning_sharded import SHARDED, profile_and_solve_sharded, strategy_kind
 from ._lightning_steps import calls_per_step, confirmed, record_inputs, try_size
 from ._lightning_trainer import (atomic_fit_start, batch_of, dataset_length, reset_dataloaders, silenced_logging,
@@ -200,9 +200,7 @@ class AutoRemat(Callback):
                              "e.g. 'batch_size'")
         if loss_fn is not None and not callable(loss_fn):
             raise ValueError(f"loss_fn={loss_fn!r} must be callable (outputs -> scalar tensor) or None")
-        self.budget = budget
-        self.solver = solver
-        self.offload = offload
+        self.budget, self.solver, self.offload = budget, solver, offload
         self.profile_steps = profile_steps
         self.raise_batch_size = raise_batch_size
         self.max_batch_size = max_batch_size
@@ -301,6 +299,8 @@ class AutoRemat(Callback):
 
     def _fit_start(self, trainer: "pl.Trainer", pl_module: "pl.LightningModule") -> None:
         assert self._target is not None, "on_fit_start resolves the target first, please report"
+        if self.plan is not None and (stale := dropped_if_stale(self, trainer, pl_module)) is not None:
+            rank_zero_info(f"AutoRemat: {stale}")
         if self.plan is not None:  # resumed: reuse plan and batch size, no profiling
             if self.batch_size is not None and lightning_hasattr(pl_module, self.batch_arg_name):
                 if lightning_getattr(pl_module, self.batch_arg_name) != self.batch_size:
@@ -336,10 +336,9 @@ class AutoRemat(Callback):
                 reset_dataloaders(trainer)
         if not is_patched(self._target):
             apply(self._target, plan, regions=self.regions)
-        self.plan, self.batch_size = plan, payload["batch_size"]
-        self.original_batch_size = payload["original_batch_size"]
-        self.step_budget_bytes = payload["step_budget_bytes"]
-        self.summary = payload["summary"]
+        plan.options[TRAINABLE] = trainable_digest(self._target)
+        self.plan, self.batch_size, self.original_batch_size = plan, payload["batch_size"], payload["original_batch_size"]
+        self.step_budget_bytes, self.summary = payload["step_budget_bytes"], payload["summary"]
         if self.verbose and trainer.is_global_zero:
             print_summary(self.summary)
 
