@@ -36,6 +36,9 @@ def test_key_depends_on_model_inputs_settings_and_code() -> None:
     assert base != plan_key(Net(), (x.double(),), {}, {"budget": "50%"})  # other dtype
     assert base != plan_key(Net(), (x,), {}, {"budget": "60%"})  # other settings
     assert base != plan_key(Rewired(), (x,), {}, {"budget": "50%"})  # other forward
+    frozen = Net()
+    frozen.a.requires_grad_(False)  # a fine-tuning stage: its step keeps less for backward
+    assert base != plan_key(frozen, (x,), {}, {"budget": "50%"})
     assert code_fingerprint(Net()) != code_fingerprint(Rewired())
 
 

@@ -9,8 +9,10 @@ The key (:func:`plan_key`) is a SHA-256 of everything the plan depends on that i
 *before* a capture:
 
 * the model: :func:`autoremat.capture.module.module_fingerprint` (its submodule tree and the
-  shape and dtype of every parameter and buffer) and the source code of the ``forward`` of each
-  module class in it (a rewired forward with the same modules gets another key);
+  shape and dtype of every parameter and buffer), the source code of the ``forward`` of each
+  module class in it (a rewired forward with the same modules gets another key) and which of its
+  parameters are trainable (:func:`trainable_digest`: a frozen layer keeps less for backward, so a
+  fine-tuning stage with the body frozen and one with it trainable get two keys);
 * the inputs: their shapes, dtypes and device types (:func:`autoremat.capture.signature.input_signature`);
 * the settings: budget as written, solver, options, precision, time source, and the versions
   of autoremat and torch.
@@ -43,7 +45,7 @@ from typing import Any
 
 from torch import nn
 
-__all__ = ["PlanCache", "plan_key", "code_fingerprint", "CACHE_FORMAT_VERSION"]
+__all__ = ["PlanCache", "plan_key", "code_fingerprint", "trainable_digest", "CACHE_FORMAT_VERSION"]
 
 logger = logging.getLogger(__name__)
 
@@ -76,11 +78,18 @@ def plan_key(model: nn.Module, args: Sequence[Any], kwargs: Mapping[str, Any] | 
 
     model = uncompiled(model)
     doc = {
-        "model": module_fingerprint(model), "code": code_fingerprint(model),
+        "model": module_fingerprint(model), "code": code_fingerprint(model), "trainable": trainable_digest(model),
         "inputs": input_signature(tuple(args), dict(kwargs or {})),
         "settings": dict(settings), "autoremat": __version__, "torch": torch.__version__,
     }
     return hashlib.sha256(json.dumps(doc, sort_keys=True, default=str).encode()).hexdigest()[:32]
+
+
+def trainable_digest(model: nn.Module) -> str:
+    """A hash of the names of ``model``'s parameters that require a gradient: what its step keeps
+    and allocates depends on them (a frozen layer keeps no input for its weight's gradient)."""
+    names = sorted(n for n, p in model.named_parameters() if p.requires_grad)
+    return hashlib.sha256("\n".join(names).encode()).hexdigest()[:16]
 
 
 class PlanCache:

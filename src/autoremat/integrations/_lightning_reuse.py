@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from ..cache import plan_key
+from ..cache import plan_key, trainable_digest
 from ..capture import resolve_times
 from ..capture.signature import check_inputs
 from ..measure import default_loss
@@ -23,7 +23,7 @@ if TYPE_CHECKING:
 
     from .lightning import AutoRemat
 
-__all__ = ["cache_key", "from_cache", "reuse_given", "TRAINABLE", "trainable_digest", "dropped_if_stale"]
+__all__ = ["cache_key", "from_cache", "reuse_given", "TRAINABLE", "dropped_if_stale"]
 
 
 def _batch_size(cb: "AutoRemat", pl_module: "pl.LightningModule") -> int | None:
@@ -94,15 +94,8 @@ def reuse_given(cb: "AutoRemat", trainer: "pl.Trainer", pl_module: "pl.Lightning
 
 
 TRAINABLE = "trainable_at_planning"
-"""The key of ``Plan.options`` under which the callback records :func:`trainable_digest` of its
-target when it plans (kept with the plan in the callback's ``state_dict``)."""
-
-
-def trainable_digest(module: torch.nn.Module) -> str:
-    """A hash of the names of ``module``'s parameters that require a gradient: what its step
-    stores and allocates depends on them (a frozen layer keeps no input for its weight's gradient)."""
-    names = sorted(n for n, p in module.named_parameters() if p.requires_grad)
-    return hashlib.sha256("\n".join(names).encode()).hexdigest()[:16]
+"""The key of ``Plan.options`` under which the callback records its target's
+:func:`~autoremat.cache.trainable_digest` when it plans (kept with the plan in its ``state_dict``)."""
 
 
 def dropped_if_stale(cb: "AutoRemat", trainer: "pl.Trainer", pl_module: "pl.LightningModule") -> str | None:

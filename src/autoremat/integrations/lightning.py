@@ -63,7 +63,7 @@ import torch
 from torch import nn
 
 from ..budget import ACCEPTED_FORMS, check_budget, check_on_infeasible
-from ..cache import PlanCache
+from ..cache import PlanCache, trainable_digest
 from ..capture import resolve_times
 from ..capture.scaled import capture_within, profile_limit_bytes
 from ..errors import InfeasibleBudgetError
@@ -75,7 +75,7 @@ from ..resident import allocated_resident_bytes, device_of, resident_bytes, stor
 from ..runtime import REGION_MODES, apply, is_patched, restore
 from ..solvers import OFFLOAD_ONLY, SOLVERS, check_solver, solve
 from ._common import capture_blocks, step_budget_bytes
-from ._lightning_reuse import TRAINABLE, cache_key, dropped_if_stale, from_cache, reuse_given, trainable_digest
+from ._lightning_reuse import TRAINABLE, cache_key, dropped_if_stale, from_cache, reuse_given
 from ._lightning_sharded import SHARDED, profile_and_solve_sharded, strategy_kind
 from ._lightning_steps import calls_per_step, confirmed, record_inputs, try_size
 from ._lightning_trainer import (atomic_fit_start, batch_of, dataset_length, reset_dataloaders, silenced_logging,
