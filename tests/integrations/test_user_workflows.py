@@ -308,6 +308,20 @@ class _ScaledInputs(pl.LightningModule):
         return torch.utils.data.DataLoader(data, batch_size=8)
 
 
+def _without_and_with(make: Any, tmp_path: Path, **trainer_kw: Any) -> tuple[Any, Any, autoremat.AutoRemat]:
+    """``make()`` fit without and with the callback (least budget, chen), from the same seed: both
+    modules and the callback."""
+    fits = []
+    cb = autoremat.AutoRemat(budget="min", solver=SOLVER, raise_batch_size=False, verbose=False)
+    for callbacks in ([], [cb]):
+        torch.manual_seed(0)
+        lit = make()
+        pl.Trainer(accelerator="cpu", devices=1, logger=False, enable_checkpointing=False, enable_progress_bar=False,
+                   enable_model_summary=False, default_root_dir=tmp_path, callbacks=callbacks, **trainer_kw).fit(lit)
+        fits.append(lit)
+    return fits[0], fits[1], cb
+
+
 @pytest.mark.parametrize("precision", ["bf16-true", "64-true"])
 def test_the_callback_profiles_the_batch_training_step_gets(tmp_path: Path, precision: str) -> None:
     """Under ``bf16-true`` (and ``64-true``) Lightning casts the batch's floating tensors to the
@@ -315,16 +329,7 @@ def test_the_callback_profiles_the_batch_training_step_gets(tmp_path: Path, prec
     profiles what the loop hands ``training_step``, not the dataloader's raw rows (the capture of a
     ``bf16-true`` CNN raised "Input type (torch.FloatTensor) and weight type (CPUBFloat16Type) should
     be the same")."""
-    fits = []
-    cb = autoremat.AutoRemat(budget="min", solver=SOLVER, raise_batch_size=False, verbose=False)
-    for callbacks in ([], [cb]):
-        torch.manual_seed(0)
-        lit = _ScaledInputs()
-        pl.Trainer(max_steps=2, accelerator="cpu", devices=1, logger=False, enable_checkpointing=False,
-                   enable_progress_bar=False, enable_model_summary=False, default_root_dir=tmp_path,
-                   precision=precision, callbacks=callbacks).fit(lit)
-        fits.append(lit)
-    ref, pat = fits
+    ref, pat, cb = _without_and_with(_ScaledInputs, tmp_path, max_steps=2, precision=precision)
     assert cb.plan is not None and cb.plan.recompute_segments
     dtype = torch.bfloat16 if precision == "bf16-true" else torch.float64
     assert pat.seen == ref.seen == [dtype, dtype]  # what the callback's own runs appended is put back
@@ -357,17 +362,9 @@ class _TwoLoaders(pl.LightningModule):
 def test_several_training_dataloaders_are_profiled_as_training_step_gets_them(tmp_path: Path) -> None:
     """A dict of dataloaders (Lightning's ``CombinedLoader``, "max_size_cycle"): the callback profiles a
     batch of each, as the loop hands them (it iterated the dict's keys: "string indices must be integers")."""
-    fits = []
-    cb = autoremat.AutoRemat(budget="min", solver=SOLVER, raise_batch_size=False, verbose=False)
-    for callbacks in ([], [cb]):
-        torch.manual_seed(0)
-        lit = _TwoLoaders()
-        pl.Trainer(max_epochs=2, accelerator="cpu", devices=1, logger=False, enable_checkpointing=False,
-                   enable_progress_bar=False, enable_model_summary=False, default_root_dir=tmp_path,
-                   callbacks=callbacks).fit(lit)
-        fits.append(lit)
+    ref, pat, cb = _without_and_with(_TwoLoaders, tmp_path, max_epochs=2)
     assert cb.plan is not None and cb.plan.recompute_segments
-    assert all(torch.equal(a, b) for a, b in zip(fits[0].state_dict().values(), fits[1].state_dict().values()))
+    assert all(torch.equal(a, b) for a, b in zip(ref.state_dict().values(), pat.state_dict().values()))
 
 
 def test_a_callback_reused_after_unfreezing_plans_again(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
