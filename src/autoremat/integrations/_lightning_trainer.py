@@ -120,7 +120,7 @@ def _batches(dataloader: Any) -> Iterator[Any]:
 
 def _as_the_loop_does(trainer: "pl.Trainer", batch: Any) -> Any:
     """``batch`` as Lightning's training loop hands it to ``training_step``: the precision plugin's
-    input conversion (``bf16-true``, ``16-true``, ``64-true``: floating tensors to the trainer's
+    input conversion (``bf16-true``, ``64-true``, ``16-true``: floating tensors to the trainer's
     dtype; without it a ``bf16-true`` CNN's capture met float32 images and bfloat16 weights),
     ``on_before_batch_transfer`` (the module's or the datamodule's, as the loop calls it), then the
     strategy's transfer with ``on_after_batch_transfer``."""
