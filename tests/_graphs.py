@@ -203,6 +203,18 @@ def with_reader_less_views(g: Graph, seed: int, share: float = 0.3) -> Graph:
     return Graph(nxg, g.meta)
 
 
+def with_view_first_grads(g: Graph, seed: int, share: float = 0.5) -> Graph:
+    """A new graph: ``g`` with about ``share`` of its nodes read by two or more nodes marked as getting
+    their first gradient as a view (``first_grad_view``: summed with the next out of place). Drawn from a
+    generator of its own (``seed``)."""
+    rng = random.Random(f"first views:{seed}:{len(g)}")
+    nxg = g.nx.copy()
+    for v in nxg.nodes:
+        if nxg.out_degree(v) > 1 and rng.random() < share:
+            nxg.nodes[v]["first_grad_view"] = True
+    return Graph(nxg, g.meta)
+
+
 def random_profiled(rng: random.Random, n: int) -> Graph:
     """A random profiled DAG: random sizes, saves, extras, views, a few nodes without grad."""
     g = nx.DiGraph()

@@ -33,17 +33,17 @@ Node attributes (all plain numbers and strings, so solvers never need torch):
     reader while the node runs (:mod:`autoremat.capture.lingering`; the simulator's rule for them).
 ``params``, ``param_grad_bytes``
     Names of the trainable parameters the node uses and the bytes of their gradients.
-``requires_grad``
-    Whether the node's output takes part in backward.
-``grad_passthrough``, ``grad_new``, ``grad_part``
+``requires_grad``: whether the node's output takes part in backward.
+``grad_passthrough``, ``grad_new``, ``grad_part``, ``first_grad_view``
     Whether the node's backward hands its output gradient to its inputs without a new
     allocation (``add``, views); the inputs it gives a new one even so (a cast to their dtype);
     ``(input, bytes)``: inputs it read through one of the views a split made (``chunk``), whose
-    gradient is that view's size until the split's backward joins them (:class:`~autoremat.cost.ledger.StepState`).
+    gradient is that view's size until the split's backward joins them (:class:`~autoremat.cost.ledger.StepState`);
+    whether the first gradient the node's output gets is a view (a reader's transpose) or not dense,
+    so the engine sums the second out of place, into a third buffer (:mod:`autoremat.cost.grad_handoff`).
 ``is_output``
-    Whether the node's value is an output of the model whose gradient the loss seeds (module
-    capture: one the loss reads; :mod:`autoremat.capture._loss_reach`): held as long as the
-    returned object (``meta["output_kept"]``, below).
+    Whether the node's value is an output of the model whose gradient the loss seeds (module capture:
+    one the loss reads; :mod:`autoremat.capture._loss_reach`): held as long as the returned object.
 ``grad_seed_bytes``
     For an ``is_output`` node: the storage bytes of the gradients the loss hands it, where smaller
     than ``out_bytes`` (``out.sum()``'s expanded scalar; ``None``: ``out_bytes``); used by
@@ -55,10 +55,9 @@ Node attributes (all plain numbers and strings, so solvers never need torch):
     (:mod:`autoremat.capture.held_outputs`). :meth:`Graph.held_to_loss` is either;
     :meth:`Graph.held_until` says until when.
 ``recomputable``
-    Whether the runtime can run this node inside a checkpoint region on its own
-    (module-level capture: module calls are, glue ops are not).
-``random``
-    An op that draws from the RNG (dropout's mask, drop path's ``rand``): never kept by a plan.
+    Whether the runtime can run this node inside a checkpoint region on its own (module-level
+    capture: module calls are, glue ops are not).
+``random``: an op that draws from the RNG (dropout's mask, drop path's ``rand``): never kept by a plan.
 ``scope``
     The paths of the module calls the node runs inside, outermost first (the model left out; a
     call of a module run ``n > 1`` times per step is ``"<path>@<k>/<n>"``, :mod:`.call_names`,
@@ -124,6 +123,7 @@ NODE_DEFAULTS: dict[str, Any] = {
     "grad_passthrough": False,
     "grad_new": (),
     "grad_part": (),
+    "first_grad_view": False,
     "is_output": False,
     "grad_seed_bytes": None,
     "held_by_output": False,

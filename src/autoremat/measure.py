@@ -6,16 +6,11 @@ step started). On the CPU it comes from :class:`LiveStorageCounter`, a ``TorchDi
 that adds the bytes of every new output storage and subtracts them when the storage is
 finalised, so it sees forward, recomputation and backward alike.
 
-Any ``TorchDispatchMode`` changes one thing autograd does: while a mode is active,
-``at::isTensorSubclassLike`` is true for every tensor, so the engine adds a second gradient
-reaching one input out of place (``old + new`` in a third buffer) where the plain engine adds
-it into a buffer it owns alone (``add_``). The counter undoes that one difference: an
-accumulation whose input buffer is released before the next op counts at the level the
-in-place add would have had (:meth:`LiveStorageCounter.peak`). The engine adds in place only into
-a first gradient that is dense (contiguous, or permuted: channels_last) and not a view of another
-buffer (a gradient a reshape or transpose handed on shares its storage with the buffer it views,
-so the engine adds out of place); the counter takes the same rule (``tests/test_measure_accumulation.py``
-holds it to the CPU allocator's own record).
+Any ``TorchDispatchMode`` makes the autograd engine add a second gradient of a tensor out of place
+where the plain engine adds it in place (:mod:`autoremat.grad_sums`). The counter undoes that one
+difference: a sum the plain engine makes in place, whose input buffer is released before the next
+op, counts at the level the in-place add would have had (:meth:`LiveStorageCounter.peak`;
+``tests/test_measure_accumulation.py`` holds it to the CPU allocator's own record).
 """
 
 from __future__ import annotations
@@ -37,9 +32,8 @@ from torch.utils._pytree import tree_flatten
 
 from ._compiled import uncompiled
 from ._fsdp import local_tensor
+from .grad_sums import GradSums, engine_sum
 from .resident import device_of
-
-_ADD = torch.ops.aten.add.Tensor
 
 __all__ = ["LiveStorageCounter", "CollectiveCounter", "Measurement", "measure", "default_loss", "run_step",
            "gradients", "gradients_equal", "op_tensors", "deterministic_kernels", "is_profiling", "profiling_run",
@@ -80,6 +74,8 @@ class LiveStorageCounter(TorchDispatchMode):
         self._resize: Any = None
         self.on_op: Callable[[Any, tuple, dict, Any], None] | None = None
         """Called as ``on_op(func, args, kwargs, out)`` after each op (capture uses it)."""
+        self.sums = GradSums()
+        """The engine's sums of gradients seen so far (which had a first part that was a view)."""
 
     @property
     def peak(self) -> int:
@@ -115,6 +111,7 @@ class LiveStorageCounter(TorchDispatchMode):
     def _release(self, key: int) -> None:
         nbytes = self._seen.pop(key, 0)
         self._born.pop(key, None)
+        self.sums.release(key)
         self.live -= nbytes
 
     def __enter__(self) -> "LiveStorageCounter":
@@ -178,7 +175,12 @@ class LiveStorageCounter(TorchDispatchMode):
                 self.live += nbytes
                 added += nbytes
                 weakref.finalize(st, self._release, key)
-        keys = self._accumulated(func, args, kwargs, made) if added else None
+        keys = None
+        in_place = engine_sum(func, args, kwargs, made, self._seen, self._born) if added else None
+        if in_place is not None:
+            self.sums.note(args[0], args[1], out, in_place, added)
+            if in_place:
+                keys = tuple(k for k in (local_tensor(t).untyped_storage()._cdata for t in args) if k in self._seen)
         if keys:
             self._pending = (self.live - added, self.live, keys)
         elif self.live > self._peak:
@@ -186,41 +188,6 @@ class LiveStorageCounter(TorchDispatchMode):
         if self.on_op is not None:
             self.on_op(func, args, kwargs or {}, out)
         return out
-
-    def _accumulated(self, func: Any, args: tuple, kwargs: Mapping[str, Any] | None,
-                     made: tuple[str, int] | None) -> tuple[int, ...] | None:
-        """The counted input storages of an accumulation add the engine would have made in place
-        without a mode (``old + new`` of equal shapes and dtypes in backward, ``old`` dense, not a
-        view and made before the current node ran: ``can_accumulate_inplace`` of PyTorch's
-        ``input_buffer.cpp``), else None."""
-        if made is None or func is not _ADD or kwargs or len(args) != 2:
-            return None
-        a, b = args
-        if not (isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor)) or a.shape != b.shape \
-                or a.dtype != b.dtype or b.layout != torch.strided or a._base is not None or not _dense(a):
-            return None
-        ka, kb = (local_tensor(t).untyped_storage()._cdata for t in (a, b))
-        if ka not in self._seen or self._born.get(ka) == made:
-            return None
-        return tuple(k for k in (ka, kb) if k in self._seen)
-
-
-def _dense(t: torch.Tensor) -> bool:
-    """Whether ``t`` covers its elements without gaps or overlaps in some order of its dimensions
-    (ATen's ``is_non_overlapping_and_dense``: a transposed or permuted tensor is)."""
-    if t.layout != torch.strided:
-        return False
-    if t.is_contiguous():
-        return True
-    expected = 1
-    for d in sorted(range(t.dim()), key=lambda d: (t.stride(d), t.size(d))):
-        if t.size(d) == 1:
-            continue
-        if t.stride(d) != expected:
-            return False
-        expected *= t.size(d)
-    return True
-
 
 class CollectiveCounter(TorchDispatchMode):
     """Counts the collectives (``c10d`` ops: FSDP's all-gathers and reduce-scatters, DDP's

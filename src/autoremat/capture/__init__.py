@@ -401,7 +401,7 @@ def _to_graph(rec: Recorder, meta: dict[str, Any]) -> Graph:
                    bwd_temp_bytes=int(r.bwd_temp_bytes), params=tuple(r.params),
                    param_grad_bytes=int(sum(meta["param_bytes"].get(p, 0) for p in r.params)),
                    requires_grad=bool(r.requires_grad), grad_passthrough=bool(r.grad_passthrough),
-                   is_output=bool(r.is_output), grad_seed_bytes=r.grad_seed_bytes,
+                   first_grad_view=bool(r.first_grad_view), is_output=bool(r.is_output), grad_seed_bytes=r.grad_seed_bytes,
                    held_by_output=bool(r.held_by_output),
                    recomputable=bool(r.recomputable), scope=tuple(r.scope), op_index=int(r.op_index),
                    random=bool(r.random))

@@ -59,6 +59,7 @@ class NodeRecord:
     bwd_temp_bytes: int = 0
     requires_grad: bool = False
     grad_passthrough: bool = False
+    first_grad_view: bool = False
     time_s: float = 0.0
     bwd_time_s: float = 0.0
     flops: float = 0.0
@@ -104,9 +105,16 @@ class Recorder:
         self.loss_extra_bytes = self.loss_fwd_temp_bytes = self.loss_bwd_temp_bytes = self.loss_held_bytes = 0
         self.loss_seed_bytes = self._loss_made = 0  # the gradient backward() seeds the loss with; its storage's bytes
         self._loss_extras: dict[int, int] = {}  # storage -> bytes of the loss's extra saved tensors
-        self._regions: list[tuple[int | str, int]] = []  # (node or "loss", peak bytes above its start)
-        self._open: tuple[int | str, int] | None = None
+        self._regions: list[tuple[int | str, int, range]] = []
+        """(node or "loss", peak bytes above its start, the sums made there out of place because the
+        first gradient was a view: indices in ``counter.sums.view_sums``)."""
+        self._view_sum_of: dict[int, int] = {}
+        """Index in ``counter.sums.view_sums`` -> the node whose gradient that sum made (its marker)."""
+        self._open: tuple[int | str, int, int] | None = None  # (node or "loss", live, sums so far)
         self._grad_ref: dict[int, tuple[int, weakref.ref]] = {}
+        self._grad_of: dict[int, int] = {}  # storage key of a node's gradient (at its marker) -> the node
+        self._passed: dict[int, set[int]] = {}
+        """Storage key of a sum of gradients -> the nodes whose own gradient storage was one of its parts."""
         self.input_grads = InputGrads()  # casts and split parts each op read (grad_new, grad_part)
         self.on_pack: Callable[[int | str | None, int, int], None] | None = None
         self.succs: dict[int, list[int]] = {}
@@ -283,30 +291,52 @@ class Recorder:
     def _marker(self, v: int) -> Callable[[torch.Tensor], None]:
         def hook(grad: torch.Tensor) -> None:
             self._close_region()
-            self._open = (v, self.counter.live)
+            self._open = (v, self.counter.live, len(self.counter.sums.view_sums))
             self.counter.reset_peak()
             self.workspace.start()
+            origin = self.counter.sums.origin(grad)
+            if origin is not None:
+                self.nodes[v].first_grad_view = True
+                self._view_sum_of[origin] = v
             st = grad.untyped_storage()
             self._grad_ref[v] = (st._cdata, weakref.ref(st))
-            # A consumer whose gradient storage is still alive and is now ours passed it through.
+            self._grad_of[st._cdata] = v
+            # A consumer whose gradient storage is still alive and is now ours passed it through; so
+            # did one whose storage was a part of the sum that is ours (a view of it: a transpose).
+            passed = self._passed.pop(st._cdata, set())
             for w in self.succs.get(v, ()):
                 theirs = self._grad_ref.get(w)
-                if theirs is not None and theirs[0] == st._cdata and theirs[1]() is st:
+                if w in passed or theirs is not None and theirs[0] == st._cdata and theirs[1]() is st:
                     self.nodes[w].grad_passthrough = True
         return hook
 
+    def _summed(self, a: torch.Tensor, b: torch.Tensor, out: torch.Tensor) -> None:
+        """The engine summed gradients ``a`` and ``b`` into ``out``: note the nodes whose own gradient
+        storage (alive: the key is theirs) was a part, directly or through an earlier sum."""
+        passed = self._passed.pop(a.untyped_storage()._cdata, set())
+        for t in (a, b):
+            st = t.untyped_storage()
+            w = self._grad_of.get(st._cdata)
+            if w is not None and self._grad_ref[w][1]() is st:
+                passed.add(w)
+        if passed:
+            self._passed[out.untyped_storage()._cdata] = passed
+
     def _close_region(self) -> None:
         if self._open is not None:
-            who, start = self._open
-            self._regions.append((who, self.workspace.over(self.counter.peak - start)))
+            who, start, sums = self._open
+            self._regions.append((who, self.workspace.over(self.counter.peak - start),
+                                  range(sums, len(self.counter.sums.view_sums))))
 
     def run_backward(self, loss: torch.Tensor) -> None:
         self.mutations.active = False
-        self._open = ("loss", self.counter.live)
+        self._open = ("loss", self.counter.live, len(self.counter.sums.view_sums))
         self.counter.reset_peak()
         self.workspace.start()
         self.in_backward = True  # a failed backward fails the capture: no need to reset it then
+        self.counter.sums.on_sum = self._summed
         loss.backward()
+        self.counter.sums.on_sum = None
         self.in_backward = False
         self._close_region()
         self._open = None
@@ -351,7 +381,13 @@ class Recorder:
         self.writes.said({**self.write_pins, **self.pinned_regions_by_write},
                          {**self.rng_pins, **self.pinned_regions_by_rng})
         self.input_grads.apply(self.nodes)
-        for who, delta in self._regions:
+        for r in self.nodes:  # an output's first gradient is the loss's seed, priced as the sum (Graph.grad_bytes)
+            r.first_grad_view = r.first_grad_view and not r.is_output
+        for who, delta, sums in self._regions:
+            # a sum after a first gradient that was a view: the cost model's, where the second arrives
+            charged = (self._view_sum_of.get(i) for i in sums)
+            delta -= sum(self.counter.sums.view_sums[i] for i, v in zip(sums, charged)
+                         if v is not None and self.nodes[v].first_grad_view)
             if who == "loss":
                 modelled = sum(seed_bytes(self.nodes, self.succs, v) for v, r in enumerate(self.nodes)
                                if r.is_output and r.requires_grad)

@@ -42,6 +42,9 @@ class After:
     """The parameters some node outside the set uses (their gradients are allocated)."""
     param_bytes: int
     """Their bytes."""
+    viewed: frozenset[int] = frozenset()
+    """Those of the ``grads`` whose gradient is still the first one and a view (``first_grad_view``:
+    the simulator's :attr:`~.ledger.StepState.viewed`), so the next one is summed out of place."""
 
 
 def bits(mask: int) -> Iterator[int]:
@@ -98,6 +101,8 @@ class GraphBits:
         # grad_part; the replay and closed-form models give them the whole input's, the floors the part's)
         self.part = [dict(d["grad_part"]) for d in nd]
         self.is_out = [bool(d["is_output"]) for d in nd]  # the loss seeds its gradient
+        # its first gradient a view (.grad_handoff; an output's is the loss's seed, priced dense)
+        self.first_view = [bool(d["first_grad_view"]) and not d["is_output"] for d in nd]
         self.held = [graph.held_to_loss(v) for v in range(n)]  # its storage is held until the loss
         self.held_end = graph.held_to_end()  # ... and to the end of backward (meta["output_kept"] "step")
         self.saves = [tuple(d["saves"]) for d in nd]
@@ -154,6 +159,12 @@ class GraphBits:
         # storages the returned object holds to the end of backward (Graph.held_to_end)
         self.end_mask = sum(bit[r] for r in {self.root[v] for v in self.held_end})
         self.view_mask = sum(bit[v] for v in range(n) if self.root[v] != v)
+        # whole_givers[u]: the nodes whose backward hands u a whole gradient (a part is joined later)
+        has_grad = [False] * n
+        for v in range(n - 1, -1, -1):
+            has_grad[v] = self.rg[v] and (self.is_out[v] or any(has_grad[w] for w in self.succ[v]))
+        self.whole_givers = [sum(bit[w] for w in self.succ[u] if has_grad[w] and u not in self.part[w])
+                             if self.rg[u] else 0 for u in range(n)]
         self.members: list[tuple[int, ...]] = [() for _ in range(n)]  # nodes living in root r's storage
         tmp: dict[int, list[int]] = {}
         for v in range(n):
@@ -285,7 +296,9 @@ class GraphBits:
                         owner = self.buf_owner[w]
                 grads.append((u, owner))
             params = frozenset(q for q, users in self.param_users.items() if users & outside)
-            got = self._after[upper] = After(tuple(grads), params, sum(self.param_size[q] for q in params))
+            viewed = frozenset(u for u, _ in grads if self.first_view[u] and not self.is_out[u]
+                               and (self.whole_givers[u] & outside).bit_count() == 1)
+            got = self._after[upper] = After(tuple(grads), params, sum(self.param_size[q] for q in params), viewed)
         return got
 
     def beyond_flags(self, upper: int) -> bytes:

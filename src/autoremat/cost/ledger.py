@@ -90,6 +90,9 @@ class StepState(StorageLedger):
         self.pgrad_bytes = 0
         self.parts: dict[int, list[tuple[Hashable, Hashable]]] = {}
         """Node -> the gradients of its parts handed on so far (``grad_part``): ``(key, holder)``."""
+        self.viewed: set[int] = set()
+        """Nodes whose gradient is still the first one, a view (``first_grad_view``): the next is summed
+        out of place (:mod:`.grad_handoff`)."""
 
     def touch(self, extra: int, phase: str, v: int = -1) -> None:
         """The live level plus ``extra`` bytes of transients at ``phase`` (a key of
@@ -144,6 +147,7 @@ class StepState(StorageLedger):
             self.decref(k, holder)
         if old is not None:
             self.decref(old, ("gb", u))
+        self.viewed.discard(u)
 
     def workspace(self, d: dict[str, Any], key_of: Callable[[int], Hashable | None]) -> int:
         """A node's forward workspace here (``d``: its attributes): ``fwd_temp_bytes`` less those of

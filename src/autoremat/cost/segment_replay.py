@@ -145,6 +145,7 @@ def replay_segment(p: GraphBits, lower: int, upper: int, dangling: int, recomput
             del refs[ok]
     fwd_peak = peak
     grad: dict[int, int] = {}
+    viewed: set[int] = set()  # nodes whose gradient is the first one, a view (StepState.viewed)
     next_gid = 4 * n + 1
     if final:
         level = live + p.loss_extra + p.loss_held + p.loss_ftemp
@@ -215,6 +216,7 @@ def replay_segment(p: GraphBits, lower: int, upper: int, dangling: int, recomput
                 live += p.out[owner]
             refs[key].add(gb_base + u)
             grad[u] = key
+        viewed.update(after.viewed)
         live += pg_bytes
         if live > peak:
             peak = live
@@ -227,6 +229,7 @@ def replay_segment(p: GraphBits, lower: int, upper: int, dangling: int, recomput
     pgrad: set[str] = set()  # parameter gradients allocated during this backward
     spent = 0.0
     out_b, passthru, btemp, alias_of, cast = p.out, p.passthru, p.btemp, p.alias_of, p.grad_new
+    first_view = p.first_view
     for v in reversed(nodes):
         if v == stop:
             for x in nodes:
@@ -280,18 +283,25 @@ def replay_segment(p: GraphBits, lower: int, upper: int, dangling: int, recomput
                 if not rg[u]:
                     continue
                 old = grad.get(u)
-                if passthru[v] and u not in cast[v]:
-                    if old is None:
+                passes = passthru[v] and u not in cast[v]
+                if old is None:
+                    if first_view[u]:
+                        viewed.add(u)
+                    if passes:
                         refs[gv].add(gb_base + u)
                         grad[u] = gv
                         continue
-                elif old is None:
-                    pass
-                elif len(refs[old]) == 1:
-                    transient += out_b[u]
-                    continue
                 else:
-                    transient += out_b[u]
+                    alone = len(refs[old]) == 1
+                    if u in viewed:  # summed out of place, the first alive through the sum
+                        viewed.discard(u)
+                        if alone:
+                            transient += size[old]
+                    elif alone and not passes:
+                        transient += out_b[u]
+                        continue
+                    if not passes:
+                        transient += out_b[u]
                 new = grad[u] = next_gid
                 next_gid += 1
                 size[new] = out_b[u]
