@@ -77,6 +77,16 @@ def test_a_first_gradient_that_is_a_view_is_summed_out_of_place() -> None:
         assert exact_peak(p, [p.full])[0] == exact_peak(p, [1, p.full])[0] == level
 
 
+def test_the_sum_comes_after_the_givers_workspace_is_gone() -> None:
+    """``a``'s backward workspace (150 B) and the first gradient alive through the sum (100 B) are two
+    moments: the level is the larger (Mamba's broadcast ``mul``: 256 KiB of workspace, then the sum)."""
+    g = _two_readers(True)
+    g.node(1)["bwd_temp_bytes"] = 150
+    assert _at_a(g) == 210 + 150
+    p = GraphBits(g)
+    assert exact_peak(p, [p.full])[0] == simulate(g, no_recompute_plan(g)).peak_bytes == 210 + 150
+
+
 def test_a_pass_through_reader_hands_the_view_and_the_sum_is_a_third_buffer() -> None:
     """A transpose read twice (fx level): ``b`` hands ``table`` its own gradient (no new buffer); ``a``'s,
     its own too, is summed with it into a new one while both live (200 B where ``table`` owns the first)."""

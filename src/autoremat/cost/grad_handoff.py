@@ -10,7 +10,8 @@ The engine adds into a buffer only where it owns it alone *and* it is dense and 
 (``can_accumulate_inplace``, PyTorch's ``input_buffer.cpp``). A first gradient that a reader's
 backward hands on as a view of its own buffer (a transpose or reshape closing the reader's
 backward) is summed with the second out of place: the sum is a third buffer while both parts
-live, then the only one. Capture measures which nodes get such a first gradient
+live, then the only one. The engine sums once the second giver's backward is done, so its
+workspace is gone by then: the level there is the larger of the two moments. Capture measures which nodes get such a first gradient
 (``first_grad_view``, from the engine's own sums); the state keeps the nodes whose gradient is
 still that first one (:attr:`~.ledger.StepState.viewed`). Measured (CPU, Hugging Face
 ``SpeechT5ForSpeechToText``, op by op): the relative position embedding every encoder layer
@@ -41,10 +42,13 @@ from .ledger import StepState
 __all__ = ["input_grads", "reader_less_view_runs", "view_backward_bytes"]
 
 
-def input_grads(s: StepState, g: Graph, nd: list[dict], v: int, gv: Hashable) -> int:
-    """The gradients node ``v``'s backward hands its inputs; returns the transient bytes (new ones added in place)."""
+def input_grads(s: StepState, g: Graph, nd: list[dict], v: int, gv: Hashable) -> tuple[int, int]:
+    """The gradients node ``v``'s backward hands its inputs; returns the transient bytes (new ones
+    summed, freed) and those of the first parts alive through sums out of place, where the first was a
+    view: the engine sums once ``v``'s backward is done, its workspace gone, so the caller touches
+    the level twice (with the workspace, and with those bytes instead)."""
     d = nd[v]
-    transient = 0
+    transient = first = 0
     parts = dict(d["grad_part"]) if d["grad_part"] else {}
     for u in g.pred(v):
         du = nd[u]
@@ -72,14 +76,14 @@ def input_grads(s: StepState, g: Graph, nd: list[dict], v: int, gv: Hashable) ->
             transient += du["out_bytes"]  # new gradient, added in place, freed
             continue
         if viewed and alone:  # summed out of place: the first lives through the sum, then goes
-            transient += s.size[old]
+            first += s.size[old]
         if not passes:
             transient += du["out_bytes"]  # the new gradient, summed out of place
         new = s.new_grad(du["out_bytes"])  # (a pass-through's own, held by v, is the other part)
         s.addref(new, ("gb", u))
         s.grad[u] = new
         s.decref(old, ("gb", u))
-    return transient
+    return transient, first
 
 
 def reader_less_view_runs(s: StepState, g: Graph, nd: list[dict], v: int) -> bool:

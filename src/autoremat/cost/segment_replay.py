@@ -278,7 +278,7 @@ def replay_segment(p: GraphBits, lower: int, upper: int, dangling: int, recomput
                         del refs[key]
         gv = grad.pop(v, None)
         if gv is not None:
-            transient = 0
+            transient = first = 0
             for u in pred[v]:
                 if not rg[u]:
                     continue
@@ -296,7 +296,7 @@ def replay_segment(p: GraphBits, lower: int, upper: int, dangling: int, recomput
                     if u in viewed:  # summed out of place, the first alive through the sum
                         viewed.discard(u)
                         if alone:
-                            transient += size[old]
+                            first += size[old]
                     elif alone and not passes:
                         transient += out_b[u]
                         continue
@@ -319,7 +319,7 @@ def replay_segment(p: GraphBits, lower: int, upper: int, dangling: int, recomput
                 else:
                     pgrad.add(q)
                     live += nbytes
-            level = live + transient + btemp[v]
+            level = live + transient + max(btemp[v], first)
             if level > peak:
                 peak = level
             got = refs[gv]

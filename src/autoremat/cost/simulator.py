@@ -426,7 +426,7 @@ def _backward_node(s: StepState, g: Graph, nd: list[dict], v: int, *, recomputed
     s.join_parts(v, d["out_bytes"])  # gradients of parts a split made of v's output (grad_part)
     gv = s.grad.pop(v, None)
     if gv is not None:
-        transient = input_grads(s, g, nd, v, gv)
+        transient, first = input_grads(s, g, nd, v, gv)
         for p in d["params"]:
             if p not in param_bytes:
                 continue
@@ -436,7 +436,8 @@ def _backward_node(s: StepState, g: Graph, nd: list[dict], v: int, *, recomputed
                 s.pgrad.add(p)
                 s.pgrad_bytes += int(param_bytes[p])
                 s.alloc(("p", p), param_bytes[p])
-        s.touch(transient + d["bwd_temp_bytes"], "bwd", v)
+        # the workspace, or (once it is gone) first gradients that are views alive through their sums
+        s.touch(transient + max(d["bwd_temp_bytes"], first), "bwd", v)  # (.grad_handoff)
         s.decref(gv, ("gb", v))
     elif reader_less_view_runs(s, g, nd, v):  # its readers handed their gradients to its root (.grad_handoff)
         s.touch(view_backward_bytes(g, nd, v), "bwd", v)
