@@ -48,10 +48,10 @@ checks, so every plan that fits the budget in simulation is feasible here):
 
 What it leaves out (so a plan the program admits may still simulate above the budget; the
 search checks every plan with the simulator): gradient buffers shared through pass-through ops,
-transients, forward values in flight, workspaces along the plan, the replay's extras, and the
-execution order of the forward (segments run in sequence, so a plan may run nodes out of id
-order; the relaxation does not depend on that order). Offload is not modelled: ``milp`` plans
-never offload.
+transients (a sum out of place into a first gradient that is a view among them), forward values
+in flight, workspaces along the plan, the replay's extras, and the execution order of the forward
+(segments run in sequence, so a plan may run nodes out of id order; the relaxation does not depend
+on that order). Offload is not modelled: ``milp`` plans never offload.
 """
 
 from __future__ import annotations
