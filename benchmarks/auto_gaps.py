@@ -30,6 +30,7 @@ from autoremat import zoo
 from autoremat.cost import unoptimised_peak_bytes
 from autoremat.errors import InfeasibleBudgetError
 from autoremat.solvers.milp.search import judge
+from milp_gaps import memory_digest
 
 RESULTS = Path(__file__).resolve().parent / "results" / "cpu"
 MACHINE = "x86_64, 2 cores, CPU only, shared/loaded"
@@ -51,9 +52,12 @@ def run_model(model: str, stored: dict[str, Any]) -> dict[str, Any]:
     peak = unoptimised_peak_bytes(graph)
     res: dict[str, Any] = {"graph": stored["graph"], "nodes": len(graph), "unoptimised_peak_bytes": peak,
                            "budgets": {}}
-    if (len(graph), peak) != (stored["nodes"], stored["unoptimised_peak_bytes"]):
-        res["skipped"] = (f"graph differs from the one the bounds were proven on ({len(graph)} nodes, peak {peak} B; "
-                          f"stored {stored['nodes']} nodes, {stored['unoptimised_peak_bytes']} B)")
+    digest = memory_digest(graph)
+    if (len(graph), peak) != (stored["nodes"], stored["unoptimised_peak_bytes"]) \
+            or stored.get("memory_digest", digest) != digest:
+        res["skipped"] = (f"graph differs from the one the bounds were proven on ({len(graph)} nodes, peak {peak} B, "
+                          f"digest {digest}; stored {stored['nodes']} nodes, {stored['unoptimised_peak_bytes']} B, "
+                          f"digest {stored.get('memory_digest')})")
         return res
     for label, row in stored["budgets"].items():
         bound = row.get("optimum", {}).get("bound_s")

@@ -56,3 +56,15 @@ def test_the_calls_of_a_shared_block_are_blocks_of_one_class():
     assert len(set(b.classes[1:3])) == 1  # the middle calls match (the first reads the input layer)
     plan = autoremat.solve(graph, "70%", solver="blocks")
     assert any(call[0].startswith("layers.0@") for call in plan.module_calls.values())
+
+
+def test_blocks_whose_first_gradients_differ_are_not_one_class():
+    """A node whose first gradient is a view is summed with the next out of place (``first_grad_view``):
+    blocks that differ in it cost differently and share no class."""
+    g = block_chain(random.Random(0), 5, width=6, classes=1)
+    before = find_blocks(g).classes
+    assert before[2] == before[3]
+    nxg = g.nx.copy()
+    nxg.nodes[find_blocks(g).nodes[3][1]]["first_grad_view"] = True
+    after = find_blocks(Graph(nxg, g.meta)).classes
+    assert after[3] != after[2] == after[4]

@@ -79,7 +79,8 @@ def _signature(graph: Graph, path: str, nodes: list[int]) -> Hashable:
         target = d["target"][len(base):] if d["target"].startswith(base + ".") else d["target"]  # fx module calls
         sig.append((d["kind"], target, d["out_bytes"], d["alloc_bytes"], d["extra_saved_bytes"],
                     d["fwd_temp_bytes"], d["bwd_temp_bytes"], d["param_grad_bytes"], d["requires_grad"],
-                    d["grad_passthrough"], d["is_output"], d["held_by_output"], d["recomputable"], d["op_index"],
+                    d["grad_passthrough"], d["first_grad_view"], d["is_output"], d["held_by_output"], d["recomputable"],
+                    d["op_index"],
                     None if d["alias_of"] is None else ref(d["alias_of"]),
                     tuple(ref(u) for u in d["saves"]), tuple(ref(u) for u in graph.pred(v)), _relative(d["scope"], path, regions),
                     tuple(ref(u) for u in d["unreached_saves"])))
