@@ -11,9 +11,9 @@ The engine adds into a buffer only where it owns it alone *and* it is dense and 
 backward hands on as a view of its own buffer (a transpose or reshape closing the reader's
 backward) is summed with the second out of place: the sum is a third buffer while both parts
 live, then the only one. The engine sums once the second giver's backward is done, so its
-workspace is gone by then: the level there is the larger of the two moments. Capture measures which nodes get such a first gradient
-(``first_grad_view``, from the engine's own sums); the state keeps the nodes whose gradient is
-still that first one (:attr:`~.ledger.StepState.viewed`). Measured (CPU, Hugging Face
+workspace is gone by then: the level there is the larger of the two moments. Capture measures
+which nodes get such a first gradient (``first_grad_view``, from the engine's own sums); the state
+keeps the nodes whose gradient is still that first one (:attr:`~.ledger.StepState.viewed`). Measured (CPU, Hugging Face
 ``SpeechT5ForSpeechToText``, op by op): the relative position embedding every encoder layer
 reads gets its first gradient through a transpose; the least plan's peak falls on that sum,
 predicted 0.903x of the measured peak without the rule.
@@ -45,8 +45,8 @@ __all__ = ["input_grads", "reader_less_view_runs", "view_backward_bytes"]
 def input_grads(s: StepState, g: Graph, nd: list[dict], v: int, gv: Hashable) -> tuple[int, int]:
     """The gradients node ``v``'s backward hands its inputs; returns the transient bytes (new ones
     summed, freed) and those of the first parts alive through sums out of place, where the first was a
-    view: the engine sums once ``v``'s backward is done, its workspace gone, so the caller touches
-    the level twice (with the workspace, and with those bytes instead)."""
+    view: the engine sums once ``v``'s backward is done, its workspace gone, so the caller adds the
+    larger of the workspace and those bytes."""
     d = nd[v]
     transient = first = 0
     parts = dict(d["grad_part"]) if d["grad_part"] else {}
