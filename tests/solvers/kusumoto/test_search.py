@@ -219,3 +219,21 @@ def test_the_exact_models_least_is_searched_only_where_it_can_beat_what_is_known
     twin = Search(ref, "dp-approx", parse_config(None, "dp-approx"))
     monkeypatch.setattr(Search, "second_opinion", lambda self: pytest.fail("the reference graph searched again"))
     assert twin._exact_least(10 ** 12) == (least, seq)
+
+
+def test_the_exact_models_probes_stop_at_their_replay_count(monkeypatch, caplog):
+    """dp-approx asks its exact model for a least budget below the one it knows; each probe stops after
+    ``EXACT_PROBE_REPLAYS`` new replays without an answer (LeViT paid 30,472 replays, 9 s, to find
+    nothing). The zoo's GPT finds a lower one within 1,859: with the default it does; stopped after
+    one replay it keeps the one it knew, and says so."""
+    import autoremat.solvers.kusumoto.search as search_module
+    from autoremat import zoo
+
+    model, args = zoo.build("transformer")
+    graph = autoremat.capture(model, args, repeats=1, warmup=0, times="flops")
+    found = min_budget(graph.copy(), "dp-approx")
+    monkeypatch.setattr(search_module, "EXACT_PROBE_REPLAYS", 1)
+    with caplog.at_level(logging.INFO, logger="autoremat.solvers.kusumoto"):
+        stopped = min_budget(graph.copy(), "dp-approx")
+    assert found < stopped, (found, stopped)  # 4,867,784 < 4,918,984 B
+    assert "stopped after 1 replays without an answer" in caplog.text

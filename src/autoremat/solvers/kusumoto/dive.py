@@ -59,8 +59,10 @@ class Dive:
         # rooms from which V is known not to be reached / to be reached (see run)
         self.fail_room: dict[tuple[int, int], int] = {}
         self.ok: dict[tuple[int, int], tuple[int, list[int]]] = {}
+        self.stopped = False
+        """Whether the last :meth:`run` stopped at its ``max_replays`` (no answer)."""
 
-    def run(self, budget: int) -> tuple[list[int], float] | None:
+    def run(self, budget: int, max_replays: int | None = None) -> tuple[list[int], float] | None:
         """``"feasible"`` for the exact model (:meth:`.dp.LowerSetDP.run`): a depth-first search with dominance.
 
         Feasibility asks for any sequence that fits, so the search dives: from a state it
@@ -85,7 +87,13 @@ class Dive:
         lower sets; ~5.6k successors within the key bound per state early in the network) one
         feasible probe did not finish in 264 s; this search finds the least budget in under a
         second (see the module docstring for the side-by-side timings).
+
+        ``max_replays``: stop (return ``None``, :attr:`stopped` true) once the search has paid this
+        many new exact replays without an answer; what it proved on the way stays valid.
         """
+        self.stopped = False
+        replays = self.dp.replays
+        limit = None if max_replays is None else len(replays) + max_replays
         fam = self.dp.fam
         last = len(fam) - 1
         inf = 1 << 126
@@ -97,6 +105,9 @@ class Dive:
         progress = Progress(self.dp, "least-budget probe", budget)
         while stack:
             progress.tick()
+            if limit is not None and len(replays) > limit:
+                self.stopped = True
+                return None
             state, m, moves = stack[-1]
             if best[state] < m:  # reached since with fewer kept bytes: that expansion covers this one
                 stack.pop()

@@ -53,6 +53,9 @@ class Minimum:
 
 
 LEAST_KEPT_LABELS = 20_000  # dp-exact's minimum also tries the least-kept sequence up to this many labels
+EXACT_PROBE_REPLAYS = 5_000
+"""dp-approx's probe of its exact model below the least known peak stops after this many new exact
+replays without an answer (:meth:`Search._exact_least`)."""
 EXACT_ALWAYS_NODES = 40
 LEAST_SEQUENCE = "the sequence found at the least DP budget"
 """dp-approx asks its exact model at every budget on graphs of at most this many nodes (where it
@@ -205,18 +208,31 @@ class Search:
         7 s to find the least it already knew). Kept by the graph's bytes and structure
         (:func:`memory_signature`): the exact model's feasibility reads no times, so the reference graph
         of a stable plan (:mod:`autoremat.solvers.stable`: the same bytes, other times) meets the
-        measured graph's answer instead of searching again."""
+        measured graph's answer instead of searching again.
+
+        Decision: each probe stops after :data:`EXACT_PROBE_REPLAYS` new exact replays without an
+        answer and counts as "nothing fits" (logged): dp-approx is the approximate solver, and that
+        proof is what its first ``solve`` pays most for. Measured (x86_64, first probe of
+        each graph): the 24 Hugging Face breadth models that probe and the CPU-size zoo paid 38-2,397
+        replays (0.04-0.77 s), and only the zoo's GPT found a lower least budget there (1,859 replays,
+        4,918,984 -> 4,867,784 B); LeViT paid 30,472 replays, 9.2 s of its 9.5 s first solve, to find
+        nothing below. A count, not a clock, so the answer does not depend on the machine's load."""
         key = (memory_signature(self.graph), self.solver, self.cfg.get("max_lower_sets"), self.cfg.get("fallback"),
-               best)
+               best, EXACT_PROBE_REPLAYS)
         with _cache_lock:
             got = _EXACT_LEAST.get(key, False)
         if got is False:
             second = self.second_opinion()
-            if second.run(best - 1, "feasible") is not None:  # it may beat what is known: search
+            if second.dive.run(best - 1, EXACT_PROBE_REPLAYS) is not None:  # it may beat what is known: search
                 got = self.least_dp_budget(second)
-            else:  # it cannot: ``best`` is its least where anything fits it
-                at = second.run(best, "feasible")
+            else:  # it cannot (or the probe stopped): ``best`` is its least where anything fits it
+                stopped = second.dive.stopped
+                at = second.dive.run(best, EXACT_PROBE_REPLAYS)
                 got = None if at is None else (best, at[0])
+                if stopped or second.dive.stopped:
+                    logger.info("%s: the exact model's probes at %d bytes stopped after %d replays without an "
+                                "answer (EXACT_PROBE_REPLAYS); its least budget stays the closed form's or Chen's",
+                                self.solver, best, EXACT_PROBE_REPLAYS)
             with _cache_lock:
                 _EXACT_LEAST[key] = got
                 while len(_EXACT_LEAST) > _EXACT_LEAST_KEPT:
