@@ -81,3 +81,17 @@ def test_least_kept_sequence_gives_up_past_its_label_limit():
     kept = search.dp.least_kept(least, limit=10**6)
     assert kept is not None and kept != dive_seq
     assert search.dp.model_peak(kept)[0] <= least
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_a_probe_stops_at_its_replay_count_and_keeps_what_it_proved(seed):
+    """``max_replays``: no answer past that many new replays (``stopped``); a probe without the limit
+    then answers as before, from what the stopped one learnt."""
+    g = random_dag_with_views(2200 + seed, 10 + seed % 3)
+    search = search_of(g)
+    least, _ = search.least_dp_budget()
+    dp = search_of(g).dp  # a fresh one: nothing replayed yet
+    assert dp.dive.run(least, 0) is None and dp.dive.stopped
+    found = dp.dive.run(least)
+    assert found is not None and not dp.dive.stopped and dp.model_peak(found[0])[0] <= least
+    assert dp.dive.run(least - 1, 10**9) is None and not dp.dive.stopped  # a proof, not a stop
