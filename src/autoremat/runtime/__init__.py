@@ -69,6 +69,7 @@ from .offload_forward import new_offloader as _new_offloader
 from .offload_forward import offloading_forward as _offloading_forward
 from .offload_calls import install_offload_hooks
 from .offload_saved import hooked_path, install_saved_units
+from . import own_checkpointing
 from .sharding import ShardingWatch, apply_fx_sharded, is_sharded, module_plan_fingerprint
 from .per_call import install_calls
 from .checkpoint_region import CheckpointRegion
@@ -155,6 +156,7 @@ def apply(model: nn.Module, plan: Plan, *, regions: str = "lean", inputs: Any = 
             state = _apply_fx(model, plan, names, regions)
         else:
             state = _apply_module(model, plan, names, regions)
+        own_checkpointing.watch(model, state.hooks)
         model.__dict__[_STATE_ATTR] = state
     except BaseException:
         points.roll_back()
