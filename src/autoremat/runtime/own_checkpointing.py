@@ -21,8 +21,8 @@ from __future__ import annotations
 import warnings
 from typing import Any
 
-from torch import nn
 import torch
+from torch import nn
 
 __all__ = ["OwnCheckpointingWarning", "watch"]
 
