@@ -385,9 +385,8 @@ class Recorder:
             r.first_grad_view = r.first_grad_view and not r.is_output
         for who, delta, sums in self._regions:
             # a sum after a first gradient that was a view: the cost model's, where the second arrives
-            charged = (self._view_sum_of.get(i) for i in sums)
-            delta -= sum(self.counter.sums.view_sums[i] for i, v in zip(sums, charged)
-                         if v is not None and self.nodes[v].first_grad_view)
+            delta -= sum(self.counter.sums.view_sums[i] for i in sums
+                         if (v := self._view_sum_of.get(i)) is not None and self.nodes[v].first_grad_view)
             if who == "loss":
                 modelled = sum(seed_bytes(self.nodes, self.succs, v) for v, r in enumerate(self.nodes)
                                if r.is_output and r.requires_grad)

@@ -296,7 +296,7 @@ class GraphBits:
                         owner = self.buf_owner[w]
                 grads.append((u, owner))
             params = frozenset(q for q, users in self.param_users.items() if users & outside)
-            viewed = frozenset(u for u, _ in grads if self.first_view[u] and not self.is_out[u]
+            viewed = frozenset(u for u, _ in grads if self.first_view[u]  # (never an output's)
                                and (self.whole_givers[u] & outside).bit_count() == 1)
             got = self._after[upper] = After(tuple(grads), params, sum(self.param_size[q] for q in params), viewed)
         return got
