@@ -220,7 +220,8 @@ def solve(graph: Graph, budget: Any, *, solver: str = "auto", auto_solvers: Sequ
     the solvers of :data:`AUTO_ORDER` that fits, stopping after ``"blocks"`` on a large graph
     where it found one over repeated blocks, see :data:`AUTO_BLOCKS_ENOUGH_NODES` and
     :data:`AUTO_SLOW_ON_LARGE`; ``auto_solvers`` narrows the
-    solvers ``"auto"`` tries; on graphs of at most 120 nodes with deterministic times it also gives
+    solvers ``"auto"`` tries; on graphs of at most 120 nodes with deterministic times (not module-level
+    graphs whose blocks were captured op by op) it also gives
     ``milp``'s exact lattice search a bounded amount of work (about 2 s on an idle machine; a count,
     not a clock, so the same plan at any load) to find a cheaper plan, or one at all where no other
     solver fits, :func:`autoremat.solvers.milp.exact.auto_improve`; without ``highspy`` too; where

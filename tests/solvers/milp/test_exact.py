@@ -104,6 +104,34 @@ def test_auto_says_why_it_does_not_ask_the_lattice(monkeypatch, caplog):
     assert "more than AUTO_MAX_LOWER_SETS=2 lower sets" in caplog.text
 
 
+def test_auto_does_not_ask_the_lattice_on_an_op_by_op_block_capture(caplog):
+    """Where the lattice would reach below the heuristics (the graph of the test below), marked as
+    a module-level graph with its blocks captured op by op it is not searched (no lattice built):
+    there it plans single ops, which such a graph's blocks do not let it recompute."""
+    g = random_dag(40, 7)
+    g.meta["blocks"] = "ops"
+    with caplog.at_level("DEBUG", logger="autoremat.solvers.milp"):
+        assert exact.auto_least_peak(g) is None
+        assert exact.auto_improve(g, 42, float("inf")) is None
+    assert g not in exact._lattices
+    assert "blocks captured op by op" in caplog.text
+    with pytest.raises(autoremat.InfeasibleBudgetError):
+        autoremat.solve(g, 42)  # only the lattice's plan fits 42 bytes (see the test above)
+
+
+def test_auto_on_a_transformers_op_by_op_capture_gets_its_least_budget_without_the_lattice():
+    pytest.importorskip("transformers")
+    from autoremat.zoo import hf
+
+    ex = hf.example("resnet")
+    g = autoremat.capture(ex.model, ex.args, ex.kwargs, loss_fn=ex.loss_fn, times="flops")
+    assert g.meta["blocks"] == "ops" and len(g) <= exact.AUTO_MAX_NODES
+    least = autoremat.solvers.least_budget(g)
+    assert least == min(autoremat.solvers.min_budget(g, s) for s in ("blocks", "chen", "dp-approx"))
+    assert g not in exact._lattices and g not in exact._auto_least
+    assert autoremat.solve(g, "min").predicted_peak_bytes <= least
+
+
 def test_auto_least_budget_counts_the_lattice_and_solve_meets_it(monkeypatch):
     g = random_dag(40, 7)
     table = space_table(g)
