@@ -109,7 +109,8 @@ def test_auto_leaves_node_solvers_out_on_large_op_by_op_captures(graphs, monkeyp
     from autoremat.solvers.least import auto_order
 
     ops = graphs["auto"]
-    assert "dp-approx" in auto_order(ops, {})  # small: the node solvers still run (they may reach more)
+    # small: all but dp-approx still run (AUTO_NOT_ON_OP_CAPTURES)
+    assert auto_order(ops, {}) == tuple(n for n in auto_order(graphs["module"], {}) if n != "dp-approx")
     monkeypatch.setattr(solvers_pkg, "AUTO_BLOCKS_ENOUGH_NODES", 5)
     assert auto_order(ops, {}) == ("none", "blocks", "chen") and "dp-approx" in auto_order(graphs["module"], {})
     for name in ("dp-approx", "combined", "milp"):
@@ -124,6 +125,35 @@ def test_auto_leaves_node_solvers_out_on_large_op_by_op_captures(graphs, monkeyp
     assert plan.predicted_extra_time_s == best.predicted_extra_time_s
     assert least_budget(ops) == min(min_budget(ops, "blocks"), min_budget(ops, "chen"))
     assert autoremat.solve(ops, "min").budget_bytes == least_budget(ops)
+
+
+def test_auto_leaves_dp_approx_out_on_small_op_by_op_captures(graphs, monkeypatch, caplog) -> None:
+    """Below AUTO_BLOCKS_ENOUGH_NODES too: dp-approx plans single ops, which these blocks do not let
+    it recompute (it reached the least budget and the plans of the others on 39 transformers graphs,
+    AUTO_NOT_ON_OP_CAPTURES); auto does not call it there, and still calls it on a graph of one node
+    per block; asked by name it plans the op-by-op graph as before."""
+    import logging
+
+    from autoremat.solvers.least import auto_order
+
+    ops, module = graphs["auto"], graphs["module"]
+    assert len(ops) < solvers_pkg.AUTO_BLOCKS_ENOUGH_NODES
+    real = solvers_pkg.SOLVERS["dp-approx"]
+    calls: list[int] = []
+
+    def counted(graph, budget, **kw):  # type: ignore[no-untyped-def]
+        calls.append(len(graph))
+        return real(graph, budget, **kw)
+
+    monkeypatch.setitem(solvers_pkg.SOLVERS, "dp-approx", counted)
+    with caplog.at_level(logging.INFO, logger="autoremat.solvers.least"):
+        plan = autoremat.solve(ops, "80%")
+    assert not calls and "dp-approx left out" in caplog.text and plan.solver != "dp-approx"
+    assert least_budget(ops) == min(min_budget(ops, s) for s in auto_order(ops, {}) if s != "none")
+    calls.clear()
+    autoremat.solve(module, "80%")
+    assert len(module) in calls
+    assert autoremat.solve(ops, "80%", solver="dp-approx").solver == "dp-approx"
 
 
 def test_the_hint_is_only_for_node_solvers_on_op_by_op_captures(graphs) -> None:

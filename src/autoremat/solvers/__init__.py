@@ -67,7 +67,7 @@ from .stable import DEFAULT_NOISE_TOLERANCE, is_measured, stable_plan
 from .xla_greedy import XlaGreedyConfig, solve_xla_greedy
 
 __all__ = ["SOLVERS", "SOLVER_FUNCTIONS", "RegisteredSolver", "CONFIGS", "OFFLOAD_ONLY", "AUTO_ORDER",
-           "AUTO_BLOCKS_ENOUGH_NODES", "AUTO_SLOW_ON_LARGE", "SolverFn", "SolverConfig", "solve", "finalize_plan", "bare_solver",
+           "AUTO_BLOCKS_ENOUGH_NODES", "AUTO_SLOW_ON_LARGE", "AUTO_NOT_ON_OP_CAPTURES", "SolverFn", "SolverConfig", "solve", "finalize_plan", "bare_solver",
            "min_budget", "check_solver", "least_budget", "DEFAULT_NOISE_TOLERANCE", "REGION_SOLVERS",
            "plans_single_nodes", "ops_hint", "large_op_capture", "refuse_large_op_capture"]
 
@@ -150,6 +150,18 @@ a second (DenseNet-201 at CPU size, 711 nodes, 50 %: 6.98e-6 s of extra time aga
 7.57e-6 s, 1.0 s each), but ``combined``'s offload search took ~14 s more for the same plan. Up
 to :data:`.milp.chain.CHAIN_MAX_NODES` nodes (1000) only: dp-approx's time grows about with the
 square of the nodes (0.4 s at 431, 2.8 s at 966, 10 s at 1,926 on op-level GPTs, x86_64)."""
+
+AUTO_NOT_ON_OP_CAPTURES = ("dp-approx",)
+"""What ``"auto"`` leaves out on every module-level graph whose repeated blocks were captured op by
+op (``capture``'s ``blocks="auto"`` on transformers; on those of at least
+:data:`AUTO_BLOCKS_ENOUGH_NODES` nodes every solver that plans single nodes is left out,
+:func:`large_op_capture`). ``dp-approx`` recomputes single recomputable nodes, and an op inside
+such a block is not one, so it reaches what Chen's plans over whole module calls reach, which it
+checks its own against. Measured (x86_64, 2 cores, shared; ``times="flops"`` captures of the 39
+such graphs of under 400 nodes among :mod:`autoremat.zoo.hf` and :mod:`autoremat.zoo.hf_breadth`):
+without it ``auto``'s least budget was the same on all 39 and its plans at 50 % and 75 % recomputed
+the same time on all 78; it had cost 0.2-5.0 s per least budget (a LeViT: 5.0 s) and up to 1.8 s
+per solve. ``solver="dp-approx"`` still plans such a graph when asked."""
 
 OFFLOAD_ONLY = ("offload-greedy", "offload-dp", "vdnn", "offload-dag")
 """Registered solvers that only offload (no recomputation)."""

@@ -34,9 +34,9 @@ def auto_order(graph: Graph, options: Mapping[str, Any], auto_solvers: Sequence[
     dp-approx, reforward, combined, milp, dp-exact each over 60 s for ``min_budget``) for what
     ``blocks`` and ``chen`` plan (on transformers GPT-2 of 2-6 layers at op level, at 75/50/30 %,
     dp-approx and combined returned exactly chen's plan each time, blocks a faster one). Smaller
-    op-by-op graphs keep them: on the zoo's Hugging Face ResNet (51 nodes) dp-approx reaches
-    0.95x of the peak by recomputing outside the blocks, where blocks and chen reach nothing."""
-    from . import AUTO_ORDER, large_op_capture, offload_allowed, plans_single_nodes
+    op-by-op graphs keep ``combined`` but not ``dp-approx`` either
+    (:data:`~autoremat.solvers.AUTO_NOT_ON_OP_CAPTURES`)."""
+    from . import AUTO_NOT_ON_OP_CAPTURES, AUTO_ORDER, large_op_capture, offload_allowed, plans_single_nodes
 
     order = AUTO_ORDER if auto_solvers is None else tuple(n for n in AUTO_ORDER if n in auto_solvers or n == "none")
     if not offload_allowed(graph, dict(options)):
@@ -47,6 +47,10 @@ def auto_order(graph: Graph, options: Mapping[str, Any], auto_solvers: Sequence[
             logger.info("solver='auto': %s left out: this graph of %d nodes has its blocks captured op by op and they "
                         "plan single nodes (autoremat.solvers.least.auto_order)", ", ".join(left), len(graph))
             order = tuple(n for n in order if not plans_single_nodes(n))
+    elif graph.meta.get("blocks") == "ops" and any(n in AUTO_NOT_ON_OP_CAPTURES for n in order):
+        logger.info("solver='auto': %s left out: this graph has its blocks captured op by op "
+                    "(autoremat.solvers.AUTO_NOT_ON_OP_CAPTURES)", ", ".join(n for n in order if n in AUTO_NOT_ON_OP_CAPTURES))
+        order = tuple(n for n in order if n not in AUTO_NOT_ON_OP_CAPTURES)
     return order
 
 
