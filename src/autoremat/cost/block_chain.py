@@ -96,9 +96,11 @@ def _shifted(seg: Segment, offset: int) -> Segment:
     return Segment(tuple(v + offset for v in seg.nodes), seg.recompute, tuple(v + offset for v in seg.keep))
 
 
-def chain_plan(graph: Graph, chain: BlockChain, choice: Sequence[int]) -> Plan:
+def chain_plan(graph: Graph, chain: BlockChain, choice: Sequence[int],
+               units: Sequence[tuple[int, ...]] | None = None) -> Plan:
     """The plan of a choice of options (one per block): gaps stored (their regions no gradient reaches
-    recomputed: :mod:`.unreached`), each block's local plan."""
+    recomputed: :mod:`.unreached`; ``units``: the graph's :func:`~.unreached.unreached_units`, where
+    the caller has them), each block's local plan."""
     if len(choice) != len(chain.blocks):
         raise ValueError(f"choice names {len(choice)} options for {len(chain.blocks)} blocks")
     segs: list[Segment] = []
@@ -110,7 +112,8 @@ def chain_plan(graph: Graph, chain: BlockChain, choice: Sequence[int]) -> Plan:
         v = nodes[-1] + 1
     if v < len(graph):
         segs.append(Segment(tuple(range(v, len(graph))), recompute=False))
-    segs = recomputing(segs, unreached_units(graph))  # the gaps' regions no gradient reaches: free (.unreached)
+    # the gaps' regions no gradient reaches: free (.unreached)
+    segs = recomputing(segs, unreached_units(graph) if units is None else units)
     plan = Plan(segs, solver="blocks", graph_fingerprint=graph.fingerprint)
     if graph.meta.get("mode") == "fx":  # as finalize_plan does: the replays the runtime shortens
         plan.replay_tails = replay_tails(graph, plan)
@@ -158,7 +161,8 @@ def profile_chain(graph: Graph, chain: BlockChain, representative: Sequence[int]
         members.setdefault(key, []).append(j)
     rep = {key: (representative[i] if representative is not None else js[len(js) // 2])
            for i, (key, js) in enumerate(members.items())}
-    reference = chain_plan(graph, chain, [0] * n_blocks)
+    units = unreached_units(graph)  # once: a scan of every node (87 plans on a 64-layer GPT-2)
+    reference = chain_plan(graph, chain, [0] * n_blocks, units)
     window = ReferenceWindows(graph, reference, chain.blocks, rep.values()) if windows else None
     ref = window.levels if window is not None else step_levels(graph, reference)
     ref_levels = [_block_levels(ref, nodes) for nodes in chain.blocks]
@@ -169,7 +173,7 @@ def profile_chain(graph: Graph, chain: BlockChain, representative: Sequence[int]
         for o in range(1, len(chain.options[key[1]])):
             choice = [0] * n_blocks
             choice[k] = o
-            plan = chain_plan(graph, chain, choice)
+            plan = chain_plan(graph, chain, choice, units)
             sims += 1
             if window is not None:
                 t = window.price(plan, k)
