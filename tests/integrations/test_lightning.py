@@ -358,10 +358,10 @@ def test_batch_search_probes_with_the_same_solve_as_the_confirmation(tmp_path: P
     """The prediction solves through the callback's own ``_solve`` as the confirmation does
     (solver, offload handling; recomputation only under ``"auto"``, a subset of what the
     confirmation weighs): a size the callback's own solve rejects must never reach a trial step;
-    and the trial step at a predicted size takes the plan the prediction solved there (each graph
-    solved once: the trial once solved every predicted size again)."""
+    the probes ask for the first plan that fits (``first_fit``) and the trial step solves its size
+    in full, each once (the trial once solved every predicted size again)."""
     rejected_in_trial: list[int] = []
-    solved: list[tuple[int, bool]] = []
+    solved: list[tuple[int, bool, bool]] = []
 
     class Restricted(autoremat.AutoRemat):
         """A solve that rejects graphs over twice the original activation bytes."""
@@ -371,7 +371,7 @@ def test_batch_search_probes_with_the_same_solve_as_the_confirmation(tmp_path: P
 
         def _solve(self, graph, step_budget, **kwargs):  # type: ignore[no-untyped-def]
             size = graph.total("out_bytes")
-            solved.append((size, kwargs.get("recompute_only", False)))
+            solved.append((size, kwargs.get("recompute_only", False), kwargs.get("first_fit", False)))
             self.base = self.base or size
             if size > 2.2 * self.base:
                 if self.trying:
@@ -392,6 +392,8 @@ def test_batch_search_probes_with_the_same_solve_as_the_confirmation(tmp_path: P
     assert cb.batch_size == 8  # twice the original 4: the largest the restricted solve accepts
     assert rejected_in_trial == []
     assert len(solved) == len(set(solved)) >= 3, solved  # 4 (the first plan), 8, 16 (rejected), ...
+    full, probed = {g for g, r, f in solved if r and not f}, {g for g, r, f in solved if f}
+    assert full and full <= probed  # a trial's size was probed first, then solved in full once
 
 
 def test_dropout_training_is_unchanged_by_the_callback(tmp_path: Path) -> None:
@@ -433,7 +435,9 @@ def test_the_batch_prediction_plans_recomputation_only_under_auto(monkeypatch: p
     autoremat.AutoRemat(verbose=False, offload=True)._solve(graph, 10, recompute_only=True)
     assert seen[-1]["solver"] == "combined" and seen[-1]["offload"] is True
     autoremat.AutoRemat(verbose=False, solver="dp-approx")._solve(graph, 10, recompute_only=True)
-    assert seen[-1] == {"solver": "dp-approx"}
+    assert seen[-1] == {"solver": "dp-approx", "first_fit": False}
+    autoremat.AutoRemat(verbose=False)._solve(graph, 10, recompute_only=True, first_fit=True)
+    assert seen[-1]["first_fit"] is True
 
 
 class _SharedBlock(torch.nn.Module):

@@ -239,3 +239,44 @@ def test_a_solver_plan_over_budget_is_never_returned(monkeypatch):
         solve(g, peak - 1, solver="liar")
     assert err.value.min_budget_bytes == peak
 
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_first_fit_finds_a_plan_exactly_where_solve_does(seed: int, monkeypatch: pytest.MonkeyPatch) -> None:
+    """``first_fit`` (the batch-size search's probes): a plan that fits wherever the full solve
+    finds one, the same error where it does not; no polish or chain search once a plan fits."""
+    import autoremat.solvers as solvers_pkg
+    from _graphs import random_dag
+
+    g = random_dag(20 + 7 * seed, 5 + seed)
+    peak = unoptimised_peak_bytes(g)
+    least = solvers_pkg.least_budget(g)
+    budgets = sorted({least - 1, least, *(int(f * peak) for f in (0.3, 0.5, 0.7, 0.9)), peak})
+    full: dict[int, int | None] = {}
+    for b in budgets:
+        try:
+            full[b] = solve(g, b).predicted_peak_bytes
+        except InfeasibleBudgetError as err:
+            full[b], least_said = None, err.min_budget_bytes
+    calls: list[str] = []
+    for name in ("_polished", "_chain_for_auto"):
+        real = getattr(solvers_pkg, name)
+        monkeypatch.setattr(solvers_pkg, name, lambda *a, _n=name, _r=real: calls.append(_n) or _r(*a))
+    for b in budgets:
+        calls.clear()
+        try:
+            plan = solve(g, b, first_fit=True)
+        except InfeasibleBudgetError as err:
+            assert full[b] is None and err.min_budget_bytes == least_said, b
+            continue
+        assert full[b] is not None and plan.predicted_peak_bytes <= b and not calls, (b, calls)
+
+
+def test_first_fit_asks_the_rescue_searches_where_no_solver_fits() -> None:
+    """Where only auto's lattice search reaches the budget (42 bytes on this graph, see
+    tests/solvers/milp/test_exact.py), ``first_fit`` finds that plan too."""
+    from _graphs import random_dag
+
+    g = random_dag(40, 7)
+    plan = solve(g, 42, first_fit=True)
+    assert plan.solver == "milp" and plan.predicted_peak_bytes <= 42

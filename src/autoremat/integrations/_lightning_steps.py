@@ -218,15 +218,13 @@ def confirmed(cb: "AutoRemat", target: nn.Module, trainer: "pl.Trainer", pl_modu
 
 def try_size(cb: "AutoRemat", trainer: "pl.Trainer", pl_module: "pl.LightningModule", graph: Graph, size: int,
              original: int, step_budget: int, loss_fn: Callable[[Any], torch.Tensor],
-             batch_bytes: int, solved: tuple[Plan, Graph, int] | None = None) -> tuple[Plan, Graph] | None:
-    """``AutoRemat._try_size``: solve at ``size`` (unless ``solved``: the prediction's plan, scaled
-    graph and budget at that size) and confirm with a patched trial step on a real batch of that
-    size; ``None`` where it does not fit, runs out of memory or measures over budget."""
+             batch_bytes: int) -> tuple[Plan, Graph] | None:
+    """``AutoRemat._try_size``: solve at ``size`` and confirm with a patched trial step on a real
+    batch of that size; ``None`` where it does not fit, runs out of memory or measures over budget."""
     assert cb._target is not None, "please report"
     target = cb._target
     try:
-        plan, scaled, budget = solved or cb._plan_at(graph, size, original, step_budget, batch_bytes,
-                                                     recompute_only=True)
+        plan, scaled, budget = cb._plan_at(graph, size, original, step_budget, batch_bytes, recompute_only=True)
         args, kwargs, _ = cb._record_inputs(trainer, pl_module, size)
         apply(target, plan, regions=cb.regions)
         try:

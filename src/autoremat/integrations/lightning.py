@@ -420,10 +420,10 @@ class AutoRemat(Callback):
         return solver, kwargs
 
     def _solve(self, graph: Graph, step_budget: int | str, sharded: bool = False,
-               recompute_only: bool = False) -> Plan:
+               recompute_only: bool = False, first_fit: bool = False) -> Plan:
         """Every solve of the callback (``step_budget``: bytes, or ``"min"``; see :meth:`_solver_options`)."""
         solver, kwargs = self._solver_options(sharded, recompute_only)
-        return solve(graph, step_budget, solver=solver, **kwargs)
+        return solve(graph, step_budget, solver=solver, first_fit=first_fit, **kwargs)
 
     def _record_inputs(self, trainer: "pl.Trainer", pl_module: "pl.LightningModule",
                        size: int | None = None, *, choose: bool = False) -> tuple[tuple, dict, int]:
@@ -450,7 +450,8 @@ class AutoRemat(Callback):
         """Largest batch size whose plan fits, confirmed by a trial step; backs off on OOM.
 
         The prediction and the confirmation both solve with :meth:`_plan_at` (budget net of the
-        larger batch); under ``solver="auto"`` both plan recomputation only: a ``combined`` solve
+        larger batch; the prediction's probes ask for the first plan that fits, ``first_fit``, which
+        exists exactly where the full solve finds one); under ``solver="auto"`` both plan recomputation only: a ``combined`` solve
         that weighs offloads takes up to a minute on a CUDA graph of ~200 nodes (an H200 run of
         the raised-batch test spent its 110 s in them), and the search solves at every size of a
         doubling and a bisection. So a raised batch runs a recomputation plan (the one its trial
@@ -460,11 +461,9 @@ class AutoRemat(Callback):
         if length is not None:
             limit = min(limit, length)
 
-        solved: dict[int, tuple[Plan, Graph, int]] = {}  # the trial step at a predicted size reuses its plan
-
         def fits(size: int) -> bool:
             try:
-                solved[size] = self._plan_at(graph, size, original, step_budget, batch_bytes, recompute_only=True)
+                self._plan_at(graph, size, original, step_budget, batch_bytes, recompute_only=True, first_fit=True)
                 return True
             except InfeasibleBudgetError:
                 return False
@@ -474,8 +473,7 @@ class AutoRemat(Callback):
         def trial(size: int) -> tuple[Plan, Graph] | None:
             if phase is not None:
                 phase.step(f"trial step at batch size {size} (predicted largest {candidate})")
-            return self._try_size(trainer, pl_module, graph, size, original, step_budget, loss_fn, batch_bytes,
-                                  solved.get(size))
+            return self._try_size(trainer, pl_module, graph, size, original, step_budget, loss_fn, batch_bytes)
 
         confirmed = confirmed_largest(original, candidate, trial)
         if confirmed is None:
@@ -483,17 +481,16 @@ class AutoRemat(Callback):
         size, (plan_at_size, scaled) = confirmed
         return size, plan_at_size, scaled
 
-    def _plan_at(self, graph: Graph, size: int, original: int, step_budget: int,
-                 batch_bytes: int, recompute_only: bool = False) -> tuple[Plan, Graph, int]:
+    def _plan_at(self, graph: Graph, size: int, original: int, step_budget: int, batch_bytes: int,
+                 recompute_only: bool = False, first_fit: bool = False) -> tuple[Plan, Graph, int]:
         """The plan for batch ``size``: the graph scaled from ``original``, under the step budget
         less the extra batch bytes. Raises :class:`InfeasibleBudgetError` when none fits."""
         budget = int(step_budget - max(0.0, batch_bytes * (size / original - 1)))
         scaled = graph.scaled(size / original)
-        return self._solve(scaled, budget, recompute_only=recompute_only), scaled, budget
+        return self._solve(scaled, budget, recompute_only=recompute_only, first_fit=first_fit), scaled, budget
 
     def _try_size(self, trainer: "pl.Trainer", pl_module: "pl.LightningModule", graph: Graph, size: int,
                   original: int, step_budget: int, loss_fn: Callable[[Any], torch.Tensor],
-                  batch_bytes: int, solved: tuple[Plan, Graph, int] | None = None) -> tuple[Plan, Graph] | None:
-        """Solve at ``size`` (or take ``solved``, what :meth:`_plan_at` gave for it) and confirm
-        with a patched trial step on a real batch of that size."""
-        return try_size(self, trainer, pl_module, graph, size, original, step_budget, loss_fn, batch_bytes, solved)
+                  batch_bytes: int) -> tuple[Plan, Graph] | None:
+        """Solve at ``size`` and confirm with a patched trial step on a real batch of that size."""
+        return try_size(self, trainer, pl_module, graph, size, original, step_budget, loss_fn, batch_bytes)

@@ -223,7 +223,7 @@ def finalize_plan(graph: Graph, plan: Plan, budget_bytes: int, solver: str,
 
 
 def solve(graph: Graph, budget: Any, *, solver: str = "auto", auto_solvers: Sequence[str] | None = None,
-          noise_tolerance: float = DEFAULT_NOISE_TOLERANCE, **options: Any) -> Plan:
+          noise_tolerance: float = DEFAULT_NOISE_TOLERANCE, first_fit: bool = False, **options: Any) -> Plan:
     """Choose what to recompute so that one step of ``graph`` fits ``budget``.
 
     ``budget``: see :func:`autoremat.budget.parse_budget`, or ``"min"``: the least budget the
@@ -249,6 +249,9 @@ def solve(graph: Graph, budget: Any, *, solver: str = "auto", auto_solvers: Sequ
     option is a ``ValueError`` naming the accepted ones). Under ``"auto"`` each solver tried gets
     the options it accepts, and an option that none of them accepts is a ``ValueError``.
     An infeasible budget raises :class:`InfeasibleBudgetError` stating the reachable range.
+    ``first_fit``: the first plan ``"auto"`` finds that fits, not the best (no polish, chain or
+    lattice search where one fits, no reference plan): whether a plan exists, as cheaply; it
+    raises exactly where the full solve does (the batch-size search's probes).
     """
     if not isinstance(graph, Graph):
         raise TypeError(f"graph must be an autoremat.Graph (from autoremat.capture), got {type(graph).__name__}")
@@ -264,7 +267,9 @@ def solve(graph: Graph, budget: Any, *, solver: str = "auto", auto_solvers: Sequ
             resident_bytes=int(graph.meta.get("resident_bytes", 0)),
         )
     try:
-        plan = _solve_bytes(graph, budget_bytes, solver, auto_solvers, options)
+        plan = _solve_bytes(graph, budget_bytes, solver, auto_solvers, options, first_fit)
+        if first_fit:
+            return plan
         return stable_plan(graph, plan, lambda g: _solve_bytes(g, budget_bytes, solver, auto_solvers, options),
                            lambda p: finalize_plan(graph, p, budget_bytes, p.solver, options if solver != "auto"
                                                    else _accepted(p.solver, options)), noise_tolerance,
@@ -341,7 +346,7 @@ def _with_hints(graph: Graph, solver: str, err: InfeasibleBudgetError) -> Infeas
 
 
 def _solve_bytes(graph: Graph, budget_bytes: int, solver: str, auto_solvers: Sequence[str] | None,
-                 options: Mapping[str, Any]) -> Plan:
+                 options: Mapping[str, Any], first_fit: bool = False) -> Plan:
     if solver != "auto":
         plan = bare_solver(solver)(graph, budget_bytes, config=dict(options))
         return finalize_plan(graph, plan, budget_bytes, solver, options)
@@ -361,6 +366,8 @@ def _solve_bytes(graph: Graph, budget_bytes: int, solver: str, auto_solvers: Seq
             if err.min_budget_bytes is not None:
                 least_min = err.min_budget_bytes if least_min is None else min(least_min, err.min_budget_bytes)
             continue
+        if first_fit:
+            return plan
         if best is None or (plan.predicted_extra_time_s or 0.0) < (best.predicted_extra_time_s or 0.0):
             best = plan
         if name == "none":
@@ -374,10 +381,12 @@ def _solve_bytes(graph: Graph, budget_bytes: int, solver: str, auto_solvers: Seq
             skipped = AUTO_SLOW_ON_LARGE
             logger.info("solver='auto': %d nodes, but the blocks solver's blocks all differ; trying the node-by-node "
                         "solvers but %s (AUTO_SLOW_ON_LARGE)", len(graph), ", ".join(skipped))
-    best = _polished(graph, budget_bytes, _lattice_for_auto(graph, budget_bytes, best))
-    found = _chain_for_auto(graph, budget_bytes, best)
-    if found is not best:  # the chain search's plan recomputes less; polished in turn
-        best = _polished(graph, budget_bytes, found)
+    best = _lattice_for_auto(graph, budget_bytes, best)
+    if best is None or not first_fit:  # (first_fit reaches here with no plan yet)
+        best = _polished(graph, budget_bytes, best)
+        found = _chain_for_auto(graph, budget_bytes, best)
+        if found is not best:  # the chain search's plan recomputes less; polished in turn
+            best = _polished(graph, budget_bytes, found)
     if best is None:
         lattice = auto_lattice_least(graph)
         if lattice is not None and (least_min is None or lattice < least_min):
