@@ -35,6 +35,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import torch
+from torch.multiprocessing.reductions import StorageWeakRef
 
 from ..call_names import is_per_call
 from .kept_said import say_kept
@@ -73,6 +74,10 @@ class CastReads:
         self.on = autocast_caches()
         self._param_of = {p.untyped_storage()._cdata: name for name, p in params} if self.on else {}
         self._casts: dict[int, tuple[str, list[int | None]]] = {}  # cast storage -> (parameter, [maker, readers])
+        # a weak reference to each cast's storage: its address (the key) is not handed to another storage
+        # while this watches (a cast the model makes itself is freed after its use; a later tensor at its
+        # address read as the cast pinned 1-3 of a bf16 Mamba's 3 layers, run to run); its bytes are freed
+        self._watched: list[StorageWeakRef] = []
         self._settled: SharedCasts | None = None
 
     def note(self, func: Any, ins: Sequence[torch.Tensor], outs: Sequence[torch.Tensor], who: int | None) -> None:
@@ -83,7 +88,9 @@ class CastReads:
         if func is _CAST and len(ins) == 1 and ins[0].requires_grad and ins[0].is_leaf and outs:
             param = self._param_of.get(next(iter(keys)))
             if param is not None:
-                self._casts[outs[0].untyped_storage()._cdata] = (param, [who])
+                storage = outs[0].untyped_storage()
+                self._casts[storage._cdata] = (param, [who])
+                self._watched.append(StorageWeakRef(storage))
                 return
         made = {t.untyped_storage()._cdata for t in outs}
         for k in keys:
