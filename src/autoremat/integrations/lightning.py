@@ -451,7 +451,8 @@ class AutoRemat(Callback):
 
         The prediction and the confirmation both solve with :meth:`_plan_at` (budget net of the
         larger batch; the prediction's probes ask for the first plan that fits, ``first_fit``, which
-        exists exactly where the full solve finds one); under ``solver="auto"`` both plan recomputation only: a ``combined`` solve
+        exists exactly where the full solve finds one); under ``solver="auto"`` both plan
+        recomputation only: a ``combined`` solve
         that weighs offloads takes up to a minute on a CUDA graph of ~200 nodes (an H200 run of
         the raised-batch test spent its 110 s in them), and the search solves at every size of a
         doubling and a bisection. So a raised batch runs a recomputation plan (the one its trial

@@ -67,7 +67,8 @@ from .stable import DEFAULT_NOISE_TOLERANCE, is_measured, stable_plan
 from .xla_greedy import XlaGreedyConfig, solve_xla_greedy
 
 __all__ = ["SOLVERS", "SOLVER_FUNCTIONS", "RegisteredSolver", "CONFIGS", "OFFLOAD_ONLY", "AUTO_ORDER",
-           "AUTO_BLOCKS_ENOUGH_NODES", "AUTO_SLOW_ON_LARGE", "AUTO_NOT_ON_OP_CAPTURES", "SolverFn", "SolverConfig", "solve", "finalize_plan", "bare_solver",
+           "AUTO_BLOCKS_ENOUGH_NODES", "AUTO_SLOW_ON_LARGE", "AUTO_NOT_ON_OP_CAPTURES", "SolverFn", "SolverConfig",
+           "solve", "finalize_plan", "bare_solver",
            "min_budget", "check_solver", "least_budget", "DEFAULT_NOISE_TOLERANCE", "REGION_SOLVERS",
            "plans_single_nodes", "ops_hint", "large_op_capture", "refuse_large_op_capture"]
 
