@@ -525,6 +525,18 @@ def test_hf_breadth_runs_and_reports(tmp_path: Path, monkeypatch: pytest.MonkeyP
     assert "error: ValueError: no" in broken and "errors: 1" in broken
 
 
+def test_capture_determinism_compares_captures_but_their_times(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    cd = _load("capture_determinism", monkeypatch)
+    assert cd.main(["--names", "zoo:mlp", "--captures", "2", "--precision", "fp32", "--out", str(tmp_path)]) == 0
+    row = json.loads((tmp_path / "capture_determinism.json").read_text())["rows"][0]
+    assert row["same"] and row["differences"] == [] and row["nodes"] > 0, row
+    assert "The same in 1 of 1 cases." in (tmp_path / "capture_determinism.md").read_text()
+    g = autoremat.capture(*autoremat.zoo.build("mlp", size="small"), repeats=1, warmup=0)
+    a, b = cd._doc(g), cd._doc(g)
+    b[0][1]["out_bytes"] += 4
+    assert cd.differences(a, a) == [] and len(cd.differences(a, b)) == 1 and "[out_bytes]" in cd.differences(a, b)[0]
+
+
 def test_albert_shared_runs_and_reports(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """Per-call plans on ALBERT beside a hand-written per-layer checkpoint: every variant trains
     bit for bit and autoremat's least plan reaches at most the checkpoint's peak."""
