@@ -25,7 +25,8 @@ from autoremat.solvers import finalize_plan
 
 class Coded(nn.Module):
     """A linear map, and integer codes picked from a second one's output (no gradient reaches it);
-    no submodules, so one node at module level."""
+    no submodules, so one node at module level. The sigmoid's saved output is the call's own saved
+    tensor that backward reads (the exp's is freed with its branch inside the call: not held)."""
 
     def __init__(self) -> None:
         super().__init__()
@@ -33,7 +34,7 @@ class Coded(nn.Module):
         self.proj = nn.Parameter(torch.randn(32, 32) / 8)
 
     def forward(self, h: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        return torch.tanh(h @ self.w), torch.exp(h @ self.proj).argmax(-1)
+        return torch.tanh(torch.sigmoid(h @ self.w)), torch.exp(h @ self.proj).argmax(-1)
 
 
 class Net(nn.Module):

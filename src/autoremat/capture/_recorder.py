@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import torch
+from torch.multiprocessing.reductions import StorageWeakRef
 
 from .._fsdp import original_class
 from ..measure import LiveStorageCounter, _flatten
@@ -101,6 +102,12 @@ class Recorder:
         self.current: int | str | None = None
         self._level0 = 0
         self._packed: list[tuple[int | str | None, int, int]] = []
+        # a weak reference to each saved tensor's storage while recording, by key: its address (the key of
+        # its entry in _packed, settled later) is not handed to another storage meanwhile, and settle_saves
+        # sees whether it died first (an Encodec quantizer op's saved cast: freed before it was settled, and
+        # counted as the op's 4,096 saved bytes in most captures, as nothing where a later node's storage had
+        # taken its address)
+        self._save_refs: dict[int, StorageWeakRef] = {}
         self.loss_saves: set[int] = set()
         self.loss_extra_bytes = self.loss_fwd_temp_bytes = self.loss_bwd_temp_bytes = self.loss_held_bytes = 0
         self.loss_seed_bytes = self._loss_made = 0  # the gradient backward() seeds the loss with; its storage's bytes
@@ -158,6 +165,9 @@ class Recorder:
         """Note ``t``; hand autograd a history-free alias: ``t``, saved by its own op (ELU), holds that op's node,
         a cycle only backward breaks (a graph no gradient reaches leaked). This ``detach`` is no model op."""
         self._pack(t)
+        st = t.untyped_storage()
+        if st._cdata not in self._save_refs:
+            self._save_refs[st._cdata] = StorageWeakRef(st)
         on_op, self.counter.on_op = self.counter.on_op, None
         try:
             return t.detach()
@@ -167,8 +177,11 @@ class Recorder:
     @contextlib.contextmanager
     def recording(self) -> Iterator[None]:
         self._watch_mutations()
-        with self.counter, torch.autograd.graph.saved_tensors_hooks(self._pack_hook, lambda t: t):
-            yield
+        try:
+            with self.counter, torch.autograd.graph.saved_tensors_hooks(self._pack_hook, lambda t: t):
+                yield
+        finally:
+            self._save_refs.clear()
 
     def _watch_mutations(self) -> None:
         """Feed every op of the forward and loss to :attr:`mutations` (until :meth:`run_backward`)."""
@@ -243,6 +256,9 @@ class Recorder:
         for who, key, nbytes in self._packed:
             if who is None or key in self.resident:
                 continue
+            ref = self._save_refs.get(key)
+            if ref is not None and ref.expired():
+                continue  # the storage died before now: its saver was freed, nothing of it is held
             if key in self.owner and isinstance(who, int) and self.owner[key] > who:
                 continue  # the storage died before now, its address reused by a later node's: its saver was freed
             if key in self.owner:
