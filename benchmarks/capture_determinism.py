@@ -12,8 +12,9 @@ but the times (``time_s``, ``bwd_time_s``, meta keys naming a time, the fingerpr
 ``capture_determinism.json`` and ``.md`` to ``--out``, one row per case: ``same``, or the fields
 that differed (node, field, the two values).
 
-Found with it (2026-11-29): autocast parameter-cast pins at random in a bf16 Mamba (fixed:
-:mod:`autoremat.capture.shared_casts`).
+Found with it (2026-11-29), both fixed: autocast parameter-cast pins at random in a bf16 Mamba
+(:mod:`autoremat.capture.shared_casts`); an Encodec quantizer op's freed saves counted by chance
+(the recorder's ``settle_saves``).
 """
 
 from __future__ import annotations
