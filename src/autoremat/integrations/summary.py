@@ -75,6 +75,13 @@ def batch_size_row(summary: dict[str, Any]) -> str:
     return f"{before} -> {after} (raised)"
 
 
+HELD_CAPTION_SHARE = 0.01
+"""The summary says what the model's output holds beside the loss (and what a loop keeping it
+should pass) where those bytes are at least this share of the predicted step peak: below it,
+holding them longer than planned moves the peak by less (a sequence classifier's logits beside
+its loss: 24 bytes of a 4.5 MiB step)."""
+
+
 def summary_table(summary: dict[str, Any], title: str = "AutoRemat") -> Any:
     """A ``rich`` table of :func:`summarise`'s dict."""
     from rich.table import Table
@@ -114,13 +121,6 @@ def summary_table(summary: dict[str, Any], title: str = "AutoRemat") -> Any:
     if captions:
         table.caption = "\n".join(captions)
     return table
-
-
-HELD_CAPTION_SHARE = 0.01
-"""The summary says what the model's output holds beside the loss (and what a loop keeping it
-should pass) where those bytes are at least this share of the predicted step peak: below it,
-holding them longer than planned moves the peak by less (a sequence classifier's logits beside
-its loss: 24 bytes of a 4.5 MiB step)."""
 
 
 def _held_caption(held: str, kept: str) -> str:
