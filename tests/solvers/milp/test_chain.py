@@ -69,11 +69,13 @@ def test_auto_is_never_worse_fits_and_is_deterministic_on_random_networks(family
 
 
 def test_the_better_of_the_two_beams_is_taken_on_a_unet(monkeypatch: pytest.MonkeyPatch):
-    """On this U-Net the beam by time alone recomputes 0.986x auto's plan without the chain search,
-    the beam that also keeps the labels holding the fewest bytes 0.869x: auto takes the second."""
+    """On this U-Net, with ``h`` from the lower bounds' needs, the beam by time alone recomputes
+    0.986x auto's plan without the chain search, the beam that also keeps the labels holding the
+    fewest bytes 0.869x: auto takes the second (with exact needs in ``h`` both find the second's)."""
     g = random_network("unet", 1, 70)
     budget = int(0.6 * unoptimised_peak_bytes(g))
     off = _auto(g, budget, monkeypatch, False)
+    monkeypatch.setattr(chain_mod, "CHAIN_EXACT_NEEDS", False)
     lat = chain_mod._lattice(g, plan_order(g, off))
     inc = off.predicted_extra_time_s
     times = []
@@ -82,7 +84,8 @@ def test_the_better_of_the_two_beams_is_taken_on_a_unet(monkeypatch: pytest.Monk
         plan = autoremat.Plan([autoremat.Segment(tuple(n), f) for n, f in zip(lattice_plan_nodes(seq), flags)])
         times.append(simulate(g, plan, check=False, record=False).extra_time_s)
     assert times[1] < 0.95 * times[0] < 0.95 * inc
-    on = _auto(g, budget, monkeypatch, True)
+    monkeypatch.setattr(chain_mod, "CHAIN_EXACT_NEEDS", True)
+    on = _auto(g.copy(), budget, monkeypatch, True)  # a fresh graph: h with exact needs
     assert on.predicted_extra_time_s <= times[1] * (1 + 1e-9)
 
 
@@ -219,3 +222,83 @@ def test_a_new_order_keeps_the_graphs_replays_and_finds_what_a_fresh_lattice_fin
         got = chain_mod.beam(second, budget, float("inf"), chain_mod.CHAIN_WIDTH, slack, spread)
         assert got == chain_mod.beam(fresh, budget, float("inf"), chain_mod.CHAIN_WIDTH, slack, spread)
     assert before > 0 and len(second.replays) < before + len(fresh.replays)  # some replays were reused
+
+
+def _residual_blocks(seed: int, blocks: int = 6):
+    """Residual blocks whose shortcut has the lower node id (captured first, as a ``downsample``
+    before the main branch): ``x -> s``, ``x -> m1 -> m2 -> m3``, ``add(s, m3)``; seeded sizes, times."""
+    rnd = random.Random(seed)
+    edges, out, times, x = [], [8], [1.0], 0
+    for _ in range(blocks):
+        s, m1, m2, m3, add = range(len(out), len(out) + 5)
+        edges += [(x, s), (x, m1), (m1, m2), (m2, m3), (s, add), (m3, add)]
+        out += [rnd.choice([2, 4, 8, 16]) for _ in range(5)]
+        times += [rnd.choice([1.0, 2.0, 4.0]) for _ in range(5)]
+        x = add
+    return autoremat.Graph.from_edges(len(out), edges, out_bytes=out, time_s=times)
+
+
+def test_latest_order_runs_each_node_as_late_as_its_consumers_allow():
+    g = _residual_blocks(0, blocks=2)
+    assert chain_mod.latest_order(g) == (0, 2, 3, 4, 1, 5, 7, 8, 9, 6, 10)  # main branch, then the shortcut
+    for seed in range(20):
+        g = random_dag(30, seed)
+        order = chain_mod.latest_order(g)
+        pos = {v: i for i, v in enumerate(order)}
+        assert sorted(order) == list(g.nodes)
+        assert all(pos[u] < pos[v] for v in g.nodes for u in g.pred(v))
+        # reversed, it is Kahn's order of the reversed graph taking the least ready id first
+        placed: set[int] = set()
+        for v in reversed(order):
+            ready = [u for u in g.nodes if u not in placed and all(w in placed for w in g.succ(u))]
+            assert v == min(ready)
+            placed.add(v)
+
+
+@pytest.mark.parametrize("seed, budget", [(26, 82), (31, 66)])
+def test_the_rescue_over_two_orders_finds_a_plan_where_one_order_has_none(seed: int, budget: int,
+                                                                         monkeypatch: pytest.MonkeyPatch):
+    """Issue 28 (PSPNet at its least budget): at ``milp``'s least budget of these blocks no beam over
+    node order finds a plan (nor the wider one); the exact search over the prefixes of node order
+    and of :func:`latest_order` does, and ``auto`` (lattice off) returns it."""
+    g = _residual_blocks(seed)
+    assert autoremat.solvers.min_budget(g, "milp") == budget
+    monkeypatch.setattr(chain_mod, "CHAIN_RESCUE_WORK", 0)
+    assert chain_mod.chain_improve(g, None, budget, float("inf")) is None
+    assert _auto(g.copy(), budget, monkeypatch, True) is None
+    monkeypatch.undo()
+    plan = chain_mod.chain_improve(g, None, budget, float("inf"))
+    assert plan is not None and simulate(g, plan).peak_bytes <= budget
+    validate_plan(g, plan)
+    assert plan_order(g, plan) not in (None, tuple(range(len(g)))), "a shortcut run after its main branch"
+    got = _auto(g.copy(), budget, monkeypatch, True)
+    assert got is not None and got.predicted_peak_bytes <= budget and not got.offloads
+
+
+def test_the_rescue_runs_only_where_no_plan_recomputing_only_is_known():
+    g = _residual_blocks(26)
+    budget = 90
+    plan = chain_mod.chain_improve(g, None, budget, float("inf"))
+    assert plan is not None and chain_mod._chains[g][0][2] is False  # the beams found one: no rescue
+    g2 = g.copy()
+    assert chain_mod.chain_improve(g2, plan, budget, simulate(g2, plan).extra_time_s) is None
+    assert chain_mod._chains[g2][0][2] is False
+    g3 = _residual_blocks(26)
+    g3.meta["blocks"] = "ops"  # as auto's lattice: not on a module-level graph captured op by op
+    assert chain_mod.chain_improve(g3, None, 82, float("inf")) is None
+    del g3.meta["blocks"]
+    assert chain_mod.chain_improve(g3.copy(), None, 82, float("inf")) is not None
+
+
+def test_exact_needs_in_h_lead_the_beams_to_less_recomputation(monkeypatch: pytest.MonkeyPatch):
+    """On this dense network at 50 % the beams guided by ``h`` with the lower bounds' needs alone
+    keep labels whose continuations do not fit: 1.43x the recomputation found with exact needs."""
+    g = random_network("dense", 0, 50)
+    budget = int(0.5 * unoptimised_peak_bytes(g))
+    exact = chain_mod.chain_improve(g, None, budget, float("inf"))
+    assert chain_mod._bounds[chain_mod._chains[g][1]][budget].exact_sets > 0
+    monkeypatch.setattr(chain_mod, "CHAIN_EXACT_NEEDS", False)
+    g2 = g.copy()
+    bounds = chain_mod.chain_improve(g2, None, budget, float("inf"))
+    assert chain_mod._bounds[chain_mod._chains[g2][1]][budget].exact_sets == 0
+    assert simulate(g, exact).extra_time_s < 0.75 * simulate(g2, bounds).extra_time_s

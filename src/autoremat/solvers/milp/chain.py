@@ -25,7 +25,14 @@ found nothing, the random U-Nets' case; on the U-Nets where the first found a pl
 was 13-22 % better: at Chen's least budget 1.275 -> 1.000, 1.151 -> 1.006 and 1.108 -> 0.91 times
 the best plan known, on ResNet-50 and the other families within 1 % of the first's either way.)
 Its work does not depend on a clock:
-the same graph and budget give the same plan on any machine, at any load.
+the same graph and budget give the same plan on any machine, at any load. The beams' cost-to-go
+``h`` has the exact model's needs up to :data:`CHAIN_FULL_NODES` nodes (:data:`CHAIN_EXACT_NEEDS`):
+the beam keeps the labels by ``t + h``, and with the lower bounds' needs alone ``h`` let it keep
+labels whose continuations do not fit (PSPNet at 50 %: 1.149x the optimum with those, 1.008x).
+
+One order's prefixes cannot run one branch of a fork first in one place and the other elsewhere;
+where no plan recomputing only is known and the beams find none, a work-bounded exact search over
+the prefixes of two orders (this chain's and :func:`latest_order`'s) does (:data:`CHAIN_RESCUE_WORK`).
 
 The plan found is simulated (:func:`.search.judge`) and returned only where it fits the budget
 and recomputes less than the plan to beat; the caller finalises it (replay tails, the budget
@@ -36,7 +43,8 @@ says why).
 
 Complexity: per beam, at most ``width`` labels expanded per set, each over its ``O(n)`` steps
 (``2 n`` with the flags), ``O(width n²)`` labels made and one replay (``O(segment)``) per label
-kept; ``h`` (:class:`.cost_to_go.CostToGo`) over the ``n + 1`` sets and ``O(n²)`` steps. Windowed:
+kept; ``h`` (:class:`.cost_to_go.CostToGo`) over the ``n + 1`` sets and ``O(n²)`` steps, at most
+one replay per step for its exact needs; the rescue over at most ``2 n + 1`` sets. Windowed:
 ``O(w)`` steps per set, ``O(width n w)`` labels, replays of ``O(w)`` nodes, ``h`` over ``O(n w)`` steps.
 """
 
@@ -46,6 +54,7 @@ import logging
 import math
 import weakref
 from collections.abc import Iterator
+from heapq import heapify, heappop, heappush
 
 from ...cost.bitsets import GraphBits
 from ...graph import Graph
@@ -56,7 +65,8 @@ from .lattice import Lattice, add_label, dominated, lattice_plan_nodes
 from .search import judge
 
 __all__ = ["CHAIN_MAX_NODES", "CHAIN_FULL_NODES", "CHAIN_WINDOW", "WindowedChain", "CHAIN_WIDTH", "CHAIN_RESCUE_WIDTH",
-           "CHAIN_GRID", "beam", "CHAIN_SLACK", "chain_improve"]
+           "CHAIN_GRID", "CHAIN_EXACT_NEEDS", "CHAIN_RESCUE_WORK", "beam", "CHAIN_SLACK", "chain_improve",
+           "latest_order"]
 
 logger = logging.getLogger("autoremat.solvers.milp")
 
@@ -96,7 +106,34 @@ CHAIN_GRID = 1024
 CHAIN_SLACK = 0.01
 """Dominance slack, as a fraction of the budget (kept bytes) and of the plan to beat (time)."""
 
-_chains: weakref.WeakKeyDictionary[Graph, tuple[tuple[tuple[int, ...], int | None], Lattice]] = weakref.WeakKeyDictionary()
+CHAIN_EXACT_NEEDS = True
+"""Whether :func:`beam`'s ``h`` on a chain of at most :data:`CHAIN_FULL_NODES` nodes prices every
+step a row's least may come from with the exact model's need (:class:`.cost_to_go.CostToGo` with
+its exact pass run to the end: no clock, the same table at any load); else with the lower bounds
+only (as above :data:`CHAIN_FULL_NODES`). Measured (issue 28, x86_64, 2 cores, CPU only, shared;
+``benchmarks/results/cpu/auto_gaps/session25/``): at 50 % ``auto``'s plan recomputed 1.149x ->
+1.008x the proven optimum on PSPNet, 1.003x -> 1.000x on ResNet-50 and 1.129e-6 -> 1.009e-6 s on
+GoogLeNet (milp's 60 s plan: 1.129e-6), the root ``h`` of ResNet-50 rising from 1.19e-6 to 1.47e-6
+s (optimum 1.49e-6); the exact needs cost one replay per step refined (6,443 on ResNet-50, about
+2 s), so ``auto`` took 1.4-2x as long on those graphs."""
+
+CHAIN_RESCUE_WORK = 1_000_000
+"""Where no plan recomputing only is known (``auto``'s solvers found none, or only plans that
+offload) and the chain's beams find none, :func:`chain_improve` runs the exact search
+(:meth:`.Lattice.least_time`, A*) with this much work (:data:`.exact.AUTO_WORK`'s units, ~1.2 s
+of CPU) over the prefixes of two orders: the chain's and :func:`latest_order`'s, so that a path
+may run one branch of a fork first in one place and the other elsewhere (the lower sets of both,
+ordered by size; graphs of at most :data:`CHAIN_FULL_NODES` nodes). Measured (issue 28): on PSPNet
+at CPU size, at ``milp``'s proven least budget (1,039,124 B), no solver of ``auto`` and no beam
+over one order found a plan recomputing only (``auto`` returned ``combined``'s offload plan,
+1.221x the optimum's time); the optimum runs the main branch of two of the four residual blocks
+with a downsample shortcut before that shortcut (:func:`latest_order`'s way) and the other two
+as captured, and the search over both orders finds a plan within 1 % of it (0.65 M units). The
+beams over the two orders found nothing there and took 4x the A*'s time on a 277-node U-Net, so
+they are not run. 0 turns the rescue off."""
+
+_chains: weakref.WeakKeyDictionary[Graph, tuple[tuple[tuple[int, ...], int | None, bool], Lattice]] = \
+    weakref.WeakKeyDictionary()
 _bounds: weakref.WeakKeyDictionary[Lattice, dict[int, CostToGo]] = weakref.WeakKeyDictionary()
 
 
@@ -119,7 +156,7 @@ class WindowedChain(Lattice):
         return lst
 
 
-def _lattice(graph: Graph, order: tuple[int, ...]) -> Lattice:
+def _lattice(graph: Graph, order: tuple[int, ...], latest: bool = False) -> Lattice:
     """The chain of ``order``'s prefixes as a lattice, windowed above :data:`CHAIN_FULL_NODES`
     nodes (the last one per graph kept: ``auto`` solves one graph at several budgets, and one
     order serves them while its plan does; a new order's lattice takes over the last one's
@@ -127,18 +164,43 @@ def _lattice(graph: Graph, order: tuple[int, ...]) -> Lattice:
     family: at other budgets about half the replays were of segments replayed before)."""
     window = CHAIN_WINDOW if len(order) > CHAIN_FULL_NODES else None
     got = _chains.get(graph)
-    if got is not None and got[0] == (order, window):
+    if got is not None and got[0] == (order, window, latest):
         return got[1]
-    family, acc = [0], 0
-    for v in order:
-        acc |= 1 << v
-        family.append(acc)
+    family = _prefixes(order)
+    if latest:
+        family = sorted(set(family).union(_prefixes(latest_order(graph))), key=lambda s: (s.bit_count(), s))
     p = GraphBits(graph) if got is None else got[1].p
     lat = Lattice(p, family) if window is None else WindowedChain(p, family, window)
     if got is not None:
         lat.replays = got[1].replays
-    _chains[graph] = ((order, window), lat)
+    _chains[graph] = ((order, window, latest), lat)
     return lat
+
+
+def _prefixes(order: tuple[int, ...]) -> list[int]:
+    """The prefixes of ``order`` as bitsets, the empty one first."""
+    family, acc = [0], 0
+    for v in order:
+        acc |= 1 << v
+        family.append(acc)
+    return family
+
+
+def latest_order(graph: Graph) -> tuple[int, ...]:
+    """A topological order that runs every node as late as its consumers allow: built from the end,
+    each time taking, of the nodes whose consumers are all placed, the one of least id."""
+    left = [len(graph.succ(v)) for v in graph.nodes]
+    ready = [v for v in graph.nodes if not left[v]]
+    heapify(ready)
+    out: list[int] = []
+    while ready:
+        v = heappop(ready)
+        out.append(v)
+        for u in graph.pred(v):
+            left[u] -= 1
+            if not left[u]:
+                heappush(ready, u)
+    return tuple(reversed(out))
 
 
 def beam(lat: Lattice, budget: int, incumbent: float, width: int, slack: tuple[int, float], spread: bool = False
@@ -217,44 +279,72 @@ def _alternate(by_time: list[tuple], by_bytes: list[tuple]) -> Iterator[int]:
 
 
 def _cost_to_go(lat: Lattice, budget: int) -> CostToGo:
-    """``h`` for :func:`beam` on a grid of :data:`CHAIN_GRID` points (kept per lattice and budget)."""
+    """``h`` for :func:`beam` on a grid of :data:`CHAIN_GRID` points (kept per lattice and budget),
+    with exact needs below a window (:data:`CHAIN_EXACT_NEEDS`)."""
     mine = _bounds.setdefault(lat, {})
     got = mine.get(budget)
     if got is None:
-        got = mine[budget] = CostToGo(lat, budget, grid=CHAIN_GRID)
+        exact = CHAIN_EXACT_NEEDS and not isinstance(lat, WindowedChain)
+        got = mine[budget] = CostToGo(lat, budget, grid=CHAIN_GRID, exact_until=math.inf if exact else -math.inf)
     return got
 
 
 def chain_improve(graph: Graph, plan: Plan | None, budget: int, extra_s: float) -> Plan | None:
     """A plan over the prefixes of ``plan``'s order (module docstring) that the simulator puts
     within ``budget`` and below ``extra_s`` seconds of extra time (``math.inf``: any plan that
-    fits), or ``None`` (too large a graph, or neither beam found anything cheaper; logged at DEBUG).
-    The plan returned is bare: the caller finalises it."""
+    fits), or ``None`` (too large a graph, or no search found anything cheaper; logged at DEBUG).
+    Where ``plan`` recomputes only and neither beam beats it, that is all; where no plan
+    recomputing only is known (``plan`` is ``None`` or offloads) and none is found, the rescue
+    runs over two orders (:data:`CHAIN_RESCUE_WORK`; not on a module-level graph whose blocks were
+    captured op by op, where ``auto`` does not search the lattice either). The plan returned is
+    bare: the caller finalises it."""
     n = len(graph)
     if n > CHAIN_MAX_NODES or extra_s <= 0:
         return None
-    order = None if plan is None else plan_order(graph, plan)
-    lat = _lattice(graph, tuple(range(n)) if order is None else order)
-    slack = (int(CHAIN_SLACK * budget), 0.0 if extra_s == math.inf else CHAIN_SLACK * extra_s)
-    incumbent = extra_s * (1 - 1e-9)
-    found, best = None, incumbent
-    tries = [(False, CHAIN_WIDTH), (True, CHAIN_WIDTH)] + [(True, CHAIN_RESCUE_WIDTH)] * (
-        extra_s == math.inf and CHAIN_RESCUE_WIDTH > 0)
-    for spread, width in tries:
-        if found is not None and width != CHAIN_WIDTH:
-            break  # the wider beam only where nothing fits yet
-        got = beam(lat, budget, incumbent, width, slack, spread)
-        if got is None:
-            continue
-        plan = Plan([Segment(tuple(nodes), f) for nodes, f in zip(lattice_plan_nodes(got[0]), got[1])], solver="milp")
-        peak, extra = judge(graph, plan)
-        if peak <= budget and extra < best:
-            found, best = plan, extra
-        else:
-            logger.debug("milp (chain, for auto): a beam's plan simulates at %d bytes, extra %.6g s (budget %d, to "
-                         "beat %.6g s); not taken", peak, extra, budget, best)
+    order = (None if plan is None else plan_order(graph, plan)) or tuple(range(n))
+    found = _search(graph, _lattice(graph, order), budget, extra_s, extra_s == math.inf)
+    if (found is None and (plan is None or plan.offloads) and n <= CHAIN_FULL_NODES and CHAIN_RESCUE_WORK > 0
+            and graph.meta.get("blocks") != "ops"):  # as auto's lattice: see .exact._auto_lattice
+        found = _search(graph, _lattice(graph, order, latest=True), budget, extra_s, True, CHAIN_RESCUE_WORK)
     if found is None:
-        logger.debug("milp (chain, for auto): no plan below %.6g s in either beam", extra_s)
+        logger.debug("milp (chain, for auto): no plan below %.6g s", extra_s)
         return None
     found.options["auto_stage"] = "chain"
     return found
+
+
+def _search(graph: Graph, lat: Lattice, budget: int, extra_s: float, rescue: bool, work: float = 0.0
+            ) -> Plan | None:
+    """The best plan :func:`beam` finds on ``lat`` below ``extra_s`` (both beams; ``rescue``: a
+    wider one where they find nothing; ``work``: then the exact search, :meth:`.Lattice.least_time`
+    with this much work and :func:`beam`'s ``h``), simulated within ``budget``; or ``None``."""
+    slack = (int(CHAIN_SLACK * budget), 0.0 if extra_s == math.inf else CHAIN_SLACK * extra_s)
+    found, best = None, extra_s * (1 - 1e-9)
+    tries = [] if work > 0 else [(False, CHAIN_WIDTH), (True, CHAIN_WIDTH)] + [(True, CHAIN_RESCUE_WIDTH)] * (
+        rescue and CHAIN_RESCUE_WIDTH > 0)
+    for spread, width in tries:
+        if found is not None and width != CHAIN_WIDTH:
+            break  # the wider beam only where nothing fits yet
+        got = beam(lat, budget, best, width, slack, spread)
+        if got is not None:
+            found, best = _judged(graph, got[0], got[1], budget, found, best)
+    if work > 0:
+        ans = lat.least_time(budget, incumbent=best, work=work, ctg=_cost_to_go(lat, budget))
+        logger.debug("milp (chain, for auto): exact search %s after %d labels, %.0f work units", ans.status,
+                     ans.labels, ans.work)
+        if ans.seq is not None:
+            found, best = _judged(graph, ans.seq, ans.flags, budget, found, best)
+    return found
+
+
+def _judged(graph: Graph, seq: list[int], flags: list[bool], budget: int, found: Plan | None, best: float
+            ) -> tuple[Plan | None, float]:
+    """``(plan, its extra time)`` for the path ``seq, flags`` where it simulates within ``budget``
+    below ``best``; else ``(found, best)`` unchanged."""
+    plan = Plan([Segment(tuple(nodes), f) for nodes, f in zip(lattice_plan_nodes(seq), flags)], solver="milp")
+    peak, extra = judge(graph, plan)
+    if peak <= budget and extra < best:
+        return plan, extra
+    logger.debug("milp (chain, for auto): a plan found simulates at %d bytes, extra %.6g s (budget %d, to beat "
+                 "%.6g s); not taken", peak, extra, budget, best)
+    return found, best

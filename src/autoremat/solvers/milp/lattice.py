@@ -271,18 +271,24 @@ class Lattice:
 
     # -------------------------------------------------------------- searches
     def least_time(self, budget: int, incumbent: float = math.inf, deadline: float = math.inf,
-                   progress: float = 5.0, heuristic: bool = True, work: float = math.inf) -> LatticeAnswer:
+                   progress: float = 5.0, heuristic: bool = True, work: float = math.inf,
+                   ctg: CostToGo | None = None) -> LatticeAnswer:
         """The least extra time of a path whose every step fits ``budget`` (see the module docstring).
 
         Labels are taken in increasing ``t + h`` (A*, ``h`` from :class:`.cost_to_go.CostToGo`;
         ``heuristic=False``: ``h = 0``); a label is dominated at its state by a taken one with
-        no more time and no more kept bytes.
+        no more time and no more kept bytes. ``ctg``: an ``h`` the caller built at this budget, used
+        as given (its work not counted; ``heuristic`` ignored).
 
         Long by design: the label-setting loop (the lattice's inner loop) keeps its tables in locals."""
         last = self.last
         now = time.monotonic()
-        ctg = self.cost_to_go(budget, now + (deadline - now) / 3, work / 3) if heuristic else None
-        spent = 0.0 if not heuristic else ctg.work if ctg is not None else work / 3 if work < math.inf else 0.0
+        spent = 0.0
+        if ctg is not None and ctg.table is None:
+            ctg = None  # given, but it passed its work limit: no h
+        elif ctg is None and heuristic:
+            ctg = self.cost_to_go(budget, now + (deadline - now) / 3, work / 3)
+            spent = ctg.work if ctg is not None else work / 3 if work < math.inf else 0.0
         if ctg is None and heuristic:
             logger.info("milp (lattice): no cost-to-go bound within a third of the time; searching without it")
         if ctg is not None:
