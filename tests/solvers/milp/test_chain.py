@@ -302,3 +302,8 @@ def test_exact_needs_in_h_lead_the_beams_to_less_recomputation(monkeypatch: pyte
     bounds = chain_mod.chain_improve(g2, None, budget, float("inf"))
     assert chain_mod._bounds[chain_mod._chains[g2][1]][budget].exact_sets == 0
     assert simulate(g, exact).extra_time_s < 0.75 * simulate(g2, bounds).extra_time_s
+    monkeypatch.undo()
+    g3 = g.copy()
+    g3.meta["blocks"] = "ops"  # blocks captured op by op: the bounds' needs (the same plans on the HF zoo)
+    chain_mod.chain_improve(g3, None, budget, float("inf"))
+    assert chain_mod._bounds[chain_mod._chains[g3][1]][budget].exact_sets == 0

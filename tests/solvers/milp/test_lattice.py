@@ -59,3 +59,22 @@ def test_an_incumbent_at_the_optimum_is_proven_and_a_deadline_gives_a_bound():
     assert stopped.status == "time_limit" and stopped.seq is None and stopped.bound <= want
     stopped = Lattice(p, all_lower_sets(p, 10**6)).least_peak(deadline=0.0)
     assert stopped.status == "time_limit" and stopped.bound <= min(peak for peak, _, _ in table)
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_a_given_cost_to_go_is_used_and_one_past_its_work_is_ignored(seed):
+    """``least_time(ctg=...)``: the chain search hands its own ``h`` (exact needs, its grid); the
+    answer is the brute force's either way, and a table dropped at its work limit means no ``h``."""
+    from autoremat.solvers.milp.cost_to_go import CostToGo
+
+    g = random_dag(seed, 3 + seed % 5)
+    p = GraphBits(g)
+    table = space_table(g)
+    budget = sorted({peak for peak, _, _ in table})[:2][-1]
+    want = best_within(table, budget)
+    lattice = Lattice(p, all_lower_sets(p, 10**6))
+    for ctg in (CostToGo(lattice, budget, grid=64, exact_until=float("inf")), CostToGo(lattice, budget, work=0)):
+        assert (ctg.table is None) == (ctg.work_limit == 0)
+        got = lattice.least_time(budget, ctg=ctg)
+        assert got.status == "optimal" and got.cost == pytest.approx(want, abs=1e-12)
+    assert lattice._ctg == {}  # the given ones were used: none built
