@@ -629,3 +629,10 @@ def test_mode_free_peaks_measures_without_a_dispatch_mode(tmp_path: Path, monkey
     assert rows[0]["profiler"] == rows[2]["profiler"] and rows[1]["counter"] == rows[3]["counter"]
     assert abs(rows[3]["counter"] / rows[3]["predicted"] - 1) < 0.02
     assert (tmp_path / "mode_free_peaks.md").read_text().count("| unet |") == 4
+
+
+def test_every_benchmark_script_is_in_the_index():
+    """``benchmarks/README.md`` is where the next engineer looks: every script has its row."""
+    index = (BENCH / "README.md").read_text()
+    missing = [p.name for p in sorted(BENCH.glob("*.py")) if f"| `{p.name}` |" not in index]
+    assert not missing, f"add a row to benchmarks/README.md for {missing}"
