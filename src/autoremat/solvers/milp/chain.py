@@ -116,8 +116,9 @@ way and the exact needs cost up to 0.6 s a solve). Measured (issue 28, x86_64, 2
 ``benchmarks/results/cpu/auto_gaps/session25/``): at 50 % ``auto``'s plan recomputed 1.149x ->
 1.008x the proven optimum on PSPNet, 1.003x -> 1.000x on ResNet-50 and 1.129e-6 -> 1.009e-6 s on
 GoogLeNet (milp's 60 s plan: 1.129e-6), the root ``h`` of ResNet-50 rising from 1.19e-6 to 1.47e-6
-s (optimum 1.49e-6); the exact needs cost one replay per step refined (6,443 on ResNet-50, about
-2 s), so ``auto`` took 1.4-2x as long on those graphs."""
+s (optimum 1.49e-6); the exact needs cost one replay per step refined (6,443 on ResNet-50): in
+alternating runs ``auto`` took +0.9 s on ResNet-50 (+17 %) and +3.4-4.3 s on GoogLeNet (+70-85 %),
+about as long on PSPNet. Capping the refinements (500-3,000) kept PSPNet's gain, not GoogLeNet's."""
 
 CHAIN_RESCUE_WORK = 1_000_000
 """Where no plan recomputing only is known (``auto``'s solvers found none, or only plans that
@@ -164,7 +165,8 @@ def _lattice(graph: Graph, order: tuple[int, ...], latest: bool = False) -> Latt
     nodes (the last one per graph kept: ``auto`` solves one graph at several budgets, and one
     order serves them while its plan does; a new order's lattice takes over the last one's
     :class:`GraphBits` and segment replays, which are keyed by the segment's bitsets, not by the
-    family: at other budgets about half the replays were of segments replayed before)."""
+    family: at other budgets about half the replays were of segments replayed before). ``latest``:
+    the prefixes of :func:`latest_order` too, every set ordered by size (:data:`CHAIN_RESCUE_WORK`)."""
     window = CHAIN_WINDOW if len(order) > CHAIN_FULL_NODES else None
     got = _chains.get(graph)
     if got is not None and got[0] == (order, window, latest):
