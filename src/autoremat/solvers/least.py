@@ -84,12 +84,15 @@ def least_budget(graph: Graph, solver: str = "auto", *, auto_solvers: Sequence[s
 
 
 def auto_lattice_least(graph: Graph) -> int | None:
-    """The least budget ``auto``'s lattice search reaches on small graphs with deterministic times
-    (:func:`autoremat.solvers.milp.exact.auto_least_peak`), else ``None``."""
+    """The least budget ``auto``'s lattice searches reach on small graphs with deterministic times
+    (:func:`autoremat.solvers.milp.exact.auto_least_peak` over every lower set,
+    :func:`autoremat.solvers.milp.chain.chain_least_peak` over the chain search's rescue), else ``None``."""
     from .stable import is_measured
 
     if is_measured(graph):
         return None
+    from .milp.chain import chain_least_peak
     from .milp.exact import auto_least_peak
 
-    return auto_least_peak(graph)
+    found = [x for x in (auto_least_peak(graph), (chain_least_peak(graph) or (None,))[0]) if x is not None]
+    return min(found) if found else None

@@ -307,3 +307,35 @@ def test_exact_needs_in_h_lead_the_beams_to_less_recomputation(monkeypatch: pyte
     g3.meta["blocks"] = "ops"  # blocks captured op by op: the bounds' needs (the same plans on the HF zoo)
     chain_mod.chain_improve(g3, None, budget, float("inf"))
     assert chain_mod._bounds[chain_mod._chains[g3][1]][budget].exact_sets == 0
+
+
+def test_auto_least_budget_counts_the_rescue_and_solve_meets_it(monkeypatch: pytest.MonkeyPatch):
+    """``least_budget(graph, "auto")`` counts the least-peak path over the rescue's lower sets
+    (:func:`chain_least_peak`), and ``solve`` finds a plan there: by the rescue's A*, or else
+    that path's plan (the fallback, forced here by a rescue that finds nothing)."""
+    monkeypatch.setattr(exact, "AUTO_MAX_NODES", 0)
+    monkeypatch.setattr(exact, "AUTO_LEAST_MAX_NODES", 0)
+    g = _residual_blocks(26)
+    peak, plan = chain_mod.chain_least_peak(g)
+    assert peak == simulate(g, plan).peak_bytes == 82  # milp's least budget (the test above)
+    assert autoremat.solvers.least_budget(g, "auto") == peak
+    got = autoremat.solve(g, peak)
+    assert got.predicted_peak_bytes <= peak and not got.offloads
+    g2 = g.copy()
+    monkeypatch.setattr(chain_mod, "_search", lambda *args, **kwargs: None)
+    fallback = chain_mod.chain_improve(g2, None, peak, float("inf"))
+    assert fallback is not None and fallback.segments == plan.segments
+    monkeypatch.setattr(chain_mod, "CHAIN_RESCUE_WORK", 0)
+    g3 = g.copy()
+    assert chain_mod.chain_least_peak(g3) is None
+    assert autoremat.solvers.least_budget(g3, "auto") > peak
+
+
+@pytest.mark.parametrize("ratio, exact_needs", [(2.0, True), (1.0, False)])
+def test_the_rescue_has_exact_needs_only_on_few_enough_sets(ratio: float, exact_needs: bool,
+                                                            monkeypatch: pytest.MonkeyPatch):
+    monkeypatch.setattr(chain_mod, "RESCUE_EXACT_SETS", ratio)
+    g = _residual_blocks(26)
+    lat = chain_mod._lattice(g, tuple(range(len(g))), latest=True)
+    assert len(g) + 1 < len(lat.fam) <= 2 * (len(g) + 1)
+    assert (chain_mod._cost_to_go(lat, 90).exact_sets > 0) == exact_needs

@@ -136,7 +136,10 @@ def test_auto_least_budget_counts_the_lattice_and_solve_meets_it(monkeypatch):
     g = random_dag(40, 7)
     table = space_table(g)
     monkeypatch.setattr(exact, "AUTO_MAX_NODES", 0)
-    heuristics = autoremat.solvers.least_budget(g)
+    monkeypatch.setattr(chain_mod, "CHAIN_RESCUE_WORK", 0)  # (the chain search's least peak reaches it too)
+    heuristics = autoremat.solvers.least_budget(g.copy())
+    monkeypatch.setattr(chain_mod, "CHAIN_RESCUE_WORK", 1_000_000)
+    assert autoremat.solvers.least_budget(g.copy()) == min(p for p, _, _ in table)
     monkeypatch.setattr(exact, "AUTO_MAX_NODES", 120)
     least = autoremat.solvers.least_budget(g)
     assert least == min(p for p, _, _ in table) < heuristics  # the space's least peak, below the heuristics'

@@ -66,7 +66,7 @@ from .search import judge
 
 __all__ = ["CHAIN_MAX_NODES", "CHAIN_FULL_NODES", "CHAIN_WINDOW", "WindowedChain", "CHAIN_WIDTH", "CHAIN_RESCUE_WIDTH",
            "CHAIN_GRID", "CHAIN_EXACT_NEEDS", "CHAIN_RESCUE_WORK", "beam", "CHAIN_SLACK", "chain_improve",
-           "latest_order"]
+           "chain_least_peak", "latest_order"]
 
 logger = logging.getLogger("autoremat.solvers.milp")
 
@@ -135,10 +135,19 @@ as captured, and the search over both orders finds a plan within 1 % of it (0.65
 beams over the two orders found nothing there and took 4x the A*'s time on a 277-node U-Net, so
 they are not run. 0 turns the rescue off."""
 
+RESCUE_EXACT_SETS = 1.5
+"""The rescue's ``h`` has exact needs (:data:`CHAIN_EXACT_NEEDS`) only where its lower sets number at
+most this many times a chain's (``n + 1``): their cost grows with the steps, the square of the sets.
+Measured (x86_64, CPU-size zoo): PSPNet's 261 sets for 205 nodes (1.27x) need them (with the bounds'
+needs alone the A* did not close in 2 M units at its least budget); on GoogLeNet's 360 for 197
+(1.83x) they took ~20 s of a 24 s solve at its least budget, where the least-peak plan
+(:func:`chain_least_peak`), polished, is the answer."""
+
 _chains: weakref.WeakKeyDictionary[Graph, tuple[tuple[tuple[int, ...], int | None, bool], Lattice]] = \
     weakref.WeakKeyDictionary()
 _bounds: weakref.WeakKeyDictionary[Lattice, dict[int, CostToGo]] = weakref.WeakKeyDictionary()
 _op_blocks: weakref.WeakSet[Lattice] = weakref.WeakSet()  # of module-level graphs with blocks captured op by op
+_least: weakref.WeakKeyDictionary[Graph, tuple[int, Plan] | None] = weakref.WeakKeyDictionary()
 
 
 class WindowedChain(Lattice):
@@ -291,7 +300,8 @@ def _cost_to_go(lat: Lattice, budget: int) -> CostToGo:
     mine = _bounds.setdefault(lat, {})
     got = mine.get(budget)
     if got is None:
-        exact = CHAIN_EXACT_NEEDS and not isinstance(lat, WindowedChain) and lat not in _op_blocks
+        exact = (CHAIN_EXACT_NEEDS and not isinstance(lat, WindowedChain) and lat not in _op_blocks
+                 and len(lat.fam) <= RESCUE_EXACT_SETS * (lat.p.n + 1))
         got = mine[budget] = CostToGo(lat, budget, grid=CHAIN_GRID, exact_until=math.inf if exact else -math.inf)
     return got
 
@@ -310,14 +320,56 @@ def chain_improve(graph: Graph, plan: Plan | None, budget: int, extra_s: float) 
         return None
     order = (None if plan is None else plan_order(graph, plan)) or tuple(range(n))
     found = _search(graph, _lattice(graph, order), budget, extra_s, extra_s == math.inf)
-    if (found is None and (plan is None or plan.offloads) and n <= CHAIN_FULL_NODES and CHAIN_RESCUE_WORK > 0
-            and graph.meta.get("blocks") != "ops"):  # as auto's lattice: see .exact._auto_lattice
+    if found is None and (plan is None or plan.offloads) and _rescues(graph):
         found = _search(graph, _lattice(graph, order, latest=True), budget, extra_s, True, CHAIN_RESCUE_WORK)
+        least = chain_least_peak(graph)
+        if found is None and least is not None and least[0] <= budget:  # what least_budget(graph, "auto") promised
+            found, _ = _judged(graph, *_path(least[1]), budget, None, extra_s * (1 - 1e-9))
     if found is None:
         logger.debug("milp (chain, for auto): no plan below %.6g s", extra_s)
         return None
     found.options["auto_stage"] = "chain"
     return found
+
+
+def _rescues(graph: Graph) -> bool:
+    """Whether :data:`CHAIN_RESCUE_WORK`'s search runs on ``graph``: at most :data:`CHAIN_FULL_NODES`
+    nodes, not a module-level graph whose blocks were captured op by op (as ``auto``'s lattice:
+    see :func:`.exact._auto_lattice`)."""
+    return len(graph) <= CHAIN_FULL_NODES and CHAIN_RESCUE_WORK > 0 and graph.meta.get("blocks") != "ops"
+
+
+def chain_least_peak(graph: Graph) -> tuple[int, Plan] | None:
+    """``(simulated peak, plan)`` of the least-peak path over the rescue's lower sets (the prefixes
+    of node order and of :func:`latest_order`; :meth:`.Lattice.least_peak` with
+    :data:`CHAIN_RESCUE_WORK`), where the rescue runs and the search closes; else ``None``. Cached
+    per graph: ``least_budget(graph, "auto")`` counts it and :func:`chain_improve` falls back on
+    its plan, so ``auto`` finds a plan at every budget at or above it. Measured (x86_64, CPU-size
+    zoo on the meta device): GoogLeNet 862,032 B, 5.7 % below ``auto``'s least budget without it
+    (913,871 B) and below ``milp``'s 60 s least-peak search (906,576 B), in 0.55 M units (1.9 s);
+    ResNet-50 and PSPNet reach their proven recompute-only least budgets (0.14 M, 0.71 M units)."""
+    if graph in _least:
+        return _least[graph]
+    got = None
+    if _rescues(graph):
+        ans = _lattice(graph, tuple(range(len(graph))), latest=True).least_peak(work=CHAIN_RESCUE_WORK)
+        if ans.seq is not None:
+            plan = Plan([Segment(tuple(nodes), f) for nodes, f in zip(lattice_plan_nodes(ans.seq), ans.flags)],
+                        solver="milp")
+            got = (judge(graph, plan)[0], plan)
+        logger.debug("milp (chain, for auto): least peak %s after %.0f work units", ans.status, ans.work)
+    _least[graph] = got
+    return got
+
+
+def _path(plan: Plan) -> tuple[list[int], list[bool]]:
+    """``plan``'s lower sets and flags, as :func:`_judged` takes them."""
+    seq, acc = [], 0
+    for seg in plan.segments:
+        for v in seg.nodes:
+            acc |= 1 << v
+        seq.append(acc)
+    return seq, [bool(seg.recompute) for seg in plan.segments]
 
 
 def _search(graph: Graph, lat: Lattice, budget: int, extra_s: float, rescue: bool, work: float = 0.0
