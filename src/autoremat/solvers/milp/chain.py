@@ -32,7 +32,8 @@ labels whose continuations do not fit (PSPNet at 50 %: 1.149x the optimum with t
 
 One order's prefixes cannot run one branch of a fork first in one place and the other elsewhere;
 where no plan recomputing only is known and the beams find none, a work-bounded exact search over
-the prefixes of two orders (this chain's and :func:`latest_order`'s) does (:data:`CHAIN_RESCUE_WORK`).
+the prefixes of two orders (this chain's and :func:`latest_order`'s) does (:data:`CHAIN_RESCUE_WORK`);
+the least-peak path over those lower sets counts in ``auto``'s least budget (:func:`chain_least_peak`).
 
 The plan found is simulated (:func:`.search.judge`) and returned only where it fits the budget
 and recomputes less than the plan to beat; the caller finalises it (replay tails, the budget
