@@ -66,8 +66,8 @@ from .lattice import Lattice, add_label, dominated, lattice_plan_nodes
 from .search import judge
 
 __all__ = ["CHAIN_MAX_NODES", "CHAIN_FULL_NODES", "CHAIN_WINDOW", "WindowedChain", "CHAIN_WIDTH", "CHAIN_RESCUE_WIDTH",
-           "CHAIN_GRID", "CHAIN_EXACT_NEEDS", "CHAIN_RESCUE_WORK", "beam", "CHAIN_SLACK", "chain_improve",
-           "chain_least_peak", "latest_order"]
+           "CHAIN_GRID", "CHAIN_EXACT_NEEDS", "CHAIN_RESCUE_WORK", "RESCUE_EXACT_SETS", "beam", "CHAIN_SLACK",
+           "chain_improve", "chain_least_peak", "latest_order"]
 
 logger = logging.getLogger("autoremat.solvers.milp")
 
@@ -297,7 +297,7 @@ def _alternate(by_time: list[tuple], by_bytes: list[tuple]) -> Iterator[int]:
 
 def _cost_to_go(lat: Lattice, budget: int) -> CostToGo:
     """``h`` for :func:`beam` on a grid of :data:`CHAIN_GRID` points (kept per lattice and budget),
-    with exact needs below a window (:data:`CHAIN_EXACT_NEEDS`)."""
+    with exact needs below a window (:data:`CHAIN_EXACT_NEEDS`, :data:`RESCUE_EXACT_SETS`)."""
     mine = _bounds.setdefault(lat, {})
     got = mine.get(budget)
     if got is None:
@@ -323,8 +323,8 @@ def chain_improve(graph: Graph, plan: Plan | None, budget: int, extra_s: float) 
     found = _search(graph, _lattice(graph, order), budget, extra_s, extra_s == math.inf)
     if found is None and (plan is None or plan.offloads) and _rescues(graph):
         found = _search(graph, _lattice(graph, order, latest=True), budget, extra_s, True, CHAIN_RESCUE_WORK)
-        least = chain_least_peak(graph)
-        if found is None and least is not None and least[0] <= budget:  # what least_budget(graph, "auto") promised
+        least = chain_least_peak(graph) if found is None else None
+        if least is not None and least[0] <= budget:  # what least_budget(graph, "auto") promised
             found, _ = _judged(graph, *_path(least[1]), budget, None, extra_s * (1 - 1e-9))
     if found is None:
         logger.debug("milp (chain, for auto): no plan below %.6g s", extra_s)
