@@ -94,5 +94,6 @@ def auto_lattice_least(graph: Graph) -> int | None:
     from .milp.chain import chain_least_peak
     from .milp.exact import auto_least_peak
 
-    found = [x for x in (auto_least_peak(graph), (chain_least_peak(graph) or (None,))[0]) if x is not None]
+    chain = chain_least_peak(graph)
+    found = [x for x in (auto_least_peak(graph), None if chain is None else chain[0]) if x is not None]
     return min(found) if found else None

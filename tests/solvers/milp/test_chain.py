@@ -322,7 +322,8 @@ def test_auto_least_budget_counts_the_rescue_and_solve_meets_it(monkeypatch: pyt
     got = autoremat.solve(g, peak)
     assert got.predicted_peak_bytes <= peak and not got.offloads
     g2 = g.copy()
-    monkeypatch.setattr(chain_mod, "_search", lambda *args, **kwargs: None)
+    monkeypatch.setattr(chain_mod, "_beams", lambda *args, **kwargs: None)
+    monkeypatch.setattr(chain_mod, "_exact", lambda *args, **kwargs: None)
     fallback = chain_mod.chain_improve(g2, None, peak, float("inf"))
     assert fallback is not None and fallback.segments == plan.segments
     monkeypatch.setattr(chain_mod, "CHAIN_RESCUE_WORK", 0)

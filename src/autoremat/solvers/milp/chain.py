@@ -59,11 +59,11 @@ from heapq import heapify, heappop, heappush
 
 from ...cost.bitsets import GraphBits
 from ...graph import Graph
-from ...plan import Plan, Segment
+from ...plan import Plan
 from ..polish import plan_order
 from .cost_to_go import CostToGo
-from .lattice import Lattice, add_label, dominated, lattice_plan_nodes
-from .search import judge
+from .lattice import Lattice, add_label, dominated
+from .search import judge, path_plan
 
 __all__ = ["CHAIN_MAX_NODES", "CHAIN_FULL_NODES", "CHAIN_WINDOW", "WindowedChain", "CHAIN_WIDTH", "CHAIN_RESCUE_WIDTH",
            "CHAIN_GRID", "CHAIN_EXACT_NEEDS", "CHAIN_RESCUE_WORK", "RESCUE_EXACT_SETS", "beam", "CHAIN_SLACK",
@@ -320,12 +320,13 @@ def chain_improve(graph: Graph, plan: Plan | None, budget: int, extra_s: float) 
     if n > CHAIN_MAX_NODES or extra_s <= 0:
         return None
     order = (None if plan is None else plan_order(graph, plan)) or tuple(range(n))
-    found = _search(graph, _lattice(graph, order), budget, extra_s, extra_s == math.inf)
+    found = _beams(graph, _lattice(graph, order), budget, extra_s, extra_s == math.inf)
     if found is None and (plan is None or plan.offloads) and _rescues(graph):
-        found = _search(graph, _lattice(graph, order, latest=True), budget, extra_s, True, CHAIN_RESCUE_WORK)
+        found = _exact(graph, _lattice(graph, order, latest=True), budget, extra_s)
         least = chain_least_peak(graph) if found is None else None
         if least is not None and least[0] <= budget:  # what least_budget(graph, "auto") promised
-            found, _ = _judged(graph, *_path(least[1]), budget, None, extra_s * (1 - 1e-9))
+            found, _ = _judged(graph, Plan(list(least[1].segments), solver="milp"), budget, None,
+                               extra_s * (1 - 1e-9))
     if found is None:
         logger.debug("milp (chain, for auto): no plan below %.6g s", extra_s)
         return None
@@ -355,53 +356,42 @@ def chain_least_peak(graph: Graph) -> tuple[int, Plan] | None:
     if _rescues(graph):
         ans = _lattice(graph, tuple(range(len(graph))), latest=True).least_peak(work=CHAIN_RESCUE_WORK)
         if ans.seq is not None:
-            plan = Plan([Segment(tuple(nodes), f) for nodes, f in zip(lattice_plan_nodes(ans.seq), ans.flags)],
-                        solver="milp")
+            plan = path_plan(ans.seq, ans.flags)
             got = (judge(graph, plan)[0], plan)
         logger.debug("milp (chain, for auto): least peak %s after %.0f work units", ans.status, ans.work)
     _least[graph] = got
     return got
 
 
-def _path(plan: Plan) -> tuple[list[int], list[bool]]:
-    """``plan``'s lower sets and flags, as :func:`_judged` takes them."""
-    seq, acc = [], 0
-    for seg in plan.segments:
-        for v in seg.nodes:
-            acc |= 1 << v
-        seq.append(acc)
-    return seq, [bool(seg.recompute) for seg in plan.segments]
-
-
-def _search(graph: Graph, lat: Lattice, budget: int, extra_s: float, rescue: bool, work: float = 0.0
-            ) -> Plan | None:
-    """The best plan :func:`beam` finds on ``lat`` below ``extra_s`` (both beams; ``rescue``: a
-    wider one where they find nothing; ``work``: then the exact search, :meth:`.Lattice.least_time`
-    with this much work and :func:`beam`'s ``h``), simulated within ``budget``; or ``None``."""
+def _beams(graph: Graph, lat: Lattice, budget: int, extra_s: float, wide: bool) -> Plan | None:
+    """The best plan :func:`beam` finds on ``lat`` below ``extra_s`` (both beams; ``wide``: a
+    wider one where they find nothing), simulated within ``budget``; or ``None``."""
     slack = (int(CHAIN_SLACK * budget), 0.0 if extra_s == math.inf else CHAIN_SLACK * extra_s)
     found, best = None, extra_s * (1 - 1e-9)
-    tries = [] if work > 0 else [(False, CHAIN_WIDTH), (True, CHAIN_WIDTH)] + [(True, CHAIN_RESCUE_WIDTH)] * (
-        rescue and CHAIN_RESCUE_WIDTH > 0)
+    tries = [(False, CHAIN_WIDTH), (True, CHAIN_WIDTH)] + [(True, CHAIN_RESCUE_WIDTH)] * (
+        wide and CHAIN_RESCUE_WIDTH > 0)
     for spread, width in tries:
         if found is not None and width != CHAIN_WIDTH:
             break  # the wider beam only where nothing fits yet
         got = beam(lat, budget, best, width, slack, spread)
         if got is not None:
-            found, best = _judged(graph, got[0], got[1], budget, found, best)
-    if work > 0:
-        ans = lat.least_time(budget, incumbent=best, work=work, ctg=_cost_to_go(lat, budget))
-        logger.debug("milp (chain, for auto): exact search %s after %d labels, %.0f work units", ans.status,
-                     ans.labels, ans.work)
-        if ans.seq is not None:
-            found, best = _judged(graph, ans.seq, ans.flags, budget, found, best)
+            found, best = _judged(graph, path_plan(got[0], got[1]), budget, found, best)
     return found
 
 
-def _judged(graph: Graph, seq: list[int], flags: list[bool], budget: int, found: Plan | None, best: float
-            ) -> tuple[Plan | None, float]:
-    """``(plan, its extra time)`` for the path ``seq, flags`` where it simulates within ``budget``
-    below ``best``; else ``(found, best)`` unchanged."""
-    plan = Plan([Segment(tuple(nodes), f) for nodes, f in zip(lattice_plan_nodes(seq), flags)], solver="milp")
+def _exact(graph: Graph, lat: Lattice, budget: int, extra_s: float) -> Plan | None:
+    """The exact search's plan on ``lat`` (:meth:`.Lattice.least_time` with :data:`CHAIN_RESCUE_WORK`
+    and :func:`beam`'s ``h``) below ``extra_s``, simulated within ``budget``; or ``None``."""
+    ans = lat.least_time(budget, incumbent=extra_s * (1 - 1e-9), work=CHAIN_RESCUE_WORK, ctg=_cost_to_go(lat, budget))
+    logger.debug("milp (chain, for auto): exact search %s after %d labels, %.0f work units", ans.status, ans.labels,
+                 ans.work)
+    return None if ans.seq is None else _judged(graph, path_plan(ans.seq, ans.flags), budget, None,
+                                                extra_s * (1 - 1e-9))[0]
+
+
+def _judged(graph: Graph, plan: Plan, budget: int, found: Plan | None, best: float) -> tuple[Plan | None, float]:
+    """``(plan, its extra time)`` where ``plan`` simulates within ``budget`` below ``best``; else
+    ``(found, best)`` unchanged."""
     peak, extra = judge(graph, plan)
     if peak <= budget and extra < best:
         return plan, extra

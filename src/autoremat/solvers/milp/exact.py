@@ -53,10 +53,10 @@ from collections.abc import Iterable
 
 from ...cost.bitsets import GraphBits
 from ...graph import Graph
-from ...plan import Plan, Segment
+from ...plan import Plan
 from ..kusumoto.families import all_lower_sets
-from .lattice import Lattice, LatticeAnswer, lattice_plan_nodes
-from .search import Outcome, judge
+from .lattice import Lattice, LatticeAnswer
+from .search import Outcome, judge, path_plan
 
 __all__ = ["MAX_LOWER_SETS", "LATTICE_SHARE", "CTG_SHARE", "AUTO_WORK", "AUTO_MAX_NODES", "AUTO_MAX_LOWER_SETS",
            "AUTO_LEAST_MAX_NODES", "AUTO_LEAST_WORK", "lattice_of",
@@ -95,8 +95,7 @@ def lattice_of(graph: Graph) -> Lattice | None:
 
 def _plan(ans: LatticeAnswer) -> Plan:
     assert ans.seq is not None and ans.flags is not None
-    return Plan([Segment(tuple(nodes), f) for nodes, f in zip(lattice_plan_nodes(ans.seq), ans.flags)],
-                solver="milp")
+    return path_plan(ans.seq, ans.flags)
 
 
 def lattice_time(graph: Graph, budget: int, time_limit_s: float, seeds: Iterable[Plan]) -> Outcome | None:

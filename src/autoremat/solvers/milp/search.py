@@ -30,13 +30,14 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 
 from ...graph import Graph
-from ...plan import Plan
+from ...plan import Plan, Segment
 from ...replay_tail import replay_tails
 from ...cost import simulate, unoptimised_peak_bytes
 from .formulation import Formulation, constant_floor
 from .highs import load_highspy, run
+from .lattice import lattice_plan_nodes
 
-__all__ = ["Outcome", "Search", "judge", "PROGRESS_EVERY_S"]
+__all__ = ["Outcome", "Search", "judge", "path_plan", "PROGRESS_EVERY_S"]
 
 logger = logging.getLogger("autoremat.solvers.milp")
 
@@ -71,6 +72,11 @@ class Outcome:
         if self.cost <= 0 or self.bound >= self.cost:
             return 0.0
         return max(0.0, (self.cost - max(self.bound, 0.0)) / self.cost)
+
+
+def path_plan(seq: list[int], flags: list[bool]) -> Plan:
+    """The bare ``milp`` plan of a lower-set path ``seq`` (bitsets) with a recompute flag per segment."""
+    return Plan([Segment(tuple(nodes), f) for nodes, f in zip(lattice_plan_nodes(seq), flags)], solver="milp")
 
 
 def judge(graph: Graph, plan: Plan) -> tuple[int, float]:
