@@ -302,3 +302,13 @@ def test_scaled_multiplies_batch_quantities_only() -> None:
     assert g.node(0)["out_bytes"] == 100  # the original is untouched
     with pytest.raises(ValueError, match="factor"):
         g.scaled(0)
+
+
+def test_ops_blocks_reads_the_capture_mode_and_survives_json() -> None:
+    """``Graph.ops_blocks``: the one reading of ``meta["blocks"]`` the solvers share (was six copies)."""
+    g = Graph.chain([10, 20, 30])
+    assert not g.ops_blocks
+    g.meta["blocks"] = "module"
+    assert not g.ops_blocks
+    g.meta["blocks"] = "ops"
+    assert g.ops_blocks and Graph.from_json(g.to_json()).ops_blocks

@@ -67,7 +67,8 @@ Node attributes (all plain numbers and strings, so solvers never need torch):
     solver groups.
 
 Graph-level attributes live in :attr:`Graph.meta`: ``mode`` (``"fx"``, ``"module"`` or
-``"synthetic"``), ``fingerprint``, ``model``, ``device``, ``time_source``, ``param_bytes``
+``"synthetic"``), ``blocks`` (module level: ``"ops"`` where the repeated blocks were captured op by op,
+:attr:`Graph.ops_blocks`), ``fingerprint``, ``model``, ``device``, ``time_source``, ``param_bytes``
 (name -> bytes of its gradient; ``sparse_grad_params``: the names whose gradient is sparse), ``resident_bytes``, the loss node (``loss_saves``, ``loss_extra_bytes``,
 ``loss_fwd_temp_bytes``, ``loss_bwd_temp_bytes``, and ``loss_held_bytes``: the loss tensor's own
 storage, held from the loss to the step's end), ``dead_released_after`` (:mod:`autoremat.capture.dead_nodes`),
@@ -102,37 +103,16 @@ __all__ = ["Graph", "NODE_DEFAULTS", "GRAPH_FORMAT_VERSION", "OUTPUT_KEPT", "che
 GRAPH_FORMAT_VERSION = 1
 
 NODE_DEFAULTS: dict[str, Any] = {
-    "name": "",
-    "kind": "op",
-    "target": "",
-    "module_path": "",
-    "time_s": 0.0,
-    "bwd_time_s": 0.0,
-    "out_bytes": 0,
-    "alloc_bytes": 0,
-    "alias_of": None,
-    "saves": (),
-    "unreached_saves": (),
-    "extra_saved_bytes": 0,
-    "fwd_temp_bytes": 0,
-    "bwd_temp_bytes": 0,
-    "lingering": (),
-    "params": (),
-    "param_grad_bytes": 0,
-    "requires_grad": True,
-    "grad_passthrough": False,
-    "grad_new": (),
-    "grad_part": (),
-    "first_grad_view": False,
-    "is_output": False,
-    "grad_seed_bytes": None,
-    "held_by_output": False,
-    "recomputable": True,
-    "scope": (),
-    "op_index": -1,
-    "random": False,
+    "name": "", "kind": "op", "target": "", "module_path": "",
+    "time_s": 0.0, "bwd_time_s": 0.0,
+    "out_bytes": 0, "alloc_bytes": 0, "alias_of": None,
+    "saves": (), "unreached_saves": (), "extra_saved_bytes": 0,
+    "fwd_temp_bytes": 0, "bwd_temp_bytes": 0, "lingering": (),
+    "params": (), "param_grad_bytes": 0, "requires_grad": True,
+    "grad_passthrough": False, "grad_new": (), "grad_part": (), "first_grad_view": False,
+    "is_output": False, "grad_seed_bytes": None, "held_by_output": False,
+    "recomputable": True, "scope": (), "op_index": -1, "random": False,
 }
-
 
 class Graph:
     """A profiled computation graph (see the module docstring for its attributes)."""
@@ -351,6 +331,9 @@ class Graph:
         if self.in_program_order:
             return not s or (min(s) == 0 and max(s) == len(s) - 1)
         return all(u in s for v in s for u in self._pred[v])
+
+    ops_blocks = property(lambda self: self.meta.get("blocks") == "ops",
+                          doc='Whether the repeated blocks were captured op by op (``meta["blocks"] == "ops"``).')
 
     @property
     def in_program_order(self) -> bool:

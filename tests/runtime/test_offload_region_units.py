@@ -51,7 +51,7 @@ def scalars(g: autoremat.Graph, v: int) -> int:
 
 def test_the_default_capture_offers_each_block_as_a_unit():
     model, args, g = gpt2_case()
-    assert g.meta.get("blocks") == "ops" and not g.meta["pinned_regions"]
+    assert g.ops_blocks and not g.meta["pinned_regions"]
     found = region_units(g)
     assert sorted(ru.path for ru in found.values()) == [f"transformer.h.{j}" for j in range(3)]
     cands = saved_unit_nodes(g, no_recompute_plan(g))
@@ -169,7 +169,7 @@ def test_blocks_saved_tensors_on_cuda_measure_the_predicted_peak(blocks: str) ->
     model = transformers.GPT2LMHeadModel(cfg).train().cuda()
     ids = torch.randint(0, 1024, (8, 256), device="cuda")
     g = autoremat.capture(model, (ids,), loss_fn=hf.logits_mean, blocks=blocks)
-    assert (g.meta.get("blocks") == "ops") == (blocks == "auto")
+    assert g.ops_blocks == (blocks == "auto")
     g.meta["bandwidth_bytes_per_s"] = measure_bandwidth()
     plan = autoremat.solve(g, int(0.6 * simulate(g, no_recompute_plan(g)).peak_bytes), solver="offload-dag")
     assert plan.offload_saved and (blocks == "module" or set(plan.offload_saved) & set(region_units(g)))

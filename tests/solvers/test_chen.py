@@ -178,7 +178,7 @@ def test_chen_on_a_transformers_model_captured_op_by_op_recomputes_whole_blocks(
     ids = torch.randint(0, 256, (4, 64), generator=torch.Generator().manual_seed(1))
     ops = autoremat.capture(model, (ids,), loss_fn=hf.logits_mean, times="flops")
     whole = autoremat.capture(model, (ids,), loss_fn=hf.logits_mean, blocks="module", times="flops")
-    assert ops.meta.get("blocks") == "ops" and len(ops) > 3 * len(whole)
+    assert ops.ops_blocks and len(ops) > 3 * len(whole)
     least_ops, least_whole = autoremat.min_budget(ops, "chen"), autoremat.min_budget(whole, "chen")
     assert least_ops < 0.8 * unoptimised_peak_bytes(ops)
     assert abs(least_ops - least_whole) <= 0.01 * least_whole

@@ -301,7 +301,7 @@ def large_op_capture(graph: Graph) -> bool:
     """Whether ``graph`` is a module-level capture with its repeated blocks op by op and at least
     :data:`AUTO_BLOCKS_ENOUGH_NODES` nodes: there ``auto`` does not ask the solvers that plan
     single nodes and their ``min_budget`` refuses (:func:`autoremat.solvers.least.auto_order`)."""
-    return graph.meta.get("blocks") == "ops" and len(graph) >= AUTO_BLOCKS_ENOUGH_NODES
+    return graph.ops_blocks and len(graph) >= AUTO_BLOCKS_ENOUGH_NODES
 
 
 def refuse_large_op_capture(graph: Graph, solver: str, call: str) -> None:
@@ -332,7 +332,7 @@ def _with_hints(graph: Graph, solver: str, err: InfeasibleBudgetError) -> Infeas
         hints.append(f"{len(cached)} module call(s) (e.g. {next(iter(cached))}) write a key/value cache and are "
                      "kept, not recomputed: pass use_cache=False to the model (as gradient_checkpointing_enable() "
                      "does) to let them be recomputed.")
-    if plans_single_nodes(solver) and graph.meta.get("blocks") == "ops":
+    if plans_single_nodes(solver) and graph.ops_blocks:
         hints.append(ops_hint(solver))
     own = graph.meta.get("recomputed_by_model") or {}
     if own:

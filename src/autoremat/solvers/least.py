@@ -47,7 +47,7 @@ def auto_order(graph: Graph, options: Mapping[str, Any], auto_solvers: Sequence[
             logger.info("solver='auto': %s left out: this graph of %d nodes has its blocks captured op by op and they "
                         "plan single nodes (autoremat.solvers.least.auto_order)", ", ".join(left), len(graph))
             order = tuple(n for n in order if not plans_single_nodes(n))
-    elif graph.meta.get("blocks") == "ops":
+    elif graph.ops_blocks:
         left = tuple(n for n in order if n in AUTO_NOT_ON_OP_CAPTURES)
         if left:
             logger.info("solver='auto': %s left out: this graph has its blocks captured op by op "

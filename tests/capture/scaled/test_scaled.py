@@ -155,7 +155,7 @@ def test_a_meta_graph_the_model_does_not_run_falls_back_to_the_real_captures(cap
     model = _Branching(lambda y: y.device.type == "meta")
     x = torch.randn(64, 32)
     full = autoremat.capture(model, (x,), mode="module", repeats=1)
-    assert full.meta.get("blocks") == "ops"
+    assert full.ops_blocks
     with caplog.at_level(logging.INFO, logger="autoremat.capture.scaled"):
         g = capture_within(model, (x,), limit_bytes=_limit(full), mode="module", repeats=1)
     assert "is not the one the model runs" in caplog.text

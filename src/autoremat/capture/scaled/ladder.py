@@ -72,7 +72,7 @@ class _Trial:
         self.gm = gm  # the one trace (capture_within's) for the meta capture, every run and the replay
         # blocks captured op by op: per-op times come from a recorded step (a timing step times the
         # node modules only), which also shows whether the meta graph is the real one
-        self.recorded = base is None or base.meta.get("blocks") == "ops"
+        self.recorded = base is None or base.ops_blocks
         if base is not None and base.meta["mode"] == "fx":
             from ..fx import fx_fingerprint
 

@@ -188,7 +188,7 @@ def _lattice(graph: Graph, order: tuple[int, ...], latest: bool = False) -> Latt
     lat = Lattice(p, family) if window is None else WindowedChain(p, family, window)
     if got is not None:
         lat.replays = got[1].replays
-    if graph.meta.get("blocks") == "ops":
+    if graph.ops_blocks:
         _op_blocks.add(lat)
     _chains[graph] = ((order, window, latest), lat)
     return lat
@@ -338,7 +338,7 @@ def _rescues(graph: Graph) -> bool:
     """Whether :data:`CHAIN_RESCUE_WORK`'s search runs on ``graph``: at most :data:`CHAIN_FULL_NODES`
     nodes, not a module-level graph whose blocks were captured op by op (as ``auto``'s lattice:
     see :func:`.exact._auto_lattice`)."""
-    return len(graph) <= CHAIN_FULL_NODES and CHAIN_RESCUE_WORK > 0 and graph.meta.get("blocks") != "ops"
+    return len(graph) <= CHAIN_FULL_NODES and CHAIN_RESCUE_WORK > 0 and not graph.ops_blocks
 
 
 def chain_least_peak(graph: Graph) -> tuple[int, Plan] | None:

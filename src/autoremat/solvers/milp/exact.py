@@ -243,7 +243,7 @@ def _auto_lattice(graph: Graph, least: bool = False) -> Lattice | None:
     answer on 13) and took 0.3-4.0 s of the 0.4-4.6 s ``least_budget(graph, "auto")`` took; on 12
     of them solved at their least budget, 50 % and 75 %, ``auto`` chose the same plans without it,
     each solve up to 1.1 s faster."""
-    if graph.meta.get("blocks") == "ops":
+    if graph.ops_blocks:
         logger.debug("milp (lattice, for auto): not asked: a module-level graph with its blocks captured op by op")
         return None
     name, limit = "AUTO_MAX_NODES", AUTO_MAX_NODES
