@@ -90,8 +90,11 @@ def _jittered_times(monkeypatch: pytest.MonkeyPatch) -> None:
 
 @pytest.fixture(autouse=True)
 def _fresh_reference_plans() -> None:
-    """Each test starts with no reference plan kept (:mod:`autoremat.solvers.stable` keeps them per
-    process, by content, not by the module constants a test may patch)."""
+    """Each test starts with no reference plan and no chain's exact needs kept (:mod:`autoremat.solvers.stable`
+    and :mod:`autoremat.solvers.milp.chain` keep them per process, by content, not by the module
+    constants a test may patch)."""
+    from autoremat.solvers.milp.chain import clear_shared_needs
     from autoremat.solvers.stable import clear_reference_memo
 
     clear_reference_memo()
+    clear_shared_needs()

@@ -216,12 +216,36 @@ def test_a_new_order_keeps_the_graphs_replays_and_finds_what_a_fresh_lattice_fin
     before = len(first.replays)
     second = chain_mod._lattice(g, order)
     assert second is not first and second.replays is first.replays and second.p is first.p
+    chain_mod.clear_shared_needs()  # built afresh: no exact needs kept by content either
     fresh = chain_mod._lattice(g.copy(), order)
-    assert fresh.replays is not first.replays
+    assert fresh.replays is not first.replays and fresh.needs is not second.needs
     for spread in (False, True):
         got = chain_mod.beam(second, budget, float("inf"), chain_mod.CHAIN_WIDTH, slack, spread)
         assert got == chain_mod.beam(fresh, budget, float("inf"), chain_mod.CHAIN_WIDTH, slack, spread)
     assert before > 0 and len(second.replays) < before + len(fresh.replays)  # some replays were reused
+
+
+def test_a_graph_of_the_same_bytes_and_other_times_meets_the_chains_exact_needs():
+    """The stand-in of another capture (every time doubled: the measured mean rounded to the next
+    power of two) meets the exact needs of the first (CHAIN_SHARED_NEEDS): its ``h`` and its beam
+    replay no step again, and they find what they find without them, at twice the time."""
+    g = random_network("transformer", 3, 60)
+    budget = int(0.55 * unoptimised_peak_bytes(g))
+    other = g.copy()
+    for v in other.nodes:
+        other.node(v)["time_s"] *= 2
+        other.node(v)["bwd_time_s"] *= 2
+    slack = (int(0.01 * budget), 0.0)
+    first = chain_mod._lattice(g, tuple(range(len(g))))
+    found = chain_mod.beam(first, budget, float("inf"), chain_mod.CHAIN_WIDTH, slack, True)
+    assert found is not None and first.needs
+    second = chain_mod._lattice(other, tuple(range(len(g))))
+    assert second.needs is first.needs and not second.replays
+    again = chain_mod.beam(second, budget, float("inf"), chain_mod.CHAIN_WIDTH, slack, True)
+    assert not second.replays  # every need it checked was known
+    assert again is not None and again[:2] == found[:2] and again[2] == 2 * found[2]
+    g.node(0)["out_bytes"] += 8  # other bytes: other needs
+    assert chain_mod._lattice(g.copy(), tuple(range(len(g)))).needs is not first.needs
 
 
 def _residual_blocks(seed: int, blocks: int = 6):

@@ -54,12 +54,14 @@ from __future__ import annotations
 import logging
 import math
 import weakref
+from collections import OrderedDict
 from collections.abc import Iterator
 from heapq import heapify, heappop, heappush
 
 from ...cost.bitsets import GraphBits
 from ...graph import Graph
 from ...plan import Plan
+from ..content_keys import memory_signature
 from ..polish import plan_order
 from .cost_to_go import CostToGo
 from .lattice import Lattice, add_label, dominated
@@ -67,7 +69,7 @@ from .search import judge, path_plan
 
 __all__ = ["CHAIN_MAX_NODES", "CHAIN_FULL_NODES", "CHAIN_WINDOW", "WindowedChain", "CHAIN_WIDTH", "CHAIN_RESCUE_WIDTH",
            "CHAIN_GRID", "CHAIN_EXACT_NEEDS", "CHAIN_RESCUE_WORK", "RESCUE_EXACT_SETS", "beam", "CHAIN_SLACK",
-           "chain_improve", "chain_least_peak", "latest_order"]
+           "chain_improve", "chain_least_peak", "latest_order", "CHAIN_SHARED_NEEDS", "clear_shared_needs"]
 
 logger = logging.getLogger("autoremat.solvers.milp")
 
@@ -149,6 +151,21 @@ _chains: weakref.WeakKeyDictionary[Graph, tuple[tuple[tuple[int, ...], int | Non
 _bounds: weakref.WeakKeyDictionary[Lattice, dict[int, CostToGo]] = weakref.WeakKeyDictionary()
 _op_blocks: weakref.WeakSet[Lattice] = weakref.WeakSet()  # of module-level graphs with blocks captured op by op
 _least: weakref.WeakKeyDictionary[Graph, tuple[int, Plan] | None] = weakref.WeakKeyDictionary()
+_needs: OrderedDict[tuple, tuple[dict, dict]] = OrderedDict()  # (memory signature, chain key) -> needs, tight
+
+CHAIN_SHARED_NEEDS = 4
+"""Chains whose exact needs (:attr:`.Lattice.needs`, :attr:`.Lattice.tight`: bytes, no times) are
+kept per process by the graph's bytes and structure (:func:`..content_keys.memory_signature`) and
+the chain's order, least recently used out first: a graph of the same bytes and other times meets
+them instead of replaying every step again. That is each new capture of a model whose stable plan's
+stand-in (:func:`..stable.reference_graph`) has another per-node cost, its measured mean rounded to
+another power of two (the captures of a loaded machine; the memo of reference plans is by content,
+times included, so those solve again). Measured (x86_64, 2 cores, CPU only, shared; two runs
+alternating with the code before): ``solve(auto, 50%)`` of the second of two stand-ins of a CPU-size
+capture, at costs ``t`` and ``2 t``, took 2.1-2.3 s instead of 3.2-3.3 s on ResNet-50, 3.4-3.5 s
+instead of 4.7-4.8 s on GoogLeNet, 2.2 s instead of 2.3-2.6 s on PSPNet, with the same plans. The
+searches count their work per check whether a need is cached or not, so their answers do not
+depend on it."""
 
 
 class WindowedChain(Lattice):
@@ -175,7 +192,8 @@ def _lattice(graph: Graph, order: tuple[int, ...], latest: bool = False) -> Latt
     nodes (the last one per graph kept: ``auto`` solves one graph at several budgets, and one
     order serves them while its plan does; a new order's lattice takes over the last one's
     :class:`GraphBits` and segment replays, which are keyed by the segment's bitsets, not by the
-    family: at other budgets about half the replays were of segments replayed before). ``latest``:
+    family: at other budgets about half the replays were of segments replayed before; its exact
+    needs are those kept for the graph's bytes and the family, :data:`CHAIN_SHARED_NEEDS`). ``latest``:
     the prefixes of :func:`latest_order` too, every set ordered by size (:data:`CHAIN_RESCUE_WORK`)."""
     window = CHAIN_WINDOW if len(order) > CHAIN_FULL_NODES else None
     got = _chains.get(graph)
@@ -188,10 +206,30 @@ def _lattice(graph: Graph, order: tuple[int, ...], latest: bool = False) -> Latt
     lat = Lattice(p, family) if window is None else WindowedChain(p, family, window)
     if got is not None:
         lat.replays = got[1].replays
+    lat.needs, lat.tight = _shared_needs(graph, tuple(family))
     if graph.ops_blocks:
         _op_blocks.add(lat)
     _chains[graph] = ((order, window, latest), lat)
     return lat
+
+
+def _shared_needs(graph: Graph, family: tuple[int, ...]) -> tuple[dict, dict]:
+    """The needs and tight bounds kept for ``graph``'s bytes and the lower sets ``family`` (their
+    keys index it; :data:`CHAIN_SHARED_NEEDS`)."""
+    key = (memory_signature(graph), family)
+    got = _needs.get(key)
+    if got is None:
+        got = _needs[key] = ({}, {})
+    _needs.move_to_end(key)
+    while len(_needs) > CHAIN_SHARED_NEEDS:
+        _needs.popitem(last=False)
+    return got
+
+
+def clear_shared_needs() -> None:
+    """Forget the exact needs kept by content (:data:`CHAIN_SHARED_NEEDS`): for a program that changes
+    the cost model's module constants between solves (the tests)."""
+    _needs.clear()
 
 
 def _prefixes(order: tuple[int, ...]) -> list[int]:
