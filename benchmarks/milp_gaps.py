@@ -3,8 +3,10 @@
     python benchmarks/milp_gaps.py                                   # the 7 zoo models, ~40 min on 2 cores
     python benchmarks/milp_gaps.py --models vgg19,resnet50 --random 2 --time-limit 30
     python benchmarks/milp_gaps.py --quick --out /tmp/gaps           # one tiny random DAG
+    python benchmarks/milp_gaps.py --size paper --random 0 --out benchmarks/results/cpu/milp_gaps/paper
 
-For each graph (zoo models at CPU size, captured on the meta device; seeded random DAGs: chains
+For each graph (zoo models at CPU size, or at the papers' sizes with ``--size paper``, captured on
+the meta device, so no size runs out of host memory; seeded random DAGs: chains
 with skips and U-Net-like graphs) and each solver (``chen``, ``dp-approx``, ``dp-exact``,
 ``xla-greedy``, ``reforward``, ``auto``, ``milp``):
 
@@ -51,6 +53,16 @@ SOLVERS = ("chen", "dp-approx", "dp-exact", "xla-greedy", "reforward", "auto", "
 FRACTIONS = (0.75, 0.5)
 DEFAULT_MODELS = ("vgg19", "resnet50", "unet", "densenet121", "googlenet", "inception_v3", "pspnet")
 OUT = Path(__file__).resolve().parent / "results" / "cpu" / "milp_gaps"
+SIZES = {"small": "CPU size", "paper": "paper size"}
+"""``--size``: the zoo's size name -> the label the tables give it."""
+
+
+def zoo_graphs(models: list[str], size: str) -> list[tuple[str, Any]]:
+    """``(label, build)`` of each zoo model at ``size``, captured on the meta device (FLOP times)."""
+    if size not in SIZES:
+        raise ValueError(f"size={size!r}: expected one of {sorted(SIZES)}")
+    return [(f"{m} ({SIZES[size]})", lambda m=m: autoremat.capture(*zoo.build(m, size=size, device="meta")))
+            for m in models]
 
 
 def chain_with_skips(seed: int, n: int) -> Graph:
@@ -254,6 +266,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     ap.add_argument("--random", type=int, default=2, help="seeded random DAGs of each family")
     ap.add_argument("--nodes", type=int, default=30)
     ap.add_argument("--time-limit", type=float, default=60.0)
+    ap.add_argument("--size", choices=sorted(SIZES), default="small",
+                    help="the zoo models' size: the CPU size (default) or the papers' (meta device)")
     ap.add_argument("--quick", action="store_true")
     ap.add_argument("--out", default=str(OUT))
     ap.add_argument("--markdown-only", action="store_true", help="rewrite RESULTS.md from gaps.json")
@@ -268,8 +282,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         graphs.append(("chain-skips-12-seed0", lambda: chain_with_skips(0, 12)))
         opts.time_limit = min(opts.time_limit, 10.0)
     else:
-        for m in [m for m in opts.models.split(",") if m]:
-            graphs.append((f"{m} (CPU size)", lambda m=m: autoremat.capture(*zoo.build(m, size="small", device="meta"))))
+        graphs += zoo_graphs([m for m in opts.models.split(",") if m], opts.size)
         for s in range(opts.random):
             graphs.append((f"chain-skips-{opts.nodes}-seed{s}", lambda s=s: chain_with_skips(s, opts.nodes)))
             graphs.append((f"unet-like-{opts.nodes + 1}-seed{s}", lambda s=s: unet_like(s, opts.nodes // 2)))

@@ -636,3 +636,18 @@ def test_every_benchmark_script_is_in_the_index():
     index = (BENCH / "README.md").read_text()
     missing = [p.name for p in sorted(BENCH.glob("*.py")) if f"| `{p.name}` |" not in index]
     assert not missing, f"add a row to benchmarks/README.md for {missing}"
+
+
+def test_milp_gaps_builds_the_zoo_at_the_papers_size(monkeypatch: pytest.MonkeyPatch) -> None:
+    """``benchmarks/milp_gaps.py --size paper``: the zoo's graphs at the papers' size (the same nodes,
+    larger bytes), labelled so; an unknown size is refused."""
+    monkeypatch.syspath_prepend(str(BENCH))
+    sys.modules.pop("milp_gaps", None)
+    bench = importlib.import_module("milp_gaps")
+    ((small_label, small),) = bench.zoo_graphs(["vgg19"], "small")
+    ((paper_label, paper),) = bench.zoo_graphs(["vgg19"], "paper")
+    assert (small_label, paper_label) == ("vgg19 (CPU size)", "vgg19 (paper size)")
+    g, h = small(), paper()
+    assert len(g) == len(h) and h.total("out_bytes") > 100 * g.total("out_bytes")
+    with pytest.raises(ValueError, match="size='huge'"):
+        bench.zoo_graphs(["vgg19"], "huge")
