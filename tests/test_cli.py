@@ -119,3 +119,26 @@ def test_profile_within_a_memory_limit_never_runs_the_full_step(capsys: pytest.C
     # no batch size can be timed within it: the full-size bytes with times from FLOPs (nothing runs)
     assert main(["profile", "--model", "resnet50", "--batch-size", "8", "--memory-limit", str(resident + 1000)]) == 0
     assert "(flops)" in " ".join(capsys.readouterr().out.split())
+
+
+def test_threads_are_set_for_runs_on_the_cpu_only(capsys: pytest.CaptureFixture[str],
+                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+    """``--threads`` (default 1): the demo and CPU captures run with that many intra-op threads and
+    the demo's title says so; ``0`` keeps PyTorch's count, a meta capture sets none, ``-1`` is refused."""
+    import torch
+
+    calls: list[int] = []
+    monkeypatch.setattr(torch, "set_num_threads", calls.append)
+    monkeypatch.setattr(torch, "get_num_threads", lambda: calls[-1] if calls else 4)
+    demo = ["demo", "--model", "mlp", "--steps", "1", "--timing-pairs", "1", "--times", "flops", "--solver", "chen"]
+    assert main(demo) == 0
+    assert calls == [1] and "(small size, CPU, 1 thread)" in capsys.readouterr().out
+    assert main([*demo, "--threads", "0"]) == 0
+    assert calls == [1] and "(small size, CPU, 1 thread)" in capsys.readouterr().out  # left as it was
+    assert main(["profile", "--model", "mlp", "--times", "flops", "--threads", "3"]) == 0
+    assert calls == [1, 3]
+    assert main(["plan", "--model", "mlp", "--device", "meta", "--solver", "chen", "--threads", "3"]) == 0
+    assert calls == [1, 3]
+    capsys.readouterr()
+    assert main(["demo", "--threads", "-1"]) == 2
+    assert "--threads -1: must be >= 0" in capsys.readouterr().out

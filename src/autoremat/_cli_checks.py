@@ -100,3 +100,6 @@ def check_args(args: argparse.Namespace) -> None:
     for option, attr in (("--steps", "steps"), ("--top", "top"), ("--batch-size", "batch_size"),
                          ("--timing-pairs", "timing_pairs")):
         _positive(option, getattr(args, attr, None))
+    threads = getattr(args, "threads", None)
+    if threads is not None and threads < 0:
+        raise ValueError(f"--threads {threads}: must be >= 0 (0: PyTorch's own count, one per core)")
