@@ -399,6 +399,9 @@ def test_milp_gaps_quick_reports_the_target_table(tmp_path: Path, monkeypatch: p
     assert least["milp"]["bound_s"] <= least["milp"]["extra_time_s"] + 1e-12
     text = (tmp_path / "RESULTS.md").read_text()
     assert "| chain-skips-12-seed0 | 0.00 % (proven optimal) | 0.00 % (proven optimal) | yes |" in text
+    run = least["milp"]["predicted_extra_time_s"]  # the optimum's plan finalised, beside auto's
+    assert run is not None and run <= least["milp"]["extra_time_s"] + 1e-12
+    assert f"least: {least['auto']['predicted_extra_time_s'] * 1e3:.4g} ms against {run * 1e3:.4g} ms" in text
 
 
 def test_combined_speed_times_one_case_and_compares_plans(monkeypatch: pytest.MonkeyPatch) -> None:
