@@ -151,7 +151,7 @@ _chains: weakref.WeakKeyDictionary[Graph, tuple[tuple[tuple[int, ...], int | Non
 _bounds: weakref.WeakKeyDictionary[Lattice, dict[int, CostToGo]] = weakref.WeakKeyDictionary()
 _op_blocks: weakref.WeakSet[Lattice] = weakref.WeakSet()  # of module-level graphs with blocks captured op by op
 _least: weakref.WeakKeyDictionary[Graph, tuple[int, Plan] | None] = weakref.WeakKeyDictionary()
-_needs: OrderedDict[tuple, tuple[dict, dict]] = OrderedDict()  # (memory signature, chain key) -> needs, tight
+_needs: OrderedDict[tuple, tuple[dict, dict]] = OrderedDict()  # (memory signature, family) -> needs, tight
 
 CHAIN_SHARED_NEEDS = 4
 """Chains whose exact needs (:attr:`.Lattice.needs`, :attr:`.Lattice.tight`: bytes, no times) are
