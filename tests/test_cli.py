@@ -123,8 +123,9 @@ def test_profile_within_a_memory_limit_never_runs_the_full_step(capsys: pytest.C
 
 def test_threads_are_set_for_runs_on_the_cpu_only(capsys: pytest.CaptureFixture[str],
                                                   monkeypatch: pytest.MonkeyPatch) -> None:
-    """``--threads`` (default 1): the demo and CPU captures run with that many intra-op threads and
-    the demo's title says so; ``0`` keeps PyTorch's count, a meta capture sets none, ``-1`` is refused."""
+    """``--threads``: the demo runs with one intra-op thread by default and its title says so; ``0``
+    keeps PyTorch's count (the default of ``profile`` and ``plan``, whose times should be the
+    training's); a CPU capture takes the count asked for, a meta capture sets none; ``-1`` is refused."""
     import torch
 
     calls: list[int] = []
@@ -135,6 +136,8 @@ def test_threads_are_set_for_runs_on_the_cpu_only(capsys: pytest.CaptureFixture[
     assert calls == [1] and "(small size, CPU, 1 thread)" in capsys.readouterr().out
     assert main([*demo, "--threads", "0"]) == 0
     assert calls == [1] and "(small size, CPU, 1 thread)" in capsys.readouterr().out  # left as it was
+    assert main(["profile", "--model", "mlp", "--times", "flops"]) == 0
+    assert calls == [1]
     assert main(["profile", "--model", "mlp", "--times", "flops", "--threads", "3"]) == 0
     assert calls == [1, 3]
     assert main(["plan", "--model", "mlp", "--device", "meta", "--solver", "chen", "--threads", "3"]) == 0

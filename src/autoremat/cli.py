@@ -43,7 +43,7 @@ def _parser() -> argparse.ArgumentParser:
     d.add_argument("--plan", default=None, help="use this saved plan (autoremat plan ... --out plan.json) instead of "
                                                 "solving; refused if made for another model or batch")
     _common_options(d)
-    _threads_option(d)
+    _threads_option(d, 1)
 
     for name, helptext in (("profile", "capture a zoo model and summarise its graph"),
                            ("plan", "capture a zoo model, solve, print the plan and write its JSON")):
@@ -72,15 +72,17 @@ def _parser() -> argparse.ArgumentParser:
             s.add_argument("--gap-time-limit", type=float, default=60.0, help="seconds for --gap (default 60)")
         else:
             s.add_argument("--top", type=int, default=10, help="how many nodes to list")
-        _threads_option(s)
+        _threads_option(s, 0)
     return p
 
 
-def _threads_option(d: argparse.ArgumentParser) -> None:
-    d.add_argument("--threads", type=int, default=1,
-                   help="CPU threads per op while the model runs on the CPU (default 1; 0: PyTorch's own, one per "
-                        "core). More threads than idle cores make every op wait for a time slice: on a 2-core machine "
-                        "beside one busy process the demo's step took 11-12 ms with 1 thread, 0.5-1.2 s with 2")
+def _threads_option(d: argparse.ArgumentParser, default: int) -> None:
+    """``--threads``: 1 for the demo (it times the plain and the patched step against each other); 0
+    (PyTorch's own count) where the capture's times should be those of the user's training."""
+    d.add_argument("--threads", type=int, default=default,
+                   help=f"CPU threads per op while the model runs on the CPU (default {default}; 0: PyTorch's own, "
+                        "one per core). More threads than idle cores make every op wait for a time slice: on a 2-core "
+                        "machine beside one busy process the demo's step took 11-12 ms with 1 thread, 0.5-1.2 s with 2")
 
 
 def _use_threads(args: argparse.Namespace) -> None:
