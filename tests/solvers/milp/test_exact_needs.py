@@ -107,8 +107,27 @@ def test_above_its_lower_set_limit_the_cost_to_go_is_the_module_relaxation(monke
     assert other.cost_to_go(budget) is not None and other._modules is None
 
 
+@pytest.fixture(scope="module")
+def transformer_tables():
+    """A 60-node transformer network's lattice (130 lower sets) at its least peak: the cost-to-go
+    with the bounds' needs and with exact needs, and every set's steps with exact needs (eager),
+    shared by the cuts below (each cut builds its own table; the needs the lattice caches are
+    the same whichever computed them)."""
+    from types import SimpleNamespace
+
+    g = random_network("transformer", 0, 60)
+    p = GraphBits(g)
+    lat = Lattice(p, all_lower_sets(p, 3000))
+    budget = int(lat.least_peak().cost)
+    eager = Lattice(p, lat.fam)
+    steps = {i: [a.tolist() for a in arrays] for i in range(len(lat.fam)) if i != lat.last
+             and (arrays := eager.move_arrays(i, budget, exact=True)) is not None}
+    return SimpleNamespace(lat=lat, budget=budget, loose=CostToGo(lat, budget),
+                           tight=CostToGo(lat, budget, exact_until=math.inf), steps=steps)
+
+
 @pytest.mark.parametrize("done", [0, 5, 40, 10_000])
-def test_exact_needs_cut_by_the_clock_keep_a_complete_consistent_table(monkeypatch, done):
+def test_exact_needs_cut_by_the_clock_keep_a_complete_consistent_table(monkeypatch, transformer_tables, done):
     """The exact pass runs after the bounds' pass: stopped by the deadline after ``done`` sets,
     the rows it did are exact needs' rows, the others the bounds', ``h`` at the empty set is at
     least the bounds' (one pass that switched to exact needs first left it 0 when its deadline
@@ -117,12 +136,8 @@ def test_exact_needs_cut_by_the_clock_keep_a_complete_consistent_table(monkeypat
 
     from autoremat.solvers.milp import cost_to_go as module
 
-    g = random_network("transformer", 0, 60)  # 130 lower sets
-    p = GraphBits(g)
-    lat = Lattice(p, all_lower_sets(p, 3000))
-    budget = int(lat.least_peak().cost)
-    loose = CostToGo(lat, budget)
-    tight = CostToGo(lat, budget, exact_until=math.inf)
+    t = transformer_tables
+    lat, budget, loose, tight = t.lat, t.budget, t.loose, t.tight
     calls = [0]
 
     def counting():
@@ -147,13 +162,9 @@ def test_exact_needs_cut_by_the_clock_keep_a_complete_consistent_table(monkeypat
     assert cut.at(0, 0) >= loose.at(0, 0) > 0
     if done >= len(lat.fam):
         assert (cut.table == tight.table).all()
-    eager = Lattice(p, lat.fam)
     G = cut.table.shape[1]
-    for i in range(len(lat.fam)):
-        arrays = eager.move_arrays(i, budget, exact=True)
-        if arrays is None or i == lat.last:
-            continue
-        for req, add, dt, j in zip(*(a.tolist() for a in arrays)):
+    for i, arrays in t.steps.items():
+        for req, add, dt, j in zip(*arrays):
             top = (budget - req) // cut.unit
             if top < 0:
                 continue
