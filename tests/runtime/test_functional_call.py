@@ -52,12 +52,17 @@ def test_module_level_plans_under_functional_call(budget: str, regions: str) -> 
     assert _equal(reference, got)
 
 
-@pytest.mark.parametrize("regions", ["lean", "torch"])
-def test_fx_plans_under_functional_call_with_buffers(regions: str) -> None:
-    """Substituted batch-norm statistics are updated once, as by the unpatched model."""
+@pytest.fixture(scope="module")
+def resnet_at_least() -> tuple:
+    """The zoo ResNet-50 (small), its inputs and its plan at the least budget (FLOP times)."""
     model, args = autoremat.zoo.build("resnet50", size="small")
-    graph = autoremat.capture(model, args, times="flops")
-    plan = autoremat.solve(graph, "min")
+    return model, args, autoremat.solve(autoremat.capture(model, args, times="flops"), "min")
+
+
+@pytest.mark.parametrize("regions", ["lean", "torch"])
+def test_fx_plans_under_functional_call_with_buffers(regions: str, resnet_at_least: tuple) -> None:
+    """Substituted batch-norm statistics are updated once, as by the unpatched model."""
+    model, args, plan = resnet_at_least
     assert plan.recompute_segments
     patched = autoremat.apply(copy.deepcopy(model), plan, regions=regions)
     loss = lambda y: y.float().mean()  # noqa: E731
