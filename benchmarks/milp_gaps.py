@@ -284,8 +284,8 @@ def write_markdown(data: dict[str, Any], path: Path) -> None:
                f"{', ' + res['budgets'][f]['optimum']['basis'] if res['budgets'][f]['optimum'].get('basis') else ''}"
                for f in res["budgets"] if "optimum" in res["budgets"][f]]
         lines += ["", "Optimum: " + "; ".join(opt), ""]
-        if as_run_line(res):
-            lines += [as_run_line(res), ""]
+        run = as_run_line(res)
+        lines += [run, ""] if run else []
     path.write_text("\n".join(lines) + "\n")
 
 

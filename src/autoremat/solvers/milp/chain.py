@@ -51,10 +51,10 @@ one replay per step for its exact needs; the rescue over at most ``2 n + 1`` set
 
 from __future__ import annotations
 
+import functools
 import logging
 import math
 import weakref
-from collections import OrderedDict
 from collections.abc import Iterator
 from heapq import heapify, heappop, heappush
 
@@ -151,7 +151,6 @@ _chains: weakref.WeakKeyDictionary[Graph, tuple[tuple[tuple[int, ...], int | Non
 _bounds: weakref.WeakKeyDictionary[Lattice, dict[int, CostToGo]] = weakref.WeakKeyDictionary()
 _op_blocks: weakref.WeakSet[Lattice] = weakref.WeakSet()  # of module-level graphs with blocks captured op by op
 _least: weakref.WeakKeyDictionary[Graph, tuple[int, Plan] | None] = weakref.WeakKeyDictionary()
-_needs: OrderedDict[tuple, tuple[dict, dict]] = OrderedDict()  # (memory signature, family) -> needs, tight
 
 CHAIN_SHARED_NEEDS = 4
 """Chains whose exact needs (:attr:`.Lattice.needs`, :attr:`.Lattice.tight`: bytes, no times) are
@@ -206,30 +205,24 @@ def _lattice(graph: Graph, order: tuple[int, ...], latest: bool = False) -> Latt
     lat = Lattice(p, family) if window is None else WindowedChain(p, family, window)
     if got is not None:
         lat.replays = got[1].replays
-    lat.needs, lat.tight = _shared_needs(graph, tuple(family))
+    lat.needs, lat.tight = _shared_needs(memory_signature(graph), tuple(family))
     if graph.ops_blocks:
         _op_blocks.add(lat)
     _chains[graph] = ((order, window, latest), lat)
     return lat
 
 
-def _shared_needs(graph: Graph, family: tuple[int, ...]) -> tuple[dict, dict]:
-    """The needs and tight bounds kept for ``graph``'s bytes and the lower sets ``family`` (their
-    keys index it; :data:`CHAIN_SHARED_NEEDS`)."""
-    key = (memory_signature(graph), family)
-    got = _needs.get(key)
-    if got is None:
-        got = _needs[key] = ({}, {})
-    _needs.move_to_end(key)
-    while len(_needs) > CHAIN_SHARED_NEEDS:
-        _needs.popitem(last=False)
-    return got
+@functools.lru_cache(maxsize=CHAIN_SHARED_NEEDS)
+def _shared_needs(signature: int, family: tuple[int, ...]) -> tuple[dict, dict]:
+    """The needs and tight bounds kept for a graph's bytes (its :func:`..content_keys.memory_signature`)
+    and the lower sets ``family`` (their keys index it; :data:`CHAIN_SHARED_NEEDS`)."""
+    return {}, {}
 
 
 def clear_shared_needs() -> None:
     """Forget the exact needs kept by content (:data:`CHAIN_SHARED_NEEDS`): for a program that changes
     the cost model's module constants between solves (the tests)."""
-    _needs.clear()
+    _shared_needs.cache_clear()
 
 
 def _prefixes(order: tuple[int, ...]) -> list[int]:
