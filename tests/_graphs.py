@@ -43,7 +43,7 @@ import networkx as nx
 
 from autoremat.graph import Graph
 
-__all__ = ["diamond", "skip_connection", "module_chain", "module_graph", "skip_chain", "random_dag",
+__all__ = ["diamond", "skip_connection", "module_chain", "module_graph", "skip_chain", "random_dag", "convolutional",
            "random_dag_with_views", "random_profiled", "random_profiled_graphs", "rich_dag", "plain_dag",
            "random_chain_dag", "random_from_edges", "with_held_outputs", "random_edges", "FAMILIES", "random_network", "random_networks",
            "block_chain"]
@@ -173,6 +173,20 @@ def random_dag_with_views(seed: int, n: int) -> Graph:
                                for u in d["saves"]) + d["extra_saved_bytes"]
     outs = [v for v in range(n) if g.out_degree(v) == 0]
     return Graph(g, {"mode": "synthetic", "loss_saves": outs[:1], "param_bytes": {"a": 4, "b": 1, "c": 2}})
+
+
+def convolutional(g: Graph, seed: int, share: float = 0.6) -> Graph:
+    """``g``, in place, as an fx capture whose replays may have tails (:mod:`autoremat.replay_tail`):
+    ``meta["mode"]`` ``"fx"``, and about ``share`` of the nodes that save one input (and not their
+    output) of kind ``"conv"``, the others ``"add"`` (a drawn generator of their own)."""
+    rng = random.Random(f"conv:{seed}:{len(g)}")
+    g.meta["mode"] = "fx"
+    for v in g.nodes:
+        d = g.node(v)
+        saves = tuple(d["saves"])
+        conv = len(saves) == 1 and saves[0] != v and saves[0] in g.pred(v) and rng.random() < share
+        d["kind"] = "conv" if conv else "add"
+    return g
 
 
 def with_reader_less_views(g: Graph, seed: int, share: float = 0.3) -> Graph:

@@ -448,9 +448,10 @@ def test_auto_gaps_compares_auto_with_stored_bounds(tmp_path: Path, monkeypatch:
     g = autoremat.capture(*zoo.build("unet", size="small", device="meta"))
     peak = unoptimised_peak_bytes(g)
     budget = int(0.75 * peak)
-    extra = bench._auto(g, budget)["extra_time_s"]
+    mine = bench._auto(g, budget)
+    extra, ran = mine["extra_time_s"], mine["as_run_s"]
     row = {"budget_bytes": budget, "optimum": {"bound_s": extra / 2, "proven_optimal": False},
-           "milp": {"extra_time_s": extra}, "auto": {"extra_time_s": 2 * extra}}
+           "milp": {"extra_time_s": extra, "predicted_extra_time_s": 4 * ran}, "auto": {"extra_time_s": 2 * extra}}
     assert extra > 0
     stored = {"graphs": [{"graph": "unet (CPU size)", "nodes": len(g), "unoptimised_peak_bytes": peak,
                           "budgets": {"75%": row}},
@@ -460,9 +461,12 @@ def test_auto_gaps_compares_auto_with_stored_bounds(tmp_path: Path, monkeypatch:
     unet, vgg = data["graphs"]
     got = unet["budgets"]["75%"]
     assert got["over_bound"] == pytest.approx(2.0) and got["over_best"] == pytest.approx(1.0)
+    assert got["as_run_over_best"] == pytest.approx(0.25)  # as the plans run, beside milp's (stored)
     assert "graph differs" in vgg["skipped"]
     text = (tmp_path / "RESULTS.md").read_text()
     assert "| unet (CPU size) | 75% (" in text and "2.000x | 1.000x | no |" in text
+    assert "| unet (CPU size) | 75% | - | " in text and "| 0.250x |" in text
+    assert bench.stored_model("resnet50 (paper size)") == ("resnet50", "paper") and bench.stored_model("g7") is None
 
 
 def test_optimum_gaps_reports_auto_per_budget(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -29,19 +29,29 @@ Decisions (each tested):
 * only :func:`autoremat.solve` (and every solver of :data:`autoremat.SOLVERS`) adds the tails to
   a plan (:attr:`Plan.replay_tails <autoremat.plan.Plan.replay_tails>`: segment index -> first
   node of its tail and its tail inputs); the simulator and ``apply`` read them from there, so a
-  plan without them (an older JSON file) is simulated and run with whole replays. The
-  solvers' own cost models still charge ``T(Vi)``: their choice of segments does not count on
-  the shortening, the plan's prediction does.
+  plan without them (an older JSON file) is simulated and run with whole replays;
+* the papers' solvers (``dp-exact``, ``dp-approx``, ...) and ``milp``'s proofs charge a recomputed
+  segment's whole replay; ``auto``'s own searches over lower sets (the lattice search and the chain
+  search, :mod:`autoremat.solvers.milp`) price it as the plan will run, up to its tail
+  (:attr:`GraphBits.tails <autoremat.cost.bitsets.GraphBits.tails>`, :func:`tail_start`: these rules
+  on bitsets), and judge their plans' time with the tails (measured in
+  :mod:`autoremat.solvers.milp.exact`'s docstring: plans that recompute up to 2.5x less as they
+  run). Their bytes stay the whole replay's (the tail's convolutions not run only lower them;
+  ``judge`` checks the plan with its tails).
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterable
+from typing import TYPE_CHECKING
 
 from .graph import Graph
 from .plan import Plan, ReplayTails
 
-__all__ = ["TAIL_KINDS", "replay_tail", "replay_tails", "tail_inputs", "tails_of"]
+if TYPE_CHECKING:
+    from .cost.bitsets import GraphBits
+
+__all__ = ["TAIL_KINDS", "replay_tail", "replay_tails", "tail_inputs", "tails_of", "tail_start"]
 
 TAIL_KINDS = frozenset({"conv"})
 """Kinds of saving ops a tail may hold: each saves its input tensor and its weight."""
@@ -85,6 +95,30 @@ def replay_tail(graph: Graph, nodes: Iterable[int]) -> int | None:
             break
         if saving:
             blocked.update(graph.pred(v))
+        first = v
+    return first
+
+
+def tail_start(p: GraphBits, seg: int) -> int:
+    """:func:`replay_tail` on bitsets (the models of :mod:`autoremat.cost` that price a replay as
+    the plan runs it: :attr:`GraphBits.tails <autoremat.cost.bitsets.GraphBits.tails>`): the first
+    node of the tail of the segment ``seg`` (a mask of node ids), or ``-1``. The same rules, held
+    to :func:`replay_tail` on random graphs (``tests/test_replay_tail.py``), in ``O(tail)``: the
+    scan from the segment's end stops at its first needed node, so every node it passes has only
+    unneeded consumers in the segment, and a node is needed there exactly when a node of the
+    segment saves it or it has saved extras (``GraphBits.saved_by``, ``GraphBits.extra_mask``)."""
+    first, blocked, rest = -1, 0, seg
+    stop = p.out_mask | p.extra_mask
+    while rest:
+        v = rest.bit_length() - 1
+        bit = 1 << v
+        rest ^= bit
+        if (blocked | stop) & bit or p.saved_by[v] & seg:
+            break
+        if p.holder_mask & bit:
+            if p.kind[v] not in TAIL_KINDS:
+                break
+            blocked |= p.predmask[v]
         first = v
     return first
 

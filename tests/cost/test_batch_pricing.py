@@ -16,14 +16,16 @@ import random
 import networkx as nx
 import numpy as np
 import pytest
-from _graphs import random_dag_with_views, with_held_outputs
+from _graphs import convolutional, random_dag_with_views, with_held_outputs
 
 from autoremat.graph import Graph
 from autoremat.solvers.kusumoto.search import Search, parse_config
 
 
-def exact_dp(graph: Graph):
-    return Search(graph, "dp-exact", parse_config({"max_lower_sets": 10**6}, "dp-exact")).dp
+def exact_dp(graph: Graph, tails: bool = False):
+    dp = Search(graph, "dp-exact", parse_config({"max_lower_sets": 10**6}, "dp-exact")).dp
+    dp.p.tails = tails  # (before anything is priced)
+    return dp
 
 
 def dangling_sets(dp, limit: int = 12) -> list[int]:
@@ -45,11 +47,11 @@ def dangling_sets(dp, limit: int = 12) -> list[int]:
 
 
 def assert_batch_equals_scalar(graph: Graph, states: int | None = None, seed: int = 0,
-                               successors: int | None = None) -> int:
+                               successors: int | None = None, tails: bool = False) -> int:
     """Checks each successor of ``states`` sampled sets (all sets where ``None``) from each
     reached dangling set, or ``successors`` of them sampled (the batch still prices them all);
     returns the number of transitions checked."""
-    dp = exact_dp(graph)
+    dp = exact_dp(graph, tails)
     pricer = dp.pricer
     assert pricer is not None and pricer.ok
     rng = random.Random(seed)
@@ -88,6 +90,13 @@ def test_float_times_sum_left_to_right(seed):
         g.nx.nodes[v]["time_s"] = rng.random() * 10 ** rng.randint(-7, 2)
     assert exact_dp(g).p.time_groups is None
     assert assert_batch_equals_scalar(g) > 0
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_with_replay_tails_the_times_are_the_scalar_codes(seed):
+    """``GraphBits.tails`` (a recomputed segment priced up to its replay tail): the same times."""
+    g = convolutional(with_held_outputs(random_dag_with_views(300 + seed, 11), seed), seed, share=0.9)
+    assert assert_batch_equals_scalar(g, tails=True) > 0
 
 
 @pytest.mark.parametrize("seed", range(4))

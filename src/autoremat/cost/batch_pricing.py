@@ -39,6 +39,7 @@ import numpy as np
 
 from .backward_floor import TransitionBounds
 from .bitsets import GraphBits, bit_list, bits
+from .segment_replay import replay_time
 
 __all__ = ["BatchPricer", "any_bit"]
 
@@ -169,6 +170,25 @@ class BatchPricer:
             rec &= self.weigh(seg, self.ones) == 1
         return seg, rec
 
+    def _times(self, seg: np.ndarray, rec: np.ndarray, below: np.ndarray) -> np.ndarray:
+        """The recomputation times of the segments ``seg`` (rows) where ``rec``: each segment's
+        nodes in ``below`` (up to its last holding node), or with :attr:`GraphBits.tails
+        <.bitsets.GraphBits.tails>` up to its replay tail, one segment at a time
+        (:func:`.segment_replay.replay_time`)."""
+        p = self.p
+        dt = np.zeros(len(seg))
+        at = np.flatnonzero(rec)
+        if p.tails:
+            for a in at:
+                dt[a] = replay_time(p, int.from_bytes(seg[a].tobytes(), "little"))
+        elif self.times is not None:
+            dt[at] = self.weigh(seg[at] & below[at], self.times)
+        elif len(at):
+            part = seg[at] & below[at]
+            unpacked = np.unpackbits(part.view(np.uint8), axis=1, bitorder="little", count=self.n).astype(bool)
+            dt[at] = np.where(unpacked, self.time, 0.0).cumsum(axis=1)[:, -1]
+        return dt
+
     def price(self, i: int, dang: int, js: np.ndarray,
               recompute: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
         """``(times, added kept bytes, dangling roots after, lower bounds of the need)`` of
@@ -191,14 +211,7 @@ class BatchPricer:
         nonzero = held_nodes != 0  # a word is whole below a nonzero word above it
         above = np.logical_or.accumulate(nonzero[:, ::-1], axis=1)[:, ::-1]
         below[:, :-1] |= np.where(above[:, 1:], _ALL, np.uint64(0))
-        part = seg & below
-        dt = np.zeros(len(js))
-        at = np.flatnonzero(rec)
-        if self.times is not None:
-            dt[at] = self.weigh(part[at], self.times)
-        elif len(at):
-            unpacked = np.unpackbits(part[at].view(np.uint8), axis=1, bitorder="little", count=n).astype(bool)
-            dt[at] = np.where(unpacked, self.time, 0.0).cumsum(axis=1)[:, -1]
+        dt = self._times(seg, rec, below)
         # kept bytes a saved segment adds: its extras and the storages of S its nodes save
         # (and, either way, those the output object holds to the step's end: segment_replay)
         kept_new = np.where(rec[:, None], seg & self.end, (self.saved[js] | self.end) & seg)

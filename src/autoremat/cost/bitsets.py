@@ -81,9 +81,14 @@ def bit_list(mask: int) -> list[int]:
 
 
 class GraphBits:
-    """Per-graph arrays and bitsets the Kusumoto models and DP read (built once per search)."""
+    """Per-graph arrays and bitsets the Kusumoto models and DP read (built once per search).
 
-    def __init__(self, graph: Graph) -> None:
+    ``tails``: the models built on it price a recomputed segment's replay up to its tail
+    (:mod:`autoremat.replay_tail`), as the simulator runs a plan from :func:`autoremat.solve`,
+    instead of up to its last saving node (the papers' ``T(Vi)``); on fx graphs only (the
+    attribute ``tails`` is then true), where ``solve`` gives plans their tails."""
+
+    def __init__(self, graph: Graph, tails: bool = False) -> None:
         n = len(graph)
         nd = [graph.node(v) for v in range(n)]
         meta = graph.meta
@@ -111,6 +116,10 @@ class GraphBits:
         self.btemp = [int(d["bwd_temp_bytes"]) for d in nd]
         self.time = [float(d["time_s"]) for d in nd]
         self.recomputable = [bool(d["recomputable"]) for d in nd]
+        self.kind = [d["kind"] for d in nd]
+        # price a recomputed segment's replay as the plan runs it: without its tail (an fx graph's
+        # plan from autoremat.solve has them; autoremat.replay_tail), not up to its last saving node
+        self.tails = tails and meta.get("mode") == "fx"
         # the simulator's replay stops at the last node holding something for backward
         self.holder = [bool((d["saves"] or d["extra_saved_bytes"]) and d["requires_grad"]) for d in nd]
         # segments_from_lower_sets recomputes a segment when one of its nodes saves bytes
@@ -174,7 +183,14 @@ class GraphBits:
         self.holder_mask = sum(bit[v] for v in range(n) if self.holder[v])
         self.saver_mask = sum(bit[v] for v in range(n) if self.saver[v])
         self.nonrecomp_mask = sum(bit[v] for v in range(n) if not self.recomputable[v])
-        # roots of the storages each node saves
+        # the nodes that save each node for their backward; those with saved extras (replay tails)
+        self.saved_by = [0] * n
+        for x in range(n):
+            if self.rg[x]:
+                for u in set(self.saves[x]):
+                    self.saved_by[u] |= bit[x]
+        self.extra_mask = sum(bit[v] for v in range(n) if self.rg[v] and self.extra[v])
+        # the roots of the storages each node saves
         self.saves_roots = [0] * n
         for x in range(n):
             for u in self.saves[x]:

@@ -5,8 +5,10 @@ transition ``L -> L'`` at a time: :func:`replay_segment` runs the events of
 :func:`autoremat.cost.simulate` (storages with sets of holders, the same rules) for the segment
 ``S = L' \\ L`` alone: its forward; then, once everything after ``L'`` has run its backward, the
 gradients alive at ``L'``'s boundary and the parameter gradients of the nodes after ``L'``; the
-replay of ``S`` up to its last saving node and its backward. The state between transitions is
-``m``, the bytes of ``L`` held for some later backward, plus the *dangling* roots: boundary
+replay of ``S`` up to its last saving node and its backward (with :attr:`GraphBits.tails
+<autoremat.cost.bitsets.GraphBits.tails>` the replay's time is that up to its tail,
+:func:`replay_time`, as the plan with its tails runs; its bytes stay the whole replay's). The
+state between transitions is ``m``, the bytes of ``L`` held for some later backward, plus the *dangling* roots: boundary
 storages alive in forward that no backward holds yet. :func:`exact_transition` turns a replay
 into the DP's ``(need, time, added kept bytes, dangling roots)``; :func:`bookkeeping` gives all
 but the need from set operations alone (the replay is the DP's cost, so the search defers it
@@ -29,10 +31,11 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+from ..replay_tail import tail_start
 from .bitsets import GraphBits, bit_list, bits
 
-__all__ = ["SegmentCost", "replay_segment", "exact_transition", "pair_bookkeeping", "bookkeeping", "exact_peak",
-           "grad_floor"]
+__all__ = ["SegmentCost", "replay_segment", "replay_time", "exact_transition", "pair_bookkeeping", "bookkeeping",
+           "exact_peak", "grad_floor"]
 
 
 class SegmentCost:
@@ -348,6 +351,8 @@ def replay_segment(p: GraphBits, lower: int, upper: int, dangling: int, recomput
     bwd_peak = peak
     if final:
         fwd_peak = bwd_peak = max(fwd_peak, bwd_peak)
+    if recompute and p.tails:  # the time of the replay as it runs, its bytes those of the whole replay
+        spent = replay_time(p, seg)
     return SegmentCost(recompute, spent, fwd_peak, bwd_peak, held_ext, kept_new, kept_add)
 
 
@@ -377,6 +382,29 @@ def exact_transition(p: GraphBits, lower: int, upper: int, dangling: int, cache:
     return need, seg.dt_s, seg.kept_add, dangling
 
 
+def replay_time(p: GraphBits, seg: int) -> float:
+    """The time of a recomputed segment's replay: its nodes up to its last holding node (the
+    simulator's replay of a plan without tails), or with :attr:`GraphBits.tails` up to its tail
+    (:func:`autoremat.replay_tail.tail_start`; the simulator's rule for a plan with tails)."""
+    stop = (seg & p.holder_mask).bit_length() - 1
+    if p.tails:
+        first = tail_start(p, seg)
+        stop = stop if first < 0 else first - 1
+    if stop < 0:
+        return 0.0
+    part = seg & ((2 << stop) - 1)
+    if p.time_groups is not None:  # integer times: every partial sum is exact
+        total = 0
+        for value, mask in p.time_groups:
+            total += value * (part & mask).bit_count()
+        return float(total)
+    dt = 0.0
+    time = p.time
+    for v in bit_list(part):
+        dt += time[v]
+    return dt
+
+
 def pair_bookkeeping(p: GraphBits, lower: int, upper: int,
                       recompute: bool | None = None) -> tuple[float, int, int, int, int]:
     """The part of :func:`bookkeeping` that does not depend on the dangling roots.
@@ -392,19 +420,7 @@ def pair_bookkeeping(p: GraphBits, lower: int, upper: int,
     if recompute is None:
         recompute = p.recompute_flag(lower, upper)
     if recompute:
-        stop = (seg & p.holder_mask).bit_length() - 1
-        dt = 0.0
-        if stop >= 0:
-            part = seg & ((2 << stop) - 1)
-            if p.time_groups is not None:  # integer times: every partial sum is exact
-                total = 0
-                for value, mask in p.time_groups:
-                    total += value * (part & mask).bit_count()
-                dt = float(total)
-            else:
-                time = p.time
-                for v in bit_list(part):
-                    dt += time[v]
+        dt = replay_time(p, seg)
         reads = 0  # the nodes of lower that the segment reads (all in the boundary of lower)
         for u, succ in p.boundary_succ(lower):
             if succ & seg:

@@ -4,14 +4,17 @@ alternates short recomputed and plain segments that neither dp-approx nor the po
 
 from __future__ import annotations
 
+import math
 import random
 
 import pytest
-from _graphs import FAMILIES, random_dag, random_network
+from _graphs import FAMILIES, convolutional, random_dag, random_network, with_held_outputs
 
 import autoremat
 from autoremat.cost import simulate, unoptimised_peak_bytes
+from autoremat.cost.bitsets import GraphBits
 from autoremat.plan import validate_plan
+from autoremat.solvers import finalize_plan
 from autoremat.solvers.milp import chain as chain_mod
 from autoremat.solvers.milp import exact
 from autoremat.solvers.milp.lattice import add_label, dominated, lattice_plan_nodes
@@ -364,3 +367,19 @@ def test_the_rescue_has_exact_needs_only_on_few_enough_sets(ratio: float, exact_
     lat = chain_mod._lattice(g, tuple(range(len(g))), latest=True)
     assert len(g) + 1 < len(lat.fam) <= 2 * (len(g) + 1)
     assert (chain_mod._cost_to_go(lat, 90).exact_sets > 0) == exact_needs
+
+
+@pytest.mark.parametrize("seed,share", [(92, 0.7), (131, 0.8), (248, 0.8)])
+def test_the_beam_prices_replays_up_to_their_tails(seed: int, share: float, monkeypatch: pytest.MonkeyPatch):
+    """On an fx graph the chain search prices a recomputed segment up to its replay tail (as
+    ``solve``'s plan runs): on convolutional DAGs of 16 nodes its plan, finalised with its tails,
+    recomputes less than the plan it finds pricing whole replays (the papers' ``T(Vi)``)."""
+    def found(tails: bool) -> float:
+        g = convolutional(with_held_outputs(random_dag(seed, 16), seed), seed, share=0.9)
+        monkeypatch.setattr(chain_mod, "GraphBits", lambda graph, tails=True, mine=tails: GraphBits(graph, tails=mine))
+        budget = int(share * unoptimised_peak_bytes(g))
+        plan = chain_mod.chain_improve(g, None, budget, math.inf)
+        assert plan is not None and chain_mod._chains[g][1].p.tails is tails
+        return finalize_plan(g, plan, budget, "milp").predicted_extra_time_s
+
+    assert found(True) < found(False)

@@ -35,12 +35,14 @@ where no plan recomputing only is known and the beams find none, a work-bounded 
 the prefixes of two orders (this chain's and :func:`latest_order`'s) does (:data:`CHAIN_RESCUE_WORK`);
 the least-peak path over those lower sets counts in ``auto``'s least budget (:func:`chain_least_peak`).
 
-The plan found is simulated (:func:`.search.judge`) and returned only where it fits the budget
-and recomputes less than the plan to beat; the caller finalises it (replay tails, the budget
-check) and keeps its own plan otherwise. Graphs of at most :data:`CHAIN_MAX_NODES` nodes, every
-step up to :data:`CHAIN_FULL_NODES` and steps of at most :data:`CHAIN_WINDOW` prefixes above it
-(:class:`WindowedChain`); ``auto`` does not ask it for measured captures (``solvers._chain_for_auto``
-says why).
+The steps price a recomputed segment's replay up to its tail, as the plan will run
+(:attr:`GraphBits.tails <autoremat.cost.bitsets.GraphBits.tails>`; :mod:`.exact` says why and what
+it gains). The plan found is simulated with its tails (:func:`.search.judge`) and returned only
+where it fits the budget and recomputes less than the plan to beat; the caller finalises it
+(replay tails, the budget check) and keeps its own plan otherwise. Graphs of at most
+:data:`CHAIN_MAX_NODES` nodes, every step up to :data:`CHAIN_FULL_NODES` and steps of at most
+:data:`CHAIN_WINDOW` prefixes above it (:class:`WindowedChain`); ``auto`` does not ask it for
+measured captures (``solvers._chain_for_auto`` says why).
 
 Complexity: per beam, at most ``width`` labels expanded per set, each over its ``O(n)`` steps
 (``2 n`` with the flags), ``O(width n²)`` labels made and one replay (``O(segment)``) per label
@@ -201,7 +203,7 @@ def _lattice(graph: Graph, order: tuple[int, ...], latest: bool = False) -> Latt
     family = _prefixes(order)
     if latest:
         family = sorted(set(family).union(_prefixes(latest_order(graph))), key=lambda s: (s.bit_count(), s))
-    p = GraphBits(graph) if got is None else got[1].p
+    p = GraphBits(graph, tails=True) if got is None else got[1].p
     lat = Lattice(p, family) if window is None else WindowedChain(p, family, window)
     if got is not None:
         lat.replays = got[1].replays
@@ -423,7 +425,7 @@ def _exact(graph: Graph, lat: Lattice, budget: int, extra_s: float) -> Plan | No
 def _judged(graph: Graph, plan: Plan, budget: int, found: Plan | None, best: float) -> tuple[Plan | None, float]:
     """``(plan, its extra time)`` where ``plan`` simulates within ``budget`` below ``best``; else
     ``(found, best)`` unchanged."""
-    peak, extra = judge(graph, plan)
+    peak, extra = judge(graph, plan, tails=True)
     if peak <= budget and extra < best:
         return plan, extra
     logger.debug("milp (chain, for auto): a plan found simulates at %d bytes, extra %.6g s (budget %d, to beat "

@@ -79,17 +79,21 @@ def path_plan(seq: list[int], flags: list[bool]) -> Plan:
     return Plan([Segment(tuple(nodes), f) for nodes, f in zip(lattice_plan_nodes(seq), flags)], solver="milp")
 
 
-def judge(graph: Graph, plan: Plan) -> tuple[int, float]:
+def judge(graph: Graph, plan: Plan, tails: bool = False) -> tuple[int, float]:
     """``(peak, extra time)``: the larger of the simulated peaks with and without the replay tails
-    :func:`~autoremat.solvers.finalize_plan` adds (fx graphs), and the extra time without them."""
+    :func:`~autoremat.solvers.finalize_plan` adds (fx graphs), and the extra time without them
+    (``tails``: with them, as the plan runs: the time of a search whose model prices them,
+    :attr:`GraphBits.tails <autoremat.cost.bitsets.GraphBits.tails>`)."""
     bare = Plan(list(plan.segments), solver=plan.solver)
     sim = simulate(graph, bare, check=False, record=False)
-    peak = sim.peak_bytes
+    peak, extra = sim.peak_bytes, sim.extra_time_s
     if graph.meta.get("mode") == "fx" and any(s.recompute for s in plan.segments):
         bare.replay_tails = replay_tails(graph, bare)
         if bare.replay_tails:
-            peak = max(peak, simulate(graph, bare, check=False, record=False).peak_bytes)
-    return peak, sim.extra_time_s
+            tailed = simulate(graph, bare, check=False, record=False)
+            peak = max(peak, tailed.peak_bytes)
+            extra = tailed.extra_time_s if tails else extra
+    return peak, extra
 
 
 @contextmanager
