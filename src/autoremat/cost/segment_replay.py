@@ -34,7 +34,7 @@ from collections.abc import Sequence
 from ..replay_tail import tail_start
 from .bitsets import GraphBits, bit_list, bits
 
-__all__ = ["SegmentCost", "replay_segment", "replay_time", "exact_transition", "pair_bookkeeping", "bookkeeping",
+__all__ = ["SegmentCost", "replay_segment", "replay_time", "TAIL_TIE", "exact_transition", "pair_bookkeeping", "bookkeeping",
            "exact_peak", "grad_floor"]
 
 
@@ -382,14 +382,29 @@ def exact_transition(p: GraphBits, lower: int, upper: int, dangling: int, cache:
     return need, seg.dt_s, seg.kept_add, dangling
 
 
+TAIL_TIE = 1e-6
+"""With :attr:`GraphBits.tails`, a recomputed segment costs its replay up to its tail plus this
+share of its whole replay: of plans that run alike, the searches keep the one whose replays are
+shorter whole, which is what a forward replays where the runtime cannot vouch for a tail
+(:mod:`autoremat.replay_tail`). (Without it, ``auto`` at 75 % of the CPU-size U-Net swapped its
+plan for one as fast with its tails and 1.57x as slow replayed whole.)"""
+
+
 def replay_time(p: GraphBits, seg: int) -> float:
     """The time of a recomputed segment's replay: its nodes up to its last holding node (the
     simulator's replay of a plan without tails), or with :attr:`GraphBits.tails` up to its tail
-    (:func:`autoremat.replay_tail.tail_start`; the simulator's rule for a plan with tails)."""
+    (:func:`autoremat.replay_tail.tail_start`; the simulator's rule for a plan with tails) plus
+    :data:`TAIL_TIE` of the former."""
     stop = (seg & p.holder_mask).bit_length() - 1
-    if p.tails:
-        first = tail_start(p, seg)
-        stop = stop if first < 0 else first - 1
+    whole = _time_through(p, seg, stop)
+    if not p.tails:
+        return whole
+    first = tail_start(p, seg)
+    return (whole if first < 0 else _time_through(p, seg, first - 1)) + TAIL_TIE * whole
+
+
+def _time_through(p: GraphBits, seg: int, stop: int) -> float:
+    """The summed times of the nodes of ``seg`` up to node ``stop`` (in node order)."""
     if stop < 0:
         return 0.0
     part = seg & ((2 << stop) - 1)

@@ -48,7 +48,9 @@ than ``milp``'s optimum in ``milp``'s model. Measured (x86_64, 2 cores, the seve
 meta device at the least, 75 %, 50 % and Chen's least budgets, ``auto`` before and after, as its
 plans run; ``benchmarks/results/cpu/auto_gaps/tails_paper/``): at the papers' size no plan slower,
 U-Net 0.46-0.98x the extra time (24.45 -> 21.79 ms at the least budget), VGG19 0.41x and 0.44x
-(Chen's least, 75 %), PSPNet 0.88-0.93x, ResNet-50 0.90-0.98x; at CPU size 0.91-1.00x.
+(Chen's least, 75 %), PSPNet 0.87-0.93x, ResNet-50 0.90-0.98x; at CPU size 0.88-1.00x. Of plans
+that run alike the searches keep the one shorter replayed whole
+(:data:`~autoremat.cost.segment_replay.TAIL_TIE`).
 
 Complexity: enumerating the lower sets is O(sets × n) and stops at the limit; the search is
 described in :mod:`.lattice`. A lattice is kept per graph (weakly; one per pricing) and reused across

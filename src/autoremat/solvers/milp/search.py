@@ -33,6 +33,7 @@ from ...graph import Graph
 from ...plan import Plan, Segment
 from ...replay_tail import replay_tails
 from ...cost import simulate, unoptimised_peak_bytes
+from ...cost.segment_replay import TAIL_TIE
 from .formulation import Formulation, constant_floor
 from .highs import load_highspy, run
 from .lattice import lattice_plan_nodes
@@ -82,18 +83,20 @@ def path_plan(seq: list[int], flags: list[bool]) -> Plan:
 def judge(graph: Graph, plan: Plan, tails: bool = False) -> tuple[int, float]:
     """``(peak, extra time)``: the larger of the simulated peaks with and without the replay tails
     :func:`~autoremat.solvers.finalize_plan` adds (fx graphs), and the extra time without them
-    (``tails``: with them, as the plan runs: the time of a search whose model prices them,
-    :attr:`GraphBits.tails <autoremat.cost.bitsets.GraphBits.tails>`)."""
+    (``tails``: with them, as the plan runs, plus :data:`~autoremat.cost.segment_replay.TAIL_TIE` of
+    the time without them: the time of a search whose model prices them, :attr:`GraphBits.tails
+    <autoremat.cost.bitsets.GraphBits.tails>`)."""
     bare = Plan(list(plan.segments), solver=plan.solver)
     sim = simulate(graph, bare, check=False, record=False)
     peak, extra = sim.peak_bytes, sim.extra_time_s
-    if graph.meta.get("mode") == "fx" and any(s.recompute for s in plan.segments):
+    fx = graph.meta.get("mode") == "fx"
+    ran = extra
+    if fx and any(s.recompute for s in plan.segments):
         bare.replay_tails = replay_tails(graph, bare)
         if bare.replay_tails:
             tailed = simulate(graph, bare, check=False, record=False)
-            peak = max(peak, tailed.peak_bytes)
-            extra = tailed.extra_time_s if tails else extra
-    return peak, extra
+            peak, ran = max(peak, tailed.peak_bytes), tailed.extra_time_s
+    return peak, (ran + TAIL_TIE * extra if tails and fx else extra)
 
 
 @contextmanager
