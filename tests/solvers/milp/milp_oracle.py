@@ -11,11 +11,25 @@ from _graphs import random_dag_with_views, random_network, with_held_outputs
 from autoremat.graph import Graph
 from autoremat.plan import Plan, Segment
 from autoremat.cost import simulate
+from autoremat.solvers.content_keys import signature
 from autoremat.solvers.evaluation.bruteforce import lower_set_chains
 
 
+_TABLES: dict[tuple[int, int | None], list[tuple[int, float, Plan]]] = {}
+"""Tables already made, by the graph's content (:func:`~autoremat.solvers.content_keys.signature`)
+and ``k``: several tests brute-force the same seeded graph (4-5 s each on a 7-node one)."""
+
+
 def space_table(graph: Graph, k: int | None = None) -> list[tuple[int, float, Plan]]:
-    """``(peak, extra time, plan)`` of every plan of at most ``k`` segments in the milp space."""
+    """``(peak, extra time, plan)`` of every plan of at most ``k`` segments in the milp space
+    (kept by content: callers must not edit the plans)."""
+    key = (signature(graph), k)
+    if key not in _TABLES:
+        _TABLES[key] = _space_table(graph, k)
+    return _TABLES[key]
+
+
+def _space_table(graph: Graph, k: int | None) -> list[tuple[int, float, Plan]]:
     out = []
     for chain in lower_set_chains(graph):
         if k is not None and len(chain) > k:
