@@ -119,6 +119,28 @@ def test_the_final_transition_holds_nothing_dangling():
     assert need == simulated(g, [p.full])[0]
 
 
+def flagged(p: GraphBits, seq: list[int], rng: random.Random, share: float) -> tuple[list[bool], Plan]:
+    """Random free flags for ``seq`` (a segment of recomputable savers recomputed with probability
+    ``share``) and its plan."""
+    flags, prev, segments = [], 0, []
+    for upper in seq:
+        nodes = list(bits(upper & ~prev))
+        can = bool((upper & ~prev) & p.saver_mask) and all(p.recomputable[v] for v in nodes)
+        flags.append(can and rng.random() < share)
+        segments.append(Segment(tuple(nodes), flags[-1]))
+        prev = upper
+    return flags, Plan(segments)
+
+
+def assert_bookkeeping_agrees(p: GraphBits, seq: list[int], flags: list[bool]) -> None:
+    lower = dangling = 0
+    for upper, flag in zip(seq, flags):
+        _, dt, add, after = exact_transition(p, lower, upper, dangling, {}, flag)
+        got = bookkeeping(p, lower, upper, dangling, recompute=flag)
+        assert got[1:] == (add, after) and got[0] == pytest.approx(dt)
+        lower, dangling = upper, after
+
+
 @pytest.mark.parametrize("seed", range(12))
 def test_free_flags_equal_the_simulator(seed):
     """The ``milp`` space: each segment recomputed or not at will (the last one included, any
@@ -127,43 +149,26 @@ def test_free_flags_equal_the_simulator(seed):
     p = GraphBits(g)
     rng = random.Random(100 + seed)
     for seq in random_sequences(p, rng, 6):
-        flags, prev, segments = [], 0, []
-        for upper in seq:
-            nodes = list(bits(upper & ~prev))
-            can = bool((upper & ~prev) & p.saver_mask) and all(p.recomputable[v] for v in nodes)
-            flags.append(can and rng.random() < 0.6)
-            segments.append(Segment(tuple(nodes), flags[-1]))
-            prev = upper
-        sim = simulate(g, Plan(segments), record=False)
+        flags, plan = flagged(p, seq, rng, 0.6)
+        sim = simulate(g, plan, record=False)
         assert exact_peak(p, seq, flags) == (sim.peak_bytes, pytest.approx(sim.extra_time_s)), (seq, flags)
-        lower = dangling = 0
-        for upper, flag in zip(seq, flags):
-            _, dt, add, after = exact_transition(p, lower, upper, dangling, {}, flag)
-            got = bookkeeping(p, lower, upper, dangling, recompute=flag)
-            assert got[1:] == (add, after) and got[0] == pytest.approx(dt)
-            lower, dangling = upper, after
+        assert_bookkeeping_agrees(p, seq, flags)
 
 
 def test_with_tails_the_time_is_the_plans_as_it_runs():
     """``GraphBits(tails=True)`` (``auto``'s searches): a recomputed segment's time is its replay
     up to its tail, as the simulator runs the plan with the tails ``solve`` gives it (plus
-    ``TAIL_TIE`` of its whole replay's, the tie-break); its bytes are the whole replay's. On 60 seeded convolutional DAGs, 8 random sequences each, free flags: the
-    time equals the simulator's with tails, the peak the model's without them; bookkeeping agrees;
-    and the tails shorten some replays (so the two models differ)."""
+    ``TAIL_TIE`` of its whole replay's, the tie-break); its bytes are the whole replay's. On 60
+    seeded convolutional DAGs, 8 random sequences each, free flags: the time equals the
+    simulator's with tails, the peak the model's without them; bookkeeping agrees; and the tails
+    shorten some replays (so the two models differ)."""
     rng = random.Random(17)
     shorter = 0
     for seed in range(60):
         g = convolutional(with_held_outputs(random_dag(seed, 4 + seed % 8), seed), seed, share=0.9)
         whole, tailed = GraphBits(g), GraphBits(g, tails=True)
         for seq in random_sequences(tailed, rng, 8):
-            flags, prev, segments = [], 0, []
-            for upper in seq:
-                nodes = list(bits(upper & ~prev))
-                can = bool((upper & ~prev) & tailed.saver_mask) and all(tailed.recomputable[v] for v in nodes)
-                flags.append(can and rng.random() < 0.7)
-                segments.append(Segment(tuple(nodes), flags[-1]))
-                prev = upper
-            plan = Plan(segments)
+            flags, plan = flagged(tailed, seq, rng, 0.7)
             whole_peak, whole_t = exact_peak(whole, seq, flags)
             plan.replay_tails = replay_tails(g, plan)
             sim = simulate(g, plan, record=False)
@@ -171,10 +176,5 @@ def test_with_tails_the_time_is_the_plans_as_it_runs():
             assert t == pytest.approx(sim.extra_time_s + TAIL_TIE * whole_t), (seed, seq, flags)
             assert peak == whole_peak
             shorter += sim.extra_time_s < whole_t
-            lower = dangling = 0
-            for upper, flag in zip(seq, flags):
-                _, dt, add, after = exact_transition(tailed, lower, upper, dangling, {}, flag)
-                got = bookkeeping(tailed, lower, upper, dangling, recompute=flag)
-                assert got[1:] == (add, after) and got[0] == pytest.approx(dt)
-                lower, dangling = upper, after
+            assert_bookkeeping_agrees(tailed, seq, flags)
     assert shorter >= 10, shorter
