@@ -202,7 +202,9 @@ class Plan:
         inner = f", {len(self.offload_saved)} nodes' saved tensors offloaded" if self.offload_saved else ""
         off = f", {len(self.offload)} offloaded{inner}{waits}" if self.offloads else ""
         gap = self.options.get("optimality_gap")  # "milp": proven distance from the optimum
-        proof = "proven" if self.options.get("milp_bound_basis") != "exact model" else "proven in the exact model"
+        proof = {"exact model": "proven in the exact model",  # milp.exact: the lattice search's bases
+                 "exact model, replay tails": "proven in the exact model, replays priced to their tails",
+                 }.get(self.options.get("milp_bound_basis"), "proven")
         opt = "" if gap is None else (f", optimal ({proof})" if gap <= 1e-9
                                       else f", within {100 * gap:.3g} % of the optimum ({proof})")
         return f"{self.solver}: {len(self.segments)} segments, {k} recomputed{short}{off}{opt}"

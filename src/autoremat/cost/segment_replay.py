@@ -8,8 +8,8 @@ gradients alive at ``L'``'s boundary and the parameter gradients of the nodes af
 replay of ``S`` up to its last saving node and its backward (with :attr:`GraphBits.tails
 <autoremat.cost.bitsets.GraphBits.tails>` the replay's time is that up to its tail,
 :func:`replay_time`, as the plan with its tails runs; its bytes stay the whole replay's). The
-state between transitions is ``m``, the bytes of ``L`` held for some later backward, plus the *dangling* roots: boundary
-storages alive in forward that no backward holds yet. :func:`exact_transition` turns a replay
+state between transitions is ``m``, the bytes of ``L`` held for some later backward, plus the
+*dangling* roots: boundary storages alive in forward that no backward holds yet. :func:`exact_transition` turns a replay
 into the DP's ``(need, time, added kept bytes, dangling roots)``; :func:`bookkeeping` gives all
 but the need from set operations alone (the replay is the DP's cost, so the search defers it
 and prunes it with the bounds of :mod:`.backward_floor`). :func:`exact_peak` chains the
@@ -34,8 +34,8 @@ from collections.abc import Sequence
 from ..replay_tail import tail_start
 from .bitsets import GraphBits, bit_list, bits
 
-__all__ = ["SegmentCost", "replay_segment", "replay_time", "TAIL_TIE", "exact_transition", "pair_bookkeeping", "bookkeeping",
-           "exact_peak", "grad_floor"]
+__all__ = ["SegmentCost", "replay_segment", "replay_time", "TAIL_TIE", "exact_transition", "pair_bookkeeping",
+           "bookkeeping", "exact_peak", "grad_floor"]
 
 
 class SegmentCost:

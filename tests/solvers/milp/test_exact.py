@@ -257,7 +257,10 @@ def test_auto_asks_the_lattice_priced_with_replay_tails(seed: int, share: float)
         ans = exact.lattice_of(g, tails).least_time(budget)
         times.append(finalize_plan(g, exact._plan(ans), budget, "milp").predicted_extra_time_s)
     assert times[1] < times[0]
-    assert autoremat.solve(g, budget).predicted_extra_time_s == pytest.approx(times[1])
+    plan = autoremat.solve(g, budget)
+    assert plan.predicted_extra_time_s == pytest.approx(times[1])
+    assert plan.options["milp_bound_basis"] == exact.TAILS_BASIS  # what its "optimal" is proven in
+    assert "optimal (proven in the exact model, replays priced to their tails)" in plan.describe()
 
 
 def test_of_plans_that_run_alike_auto_keeps_the_one_shorter_replayed_whole():

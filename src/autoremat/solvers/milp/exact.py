@@ -73,7 +73,7 @@ from .lattice import Lattice, LatticeAnswer
 from .search import Outcome, judge, path_plan
 
 __all__ = ["MAX_LOWER_SETS", "LATTICE_SHARE", "CTG_SHARE", "AUTO_WORK", "AUTO_MAX_NODES", "AUTO_MAX_LOWER_SETS",
-           "AUTO_LEAST_MAX_NODES", "AUTO_LEAST_WORK", "lattice_of",
+           "AUTO_LEAST_MAX_NODES", "AUTO_LEAST_WORK", "lattice_of", "TAILS_BASIS",
            "lattice_time", "lattice_peak", "auto_improve", "auto_least_peak"]
 
 logger = logging.getLogger("autoremat.solvers.milp")
@@ -90,6 +90,10 @@ CTG_SHARE = 0.85
 is mostly ``h`` at the empty set (PSPNet at CPU size, 50 %: ``h`` 1.33e-6 s, the A* 45 s later
 1.37e-6 s; without ``h`` 2.3e-7 s), and on a cold lattice of 1545 sets ``h`` took 31 s at load 5
 (x86_64, 2 cores), past the 27 s that 0.6 gave it."""
+
+TAILS_BASIS = "exact model, replay tails"
+"""``milp_bound_basis`` of ``auto``'s lattice plan on an fx graph: optimal in the exact model with
+its replays priced up to their tails (:attr:`GraphBits.tails <autoremat.cost.bitsets.GraphBits.tails>`)."""
 
 _lattices: weakref.WeakKeyDictionary[Graph, dict[bool, Lattice | None]] = weakref.WeakKeyDictionary()
 
@@ -336,8 +340,8 @@ def auto_improve(graph: Graph, budget: int, extra_s: float) -> Plan | None:
         logger.debug("milp (lattice, for auto): its plan simulates at %d bytes, extra %.6g s (budget %d, to beat "
                      "%.6g s); not taken", peak, extra, budget, extra_s)
         return None
-    plan.options.update({"milp_status": "optimal", "optimality_gap": 0.0, "milp_bound_basis": "exact model",
-                         "optimum_bound_s": ans.bound, "k": len(graph)})
+    plan.options.update({"milp_status": "optimal", "optimality_gap": 0.0, "optimum_bound_s": ans.bound,
+                         "milp_bound_basis": TAILS_BASIS if lat.p.tails else "exact model", "k": len(graph)})
     return plan
 
 
