@@ -230,7 +230,7 @@ def _plan(console: Console, progress: Progress, args: argparse.Namespace) -> int
         except ImportError as err:  # highspy missing: the message names the extra to install
             console.print(f"error: {err}", markup=False)
             return 2
-        console.print(gap.describe(), markup=False)
+        console.print(gap.describe(as_run_s=plan.predicted_extra_time_s), markup=False)
     if args.out:
         plan.to_json(args.out)
         console.print(f"wrote {args.out}")

@@ -274,6 +274,9 @@ def test_optimality_gap_of_another_solvers_plan():
     assert gap.proven_optimal and gap.bound_s == pytest.approx(best)
     assert gap.gap == pytest.approx(0.0 if gap.extra_time_s == 0 else (gap.extra_time_s - best) / gap.extra_time_s)
     assert "optimum" in gap.describe() or "optimal" in gap.describe()
+    assert gap.describe(as_run_s=gap.extra_time_s) == gap.describe()  # a plan that runs as priced: nothing to add
+    other = gap.describe(as_run_s=gap.extra_time_s / 2 + 1e-3)  # one with replay tails: both, each named
+    assert f"replaying segments whole ({gap.extra_time_s / 2 + 1e-3:.4g} s as it runs, with its replay tails)" in other
 
 
 @pytest.mark.parametrize("k", [1, 2, 3])
