@@ -6,7 +6,7 @@ automatic optimisation the previous step's parameter gradients are still allocat
 forward (``optimizer.zero_grad`` runs in the closure after ``training_step``). Here the device is a
 live-storage counter around the LightningModule's ``optimizer_step`` (``training_step``, backward and
 the update) that raises ``torch.OutOfMemoryError`` once the bytes in use pass its capacity
-(``tests/_oom.py``'s ``SimulatedDevice``, as ``benchmarks/compare.py``'s does).
+(``tests/_oom.py``'s ``SimulatedDevice``, as ``benchmarks/compare/batch.py``'s does).
 """
 
 from __future__ import annotations
@@ -38,9 +38,6 @@ class _OutOfMemory(SimulatedDevice):
     sum the engine makes in place without a dispatch mode counts at its in-place level, as
     :class:`SimulatedDevice` counts it: checked at the sum itself, this device refused ResNet-50's
     training step 2 at 4 KB over its limit; the same step, its sums settled, measured 30 KB under)."""
-
-    def __init__(self, limit: int) -> None:
-        super().__init__(limit)
 
     @property
     def limit(self) -> int:
