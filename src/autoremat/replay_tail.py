@@ -51,10 +51,16 @@ from .plan import Plan, ReplayTails
 if TYPE_CHECKING:
     from .cost.bitsets import GraphBits
 
-__all__ = ["TAIL_KINDS", "replay_tail", "replay_tails", "tail_inputs", "tails_of", "tail_start"]
+__all__ = ["TAIL_KINDS", "takes_tails", "replay_tail", "replay_tails", "tail_inputs", "tails_of", "tail_start"]
 
 TAIL_KINDS = frozenset({"conv"})
 """Kinds of saving ops a tail may hold: each saves its input tensor and its weight."""
+
+
+def takes_tails(graph: Graph) -> bool:
+    """Whether ``graph``'s plans get replay tails: fx graphs only (module-level regions replay whole
+    submodule calls)."""
+    return graph.meta.get("mode") == "fx"
 
 
 def _needed(graph: Graph, nodes: Iterable[int]) -> set[int]:
@@ -135,8 +141,10 @@ def tail_inputs(graph: Graph, nodes: Iterable[int], first: int) -> list[int]:
 
 def replay_tails(graph: Graph, plan: Plan) -> ReplayTails:
     """``{segment index: (first node of its tail, its tail inputs)}`` for the recomputed segments
-    of ``plan`` that have a tail."""
+    of ``plan`` that have a tail (none where the graph takes no tails: :func:`takes_tails`)."""
     out: ReplayTails = {}
+    if not takes_tails(graph):
+        return out
     for i, seg in enumerate(plan.segments):
         if seg.recompute:
             first = replay_tail(graph, seg.nodes)

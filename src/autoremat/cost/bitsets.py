@@ -16,6 +16,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 
 from ..graph import Graph
+from ..replay_tail import takes_tails
 
 __all__ = ["bits", "bit_list", "GraphBits", "SetInfo", "After"]
 
@@ -119,7 +120,7 @@ class GraphBits:
         self.kind = [d["kind"] for d in nd]
         # price a recomputed segment's replay as the plan runs it: without its tail (an fx graph's
         # plan from autoremat.solve has them; autoremat.replay_tail), not up to its last saving node
-        self.tails = tails and meta.get("mode") == "fx"
+        self.tails = tails and takes_tails(graph)
         # the simulator's replay stops at the last node holding something for backward
         self.holder = [bool((d["saves"] or d["extra_saved_bytes"]) and d["requires_grad"]) for d in nd]
         # segments_from_lower_sets recomputes a segment when one of its nodes saves bytes

@@ -115,8 +115,7 @@ def chain_plan(graph: Graph, chain: BlockChain, choice: Sequence[int],
     # the gaps' regions no gradient reaches: free (.unreached)
     segs = recomputing(segs, unreached_units(graph) if units is None else units)
     plan = Plan(segs, solver="blocks", graph_fingerprint=graph.fingerprint)
-    if graph.meta.get("mode") == "fx":  # as finalize_plan does: the replays the runtime shortens
-        plan.replay_tails = replay_tails(graph, plan)
+    plan.replay_tails = replay_tails(graph, plan)  # as finalize_plan does: the replays the runtime shortens
     return plan
 
 

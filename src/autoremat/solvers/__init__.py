@@ -203,8 +203,7 @@ def finalize_plan(graph: Graph, plan: Plan, budget_bytes: int, solver: str,
     plan.inputs = graph.meta.get("inputs")
     validate_plan(graph, plan)
     plan = recompute_unreached(graph, plan)  # free, where a region no gradient reaches holds something
-    if graph.meta.get("mode") == "fx":  # module-level regions replay whole submodule calls
-        plan.replay_tails = replay_tails(graph, plan)
+    plan.replay_tails = replay_tails(graph, plan)
     plan.module_calls = module_calls_of(graph, plan)  # module level: the calls apply wraps, the ops they keep
     if plan.bandwidth_bytes_per_s is None:
         plan.bandwidth_bytes_per_s = plan.options.get("bandwidth_bytes_per_s")

@@ -68,6 +68,7 @@ from collections.abc import Iterable
 from ...cost.bitsets import GraphBits
 from ...graph import Graph
 from ...plan import Plan
+from ...replay_tail import takes_tails
 from ..kusumoto.families import all_lower_sets
 from .lattice import Lattice, LatticeAnswer
 from .search import Outcome, judge, path_plan
@@ -103,6 +104,7 @@ def lattice_of(graph: Graph, tails: bool = False) -> Lattice | None:
     (cached). ``tails``: its recomputed steps priced as the plan runs them, with their replay tails
     (:attr:`GraphBits.tails <autoremat.cost.bitsets.GraphBits.tails>`; ``auto``'s), where ``milp``
     proves its bounds over whole replays; the two share their lower sets and exact needs (bytes)."""
+    tails = tails and takes_tails(graph)  # (elsewhere both pricings are the same: one lattice)
     mine = _lattices.setdefault(graph, {})
     if tails in mine:
         return mine[tails]

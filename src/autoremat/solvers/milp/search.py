@@ -31,7 +31,7 @@ from dataclasses import dataclass, field
 
 from ...graph import Graph
 from ...plan import Plan, Segment
-from ...replay_tail import replay_tails
+from ...replay_tail import replay_tails, takes_tails
 from ...cost import simulate, unoptimised_peak_bytes
 from ...cost.segment_replay import TAIL_TIE
 from .formulation import Formulation, constant_floor
@@ -89,14 +89,12 @@ def judge(graph: Graph, plan: Plan, tails: bool = False) -> tuple[int, float]:
     bare = Plan(list(plan.segments), solver=plan.solver)
     sim = simulate(graph, bare, check=False, record=False)
     peak, extra = sim.peak_bytes, sim.extra_time_s
-    fx = graph.meta.get("mode") == "fx"
     ran = extra
-    if fx and any(s.recompute for s in plan.segments):
-        bare.replay_tails = replay_tails(graph, bare)
-        if bare.replay_tails:
-            tailed = simulate(graph, bare, check=False, record=False)
-            peak, ran = max(peak, tailed.peak_bytes), tailed.extra_time_s
-    return peak, (ran + TAIL_TIE * extra if tails and fx else extra)
+    bare.replay_tails = replay_tails(graph, bare)
+    if bare.replay_tails:
+        tailed = simulate(graph, bare, check=False, record=False)
+        peak, ran = max(peak, tailed.peak_bytes), tailed.extra_time_s
+    return peak, (ran + TAIL_TIE * extra if tails and takes_tails(graph) else extra)
 
 
 @contextmanager
