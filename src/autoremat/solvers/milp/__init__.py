@@ -24,13 +24,19 @@ What is modelled and what is checked after (see :mod:`.formulation` and :mod:`.s
   always one the simulator put within the budget (with and without replay tails), and the
   program's dual bound is a proven lower bound of the optimum, so ``optimality_gap`` is proven.
 
-Two stages. With ``k`` not given, on graphs of at most :data:`.exact.MAX_LOWER_SETS` lower
-sets, an exact label-setting search over every lower set (:mod:`.lattice`, :mod:`.exact`; no
-limit on the number of segments) runs first and usually closes: its plan is simulated and its
-optimum is proven *in the exact model* of :mod:`autoremat.cost.segment_replay` (which equals the
-simulator on seeded random DAGs; ``milp_bound_basis="exact model"``). Where it does not close,
-or its plan fails the simulator, the program below gets the time left
-(``milp_bound_basis="program"``, unless the lattice's bound is the larger).
+Three bounds. First, within :data:`CUT_SHARE` of ``time_limit_s``, a program over the moments
+every plan shares, the backward of each *separator* (a node every other node is an ancestor or a
+descendant of; :mod:`.cut_bound`): which storages a plan can hold there and which it must make
+again, a lower bound of the extra time of every canonical strategy (any number of segments), and
+a proof of infeasibility where a separator's level cannot fit (Inception-v3 at CPU size, 50 %:
+the parameter gradients alone at its first node's backward). Then, with ``k`` not given, on graphs of at most
+:data:`.exact.MAX_LOWER_SETS` lower sets, an exact label-setting search over every lower set
+(:mod:`.lattice`, :mod:`.exact`; no limit on the number of segments), which usually closes: its
+plan is simulated and its optimum is proven *in the exact model* of
+:mod:`autoremat.cost.segment_replay` (which equals the simulator on seeded random DAGs;
+``milp_bound_basis="exact model"``). Where it does not close, or its plan fails the simulator, the
+program below gets the time left (``milp_bound_basis="program"``). The largest bound is reported
+(``"separators"`` when it is the first's).
 
 The answer is exact (gap 0, ``milp_status="optimal"``) when the loop closes within
 ``time_limit_s``; else the best plan found and its proven gap (``milp_status="time_limit"``).
@@ -75,6 +81,7 @@ from ...plan import Plan
 from ...cost import no_recompute_plan, unoptimised_peak_bytes
 from .config import MilpConfig
 from .highs import MISSING_HIGHSPY, load_highspy
+from .cut_bound import CUTS_BASIS, cut_bound
 from .exact import lattice_peak, lattice_time
 from .search import Outcome, Search, judge
 from .._config import check_budget as _check_budget
@@ -82,6 +89,9 @@ from .._config import check_budget as _check_budget
 __all__ = ["solve_milp", "min_budget_milp", "optimality_gap", "Gap", "MISSING_HIGHSPY"]
 
 logger = logging.getLogger("autoremat.solvers.milp")
+
+CUT_SHARE = 0.25
+"""Of ``time_limit_s``, what the separators' bound (:mod:`.cut_bound`) may take before the searches."""
 
 _K = 12  # k when not given: 12, or the most segments of a seed plan (see the module docstring)
 _known: weakref.WeakKeyDictionary[Graph, list[Plan]] = weakref.WeakKeyDictionary()
@@ -141,6 +151,12 @@ def _least(graph: Graph, fn: Any) -> int:
     return 0
 
 
+_MODELS = {"exact model": "lattice search over the exact model (cost.segment_replay), the plan checked by simulate",
+           "program": "relaxation of the simulator's peak, every plan checked by simulate (no-good cuts)",
+           CUTS_BASIS: "bound from the simulator's levels at the backward's separators (milp.cut_bound); "
+                       "every plan checked by simulate"}
+
+
 def _stamp(plan: Plan, out: Outcome, cfg: dict[str, Any], budget: int | None) -> Plan:
     plan = Plan(list(plan.segments), solver="milp")
     plan.options.update({
@@ -153,9 +169,7 @@ def _stamp(plan: Plan, out: Outcome, cfg: dict[str, Any], budget: int | None) ->
         "milp_cuts": out.cuts,
         "milp_seconds": round(out.seconds, 3),
         "milp_bound_basis": out.basis,
-        "model": ("lattice search over the exact model (cost.segment_replay), the plan checked by simulate"
-                  if out.basis == "exact model" else
-                  "relaxation of the simulator's peak, every plan checked by simulate (no-good cuts)"),
+        "model": _MODELS.get(out.basis, _MODELS["program"]),
     })
     if cfg["objective"] == "time":
         plan.options["optimum_bound_s"] = out.bound
@@ -196,8 +210,26 @@ def solve_milp(graph: Graph, budget_bytes: int, *, config: dict[str, Any] | None
 
 
 def _least_time(graph: Graph, budget: int, cfg: dict[str, Any], seeds: list[Plan]) -> Outcome:
-    """The lattice first (``k`` not given, few lower sets: :mod:`.exact`), the program in the time left."""
+    """The separators' bound (:mod:`.cut_bound`), then the lattice (``k`` not given, few lower sets:
+    :mod:`.exact`), the program in the time left; the largest bound is kept."""
     limit = float(cfg["time_limit_s"])
+    cut = cut_bound(graph, budget, CUT_SHARE * limit, threads=cfg["threads"])
+    if cut.bound_s == math.inf:  # some separator's level is over the budget in every plan
+        out = Outcome(None, None, math.inf, "infeasible", k=len(graph), seconds=cut.seconds)
+        out.basis = CUTS_BASIS
+        return out
+    limit = max(limit - cut.seconds, 0.05 * limit)
+    out = _searched(graph, budget, cfg, seeds, limit)
+    out.seconds += cut.seconds
+    if cut.bound_s > out.bound:
+        out.bound, out.basis = cut.bound_s, CUTS_BASIS
+        if out.cost is not None and out.bound >= out.cost * (1 - 1e-6):
+            out.status = "optimal"
+    return out
+
+
+def _searched(graph: Graph, budget: int, cfg: dict[str, Any], seeds: list[Plan], limit: float) -> Outcome:
+    """The lattice first (``k`` not given, few lower sets: :mod:`.exact`), the program in the time left."""
     lat = lattice_time(graph, budget, limit, seeds) if cfg["k"] is None else None
     if lat is not None and (lat.status == "infeasible" or (lat.status == "optimal" and lat.plan is not None)):
         return lat
@@ -270,14 +302,15 @@ class Gap:
     k: int = 0
     """The most segments of the plans the bound covers."""
     basis: str = "program"
-    """What the proof is over: ``"program"`` (the simulator's relaxation) or ``"exact model"``
+    """What the proof is over: ``"program"`` (the simulator's relaxation), ``"separators"`` (the simulator's
+    levels where every plan meets, :mod:`.cut_bound`) or ``"exact model"``
     (the lattice search, :mod:`.exact`)."""
 
     def describe(self, as_run_s: float | None = None) -> str:
         """E.g. "extra time 0.41 s, within 3 % of the optimum (proven)". ``as_run_s``: the plan's
         extra time as it runs, with its replay tails, where that differs (said beside: the gap is
         over whole replays, the terms ``milp`` proves in)."""
-        proof = "proven" if self.basis == "program" else "proven in the exact model"
+        proof = "proven" if self.basis in ("program", CUTS_BASIS) else "proven in the exact model"
         what = f"extra time {self.extra_time_s:.4g} s"
         if as_run_s is not None and abs(as_run_s - self.extra_time_s) > 1e-9 * max(abs(self.extra_time_s), 1e-30):
             what += f" replaying segments whole ({as_run_s:.4g} s as it runs, with its replay tails)"
