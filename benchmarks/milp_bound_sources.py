@@ -1,4 +1,4 @@
-"""Where ``milp``'s proven lower bound comes from, and how far each of its two bases gets (issue 28).
+"""Where ``milp``'s proven lower bound comes from, and how far each of its three bases gets (issue 28).
 
     python benchmarks/milp_bound_sources.py                      # googlenet, pspnet, densenet121, inception_v3, resnet50
     python benchmarks/milp_bound_sources.py --models pspnet --lattice-s 45 --program-s 60
@@ -12,9 +12,12 @@ unoptimised step peak):
   cost-to-go DP relaxes, per flag), the cost-to-go's time within 0.6 of ``--lattice-s`` (as
   ``milp`` gives it) and ``h`` at the root, and the A* bound, labels taken and replays when the
   search stops at ``--lattice-s`` (cost-to-go included), seeded with the heuristic plan;
-* the HiGHS program alone (``optimality_gap`` with ``k`` the heuristic plan's segments, so the
-  lattice is not used) within ``--program-s``: its bound;
-* the graph's single-node cuts (nodes every other node is an ancestor or a descendant of).
+* the separators' program (:mod:`autoremat.solvers.milp.cut_bound`) within ``--cuts-s``: its bound,
+  time and the separators it used;
+* the HiGHS program (``optimality_gap`` with ``k`` the heuristic plan's segments, so the
+  lattice is not used) within ``--program-s``: its bound (the separators' where that is the larger:
+  ``program_basis`` says which);
+* the graph's separators (nodes every other node is an ancestor or a descendant of).
 
 Prints one JSON line per model and budget and writes them to ``sources-<budgets>.json`` under
 ``--out`` (default ``benchmarks/results/cpu/milp_gaps``; read in its ``ANALYSIS.md``).
@@ -31,25 +34,16 @@ import time
 from pathlib import Path
 from typing import Any
 
-import networkx as nx
-import numpy as np
-
 import autoremat
 from autoremat import zoo
 from autoremat.cost import unoptimised_peak_bytes
 from autoremat.solvers.milp import optimality_gap
+from autoremat.solvers.milp.cut_bound import cut_bound, separators
 from autoremat.solvers.milp.exact import lattice_of
 from autoremat.solvers.milp.search import judge
 
 MODELS = ("googlenet", "pspnet", "densenet121", "inception_v3", "resnet50")
 OUT = Path(__file__).resolve().parent / "results" / "cpu" / "milp_gaps"
-
-
-def cuts(graph) -> int:
-    """Nodes every other node is an ancestor or a descendant of (single-tensor cuts)."""
-    g = graph.nx
-    n = g.number_of_nodes()
-    return sum(1 for v in g if len(nx.ancestors(g, v)) + len(nx.descendants(g, v)) + 1 == n)
 
 
 def pairs(lat) -> int:
@@ -70,7 +64,7 @@ def best_heuristic(graph, budget: int):
     return best
 
 
-def at_budget(graph, budget: int, lattice_s: float, program_s: float) -> dict[str, Any]:
+def at_budget(graph, budget: int, lattice_s: float, program_s: float, cuts_s: float) -> dict[str, Any]:
     row: dict[str, Any] = {"budget": budget}
     best = best_heuristic(graph, budget)
     row["heuristic_extra_s"] = None if best is None else best[1]
@@ -84,11 +78,13 @@ def at_budget(graph, budget: int, lattice_s: float, program_s: float) -> dict[st
         ans = lat.least_time(budget, incumbent=inc, deadline=start + lattice_s)
         row.update(lattice_s=time.monotonic() - start, lattice_bound_s=ans.bound, lattice_status=ans.status,
                    labels=ans.labels, replays=ans.replays)
+    cut = cut_bound(graph, budget, cuts_s)
+    row.update(cut_bound_s=cut.bound_s, cut_status=cut.status, cut_seconds=cut.seconds, cut_separators=len(cut.cuts))
     if best is not None:
         start = time.monotonic()
         gap = optimality_gap(graph, best[0], budget, time_limit_s=program_s, k=len(best[0].segments))
         row.update(program_s=time.monotonic() - start, program_bound_s=gap.bound_s, program_k=gap.k,
-                   program_optimal=gap.proven_optimal)
+                   program_optimal=gap.proven_optimal, program_basis=gap.basis)
     print(json.dumps(row), flush=True)
     return row
 
@@ -98,6 +94,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     ap.add_argument("--models", default=",".join(MODELS))
     ap.add_argument("--lattice-s", type=float, default=45.0)
     ap.add_argument("--program-s", type=float, default=60.0)
+    ap.add_argument("--cuts-s", type=float, default=15.0, help="time limit of the separators' program")
     ap.add_argument("--budgets", default="least,50%", help="which of: least (milp's, from milp_gaps/gaps.json), 50%%")
     ap.add_argument("--out", type=Path, default=OUT)
     args = ap.parse_args(argv)
@@ -113,14 +110,14 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     for m in args.models.split(","):
         graph = autoremat.capture(*zoo.build(m, size="small", device="meta"))
         lat = lattice_of(graph)
-        entry = {"name": m, "nodes": len(graph), "cuts": cuts(graph),
+        entry = {"name": m, "nodes": len(graph), "separators": len(separators(graph)),
                  "lower_sets": None if lat is None else len(lat.fam), "pairs": None if lat is None else pairs(lat),
                  "budgets": {}}
         print(json.dumps({k: v for k, v in entry.items() if k != "budgets"}), flush=True)
         peak = unoptimised_peak_bytes(graph)
         for label, budget in (("least", least.get(f"{m} (CPU size)")), ("50%", int(0.5 * peak))):
             if budget is not None and label in args.budgets.split(","):
-                entry["budgets"][label] = at_budget(graph, budget, args.lattice_s, args.program_s)
+                entry["budgets"][label] = at_budget(graph, budget, args.lattice_s, args.program_s, args.cuts_s)
         data["models"].append(entry)
         args.out.mkdir(parents=True, exist_ok=True)
         (args.out / f"sources-{'-'.join(args.budgets.split(','))}.json").write_text(json.dumps(data, indent=1))

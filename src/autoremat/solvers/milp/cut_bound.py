@@ -147,10 +147,11 @@ class _Program:
                                                                          if root[v] >= c}
         pairs = [(u, x) for u in range(c) if backward[u] for x in nd[u]["saves"] if root[x] not in fixed]
         extras = [u for u in range(c) if backward[u] and nd[u]["extra_saved_bytes"]]
-        droppable = {root[x] for _, x in pairs}
-        droppable |= {root[x] for u in range(c) for x in nd[u]["unreached_saves"]} - fixed
+        # what a plan might not hold at c: everything nodes before c save or hold for autograd (those
+        # no gradient reaches included, though they constrain nothing); taking out more only lowers base
+        droppable = {root[x] for u in range(c) for x in (*nd[u]["saves"], *nd[u]["unreached_saves"])} - fixed
         base = self.levels.bwd_touch[c] - sum(nd[s]["alloc_bytes"] for s in droppable) \
-            - sum(nd[u]["extra_saved_bytes"] for u in extras)
+            - sum(nd[u]["extra_saved_bytes"] for u in range(c))
         cap = self.budget - base
         if cap < 0:
             return False

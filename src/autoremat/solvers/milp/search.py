@@ -62,8 +62,9 @@ class Outcome:
     k: int = 0
     history: list[tuple[float, float | None, float]] = field(default_factory=list)
     basis: str = "program"
-    """What the bound is proven over: ``"program"`` (the simulator's relaxation, :mod:`.formulation`)
-    or ``"exact model"`` (the lattice search over :mod:`autoremat.cost.segment_replay`, :mod:`.exact`)."""
+    """What the bound is proven over: ``"program"`` (the simulator's relaxation, :mod:`.formulation`),
+    ``"separators"`` (the simulator's levels where every plan meets, :mod:`.cut_bound`) or ``"exact model"``
+    (the lattice search over :mod:`autoremat.cost.segment_replay`, :mod:`.exact`)."""
 
     @property
     def gap(self) -> float | None:
