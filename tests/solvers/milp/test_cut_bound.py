@@ -19,7 +19,7 @@ from autoremat.cost import unoptimised_peak_bytes
 from autoremat.errors import InfeasibleBudgetError
 from autoremat.graph import Graph
 from autoremat.solvers.milp import Gap, solve_milp
-from autoremat.solvers.milp.cut_bound import CUTS_BASIS, cut_bound, separators
+from autoremat.solvers.milp.cut_bound import CUTS_BASIS, cut_bound, separator_floor, separators
 from autoremat.solvers.milp.exact import lattice_of
 
 from .milp_oracle import best_within, space_table
@@ -57,6 +57,7 @@ def test_never_above_the_brute_force_optimum(seed, kept):
     g = spined(seed, 6 + seed % 3, kept)
     table = space_table(g)
     peaks = sorted({peak for peak, _, _ in table})
+    assert separator_floor(g) <= peaks[0]  # no plan's step peak below it
     for budget in [peaks[0] - 1, *peaks]:
         want = best_within(table, budget)
         got = cut_bound(g, budget, 10.0)
@@ -116,7 +117,10 @@ def _param_heavy() -> Graph:
 def test_a_separator_level_over_the_budget_proves_it_infeasible():
     g = _param_heavy()
     peak = unoptimised_peak_bytes(g)
+    assert separator_floor(g) > 0.5 * peak
     assert cut_bound(g, int(0.5 * peak), 5.0).bound_s == math.inf
+    least = solve_milp(g, peak, config={"objective": "memory", "time_limit_s": 5})
+    assert least.options["least_peak_bound_bytes"] >= separator_floor(g)
     with pytest.raises(InfeasibleBudgetError):
         solve_milp(g, int(0.5 * peak), config={"time_limit_s": 5})
 

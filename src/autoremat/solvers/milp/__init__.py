@@ -24,19 +24,20 @@ What is modelled and what is checked after (see :mod:`.formulation` and :mod:`.s
   always one the simulator put within the budget (with and without replay tails), and the
   program's dual bound is a proven lower bound of the optimum, so ``optimality_gap`` is proven.
 
-Three bounds. First, within :data:`CUT_SHARE` of ``time_limit_s``, a program over the moments
-every plan shares, the backward of each *separator* (a node every other node is an ancestor or a
-descendant of; :mod:`.cut_bound`): which storages a plan can hold there and which it must make
-again, a lower bound of the extra time of every canonical strategy (any number of segments), and
-a proof of infeasibility where a separator's level cannot fit (Inception-v3 at CPU size, 50 %:
-the parameter gradients alone at its first node's backward). Then, with ``k`` not given, on graphs of at most
-:data:`.exact.MAX_LOWER_SETS` lower sets, an exact label-setting search over every lower set
-(:mod:`.lattice`, :mod:`.exact`; no limit on the number of segments), which usually closes: its
-plan is simulated and its optimum is proven *in the exact model* of
-:mod:`autoremat.cost.segment_replay` (which equals the simulator on seeded random DAGs;
-``milp_bound_basis="exact model"``). Where it does not close, or its plan fails the simulator, the
-program below gets the time left (``milp_bound_basis="program"``). The largest bound is reported
-(``"separators"`` when it is the first's).
+Three bounds. With ``k`` not given, on graphs of at most :data:`.exact.MAX_LOWER_SETS` lower
+sets, an exact label-setting search over every lower set (:mod:`.lattice`, :mod:`.exact`; no limit
+on the number of segments) runs first and usually closes: its plan is simulated and its optimum is
+proven *in the exact model* of :mod:`autoremat.cost.segment_replay` (which equals the simulator on
+seeded random DAGs; ``milp_bound_basis="exact model"``). Where it does not close, or its plan fails
+the simulator, within :data:`CUT_SHARE` of ``time_limit_s`` a program over the moments every plan
+shares, the backward of each *separator* (a node every other node is an ancestor or a descendant
+of; :mod:`.cut_bound`): which storages a plan can hold there and which it must make again, a lower
+bound of the extra time of every canonical strategy (any number of segments), and a proof of
+infeasibility where a separator's level cannot fit (Inception-v3 at CPU size, 50 %: the parameter
+gradients alone at its first node's backward; the memory-centric search's bound is at least that
+level, :func:`.cut_bound.separator_floor`). Then the program below in the time left
+(``milp_bound_basis="program"``). The largest bound is reported (``"separators"`` when it is the
+second's).
 
 The answer is exact (gap 0, ``milp_status="optimal"``) when the loop closes within
 ``time_limit_s``; else the best plan found and its proven gap (``milp_status="time_limit"``).
@@ -81,7 +82,7 @@ from ...plan import Plan
 from ...cost import no_recompute_plan, unoptimised_peak_bytes
 from .config import MilpConfig
 from .highs import MISSING_HIGHSPY, load_highspy
-from .cut_bound import CUTS_BASIS, cut_bound
+from .cut_bound import CUTS_BASIS, cut_bound, separator_floor
 from .exact import lattice_peak, lattice_time
 from .search import Outcome, Search, judge
 from .._config import check_budget as _check_budget
@@ -91,7 +92,8 @@ __all__ = ["solve_milp", "min_budget_milp", "optimality_gap", "Gap", "MISSING_HI
 logger = logging.getLogger("autoremat.solvers.milp")
 
 CUT_SHARE = 0.25
-"""Of ``time_limit_s``, what the separators' bound (:mod:`.cut_bound`) may take before the searches."""
+"""Of ``time_limit_s``, what the separators' bound (:mod:`.cut_bound`) may take where the lattice did not
+close (after it, before the program)."""
 
 _K = 12  # k when not given: 12, or the most segments of a seed plan (see the module docstring)
 _known: weakref.WeakKeyDictionary[Graph, list[Plan]] = weakref.WeakKeyDictionary()
@@ -210,40 +212,32 @@ def solve_milp(graph: Graph, budget_bytes: int, *, config: dict[str, Any] | None
 
 
 def _least_time(graph: Graph, budget: int, cfg: dict[str, Any], seeds: list[Plan]) -> Outcome:
-    """The separators' bound (:mod:`.cut_bound`), then the lattice (``k`` not given, few lower sets:
-    :mod:`.exact`), the program in the time left; the largest bound is kept."""
+    """The lattice first (``k`` not given, few lower sets: :mod:`.exact`); where it does not close, the
+    separators' bound (:mod:`.cut_bound`), then the program in the time left; the largest bound is kept."""
     limit = float(cfg["time_limit_s"])
-    cut = cut_bound(graph, budget, CUT_SHARE * limit, threads=cfg["threads"])
-    if cut.bound_s == math.inf:  # some separator's level is over the budget in every plan
-        out = Outcome(None, None, math.inf, "infeasible", k=len(graph), seconds=cut.seconds)
-        out.basis = CUTS_BASIS
-        return out
-    limit = max(limit - cut.seconds, 0.05 * limit)
-    out = _searched(graph, budget, cfg, seeds, limit)
-    out.seconds += cut.seconds
-    if cut.bound_s > out.bound:
-        out.bound, out.basis = cut.bound_s, CUTS_BASIS
-        if out.cost is not None and out.bound >= out.cost * (1 - 1e-6):
-            out.status = "optimal"
-    return out
-
-
-def _searched(graph: Graph, budget: int, cfg: dict[str, Any], seeds: list[Plan], limit: float) -> Outcome:
-    """The lattice first (``k`` not given, few lower sets: :mod:`.exact`), the program in the time left."""
     lat = lattice_time(graph, budget, limit, seeds) if cfg["k"] is None else None
     if lat is not None and (lat.status == "infeasible" or (lat.status == "optimal" and lat.plan is not None)):
         return lat
+    spent = 0.0 if lat is None else lat.seconds
+    cut = cut_bound(graph, budget, max(min(CUT_SHARE * limit, limit - spent), 0.05 * limit), threads=cfg["threads"])
+    spent += cut.seconds
+    if cut.bound_s == math.inf:  # some separator's level is over the budget in every plan
+        out = Outcome(None, None, math.inf, "infeasible", k=len(graph), seconds=spent)
+        out.basis = CUTS_BASIS
+        return out
     if lat is not None:
         seeds = seeds + ([lat.plan] if lat.plan is not None else [])
-        limit = max(limit - lat.seconds, 0.05 * limit)
     search = Search(graph, _k(cfg["k"], seeds, len(graph)), "time", cfg["threads"])
-    out = search.minimise_time(budget, limit, seeds)
-    if lat is not None and lat.basis == "exact model" and lat.bound > out.bound:  # the lattice stopped at its limit
-        out.bound, out.basis = lat.bound, lat.basis
-        if out.cost is not None and out.bound >= out.cost * (1 - 1e-6):
-            out.status = "optimal"
-    if lat is not None:
-        out.seconds += lat.seconds
+    out = search.minimise_time(budget, max(limit - spent, 0.05 * limit), seeds)
+    out.seconds += spent
+    bounds = [(cut.bound_s, CUTS_BASIS)]
+    if lat is not None and lat.basis == "exact model":  # the lattice stopped at its limit
+        bounds.append((lat.bound, lat.basis))
+    for bound, basis in bounds:
+        if bound > out.bound:
+            out.bound, out.basis = bound, basis
+    if out.cost is not None and out.bound >= out.cost * (1 - 1e-6):
+        out.status = "optimal"
     return out
 
 
@@ -267,6 +261,11 @@ def _least_peak(graph: Graph, cfg: dict[str, Any]) -> Outcome:
     if lat is not None and lat.basis == "exact model" and lat.bound > out.bound:
         out.bound, out.basis = lat.bound, lat.basis
         if out.cost is not None and out.bound >= out.cost:
+            out.status = "optimal"
+    floor = separator_floor(graph)  # what every plan holds at some separator's backward
+    if floor > out.bound:
+        out.bound, out.basis = float(floor), CUTS_BASIS
+        if out.cost is not None and out.cost <= floor:
             out.status = "optimal"
     if out.plan is not None:
         _known.setdefault(graph, []).append(out.plan)
