@@ -23,7 +23,7 @@ same in all plans. What is live at ``M_c`` splits into
 **The relaxation** (one program over the chosen separators; every canonical strategy maps to a
 feasible point no dearer than its extra time and no larger in bytes at any ``M_c``):
 
-* ``a[v, c]``: ``v`` runs in a replay after ``M_c`` (its output absent there); ``p[v, c]``: ``v``'s segment is recomputed
+* ``a[v, c]``: ``v`` runs in a replay after ``M_c``; ``p[v, c]``: ``v``'s segment is recomputed
   and replayed after ``M_c``; ``r[v]``: ``v`` runs in some replay (cost: its forward time; a node
   runs in at most one replay in these plans). ``a[v, c] <= p[v, c]``, ``a[v, c] <= r[v]``, and
   ``a[v, c] <= a[v, c']`` for separators ``c < c'`` (once replayed, a node's output stays until
@@ -87,7 +87,9 @@ SCALE_S = 1e9
 @dataclass
 class CutBound:
     """``bound_s``: a proven lower bound of the least extra time within the budget (``inf``: no
-    plan fits at some separator); ``cuts``: the separators used; ``status``: HiGHS's."""
+    plan fits); ``cuts``: the separators used; ``status``: HiGHS's (``"optimal"``, ``"time_limit"``,
+    ``"infeasible"``), or ``"infeasible"`` when a separator's level is over the budget before any
+    storage is held, or ``"no separator above the budget"`` (bound 0)."""
 
     bound_s: float
     cuts: list[int]
