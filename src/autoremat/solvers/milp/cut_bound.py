@@ -7,10 +7,13 @@ cannot be built in time and its proven bound stays far below the best plan (Goog
 shares.
 
 **The moments.** A node ``c`` is a *separator* when every node before it (in execution order)
-is an ancestor of ``c`` and every node after it a descendant. Every plan the runtime executes
-(canonical strategies: an increasing sequence of lower sets) then runs the backward of exactly
-the nodes after ``c`` before ``c``'s, so the moment ``c``'s backward starts, ``M_c``, is the
-same in all plans. What is live at ``M_c`` splits into
+is an ancestor of ``c``, every node after it a descendant, and no edge goes from a node before it
+to one after it. Every plan the runtime executes (canonical strategies: an increasing sequence of
+lower sets) then runs the backward of exactly the nodes after ``c`` before ``c``'s, so the moment
+``c``'s backward starts, ``M_c``, is the same in all plans; and the only gradient pending there is
+``c``'s own, so what the gradients hold does not depend on the order the nodes after ``c`` ran in
+(with an edge over ``c``, an earlier node's gradient buffers, shared through pass-through nodes and
+summed out of place, do: a brute-force test found a plan 9 bytes below such a level). What is live at ``M_c`` splits into
 
 * what no plan changes there (``base_c``): gradients, parameter gradients, ``c``'s own saved
   tensors and workspace, storages held to the step's end: the simulator's level at ``c``'s
@@ -52,13 +55,14 @@ Measured (x86_64, 2 cores, CPU only, zoo models at CPU size on the meta device, 
 GoogLeNet (26 separators) at 50 % 8.16e-7 s in ~9 s, at ``milp``'s least budget 9.98e-7 s, against
 the lattice's 3.0e-7 / 5.0e-7 s after 45 s (best plans known 1.07e-6 / 1.35e-6 s); Inception-v3
 (32 separators, no lattice) 7.93e-7 s at 75 % (best plan 1.06e-6 s), and 50 % proven infeasible;
-ResNet-50 (135 separators) at 50 % 1.465e-6 s against the proven optimum 1.490e-6 s; on
-DenseNet-121 (a total order: every node is a separator) weaker than the lattice's bound (4.04e-6
-against 4.18e-6 s at 50 %, after 65 s); on the U-Net, whose long skips leave no separator above the
-budget, nothing. ``benchmarks/results/cpu/milp_gaps/separators/``. Checked ad hoc against the brute
-force on 3,236 (graph, budget) cases of small DAGs (with and without a chain through them, views,
-outputs held to the loss or the step's end) and against the lattice's optimum on 200 cases of
-seeded networks of the four families: never above the optimum, positive on 673 and 200 of them.
+ResNet-50 (39 separators) at 50 % 1.465e-6 s against the proven optimum 1.490e-6 s; PSPNet (49) at
+75 % 1.052e-6 s (best plan 1.19e-6 s; 36 s to close); on DenseNet-121 (25) weaker than the
+lattice's bound; on the U-Net, whose long skips leave no separator above the budget, nothing.
+``benchmarks/results/cpu/milp_gaps/separators/``. Checked ad hoc against the brute force on
+1,183 (graph, budget) cases of DAGs of 5-7 nodes (with and without a chain through them, views,
+first gradients that are views, outputs held to the step's end): never above the optimum, positive
+on 115; the same with separators defined without the edge rule had passed 3,236 cases of other
+DAGs before the test above found its one counterexample.
 """
 
 from __future__ import annotations
@@ -98,8 +102,9 @@ class CutBound:
 
 
 def separators(graph: Graph) -> list[int]:
-    """The nodes every plan reaches at the same moment of backward (module docstring): every
-    node before is an ancestor, every node after a descendant."""
+    """The nodes every plan reaches at the same moment of backward, with only their own gradient
+    pending (module docstring): every node before is an ancestor, every node after a descendant, and
+    no edge goes from before to after."""
     n = len(graph)
     below = [0] * n  # the ancestors of each node, a bitset
     for v in range(n):
@@ -109,7 +114,12 @@ def separators(graph: Graph) -> list[int]:
     for v in range(n - 1, -1, -1):
         for w in graph.succ(v):
             above[v] |= above[w] | 1 << w
-    return [c for c in range(n) if below[c].bit_count() == c and above[c].bit_count() == n - 1 - c]
+    far, jumped = -1, []  # the latest reader of a node before c: an edge from before c to after it
+    for c in range(n):
+        jumped.append(far > c)
+        far = max(far, *graph.succ(c), c)
+    return [c for c in range(n) if below[c].bit_count() == c and above[c].bit_count() == n - 1 - c
+            and not jumped[c]]
 
 
 def cut_bound(graph: Graph, budget: int, time_limit_s: float, *, threads: int | None = None) -> CutBound:
