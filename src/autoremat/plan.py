@@ -31,7 +31,8 @@ from .plan_offload import (check_offload_saved, offload_units, offloadable_nodes
                            saved_unit_nodes, wait_points)
 from .plan_schema import check_plan_dict, load_plan_json
 
-__all__ = ["Segment", "Plan", "validate_plan", "release_waits", "check_segments", "PLAN_FORMAT_VERSION", "segments_from_lower_sets",
+__all__ = ["Segment", "Plan", "proof_words", "validate_plan", "release_waits", "check_segments", "PLAN_FORMAT_VERSION",
+           "segments_from_lower_sets",
            "offloadable_nodes", "region_stop", "wait_points", "GRAPH_FIELDS", "saved_unit_nodes", "offload_units",
            "ReplayTails", "ModuleCalls",
            "module_calls_of"]
@@ -88,6 +89,14 @@ def _calls(value: Any) -> ModuleCalls:
 def _tails(value: Any) -> ReplayTails:
     """Replay tails in their typed form, from the typed form or the JSON one (string keys)."""
     return {int(k): (int(v[0]), tuple(int(u) for u in v[1])) for k, v in dict(value or {}).items()}
+
+
+def proof_words(basis: str | None) -> str:
+    """How a ``milp`` bound of ``basis`` (``milp_bound_basis``) is proven, in a summary's words: in the
+    exact model (the lattice search's bases, :mod:`autoremat.solvers.milp.exact`) or over the simulator."""
+    return {"exact model": "proven in the exact model",
+            "exact model, replay tails": "proven in the exact model, replays priced to their tails",
+            }.get(basis or "", "proven")
 
 
 @dataclass
@@ -202,9 +211,7 @@ class Plan:
         inner = f", {len(self.offload_saved)} nodes' saved tensors offloaded" if self.offload_saved else ""
         off = f", {len(self.offload)} offloaded{inner}{waits}" if self.offloads else ""
         gap = self.options.get("optimality_gap")  # "milp": proven distance from the optimum
-        proof = {"exact model": "proven in the exact model",  # milp.exact: the lattice search's bases
-                 "exact model, replay tails": "proven in the exact model, replays priced to their tails",
-                 }.get(self.options.get("milp_bound_basis"), "proven")
+        proof = proof_words(self.options.get("milp_bound_basis"))
         opt = "" if gap is None else (f", optimal ({proof})" if gap <= 1e-9
                                       else f", within {100 * gap:.3g} % of the optimum ({proof})")
         return f"{self.solver}: {len(self.segments)} segments, {k} recomputed{short}{off}{opt}"

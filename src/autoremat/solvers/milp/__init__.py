@@ -78,7 +78,7 @@ from typing import Any
 
 from ...errors import InfeasibleBudgetError
 from ...graph import Graph
-from ...plan import Plan
+from ...plan import Plan, proof_words
 from ...cost import no_recompute_plan, unoptimised_peak_bytes
 from .config import MilpConfig
 from .highs import MISSING_HIGHSPY, load_highspy
@@ -222,22 +222,15 @@ def _least_time(graph: Graph, budget: int, cfg: dict[str, Any], seeds: list[Plan
     cut = cut_bound(graph, budget, max(min(CUT_SHARE * limit, limit - spent), 0.05 * limit), threads=cfg["threads"])
     spent += cut.seconds
     if cut.bound_s == math.inf:  # some separator's level is over the budget in every plan
-        out = Outcome(None, None, math.inf, "infeasible", k=len(graph), seconds=spent)
-        out.basis = CUTS_BASIS
-        return out
+        return Outcome(None, None, math.inf, "infeasible", k=len(graph), seconds=spent, basis=CUTS_BASIS)
     if lat is not None:
         seeds = seeds + ([lat.plan] if lat.plan is not None else [])
     search = Search(graph, _k(cfg["k"], seeds, len(graph)), "time", cfg["threads"])
     out = search.minimise_time(budget, max(limit - spent, 0.05 * limit), seeds)
     out.seconds += spent
-    bounds = [(cut.bound_s, CUTS_BASIS)]
+    out.raise_bound(cut.bound_s, CUTS_BASIS, rel=1e-6)
     if lat is not None and lat.basis == "exact model":  # the lattice stopped at its limit
-        bounds.append((lat.bound, lat.basis))
-    for bound, basis in bounds:
-        if bound > out.bound:
-            out.bound, out.basis = bound, basis
-    if out.cost is not None and out.bound >= out.cost * (1 - 1e-6):
-        out.status = "optimal"
+        out.raise_bound(lat.bound, lat.basis, rel=1e-6)
     return out
 
 
@@ -258,15 +251,9 @@ def _least_peak(graph: Graph, cfg: dict[str, Any]) -> Outcome:
     seeds = _seeds(graph, None, cfg["seeds"]) + ([lat.plan] if lat is not None and lat.plan is not None else [])
     search = Search(graph, _k(cfg["k"], seeds, len(graph)), "memory", cfg["threads"])
     out = search.minimise_peak(limit if lat is None else max(limit - lat.seconds, 0.05 * limit), seeds)
-    if lat is not None and lat.basis == "exact model" and lat.bound > out.bound:
-        out.bound, out.basis = lat.bound, lat.basis
-        if out.cost is not None and out.bound >= out.cost:
-            out.status = "optimal"
-    floor = separator_floor(graph)  # what every plan holds at some separator's backward
-    if floor > out.bound:
-        out.bound, out.basis = float(floor), CUTS_BASIS
-        if out.cost is not None and out.cost <= floor:
-            out.status = "optimal"
+    if lat is not None and lat.basis == "exact model":
+        out.raise_bound(lat.bound, lat.basis)
+    out.raise_bound(float(separator_floor(graph)), CUTS_BASIS)  # what every plan holds at some separator
     if out.plan is not None:
         _known.setdefault(graph, []).append(out.plan)
     return out
@@ -309,7 +296,7 @@ class Gap:
         """E.g. "extra time 0.41 s, within 3 % of the optimum (proven)". ``as_run_s``: the plan's
         extra time as it runs, with its replay tails, where that differs (said beside: the gap is
         over whole replays, the terms ``milp`` proves in)."""
-        proof = "proven" if self.basis in ("program", CUTS_BASIS) else "proven in the exact model"
+        proof = proof_words(self.basis)
         what = f"extra time {self.extra_time_s:.4g} s"
         if as_run_s is not None and abs(as_run_s - self.extra_time_s) > 1e-9 * max(abs(self.extra_time_s), 1e-30):
             what += f" replaying segments whole ({as_run_s:.4g} s as it runs, with its replay tails)"

@@ -13,7 +13,8 @@ lower sets) then runs the backward of exactly the nodes after ``c`` before ``c``
 ``c``'s backward starts, ``M_c``, is the same in all plans; and the only gradient pending there is
 ``c``'s own, so what the gradients hold does not depend on the order the nodes after ``c`` ran in
 (with an edge over ``c``, an earlier node's gradient buffers, shared through pass-through nodes and
-summed out of place, do: a brute-force test found a plan 9 bytes below such a level). What is live at ``M_c`` splits into
+summed out of place, do: a brute-force test found a plan 9 bytes below such a level). What is
+live at ``M_c`` splits into
 
 * what no plan changes there (``base_c``): gradients, parameter gradients, ``c``'s own saved
   tensors and workspace, storages held to the step's end: the simulator's level at ``c``'s
@@ -124,13 +125,13 @@ def separators(graph: Graph) -> list[int]:
 
 def cut_bound(graph: Graph, budget: int, time_limit_s: float, *, threads: int | None = None) -> CutBound:
     """The bound of the module docstring at ``budget`` bytes, within ``time_limit_s`` of HiGHS."""
-    levels = step_levels(graph)
-    touch = levels.bwd_touch
-    chosen = sorted(c for c in separators(graph) if touch[c] is not None and touch[c] > budget)
-    chosen = sorted(sorted(chosen, key=lambda c: -touch[c])[:MAX_CUTS])
+    sites = _Sites(graph)
+    touch = sites.levels.bwd_touch
+    above = [c for c in separators(graph) if touch[c] is not None and touch[c] > budget]
+    chosen = sorted(sorted(above, key=lambda c: -touch[c])[:MAX_CUTS])
     if not chosen:
         return CutBound(0.0, [], "no separator above the budget")
-    prog = _Program(graph, budget, levels)
+    prog = _Program(sites, budget)
     for c in chosen:
         if not prog.add_cut(c):
             return CutBound(math.inf, chosen, "infeasible")
@@ -147,19 +148,19 @@ def cut_bound(graph: Graph, budget: int, time_limit_s: float, *, threads: int | 
 class _Sites:
     """What every plan holds at each separator's backward and what it may drop there (module docstring)."""
 
-    def __init__(self, graph: Graph, levels=None) -> None:
+    def __init__(self, graph: Graph) -> None:
         self.g = graph
-        self.levels = step_levels(graph) if levels is None else levels
+        self.levels = step_levels(graph)
         n = len(graph)
         self.nd = [graph.nx.nodes[v] for v in range(n)]
         self.root = [graph.root(v) for v in range(n)]
         self.held_to_end = {self.root[v] for v in graph.held_to_end()}
+        self.backward = [t is not None for t in self.levels.bwd_touch]  # a gradient reaches the node
 
     def at(self, c: int) -> tuple[set[int], list[tuple[int, int]], list[int], int]:
         """``(fixed, pairs, extras, base)`` at separator ``c``: the storages present in every plan, the
         ``(saver, saved)`` pairs and the nodes with saved extras a plan may drop, and ``base_c``."""
-        nd, root = self.nd, self.root
-        backward = [self.levels.bwd_touch[u] is not None for u in range(c)]
+        nd, root, backward = self.nd, self.root, self.backward
         # present in every plan: what c saves, what the returned object holds to the end, and the
         # storages of c and later nodes (a view of an earlier storage is not one: that one may go)
         fixed = {root[x] for x in nd[c]["saves"]} | self.held_to_end | {root[v] for v in range(c, len(nd))
@@ -180,28 +181,25 @@ def separator_floor(graph: Graph) -> int:
     first node's backward, all but its first convolution's parameter gradients allocated (50 % of its
     unpatched peak is 1,452,984)."""
     sites = _Sites(graph)
-    return max((sites.at(c)[3] for c in separators(graph) if sites.levels.bwd_touch[c] is not None), default=0)
+    return max((sites.at(c)[3] for c in separators(graph) if sites.backward[c]), default=0)
 
 
 class _Program:
     """The rows of :func:`cut_bound`, one separator at a time (variables as in the module docstring)."""
 
-    def __init__(self, graph: Graph, budget: int, levels) -> None:
-        self.sites = _Sites(graph, levels)
-        self.g, self.budget, self.levels = graph, budget, levels
-        self.nd, self.root = self.sites.nd, self.sites.root
+    def __init__(self, sites: _Sites, budget: int) -> None:
+        self.sites, self.budget = sites, budget
         self.b = Builder()
-        self.r = [self.b.var(self.nd[v]["time_s"] * SCALE_S) for v in range(len(graph))]
+        self.r = [self.b.var(d["time_s"] * SCALE_S) for d in sites.nd]
         self.prev: dict[int, int] | None = None  # a[., c] of the previous separator
 
     def add_cut(self, c: int) -> bool:
         """The rows of separator ``c``; ``False`` when nothing fits there at all."""
-        nd, root, b = self.nd, self.root, self.b
+        nd, root, backward, b = self.sites.nd, self.sites.root, self.sites.backward, self.b
         fixed, pairs, extras, base = self.sites.at(c)
         cap = self.budget - base
         if cap < 0:
             return False
-        backward = [self.levels.bwd_touch[u] is not None for u in range(c)]
         a = {v: b.var() for v in range(c)}
         p = {v: b.var(ub=1.0 if nd[v]["recomputable"] else 0.0) for v in range(c)}
         held = {s: b.var() for s in {root[v] for v in range(c)} - fixed}
@@ -209,7 +207,7 @@ class _Program:
         for v in range(c):
             b.row({a[v]: 1, self.r[v]: -1}, -math.inf, 0)  # runs in a replay: paid once
             b.row({a[v]: 1, p[v]: -1}, -math.inf, 0)  # runs in a replay: its segment is replayed
-            for x in self.g.pred(v):  # its inputs: run before it in the replay, or held
+            for x in self.sites.g.pred(v):  # its inputs: run before it in the replay, or held
                 if root[x] not in fixed:
                     b.row({held[root[x]]: 1, a[x]: 1, a[v]: -1}, 0, math.inf)
         for v, prev in (self.prev or {}).items():  # absent on an interval of moments from the backward's start

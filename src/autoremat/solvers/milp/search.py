@@ -66,6 +66,14 @@ class Outcome:
     ``"separators"`` (the simulator's levels where every plan meets, :mod:`.cut_bound`) or ``"exact model"``
     (the lattice search over :mod:`autoremat.cost.segment_replay`, :mod:`.exact`)."""
 
+    def raise_bound(self, bound: float, basis: str, rel: float = 0.0) -> None:
+        """Keep ``bound`` (proven over ``basis``) where it is the larger; ``"optimal"`` once the bound
+        meets the cost (within ``rel`` of it)."""
+        if bound > self.bound:
+            self.bound, self.basis = bound, basis
+        if self.cost is not None and self.bound >= self.cost * (1 - rel):
+            self.status = "optimal"
+
     @property
     def gap(self) -> float | None:
         """``(cost - bound) / cost`` (0 when both are 0; ``None`` without a plan)."""
