@@ -80,7 +80,7 @@ def test_a_lattice_plan_the_simulator_refuses_leaves_the_program_alone(monkeypat
     table = space_table(g)
     budget = _budgets(table)[0] + 2
     assert best_within(table, budget) > 0
-    monkeypatch.setattr(exact, "judge", lambda graph, plan: (budget + 1, 0.0))
+    monkeypatch.setattr(exact, "judge", lambda graph, plan, tails=False: (budget + 1, 0.0))
     with caplog.at_level(logging.INFO, logger="autoremat.solvers.milp"):
         plan = solve_milp(g, budget, config=FAST)
     assert any("program alone" in r.getMessage() for r in caplog.records)
@@ -210,7 +210,10 @@ def test_cli_plan_reports_the_gap(capsys, monkeypatch):
             "--gap", "--gap-time-limit", "5"]
     assert cli.main(argv) == 0
     out = capsys.readouterr().out
-    assert "extra time" in out and "(proven" in out
+    assert "extra time" in out and "(proven" in out and "as it runs (replays to their tails)" in out
+    assert cli.main([*argv, "--gap-price", "whole"]) == 0
+    out = capsys.readouterr().out
+    assert "(proven" in out and "as it runs (replays to their tails)" not in out
 
     real = builtins.__import__
 

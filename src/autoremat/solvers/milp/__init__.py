@@ -57,11 +57,25 @@ proven infeasible then).
 
 Options (``config``): ``k`` (int >= 1, or None: see above), ``time_limit_s`` (float > 0, default 60),
 ``objective`` (``"time"`` | ``"memory"``), ``threads`` (int, HiGHS threads; default HiGHS's),
-``seeds`` (bool, default True: try the other recomputation solvers for a first incumbent); other keys are
+``seeds`` (bool, default True: try the other recomputation solvers for a first incumbent), ``tails``
+(bool, default False: see below); other keys are
 ignored with a warning (``solve(solver="auto")`` passes one set to all solvers). Progress
 (incumbent, bound, gap) is logged at INFO on ``autoremat.solvers.milp`` every
 :data:`.search.PROGRESS_EVERY_S` seconds of a long search. Needs ``highspy`` (``pip install
 "autoremat[milp]"``).
+
+Priced as plans run (``tails=True``; issue 28: ``auto`` chooses its plans by that price, so a gap
+over whole replays compared it in terms it does not optimise): a recomputed segment's extra time is
+its replay up to its tail (:func:`~autoremat.replay_tail.replay_tails`, fx graphs; elsewhere the two
+prices agree and ``tails`` changes nothing), plus :data:`~autoremat.cost.segment_replay.TAIL_TIE`
+(1e-6) of its whole replay, the tie-break ``auto``'s searches use (:func:`.search.judge`): so the
+extra time stamped is within 1e-6 of the simulator's as-run time. The lattice searches the tails
+model (``milp_bound_basis="exact model, replay tails"``); the separators' bound holds for both
+prices (a node that saves what a replay needs runs in it either way); the HiGHS program prices whole
+replays, which a plan's tails undercut, so there it only proposes plans (its plan, the seeds and
+``auto``'s plan, which seeds this mode, are priced as they run) and its bound is not used. Decision:
+no separate tails program: where the lattice does not close, the separators' bound is the larger
+on the zoo (``benchmarks/results/cpu/milp_gaps/separators/``).
 
 Complexity: O(n k) binaries, O((n + e + savers) k) rows; each round is one HiGHS solve
 (exponential in the worst case) plus one simulation. Small graphs (tests) close in a few rounds;
@@ -83,8 +97,9 @@ from ...cost import no_recompute_plan, unoptimised_peak_bytes
 from .config import MilpConfig
 from .highs import MISSING_HIGHSPY, load_highspy
 from .cut_bound import CUTS_BASIS, cut_bound, separator_floor
-from .exact import lattice_peak, lattice_time
+from .exact import TAILS_BASIS, lattice_peak, lattice_time
 from .search import Outcome, Search, judge
+from ...replay_tail import takes_tails
 from .._config import check_budget as _check_budget
 
 __all__ = ["solve_milp", "min_budget_milp", "optimality_gap", "Gap", "MISSING_HIGHSPY"]
@@ -112,12 +127,16 @@ def _config(config: dict[str, Any] | None) -> dict[str, Any]:
     th = cfg["threads"]
     if th is not None and (isinstance(th, bool) or not isinstance(th, int) or th < 1):
         raise ValueError(f"threads={th!r} must be None or an int >= 1")
+    if not isinstance(cfg["tails"], bool):
+        raise ValueError(f"tails={cfg['tails']!r} must be True (extra time as plans run, replays to their tails) "
+                         "or False (replays whole)")
     cfg["seeds"] = bool(cfg["seeds"])
     return cfg
 
 
-def _seeds(graph: Graph, budget: int | None, use: bool) -> list[Plan]:
-    """Plans of other solvers at ``budget`` (their least budget when ``None``), and known ones."""
+def _seeds(graph: Graph, budget: int | None, use: bool, tails: bool = False) -> list[Plan]:
+    """Plans of other solvers at ``budget`` (their least budget when ``None``), and known ones;
+    ``tails`` (priced as plans run): ``auto``'s too, which is chosen by that price."""
     out = [Plan(list(p.segments)) for p in _known.get(graph, ())]
     out.append(no_recompute_plan(graph))
     if not use:
@@ -141,6 +160,13 @@ def _seeds(graph: Graph, budget: int | None, use: bool) -> list[Plan]:
             continue
         except (ValueError, RuntimeError) as err:  # a seed is optional: say why it is missing
             logger.info("milp: no %s seed (%s)", name, err)
+    if tails and budget is not None:
+        from .. import _solve_bytes
+
+        try:
+            out.append(Plan(list(_solve_bytes(graph, budget, "auto", None, {}).segments)))
+        except InfeasibleBudgetError:
+            pass
     return out
 
 
@@ -156,7 +182,9 @@ def _least(graph: Graph, fn: Any) -> int:
 _MODELS = {"exact model": "lattice search over the exact model (cost.segment_replay), the plan checked by simulate",
            "program": "relaxation of the simulator's peak, every plan checked by simulate (no-good cuts)",
            CUTS_BASIS: "bound from the simulator's levels at the backward's separators (milp.cut_bound); "
-                       "every plan checked by simulate"}
+                       "every plan checked by simulate",
+           TAILS_BASIS: "lattice search over the exact model with replays priced to their tails, the plan checked "
+                        "by simulate"}
 
 
 def _stamp(plan: Plan, out: Outcome, cfg: dict[str, Any], budget: int | None) -> Plan:
@@ -174,8 +202,9 @@ def _stamp(plan: Plan, out: Outcome, cfg: dict[str, Any], budget: int | None) ->
         "model": _MODELS.get(out.basis, _MODELS["program"]),
     })
     if cfg["objective"] == "time":
+        plan.options["tails"] = bool(cfg["tails"])
         plan.options["optimum_bound_s"] = out.bound
-        plan.options["extra_time_no_tails_s"] = out.cost
+        plan.options["extra_time_as_run_s" if cfg["tails"] else "extra_time_no_tails_s"] = out.cost
     else:
         plan.options["least_peak_bound_bytes"] = out.bound
         plan.options["peak_bytes"] = out.cost
@@ -196,7 +225,7 @@ def solve_milp(graph: Graph, budget_bytes: int, *, config: dict[str, Any] | None
         if out.plan is None or out.cost is None or out.cost > budget:
             raise InfeasibleBudgetError(budget, None if out.cost is None else int(out.cost), solver="milp")
         return _stamp(out.plan, out, cfg, budget)
-    seeds = _seeds(graph, budget, cfg["seeds"])
+    seeds = _seeds(graph, budget, cfg["seeds"], cfg["tails"])
     out = _least_time(graph, budget, cfg, seeds)
     if out.plan is None:
         if out.status == "infeasible":
@@ -213,9 +242,11 @@ def solve_milp(graph: Graph, budget_bytes: int, *, config: dict[str, Any] | None
 
 def _least_time(graph: Graph, budget: int, cfg: dict[str, Any], seeds: list[Plan]) -> Outcome:
     """The lattice first (``k`` not given, few lower sets: :mod:`.exact`); where it does not close, the
-    separators' bound (:mod:`.cut_bound`), then the program in the time left; the largest bound is kept."""
+    separators' bound (:mod:`.cut_bound`), then the program in the time left; the largest bound is kept.
+    Priced as plans run (``tails``, :func:`_as_run`) the program only proposes plans."""
     limit = float(cfg["time_limit_s"])
-    lat = lattice_time(graph, budget, limit, seeds) if cfg["k"] is None else None
+    tails = bool(cfg["tails"]) and takes_tails(graph)
+    lat = lattice_time(graph, budget, limit, seeds, tails=tails) if cfg["k"] is None else None
     if lat is not None and (lat.status == "infeasible" or (lat.status == "optimal" and lat.plan is not None)):
         return lat
     spent = 0.0 if lat is None else lat.seconds
@@ -228,10 +259,27 @@ def _least_time(graph: Graph, budget: int, cfg: dict[str, Any], seeds: list[Plan
     search = Search(graph, _k(cfg["k"], seeds, len(graph)), "time", cfg["threads"])
     out = search.minimise_time(budget, max(limit - spent, 0.05 * limit), seeds)
     out.seconds += spent
+    if tails:
+        out = _as_run(graph, budget, out, seeds)
     out.raise_bound(cut.bound_s, CUTS_BASIS, rel=1e-6)
-    if lat is not None and lat.basis == "exact model":  # the lattice stopped at its limit
+    if lat is not None and lat.basis != "program":  # the lattice stopped at its limit
         out.raise_bound(lat.bound, lat.basis, rel=1e-6)
     return out
+
+
+def _as_run(graph: Graph, budget: int, out: Outcome, seeds: list[Plan]) -> Outcome:
+    """``out`` priced as the plans run: the least extra time with replay tails (:func:`.search.judge`)
+    of its plan and ``seeds`` (those within ``budget``), and no bound yet: the program's is over whole
+    replays, which a plan's tails undercut (the caller raises it with the separators' and the tails
+    lattice's, which hold as plans run)."""
+    best, cost = None, math.inf
+    for plan in ([out.plan] if out.plan is not None else []) + seeds:
+        peak, extra = judge(graph, plan, tails=True)
+        if peak <= budget and extra < cost:
+            best, cost = Plan(list(plan.segments), solver="milp"), extra
+    status = "infeasible" if best is None and out.status == "infeasible" else "time_limit"
+    return Outcome(best, None if best is None else cost, math.inf if status == "infeasible" else 0.0, status,
+                   out.rounds, out.cuts, out.seconds, out.k, basis=CUTS_BASIS)
 
 
 def _k(k: int | None, seeds: list[Plan], n: int) -> int:
@@ -289,16 +337,20 @@ class Gap:
     """The most segments of the plans the bound covers."""
     basis: str = "program"
     """What the proof is over: ``"program"`` (the simulator's relaxation), ``"separators"`` (the simulator's
-    levels where every plan meets, :mod:`.cut_bound`) or ``"exact model"``
-    (the lattice search, :mod:`.exact`)."""
+    levels where every plan meets, :mod:`.cut_bound`), ``"exact model"`` (the lattice search,
+    :mod:`.exact`) or ``"exact model, replay tails"`` (the same, priced as plans run)."""
+    tails: bool = False
+    """Extra times as the plans run (recomputed segments replayed to their tails), not replayed whole."""
 
     def describe(self, as_run_s: float | None = None) -> str:
         """E.g. "extra time 0.41 s, within 3 % of the optimum (proven)". ``as_run_s``: the plan's
         extra time as it runs, with its replay tails, where that differs (said beside: the gap is
-        over whole replays, the terms ``milp`` proves in)."""
+        over whole replays, the terms ``milp`` proves in unless ``tails``)."""
         proof = proof_words(self.basis)
         what = f"extra time {self.extra_time_s:.4g} s"
-        if as_run_s is not None and abs(as_run_s - self.extra_time_s) > 1e-9 * max(abs(self.extra_time_s), 1e-30):
+        if self.tails:
+            what += " as it runs (replays to their tails)"
+        elif as_run_s is not None and abs(as_run_s - self.extra_time_s) > 1e-9 * max(abs(self.extra_time_s), 1e-30):
             what += f" replaying segments whole ({as_run_s:.4g} s as it runs, with its replay tails)"
         if self.gap <= 1e-9:
             return f"{what}, optimal ({proof})"
@@ -307,20 +359,22 @@ class Gap:
 
 
 def optimality_gap(graph: Graph, plan: Plan, budget_bytes: int, *, time_limit_s: float = 60.0,
-                   k: int | None = None, threads: int | None = None) -> Gap:
-    """How far ``plan``'s extra time (without replay tails) is from the least over canonical strategies of
-    at most ``k`` segments (default: 12, or the most segments of ``plan`` and the seed plans) within
-    ``budget_bytes``."""
+                   k: int | None = None, threads: int | None = None, tails: bool = False) -> Gap:
+    """How far ``plan``'s extra time is from the least over canonical strategies of at most ``k``
+    segments (default: 12, or the most segments of ``plan`` and the seed plans) within
+    ``budget_bytes``: replayed whole (the papers' price), or as the plans run (``tails``: each
+    recomputed segment replayed to its tail, on fx graphs; the bound from the separators and the
+    lattice priced so, where it runs: :func:`solve_milp`'s ``tails``)."""
     budget = _check_budget(budget_bytes)
-    cfg = _config({"k": k, "time_limit_s": time_limit_s, "threads": threads})
+    cfg = _config({"k": k, "time_limit_s": time_limit_s, "threads": threads, "tails": tails})
     load_highspy()  # the program may be needed (the lattice alone does not prove every graph)
-    _, extra = judge(graph, plan)
+    _, extra = judge(graph, plan, tails=tails)
     if extra <= 0:
-        return Gap(0.0, 0.0, 0.0, True, plan, 0.0, len(plan.segments))
-    seeds = [Plan(list(plan.segments)), *_seeds(graph, budget, True)]
+        return Gap(0.0, 0.0, 0.0, True, plan, 0.0, len(plan.segments), tails=tails)
+    seeds = [Plan(list(plan.segments)), *_seeds(graph, budget, True, tails)]
     if k is not None:
         cfg["k"] = max(k, len(plan.segments))
     out = _least_time(graph, budget, cfg, seeds)
     bound = min(max(out.bound, 0.0), extra)
     gap = 0.0 if extra <= 0 else (extra - bound) / extra
-    return Gap(extra, bound, gap, out.status == "optimal", out.plan, out.cost, out.k, out.basis)
+    return Gap(extra, bound, gap, out.status == "optimal", out.plan, out.cost, out.k, out.basis, tails=tails)

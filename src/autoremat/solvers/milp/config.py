@@ -21,3 +21,5 @@ class MilpConfig(SolverConfig):
     objective: str = field(default="time", metadata={"help": "'time' (least extra time) or 'memory' (least peak)"})
     threads: int | None = field(default=None, metadata={"help": "HiGHS threads (None: its default)"})
     seeds: bool = field(default=True, metadata={"help": "start from the other recomputation solvers' plans"})
+    tails: bool = field(default=False, metadata={
+        "help": "price plans as they run, recomputed segments replayed to their tails (fx graphs), not whole"})

@@ -42,7 +42,8 @@ would not reach their budgets, and on the chains with skips it is this lattice s
 ``auto``'s lattice prices a recomputed segment's replay up to its tail (``lattice_of(graph,
 tails=True)``, :attr:`GraphBits.tails <autoremat.cost.bitsets.GraphBits.tails>`) and judges its plan's
 time with the tails, as ``solve``'s plan runs; ``milp``'s keeps the papers' whole replay, over
-which its bounds are proven (the brute force and ``dp-exact`` price the same). So ``auto``'s plan
+which its bounds are proven (the brute force and ``dp-exact`` price the same), unless asked for
+the price as plans run (its ``tails`` option: then its lattice is the tails one too). So ``auto``'s plan
 is optimal in the model of the plan as it runs (bytes of whole replays), and may recompute more
 than ``milp``'s optimum in ``milp``'s model. Measured (x86_64, 2 cores, the seven zoo models on the
 meta device at the least, 75 %, 50 % and Chen's least budgets, ``auto`` before and after, as its
@@ -128,19 +129,22 @@ def _plan(ans: LatticeAnswer) -> Plan:
     return path_plan(ans.seq, ans.flags)
 
 
-def lattice_time(graph: Graph, budget: int, time_limit_s: float, seeds: Iterable[Plan]) -> Outcome | None:
+def lattice_time(graph: Graph, budget: int, time_limit_s: float, seeds: Iterable[Plan],
+                 tails: bool = False) -> Outcome | None:
     """The lattice's answer at ``budget`` as an :class:`~.search.Outcome` (``None`` without a
     lattice). ``status`` ``"optimal"`` (proven in the exact model), ``"infeasible"`` (no plan
     fits the model), ``"time_limit"`` (bound only; the best seed kept) or ``"rejected"`` (the
-    model's optimum failed the simulator: the caller searches without the lattice)."""
-    lat = lattice_of(graph)
+    model's optimum failed the simulator: the caller searches without the lattice). ``tails``:
+    extra time as the plans run (:func:`lattice_of`'s ``tails``, :func:`.search.judge`'s), basis
+    :data:`TAILS_BASIS` where the graph takes tails."""
+    lat = lattice_of(graph, tails=tails)
     if lat is None:
         return None
     start = time.monotonic()
     best: Plan | None = None
     cost = math.inf
     for plan in seeds:
-        peak, extra = judge(graph, plan)
+        peak, extra = judge(graph, plan, tails=tails)
         if peak <= budget and extra < cost:
             best, cost = Plan(list(plan.segments), solver="milp"), extra
     share = LATTICE_SHARE * time_limit_s
@@ -149,11 +153,11 @@ def lattice_time(graph: Graph, budget: int, time_limit_s: float, seeds: Iterable
     ans = lat.least_time(budget, incumbent=cost * (1 - 1e-9) if best is not None else math.inf,
                          deadline=start + LATTICE_SHARE * time_limit_s)
     out = Outcome(best, None if best is None else cost, ans.bound, ans.status, k=n)
-    out.basis = "exact model"
+    out.basis = TAILS_BASIS if lat.p.tails else "exact model"
     out.seconds = time.monotonic() - start
     if ans.seq is not None:
         plan = _plan(ans)
-        peak, extra = judge(graph, plan)
+        peak, extra = judge(graph, plan, tails=tails)
         if peak <= budget:
             out.plan, out.cost, out.bound = plan, extra, min(ans.bound, extra)
         else:
