@@ -402,6 +402,10 @@ def test_milp_gaps_quick_reports_the_target_table(tmp_path: Path, monkeypatch: p
     run = least["milp"]["predicted_extra_time_s"]  # the optimum's plan finalised, beside auto's
     assert run is not None and run <= least["milp"]["extra_time_s"] + 1e-12
     assert f"least: {least['auto']['predicted_extra_time_s'] * 1e3:.4g} ms against {run * 1e3:.4g} ms" in text
+    assert "Extra time is as the plans run" not in text
+    priced = bench.main(["--quick", "--tails", "--time-limit", "5", "--out", str(tmp_path / "as_run")])
+    assert priced["tails"] and "Extra time is as the plans run" in (tmp_path / "as_run" / "RESULTS.md").read_text()
+    bench.TAILS = False
 
 
 def test_combined_speed_times_one_case_and_compares_plans(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -467,6 +471,14 @@ def test_auto_gaps_compares_auto_with_stored_bounds(tmp_path: Path, monkeypatch:
     assert "| unet (CPU size) | 75% (" in text and "2.000x | 1.000x | no |" in text
     assert "| unet (CPU size) | 75% | - | " in text and "| 0.250x |" in text
     assert bench.stored_model("resnet50 (paper size)") == ("resnet50", "paper") and bench.stored_model("g7") is None
+    row["budget_bytes"] = int(0.7 * peak)  # where auto's plan runs faster than replayed whole
+    stored["tails"] = True  # bounds proven as the plans run: auto priced the same way
+    (tmp_path / "bounds.json").write_text(json.dumps(stored))
+    got = bench.main(["--bounds", str(tmp_path / "bounds.json"), "--models", "unet", "--out", str(tmp_path)])
+    row = got["graphs"][0]["budgets"]["75%"]
+    assert got["tails"] and row["extra_time_s"] == pytest.approx(row["as_run_s"], rel=1e-5)
+    assert row["extra_time_s"] < 0.9 * bench._auto(g, int(0.7 * peak))["extra_time_s"]
+    assert "time: as the plans run" in (tmp_path / "RESULTS.md").read_text()
 
 
 def test_optimum_gaps_reports_auto_per_budget(monkeypatch: pytest.MonkeyPatch) -> None:

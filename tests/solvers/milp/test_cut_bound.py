@@ -55,7 +55,7 @@ def test_separators_are_the_nodes_every_order_meets():
 @pytest.mark.parametrize("kept", [None, "step"])
 @pytest.mark.parametrize("seed", range(8))
 def test_never_above_the_brute_force_optimum(seed, kept, spine):
-    g = small_dag(seed, 6 + seed % 3, kept, spine)
+    g = small_dag(seed, 6 + seed % (3 if spine else 2), kept, spine)  # 8 nodes without a spine: 20-40k plans
     table = space_table(g)
     peaks = sorted({peak for peak, _, _ in table})
     assert separator_floor(g) <= peaks[0]  # no plan's step peak below it
