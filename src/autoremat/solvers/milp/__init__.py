@@ -269,11 +269,13 @@ def _least_time(graph: Graph, budget: int, cfg: dict[str, Any], seeds: list[Plan
 
 def _as_run(graph: Graph, budget: int, out: Outcome, seeds: list[Plan]) -> Outcome:
     """``out`` priced as the plans run: the least extra time with replay tails (:func:`.search.judge`)
-    of its plan and ``seeds`` (those within ``budget``), and no bound yet: the program's is over whole
-    replays, which a plan's tails undercut (the caller raises it with the separators' and the tails
-    lattice's, which hold as plans run)."""
+    of its plan and ``seeds`` (those within ``budget`` and of at most ``out.k`` segments, as the
+    program takes them), and no bound yet: the program's is over whole replays, which a plan's tails
+    undercut (the caller raises it with the separators' and the tails lattice's, which hold as plans run)."""
     best, cost = None, math.inf
     for plan in ([out.plan] if out.plan is not None else []) + seeds:
+        if len(plan.segments) > out.k:
+            continue
         peak, extra = judge(graph, plan, tails=True)
         if peak <= budget and extra < cost:
             best, cost = Plan(list(plan.segments), solver="milp"), extra
