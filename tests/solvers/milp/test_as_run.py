@@ -7,8 +7,6 @@ brute force prices every plan of the ``milp`` space both ways (:func:`~autoremat
 
 from __future__ import annotations
 
-import math
-
 import pytest
 
 torch = pytest.importorskip("torch")
