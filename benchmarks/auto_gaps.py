@@ -108,7 +108,8 @@ def write_markdown(data: dict[str, Any], path: Path) -> None:
              f"Machine: {data['machine']}. Bounds and best plans: `{data['bounds_from']}` (milp, 60 s per "
              "search); `auto` solved again on the same graphs (checked: node count and unoptimised peak). Extra "
              + ("time: as the plans run (replays to their tails; the bounds proven so). " if data.get("tails") else
-                "time: the simulator's, without replay tails. ") + "`x bound`: auto's extra time over the optimum's proven "
+                "time: the simulator's, without replay tails. ")
+             + "`x bound`: auto's extra time over the optimum's proven "
              "lower bound (an upper bound of auto's distance to the optimum); `x best`: over the best plan milp "
              "found (a lower bound of that distance; equal where the optimum is proven).", "",
              "| graph | budget | auto before | auto now (chosen, s) | x bound | x best | optimum proven |",
