@@ -7,6 +7,8 @@ brute force prices every plan of the ``milp`` space both ways (:func:`~autoremat
 
 from __future__ import annotations
 
+import math
+
 import pytest
 
 torch = pytest.importorskip("torch")
@@ -18,7 +20,7 @@ import autoremat  # noqa: E402
 from autoremat.solvers.milp import optimality_gap, solve_milp  # noqa: E402
 from autoremat.solvers.milp.cut_bound import CUTS_BASIS, cut_bound  # noqa: E402
 from autoremat.solvers.milp.exact import TAILS_BASIS  # noqa: E402
-from autoremat.solvers.milp.search import judge  # noqa: E402
+from autoremat.solvers.milp.search import best_fit, judge  # noqa: E402
 
 from .milp_oracle import space_table  # noqa: E402
 
@@ -134,3 +136,16 @@ def test_tails_must_be_a_bool(net):
         solve_milp(g, 10**9, config={"tails": "yes"})
     with pytest.raises(ValueError, match="tails=1 must be True"):
         optimality_gap(g, autoremat.solve(g, 10**9, solver="chen"), 10**9, tails=1)
+
+
+def test_best_fit_is_the_brute_force_choice(net):
+    g, table = net
+    plans = [row[3] for row in table]
+    budget = _budgets(table)[0]
+    for tails, col in ((True, 1), (False, 2)):
+        plan, cost = best_fit(g, plans, budget, tails=tails)
+        assert cost == pytest.approx(_best(table, budget, col), rel=1e-12) and plan.solver == "milp"
+    plan, cost = best_fit(g, plans, budget, tails=True, k=2)
+    assert len(plan.segments) <= 2 and cost == pytest.approx(
+        _best([row for row in table if len(row[3].segments) <= 2], budget, 1), rel=1e-12)
+    assert best_fit(g, plans, min(row[0] for row in table) - 1) == (None, math.inf)

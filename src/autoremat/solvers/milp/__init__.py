@@ -98,7 +98,7 @@ from .config import MilpConfig
 from .highs import MISSING_HIGHSPY, load_highspy
 from .cut_bound import CUTS_BASIS, cut_bound, separator_floor
 from .exact import TAILS_BASIS, lattice_peak, lattice_time
-from .search import Outcome, Search, judge
+from .search import Outcome, Search, best_fit, judge
 from ...replay_tail import takes_tails
 from .._config import check_budget as _check_budget
 
@@ -202,7 +202,7 @@ def _stamp(plan: Plan, out: Outcome, cfg: dict[str, Any], budget: int | None) ->
         "model": _MODELS.get(out.basis, _MODELS["program"]),
     })
     if cfg["objective"] == "time":
-        plan.options["tails"] = bool(cfg["tails"])
+        plan.options["tails"] = cfg["tails"]
         plan.options["optimum_bound_s"] = out.bound
         plan.options["extra_time_as_run_s" if cfg["tails"] else "extra_time_no_tails_s"] = out.cost
     else:
@@ -272,13 +272,7 @@ def _as_run(graph: Graph, budget: int, out: Outcome, seeds: list[Plan]) -> Outco
     of its plan and ``seeds`` (those within ``budget`` and of at most ``out.k`` segments, as the
     program takes them), and no bound yet: the program's is over whole replays, which a plan's tails
     undercut (the caller raises it with the separators' and the tails lattice's, which hold as plans run)."""
-    best, cost = None, math.inf
-    for plan in ([out.plan] if out.plan is not None else []) + seeds:
-        if len(plan.segments) > out.k:
-            continue
-        peak, extra = judge(graph, plan, tails=True)
-        if peak <= budget and extra < cost:
-            best, cost = Plan(list(plan.segments), solver="milp"), extra
+    best, cost = best_fit(graph, ([out.plan] if out.plan is not None else []) + seeds, budget, tails=True, k=out.k)
     status = "infeasible" if best is None and out.status == "infeasible" else "time_limit"
     return Outcome(best, None if best is None else cost, math.inf if status == "infeasible" else 0.0, status,
                    out.rounds, out.cuts, out.seconds, out.k, basis=CUTS_BASIS)

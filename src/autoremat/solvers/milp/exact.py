@@ -72,7 +72,7 @@ from ...plan import Plan
 from ...replay_tail import takes_tails
 from ..kusumoto.families import all_lower_sets
 from .lattice import Lattice, LatticeAnswer
-from .search import Outcome, judge, path_plan
+from .search import Outcome, best_fit, judge, path_plan
 
 __all__ = ["MAX_LOWER_SETS", "LATTICE_SHARE", "CTG_SHARE", "AUTO_WORK", "AUTO_MAX_NODES", "AUTO_MAX_LOWER_SETS",
            "AUTO_LEAST_MAX_NODES", "AUTO_LEAST_WORK", "lattice_of", "TAILS_BASIS",
@@ -141,12 +141,7 @@ def lattice_time(graph: Graph, budget: int, time_limit_s: float, seeds: Iterable
     if lat is None:
         return None
     start = time.monotonic()
-    best: Plan | None = None
-    cost = math.inf
-    for plan in seeds:
-        peak, extra = judge(graph, plan, tails=tails)
-        if peak <= budget and extra < cost:
-            best, cost = Plan(list(plan.segments), solver="milp"), extra
+    best, cost = best_fit(graph, seeds, budget, tails=tails)
     share = LATTICE_SHARE * time_limit_s
     lat.cost_to_go(budget, start + CTG_SHARE * share)  # the A* bound (cached; partial when not in time)
     n = len(graph)

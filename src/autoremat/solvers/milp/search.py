@@ -38,7 +38,7 @@ from .formulation import Formulation, constant_floor
 from .highs import load_highspy, run
 from .lattice import lattice_plan_nodes
 
-__all__ = ["Outcome", "Search", "judge", "path_plan", "PROGRESS_EVERY_S"]
+__all__ = ["Outcome", "Search", "judge", "best_fit", "path_plan", "PROGRESS_EVERY_S"]
 
 logger = logging.getLogger("autoremat.solvers.milp")
 
@@ -104,6 +104,21 @@ def judge(graph: Graph, plan: Plan, tails: bool = False) -> tuple[int, float]:
         tailed = simulate(graph, bare, check=False, record=False)
         peak, ran = max(peak, tailed.peak_bytes), tailed.extra_time_s
     return peak, (ran + TAIL_TIE * extra if tails and takes_tails(graph) else extra)
+
+
+def best_fit(graph: Graph, plans: Iterable[Plan], budget: int, *, tails: bool = False,
+             k: int | None = None) -> tuple[Plan | None, float]:
+    """``(plan, extra time)`` of the plan of ``plans`` (of at most ``k`` segments) that :func:`judge`
+    puts within ``budget`` with the least extra time (``tails``: as it runs), as a bare ``milp`` plan;
+    ``(None, inf)`` where none fits."""
+    best, cost = None, math.inf
+    for plan in plans:
+        if k is not None and len(plan.segments) > k:
+            continue
+        peak, extra = judge(graph, plan, tails=tails)
+        if peak <= budget and extra < cost:
+            best, cost = Plan(list(plan.segments), solver="milp"), extra
+    return best, cost
 
 
 @contextmanager
